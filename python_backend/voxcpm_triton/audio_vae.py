@@ -1,0 +1,659 @@
+"""VoxCPM2 AudioVAE (V2): causal conv encoder/decoder with streaming decode.
+
+Plain PyTorch re-implementation of ``voxcpm.modules.audiovae.audio_vae_v2``.
+Parameter names and shapes follow the official checkpoint layout, except that
+convolutions keep one plain ``weight`` instead of weight-norm's ``weight_g`` /
+``weight_v`` pair: the norm is folded once at load time instead of being
+recomputed on every forward.
+
+The decoder is causal (left padding only), so it can decode latents chunk by
+chunk. The streaming state is a list of plain tensors (the last few input
+frames of every convolution that looks back), so the serving side can keep one
+state per stream id and batch streams by stacking their states along dim 0.
+
+Everything here runs in fp32, even when the LM runs in bf16.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "AudioVAEConfig",
+    "AudioVAE",
+    "StreamState",
+    "vae_state_dict_official",
+    "COND_TYPES",
+]
+
+COND_TYPES = ("scale_bias", "scale_bias_init", "add", "concat")
+
+# One tensor [B, C_i, ctx_i] per look-back convolution of the decoder, in
+# execution order.
+StreamState = list
+
+
+# --------------------------------------------------------------------------- #
+# Config
+# --------------------------------------------------------------------------- #
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass
+class AudioVAEConfig:
+    encoder_dim: int = 128
+    encoder_rates: list = field(default_factory=lambda: [2, 5, 8, 8])
+    latent_dim: int = 64
+    decoder_dim: int = 2048
+    decoder_rates: list = field(default_factory=lambda: [8, 6, 5, 2, 2, 2])
+    depthwise: bool = True
+    sample_rate: int = 16000
+    out_sample_rate: int = 48000
+    use_noise_block: bool = False
+    sr_bin_boundaries: Optional[list] = field(default_factory=lambda: [20000, 30000, 40000])
+    cond_type: str = "scale_bias"
+    cond_dim: int = 128
+    cond_out_layer: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "AudioVAEConfig":
+        if not isinstance(d, Mapping):
+            raise ValueError(f"AudioVAE config must be a mapping, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown AudioVAE config field(s): {unknown}")
+        return cls(**dict(d))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        for name in ("encoder_dim", "latent_dim", "decoder_dim", "sample_rate", "out_sample_rate", "cond_dim"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                raise ValueError(f"AudioVAE config field {name!r} must be a positive int, got {v!r}")
+        for name in ("encoder_rates", "decoder_rates"):
+            v = getattr(self, name)
+            if not isinstance(v, (list, tuple)) or len(v) == 0 or not all(_is_int(r) and r > 0 for r in v):
+                raise ValueError(f"AudioVAE config field {name!r} must be a non-empty list of positive ints, got {v!r}")
+            setattr(self, name, list(v))
+        for name in ("depthwise", "use_noise_block", "cond_out_layer"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"AudioVAE config field {name!r} must be a bool, got {v!r}")
+        if self.use_noise_block:
+            # The noise block injects torch.randn noise; it is a training-time
+            # feature and would make decoding non-deterministic.
+            raise ValueError("AudioVAE config field 'use_noise_block'=True is not supported for inference")
+        b = self.sr_bin_boundaries
+        if b is not None:
+            if (
+                not isinstance(b, (list, tuple))
+                or len(b) == 0
+                or not all(_is_int(x) and x > 0 for x in b)
+                or any(x >= y for x, y in zip(b, b[1:]))
+            ):
+                raise ValueError(
+                    "AudioVAE config field 'sr_bin_boundaries' must be None or a non-empty, strictly "
+                    f"increasing list of positive ints, got {b!r}"
+                )
+            self.sr_bin_boundaries = list(b)
+        if self.cond_type not in COND_TYPES:
+            raise ValueError(f"AudioVAE config field 'cond_type' must be one of {COND_TYPES}, got {self.cond_type!r}")
+        if self.cond_type == "concat" and not self.cond_out_layer:
+            raise ValueError("AudioVAE config field 'cond_out_layer' must be True when cond_type='concat'")
+        if self.decoder_dim // 2 ** len(self.decoder_rates) < 1:
+            raise ValueError(
+                f"AudioVAE config field 'decoder_dim'={self.decoder_dim} is too small: each of the "
+                f"{len(self.decoder_rates)} decoder_rates stages halves the channels"
+            )
+
+
+# --------------------------------------------------------------------------- #
+# Layers. Every layer takes (x, st=None): st is the streaming cursor, None for
+# one-shot calls (zero left padding).
+# --------------------------------------------------------------------------- #
+
+
+class _Stream:
+    """Hands each look-back layer its saved context, in execution order, and
+    collects the context for the next chunk."""
+
+    __slots__ = ("prev", "next", "i")
+
+    def __init__(self, prev: Sequence[Tensor]):
+        self.prev = prev
+        self.next: list = []
+        self.i = 0
+
+    def extend(self, x: Tensor, ctx: int) -> Tensor:
+        if self.i >= len(self.prev):
+            raise ValueError(f"stream state has {len(self.prev)} tensors, the decoder needs more")
+        prev = self.prev[self.i]
+        if prev.shape != (x.shape[0], x.shape[1], ctx):
+            raise ValueError(
+                f"stream state tensor {self.i} has shape {tuple(prev.shape)}, expected "
+                f"{(x.shape[0], x.shape[1], ctx)}"
+            )
+        self.i += 1
+        full = torch.cat((prev, x), dim=-1)
+        # contiguous(): a copy, so the state does not pin the whole activation.
+        self.next.append(full[..., -ctx:].contiguous())
+        return full
+
+
+def snake(x: Tensor, alpha: Tensor) -> Tensor:
+    # x + sin^2(alpha*x)/alpha; the 1e-9 keeps alpha == 0 finite. Same
+    # expression order as the reference so results match to rounding.
+    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+
+
+class Snake1d(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        return snake(x, self.alpha)
+
+
+class Tanh(nn.Module):
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        return torch.tanh(x)
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d padded on the left only (``left_pad`` frames).
+
+    ``weight`` is the folded weight-norm weight (g * v / ||v||)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        left_pad: int = 0,
+    ):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.stride, self.dilation, self.groups = stride, dilation, groups
+        self.left_pad = left_pad
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels // groups, kernel_size) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        if self.left_pad:
+            # Fresh stream state is all zeros, i.e. exactly this zero padding.
+            x = F.pad(x, (self.left_pad, 0)) if st is None else st.extend(x, self.left_pad)
+        return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+class CausalConvTranspose1d(nn.Module):
+    """Upsampling ConvTranspose1d (kernel 2*stride) with the right tail trimmed
+    so T input frames give exactly T*stride output samples."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        kernel = 2 * stride
+        self.in_channels, self.out_channels, self.stride = in_channels, out_channels, stride
+        # Reference trims 2*ceil(s/2) - s%2 samples, which equals s for every s.
+        self.trim = stride
+        # Input frames older than the chunk whose taps still reach its outputs.
+        self.ctx = (kernel - 1) // stride
+        self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        if st is None:
+            y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
+            return y[..., : y.shape[-1] - self.trim]
+        # Recompute the overlap-add of the saved frames, then drop their own
+        # (already emitted) samples on the left.
+        x = st.extend(x, self.ctx)
+        y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
+        return y[..., self.ctx * self.stride : y.shape[-1] - self.trim]
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int, groups: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [
+                Snake1d(dim),
+                # kernel 7, causal pad (7-1)*dilation
+                CausalConv1d(dim, dim, 7, dilation=dilation, groups=groups, left_pad=6 * dilation),
+                Snake1d(dim),
+                CausalConv1d(dim, dim, 1),
+            ]
+        )
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        y = x
+        for layer in self.block:
+            y = layer(y, st)
+        return x + y
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, stride: int, groups: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [
+                ResidualUnit(in_dim, 1, groups),
+                ResidualUnit(in_dim, 3, groups),
+                ResidualUnit(in_dim, 9, groups),
+                Snake1d(in_dim),
+                # kernel 2s, stride s; reference pad 2*ceil(s/2) - s%2 == s
+                CausalConv1d(in_dim, out_dim, 2 * stride, stride=stride, left_pad=stride),
+            ]
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+
+class Encoder(nn.Module):
+    def __init__(self, d_model: int, latent_dim: int, strides: Sequence[int], depthwise: bool):
+        super().__init__()
+        layers: list = [CausalConv1d(1, d_model, 7, left_pad=6)]
+        for stride in strides:
+            groups = d_model if depthwise else 1
+            layers.append(EncoderBlock(d_model, 2 * d_model, stride, groups))
+            d_model *= 2
+        self.block = nn.ModuleList(layers)
+        self.fc_mu = CausalConv1d(d_model, latent_dim, 3, left_pad=2)
+        # Only the mean is used at inference; logvar stays so checkpoints load.
+        self.fc_logvar = CausalConv1d(d_model, latent_dim, 3, left_pad=2)
+        self.enc_dim = d_model
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return self.fc_mu(x)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, stride: int, groups: int):
+        super().__init__()
+        self.input_channels = in_dim
+        self.block = nn.ModuleList(
+            [
+                Snake1d(in_dim),
+                CausalConvTranspose1d(in_dim, out_dim, stride),
+                ResidualUnit(out_dim, 1, groups),
+                ResidualUnit(out_dim, 3, groups),
+                ResidualUnit(out_dim, 9, groups),
+            ]
+        )
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        for layer in self.block:
+            x = layer(x, st)
+        return x
+
+
+class SampleRateCondition(nn.Module):
+    """Per-channel conditioning on the bucketized output sample rate, applied
+    before each decoder block."""
+
+    def __init__(self, dim: int, buckets: int, cond_type: str, cond_dim: int, out_layer: bool):
+        super().__init__()
+        self.cond_type = cond_type
+        out_in = dim
+        if cond_type in ("scale_bias", "scale_bias_init"):
+            self.scale_embed = nn.Embedding(buckets, dim)
+            self.bias_embed = nn.Embedding(buckets, dim)
+            nn.init.ones_(self.scale_embed.weight)
+            nn.init.zeros_(self.bias_embed.weight)
+        elif cond_type == "add":
+            self.cond_embed = nn.Embedding(buckets, dim)
+            nn.init.zeros_(self.cond_embed.weight)
+        else:  # concat
+            self.cond_embed = nn.Embedding(buckets, cond_dim)
+            out_in = dim + cond_dim
+        if out_layer:
+            self.out_layer = nn.ModuleList([Snake1d(out_in), CausalConv1d(out_in, dim, 1)])
+        else:
+            self.out_layer = None
+
+    def forward(self, x: Tensor, sr_idx: Tensor) -> Tensor:
+        # sr_idx: [1] (shared) or [B]; embeddings broadcast over time.
+        if self.cond_type == "concat":
+            c = self.cond_embed(sr_idx).unsqueeze(-1)
+            x = torch.cat((x, c.expand(x.shape[0], -1, x.shape[-1])), dim=1)
+        elif self.cond_type == "add":
+            x = x + self.cond_embed(sr_idx).unsqueeze(-1)
+        else:
+            x = x * self.scale_embed(sr_idx).unsqueeze(-1) + self.bias_embed(sr_idx).unsqueeze(-1)
+        if self.out_layer is not None:
+            for layer in self.out_layer:
+                x = layer(x)  # kernel-1 conv: no look-back, no stream state
+        return x
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: AudioVAEConfig):
+        super().__init__()
+        lat, ch = cfg.latent_dim, cfg.decoder_dim
+        if cfg.depthwise:
+            layers: list = [
+                CausalConv1d(lat, lat, 7, groups=lat, left_pad=6),
+                CausalConv1d(lat, ch, 1),
+            ]
+        else:
+            layers = [CausalConv1d(lat, ch, 7, left_pad=6)]
+        for i, stride in enumerate(cfg.decoder_rates):
+            in_dim, out_dim = ch // 2**i, ch // 2 ** (i + 1)
+            layers.append(DecoderBlock(in_dim, out_dim, stride, out_dim if cfg.depthwise else 1))
+        layers += [Snake1d(out_dim), CausalConv1d(out_dim, 1, 7, left_pad=6), Tanh()]
+        self.model = nn.ModuleList(layers)
+
+        if cfg.sr_bin_boundaries is None:
+            self.sr_bin_boundaries = None
+            self.sr_cond_model = None
+        else:
+            # Persistent int32 buffer, as in the official checkpoint.
+            self.register_buffer("sr_bin_boundaries", torch.tensor(cfg.sr_bin_boundaries, dtype=torch.int32))
+            buckets = len(cfg.sr_bin_boundaries) + 1
+            self.sr_cond_model = nn.ModuleList(
+                [
+                    SampleRateCondition(m.input_channels, buckets, cfg.cond_type, cfg.cond_dim, cfg.cond_out_layer)
+                    if isinstance(m, DecoderBlock)
+                    else None
+                    for m in layers
+                ]
+            )
+
+    def forward(self, x: Tensor, sr_idx: Optional[Tensor], st: Optional[_Stream] = None) -> Tensor:
+        for i, layer in enumerate(self.model):
+            if self.sr_cond_model is not None:
+                cond = self.sr_cond_model[i]
+                if cond is not None:
+                    x = cond(x, sr_idx)
+            x = layer(x, st)
+        return x
+
+
+# --------------------------------------------------------------------------- #
+# AudioVAE
+# --------------------------------------------------------------------------- #
+
+_WN_FORMS = (("weight_g", "weight_v"), ("parametrizations.weight.original0", "parametrizations.weight.original1"))
+_OPTIONAL_KEYS = ("decoder.sr_bin_boundaries",)
+
+
+def _conv_weight_keys(module: nn.Module) -> set:
+    """State-dict keys of the conv weights the official model weight-normalizes."""
+    return {
+        (name + "." if name else "") + "weight"
+        for name, m in module.named_modules()
+        if isinstance(m, (CausalConv1d, CausalConvTranspose1d))
+    }
+
+
+def _fold_weight_norm(g: Tensor, v: Tensor) -> Tensor:
+    # torch weight_norm(dim=0): w = g * v / ||v||, norm over all dims but 0.
+    v = v.float()
+    norm = torch.linalg.vector_norm(v.reshape(v.shape[0], -1), dim=1)
+    return v * (g.float() / norm.reshape(g.shape))
+
+
+class AudioVAE(nn.Module):
+    def __init__(self, config: Union[AudioVAEConfig, Mapping, None] = None):
+        super().__init__()
+        if config is None:
+            config = AudioVAEConfig()
+        elif isinstance(config, Mapping):
+            config = AudioVAEConfig.from_dict(config)
+        else:
+            config.validate()
+        self.config = config
+        self.sample_rate = config.sample_rate
+        self.out_sample_rate = config.out_sample_rate
+        self.latent_dim = config.latent_dim
+        self.chunk_size = math.prod(config.encoder_rates)  # input samples per latent frame
+        self.hop_length = self.chunk_size
+        self.decode_chunk_size = math.prod(config.decoder_rates)  # output samples per latent frame
+
+        self.encoder = Encoder(config.encoder_dim, config.latent_dim, config.encoder_rates, config.depthwise)
+        self.decoder = Decoder(config)
+        if config.sr_bin_boundaries is not None:
+            idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
+            self.register_buffer("_default_sr_idx", torch.tensor([idx], dtype=torch.long), persistent=False)
+
+        # Look-back convs of the decoder in execution order (the sr condition
+        # layers only hold kernel-1 convs, so they never carry state).
+        self._stream_layers = [
+            m
+            for m in self.decoder.model.modules()
+            if (isinstance(m, CausalConv1d) and m.left_pad > 0) or isinstance(m, CausalConvTranspose1d)
+        ]
+
+    # -- helpers ------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.model[0].weight.device
+
+    def _sr_index(self, sr_cond, batch: int, device: torch.device) -> Optional[Tensor]:
+        """Bucket index of the output sample rate ([1] or [B]); None without
+        sample-rate conditioning (the condition is then ignored)."""
+        bounds = self.config.sr_bin_boundaries
+        if bounds is None:
+            return None
+        if sr_cond is None:
+            return self._default_sr_idx
+        if isinstance(sr_cond, int):
+            return torch.tensor([bisect.bisect_left(bounds, sr_cond)], dtype=torch.long, device=device)
+        sr = torch.as_tensor(sr_cond, device=device).reshape(-1)
+        if sr.numel() not in (1, batch):
+            raise ValueError(f"sr_cond has {sr.numel()} entries for a batch of {batch}")
+        return torch.bucketize(sr, self.decoder.sr_bin_boundaries.to(sr.dtype))
+
+    def _check_latents(self, z: Tensor) -> Tensor:
+        if z.ndim != 3 or z.shape[1] != self.latent_dim:
+            raise ValueError(f"latents must be [B, {self.latent_dim}, T], got {tuple(z.shape)}")
+        return z.float()
+
+    # -- one-shot -----------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, audio: Tensor, sample_rate: Optional[int] = None) -> Tensor:
+        """audio [B, T] or [B, 1, T] at ``self.sample_rate`` -> mu [B, latent_dim, ceil(T/chunk_size)]."""
+        if sample_rate is not None and sample_rate != self.sample_rate:
+            raise ValueError(f"encode expects audio at {self.sample_rate} Hz, got {sample_rate}")
+        if audio.ndim == 2:
+            audio = audio.unsqueeze(1)
+        if audio.ndim != 3 or audio.shape[1] != 1:
+            raise ValueError(f"audio must be [B, T] or [B, 1, T], got {tuple(audio.shape)}")
+        # Right-pad to a whole number of encoder hops, like the reference.
+        audio = F.pad(audio.float(), (0, (-audio.shape[-1]) % self.chunk_size))
+        return self.encoder(audio)
+
+    @torch.no_grad()
+    def decode(self, z: Tensor, sr_cond=None) -> Tensor:
+        """z [B, latent_dim, T] -> audio [B, 1, T*decode_chunk_size].
+
+        sr_cond: output sample rate (int, or tensor [1]/[B]); default out_sample_rate."""
+        z = self._check_latents(z)
+        return self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device))
+
+    # -- streaming ----------------------------------------------------------
+
+    def stream_state_spec(self) -> list:
+        """(channels, frames) of each state tensor, in order."""
+        return [
+            (m.in_channels, m.ctx if isinstance(m, CausalConvTranspose1d) else m.left_pad) for m in self._stream_layers
+        ]
+
+    def new_stream_state(self, batch: int = 1, device=None) -> StreamState:
+        """All-zero state: equivalent to the one-shot decode's left zero padding."""
+        device = self.device if device is None else device
+        return [torch.zeros(batch, c, n, device=device) for c, n in self.stream_state_spec()]
+
+    @torch.no_grad()
+    def decode_chunk(self, z_chunk: Tensor, state: StreamState, sr_cond=None) -> tuple:
+        """Decode the next latent frames of B streams.
+
+        z_chunk [B, latent_dim, t], state from new_stream_state / a previous call
+        (batch B) -> (audio [B, 1, t*decode_chunk_size], new state). The input
+        state is not modified."""
+        z = self._check_latents(z_chunk)
+        if len(state) != len(self._stream_layers):
+            raise ValueError(f"stream state has {len(state)} tensors, expected {len(self._stream_layers)}")
+        if z.shape[-1] == 0:
+            return z.new_zeros(z.shape[0], 1, 0), list(state)
+        st = _Stream(state)
+        audio = self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device), st)
+        return audio, st.next
+
+    def prime(self, state: StreamState, z_context: Tensor, sr_cond=None) -> StreamState:
+        """Feed context latents (e.g. the prompt's trailing patches in
+        continuation mode) through the stream and drop their audio."""
+        return self.decode_chunk(z_context, state, sr_cond)[1]
+
+    @staticmethod
+    def stack_states(states: Sequence[StreamState]) -> StreamState:
+        """Per-stream states (batch 1 or more each) -> one batched state."""
+        if len(states) == 0:
+            raise ValueError("stack_states needs at least one state")
+        if len({len(s) for s in states}) != 1:
+            raise ValueError("stack_states: states have different numbers of tensors")
+        return [torch.cat(ts, dim=0) for ts in zip(*states)]
+
+    @staticmethod
+    def split_state(state: StreamState) -> list:
+        """Batched state -> list of batch-1 states (own memory, not views)."""
+        batch = state[0].shape[0]
+        return [[t[i : i + 1].clone() for t in state] for i in range(batch)]
+
+    @staticmethod
+    def pack_state(state: StreamState) -> Tensor:
+        """State -> one tensor [B, N] (e.g. for a single Triton state tensor)."""
+        return torch.cat([t.reshape(t.shape[0], -1) for t in state], dim=1)
+
+    def unpack_state(self, flat: Tensor) -> StreamState:
+        sizes = [c * n for c, n in self.stream_state_spec()]
+        if flat.ndim != 2 or flat.shape[1] != sum(sizes):
+            raise ValueError(f"packed state must be [B, {sum(sizes)}], got {tuple(flat.shape)}")
+        return [
+            t.reshape(flat.shape[0], c, n).contiguous()
+            for t, (c, n) in zip(flat.split(sizes, dim=1), self.stream_state_spec())
+        ]
+
+    # -- checkpoints --------------------------------------------------------
+
+    @classmethod
+    def from_state_dict(cls, sd: Mapping, config: Union[AudioVAEConfig, Mapping, None] = None) -> "AudioVAE":
+        vae = cls(config)
+        vae.load_vae_state_dict(sd)
+        return vae.eval()
+
+    def load_vae_state_dict(self, sd: Mapping) -> None:
+        """Load an official (weight_g/weight_v, or parametrizations.weight.original0/1)
+        or plain-``weight`` state dict. Weight norm is folded here, in fp32.
+
+        Raises ValueError naming every missing / unexpected / mis-shaped tensor."""
+        if "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
+            sd = sd["state_dict"]
+        own = self.state_dict()
+        conv_w = _conv_weight_keys(self)
+        used: set = set()
+        missing, bad, new = [], [], {}
+
+        def shape_ok(name: str, t: Tensor, shape) -> bool:
+            if tuple(t.shape) != tuple(shape):
+                bad.append(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+                return False
+            return True
+
+        for key, ref in own.items():
+            if key in conv_w:
+                base = key[: -len("weight")]
+                forms = [(key,)] + [(base + g, base + v) for g, v in _WN_FORMS]
+                present = [f for f in forms if any(n in sd for n in f)]
+                if not present:
+                    missing.append(f"{base}weight_g/{base}weight_v (or {key})")
+                    continue
+                used.update(n for f in present for n in f if n in sd)
+                if len(present) > 1:
+                    bad.append(f"{key}: given in more than one form: {[n for f in present for n in f if n in sd]}")
+                    continue
+                form = present[0]
+                absent = [n for n in form if n not in sd]
+                if absent:
+                    missing.extend(absent)
+                    continue
+                if len(form) == 1:
+                    if shape_ok(key, sd[key], ref.shape):
+                        new[key] = sd[key].float()
+                    continue
+                g_name, v_name = form
+                g_shape = (ref.shape[0],) + (1,) * (ref.ndim - 1)
+                if shape_ok(v_name, sd[v_name], ref.shape) & shape_ok(g_name, sd[g_name], g_shape):
+                    new[key] = _fold_weight_norm(sd[g_name], sd[v_name])
+            elif key not in sd:
+                if key not in _OPTIONAL_KEYS:
+                    missing.append(key)
+            else:
+                used.add(key)
+                t = sd[key]
+                if shape_ok(key, t, ref.shape):
+                    new[key] = t.float() if t.is_floating_point() else t
+        unexpected = sorted(set(sd) - used)
+
+        b_key = "decoder.sr_bin_boundaries"
+        if b_key in new and new[b_key].tolist() != self.config.sr_bin_boundaries:
+            bad.append(f"{b_key}: checkpoint has {new[b_key].tolist()}, config has {self.config.sr_bin_boundaries}")
+
+        if missing or unexpected or bad:
+            parts = []
+            if missing:
+                parts.append(f"missing tensors: {missing}")
+            if unexpected:
+                parts.append(f"unexpected tensors: {unexpected}")
+            if bad:
+                parts.append(f"bad tensors: {bad}")
+            raise ValueError("AudioVAE state dict does not match the config: " + "; ".join(parts))
+        self.load_state_dict(new, strict=False)  # only optional buffers can be absent here
+
+
+def vae_state_dict_official(vae: AudioVAE) -> dict:
+    """State dict in the official layout: every conv weight w as weight_g =
+    ||w|| (per dim-0 slice, shape [out, 1, 1]) and weight_v = w."""
+    conv_w = _conv_weight_keys(vae)
+    out = {}
+    for key, t in vae.state_dict().items():
+        t = t.detach().clone()
+        if key in conv_w:
+            base = key[: -len("weight")]
+            w = t.float()
+            g = torch.linalg.vector_norm(w.reshape(w.shape[0], -1), dim=1).reshape((w.shape[0],) + (1,) * (w.ndim - 1))
+            # An all-zero slice would fold to 0/0; v=1 with g=0 folds to 0.
+            v = torch.where(g == 0, torch.ones_like(w), w)
+            out[base + "weight_g"] = g
+            out[base + "weight_v"] = v
+        else:
+            out[key] = t
+    return out

@@ -1,0 +1,167 @@
+"""LocEnc (patch -> embedding), LocDiT V2 (the velocity net) and the CFM Euler solver."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import CfmConfig, LMConfig
+from .minicpm import MiniCPM, full_attention
+
+_FULL = full_attention(causal=False)
+
+
+def _positions(seq_len: int, device) -> torch.Tensor:
+    return torch.arange(seq_len, device=device)[None]
+
+
+class LocalEncoder(nn.Module):
+    """Summarises each latent patch [P, D] into one vector via a CLS token."""
+
+    def __init__(self, cfg: LMConfig, feat_dim: int):
+        super().__init__()
+        self.special_token = nn.Parameter(torch.randn(1, 1, 1, cfg.hidden_size))
+        self.in_proj = nn.Linear(feat_dim, cfg.hidden_size)
+        self.encoder = MiniCPM(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, P, D] -> [B, T, hidden]"""
+        B, T, P, _ = x.shape
+        h = self.in_proj(x)
+        h = torch.cat([self.special_token.expand(B, T, 1, -1), h], dim=2).reshape(B * T, P + 1, -1)
+        out = self.encoder(h, _positions(P + 1, x.device), _FULL)
+        return out[:, 0].reshape(B, T, -1)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
+    """Sinusoidal embedding in t's dtype (the reference computes it in the model dtype)."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=t.dtype, device=t.device) * -(math.log(10000) / (half - 1)))
+    arg = scale * t[:, None] * freq[None]
+    return torch.cat((arg.sin(), arg.cos()), dim=-1)
+
+
+class TimestepMLP(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class LocalDiT(nn.Module):
+    """Velocity estimator: tokens [mu_lm, mu_res, time, cond patch (P), x (P)] -> velocity of x."""
+
+    def __init__(self, cfg: LMConfig, feat_dim: int):
+        super().__init__()
+        h = cfg.hidden_size
+        self.hidden = h
+        self.in_proj = nn.Linear(feat_dim, h)
+        self.cond_proj = nn.Linear(feat_dim, h)
+        self.out_proj = nn.Linear(h, feat_dim)
+        self.time_mlp = TimestepMLP(h)
+        self.delta_time_mlp = TimestepMLP(h)
+        self.decoder = MiniCPM(cfg)
+
+    def forward(self, x, mu, t, cond, dt):
+        """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P]"""
+        xh = self.in_proj(x.transpose(1, 2))
+        ch = self.cond_proj(cond.transpose(1, 2))
+        te = self.time_mlp(timestep_embedding(t, self.hidden).to(xh.dtype))
+        te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype))
+        mu = mu.view(xh.size(0), -1, xh.size(-1))
+        seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
+        out = self.decoder(seq, _positions(seq.size(1), x.device), _FULL)
+        out = out[:, mu.size(1) + 1 + ch.size(1):]
+        return self.out_proj(out).transpose(1, 2)
+
+
+def euler_schedule(n_steps: int, sway_coef: float = 1.0, dtype=torch.float32, device=None):
+    """Time grid 1 -> 0 with sway sampling, plus the (t, dt) pairs the solver visits.
+
+    Mirrors the reference's arithmetic (t is advanced by subtracting dt, in
+    `dtype`) so the visited times match it bit for bit.
+    """
+    span = torch.linspace(1, 0, n_steps + 1, device=device, dtype=dtype)
+    span = span + sway_coef * (torch.cos(torch.pi / 2 * span) - 1 + span)
+    ts, dts = [], []
+    t, dt = span[0], span[0] - span[1]
+    for step in range(1, n_steps + 1):
+        ts.append(t)
+        dts.append(dt)
+        t = t - dt
+        if step < n_steps:
+            dt = t - span[step + 1]
+    return torch.stack(ts), torch.stack(dts)
+
+
+def zero_velocity_steps(n_steps: int) -> int:
+    """CFG-zero-star: the first steps use zero velocity (the reference's `max(1, int(len(t_span) * 0.04))`)."""
+    return max(1, int((n_steps + 1) * 0.04))
+
+
+class CFMSolver(nn.Module):
+    """Conditional flow matching sampler around LocDiT (reference: UnifiedCFM, inference only)."""
+
+    def __init__(self, cfg: CfmConfig, estimator: LocalDiT, mean_mode: bool = False):
+        super().__init__()
+        self.estimator = estimator
+        self.mean_mode = mean_mode
+
+    def guided_velocity(self, x, mu, t, dt, cond, cfg_value):
+        """One CFG evaluation as a 2B batch (conditional, then mu=0), with CFG-zero-star scaling.
+
+        x: [B, D, P]; mu: [B, 2h]; t, dt: [B]; cond: [B, D, P']; cfg_value: [B] or float.
+        """
+        B = x.size(0)
+        x_in = torch.cat([x, x])
+        mu_in = torch.cat([mu, torch.zeros_like(mu)])
+        t_in = torch.cat([t, t])
+        dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(t_in)
+        cond_in = torch.cat([cond, cond])
+        v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in)
+        v_cond, v_uncond = v[:B], v[B:]
+        pos, neg = v_cond.reshape(B, -1), v_uncond.reshape(B, -1)
+        st = (pos * neg).sum(1, keepdim=True) / ((neg ** 2).sum(1, keepdim=True) + 1e-8)
+        st = st.view(B, 1, 1)
+        if not torch.is_tensor(cfg_value):
+            cfg_value = torch.full((B,), float(cfg_value), dtype=x.dtype, device=x.device)
+        cfg_value = cfg_value.to(x.dtype).view(B, 1, 1)
+        return v_uncond * st + cfg_value * (v_cond - v_uncond * st)
+
+    def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value):
+        """z: [B, D, P] start noise -> sample [B, D, P].
+
+        Rows may use different step counts: a row's padded steps have dt = 0 and
+        are masked out, so its result equals a solo run with its own count.
+        """
+        x = z
+        for i in range(schedule.first_velocity_step, schedule.n_steps):
+            v = self.guided_velocity(x, mu, schedule.t[:, i], schedule.dt[:, i], cond, cfg_value)
+            step = schedule.dt[:, i].view(-1, 1, 1) * v
+            x = torch.where(schedule.active[:, i].view(-1, 1, 1), x - step, x)
+        return x
+
+
+class CfmSchedule:
+    """Per-row Euler time tables [B, N] for a batch whose rows may differ in step count."""
+
+    def __init__(self, steps_per_row: list[int], dtype, device, sway_coef: float = 1.0):
+        n = max(steps_per_row)
+        B = len(steps_per_row)
+        self.t = torch.zeros(B, n, dtype=dtype)
+        self.dt = torch.zeros(B, n, dtype=dtype)
+        self.active = torch.zeros(B, n, dtype=torch.bool)
+        for row, k in enumerate(steps_per_row):
+            ts, dts = euler_schedule(k, sway_coef, dtype=dtype)
+            self.t[row, :k], self.dt[row, :k] = ts, dts
+            self.active[row, zero_velocity_steps(k):k] = True
+        self.t, self.dt, self.active = self.t.to(device), self.dt.to(device), self.active.to(device)
+        # Steps before this one are zero-velocity for every row: nothing to evaluate.
+        self.first_velocity_step = min(zero_velocity_steps(k) for k in steps_per_row)
+        self.n_steps = n

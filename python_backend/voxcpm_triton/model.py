@@ -1,0 +1,107 @@
+"""The VoxCPM2 network (`VoxCPM2Model`) and its batched prefill / decode step.
+
+Module and parameter names are the reference's, so an official
+`model.safetensors` loads with no renaming. The same two functions serve the
+offline API (batch 1, contiguous KV cache) and the engine (many requests, paged
+KV cache): what differs is only the attention backend they are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import VoxCPM2Config
+from .local_modules import CFMSolver, CfmSchedule, LocalDiT, LocalEncoder
+from .minicpm import MiniCPM
+
+
+class ScalarQuantizer(nn.Module):
+    """FSQ bottleneck on the base LM's audio positions: tanh, round to 1/scale, project back."""
+
+    def __init__(self, dim: int, latent_dim: int, scale: int):
+        super().__init__()
+        self.scale = scale
+        self.in_proj = nn.Linear(dim, latent_dim)
+        self.out_proj = nn.Linear(latent_dim, dim)
+
+    def forward(self, x):
+        h = torch.tanh(self.in_proj(x))
+        return self.out_proj(torch.round(h * self.scale) / self.scale)
+
+
+@dataclass
+class StepOutput:
+    patch: torch.Tensor  # [B, P, D] the new latent patch
+    stop: torch.Tensor  # [B] bool, the stop head's verdict for this step (before the LM step)
+    lm_hidden: torch.Tensor  # [B, H] inputs of the next step
+    residual_hidden: torch.Tensor  # [B, H]
+
+
+class VoxCPM2Model(nn.Module):
+    def __init__(self, cfg: VoxCPM2Config):
+        super().__init__()
+        self.cfg = cfg
+        lm = cfg.lm_config
+        h = lm.hidden_size
+        self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
+        self.base_lm = MiniCPM(lm)
+        self.residual_lm = MiniCPM(cfg.residual_lm())
+        self.feat_encoder = LocalEncoder(cfg.local_encoder(), cfg.feat_dim)
+        self.feat_decoder = CFMSolver(cfg.dit_config.cfm_config, LocalDiT(cfg.local_dit(), cfg.feat_dim),
+                                      mean_mode=cfg.dit_config.dit_mean_mode)
+        self.fsq_layer = ScalarQuantizer(h, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
+        self.enc_to_lm_proj = nn.Linear(cfg.encoder_config.hidden_dim, h)
+        self.lm_to_dit_proj = nn.Linear(h, cfg.dit_config.hidden_dim)
+        self.res_to_dit_proj = nn.Linear(h, cfg.dit_config.hidden_dim)
+        self.fusion_concat_proj = nn.Linear(2 * h, h)
+        self.stop_proj = nn.Linear(h, h)
+        self.stop_head = nn.Linear(h, 2, bias=False)
+        self.text_scale = lm.scale_emb if lm.use_mup else 1.0
+
+    def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
+        """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space."""
+        return self.enc_to_lm_proj(self.feat_encoder(feats))
+
+    def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend):
+        """Run both LMs over prompt positions (one or several packed prompts).
+
+        tokens/text_mask/audio_mask/positions: [1, S]; feats: [1, S, P, D]; last_index: [N]
+        (the last position of each prompt) -> (lm_hidden [N, H], residual_hidden [N, H]).
+        """
+        dtype = self.fusion_concat_proj.weight.dtype
+        tmask = text_mask.to(dtype)[..., None]
+        amask = audio_mask.to(dtype)[..., None]
+        feat_embed = self.embed_patches(feats.to(dtype))
+        text_embed = self.base_lm.embed_tokens(tokens) * self.text_scale
+        x = tmask * text_embed + amask * feat_embed
+        enc = self.base_lm(x, positions, base_backend)
+        enc = self.fsq_layer(enc) * amask + enc * tmask
+        res_in = self.fusion_concat_proj(torch.cat((enc, amask * feat_embed), dim=-1))
+        res = self.residual_lm(res_in, positions, residual_backend)
+        return enc[0, last_index], res[0, last_index]
+
+    def stop_logits(self, lm_hidden: torch.Tensor) -> torch.Tensor:
+        return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
+
+    def decode_step(self, lm_hidden, residual_hidden, prev_patch, noise, schedule: CfmSchedule, cfg_value,
+                    positions, base_backend, residual_backend) -> StepOutput:
+        """One autoregressive step for a batch of requests.
+
+        lm_hidden/residual_hidden: [B, H]; prev_patch: [B, P, D] (the CFM condition);
+        noise: [B, D, P] CFM start sample; cfg_value: [B]; positions: [B] (where this step's
+        token goes in each request's KV cache).
+        """
+        mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
+        patch = self.feat_decoder.sample(noise.to(mu.dtype), mu, prev_patch.transpose(1, 2).to(mu.dtype),
+                                         schedule, cfg_value).transpose(1, 2)
+        emb = self.embed_patches(patch[:, None])  # [B, 1, H]
+        stop = self.stop_logits(lm_hidden).argmax(-1) == 1
+        pos = positions[:, None]
+        new_lm = self.fsq_layer(self.base_lm(emb, pos, base_backend))
+        res_in = self.fusion_concat_proj(torch.cat((new_lm, emb), dim=-1))
+        new_res = self.residual_lm(res_in, pos, residual_backend)
+        return StepOutput(patch, stop, new_lm[:, 0], new_res[:, 0])

@@ -1,0 +1,224 @@
+"""The offline API shared by the engine, the tests and the benchmarks.
+
+    m = VoxCPM2.from_pretrained(path, device="cpu", dtype="float32")
+    lat = m.generate_latents("Hello.", seed=1)   # [steps, P, D]
+    wav = m.decode(lat)                          # float32 at m.sample_rate
+
+Generation here is single-request with a contiguous KV cache; the engine runs
+the same `VoxCPM2Model.prefill` / `decode_step` over a paged cache.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import limits
+from .audio_vae import AudioVAE
+from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors
+from .config import VoxCPM2Config
+from .local_modules import CfmSchedule
+from .model import VoxCPM2Model
+from .noise import noise_for_steps
+from .prompt import Prompt, build_prompt, check_waveform, clean_text, default_max_len, resample
+from .tokenizer import TextTokenizer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """bf16 on a GPU, fp32 on the CPU, unless asked otherwise."""
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class ContiguousKVCache:
+    """Batch-1 KV cache for one LM: all layers, positions 0..max_len-1."""
+
+    def __init__(self, n_layers, n_kv_heads, head_dim, max_len, dtype, device):
+        self.k = torch.zeros(n_layers, 1, max_len, n_kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def __call__(self, layer, q, k, v):
+        start, n = self.length, q.size(1)
+        self.k[layer, :, start:start + n] = k
+        self.v[layer, :, start:start + n] = v
+        keys = self.k[layer, :, :start + n].transpose(1, 2)
+        vals = self.v[layer, :, :start + n].transpose(1, 2)
+        # Prefill starts at 0 (plain causal); decode adds one token that sees everything.
+        assert start == 0 or n == 1
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, is_causal=n > 1, enable_gqa=True)
+        return out.transpose(1, 2)
+
+    def advance(self, n: int):
+        self.length += n
+
+
+class VoxCPM2:
+    def __init__(self, cfg: VoxCPM2Config, model: VoxCPM2Model, vae: AudioVAE, tokenizer: TextTokenizer,
+                 device: torch.device, dtype: torch.dtype):
+        self.cfg, self.model, self.vae, self.tokenizer = cfg, model, vae, tokenizer
+        self.device, self.dtype = device, dtype
+        self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None) -> "VoxCPM2":
+        files = checkpoint_files(path)
+        cfg = VoxCPM2Config.from_file(files["config"])
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        # Build on the meta device so a 2B-parameter model is not randomly initialised first.
+        with torch.device("meta"):
+            model = VoxCPM2Model(cfg)
+        model = model.to_empty(device=dev).to(dt)
+        load_model_weights(model, files["model"])
+        model.eval().requires_grad_(False)
+        vae = AudioVAE(cfg.audio_vae_config)
+        try:
+            vae.load_vae_state_dict(load_tensors(files["vae"]))
+        except ValueError as e:
+            raise CheckpointError(f"{files['vae']}: {e}") from None
+        vae = vae.to(dev).eval().requires_grad_(False)  # the VAE stays fp32
+        tokenizer = TextTokenizer.from_dir(path)
+        return cls(cfg, model, vae, tokenizer, dev, dt)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.vae.out_sample_rate
+
+    @property
+    def encode_sample_rate(self) -> int:
+        return self.vae.sample_rate
+
+    # ------------------------------------------------------------------ prompts
+    @torch.inference_mode()
+    def encode_audio(self, audio, sample_rate, pad: str, name: str = "audio") -> torch.Tensor:
+        """Waveform -> latent patches [n, P, D]; padded ('left' or 'right') to whole patches."""
+        wav = resample(check_waveform(audio, sample_rate, name), int(sample_rate), self.encode_sample_rate)
+        patch_len = self.patch_size * self.vae.chunk_size
+        x = torch.from_numpy(wav)[None]
+        if x.size(1) % patch_len:
+            extra = patch_len - x.size(1) % patch_len
+            x = F.pad(x, (extra, 0) if pad == "left" else (0, extra))
+        z = self.vae.encode(x.to(self.device))  # [1, D, frames]
+        return z[0].view(self.feat_dim, -1, self.patch_size).permute(1, 2, 0).float().cpu()
+
+    def prepare_prompt(self, text: str, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
+                       reference_audio=None, reference_sample_rate=None) -> Prompt:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        text = clean_text(text)
+        if not text.strip():
+            raise ValueError("text is empty")
+        if (prompt_audio is None) != (prompt_text is None):
+            raise ValueError("prompt_audio and prompt_text must be given together")
+        if prompt_text is not None and not isinstance(prompt_text, str):
+            raise TypeError(f"prompt_text must be a str, got {type(prompt_text).__name__}")
+        ref = prm = None
+        if reference_audio is not None:
+            ref = self.encode_audio(reference_audio, reference_sample_rate, "right", "reference_audio")
+        if prompt_audio is not None:
+            prm = self.encode_audio(prompt_audio, prompt_sample_rate, "left", "prompt_audio")
+        full_text = (prompt_text + text) if prm is not None else text
+        prompt = build_prompt(self.tokenizer(full_text), len(self.tokenizer(text)), ref, prm,
+                              self.patch_size, self.feat_dim)
+        if len(prompt) >= self.cfg.max_length:
+            raise ValueError(f"prompt is {len(prompt)} positions; the model's limit is {self.cfg.max_length}")
+        return prompt
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate_latents(self, text, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
+                         reference_audio=None, reference_sample_rate=None, min_len=2, max_len=None,
+                         cfg_value=2.0, inference_timesteps=10, seed=None, noise=None,
+                         prompt: Prompt | None = None) -> torch.Tensor:
+        """Generated latent patches [steps, P, D] (the prompt's own patches excluded)."""
+        if prompt is None:
+            prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
+                                         reference_audio, reference_sample_rate)
+        if max_len is None:
+            max_len = default_max_len(prompt.n_target_tokens)
+        limits.check_generation(min_len, max_len, cfg_value, inference_timesteps,
+                                capacity=self.cfg.max_length - len(prompt))
+        shape = (self.feat_dim, self.patch_size)
+        if noise is not None:
+            noise = torch.as_tensor(noise)
+            if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
+                raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
+        else:
+            noise = noise_for_steps(limits.check_seed(seed if seed is not None else secrets.randbits(63)),
+                                    max_len, shape)
+
+        m, dev, dt = self.model, self.device, self.dtype
+        lm_cfg, res_cfg = self.cfg.lm_config, self.cfg.residual_lm()
+        cap = len(prompt) + max_len
+        base_kv = ContiguousKVCache(lm_cfg.num_hidden_layers, lm_cfg.num_key_value_heads, lm_cfg.head_dim, cap, dt, dev)
+        res_kv = ContiguousKVCache(res_cfg.num_hidden_layers, res_cfg.num_key_value_heads, res_cfg.head_dim, cap, dt, dev)
+        T = len(prompt)
+        lm_h, res_h = m.prefill(
+            prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev), prompt.audio_mask[None].to(dev),
+            prompt.feats[None].to(dev), torch.arange(T, device=dev)[None], torch.tensor([T - 1], device=dev),
+            base_kv, res_kv)
+        base_kv.advance(T)
+        res_kv.advance(T)
+        prev = prompt.feats[-1:].to(dev, dt)  # CFM condition: the last prompt position's patch
+        schedule = CfmSchedule([int(inference_timesteps)], dt, dev)
+        cfg_t = torch.tensor([float(cfg_value)], device=dev)
+        patches = []
+        for i in range(max_len):
+            out = m.decode_step(lm_h, res_h, prev, noise[i:i + 1].to(dev), schedule, cfg_t,
+                                torch.tensor([T + i], device=dev), base_kv, res_kv)
+            base_kv.advance(1)
+            res_kv.advance(1)
+            patches.append(out.patch)
+            if i > min_len and bool(out.stop[0]):
+                break
+            lm_h, res_h, prev = out.lm_hidden, out.residual_hidden, out.patch
+        return torch.cat(patches).float().cpu()
+
+    # ------------------------------------------------------------------ audio
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, context: torch.Tensor | None = None) -> np.ndarray:
+        """Latent patches [steps, P, D] -> mono float32 waveform at `sample_rate`.
+
+        `context` (the prompt's trailing patches in continuation modes) primes the
+        causal decoder; its audio is dropped, as the reference does.
+        """
+        lat = torch.as_tensor(latents).float()
+        if lat.dim() != 3 or tuple(lat.shape[1:]) != (self.patch_size, self.feat_dim):
+            raise ValueError(f"latents must be [steps, {self.patch_size}, {self.feat_dim}], got {list(lat.shape)}")
+        n_ctx = 0
+        if context is not None and len(context):
+            n_ctx = context.size(0)
+            lat = torch.cat([torch.as_tensor(context).float(), lat])
+        z = lat.reshape(-1, self.feat_dim).T[None].to(self.device)  # [1, D, frames]
+        wav = self.vae.decode(z)[0, 0]
+        return wav[n_ctx * self.patch_size * self.vae.decode_chunk_size:].float().cpu().numpy()
+
+    def generate(self, text: str, **kwargs) -> np.ndarray:
+        """Text -> waveform, in one call (prompt context handled)."""
+        names = ("prompt_text", "prompt_audio", "prompt_sample_rate", "reference_audio", "reference_sample_rate")
+        prompt = self.prepare_prompt(text, **{k: kwargs.pop(k) for k in names if k in kwargs})
+        lat = self.generate_latents(text, prompt=prompt, **kwargs)
+        return self.decode(lat, context=prompt.context)
+

@@ -1,0 +1,49 @@
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from voxcpm_triton.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def variant_config() -> dict:
+    """Exercises what the real-shaped config leaves off: muP scaling, RoPE in the
+    residual LM, patch size 2, head dim from hidden/heads, non-trivial LongRoPE factors."""
+    cfg = copy.deepcopy(TINY_CONFIG)
+    lm = cfg["lm_config"]
+    del lm["kv_channels"]  # head dim = hidden / heads
+    lm.update(hidden_size=48, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1,
+              use_mup=True, scale_emb=12, scale_depth=1.4, max_position_embeddings=2048,
+              rope_scaling=_rope(12, 1024))
+    # LocEnc/LocDiT heads must share the LM's RoPE factor length (head dim 12).
+    lm["rope_scaling"]["long_factor"] = [1.0 + 0.1 * i for i in range(6)]
+    lm["rope_scaling"]["short_factor"] = [1.0 + 0.05 * i for i in range(6)]
+    cfg.update(patch_size=2, residual_lm_no_rope=False, residual_lm_num_layers=3, max_length=1024,
+               scalar_quantization_latent_dim=16, scalar_quantization_scale=5)
+    cfg["encoder_config"] = {"hidden_dim": 24, "ffn_dim": 40, "num_heads": 2, "num_layers": 2, "kv_channels": 12}
+    cfg["dit_config"].update(hidden_dim=36, ffn_dim=50, num_heads=3, num_layers=3, kv_channels=12)
+    cfg["audio_vae_config"] = {"encoder_dim": 4, "encoder_rates": [2, 4, 5], "latent_dim": 16, "decoder_dim": 32,
+                               "decoder_rates": [5, 4, 2], "depthwise": False, "sr_bin_boundaries": None,
+                               "sample_rate": 16000, "out_sample_rate": 16000}
+    return cfg
+
+
+CONFIGS = {"real_shaped": TINY_CONFIG, "variant": variant_config()}
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dirs(tmp_path_factory):
+    out = {}
+    for name, cfg in CONFIGS.items():
+        out[name] = write_checkpoint(str(tmp_path_factory.mktemp(f"ckpt_{name}")), cfg, seed=7, progress=None)
+    return out
+
+
+def sine_wave(seconds: float, rate: int, freq: float = 220.0, seed: int = 0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(seed)
+    return (0.4 * np.sin(2 * np.pi * freq * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
