@@ -1,0 +1,361 @@
+"""The decoder engine: continuous batching of VoxCPM2 requests over a paged KV cache.
+
+One background thread owns the model and the cache. Callers only `submit`,
+`cancel`, read `stats` and `shutdown`; everything else happens in the thread,
+at step boundaries:
+
+    take new requests and cancels  ->  admit waiting requests (FIFO, by free blocks)
+    ->  prefill the admitted ones together  ->  one decode step for everyone running
+    ->  hand out patches on the chunk schedule, finish and free who is done
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import limits
+from ..local_modules import CfmSchedule
+from ..noise import gaussian_noise, request_key
+from ..prompt import default_max_len
+from .attention import DecodeMetadata, PagedAttention, PrefillMetadata
+from .kv_cache import PagedKVCache
+from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
+
+log = logging.getLogger("voxcpm_triton.engine")
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # explicit pool size; else from kv_memory_bytes
+    kv_memory_bytes: int | None = None  # default: 256 MiB on CPU, 25% of free GPU memory
+    max_batch_size: int = 32
+    chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
+    idle_wait_s: float = 0.05
+
+
+class EngineShutdown(RuntimeError):
+    pass
+
+
+class Engine:
+    def __init__(self, vox, config: EngineConfig | None = None,
+                 fault_hook: Callable[[RequestState, str], None] | None = None):
+        """vox: a loaded `VoxCPM2`. fault_hook(state, stage) is called per request at each stage
+        ('prefill', 'step'); whatever it raises fails that request only (tests use it)."""
+        self.vox, self.model = vox, vox.model
+        self.cfg = config or EngineConfig()
+        self.device, self.dtype = vox.device, vox.dtype
+        self.fault_hook = fault_hook
+        lm, res = vox.cfg.lm_config, vox.cfg.residual_lm()
+        assert (lm.num_key_value_heads, lm.head_dim) == (res.num_key_value_heads, res.head_dim)
+        per_block = PagedKVCache.bytes_per_block(lm.num_hidden_layers, res.num_hidden_layers,
+                                                 lm.num_key_value_heads, lm.head_dim, self.cfg.block_size, self.dtype)
+        n_blocks = self.cfg.num_blocks or max(1, self._kv_budget() // per_block)
+        self.kv = PagedKVCache(lm.num_hidden_layers, res.num_hidden_layers, lm.num_key_value_heads, lm.head_dim,
+                               n_blocks, self.cfg.block_size, self.dtype, self.device)
+        self.max_positions = vox.cfg.max_length
+        self.max_blocks_per_seq = math.ceil(self.max_positions / self.cfg.block_size)
+
+        self._lock = threading.Condition()
+        self._inbox: deque = deque()
+        self._cancels: set = set()
+        self._ids: set = set()  # ids submitted and not yet finished
+        self.waiting: deque[RequestState] = deque()
+        self.running: dict[str, RequestState] = {}
+        self._stats = {"steps": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0}
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
+        self._thread.start()
+
+    def _kv_budget(self) -> int:
+        if self.cfg.kv_memory_bytes:
+            return self.cfg.kv_memory_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.25)
+        return 256 << 20
+
+    # ------------------------------------------------------------------ caller side
+    def submit(self, request: EngineRequest, sink: Callable[[Event], None] | None = None) -> RequestHandle:
+        """Queue a request. Invalid or never-fitting requests raise ValueError here."""
+        p = request.prompt
+        max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens)
+        limits.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
+                                capacity=self.max_positions - len(p))
+        seed = limits.check_seed(resolve_seed(request.seed))
+        need = math.ceil((len(p) + max_len) / self.cfg.block_size)
+        if need > self.kv.allocator.total:
+            raise ValueError(f"request {request.request_id!r} needs {need} KV blocks (prompt {len(p)} + max_len "
+                             f"{max_len} positions) but the pool has only {self.kv.allocator.total}")
+        handle = RequestHandle(request.request_id)
+        state = RequestState(
+            req=request, sink=sink or handle.queue.put, max_len=max_len,
+            seed_key=request_key(torch.tensor([seed]))[0].to(self.device),
+            cfg_value=torch.tensor(float(request.cfg_value), device=self.device), blocks_reserved=need)
+        with self._lock:
+            if self._stop:
+                raise EngineShutdown("engine is shut down")
+            if request.request_id in self._ids:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
+            self._ids.add(request.request_id)
+            self._inbox.append(state)
+            self._lock.notify()
+        return handle
+
+    def cancel(self, request_id: str):
+        with self._lock:
+            if request_id in self._ids:
+                self._cancels.add(request_id)
+                self._lock.notify()
+
+    def stats(self) -> dict:
+        with self._lock:
+            s = dict(self._stats)
+            s["batch_sizes"] = dict(s["batch_sizes"])
+            s.update(running=len(self.running), waiting=len(self.waiting) + len(self._inbox),
+                     free_blocks=self.kv.allocator.free, total_blocks=self.kv.allocator.total,
+                     in_flight_ids=len(self._ids))
+        return s
+
+    def shutdown(self, timeout: float = 30.0):
+        """Stop the thread; in-flight requests end with an error event."""
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self):
+        torch.set_grad_enabled(False)
+        t_last, steps_window = time.monotonic(), 0
+        try:
+            while True:
+                with self._lock:
+                    while not (self._stop or self._inbox or self._cancels or self.running or self.waiting):
+                        self._lock.wait(self.cfg.idle_wait_s)
+                    if self._stop:
+                        break
+                    self.waiting.extend(self._inbox)
+                    self._inbox.clear()
+                    cancels, self._cancels = self._cancels, set()
+                self._apply_cancels(cancels)
+                admitted = self._admit()
+                if admitted:
+                    self._prefill(admitted)
+                if self.running:
+                    self._decode_step()
+                    steps_window += 1
+                now = time.monotonic()
+                if now - t_last >= 1.0:
+                    with self._lock:
+                        self._stats["steps_per_s"] = steps_window / (now - t_last)
+                    t_last, steps_window = now, 0
+        except Exception as e:  # a bug in the loop itself: fail everyone rather than hang them
+            log.exception("engine loop crashed")
+            self._fail_all(f"engine failure: {e}")
+            return
+        self._fail_all("engine shut down")
+
+    def _fail_all(self, message: str):
+        with self._lock:
+            self._stop = True
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
+        for st in list(self.running.values()) + list(self.waiting):
+            self._finish(st, "error", message)
+        self.waiting.clear()
+
+    def _apply_cancels(self, ids: set):
+        for rid in ids:
+            st = self.running.get(rid) or next((w for w in self.waiting if w.request_id == rid), None)
+            if st is not None:
+                self._finish(st, "cancelled")
+
+    def _admit(self) -> list[RequestState]:
+        admitted = []
+        alloc = self.kv.allocator
+        while self.waiting and len(self.running) < self.cfg.max_batch_size \
+                and alloc.can_reserve(self.waiting[0].blocks_reserved):
+            st = self.waiting.popleft()
+            alloc.reserve(st.blocks_reserved)
+            self.running[st.request_id] = st
+            admitted.append(st)
+        return admitted
+
+    def _grow_to(self, st: RequestState, n_positions: int):
+        while len(st.block_table) * self.cfg.block_size < n_positions:
+            st.block_table.append(self.kv.allocator.take_reserved())
+
+    def _slots(self, st: RequestState, start: int, end: int) -> list[int]:
+        bs = self.cfg.block_size
+        return [st.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    # -- prefill
+    def _prefill(self, states: list[RequestState]):
+        ok = []
+        for st in states:
+            try:
+                if self.fault_hook:
+                    self.fault_hook(st, "prefill")
+                st.prompt_len = len(st.req.prompt)
+                self._grow_to(st, st.prompt_len)
+                ok.append(st)
+            except Exception as e:
+                self._finish(st, "error", f"prefill failed: {e}")
+        if not ok:
+            return
+        try:
+            self._run_prefill(ok)
+        except Exception:
+            if len(ok) == 1:
+                log.exception("prefill failed for %s", ok[0].request_id)
+                self._finish(ok[0], "error", "prefill failed")
+                return
+            for st in ok:  # isolate the culprit: the others must not pay for it
+                try:
+                    self._run_prefill([st])
+                except Exception as e:
+                    log.exception("prefill failed for %s", st.request_id)
+                    self._finish(st, "error", f"prefill failed: {e}")
+
+    def _run_prefill(self, states: list[RequestState]):
+        dev = self.device
+        prompts = [st.req.prompt for st in states]
+        starts = [0]
+        for p in prompts:
+            starts.append(starts[-1] + len(p))
+        slots = [s for st in states for s in self._slots(st, 0, st.prompt_len)]
+        meta = PrefillMetadata(torch.tensor(slots, device=dev), starts)
+        positions = torch.cat([torch.arange(len(p)) for p in prompts])[None].to(dev)
+        lm_h, res_h = self.model.prefill(
+            torch.cat([p.tokens for p in prompts])[None].to(dev),
+            torch.cat([p.text_mask for p in prompts])[None].to(dev),
+            torch.cat([p.audio_mask for p in prompts])[None].to(dev),
+            torch.cat([p.feats for p in prompts])[None].to(dev),
+            positions, torch.tensor(starts[1:], device=dev) - 1,
+            PagedAttention(self.kv.base_k, self.kv.base_v, meta),
+            PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+        for i, st in enumerate(states):
+            st.lm_hidden, st.residual_hidden = lm_h[i], res_h[i]
+            st.prev_patch = st.req.prompt.feats[-1].to(dev, self.dtype)
+
+    # -- decode
+    def _decode_step(self):
+        batch = []
+        for st in list(self.running.values()):
+            try:
+                if self.fault_hook:
+                    self.fault_hook(st, "step")
+                self._grow_to(st, st.position + 1)
+                batch.append(st)
+            except Exception as e:
+                self._finish(st, "error", f"decode failed: {e}")
+        if not batch:
+            return
+        try:
+            patches, stops = self._run_decode(batch)
+        except Exception:
+            if len(batch) == 1:
+                log.exception("decode step failed for %s", batch[0].request_id)
+                self._finish(batch[0], "error", "decode step failed")
+                return
+            patches, stops, survivors = [], [], []
+            for st in batch:  # rerun solo (KV writes are idempotent) so only the culprit fails
+                try:
+                    p, s = self._run_decode([st])
+                    patches.append(p[0])
+                    stops.append(s[0])
+                    survivors.append(st)
+                except Exception as e:
+                    log.exception("decode step failed for %s", st.request_id)
+                    self._finish(st, "error", f"decode step failed: {e}")
+            batch = survivors
+        with self._lock:
+            self._stats["steps"] += 1
+            self._stats["batch_sizes"][len(batch)] += 1
+        for st, patch, stop in zip(batch, patches, stops):
+            self._emit(st, patch, bool(stop))
+
+    def _run_decode(self, batch: list[RequestState]):
+        """One model step for `batch`; returns (patches [B, P, D] CPU fp32, stop flags [B] CPU)."""
+        dev, bs = self.device, self.cfg.block_size
+        B = len(batch)
+        n_blocks = max(len(st.block_table) for st in batch)
+        tables = torch.zeros(B, n_blocks, dtype=torch.int64)
+        for i, st in enumerate(batch):
+            tables[i, :len(st.block_table)] = torch.tensor(st.block_table)
+        slots = [st.block_table[st.position // bs] * bs + st.position % bs for st in batch]
+        meta = DecodeMetadata(torch.tensor(slots, device=dev), tables.to(dev),
+                              torch.tensor([st.position + 1 for st in batch], device=dev))
+        noise = gaussian_noise(torch.stack([st.seed_key for st in batch]),
+                               torch.tensor([st.step for st in batch], device=dev),
+                               (self.vox.feat_dim, self.vox.patch_size), self.dtype)
+        schedule = CfmSchedule([st.req.inference_timesteps for st in batch], self.dtype, dev)
+        out = self.model.decode_step(
+            torch.stack([st.lm_hidden for st in batch]), torch.stack([st.residual_hidden for st in batch]),
+            torch.stack([st.prev_patch for st in batch]), noise, schedule,
+            torch.stack([st.cfg_value for st in batch]),
+            torch.tensor([st.position for st in batch], device=dev),
+            PagedAttention(self.kv.base_k, self.kv.base_v, meta), PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+        for i, st in enumerate(batch):
+            st.lm_hidden, st.residual_hidden, st.prev_patch = out.lm_hidden[i], out.residual_hidden[i], out.patch[i]
+        # The one device-to-host transfer of the step.
+        return out.patch.float().cpu(), out.stop.cpu()
+
+    # -- output
+    def _chunk_size(self, st: RequestState) -> int:
+        sched = self.cfg.chunk_schedule
+        return sched[min(st.chunks_sent, len(sched) - 1)]
+
+    def _emit(self, st: RequestState, patch: torch.Tensor, stop: bool):
+        i = st.step
+        st.step += 1
+        if not st.pending:
+            st.pending_from = i
+        st.pending.append(patch)
+        reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
+        if reason or len(st.pending) >= self._chunk_size(st):
+            if not self._send(st, LatentChunk(st.request_id, torch.stack(st.pending), st.pending_from)):
+                return
+            st.pending = []
+            st.chunks_sent += 1
+        if reason:
+            self._finish(st, reason)
+
+    def _send(self, st: RequestState, ev: Event) -> bool:
+        try:
+            st.sink(ev)
+            return True
+        except Exception as e:  # the receiver is gone or broken: stop working for it
+            log.warning("dropping request %s: delivering output failed: %s", st.request_id, e)
+            if not isinstance(ev, Finished):
+                self._finish(st, "error", f"output delivery failed: {e}")
+            return False
+
+    def _finish(self, st: RequestState, reason: str, error: str | None = None):
+        """End a request wherever it is; its blocks return to the pool at once."""
+        rid = st.request_id
+        if self.running.pop(rid, None) is not None:
+            self.kv.allocator.release(st.block_table, st.blocks_reserved - len(st.block_table))
+        else:
+            try:
+                self.waiting.remove(st)
+            except ValueError:
+                pass
+        st.block_table = []
+        st.pending = []
+        st.lm_hidden = st.residual_hidden = st.prev_patch = None
+        with self._lock:
+            self._ids.discard(rid)
+            self._cancels.discard(rid)
+            self._stats["finished"] += 1
+        self._send(st, Finished(rid, reason, st.step, error))

@@ -1,0 +1,68 @@
+"""Paged KV cache: fixed-size blocks in two pools (base LM, residual LM) that share one block table per request.
+
+Both LMs see the same positions, so a request's block i holds positions
+[i*block_size, (i+1)*block_size) in every layer of both pools.
+
+Admission reserves a request's worst case (prompt + max_len positions) as a
+count; physical blocks are taken only as the sequence grows. A running request
+can therefore always grow, and a full pool makes newcomers wait rather than
+deadlocking running ones.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        self.total = num_blocks
+        self._free = deque(range(num_blocks))
+        self.reserved = 0  # promised to admitted requests, not yet taken
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def can_reserve(self, n: int) -> bool:
+        return self.free - self.reserved >= n
+
+    def reserve(self, n: int):
+        assert self.can_reserve(n)
+        self.reserved += n
+
+    def take_reserved(self) -> int:
+        assert self.reserved > 0 and self._free
+        self.reserved -= 1
+        return self._free.popleft()
+
+    def release(self, blocks: list[int], unused_reservation: int):
+        self._free.extend(blocks)
+        self.reserved -= unused_reservation
+        assert 0 <= self.reserved and self.free <= self.total
+
+
+class PagedKVCache:
+    """K/V pools shaped [layers, blocks, block_size, kv_heads, head_dim]."""
+
+    def __init__(self, base_layers: int, residual_layers: int, kv_heads: int, head_dim: int,
+                 num_blocks: int, block_size: int, dtype: torch.dtype, device):
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.base_k = torch.zeros(base_layers, *shape, dtype=dtype, device=device)
+        self.base_v = torch.zeros_like(self.base_k)
+        self.res_k = torch.zeros(residual_layers, *shape, dtype=dtype, device=device)
+        self.res_v = torch.zeros_like(self.res_k)
+        self.allocator = BlockAllocator(num_blocks)
+
+    @staticmethod
+    def bytes_per_block(base_layers, residual_layers, kv_heads, head_dim, block_size, dtype) -> int:
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return 2 * (base_layers + residual_layers) * block_size * kv_heads * head_dim * elem
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.base_k, self.base_v, self.res_k, self.res_v))

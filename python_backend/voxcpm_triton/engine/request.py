@@ -1,0 +1,102 @@
+"""What goes into the engine, what comes out, and the one object that holds a request's state."""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..prompt import Prompt
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt: Prompt
+    min_len: int = 2
+    max_len: int | None = None  # None: the reference's default for this text
+    cfg_value: float = 2.0
+    inference_timesteps: int = 10
+    seed: int | None = None  # None: a random one
+
+
+@dataclass
+class LatentChunk:
+    request_id: str
+    patches: torch.Tensor  # [n, P, D] float32, CPU
+    first_step: int  # step index of patches[0]
+
+
+@dataclass
+class Finished:
+    request_id: str
+    reason: str  # "stop" | "max_len" | "cancelled" | "error"
+    steps: int
+    error: str | None = None
+
+
+Event = LatentChunk | Finished
+
+
+class RequestHandle:
+    """The caller's side: events arrive on a queue (unless a custom sink was given)."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.queue: queue.Queue = queue.Queue()
+
+    def events(self, timeout: float | None = None):
+        while True:
+            ev = self.queue.get(timeout=timeout)
+            yield ev
+            if isinstance(ev, Finished):
+                return
+
+    def result(self, timeout: float | None = None) -> tuple[torch.Tensor, Finished]:
+        """All patches [steps, P, D] and the final event."""
+        chunks = []
+        for ev in self.events(timeout):
+            if isinstance(ev, LatentChunk):
+                chunks.append(ev.patches)
+        return (torch.cat(chunks) if chunks else torch.zeros(0)), ev
+
+
+@dataclass
+class RequestState:
+    """Everything the engine knows about one request, keyed by its id. A step's batch is built from these."""
+
+    req: EngineRequest
+    sink: Callable[[Event], None]
+    max_len: int
+    seed_key: torch.Tensor  # [] int64 on device, from the seed
+    cfg_value: torch.Tensor  # [] on device
+    blocks_reserved: int  # worst-case blocks promised at admission
+    block_table: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+    step: int = 0  # patches generated so far
+    lm_hidden: torch.Tensor | None = None  # [H]
+    residual_hidden: torch.Tensor | None = None  # [H]
+    prev_patch: torch.Tensor | None = None  # [P, D] the CFM condition
+    pending: list = field(default_factory=list)  # patches not yet sent
+    pending_from: int = 0  # step index of pending[0]
+    chunks_sent: int = 0
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+    @property
+    def position(self) -> int:
+        """KV position of this step's new token."""
+        return self.prompt_len + self.step
+
+
+def resolve_seed(seed) -> int:
+    return int(seed) if seed is not None else secrets.randbits(63)
+

@@ -1,0 +1,202 @@
+"""The decoder engine on the CPU: batching must never change a request's output."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.conftest import sine_wave
+from voxcpm_triton import VoxCPM2
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+
+TOL = 1e-4
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def vox(checkpoint_dirs):
+    return VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cpu", dtype="float32")
+
+
+def prompt_for(vox, mode, text):
+    rate = vox.encode_sample_rate
+    kw = {}
+    if mode in ("reference", "combined"):
+        kw.update(reference_audio=sine_wave(0.5, rate, 170.0, 3), reference_sample_rate=rate)
+    if mode in ("continuation", "combined"):
+        kw.update(prompt_audio=sine_wave(0.3, rate, 260.0, 4), prompt_sample_rate=rate, prompt_text="Before that.")
+    return vox.prepare_prompt(text, **kw)
+
+
+def solo(vox, prompt, **gen):
+    return vox.generate_latents(None, prompt=prompt, **gen)
+
+
+def assert_same(got, want):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert (got - want).abs().max().item() <= TOL
+
+
+def wait_for(cond, timeout=TIMEOUT):
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
+
+
+def test_single_request_matches_offline_api(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Hello there, engine.")
+        h = eng.submit(EngineRequest("r1", prompt, seed=42))
+        events = list(h.events(timeout=TIMEOUT))
+        chunks = [e for e in events if isinstance(e, LatentChunk)]
+        final = events[-1]
+        assert isinstance(final, Finished) and final.reason in ("stop", "max_len") and final.error is None
+        got = torch.cat([c.patches for c in chunks])
+        assert_same(got, solo(vox, prompt, seed=42))
+        assert final.steps == got.shape[0]
+        # Chunk schedule: 1, 2, 4, then 8s (the last may be short).
+        sizes = [c.patches.shape[0] for c in chunks]
+        want = []
+        while sum(want) < got.shape[0]:
+            want.append([1, 2, 4, 8][min(len(want), 3)])
+        want[-1] -= sum(want) - got.shape[0]
+        assert sizes == want
+        assert [c.first_step for c in chunks] == [sum(sizes[:i]) for i in range(len(sizes))]
+    finally:
+        eng.shutdown()
+
+
+def test_staggered_mixed_requests_each_equal_their_solo_run(vox):
+    modes = ["zero_shot", "reference", "continuation", "combined"]
+    texts = ["One.", "A somewhat longer sentence for the engine to chew on.", "你好世界", "Three words here.",
+             "(soft voice)Voice design text.", "Numbers 123 and 456."]
+    specs = []
+    for i in range(12):
+        specs.append(dict(rid=f"req{i}", prompt=prompt_for(vox, modes[i % 4], texts[i % len(texts)]),
+                          gen=dict(seed=1000 + i, min_len=[2, 5, 0][i % 3], max_len=[None, 9, 30, 17][i % 4],
+                                   cfg_value=[2.0, 1.5, 3.0][i % 3], inference_timesteps=[10, 4, 7][i % 3])))
+    eng = Engine(vox, EngineConfig(num_blocks=400, block_size=8, max_batch_size=8))
+    try:
+        handles = {}
+        for s in specs:
+            handles[s["rid"]] = eng.submit(EngineRequest(s["rid"], s["prompt"], **s["gen"]))
+            time.sleep(0.03)  # join at different step boundaries
+        results = {rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()}
+        assert max(eng.stats()["batch_sizes"]) > 1, "requests never shared a step"
+    finally:
+        eng.shutdown()
+    for s in specs:
+        got, fin = results[s["rid"]]
+        assert fin.error is None
+        assert_same(got, solo(vox, s["prompt"], **s["gen"]))
+
+
+def test_small_pool_queues_and_completes_everyone(vox):
+    prompt = prompt_for(vox, "zero_shot", "Pool pressure test.")
+    need = -(-(len(prompt) + 12) // 4)  # blocks of 4 for prompt + 12 steps
+    eng = Engine(vox, EngineConfig(num_blocks=3 * need, block_size=4, max_batch_size=16))
+    try:
+        total = eng.stats()["free_blocks"]
+        peak = []
+        handles = [eng.submit(EngineRequest(f"p{i}", prompt, seed=i, min_len=12, max_len=12)) for i in range(10)]
+        poll = threading.Thread(target=lambda: [peak.append(eng.stats()["running"]) or time.sleep(0.005)
+                                                for _ in range(400)], daemon=True)
+        poll.start()
+        for h in handles:
+            lat, fin = h.result(timeout=TIMEOUT)
+            assert fin.reason == "max_len" and lat.shape[0] == 12
+        assert max(peak) <= 3
+        wait_for(lambda: eng.stats()["free_blocks"] == total)
+    finally:
+        eng.shutdown()
+
+
+def test_request_that_can_never_fit_is_refused(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=4, block_size=4))
+    try:
+        with pytest.raises(ValueError, match="KV blocks"):
+            eng.submit(EngineRequest("big", prompt_for(vox, "zero_shot", "Too long."), max_len=100))
+        with pytest.raises(ValueError, match="cfg_value"):
+            eng.submit(EngineRequest("bad", prompt_for(vox, "zero_shot", "x"), cfg_value=float("nan")))
+        assert eng.stats()["in_flight_ids"] == 0
+    finally:
+        eng.shutdown()
+
+
+def test_cancel_frees_blocks_and_fault_ends_only_its_request(vox):
+    def hook(st, stage):
+        if st.request_id == "faulty" and stage == "step" and st.step == 3:
+            raise RuntimeError("injected fault")
+
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4), fault_hook=hook)
+    try:
+        total = eng.stats()["free_blocks"]
+        prompt = prompt_for(vox, "zero_shot", "Cancel me please.")
+        long = eng.submit(EngineRequest("long", prompt, seed=1, min_len=300, max_len=300))
+        faulty = eng.submit(EngineRequest("faulty", prompt, seed=2, min_len=20, max_len=20))
+        healthy = eng.submit(EngineRequest("healthy", prompt, seed=3, min_len=20, max_len=20))
+        # Let "long" produce a few chunks, then cancel it.
+        first = next(long.events(timeout=TIMEOUT))
+        assert isinstance(first, LatentChunk)
+        steps_at_cancel = eng.stats()["steps"]
+        eng.cancel("long")
+        fin = [e for e in long.events(timeout=TIMEOUT)][-1]
+        assert fin.reason == "cancelled"
+        assert eng.stats()["steps"] - steps_at_cancel <= 2  # ended at the next step boundary
+        f_lat, f_fin = faulty.result(timeout=TIMEOUT)
+        assert f_fin.reason == "error" and "injected fault" in f_fin.error
+        h_lat, h_fin = healthy.result(timeout=TIMEOUT)
+        assert h_fin.reason == "max_len" and h_fin.error is None
+        assert_same(h_lat, solo(vox, prompt, seed=3, min_len=20, max_len=20))
+        wait_for(lambda: eng.stats()["free_blocks"] == total)
+    finally:
+        eng.shutdown()
+
+
+def test_broken_sink_ends_only_that_request(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4))
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Sink test.")
+
+        def bad_sink(ev):
+            raise ConnectionError("client went away")
+
+        eng.submit(EngineRequest("gone", prompt, seed=1, min_len=10, max_len=10), sink=bad_sink)
+        ok = eng.submit(EngineRequest("ok", prompt, seed=2, min_len=10, max_len=10))
+        lat, fin = ok.result(timeout=TIMEOUT)
+        assert fin.error is None and lat.shape[0] == 10
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0 and eng.stats()["free_blocks"] == 100)
+    finally:
+        eng.shutdown()
+
+
+def test_many_short_requests_leave_no_state(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, max_batch_size=16))
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Hi.")
+        for wave in range(10):
+            hs = [eng.submit(EngineRequest(f"s{wave}-{i}", prompt, seed=i, min_len=1, max_len=3)) for i in range(20)]
+            for h in hs:
+                _, fin = h.result(timeout=TIMEOUT)
+                assert fin.error is None
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+        s = eng.stats()
+        assert s["finished"] == 200 and s["running"] == 0 and s["waiting"] == 0
+        assert s["free_blocks"] == s["total_blocks"] and eng.kv.allocator.reserved == 0
+        assert not eng.running and not eng.waiting and not eng._ids and not eng._cancels
+    finally:
+        eng.shutdown()
+
+
+def test_shutdown_fails_in_flight_requests(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4))
+    prompt = prompt_for(vox, "zero_shot", "Shutdown test.")
+    h = eng.submit(EngineRequest("x", prompt, seed=1, min_len=500, max_len=500))
+    next(h.events(timeout=TIMEOUT))
+    eng.shutdown()
+    fin = [e for e in h.events(timeout=TIMEOUT)][-1]
+    assert fin.reason == "error" and "shut down" in fin.error
+    assert not eng._thread.is_alive()
