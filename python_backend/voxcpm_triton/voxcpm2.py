@@ -23,7 +23,8 @@ from .config import VoxCPM2Config
 from .local_modules import CfmSchedule
 from .model import VoxCPM2Model
 from .noise import noise_for_steps
-from .prompt import Prompt, build_prompt, check_waveform, clean_text, default_max_len, resample
+from .inputs import check_waveform, clean_text, default_max_len, resample
+from .prompt import Prompt, build_prompt
 from .tokenizer import TextTokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -73,6 +74,41 @@ class ContiguousKVCache:
         self.length += n
 
 
+def load_audio_vae(path: str, device) -> tuple[VoxCPM2Config, AudioVAE]:
+    """The checkpoint's AudioVAE alone (fp32), for the VAE Triton models."""
+    files = checkpoint_files(path)
+    cfg = VoxCPM2Config.from_file(files["config"])
+    vae = AudioVAE(cfg.audio_vae_config)
+    try:
+        vae.load_vae_state_dict(load_tensors(files["vae"]))
+    except ValueError as e:
+        raise CheckpointError(f"{files['vae']}: {e}") from None
+    return cfg, vae.to(device).eval().requires_grad_(False)
+
+
+@torch.inference_mode()
+def encode_patches(vae: AudioVAE, patch_size: int, waves: list[np.ndarray], pads: list[str]) -> list[torch.Tensor]:
+    """Waveforms already at the VAE's input rate -> latent patches [n, P, D] each.
+
+    Each is padded to whole patches ('left' for continuation prompts, 'right' for
+    references, as the reference does); equal lengths are encoded as one batch.
+    """
+    patch_len = patch_size * vae.chunk_size
+    padded = []
+    for w, side in zip(waves, pads):
+        x = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        extra = (-x.numel()) % patch_len
+        padded.append(F.pad(x, (extra, 0) if side == "left" else (0, extra)))
+    out: list = [None] * len(waves)
+    dev = next(vae.parameters()).device
+    for n in sorted({x.numel() for x in padded}):
+        idx = [i for i, x in enumerate(padded) if x.numel() == n]
+        z = vae.encode(torch.stack([padded[i] for i in idx]).to(dev))  # [B, D, frames]
+        for j, i in enumerate(idx):
+            out[i] = z[j].view(z.size(1), -1, patch_size).permute(1, 2, 0).float().cpu()
+    return out
+
+
 class VoxCPM2:
     def __init__(self, cfg: VoxCPM2Config, model: VoxCPM2Model, vae: AudioVAE, tokenizer: TextTokenizer,
                  device: torch.device, dtype: torch.dtype):
@@ -93,12 +129,7 @@ class VoxCPM2:
         model = model.to_empty(device=dev).to(dt)
         load_model_weights(model, files["model"])
         model.eval().requires_grad_(False)
-        vae = AudioVAE(cfg.audio_vae_config)
-        try:
-            vae.load_vae_state_dict(load_tensors(files["vae"]))
-        except ValueError as e:
-            raise CheckpointError(f"{files['vae']}: {e}") from None
-        vae = vae.to(dev).eval().requires_grad_(False)  # the VAE stays fp32
+        _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
         tokenizer = TextTokenizer.from_dir(path)
         return cls(cfg, model, vae, tokenizer, dev, dt)
 
@@ -115,13 +146,7 @@ class VoxCPM2:
     def encode_audio(self, audio, sample_rate, pad: str, name: str = "audio") -> torch.Tensor:
         """Waveform -> latent patches [n, P, D]; padded ('left' or 'right') to whole patches."""
         wav = resample(check_waveform(audio, sample_rate, name), int(sample_rate), self.encode_sample_rate)
-        patch_len = self.patch_size * self.vae.chunk_size
-        x = torch.from_numpy(wav)[None]
-        if x.size(1) % patch_len:
-            extra = patch_len - x.size(1) % patch_len
-            x = F.pad(x, (extra, 0) if pad == "left" else (0, extra))
-        z = self.vae.encode(x.to(self.device))  # [1, D, frames]
-        return z[0].view(self.feat_dim, -1, self.patch_size).permute(1, 2, 0).float().cpu()
+        return encode_patches(self.vae, self.patch_size, [wav], [pad])[0]
 
     def prepare_prompt(self, text: str, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
                        reference_audio=None, reference_sample_rate=None) -> Prompt:

@@ -24,7 +24,7 @@ import torch
 from .. import limits
 from ..local_modules import CfmSchedule
 from ..noise import gaussian_noise, request_key
-from ..prompt import default_max_len
+from ..inputs import default_max_len
 from .attention import DecodeMetadata, PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
 from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed

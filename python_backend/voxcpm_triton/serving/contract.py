@@ -1,0 +1,138 @@
+"""The public contract of `tts` / `tts_stream`: parse and validate one request's inputs.
+
+Works on plain numpy arrays (what pb_utils tensors hold), so it is tested
+without a server. Every problem raises InputError with a message that names
+the input. Triton itself already rejects undeclared inputs and wrong dtypes;
+the checks here cover values and the rules that tie inputs together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import limits
+from ..inputs import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
+from .triton_io import InputError
+
+MAX_AUDIO_SECONDS = 60.0
+INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE",
+               "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED")
+
+
+@dataclass
+class SynthesisRequest:
+    text: str
+    reference_audio: np.ndarray | None = None
+    reference_sample_rate: int | None = None
+    prompt_audio: np.ndarray | None = None
+    prompt_sample_rate: int | None = None
+    prompt_text: str | None = None
+    cfg_value: float = 2.0
+    inference_timesteps: int = 10
+    min_length: int = 2
+    max_length: int | None = None
+    seed: int | None = None
+
+
+def _scalar(inputs: dict, name: str, kind):
+    a = inputs.get(name)
+    if a is None:
+        return None
+    a = np.asarray(a)
+    if a.size != 1:
+        raise InputError(f"{name} must hold exactly one value, got shape {list(a.shape)}")
+    v = a.reshape(-1)[0]
+    if kind is str:
+        if not isinstance(v, (bytes, np.bytes_, str)):
+            raise InputError(f"{name} must be a UTF-8 string (BYTES)")
+        if isinstance(v, str):
+            return v
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{name} is not valid UTF-8: {e}") from None
+    if kind is int:
+        if not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"{name} must be an integer, got {a.dtype}")
+        return int(v)
+    if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
+        raise InputError(f"{name} must be a number, got {a.dtype}")
+    return float(v)
+
+
+def _text(inputs: dict, name: str, required: bool) -> str | None:
+    s = _scalar(inputs, name, str)
+    if s is None:
+        if required:
+            raise InputError(f"{name} is required")
+        return None
+    n = len(s.encode("utf-8"))
+    if n > limits.MAX_TEXT_BYTES:
+        raise InputError(f"{name} is {n} bytes; the limit is {limits.MAX_TEXT_BYTES}")
+    if "\x00" in s:
+        raise InputError(f"{name} contains a NUL character")
+    return s
+
+
+def _audio(inputs: dict, name: str, rate_name: str):
+    a = inputs.get(name)
+    rate = _scalar(inputs, rate_name, int)
+    if a is None:
+        if rate is not None:
+            raise InputError(f"{rate_name} was given without {name}")
+        return None, None
+    a = np.asarray(a)
+    if rate is None:
+        raise InputError(f"{name} needs {rate_name}")
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise InputError(f"{rate_name} {rate} is outside [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
+    if a.dtype != np.float32:
+        raise InputError(f"{name} must be FP32, got {a.dtype}")
+    if a.ndim != 1:
+        raise InputError(f"{name} must be a mono waveform of shape [-1], got {list(a.shape)}")
+    if a.size == 0:
+        raise InputError(f"{name} is empty")
+    if a.size > MAX_AUDIO_SECONDS * rate:
+        raise InputError(f"{name} is {a.size / rate:.1f} s long; the limit is {MAX_AUDIO_SECONDS:.0f} s")
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} contains NaN or Inf")
+    return a, rate
+
+
+def parse(inputs: dict) -> SynthesisRequest:
+    """inputs: name -> numpy array, for the inputs present in the request."""
+    unknown = sorted(set(inputs) - set(INPUT_NAMES))
+    if unknown:
+        raise InputError(f"unknown input(s) {unknown}")
+    text = _text(inputs, "TEXT", required=True)
+    if not text.strip():
+        raise InputError("TEXT is empty")
+    req = SynthesisRequest(text=text)
+    req.reference_audio, req.reference_sample_rate = _audio(inputs, "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE")
+    req.prompt_audio, req.prompt_sample_rate = _audio(inputs, "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE")
+    req.prompt_text = _text(inputs, "PROMPT_TEXT", required=False)
+    if (req.prompt_audio is None) != (req.prompt_text is None):
+        raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")
+    cfg = _scalar(inputs, "CFG_VALUE", float)
+    steps = _scalar(inputs, "INFERENCE_TIMESTEPS", int)
+    min_len = _scalar(inputs, "MIN_LENGTH", int)
+    max_len = _scalar(inputs, "MAX_LENGTH", int)
+    seed = _scalar(inputs, "SEED", int)
+    req.cfg_value = req.cfg_value if cfg is None else cfg
+    req.inference_timesteps = req.inference_timesteps if steps is None else steps
+    req.min_length = req.min_length if min_len is None else min_len
+    req.max_length = max_len
+    req.seed = seed
+    # Length capacity depends on the prompt; the decoder checks it once the prompt is built.
+    try:
+        limits.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
+                                req.cfg_value, req.inference_timesteps, capacity=10**9)
+    except ValueError as e:
+        msg = str(e)
+        for py, wire in (("min_len", "MIN_LENGTH"), ("max_len", "MAX_LENGTH"), ("cfg_value", "CFG_VALUE"),
+                         ("inference_timesteps", "INFERENCE_TIMESTEPS")):
+            msg = msg.replace(py, wire)
+        raise InputError(msg) from None
+    return req

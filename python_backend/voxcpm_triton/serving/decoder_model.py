@@ -1,0 +1,112 @@
+"""`decoder`: the engine behind a decoupled Triton model.
+
+`execute` only validates and enqueues; the engine thread streams LATENTS
+chunks back through each request's response sender and closes the stream with
+the final flag. A request carrying CANCEL_ID cancels that earlier request
+(the orchestrators use it when their client goes away).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..engine import Engine, EngineConfig, EngineRequest, Finished
+from ..prompt import build_prompt
+from ..voxcpm2 import VoxCPM2
+from .metrics import EngineMetrics
+from .settings import model_parameters, resolve_checkpoint, setting
+from .triton_io import InputError, error_response, get, pb, tensor
+
+log = logging.getLogger("voxcpm_triton.decoder")
+
+
+class ClientGone(Exception):
+    pass
+
+
+def _scalar(request, name, cast, default=None):
+    a = get(request, name)
+    return default if a is None else cast(a.reshape(-1)[0])
+
+
+class DecoderModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params), device=setting(params, "device"),
+                                           dtype=setting(params, "dtype"))
+        kv_mb = setting(params, "kv_cache_mb")
+        cfg = EngineConfig(
+            block_size=int(setting(params, "block_size", "16")),
+            num_blocks=int(setting(params, "num_blocks", "0")) or None,
+            kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
+            max_batch_size=int(setting(params, "max_batch_size", "64")),
+            chunk_schedule=tuple(int(x) for x in setting(params, "chunk_schedule", "1,2,4,8").split(",")),
+        )
+        self.engine = Engine(self.vox, cfg)
+        self.metrics = EngineMetrics(self.engine, {"model": "decoder"})
+        log.warning("decoder ready: device=%s dtype=%s kv_blocks=%d", self.vox.device, self.vox.dtype,
+                    self.engine.kv.allocator.total)
+
+    def _prompt(self, request):
+        ids, n_target = get(request, "TOKEN_IDS"), _scalar(request, "TARGET_TOKENS", int)
+        if ids is None or n_target is None:
+            raise InputError("TOKEN_IDS and TARGET_TOKENS are required")
+        ids = ids.reshape(-1).astype(np.int64).tolist()
+        P, D = self.vox.patch_size, self.vox.feat_dim
+        feats = []
+        for name in ("REF_LATENTS", "PROMPT_LATENTS"):
+            a = get(request, name)
+            if a is not None and (a.ndim != 3 or a.shape[1:] != (P, D) or a.shape[0] == 0):
+                raise InputError(f"{name} must be [n > 0, {P}, {D}], got {list(a.shape)}")
+            feats.append(None if a is None else torch.from_numpy(np.array(a, dtype=np.float32)))
+        prompt = build_prompt(ids, n_target, feats[0], feats[1], P, D)
+        if len(prompt) >= self.vox.cfg.max_length:
+            raise InputError(f"the prompt is {len(prompt)} positions; the model's limit is {self.vox.cfg.max_length}")
+        return prompt
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                cancel_id = get(request, "CANCEL_ID")
+                if cancel_id is not None:
+                    self.engine.cancel(bytes(cancel_id.reshape(-1)[0]).decode())
+                    sender.send(flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
+                req = EngineRequest(
+                    request_id=request.request_id() or f"decoder-{id(request)}",
+                    prompt=self._prompt(request),
+                    min_len=_scalar(request, "MIN_LENGTH", int, 2),
+                    max_len=_scalar(request, "MAX_LENGTH", int),
+                    cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
+                    inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
+                    seed=_scalar(request, "SEED", int))
+                self.engine.submit(req, sink=self._sink(sender))
+            except Exception as e:
+                sender.send(error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    @staticmethod
+    def _sink(sender):
+        p = pb()
+
+        def deliver(event):
+            if isinstance(event, Finished):
+                if event.error is not None:
+                    sender.send(p.InferenceResponse(error=p.TritonError(event.error)),
+                                flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    sender.send(flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            if sender.is_cancelled():
+                raise ClientGone("request cancelled by its client")
+            sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
+
+        return deliver
+
+    def finalize(self):
+        self.metrics.close()
+        self.engine.shutdown()

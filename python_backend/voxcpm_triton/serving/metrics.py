@@ -1,0 +1,56 @@
+"""Custom metrics on Triton's /metrics endpoint (Python backend MetricFamily)."""
+
+from __future__ import annotations
+
+import threading
+
+from .triton_io import pb
+
+
+class metric:
+    """One labelled metric; it keeps its MetricFamily alive (Triton requires the family to outlive it)."""
+
+    def __init__(self, name: str, description: str, labels: dict, kind: str = "GAUGE"):
+        p = pb()
+        self.family = p.MetricFamily(name=name, description=description, kind=getattr(p.MetricFamily, kind))
+        self.metric = self.family.Metric(labels=labels)
+
+    def set(self, v: float):
+        self.metric.set(float(v))
+
+    def increment(self, v: float):
+        self.metric.increment(float(v))
+
+
+class EngineMetrics:
+    """Publishes the decoder engine's state a few times a second from a background thread."""
+
+    def __init__(self, engine, labels: dict, period_s: float = 0.2):
+        self.engine, self.period = engine, period_s
+        self.gauges = {
+            "running": metric("voxcpm_engine_running_requests", "Requests decoding now", labels),
+            "waiting": metric("voxcpm_engine_waiting_requests", "Requests queued for admission", labels),
+            "free_blocks": metric("voxcpm_kv_blocks_free", "Free KV cache blocks", labels),
+            "total_blocks": metric("voxcpm_kv_blocks_total", "KV cache blocks in the pool", labels),
+            "steps_per_s": metric("voxcpm_engine_steps_per_second", "Decode steps per second (last second)", labels),
+        }
+        self.steps = metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER")
+        self._last_steps = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            self.update()
+
+    def update(self):
+        s = self.engine.stats()
+        for k, m in self.gauges.items():
+            m.set(s[k])
+        self.steps.increment(s["steps"] - self._last_steps)
+        self._last_steps = s["steps"]
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)

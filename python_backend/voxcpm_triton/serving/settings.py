@@ -1,0 +1,46 @@
+"""Where a model finds its checkpoint, device and dtype.
+
+Checkpoint: the VOXCPM_CHECKPOINT env var, else the model's `checkpoint`
+config parameter, else the embedded tiny checkpoint (generated on first use).
+Device/dtype: VOXCPM_DEVICE / VOXCPM_DTYPE, else the `device` / `dtype`
+parameters, else automatic (GPU + bf16 when there is a GPU, CPU + fp32 otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def model_parameters(args: dict) -> dict:
+    """Triton's `parameters { key: ... value { string_value: ... } }` as a plain dict."""
+    cfg = json.loads(args["model_config"])
+    return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+
+
+def setting(params: dict, name: str, default: str | None = None) -> str | None:
+    env = os.environ.get(f"VOXCPM_{name.upper()}")
+    if env:
+        return env
+    value = params.get(name, "")
+    return value if value not in ("", None) else default
+
+
+def resolve_checkpoint(params: dict) -> str:
+    path = setting(params, "checkpoint")
+    if path:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"VoxCPM2 checkpoint directory not found: {path}")
+        return path
+    from ..paths import DEFAULT_TINY_DIR
+
+    if os.path.isfile(os.path.join(DEFAULT_TINY_DIR, "config.json")):
+        return DEFAULT_TINY_DIR
+    from ..checkpoint_writer import ensure_tiny_checkpoint  # imports torch: only when generating
+
+    return ensure_tiny_checkpoint()
+
+
+def read_config(path: str) -> dict:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,139 @@
+"""`vae_encoder` (dynamic batching) and `vae_decoder` (sequence batching, per-stream causal state).
+
+Both take Triton's batch dimension of 1 per request; a batch is the list of
+requests an `execute` call receives, and requests of equal length are run as
+one tensor batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ..inputs import check_waveform, resample
+from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
+from .metrics import metric
+from .settings import model_parameters, resolve_checkpoint, setting
+from .triton_io import InputError, error_response, get, pb, tensor
+
+
+def _load(args):
+    params = model_parameters(args)
+    cfg, vae = load_audio_vae(resolve_checkpoint(params), resolve_device(setting(params, "device")))
+    return params, cfg, vae
+
+
+class VAEEncoderModel:
+    """AUDIO [1, n] at SAMPLE_RATE, PAD_LEFT -> LATENTS [1, patches, P, D]."""
+
+    def initialize(self, args):
+        _, self.cfg, self.vae = _load(args)
+
+    def execute(self, requests):
+        responses: list = [None] * len(requests)
+        waves, pads, idx = [], [], []
+        for i, r in enumerate(requests):
+            try:
+                rate = int(get(r, "SAMPLE_RATE").reshape(-1)[0])
+                wav = check_waveform(get(r, "AUDIO").reshape(-1), rate, "audio")
+                waves.append(resample(wav, rate, self.vae.sample_rate))
+                pads.append("left" if bool(get(r, "PAD_LEFT").reshape(-1)[0]) else "right")
+                idx.append(i)
+            except Exception as e:
+                responses[i] = error_response(InputError(str(e)) if isinstance(e, ValueError) else e)
+        try:
+            patches = encode_patches(self.vae, self.cfg.patch_size, waves, pads) if waves else []
+            for i, p in zip(idx, patches):
+                responses[i] = pb().InferenceResponse(output_tensors=[tensor("LATENTS", p.numpy()[None])])
+        except Exception as e:
+            for i in idx:
+                responses[i] = error_response(e)
+        return responses
+
+
+class VAEDecoderModel:
+    """One stream per sequence (CORRID): LATENTS [1, n, P, D] chunks -> AUDIO [1, n*P*hop].
+
+    START creates the stream's causal-conv state (primed with CONTEXT latents in
+    continuation mode); END drops it. States idle longer than the timeout (a
+    client that vanished mid-stream) are dropped too.
+    """
+
+    def initialize(self, args):
+        params, self.cfg, self.vae = _load(args)
+        self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
+        self.states: dict[int, list] = {}
+        self.last_used: dict[int, float] = {}
+        self.lock = threading.Lock()
+        labels = {"model": "vae_decoder"}
+        self.m_streams = metric("voxcpm_vae_streams", "Open VAE decode streams (state held)", labels)
+        self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
+        self._stop = threading.Event()
+        threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
+
+    def _sweeper(self):
+        while not self._stop.wait(min(5.0, self.idle_timeout)):
+            with self.lock:
+                self._drop_idle(time.monotonic())
+
+    def _drop_idle(self, now: float):
+        for c in [c for c, t in self.last_used.items() if now - t > self.idle_timeout]:
+            self.states.pop(c, None)
+            self.last_used.pop(c, None)
+        self.m_streams.set(float(len(self.states)))
+
+    def finalize(self):
+        self._stop.set()
+
+    def _z(self, lat: np.ndarray) -> torch.Tensor:
+        """[n, P, D] patches -> [1, D, n*P] frames."""
+        lat = torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32))
+        return lat.reshape(-1, self.cfg.feat_dim).T[None].to(self.vae.device)
+
+    @torch.inference_mode()
+    def execute(self, requests):
+        responses: list = [None] * len(requests)
+        work = []  # (index, corrid, z, end)
+        now = time.monotonic()
+        with self.lock:
+            for i, r in enumerate(requests):
+                try:
+                    corrid = int(get(r, "CORRID").reshape(-1)[0])
+                    start = bool(get(r, "START").reshape(-1)[0])
+                    end = bool(get(r, "END").reshape(-1)[0])
+                    lat = get(r, "LATENTS")[0]
+                    if lat.ndim != 3 or lat.shape[1:] != (self.cfg.patch_size, self.cfg.feat_dim):
+                        raise InputError(f"LATENTS must be [n, {self.cfg.patch_size}, {self.cfg.feat_dim}]")
+                    if start or corrid not in self.states:
+                        state = self.vae.new_stream_state(1, self.vae.device)
+                        ctx = get(r, "CONTEXT")
+                        if ctx is not None and ctx[0].size:
+                            state = self.vae.prime(state, self._z(ctx[0]))
+                        self.states[corrid] = state
+                    self.last_used[corrid] = now
+                    work.append((i, corrid, self._z(lat), end))
+                except Exception as e:
+                    responses[i] = error_response(e)
+            # Streams whose chunks have the same length decode as one batch.
+            for n in sorted({w[2].size(-1) for w in work}):
+                group = [w for w in work if w[2].size(-1) == n]
+                try:
+                    state = self.vae.stack_states([self.states[c] for _, c, _, _ in group])
+                    audio, state = self.vae.decode_chunk(torch.cat([z for _, _, z, _ in group]), state)
+                    for (i, c, _, _), st, a in zip(group, self.vae.split_state(state), audio):
+                        self.states[c] = st
+                        responses[i] = pb().InferenceResponse(output_tensors=[
+                            tensor("AUDIO", a.reshape(1, -1).float().cpu().numpy())])
+                    self.m_batches.set(float(len(group)))
+                except Exception as e:
+                    for i, *_ in group:
+                        responses[i] = error_response(e)
+            for _, c, _, end in work:
+                if end:
+                    self.states.pop(c, None)
+                    self.last_used.pop(c, None)
+            self._drop_idle(now)
+        return responses
