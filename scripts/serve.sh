@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Run Triton Inference Server (the nvidia-pytriton 2.51 binary) in the
+# foreground on this project's model repository. Ctrl-C / SIGTERM stop it
+# cleanly (tritonserver is exec'd, so it receives the signal itself, unloads
+# the models and ends their stub processes).
+#
+#   scripts/serve.sh [extra tritonserver args...]
+#   scripts/serve.sh --print-env      # the environment it would use, KEY=VALUE
+#   scripts/serve.sh --print-cmd      # the command it would run
+#
+# Environment:
+#   MODEL_REPOSITORY      default $REPO/model_repository
+#   TRITON_HTTP_PORT      default 8000
+#   TRITON_GRPC_PORT      default 8001
+#   TRITON_METRICS_PORT   default 8002
+#   TRITON_BIND           address to bind, default 127.0.0.1 (0.0.0.0 for all)
+#   TRITON_LOG_VERBOSE    tritonserver --log-verbose level, default 0
+#   VENV                  virtual environment, default $REPO/.venv
+#   SKIP_SETUP=1          do not run scripts/setup.sh first
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export VENV="${VENV:-$REPO/.venv}"
+
+mode=run
+case "${1:-}" in
+    --print-env) mode="env"; shift ;;
+    --print-cmd) mode=cmd; shift ;;
+esac
+
+if [[ $mode == run && ${SKIP_SETUP:-0} != 1 ]]; then
+    bash "$REPO/scripts/setup.sh" >&2
+fi
+
+# shellcheck source=scripts/triton_env.sh
+source "$REPO/scripts/triton_env.sh"
+if [[ -z ${TRITONSERVER_BIN:-} ]]; then
+    echo "[serve] no virtual environment at $VENV: run scripts/setup.sh" >&2
+    exit 1
+fi
+if [[ $mode == env ]]; then
+    _triton_env_print
+    exit 0
+fi
+triton_env_ready || triton_build_backend_dir >&2
+
+MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
+if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
+    # The embedded default: generate it once here rather than in six model processes at once.
+    "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from voxcpm_triton.checkpoint_writer import ensure_tiny_checkpoint
+print("[serve] checkpoint:", ensure_tiny_checkpoint(progress=print))' "$REPO/python_backend" >&2
+fi
+BIND="${TRITON_BIND:-127.0.0.1}"
+cmd=(
+    "$TRITONSERVER_BIN"
+    --model-repository="$MODEL_REPOSITORY"
+    --backend-directory="$TRITON_BACKEND_DIR"
+    --http-address="$BIND" --http-port="${TRITON_HTTP_PORT:-8000}"
+    --grpc-address="$BIND" --grpc-port="${TRITON_GRPC_PORT:-8001}"
+    --metrics-address="$BIND" --metrics-port="${TRITON_METRICS_PORT:-8002}"
+    --allow-metrics=true
+    --log-verbose="${TRITON_LOG_VERBOSE:-0}"
+    --exit-timeout-secs="${TRITON_EXIT_TIMEOUT:-30}"
+    "$@"
+)
+if [[ $mode == cmd ]]; then
+    printf '%q ' "${cmd[@]}"
+    echo
+    exit 0
+fi
+echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
+exec "${cmd[@]}"

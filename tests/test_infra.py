@@ -1,0 +1,306 @@
+"""Serving infrastructure, proven on a throwaway echo model repository.
+
+A real tritonserver (nvidia-pytriton 2.51 binary, python backend) is started by
+tests/server.py with the environment of scripts/triton_env.sh; scripts/serve.sh
+is exercised too. The models live in tests/fixtures/echo_repo.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.server import REPO, TritonServer, _free_ports, _pids_in_group, triton_env
+from tests.server import triton_server_factory  # noqa: F401  (fixture)
+
+ECHO_REPO = REPO / "tests" / "fixtures" / "echo_repo"
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("echo_markers")
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, marker_dir):  # noqa: F811
+    return triton_server_factory(ECHO_REPO, env={"ECHO_MARKER_DIR": str(marker_dir)})
+
+
+# --- HTTP ----------------------------------------------------------------------
+
+
+def test_http_infer_echo(server):
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("echo") and client.is_model_ready("echo_stream")
+    x = np.arange(7, dtype=np.float32) * 0.5
+    inp = httpclient.InferInput("INPUT", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    res = client.infer("echo", [inp])
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT"), x)
+
+
+def test_stub_sees_the_venv(server):
+    """The python stub runs with the project venv: torch imports, sys.prefix is
+    $VENV, and $VOXCPM_PYTHON_BACKEND points at python_backend/."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("INPUT", [1], "FP32")
+    inp.set_data_from_numpy(np.zeros(1, np.float32))
+    res = client.infer("echo", [inp])
+    torch_version = res.as_numpy("TORCH_VERSION")[0].decode()
+    assert torch_version == importlib.metadata.version("torch")
+    prefix = res.as_numpy("SYS_PREFIX")[0].decode()
+    assert os.path.realpath(prefix) == os.path.realpath(server.env["VENV"])
+    # The stub's embedded Python ignores PYTHONPATH (sys.path has no trace of it);
+    # model.py files put $VOXCPM_PYTHON_BACKEND on sys.path, and that variable
+    # (like any other in the server's environment) does reach the stub.
+    assert res.as_numpy("PYTHON_BACKEND")[0].decode() == str(REPO / "python_backend")
+    sys_path = res.as_numpy("SYS_PATH")[0].decode().split(os.pathsep)
+    assert str(ECHO_REPO / "echo" / "1") in sys_path, sys_path
+
+
+def test_http_bad_request_is_an_error_not_a_crash(server):
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("WRONG", [1], "FP32")
+    inp.set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(InferenceServerException):
+        client.infer("echo", [inp])
+    assert client.is_model_ready("echo")
+
+
+def test_http_generate_stream_decoupled(server):
+    """HTTP generate_stream (server-sent events) on the decoupled model."""
+    body = json.dumps({"COUNT": 3}).encode()
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/echo_stream/generate_stream",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    events = [json.loads(line[len("data:"):]) for line in text.splitlines() if line.startswith("data:")]
+    # one-element outputs come back as scalars in the JSON of generate_stream
+    assert [e["INDEX"] for e in events] == [0, 1, 2], text
+    assert events[2]["DATA"] == [2.0, 2.0, 2.0], text
+
+
+# --- gRPC streaming ----------------------------------------------------------------
+
+
+def _stream(server, requests, timeout=30.0):
+    """Send (request_id, count, delay_ms) on one gRPC stream; collect per request id
+    the list of (index, data) and whether a final flag arrived, or the error."""
+    import tritonclient.grpc as grpcclient
+
+    q: queue.Queue = queue.Queue()
+
+    def callback(q, result, error):
+        q.put((result, error))
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: dict[str, dict] = {rid: {"items": [], "final": False, "error": None} for rid, _, _ in requests}
+    client.start_stream(callback=partial(callback, q))
+    try:
+        for rid, count, delay in requests:
+            c = grpcclient.InferInput("COUNT", [1], "INT32")
+            c.set_data_from_numpy(np.array([count], np.int32))
+            inputs = [c]
+            if delay:
+                d = grpcclient.InferInput("DELAY_MS", [1], "INT32")
+                d.set_data_from_numpy(np.array([delay], np.int32))
+                inputs.append(d)
+            client.async_stream_infer("echo_stream", inputs, request_id=rid, enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout
+        while not all(g["final"] or g["error"] for g in got.values()):
+            result, error = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            if error is not None:
+                # errors carry no request id here; attribute to the one not done
+                pending = [g for g in got.values() if not (g["final"] or g["error"])]
+                pending[0]["error"] = error
+                continue
+            resp = result.get_response()
+            g = got[resp.id]
+            final = resp.parameters.get("triton_final_response")
+            index = result.as_numpy("INDEX")
+            if index is not None:
+                g["items"].append((int(index[0]), result.as_numpy("DATA")))
+            if final is not None and final.bool_param:
+                g["final"] = True
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+def test_grpc_stream_n_responses_then_final(server):
+    n = 5
+    got = _stream(server, [("a", n, 0)])["a"]
+    assert got["error"] is None
+    assert got["final"]
+    assert [i for i, _ in got["items"]] == list(range(n))
+    for i, data in got["items"]:
+        np.testing.assert_array_equal(data, np.full(i + 1, i, np.float32))
+
+
+def test_grpc_stream_interleaved_requests_and_empty(server):
+    got = _stream(server, [("x", 3, 5), ("y", 0, 0), ("z", 4, 0)])
+    assert [i for i, _ in got["x"]["items"]] == [0, 1, 2]
+    assert got["y"]["items"] == [] and got["y"]["final"]
+    assert [i for i, _ in got["z"]["items"]] == [0, 1, 2, 3]
+    assert all(g["final"] and g["error"] is None for g in got.values())
+
+
+def test_grpc_stream_error_reported(server):
+    got = _stream(server, [("bad", -1, 0)])["bad"]
+    assert got["error"] is not None and "COUNT must be >= 0" in str(got["error"])
+    # the model keeps serving
+    assert [i for i, _ in _stream(server, [("ok", 2, 0)])["ok"]["items"]] == [0, 1]
+
+
+# --- perf_analyzer, metrics --------------------------------------------------------------
+
+
+def test_perf_analyzer_http(server):
+    pa = server.env["PERF_ANALYZER_BIN"]
+    assert os.access(pa, os.X_OK), pa
+    cmd = [
+        pa, "-m", "echo", "-u", server.http_url, "-i", "http",
+        "--shape", "INPUT:16", "--concurrency-range", "2",
+        "--measurement-interval", "1000", "--max-trials", "5", "--stability-percentage", "50",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    m = re.search(r"Throughput: ([\d.]+) infer/sec", out)
+    assert m and float(m.group(1)) > 0, out
+    sent = int(re.search(r"Request count: (\d+)", out).group(1))
+    ok = int(re.search(r"Successful request count: (\d+)", out).group(1))
+    # the server counts every request it answered, some outside the client's windows
+    assert sent > 0 and ok >= sent, out
+    assert "error" not in out.lower(), out
+    print(f"perf_analyzer: {m.group(1)} infer/s, {sent} requests in {time.monotonic() - t0:.1f} s")
+
+
+def test_metrics_endpoint(server):
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    ok = re.search(r'^nv_inference_request_success\{model="echo",version="1"\} (\d+)$', text, re.M)
+    assert ok and int(ok.group(1)) > 0, text[:2000]
+    fails = re.findall(r'^nv_inference_request_failure\{model="echo",reason="(\w+)",version="1"\} (\d+)$', text, re.M)
+    assert fails and all(int(n) == 0 for _, n in fails), fails
+
+
+# --- lifecycle: scripts/serve.sh, SIGTERM -------------------------------------------------
+
+
+def test_serve_sh_sigterm_stops_cleanly(tmp_path):
+    """scripts/serve.sh execs tritonserver: SIGTERM to it unloads the models
+    (finalize runs), the server exits 0 and no stub process remains."""
+    http, grpc, metrics = _free_ports(3)
+    env = triton_env()
+    env.update(
+        SKIP_SETUP="1",
+        MODEL_REPOSITORY=str(ECHO_REPO),
+        TRITON_HTTP_PORT=str(http),
+        TRITON_GRPC_PORT=str(grpc),
+        TRITON_METRICS_PORT=str(metrics),
+        ECHO_MARKER_DIR=str(tmp_path),
+    )
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "serve.sh")],
+            env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
+                    ready = r.status == 200
+            except OSError:
+                pass
+            if ready:
+                break
+            time.sleep(0.25)
+        assert ready, log.read_text()
+        # exec: the process we started *is* tritonserver
+        assert Path(f"/proc/{proc.pid}/exe").resolve().name == "tritonserver"
+        stubs = [p for p in _pids_in_group(proc.pid) if p != proc.pid]
+        assert len(stubs) == 2, stubs
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        text = log.read_text()
+        assert rc == 0, text
+        assert "successfully unloaded 'echo'" in text and "successfully unloaded 'echo_stream'" in text
+        deadline = time.monotonic() + 10
+        while _pids_in_group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _pids_in_group(proc.pid) == [], "stub processes left after SIGTERM"
+        names = sorted(p.name.split(".")[0] + "." + p.name.split(".")[-1] for p in tmp_path.glob("echo*"))
+        assert names == ["echo.finalized", "echo.initialized", "echo_stream.finalized", "echo_stream.initialized"]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_server_helper_stop_reaps_everything(tmp_path):
+    srv = TritonServer(ECHO_REPO, env={"ECHO_MARKER_DIR": str(tmp_path)})
+    with srv:
+        assert len(srv.stub_pids()) == 2
+        pgid = srv.pid
+    assert srv.returncode == 0, srv.log_tail()
+    assert srv.leftover_processes == []
+    assert _pids_in_group(pgid) == []
+    assert len(list(tmp_path.glob("*.finalized"))) == 2
+
+
+# --- deployment files -----------------------------------------------------------------------
+
+
+def test_docker_compose_config_valid():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (scripts/setup.sh installs Debian's docker-compose)")
+    env = dict(os.environ, VOXCPM_CHECKPOINT="/tmp/voxcpm-checkpoint")
+    r = subprocess.run(
+        [exe, "-f", str(REPO / "docker-compose.yml"), "config"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    import yaml
+
+    cfg = yaml.safe_load(r.stdout)
+    (name, svc), = cfg["services"].items()
+    assert "tritonserver" in " ".join(svc["command"] if isinstance(svc["command"], list) else [svc["command"]])
+    assert "/v2/health/ready" in " ".join(svc["healthcheck"]["test"])
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d.get("capabilities", []) for d in devices)
+    published = {str(p.get("target", p)) if isinstance(p, dict) else str(p) for p in svc["ports"]}
+    assert all(any(str(port) in p for p in published) for port in (8000, 8001, 8002)), published
+    mounts = " ".join(v["source"] if isinstance(v, dict) else v for v in svc["volumes"])
+    assert "model_repository" in mounts and "python_backend" in mounts and "/tmp/voxcpm-checkpoint" in mounts
