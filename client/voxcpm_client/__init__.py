@@ -1,0 +1,18 @@
+"""Python client for VoxCPM2 TTS on Triton (gRPC streaming, HTTP, wav files)."""
+from .client import (
+    Result,
+    ServerUnavailable,
+    SynthesisError,
+    SynthesisTimeout,
+    VoxCPMClientError,
+    input_arrays,
+    load_audio,
+    make_inputs,
+    synthesize,
+    synthesize_stream,
+)
+
+__all__ = [
+    "Result", "ServerUnavailable", "SynthesisError", "SynthesisTimeout", "VoxCPMClientError",
+    "input_arrays", "load_audio", "make_inputs", "synthesize", "synthesize_stream",
+]

@@ -1,0 +1,248 @@
+"""Triton client for the VoxCPM2 `tts` / `tts_stream` models.
+
+The request contract (names, dtypes, shapes) is the public one of
+shared/DESIGN.md; only TEXT is required.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import soundfile as sf
+
+# Contract: optional parameter -> (input name, numpy dtype). Audio inputs are
+# FP32 [-1]; the rest are one-element tensors of shape [1].
+SCALAR_INPUTS = {
+    "reference_sample_rate": ("REFERENCE_SAMPLE_RATE", np.int32),
+    "prompt_sample_rate": ("PROMPT_SAMPLE_RATE", np.int32),
+    "prompt_text": ("PROMPT_TEXT", np.object_),
+    "cfg_value": ("CFG_VALUE", np.float32),
+    "inference_timesteps": ("INFERENCE_TIMESTEPS", np.int32),
+    "min_length": ("MIN_LENGTH", np.int32),
+    "max_length": ("MAX_LENGTH", np.int32),
+    "seed": ("SEED", np.int64),
+}
+AUDIO_INPUTS = {
+    "reference_audio": "REFERENCE_AUDIO",
+    "prompt_audio": "PROMPT_AUDIO",
+}
+PARAMS = frozenset(SCALAR_INPUTS) | frozenset(AUDIO_INPUTS)
+TRITON_DTYPES = {np.object_: "BYTES", np.float32: "FP32", np.int32: "INT32", np.int64: "INT64"}
+
+
+class VoxCPMClientError(Exception):
+    """Base class of this client's errors."""
+
+
+class ServerUnavailable(VoxCPMClientError):
+    """Triton could not be reached."""
+
+
+class SynthesisError(VoxCPMClientError):
+    """The server answered with an error (the message is the server's)."""
+
+
+class SynthesisTimeout(SynthesisError, TimeoutError):
+    """No (complete) answer within the timeout."""
+
+
+@dataclasses.dataclass
+class Result:
+    audio: np.ndarray                      # float32 mono
+    sample_rate: int
+    chunks: List[np.ndarray] = dataclasses.field(default_factory=list)  # streaming only
+    ttfa_s: Optional[float] = None         # send -> first non-empty AUDIO chunk (streaming)
+    total_s: float = 0.0                   # send -> last response
+    cancelled: bool = False                # stopped early (max_chunks)
+
+    @property
+    def audio_s(self) -> float:
+        return len(self.audio) / self.sample_rate if self.sample_rate else 0.0
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: total_s / audio_s (inf when there is no audio)."""
+        return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
+
+    def save(self, path: str, subtype: str = "PCM_16") -> None:
+        """Write a wav file; subtype "PCM_16" or "FLOAT"."""
+        sf.write(path, self.audio, self.sample_rate, subtype=subtype)
+
+
+def load_audio(path: str):
+    """Read wav/flac/... -> (mono float32 waveform, sample rate); channels are averaged."""
+    data, rate = sf.read(path, dtype="float32", always_2d=True)
+    return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32)), int(rate)
+
+
+def input_arrays(text: str, **params) -> dict:
+    """Request tensors by input name, as numpy arrays with the contract dtypes/shapes."""
+    unknown = set(params) - PARAMS
+    if unknown:
+        raise TypeError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
+    params = {k: v for k, v in params.items() if v is not None}
+    for audio, rate in (("reference_audio", "reference_sample_rate"), ("prompt_audio", "prompt_sample_rate")):
+        if audio in params and rate not in params:
+            raise ValueError(f"{audio} needs {rate}")
+    if ("prompt_audio" in params) != ("prompt_text" in params):
+        raise ValueError("prompt_audio and prompt_text go together")
+
+    arrays = {"TEXT": _bytes_tensor(text)}
+    for key, name in AUDIO_INPUTS.items():
+        if key in params:
+            audio = np.asarray(params[key], dtype=np.float32)
+            if audio.ndim != 1:
+                raise ValueError(f"{key} must be a 1-D mono waveform, got shape {audio.shape}")
+            arrays[name] = np.ascontiguousarray(audio)
+    for key, (name, dtype) in SCALAR_INPUTS.items():
+        if key in params:
+            arrays[name] = _bytes_tensor(params[key]) if dtype is np.object_ else np.array([params[key]], dtype=dtype)
+    return arrays
+
+
+def _bytes_tensor(text) -> np.ndarray:
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    return np.array([text], dtype=np.object_)
+
+
+def make_inputs(module, text: str, **params) -> list:
+    """tritonclient InferInput list; `module` is tritonclient.grpc or tritonclient.http."""
+    inputs = []
+    for name, array in input_arrays(text, **params).items():
+        tensor = module.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _strip_scheme(url: str) -> str:
+    for scheme in ("http://", "https://", "grpc://"):
+        if url.startswith(scheme):
+            return url[len(scheme):]
+    return url
+
+
+def _grpc_error(exc, url: str) -> VoxCPMClientError:
+    status = exc.status() or ""
+    msg = exc.message() or str(exc)
+    if status == "StatusCode.UNAVAILABLE":
+        return ServerUnavailable(f"cannot reach Triton at {url}: {msg}")
+    if status == "StatusCode.DEADLINE_EXCEEDED":
+        return SynthesisTimeout(msg)
+    return SynthesisError(msg)
+
+
+def synthesize_stream(text: str, url: str = "localhost:8001", model: str = "tts_stream",
+                      on_chunk: Optional[Callable[[np.ndarray], None]] = None,
+                      timeout: Optional[float] = 300.0, max_chunks: Optional[int] = None,
+                      request_id: str = "", **params) -> Result:
+    """Synthesize over a gRPC stream, collecting AUDIO chunks as they arrive.
+
+    `on_chunk(chunk)` is called for each non-empty chunk. `max_chunks=N` stops
+    after N chunks and cancels the request on the server (Result.cancelled).
+    `timeout` bounds the whole request (seconds, None = no limit).
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    url = _strip_scheme(url)
+    inputs = make_inputs(grpcclient, text, **params)
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url=url)
+    chunks: List[np.ndarray] = []
+    sample_rate = 0
+    ttfa = None
+    finished = cancelled = False
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        t0 = time.perf_counter()
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        while True:
+            remaining = None if timeout is None else timeout - (time.perf_counter() - t0)
+            try:
+                if remaining is not None and remaining <= 0:
+                    raise queue.Empty
+                result, error = responses.get(timeout=remaining)
+            except queue.Empty:
+                raise SynthesisTimeout(f"no complete answer from {model} at {url} within {timeout} s") from None
+            if error is not None:
+                raise _grpc_error(error, url)
+            audio = result.as_numpy("AUDIO")
+            rate = result.as_numpy("SAMPLE_RATE")
+            if rate is not None and rate.size and not sample_rate:
+                sample_rate = int(rate.reshape(-1)[0])
+            if audio is not None and audio.size:
+                audio = audio.reshape(-1).astype(np.float32, copy=False)
+                if ttfa is None:
+                    ttfa = time.perf_counter() - t0
+                chunks.append(audio)
+                if on_chunk is not None:
+                    on_chunk(audio)
+            params_ = result.get_response().parameters
+            if "triton_final_response" in params_ and params_["triton_final_response"].bool_param:
+                finished = True
+                break
+            if max_chunks is not None and len(chunks) >= max_chunks:
+                cancelled = True
+                break
+        total = time.perf_counter() - t0
+    except InferenceServerException as exc:  # start_stream / async_stream_infer
+        # When the connection fails at once, the stream goes inactive before the
+        # request is queued and async_stream_infer only says "the error detail
+        # is reported through provided callback": report that error instead.
+        try:
+            _, error = responses.get(timeout=1.0)
+        except queue.Empty:
+            error = None
+        raise _grpc_error(error or exc, url) from None
+    finally:
+        # Finished: half-close and let the stream end. Otherwise (cancel, error,
+        # timeout) cancel the RPC so the server drops the request.
+        try:
+            client.stop_stream(cancel_requests=not finished)
+        finally:
+            client.close()
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    return Result(audio=audio, sample_rate=sample_rate, chunks=chunks, ttfa_s=ttfa, total_s=total,
+                  cancelled=cancelled)
+
+
+def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
+               timeout: Optional[float] = 300.0, request_id: str = "", **params) -> Result:
+    """Synthesize a whole utterance with one HTTP inference request."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    url = _strip_scheme(url)
+    inputs = make_inputs(httpclient, text, **params)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("AUDIO", "SAMPLE_RATE")]
+    net_timeout = 1e9 if timeout is None else timeout
+    client = httpclient.InferenceServerClient(url=url, connection_timeout=min(net_timeout, 30.0),
+                                              network_timeout=net_timeout)
+    try:
+        t0 = time.perf_counter()
+        result = client.infer(model, inputs, outputs=outputs, request_id=request_id)
+        total = time.perf_counter() - t0
+    except InferenceServerException as exc:
+        raise SynthesisError(exc.message() or str(exc)) from None
+    except _TIMEOUTS:
+        raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
+    except OSError as exc:  # refused, reset, unresolvable host
+        raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+    finally:
+        client.close()
+    audio = result.as_numpy("AUDIO")
+    audio = np.zeros(0, np.float32) if audio is None else audio.reshape(-1).astype(np.float32, copy=False)
+    rate = result.as_numpy("SAMPLE_RATE")
+    return Result(audio=audio, sample_rate=int(rate.reshape(-1)[0]) if rate is not None else 0, total_s=total)
+
+
+try:  # tritonclient.http runs on gevent; its network timeout is gevent.Timeout
+    from gevent import Timeout as _GeventTimeout
+    _TIMEOUTS = (TimeoutError, _GeventTimeout)
+except ImportError:  # pragma: no cover
+    _TIMEOUTS = (TimeoutError,)

@@ -1,0 +1,383 @@
+"""Unit tests of client/voxcpm_client and perf/*.json; no server needed."""
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "client"))
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.grpc import service_pb2  # noqa: E402
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor  # noqa: E402
+
+import voxcpm_client  # noqa: E402
+from voxcpm_client import (  # noqa: E402
+    Result, ServerUnavailable, SynthesisError, SynthesisTimeout, input_arrays, load_audio, make_inputs,
+)
+
+# The public contract (shared/DESIGN.md): name -> (Triton dtype, shape).
+CONTRACT = {
+    "TEXT": ("BYTES", [1]),
+    "REFERENCE_AUDIO": ("FP32", [-1]),
+    "REFERENCE_SAMPLE_RATE": ("INT32", [1]),
+    "PROMPT_AUDIO": ("FP32", [-1]),
+    "PROMPT_SAMPLE_RATE": ("INT32", [1]),
+    "PROMPT_TEXT": ("BYTES", [1]),
+    "CFG_VALUE": ("FP32", [1]),
+    "INFERENCE_TIMESTEPS": ("INT32", [1]),
+    "MIN_LENGTH": ("INT32", [1]),
+    "MAX_LENGTH": ("INT32", [1]),
+    "SEED": ("INT64", [1]),
+}
+NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
+ZH = "你好，欢迎使用语音合成。"
+
+
+def all_params():
+    return dict(reference_audio=np.linspace(-1, 1, 321).astype(np.float32), reference_sample_rate=16000,
+                prompt_audio=np.zeros(77, np.float64), prompt_sample_rate=44100, prompt_text=ZH,
+                cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3)
+
+
+# ---------------------------------------------------------------- inputs
+
+def test_only_text_by_default():
+    arrays = input_arrays("hello")
+    assert list(arrays) == ["TEXT"]
+    assert arrays["TEXT"].dtype == np.object_ and arrays["TEXT"].shape == (1,)
+    assert arrays["TEXT"][0] == b"hello"
+
+
+def test_all_inputs_names_dtypes_shapes():
+    arrays = input_arrays("hi", **all_params())
+    assert set(arrays) == set(CONTRACT)
+    for name, (dtype, shape) in CONTRACT.items():
+        a = arrays[name]
+        assert a.dtype.type is NP[dtype], name
+        assert a.ndim == 1, name
+        if shape == [1]:
+            assert a.shape == (1,), name
+    assert arrays["REFERENCE_AUDIO"].shape == (321,)
+    assert arrays["PROMPT_AUDIO"].shape == (77,) and arrays["PROMPT_AUDIO"].dtype == np.float32
+    assert arrays["SEED"][0] == 2**40 + 3
+    assert arrays["CFG_VALUE"][0] == np.float32(2.5)
+    assert arrays["PROMPT_TEXT"][0].decode("utf-8") == ZH
+
+
+def test_none_params_are_left_out():
+    assert list(input_arrays("hi", seed=None, cfg_value=None)) == ["TEXT"]
+
+
+@pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
+def test_make_inputs_match_contract_and_encode_utf8(module):
+    text = "Hello " + ZH + " (whispering) ünïcödé"
+    inputs = make_inputs(module, text, **all_params())
+    by_name = {i.name(): i for i in inputs}
+    assert set(by_name) == set(CONTRACT)
+    for name, (dtype, shape) in CONTRACT.items():
+        assert by_name[name].datatype() == dtype, name
+        if shape == [1]:
+            assert list(by_name[name].shape()) == [1], name
+    assert list(by_name["REFERENCE_AUDIO"].shape()) == [321]
+    # BYTES on the wire: 4-byte little-endian length + the UTF-8 bytes.
+    for name, want in (("TEXT", text), ("PROMPT_TEXT", ZH)):
+        raw = by_name[name]._get_content() if module is grpcclient else by_name[name]._get_binary_data()
+        encoded = want.encode("utf-8")
+        assert raw == len(encoded).to_bytes(4, "little") + encoded
+        assert deserialize_bytes_tensor(raw)[0].decode("utf-8") == want
+    raw = by_name["SEED"]._get_content() if module is grpcclient else by_name["SEED"]._get_binary_data()
+    assert np.frombuffer(raw, "<i8")[0] == 2**40 + 3
+
+
+def test_input_validation():
+    with pytest.raises(TypeError, match="cfg"):
+        input_arrays("hi", cfg=2.0)
+    with pytest.raises(ValueError, match="reference_sample_rate"):
+        input_arrays("hi", reference_audio=np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="prompt_text"):
+        input_arrays("hi", prompt_audio=np.zeros(10, np.float32), prompt_sample_rate=16000)
+    with pytest.raises(ValueError, match="prompt_text"):
+        input_arrays("hi", prompt_text="x")
+    with pytest.raises(ValueError, match="mono"):
+        input_arrays("hi", reference_audio=np.zeros((10, 2), np.float32), reference_sample_rate=16000)
+
+
+# ---------------------------------------------------------------- audio files and Result
+
+@pytest.mark.parametrize("ext", ["wav", "flac"])
+def test_load_audio_downmixes_stereo(tmp_path, ext):
+    rate = 22050
+    t = np.arange(rate // 10) / rate
+    left, right = 0.5 * np.sin(2 * np.pi * 440 * t), 0.25 * np.cos(2 * np.pi * 220 * t)
+    path = str(tmp_path / f"stereo.{ext}")
+    sf.write(path, np.stack([left, right], axis=1), rate, subtype="PCM_16")
+    audio, got_rate = load_audio(path)
+    assert got_rate == rate
+    assert audio.dtype == np.float32 and audio.shape == (len(t),)
+    np.testing.assert_allclose(audio, (left + right) / 2, atol=2e-4)
+
+
+def test_load_audio_mono(tmp_path):
+    path = str(tmp_path / "mono.wav")
+    x = np.linspace(-0.5, 0.5, 1000).astype(np.float32)
+    sf.write(path, x, 16000, subtype="FLOAT")
+    audio, rate = load_audio(path)
+    assert rate == 16000 and audio.shape == (1000,)
+    np.testing.assert_array_equal(audio, x)
+
+
+def test_result_math():
+    r = Result(audio=np.zeros(96000, np.float32), sample_rate=48000, total_s=0.5, ttfa_s=0.05)
+    assert r.audio_s == pytest.approx(2.0)
+    assert r.rtf == pytest.approx(0.25)
+    empty = Result(audio=np.zeros(0, np.float32), sample_rate=48000, total_s=0.5)
+    assert empty.audio_s == 0.0 and empty.rtf == float("inf")
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
+def test_result_save(tmp_path, subtype):
+    x = (0.5 * np.sin(np.arange(4800) / 10)).astype(np.float32)
+    path = str(tmp_path / "out.wav")
+    Result(audio=x, sample_rate=48000, total_s=1.0).save(path, subtype=subtype)
+    info = sf.info(path)
+    assert info.samplerate == 48000 and info.channels == 1 and info.subtype == subtype
+    back, _ = load_audio(path)
+    np.testing.assert_allclose(back, x, atol=1e-4 if subtype == "PCM_16" else 0)
+
+
+# ---------------------------------------------------------------- streaming / HTTP logic (fake tritonclient)
+
+def infer_result(audio=None, rate=None, final=False):
+    """A real tritonclient.grpc InferResult built from a ModelInferResponse."""
+    resp = service_pb2.ModelInferResponse(model_name="tts_stream", id="r")
+    for name, arr, dtype in (("AUDIO", audio, "FP32"), ("SAMPLE_RATE", rate, "INT32")):
+        if arr is not None:
+            out = resp.outputs.add(name=name, datatype=dtype)
+            out.shape.extend(arr.shape)
+            resp.raw_output_contents.append(arr.tobytes())
+    if final:
+        resp.parameters["triton_final_response"].bool_param = True
+    return grpcclient.InferResult(resp)
+
+
+class FakeGrpcClient:
+    """Stands in for tritonclient.grpc.InferenceServerClient; plays `script` back
+    through the stream callback (from another thread, as tritonclient does)."""
+    script = []
+    last = None
+
+    def __init__(self, url, **kw):
+        self.url, self.stopped, self.closed, self.sent = url, None, False, None
+        FakeGrpcClient.last = self
+
+    def start_stream(self, callback, **kw):
+        self.callback = callback
+
+    def async_stream_infer(self, model_name, inputs, **kw):
+        self.sent = (model_name, {i.name() for i in inputs}, kw)
+        threading.Thread(target=lambda: [self.callback(result=r, error=e) for r, e in self.script]).start()
+
+    def stop_stream(self, cancel_requests=False):
+        self.stopped = {"cancel_requests": cancel_requests}
+
+    def close(self):
+        self.closed = True
+
+
+def chunk(i, n=480):
+    return np.full(n, i, np.float32)
+
+
+@pytest.fixture
+def fake_grpc(monkeypatch):
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", FakeGrpcClient)
+    return FakeGrpcClient
+
+
+def test_stream_collects_chunks_until_final(fake_grpc):
+    rate = np.array([48000], np.int32)
+    fake_grpc.script = [(infer_result(chunk(1), rate), None), (infer_result(chunk(2), rate), None),
+                        (infer_result(chunk(3, 960), rate), None), (infer_result(final=True), None)]
+    seen = []
+    r = voxcpm_client.synthesize_stream("hi", url="grpc://h:1", on_chunk=seen.append, seed=3)
+    c = fake_grpc.last
+    assert c.url == "h:1"
+    assert c.sent[0] == "tts_stream" and c.sent[1] == {"TEXT", "SEED"}
+    assert c.sent[2]["enable_empty_final_response"] is True
+    assert c.stopped == {"cancel_requests": False} and c.closed
+    assert [len(x) for x in r.chunks] == [480, 480, 960] and len(seen) == 3
+    np.testing.assert_array_equal(r.audio, np.concatenate([chunk(1), chunk(2), chunk(3, 960)]))
+    assert r.sample_rate == 48000 and r.audio_s == pytest.approx(1920 / 48000)
+    assert 0 <= r.ttfa_s <= r.total_s and r.rtf == pytest.approx(r.total_s / r.audio_s)
+    assert not r.cancelled
+
+
+def test_stream_final_response_with_data(fake_grpc):
+    fake_grpc.script = [(infer_result(chunk(1), np.array([16000], np.int32), final=True), None)]
+    r = voxcpm_client.synthesize_stream("hi", model="tts")
+    assert len(r.chunks) == 1 and r.sample_rate == 16000 and fake_grpc.last.stopped == {"cancel_requests": False}
+
+
+def test_stream_max_chunks_cancels(fake_grpc):
+    rate = np.array([48000], np.int32)
+    fake_grpc.script = [(infer_result(chunk(i), rate), None) for i in range(10)]  # never final
+    r = voxcpm_client.synthesize_stream("hi", max_chunks=2, timeout=5)
+    assert len(r.chunks) == 2 and r.cancelled
+    assert fake_grpc.last.stopped == {"cancel_requests": True} and fake_grpc.last.closed
+
+
+def test_stream_server_error(fake_grpc):
+    fake_grpc.script = [(None, InferenceServerException(msg="TEXT is empty"))]
+    with pytest.raises(SynthesisError, match="^TEXT is empty$"):
+        voxcpm_client.synthesize_stream("hi")
+    assert fake_grpc.last.stopped == {"cancel_requests": True}
+
+
+def test_stream_unavailable(fake_grpc):
+    fake_grpc.script = [(None, InferenceServerException(msg="connection refused", status="StatusCode.UNAVAILABLE"))]
+    with pytest.raises(ServerUnavailable, match="^cannot reach Triton at h:9: connection refused"):
+        voxcpm_client.synthesize_stream("hi", url="h:9")
+
+
+def test_stream_timeout(fake_grpc):
+    fake_grpc.script = [(infer_result(chunk(1), np.array([48000], np.int32)), None)]  # then silence
+    with pytest.raises(SynthesisTimeout):
+        voxcpm_client.synthesize_stream("hi", timeout=0.2)
+    assert fake_grpc.last.stopped == {"cancel_requests": True}
+
+
+class FakeHttpResult:
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def as_numpy(self, name):
+        return self.outputs.get(name)
+
+
+def test_http_result_and_error(monkeypatch):
+    calls = []
+
+    class FakeHttpClient:
+        def __init__(self, url, **kw):
+            calls.append(("init", url, kw))
+
+        def infer(self, model_name, inputs, outputs=None, **kw):
+            calls.append(("infer", model_name, {i.name() for i in inputs}, [o.name() for o in outputs]))
+            if inputs[0]._get_binary_data().endswith(b"bad"):
+                raise InferenceServerException(msg="SEED must be an integer", status="400")
+            return FakeHttpResult({"AUDIO": np.ones(24000, np.float32), "SAMPLE_RATE": np.array([48000], np.int32)})
+
+        def close(self):
+            calls.append(("close",))
+
+    monkeypatch.setattr(httpclient, "InferenceServerClient", FakeHttpClient)
+    r = voxcpm_client.synthesize("good", url="http://h:8000", max_length=10)
+    assert calls[0][:2] == ("init", "h:8000")
+    assert calls[1] == ("infer", "tts", {"TEXT", "MAX_LENGTH"}, ["AUDIO", "SAMPLE_RATE"])
+    assert calls[-1] == ("close",)
+    assert r.sample_rate == 48000 and r.audio_s == pytest.approx(0.5) and r.ttfa_s is None and r.chunks == []
+    with pytest.raises(SynthesisError, match="^SEED must be an integer$"):
+        voxcpm_client.synthesize("bad")
+
+
+# ---------------------------------------------------------------- closed port (real tritonclient, no server)
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("fn", ["synthesize_stream", "synthesize"])
+def test_library_server_down(fn):
+    url = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ServerUnavailable, match=f"^cannot reach Triton at {url}: "):
+        getattr(voxcpm_client, fn)("hi", url=url, timeout=20)
+
+
+def run_cli(*args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client"))
+    return subprocess.run([sys.executable, "-m", "voxcpm_client", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cli_server_down_exit_2(tmp_path, protocol):
+    url = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "out.wav"
+    p = run_cli("hello", "-o", str(out), "--protocol", protocol, "--url", url, "--timeout", "20")
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach Triton at {url}: "), p.stderr
+    assert not out.exists()
+
+
+def test_cli_bad_arguments_exit_2(tmp_path):
+    p = run_cli("hello", "--prompt-audio", str(tmp_path / "p.wav"))
+    assert p.returncode == 2 and "--prompt-text" in p.stderr and "Traceback" not in p.stderr
+    p = run_cli("hello", "--reference", str(tmp_path / "missing.wav"), "--url", f"127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
+
+
+# ---------------------------------------------------------------- perf_analyzer input files
+
+PERF = os.path.join(REPO, "perf")
+PERF_FILES = sorted(glob.glob(os.path.join(PERF, "*.json")))
+
+
+def test_perf_files_present():
+    names = {os.path.basename(p) for p in PERF_FILES}
+    for s in ("short", "medium", "long", "zh", "mixed"):
+        assert {f"tts_{s}.json", f"tts_{s}_fixed100.json"} <= names
+
+
+@pytest.mark.parametrize("path", PERF_FILES, ids=os.path.basename)
+def test_perf_file_structure(path):
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert list(doc) == ["data"] and isinstance(doc["data"], list) and doc["data"]
+    fixed = "_fixed" in os.path.basename(path)
+    for entry in doc["data"]:
+        assert set(entry) == ({"TEXT", "SEED", "MIN_LENGTH", "MAX_LENGTH"} if fixed else {"TEXT", "SEED"})
+        for name, tensor in entry.items():
+            assert set(tensor) == {"content", "shape"} and tensor["shape"] == CONTRACT[name][1]
+            assert len(tensor["content"]) == 1
+        text = entry["TEXT"]["content"][0]
+        assert isinstance(text, str) and text.strip()
+        for name in set(entry) - {"TEXT"}:
+            assert isinstance(entry[name]["content"][0], int)
+        if fixed:
+            n = int(os.path.basename(path).rsplit("_fixed", 1)[1].split(".")[0])
+            assert entry["MIN_LENGTH"]["content"] == entry["MAX_LENGTH"]["content"] == [n]
+        # the inputs build with the client too (names/dtypes agree with the contract)
+        input_arrays(text, seed=entry["SEED"]["content"][0])
+
+
+def test_perf_text_lengths():
+    def words(name):
+        with open(os.path.join(PERF, name), encoding="utf-8") as f:
+            return [len(e["TEXT"]["content"][0].split()) for e in json.load(f)["data"]]
+    assert all(3 <= n <= 8 for n in words("tts_short.json"))
+    assert all(15 <= n <= 25 for n in words("tts_medium.json"))
+    assert all(50 <= n <= 70 for n in words("tts_long.json"))
+    with open(os.path.join(PERF, "tts_zh.json"), encoding="utf-8") as f:
+        zh = [e["TEXT"]["content"][0] for e in json.load(f)["data"]]
+    assert all(any("\u4e00" <= ch <= "\u9fff" for ch in t) for t in zh)
+
+
+def test_perf_files_match_generator(tmp_path):
+    subprocess.run([sys.executable, os.path.join(PERF, "make_inputs.py"), "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    for path in glob.glob(str(tmp_path / "*.json")):
+        with open(path, encoding="utf-8") as a, open(os.path.join(PERF, os.path.basename(path)), encoding="utf-8") as b:
+            assert a.read() == b.read(), os.path.basename(path)
