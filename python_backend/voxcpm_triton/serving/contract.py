@@ -130,9 +130,13 @@ def parse(inputs: dict) -> SynthesisRequest:
         limits.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
                                 req.cfg_value, req.inference_timesteps, capacity=10**9)
     except ValueError as e:
-        msg = str(e)
-        for py, wire in (("min_len", "MIN_LENGTH"), ("max_len", "MAX_LENGTH"), ("cfg_value", "CFG_VALUE"),
-                         ("inference_timesteps", "INFERENCE_TIMESTEPS")):
-            msg = msg.replace(py, wire)
-        raise InputError(msg) from None
+        raise InputError(wire_names(str(e))) from None
     return req
+
+
+def wire_names(message: str) -> str:
+    """The engine's parameter names as the client knows them."""
+    for py, wire in (("min_len", "MIN_LENGTH"), ("max_len", "MAX_LENGTH"), ("cfg_value", "CFG_VALUE"),
+                     ("inference_timesteps", "INFERENCE_TIMESTEPS"), ("seed", "SEED")):
+        message = message.replace(py, wire)
+    return message

@@ -16,6 +16,7 @@ import torch
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
+from .contract import wire_names
 from .metrics import EngineMetrics
 from .settings import model_parameters, resolve_checkpoint, setting
 from .triton_io import InputError, error_response, get, pb, tensor
@@ -85,6 +86,9 @@ class DecoderModel:
                     inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
                     seed=_scalar(request, "SEED", int))
                 self.engine.submit(req, sink=self._sink(sender))
+            except ValueError as e:
+                sender.send(error_response(InputError(wire_names(str(e)))),
+                            flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:
                 sender.send(error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None

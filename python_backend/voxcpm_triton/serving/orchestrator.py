@@ -24,7 +24,7 @@ from ..inputs import CONTEXT_PATCHES
 from . import contract
 from .metrics import metric
 from .settings import model_parameters, read_config, resolve_checkpoint
-from .triton_io import BLSError, bls, error_response, get, outputs, pb, tensor
+from .triton_io import BLSError, InputError, bls, error_response, get, outputs, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
@@ -34,6 +34,7 @@ class Orchestrator:
         cfg = read_config(resolve_checkpoint(model_parameters(args)))
         self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
+        self.max_positions = int(cfg.get("max_length", 8192))
         labels = {"model": args["model_name"]}
         self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
                                  "Sum of times from request to first audio", labels, "COUNTER")
@@ -59,6 +60,8 @@ class Orchestrator:
                    cancelled: Callable[[], bool]) -> None:
         p = pb()
         t0 = time.monotonic()
+        if req.max_length is not None and req.max_length >= self.max_positions:
+            raise InputError(f"MAX_LENGTH {req.max_length} exceeds the model's context of {self.max_positions}")
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([req.prompt_text.encode()], dtype=object)

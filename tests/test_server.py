@@ -1,0 +1,255 @@
+"""The whole product through a real tritonserver on loopback (tiny checkpoint, CPU)."""
+
+import queue
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+tritonclient = pytest.importorskip("tritonclient")
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.conftest import sine_wave  # noqa: E402
+from tests.server import triton_env, triton_server_factory  # noqa: E402,F401
+from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+
+TOL = 1e-4
+HOP = TINY_CONFIG["patch_size"] * 1920  # samples per patch at 48 kHz
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("served_ckpt")), TINY_CONFIG, seed=3, progress=None)
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, ckpt):  # noqa: F811
+    return triton_server_factory("model_repository", env={"VOXCPM_CHECKPOINT": ckpt})
+
+
+@pytest.fixture(scope="module")
+def offline(ckpt):
+    from voxcpm_triton import VoxCPM2
+
+    return VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32")
+
+
+def _inputs(mod, text, **params):
+    """Contract inputs for tritonclient's http or grpc module."""
+    specs = {"TEXT": ("BYTES", np.array([text.encode() if isinstance(text, str) else text], dtype=object))}
+    kinds = {"CFG_VALUE": ("FP32", np.float32), "INFERENCE_TIMESTEPS": ("INT32", np.int32),
+             "MIN_LENGTH": ("INT32", np.int32), "MAX_LENGTH": ("INT32", np.int32), "SEED": ("INT64", np.int64),
+             "REFERENCE_SAMPLE_RATE": ("INT32", np.int32), "PROMPT_SAMPLE_RATE": ("INT32", np.int32)}
+    for name, value in params.items():
+        if isinstance(value, tuple):  # a raw (datatype, array) pair, for malformed-input tests
+            specs[name] = value
+        elif name in kinds:
+            dt, np_t = kinds[name]
+            specs[name] = (dt, np.array([value], dtype=np_t))
+        elif name == "PROMPT_TEXT":
+            specs[name] = ("BYTES", np.array([value.encode()], dtype=object))
+        else:  # audio
+            specs[name] = ("FP32", np.asarray(value, dtype=np.float32))
+    out = []
+    for name, (dt, arr) in specs.items():
+        t = mod.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def tts_http(server, text, **params):
+    c = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+    try:
+        r = c.infer("tts", _inputs(httpclient, text, **params))
+    finally:
+        c.close()
+    return r.as_numpy("AUDIO"), int(r.as_numpy("SAMPLE_RATE")[0])
+
+
+def tts_stream(server, text, stop_after=None, **params):
+    """Chunks from a gRPC stream on tts_stream; stop_after=N cancels after N chunks."""
+    q: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    c.async_stream_infer("tts_stream", _inputs(grpcclient, text, **params), enable_empty_final_response=True)
+    chunks = []
+    try:
+        while True:
+            result, error = q.get(timeout=300)
+            if error is not None:
+                raise error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            chunks.append(result.as_numpy("AUDIO"))
+            if stop_after is not None and len(chunks) >= stop_after:
+                break
+    finally:
+        c.stop_stream(cancel_requests=stop_after is not None)
+        c.close()
+    return chunks
+
+
+def metrics(server) -> dict:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(voxcpm_\w+)\{[^}]*\} ([0-9.eE+-]+)$', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_http_infer_returns_audio_of_the_expected_length(server):
+    audio, rate = tts_http(server, "Hello from the tiny model.", SEED=5, MIN_LENGTH=7, MAX_LENGTH=7)
+    assert rate == 48000
+    assert audio.dtype == np.float32 and audio.shape == (7 * HOP,)
+    assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+
+
+def test_stream_chunks_concatenate_to_the_whole_utterance_and_match_offline(server, offline):
+    params = dict(SEED=11, MIN_LENGTH=12, MAX_LENGTH=12, CFG_VALUE=1.8, INFERENCE_TIMESTEPS=6)
+    chunks = tts_stream(server, "Streaming should match the whole thing.", **params)
+    whole, _ = tts_http(server, "Streaming should match the whole thing.", **params)
+    assert len(chunks) >= 2 and chunks[0].shape == (HOP,)  # first chunk: one patch
+    streamed = np.concatenate(chunks)
+    assert streamed.shape == whole.shape
+    assert np.abs(streamed - whole).max() <= TOL
+    want = offline.generate("Streaming should match the whole thing.", seed=11, min_len=12, max_len=12,
+                            cfg_value=1.8, inference_timesteps=6)
+    assert np.abs(whole - want).max() <= TOL
+
+
+def test_concurrent_streams_each_equal_their_solo_result(server):
+    texts = ["First voice.", "Second one, a bit longer than the first.", "三号。", "Fourth!",
+             "Fifth stream here.", "Six.", "Seventh sentence of the set.", "Eight is enough."]
+    jobs = [dict(text=t, SEED=100 + i, MIN_LENGTH=3 + i, MAX_LENGTH=3 + 2 * i) for i, t in enumerate(texts)]
+    solo = [np.concatenate(tts_stream(server, j["text"], **{k: v for k, v in j.items() if k != "text"}))
+            for j in jobs]
+    results = [None] * len(jobs)
+
+    def run(i):
+        j = jobs[i]
+        results[i] = np.concatenate(tts_stream(server, j["text"], **{k: v for k, v in j.items() if k != "text"}))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for got, want in zip(results, solo):
+        assert got is not None and got.shape == want.shape
+        assert np.abs(got - want).max() <= TOL
+
+
+def test_reference_and_continuation_requests(server, offline):
+    ref = sine_wave(0.6, 24000, 200.0, 5)
+    prm = sine_wave(0.4, 16000, 310.0, 6)
+    cases = {
+        "reference": dict(REFERENCE_AUDIO=ref, REFERENCE_SAMPLE_RATE=24000),
+        "continuation": dict(PROMPT_AUDIO=prm, PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT="Earlier."),
+        "combined": dict(REFERENCE_AUDIO=ref, REFERENCE_SAMPLE_RATE=24000, PROMPT_AUDIO=prm,
+                         PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT="Earlier."),
+    }
+    for name, audio_in in cases.items():
+        got, _ = tts_http(server, "Cloned words.", SEED=9, MIN_LENGTH=6, MAX_LENGTH=6, **audio_in)
+        kw = {}
+        if "REFERENCE_AUDIO" in audio_in:
+            kw.update(reference_audio=ref, reference_sample_rate=24000)
+        if "PROMPT_AUDIO" in audio_in:
+            kw.update(prompt_audio=prm, prompt_sample_rate=16000, prompt_text="Earlier.")
+        want = offline.generate("Cloned words.", seed=9, min_len=6, max_len=6, **kw)
+        assert got.shape == want.shape == (6 * HOP,), name
+        assert np.abs(got - want).max() <= TOL, name
+        streamed = np.concatenate(tts_stream(server, "Cloned words.", SEED=9, MIN_LENGTH=6, MAX_LENGTH=6, **audio_in))
+        assert np.abs(streamed - got).max() <= TOL, name
+
+
+def test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state(server):
+    before = metrics(server)
+    assert before["voxcpm_kv_blocks_free"] == before["voxcpm_kv_blocks_total"]
+    chunks = tts_stream(server, "A long utterance that the client abandons.", stop_after=3,
+                        SEED=1, MIN_LENGTH=2000, MAX_LENGTH=2000)
+    assert len(chunks) == 3
+    deadline = time.monotonic() + 60
+    while True:
+        m = metrics(server)
+        if (m["voxcpm_engine_running_requests"] == 0 and m["voxcpm_kv_blocks_free"] == m["voxcpm_kv_blocks_total"]
+                and m["voxcpm_vae_streams"] == 0):
+            break
+        assert time.monotonic() < deadline, f"state not released: {m}"
+        time.sleep(0.2)
+    assert m["voxcpm_engine_decode_steps_total"] < 1500, "decoding went on after the client left"
+
+
+BAD = [
+    ("empty TEXT", dict(text=""), "TEXT is empty"),
+    ("blank TEXT", dict(text="   "), "TEXT is empty"),
+    ("TEXT too long", dict(text="a" * 5000), "limit is 4096"),
+    ("non-UTF-8 TEXT", dict(text=b"\xff\xfe bad"), "not valid UTF-8"),
+    ("CFG_VALUE wrong dtype", dict(CFG_VALUE=("FP64", np.array([2.0]))), "CFG_VALUE"),
+    ("SEED wrong shape", dict(SEED=("INT64", np.array([1, 2], np.int64))), "SEED"),
+    ("NaN reference", dict(REFERENCE_AUDIO=np.array([0.1, np.nan, 0.2] * 100), REFERENCE_SAMPLE_RATE=16000),
+     "NaN or Inf"),
+    ("empty reference", dict(REFERENCE_AUDIO=np.zeros(0), REFERENCE_SAMPLE_RATE=16000), "REFERENCE_AUDIO is empty"),
+    ("reference without rate", dict(REFERENCE_AUDIO=np.zeros(1600)), "needs REFERENCE_SAMPLE_RATE"),
+    ("absurd rate", dict(REFERENCE_AUDIO=np.zeros(1600), REFERENCE_SAMPLE_RATE=7), "REFERENCE_SAMPLE_RATE 7"),
+    ("huge rate", dict(PROMPT_AUDIO=np.zeros(1600), PROMPT_SAMPLE_RATE=10**8, PROMPT_TEXT="x"), "PROMPT_SAMPLE_RATE"),
+    ("prompt audio without text", dict(PROMPT_AUDIO=np.zeros(1600), PROMPT_SAMPLE_RATE=16000), "PROMPT_TEXT"),
+    ("prompt text without audio", dict(PROMPT_TEXT="hello"), "PROMPT_AUDIO"),
+    ("CFG out of range", dict(CFG_VALUE=100.0), "CFG_VALUE"),
+    ("CFG NaN", dict(CFG_VALUE=float("nan")), "CFG_VALUE"),
+    ("timesteps zero", dict(INFERENCE_TIMESTEPS=0), "INFERENCE_TIMESTEPS"),
+    ("timesteps huge", dict(INFERENCE_TIMESTEPS=10000), "INFERENCE_TIMESTEPS"),
+    ("negative MIN_LENGTH", dict(MIN_LENGTH=-1), "MIN_LENGTH"),
+    ("zero MAX_LENGTH", dict(MAX_LENGTH=0), "MAX_LENGTH"),
+    ("MIN over MAX", dict(MIN_LENGTH=9, MAX_LENGTH=3), "MIN_LENGTH"),
+    ("MAX beyond context", dict(MAX_LENGTH=1_000_000), "MAX_LENGTH"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, protocol):
+    mod = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    c = mod.InferenceServerClient(url)
+    for name, params, expect in BAD:
+        params = dict(params)
+        text = params.pop("text", "Valid text.")
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("tts", _inputs(mod, text, **params))
+        assert expect in info.value.message(), f"{name}: {info.value.message()}"
+    # Missing TEXT altogether: Triton's own check names it.
+    with pytest.raises(InferenceServerException, match="TEXT"):
+        c.infer("tts", _inputs(mod, "x", SEED=1)[1:])
+    # The streaming model answers bad input on the stream, and stays up too.
+    if protocol == "grpc":
+        with pytest.raises(InferenceServerException, match="TEXT is empty"):
+            tts_stream(server, "")
+    assert c.is_server_live() and c.is_server_ready()
+    c.close()
+    audio, _ = tts_http(server, "Still working.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    assert audio.shape == (2 * HOP,)
+
+
+def test_perf_analyzer_against_tts_over_http(server, tmp_path):
+    env = triton_env()
+    data = tmp_path / "input.json"
+    data.write_text('{"data": [{"TEXT": {"content": ["Perf test sentence."], "shape": [1]}, '
+                    '"MIN_LENGTH": {"content": [4], "shape": [1]}, "MAX_LENGTH": {"content": [4], "shape": [1]}}]}')
+    out = subprocess.run(
+        [env["PERF_ANALYZER_BIN"], "-m", "tts", "-u", server.http_url, "-i", "http", "--input-data", str(data),
+         "--concurrency-range", "2", "--measurement-mode", "count_windows", "--measurement-request-count", "8",
+         "--max-trials", "10", "--stability-percentage", "300"],
+        env=env, capture_output=True, text=True, timeout=240)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    m = re.search(r"Throughput: ([0-9.]+) infer/sec", log)
+    assert m and float(m.group(1)) > 0, log
+    assert "error" not in log.lower() or "Errors: 0" in log, log
