@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The README's first command: set up, start tritonserver on the embedded tiny
+# checkpoint (or $VOXCPM_CHECKPOINT), synthesize one sentence over gRPC
+# streaming and one over HTTP, print time to first audio and RTF, stop.
+#
+# Writes demo.wav (streamed) and demo_http.wav in the repository root. The tiny
+# checkpoint has random weights: expect noise, shaped like speech timing-wise
+# (--min-length 25: at least 4 s of audio, so the RTF means something).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export VENV="${VENV:-$REPO/.venv}"
+cd "$REPO"
+
+bash scripts/setup.sh
+PY="$VENV/bin/python"
+# Free loopback ports unless the caller chose some.
+read -r HTTP GRPC METRICS < <("$PY" - <<'PYEOF'
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in socks])
+PYEOF
+)
+export TRITON_HTTP_PORT="${TRITON_HTTP_PORT:-$HTTP}" TRITON_GRPC_PORT="${TRITON_GRPC_PORT:-$GRPC}"
+export TRITON_METRICS_PORT="${TRITON_METRICS_PORT:-$METRICS}"
+
+LOG="$(mktemp -t voxcpm-demo-server.XXXXXX.log)"
+echo "[demo] starting tritonserver (log: $LOG)"
+SKIP_SETUP=1 bash scripts/serve.sh >"$LOG" 2>&1 &
+SERVER=$!
+stop_server() {
+    if kill -0 "$SERVER" 2>/dev/null; then
+        echo "[demo] stopping tritonserver"
+        kill -TERM "$SERVER" 2>/dev/null || true
+        wait "$SERVER" 2>/dev/null || true
+    fi
+}
+trap stop_server EXIT
+
+t0=$SECONDS
+ready() {
+    "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+        "http://127.0.0.1:$TRITON_HTTP_PORT/v2/health/ready" >/dev/null 2>&1
+}
+until ready; do
+    if ! kill -0 "$SERVER" 2>/dev/null; then
+        echo "[demo] tritonserver exited during start-up; last lines of its log:" >&2
+        tail -n 40 "$LOG" >&2
+        exit 1
+    fi
+    if ((SECONDS - t0 > ${DEMO_START_TIMEOUT:-600})); then
+        echo "[demo] tritonserver not ready after $((SECONDS - t0)) s" >&2
+        tail -n 40 "$LOG" >&2
+        exit 1
+    fi
+    sleep 1
+done
+echo "[demo] server ready in $((SECONDS - t0)) s"
+
+export PYTHONPATH="$REPO/client${PYTHONPATH:+:$PYTHONPATH}"
+echo "[demo] gRPC streaming (tts_stream):"
+"$PY" -m voxcpm_client "Hello! This is VoxCPM2 speaking through Triton, one chunk at a time." \
+    --protocol grpc --url "127.0.0.1:$TRITON_GRPC_PORT" --seed 1 --min-length 25 -o demo.wav
+echo "[demo] HTTP infer (tts):"
+"$PY" -m voxcpm_client "And this whole sentence came back in one HTTP response." \
+    --protocol http --url "127.0.0.1:$TRITON_HTTP_PORT" --seed 2 --min-length 25 -o demo_http.wav
+echo "[demo] done: demo.wav, demo_http.wav"
