@@ -151,17 +151,28 @@ class CFMSolver(nn.Module):
 class CfmSchedule:
     """Per-row Euler time tables [B, N] for a batch whose rows may differ in step count."""
 
-    def __init__(self, steps_per_row: list[int], dtype, device, sway_coef: float = 1.0):
+    def __init__(self, steps_per_row: list[int], dtype, device):
         n = max(steps_per_row)
-        B = len(steps_per_row)
-        self.t = torch.zeros(B, n, dtype=dtype)
-        self.dt = torch.zeros(B, n, dtype=dtype)
-        self.active = torch.zeros(B, n, dtype=torch.bool)
-        for row, k in enumerate(steps_per_row):
-            ts, dts = euler_schedule(k, sway_coef, dtype=dtype)
-            self.t[row, :k], self.dt[row, :k] = ts, dts
-            self.active[row, zero_velocity_steps(k):k] = True
-        self.t, self.dt, self.active = self.t.to(device), self.dt.to(device), self.active.to(device)
+        rows = [row_tables(k, n, dtype) for k in steps_per_row]
+        self.t, self.dt, self.active = (torch.stack(x).to(device) for x in zip(*rows))
         # Steps before this one are zero-velocity for every row: nothing to evaluate.
         self.first_velocity_step = min(zero_velocity_steps(k) for k in steps_per_row)
         self.n_steps = n
+
+    @classmethod
+    def from_tables(cls, t, dt, active, first_velocity_step: int, n_steps: int) -> "CfmSchedule":
+        """Over existing [B, >= n_steps] tables (the CUDA graph's static buffers)."""
+        s = cls.__new__(cls)
+        s.t, s.dt, s.active = t, dt, active
+        s.first_velocity_step, s.n_steps = first_velocity_step, n_steps
+        return s
+
+
+def row_tables(k: int, width: int, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's (t, dt, active) for k Euler steps, padded to `width` with inactive dt = 0 steps."""
+    t, dt = torch.zeros(width, dtype=dtype), torch.zeros(width, dtype=dtype)
+    active = torch.zeros(width, dtype=torch.bool)
+    ts, dts = euler_schedule(k, dtype=dtype)
+    t[:k], dt[:k] = ts, dts
+    active[zero_velocity_steps(k):k] = True
+    return t, dt, active

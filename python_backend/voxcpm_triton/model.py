@@ -88,17 +88,19 @@ class VoxCPM2Model(nn.Module):
         return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
 
     def decode_step(self, lm_hidden, residual_hidden, prev_patch, noise, schedule: CfmSchedule, cfg_value,
-                    positions, base_backend, residual_backend) -> StepOutput:
+                    positions, base_backend, residual_backend, teacher_patch=None) -> StepOutput:
         """One autoregressive step for a batch of requests.
 
         lm_hidden/residual_hidden: [B, H]; prev_patch: [B, P, D] (the CFM condition);
         noise: [B, D, P] CFM start sample; cfg_value: [B]; positions: [B] (where this step's
-        token goes in each request's KV cache).
+        token goes in each request's KV cache). teacher_patch: feed this patch to the LMs instead
+        of the sampled one (teacher forcing, for precision checks).
         """
         mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
         patch = self.feat_decoder.sample(noise.to(mu.dtype), mu, prev_patch.transpose(1, 2).to(mu.dtype),
                                          schedule, cfg_value).transpose(1, 2)
-        emb = self.embed_patches(patch[:, None])  # [B, 1, H]
+        fed = patch if teacher_patch is None else teacher_patch.to(patch.dtype)
+        emb = self.embed_patches(fed[:, None])  # [B, 1, H]
         stop = self.stop_logits(lm_hidden).argmax(-1) == 1
         pos = positions[:, None]
         new_lm = self.fsq_layer(self.base_lm(emb, pos, base_backend))

@@ -52,14 +52,20 @@ def paged_decode_attention(q, k_pool_layer, v_pool_layer, block_tables, context_
 
 
 class PagedAttention:
-    def __init__(self, k_pool, v_pool, meta):
+    def __init__(self, k_pool, v_pool, meta, use_triton: bool = False):
+        """use_triton: decode with the Triton-language kernel (GPU) instead of the PyTorch gather."""
         self.k_pool, self.v_pool, self.meta = k_pool, v_pool, meta
+        self.decode = paged_decode_attention
+        if use_triton:
+            from .triton_attention import paged_decode_attention_triton
+
+            self.decode = paged_decode_attention_triton
 
     def __call__(self, layer, q, k, v):
         m = self.meta
         write_kv(self.k_pool, self.v_pool, layer, m.slot_mapping, k, v)
         if isinstance(m, DecodeMetadata):
-            return paged_decode_attention(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens)
+            return self.decode(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens)
         # Prefill: fresh prompts, so each attends causally to its own new tokens only.
         outs = []
         for s, e in zip(m.seq_starts[:-1], m.seq_starts[1:]):

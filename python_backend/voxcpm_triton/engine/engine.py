@@ -22,11 +22,11 @@ from typing import Callable
 import torch
 
 from .. import limits
-from ..local_modules import CfmSchedule
-from ..noise import gaussian_noise, request_key
+from ..noise import request_key
 from ..inputs import default_max_len
-from .attention import DecodeMetadata, PagedAttention, PrefillMetadata
+from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
+from .step_runner import DecodeStepRunner
 from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
 
 log = logging.getLogger("voxcpm_triton.engine")
@@ -40,6 +40,8 @@ class EngineConfig:
     max_batch_size: int = 32
     chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
     idle_wait_s: float = 0.05
+    cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
+    attention: str = "auto"  # decode attention on a GPU: "auto" (Triton kernel if available), "triton", "torch"
 
 
 class EngineShutdown(RuntimeError):
@@ -64,6 +66,11 @@ class Engine:
                                n_blocks, self.cfg.block_size, self.dtype, self.device)
         self.max_positions = vox.cfg.max_length
         self.max_blocks_per_seq = math.ceil(self.max_positions / self.cfg.block_size)
+        self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
+                                       self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention)
+        if self.runner.use_graphs:
+            self.runner.capture_all()
+        self._free_slots = list(range(self.cfg.max_batch_size))
 
         self._lock = threading.Condition()
         self._inbox: deque = deque()
@@ -99,8 +106,7 @@ class Engine:
         handle = RequestHandle(request.request_id)
         state = RequestState(
             req=request, sink=sink or handle.queue.put, max_len=max_len,
-            seed_key=request_key(torch.tensor([seed]))[0].to(self.device),
-            cfg_value=torch.tensor(float(request.cfg_value), device=self.device), blocks_reserved=need)
+            seed_key=int(request_key(torch.tensor([seed]))[0]), blocks_reserved=need)
         with self._lock:
             if self._stop:
                 raise EngineShutdown("engine is shut down")
@@ -187,6 +193,7 @@ class Engine:
                 and alloc.can_reserve(self.waiting[0].blocks_reserved):
             st = self.waiting.popleft()
             alloc.reserve(st.blocks_reserved)
+            st.slot = self._free_slots.pop()
             self.running[st.request_id] = st
             admitted.append(st)
         return admitted
@@ -245,8 +252,7 @@ class Engine:
             PagedAttention(self.kv.base_k, self.kv.base_v, meta),
             PagedAttention(self.kv.res_k, self.kv.res_v, meta))
         for i, st in enumerate(states):
-            st.lm_hidden, st.residual_hidden = lm_h[i], res_h[i]
-            st.prev_patch = st.req.prompt.feats[-1].to(dev, self.dtype)
+            self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
 
     # -- decode
     def _decode_step(self):
@@ -287,29 +293,11 @@ class Engine:
 
     def _run_decode(self, batch: list[RequestState]):
         """One model step for `batch`; returns (patches [B, P, D] CPU fp32, stop flags [B] CPU)."""
-        dev, bs = self.device, self.cfg.block_size
-        B = len(batch)
-        n_blocks = max(len(st.block_table) for st in batch)
-        tables = torch.zeros(B, n_blocks, dtype=torch.int64)
-        for i, st in enumerate(batch):
-            tables[i, :len(st.block_table)] = torch.tensor(st.block_table)
-        slots = [st.block_table[st.position // bs] * bs + st.position % bs for st in batch]
-        meta = DecodeMetadata(torch.tensor(slots, device=dev), tables.to(dev),
-                              torch.tensor([st.position + 1 for st in batch], device=dev))
-        noise = gaussian_noise(torch.stack([st.seed_key for st in batch]),
-                               torch.tensor([st.step for st in batch], device=dev),
-                               (self.vox.feat_dim, self.vox.patch_size), self.dtype)
-        schedule = CfmSchedule([st.req.inference_timesteps for st in batch], self.dtype, dev)
-        out = self.model.decode_step(
-            torch.stack([st.lm_hidden for st in batch]), torch.stack([st.residual_hidden for st in batch]),
-            torch.stack([st.prev_patch for st in batch]), noise, schedule,
-            torch.stack([st.cfg_value for st in batch]),
-            torch.tensor([st.position for st in batch], device=dev),
-            PagedAttention(self.kv.base_k, self.kv.base_v, meta), PagedAttention(self.kv.res_k, self.kv.res_v, meta))
-        for i, st in enumerate(batch):
-            st.lm_hidden, st.residual_hidden, st.prev_patch = out.lm_hidden[i], out.residual_hidden[i], out.patch[i]
-        # The one device-to-host transfer of the step.
-        return out.patch.float().cpu(), out.stop.cpu()
+        bs = self.cfg.block_size
+        rows = [(st.slot, int(st.seed_key), st.step, st.position,
+                 st.block_table[st.position // bs] * bs + st.position % bs, st.position + 1,
+                 st.block_table, float(st.req.cfg_value), st.req.inference_timesteps) for st in batch]
+        return self.runner.run(rows)
 
     # -- output
     def _chunk_size(self, st: RequestState) -> int:
@@ -346,6 +334,8 @@ class Engine:
         rid = st.request_id
         if self.running.pop(rid, None) is not None:
             self.kv.allocator.release(st.block_table, st.blocks_reserved - len(st.block_table))
+            self._free_slots.append(st.slot)
+            st.slot = None
         else:
             try:
                 self.waiting.remove(st)
@@ -353,7 +343,6 @@ class Engine:
                 pass
         st.block_table = []
         st.pending = []
-        st.lm_hidden = st.residual_hidden = st.prev_patch = None
         with self._lock:
             self._ids.discard(rid)
             self._cancels.discard(rid)

@@ -17,9 +17,10 @@ import torch
 
 
 class BlockAllocator:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, first: int = 0):
+        """Hands out blocks first .. first + num_blocks - 1."""
         self.total = num_blocks
-        self._free = deque(range(num_blocks))
+        self._free = deque(range(first, first + num_blocks))
         self.reserved = 0  # promised to admitted requests, not yet taken
 
     @property
@@ -45,18 +46,24 @@ class BlockAllocator:
 
 
 class PagedKVCache:
-    """K/V pools shaped [layers, blocks, block_size, kv_heads, head_dim]."""
+    """K/V pools shaped [layers, 1 + blocks, block_size, kv_heads, head_dim].
+
+    Block 0 is scratch, never handed out: padding rows of a captured batch write
+    there and read from there, so they can never touch a live request's cache.
+    """
+
+    SCRATCH_BLOCK = 0
 
     def __init__(self, base_layers: int, residual_layers: int, kv_heads: int, head_dim: int,
                  num_blocks: int, block_size: int, dtype: torch.dtype, device):
-        shape = (num_blocks, block_size, kv_heads, head_dim)
+        shape = (num_blocks + 1, block_size, kv_heads, head_dim)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.base_k = torch.zeros(base_layers, *shape, dtype=dtype, device=device)
         self.base_v = torch.zeros_like(self.base_k)
         self.res_k = torch.zeros(residual_layers, *shape, dtype=dtype, device=device)
         self.res_v = torch.zeros_like(self.res_k)
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, first=1)
 
     @staticmethod
     def bytes_per_block(base_layers, residual_layers, kv_heads, head_dim, block_size, dtype) -> int:

@@ -72,15 +72,12 @@ class RequestState:
     req: EngineRequest
     sink: Callable[[Event], None]
     max_len: int
-    seed_key: torch.Tensor  # [] int64 on device, from the seed
-    cfg_value: torch.Tensor  # [] on device
+    seed_key: int  # 32-bit key derived from the seed (noise = f(key, step))
     blocks_reserved: int  # worst-case blocks promised at admission
     block_table: list[int] = field(default_factory=list)
+    slot: int | None = None  # row of the step runner's state buffers (LM hidden states, previous patch)
     prompt_len: int = 0
     step: int = 0  # patches generated so far
-    lm_hidden: torch.Tensor | None = None  # [H]
-    residual_hidden: torch.Tensor | None = None  # [H]
-    prev_patch: torch.Tensor | None = None  # [P, D] the CFM condition
     pending: list = field(default_factory=list)  # patches not yet sent
     pending_from: int = 0  # step index of pending[0]
     chunks_sent: int = 0

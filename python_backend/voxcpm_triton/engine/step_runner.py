@@ -1,0 +1,185 @@
+"""One decode step for the running batch: eagerly, or replayed as a CUDA graph per batch-size bucket.
+
+The step body is the same either way. It reads and writes only persistent
+buffers, so a captured graph stays valid:
+
+    per slot (one per running request):  lm_state, res_state, prev_state
+    per row (the step's batch):          slot, seed key, step index, CFG, Euler tables,
+                                         KV position, slot mapping, block table, context length
+    out:                                 patch + stop flag, one [rows, P*D + 1] fp32 buffer
+
+Inside: gather the rows' state -> noise from (seed, step) -> LocDiT CFM over all
+timesteps -> LocEnc -> stop head -> base LM step -> FSQ -> residual LM step ->
+scatter state back. The host fills the row buffers, replays, and reads one
+buffer back: the step's only device-to-host transfer. Padding rows (a batch of
+5 runs in the bucket of 8) point at a spare slot and the scratch KV block.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..local_modules import CfmSchedule, row_tables, zero_velocity_steps
+from ..limits import TIMESTEPS_RANGE
+from ..noise import gaussian_noise
+from .attention import DecodeMetadata, PagedAttention
+from .kv_cache import PagedKVCache
+
+log = logging.getLogger("voxcpm_triton.engine")
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class DecodeStepRunner:
+    def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
+                 use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "auto"):
+        self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
+        cfg = model.cfg
+        H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
+        self.P, self.D = P, D
+        self.max_batch = max_batch
+        self.spare_slot = max_batch  # padding rows read and write here
+        S, B, N = max_batch + 1, max_batch, TIMESTEPS_RANGE[1]
+        dev = self.device
+        z = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
+        self.lm_state, self.res_state, self.prev_state = z(S, H), z(S, H), z(S, P, D)
+        self.slots = z(B, dt=torch.int64)
+        self.seed_key, self.step_idx = z(B, dt=torch.int64), z(B, dt=torch.int64)
+        self.cfg = z(B)
+        self.t, self.dt, self.active = z(B, N), z(B, N), z(B, N, dt=torch.bool)
+        self.positions, self.slot_mapping = z(B, dt=torch.int64), z(B, dt=torch.int64)
+        self.block_tables = z(B, max_blocks_per_seq, dt=torch.int64)
+        self.context_lens = z(B, dt=torch.int64)
+        self.out = z(B, P * D + 1, dt=torch.float32)
+        # Host staging for the row inputs (pinned on a GPU so the copies are async).
+        pin = dev.type == "cuda"
+        self.h_rows = torch.zeros(B, 7, dtype=torch.int64, pin_memory=pin)
+        self.h_cfg = torch.zeros(B, dtype=torch.float32, pin_memory=pin)
+        self.h_tables = torch.zeros(3, B, N, dtype=torch.float32, pin_memory=pin)
+        self.h_blocks = torch.zeros(B, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin)
+        self.h_out = torch.zeros(B, P * D + 1, dtype=torch.float32, pin_memory=pin)
+
+        self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
+        self.use_graphs = use_cuda_graphs and dev.type == "cuda"
+        self.graphs: dict = {}
+        self.graph_pool = None
+        self.use_triton = False
+        if dev.type == "cuda" and attention in ("auto", "triton"):
+            from . import triton_attention
+
+            self.use_triton = triton_attention.available()
+            if attention == "triton" and not self.use_triton:
+                raise RuntimeError("Triton attention requested but triton is unavailable")
+
+    # ------------------------------------------------------------------ the step body
+    def _step(self, b: int, n_steps: int, first: int):
+        idx = self.slots[:b]
+        noise = gaussian_noise(self.seed_key[:b], self.step_idx[:b], (self.D, self.P), self.dtype)
+        sched = CfmSchedule.from_tables(self.t[:b], self.dt[:b], self.active[:b], first, n_steps)
+        meta = DecodeMetadata(self.slot_mapping[:b], self.block_tables[:b], self.context_lens[:b])
+        kv = self.kv
+        out = self.model.decode_step(
+            self.lm_state[idx], self.res_state[idx], self.prev_state[idx], noise, sched, self.cfg[:b],
+            self.positions[:b], PagedAttention(kv.base_k, kv.base_v, meta, self.use_triton),
+            PagedAttention(kv.res_k, kv.res_v, meta, self.use_triton))
+        self.lm_state[idx] = out.lm_hidden
+        self.res_state[idx] = out.residual_hidden
+        self.prev_state[idx] = out.patch
+        self.out[:b, :-1] = out.patch.reshape(b, -1).float()
+        self.out[:b, -1] = out.stop.float()
+
+    # ------------------------------------------------------------------ host side
+    def write_state(self, slot: int, lm_hidden, res_hidden, prev_patch):
+        """A newly prefilled request's step inputs."""
+        self.lm_state[slot] = lm_hidden
+        self.res_state[slot] = res_hidden
+        self.prev_state[slot] = prev_patch
+
+    def bucket(self, b: int) -> int:
+        if not self.use_graphs:
+            return b
+        return next(x for x in self.buckets if x >= b)
+
+    def _fill(self, rows: list, bucket: int, n_steps: int):
+        """rows: (slot, seed_key, step, position, slot_mapping, context_len, block_table, cfg, timesteps)."""
+        hr, hb, ht = self.h_rows, self.h_blocks, self.h_tables
+        hr[:bucket] = 0
+        hr[:bucket, 0] = self.spare_slot
+        hr[:bucket, 5] = 1  # padding rows: one scratch token of context
+        hb[:bucket] = PagedKVCache.SCRATCH_BLOCK
+        ht[:, :bucket] = 0
+        self.h_cfg[:bucket] = 1.0
+        for i, (slot, key, step, pos, smap, ctx, table, cfg, k) in enumerate(rows):
+            hr[i, :6] = torch.tensor([slot, key, step, pos, smap, ctx])
+            hb[i, :len(table)] = torch.tensor(table)
+            # In the model dtype, as the offline path computes them; exact in the fp32 staging.
+            t, dt, act = row_tables(k, n_steps, self.dtype)
+            ht[0, i, :n_steps], ht[1, i, :n_steps], ht[2, i, :n_steps] = t.float(), dt.float(), act.float()
+            self.h_cfg[i] = cfg
+        nb = True
+        dev_rows = hr[:bucket].to(self.device, non_blocking=nb)
+        self.slots[:bucket], self.seed_key[:bucket], self.step_idx[:bucket] = dev_rows[:, 0], dev_rows[:, 1], dev_rows[:, 2]
+        self.positions[:bucket], self.slot_mapping[:bucket] = dev_rows[:, 3], dev_rows[:, 4]
+        self.context_lens[:bucket] = dev_rows[:, 5]
+        self.block_tables[:bucket] = hb[:bucket].to(self.device, non_blocking=nb)
+        self.cfg[:bucket] = self.h_cfg[:bucket].to(self.device, self.dtype, non_blocking=nb)
+        tables = ht[:, :bucket].to(self.device, non_blocking=nb)
+        self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
+        self.active[:bucket] = tables[2] > 0
+
+    def run(self, rows: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step for `rows` -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""
+        b = len(rows)
+        n_steps = max(r[-1] for r in rows)
+        first = min(zero_velocity_steps(r[-1]) for r in rows)
+        bucket = self.bucket(b)
+        graph = self._graph(bucket, n_steps, first) if self.use_graphs else None
+        self._fill(rows, bucket, n_steps)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._step(bucket, n_steps, first)
+        out = self.h_out[:b]
+        out.copy_(self.out[:b])  # synchronises: the step's one device-to-host transfer
+        return out[:, :-1].reshape(b, self.P, self.D).clone(), out[:, -1] > 0.5
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _graph(self, bucket: int, n_steps: int, first: int):
+        key = (bucket, n_steps, first)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(bucket, n_steps, first)
+        return self.graphs[key]
+
+    def capture_all(self, n_steps: int = 10):
+        """Capture the default-timesteps graph of every bucket (at start-up)."""
+        t0 = time.monotonic()
+        for b in self.buckets:
+            self._graph(b, n_steps, zero_velocity_steps(n_steps))
+        ok = sum(g is not None for g in self.graphs.values())
+        log.warning("captured %d/%d decode-step graphs in %.1f s", ok, len(self.graphs), time.monotonic() - t0)
+
+    def _capture(self, bucket: int, n_steps: int, first: int):
+        """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
+        touch no live request. Returns None (eager for this key) if capture fails."""
+        try:
+            self._fill([], bucket, n_steps)
+            self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step(bucket, n_steps, first)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                self._step(bucket, n_steps, first)
+            self.graph_pool = graph.pool()
+            return graph
+        except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
+            log.warning("CUDA graph capture failed for batch %d, %d timesteps (%s); running eagerly", bucket,
+                        n_steps, e)
+            torch.cuda.synchronize(self.device)
+            return None
