@@ -103,10 +103,10 @@ def random_vae_state(cfg: VoxCPM2Config, seed: int) -> dict:
                 w = m.weight  # [out, in/groups, k]; transposed: [in, out, 2*stride], 2*in taps per output
                 fan_in = w[0].numel() if isinstance(m, CausalConv1d) else w.shape[0] * w.shape[2] // m.stride
                 w.normal_(0.0, fan_in ** -0.5, generator=g)
-                done.add(w)
+                done.add(id(w))
                 if m.bias is not None:
                     m.bias.normal_(0.0, 0.02, generator=g)
-                    done.add(m.bias)
+                    done.add(id(m.bias))
         for m in vae.modules():
             if isinstance(m, ResidualUnit):
                 m.block[-1].weight.mul_(0.2)
@@ -118,7 +118,7 @@ def random_vae_state(cfg: VoxCPM2Config, seed: int) -> dict:
                 p.uniform_(0.5, 1.5, generator=g)
             elif name.endswith("scale_embed.weight"):
                 p.normal_(1.0, 0.05, generator=g)
-            elif p not in done:  # the other sample-rate condition embeddings
+            elif id(p) not in done:  # the other sample-rate condition embeddings
                 p.normal_(0.0, 0.02, generator=g)
     return vae_state_dict_official(vae)
 
@@ -178,7 +178,8 @@ def write_checkpoint(out_dir: str, config: dict, seed: int = 0, weights_dtype: s
     if os.path.exists(marker):  # an older checkpoint here is about to stop being whole
         os.remove(marker)
     t0 = time.time()
-    _say(progress, t0, f"writing a random VoxCPM2 checkpoint to {out_dir} (seed {seed}, {dtype}, on {device})")
+    dtype_name = str(dtype).removeprefix("torch.")
+    _say(progress, t0, f"writing a random VoxCPM2 checkpoint to {out_dir} (seed {seed}, {dtype_name}, on {device})")
     shapes = [(n, tuple(p.shape)) for n, p in meta_model(cfg).named_parameters()]
     write_safetensors(os.path.join(out_dir, "model.safetensors"),
                       [(n, s, dtype, lambda n=n, s=s: random_weight(n, s, dtype, seed, device)) for n, s in shapes],
@@ -206,8 +207,12 @@ def ensure_tiny_checkpoint(path: str | None = None, progress=None) -> str:
     path = os.path.abspath(path or DEFAULT_TINY_DIR)
     if not os.path.isfile(os.path.join(path, "config.json")):
         parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".tmp-", dir=parent)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".tmp-", dir=parent)
+        except OSError as e:  # e.g. a read-only mount
+            raise RuntimeError(f"no checkpoint at {path}, and cannot write one there ({e}); "
+                               "run scripts/make_tiny_checkpoint.py where it is writable") from None
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the server may run as another user
             write_checkpoint(tmp, TINY_CONFIG, seed=0, progress=progress)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import limits
 from .audio_vae import AudioVAE
-from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors
+from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
 from .config import VoxCPM2Config
 from .local_modules import CfmSchedule
 from .model import VoxCPM2Model
@@ -123,10 +123,8 @@ class VoxCPM2:
         cfg = VoxCPM2Config.from_file(files["config"])
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
-        # Build on the meta device so a 2B-parameter model is not randomly initialised first.
-        with torch.device("meta"):
-            model = VoxCPM2Model(cfg)
-        model = model.to_empty(device=dev).to(dt)
+        # Built on the meta device: a 2B-parameter model is not randomly initialised first.
+        model = meta_model(cfg).to_empty(device=dev).to(dt)
         load_model_weights(model, files["model"])
         model.eval().requires_grad_(False)
         _, vae = load_audio_vae(path, dev)  # the VAE stays fp32

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Write a random VoxCPM2 checkpoint in the official format.
+
+    make_tiny_checkpoint.py                       # the tiny embedded default -> checkpoints/tiny
+    make_tiny_checkpoint.py --config /work/shared/voxcpm2_config.json --out /data/full --device cuda
+                                                  # full-size (2.3B, bf16) random weights, for benchmarks
+
+Same seed, dtype and device -> same bytes. Weights are drawn per tensor in the
+target dtype and streamed to the file, so memory stays at about two tensors.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python_backend"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="output directory (default: checkpoints/tiny, or checkpoints/full with --config)")
+    ap.add_argument("--config", help="a VoxCPM2 config.json to take the shapes from (default: the tiny config)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                    help="LM weight dtype (default: float32 for the tiny config, bfloat16 with --config)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to draw the random values")
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    import torch
+
+    from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint
+    from voxcpm_triton.config import ConfigError
+    from voxcpm_triton.paths import DEFAULT_TINY_DIR
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available")
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            ap.error(f"--config: {e}")
+        out = args.out or os.path.join(REPO, "checkpoints", "full")
+        dtype = args.dtype or "bfloat16"
+    else:
+        config, out, dtype = TINY_CONFIG, args.out or DEFAULT_TINY_DIR, args.dtype or "float32"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads (startup {time.time() - t0:.1f}s)", flush=True)
+    try:
+        write_checkpoint(out, config, seed=args.seed, weights_dtype=dtype, device=args.device,
+                         progress=lambda msg: print(msg, flush=True))
+    except ConfigError as e:
+        print(f"error: {args.config}: {e}", file=sys.stderr)
+        return 2
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"wrote {out} ({size / 1e9:.2f} GB) in {time.time() - t0:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
