@@ -130,12 +130,15 @@ class DecodeStepRunner:
         self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
         self.active[:bucket] = tables[2] > 0
 
-    def run(self, rows: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for `rows` -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""
+    def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step for `rows` -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU).
+
+        bucket: run this many rows (padding the rest); default: the smallest captured bucket
+        that fits (graphs) or exactly len(rows) (eager)."""
         b = len(rows)
         n_steps = max(r[-1] for r in rows)
         first = min(zero_velocity_steps(r[-1]) for r in rows)
-        bucket = self.bucket(b)
+        bucket = bucket or self.bucket(b)
         graph = self._graph(bucket, n_steps, first) if self.use_graphs else None
         self._fill(rows, bucket, n_steps)
         if graph is not None:
