@@ -1,0 +1,218 @@
+"""Offline speed of the decoder engine against the official voxcpm 2.0.3, on one GPU.
+
+    python scripts/bench.py --checkpoint /tmp/full --out benchmarks/offline.json
+
+Same full-size random checkpoint for both (speed depends on shapes, not values),
+MIN_LENGTH = MAX_LENGTH = --steps so every run decodes the same number of steps.
+Audio seconds = steps * patch_size / 25 Hz latents (0.16 s per step for VoxCPM2).
+
+Measures: load and start-up (incl. CUDA graph capture) time and GPU memory; RTF
+at batch 1, steps/s and aggregate x real time at each batch size, with graphs
+and eagerly; a kernel profile of one step at batch 1 and the largest batch; the
+reference's eager and torch.compile (`optimize()`) RTF with the same step count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python_backend"))
+
+import torch  # noqa: E402
+
+from voxcpm_triton import VoxCPM2  # noqa: E402
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def empty_cache():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def audio_seconds(vox, steps: int) -> float:
+    return steps * vox.patch_size * vox.vae.chunk_size / vox.vae.sample_rate
+
+
+def run_batch(engine, vox, prompt, batch: int, steps: int, tag: str) -> dict:
+    t0 = time.perf_counter()
+    first: dict = {}
+    done = threading.Semaphore(0)
+
+    def sink(ev):  # runs on the engine thread: timestamps are taken as events are made
+        if isinstance(ev, LatentChunk) and ev.first_step == 0:
+            first[ev.request_id] = time.perf_counter() - t0
+        elif isinstance(ev, Finished):
+            done.release()
+
+    for i in range(batch):
+        engine.submit(EngineRequest(f"{tag}-{batch}-{i}", prompt, seed=i, min_len=steps, max_len=steps), sink=sink)
+    for _ in range(batch):
+        done.acquire(timeout=3600)
+    wall = time.perf_counter() - t0
+    ttfa = list(first.values())
+    audio = audio_seconds(vox, steps)
+    return {"batch": batch, "wall_s": wall, "steps_per_s": steps / wall, "rtf": wall / audio,
+            "aggregate_xrt": batch * audio / wall, "ttfa_ms_p50": 1000 * sorted(ttfa)[len(ttfa) // 2]}
+
+
+def profile_step(engine, vox, prompt, batch: int, steps: int = 6) -> list:
+    """Top CUDA kernels over a few steps at `batch`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_batch(engine, vox, prompt, batch, steps, "prof")
+    rows = []
+    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
+        rows.append({"kernel": e.key[:90], "calls": e.count, "cuda_ms_per_step": e.device_time_total / 1000 / steps})
+    return rows
+
+
+def engine_bench(vox, prompt, args) -> dict:
+    out = {}
+    for graphs in ([True, False] if not args.graphs_only else [True]):
+        t0 = time.perf_counter()
+        eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
+                                       kv_memory_bytes=int(args.kv_gb * 2**30), attention=args.attention))
+        startup = time.perf_counter() - t0
+        key = "graphs" if graphs else "eager"
+        res = {"startup_s": startup, "graphs_captured": len(eng.runner.graphs),
+               "triton_attention": eng.runner.use_triton, "runs": []}
+        run_batch(eng, vox, prompt, 1, 8, "warm")
+        batches = args.batches if graphs else [b for b in args.batches if b in (1, 64)]
+        for b in batches:
+            r = run_batch(eng, vox, prompt, b, args.steps, key)
+            log(f"[engine {key}] batch {b:4d}: {r['steps_per_s']:7.1f} steps/s  RTF {r['rtf']:.4f}  "
+                f"aggregate {r['aggregate_xrt']:8.1f}x real time  TTFA {r['ttfa_ms_p50']:.1f} ms")
+            res["runs"].append(r)
+        if graphs and not args.no_profile:
+            res["profile_batch1"] = profile_step(eng, vox, prompt, 1)
+            res["profile_batch_max"] = profile_step(eng, vox, prompt, max(args.batches))
+        if torch.cuda.is_available():
+            res["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        eng.shutdown()
+        out[key] = res
+        del eng
+        empty_cache()
+    return out
+
+
+class _TokenizerShim:
+    """The reference wraps its tokenizer at construction; the benchmark feeds ids directly."""
+
+    vocab: dict = {}
+
+
+def reference_bench(path: str, prompt, steps: int, compiled: bool, dev: str) -> dict:
+    import importlib.machinery
+    import types
+
+    # voxcpm imports these at module level; the benchmark never calls them.
+    stand_ins = [("librosa", {}), ("transformers", {"PreTrainedTokenizer": object, "LlamaTokenizerFast": object})]
+    try:
+        import torchaudio  # noqa: F401
+    except Exception:  # no build matching this torch
+        stand_ins.append(("torchaudio", {}))
+    for name, attrs in stand_ins:
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        mod.__dict__.update(attrs)
+        sys.modules[name] = mod
+    from safetensors.torch import load_file
+    from voxcpm.model.voxcpm2 import AudioVAEV2, VoxCPM2Model, VoxCPMConfig
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = VoxCPMConfig.model_validate_json(f.read())
+    t0 = time.perf_counter()
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    model = VoxCPM2Model(cfg, _TokenizerShim(), AudioVAEV2(config=cfg.audio_vae_config), device=dev)
+    model = model.to(dtype)
+    model.audio_vae = model.audio_vae.float()
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    sd.update({f"audio_vae.{k}": v for k, v in load_file(os.path.join(path, "audiovae.safetensors")).items()})
+    model.load_state_dict(sd, strict=False)
+    model = model.to(dev).eval()
+    load_s = time.perf_counter() - t0
+    args = (prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev).int(), prompt.feats[None].to(dev, dtype),
+            prompt.audio_mask[None].to(dev).int())
+    audio = steps * cfg.patch_size * model.audio_vae.chunk_size / model.audio_vae.sample_rate
+    res = {"load_s": load_s}
+
+    def timed():
+        sync()
+        t = time.perf_counter()
+        model.inference(*args, min_len=steps, max_len=steps, inference_timesteps=10, cfg_value=2.0)
+        sync()
+        return time.perf_counter() - t
+
+    timed()  # warm-up
+    res["eager_rtf"] = [timed() / audio for _ in range(2)]
+    log(f"[reference eager] RTF {res['eager_rtf']}")
+    if compiled:
+        model.optimize()
+        res["compile_first_call_s"] = timed()
+        res["compiled_rtf"] = [timed() / audio for _ in range(2)]
+        log(f"[reference compiled] first call {res['compile_first_call_s']:.1f} s, RTF {res['compiled_rtf']}")
+    del model
+    empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--kv-gb", type=float, default=8.0)
+    ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "offline.json"))
+    ap.add_argument("--reference", choices=["none", "eager", "compiled"], default="compiled")
+    ap.add_argument("--graphs-only", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
+    args = ap.parse_args()
+    args.batches = [int(x) for x in args.batches.split(",")]
+
+    gpu = args.device == "cuda"
+    result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
+              "torch": torch.__version__, "steps": args.steps, "text": TEXT}
+    t0 = time.perf_counter()
+    vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32")
+    sync()
+    result["load_s"] = time.perf_counter() - t0
+    result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if gpu else 0.0
+    log(f"[load] {result['load_s']:.1f} s, {result['weights_gib']:.2f} GiB on the GPU")
+    prompt = vox.prepare_prompt(TEXT)
+    result["prompt_positions"] = len(prompt)
+    result["engine"] = engine_bench(vox, prompt, args)
+    del vox
+    empty_cache()
+    if args.reference != "none":
+        result["reference"] = reference_bench(args.checkpoint, prompt, args.steps, args.reference == "compiled",
+                                              args.device)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    log(json.dumps({k: v for k, v in result.items() if k != "engine"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
