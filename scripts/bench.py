@@ -89,9 +89,12 @@ def profile_step(engine, vox, prompt, batch: int, steps: int = 6) -> list:
 def engine_bench(vox, prompt, args) -> dict:
     out = {}
     for graphs in ([True, False] if not args.graphs_only else [True]):
+        if not graphs:
+            torch._dynamo.reset()
         t0 = time.perf_counter()
         eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
-                                       kv_memory_bytes=int(args.kv_gb * 2**30), attention=args.attention))
+                                       kv_memory_bytes=int(args.kv_gb * 2**30), attention=args.attention,
+                                       compile=not args.no_compile))
         startup = time.perf_counter() - t0
         key = "graphs" if graphs else "eager"
         res = {"startup_s": startup, "graphs_captured": len(eng.runner.graphs),
@@ -185,6 +188,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "offline.json"))
     ap.add_argument("--reference", choices=["none", "eager", "compiled"], default="compiled")
     ap.add_argument("--graphs-only", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="CUDA graphs without torch.compile of LocDiT/LocEnc")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")

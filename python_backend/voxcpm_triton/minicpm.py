@@ -68,12 +68,26 @@ def full_attention(causal: bool):
     """Attention over the given tokens only (no cache): LocEnc/LocDiT and cache-less prefill."""
 
     def attend(layer_idx, q, k, v):
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=True
-        )
-        return out.transpose(1, 2)
+        if causal:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+            return out.transpose(1, 2)
+        return short_attention(q, k, v)
 
     return attend
+
+
+def short_attention(q, k, v):
+    """Bidirectional attention over a few tokens (LocDiT: 2P + 3, LocEnc: P + 1) as two batched
+    matmuls: for such short sequences this beats the flash kernels several-fold, and under
+    torch.compile the softmax fuses. q: [B, S, Hq, D]; k, v: [B, S, Hkv, D]."""
+    g = q.size(2) // k.size(2)
+    q = q.transpose(1, 2)
+    k = k.transpose(1, 2).repeat_interleave(g, dim=1)
+    v = v.transpose(1, 2).repeat_interleave(g, dim=1)
+    # Scores and softmax in fp32 (as the flash kernels keep them); the tiny matmul costs nothing.
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5)
+    return torch.matmul(scores.softmax(-1).to(v.dtype), v).transpose(1, 2)
 
 
 class Attention(nn.Module):
@@ -87,12 +101,25 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.qkv = None  # fused [q; k; v] weight, see fuse_()
+
+    def fuse_(self):
+        """One GEMM for q, k and v: the three weights become views of one tensor (no extra memory)."""
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        nq, nk = self.q_proj.out_features, self.k_proj.out_features
+        self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data = w[:nq], w[nq:nq + nk], w[nq + nk:]
+        self.qkv = w
 
     def forward(self, x, rope, layer_idx, backend):
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim)
+        if self.qkv is not None:
+            nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q, k, v = F.linear(x, self.qkv).split([nq, nk, nk], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(B, S, self.n_heads, self.head_dim)
+        k = k.reshape(B, S, self.n_kv, self.head_dim)
+        v = v.reshape(B, S, self.n_kv, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = backend(layer_idx, q, k, v)
@@ -105,9 +132,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = None  # fused [gate; up] weight, see fuse_()
+
+    def fuse_(self):
+        w = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+        n = self.gate_proj.out_features
+        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
+        self.gate_up = w
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -62,6 +62,26 @@ class VoxCPM2Model(nn.Module):
         self.stop_head = nn.Linear(h, 2, bias=False)
         self.text_scale = lm.scale_emb if lm.use_mup else 1.0
 
+    def fuse_projections_(self):
+        """q/k/v and gate/up as single GEMMs in every transformer (same weights, shared storage)."""
+        from .minicpm import MLP, Attention
+
+        for m in self.modules():
+            if isinstance(m, (Attention, MLP)):
+                m.fuse_()
+        return self
+
+    def compile_(self):
+        """torch.compile LocDiT and LocEnc (9 of every 10 transformer layers a step runs) so their
+        elementwise work fuses into few kernels. Used on the GPU before CUDA-graph capture: the
+        warm-up runs compile (static first, then a dynamic batch), the graphs replay the kernels.
+        The LMs stay eager: their attention is the paged kernel and prefill lengths vary."""
+        for mod in (self.feat_decoder.estimator, self.feat_encoder):
+            if not getattr(mod, "_compiled", False):
+                mod.forward = torch.compile(mod.forward, dynamic=None)
+                mod._compiled = True
+        return self
+
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
         """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space."""
         return self.enc_to_lm_proj(self.feat_encoder(feats))

@@ -126,7 +126,7 @@ class VoxCPM2:
         # Built on the meta device: a 2B-parameter model is not randomly initialised first.
         model = meta_model(cfg).to_empty(device=dev).to(dt)
         load_model_weights(model, files["model"])
-        model.eval().requires_grad_(False)
+        model.eval().requires_grad_(False).fuse_projections_()
         _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
         tokenizer = TextTokenizer.from_dir(path)
         return cls(cfg, model, vae, tokenizer, dev, dt)

@@ -42,6 +42,7 @@ class EngineConfig:
     idle_wait_s: float = 0.05
     cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
     attention: str = "auto"  # decode attention on a GPU: "auto" (Triton kernel if available), "triton", "torch"
+    compile: bool = True  # torch.compile LocDiT/LocEnc before capturing (GPU with graphs only)
 
 
 class EngineShutdown(RuntimeError):
@@ -69,6 +70,8 @@ class Engine:
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention)
         if self.runner.use_graphs:
+            if self.cfg.compile:
+                self.model.compile_()
             self.runner.capture_all()
         self._free_slots = list(range(self.cfg.max_batch_size))
 
