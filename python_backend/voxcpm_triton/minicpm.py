@@ -68,26 +68,12 @@ def full_attention(causal: bool):
     """Attention over the given tokens only (no cache): LocEnc/LocDiT and cache-less prefill."""
 
     def attend(layer_idx, q, k, v):
-        if causal:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
-            return out.transpose(1, 2)
-        return short_attention(q, k, v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=True
+        )
+        return out.transpose(1, 2)
 
     return attend
-
-
-def short_attention(q, k, v):
-    """Bidirectional attention over a few tokens (LocDiT: 2P + 3, LocEnc: P + 1) as two batched
-    matmuls: for such short sequences this beats the flash kernels several-fold, and under
-    torch.compile the softmax fuses. q: [B, S, Hq, D]; k, v: [B, S, Hkv, D]."""
-    g = q.size(2) // k.size(2)
-    q = q.transpose(1, 2)
-    k = k.transpose(1, 2).repeat_interleave(g, dim=1)
-    v = v.transpose(1, 2).repeat_interleave(g, dim=1)
-    # Scores and softmax in fp32 (as the flash kernels keep them); the tiny matmul costs nothing.
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5)
-    return torch.matmul(scores.softmax(-1).to(v.dtype), v).transpose(1, 2)
 
 
 class Attention(nn.Module):

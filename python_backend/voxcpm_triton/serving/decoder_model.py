@@ -19,7 +19,7 @@ from ..voxcpm2 import VoxCPM2
 from .contract import wire_names
 from .metrics import EngineMetrics
 from .settings import model_parameters, resolve_checkpoint, setting
-from .triton_io import InputError, error_response, get, pb, tensor
+from .triton_io import InputError, error_response, get, locked, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
 
@@ -75,7 +75,7 @@ class DecoderModel:
                 cancel_id = get(request, "CANCEL_ID")
                 if cancel_id is not None:
                     self.engine.cancel(bytes(cancel_id.reshape(-1)[0]).decode())
-                    sender.send(flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    locked(sender.send, flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
@@ -87,10 +87,10 @@ class DecoderModel:
                     seed=_scalar(request, "SEED", int))
                 self.engine.submit(req, sink=self._sink(sender))
             except ValueError as e:
-                sender.send(error_response(InputError(wire_names(str(e)))),
-                            flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                locked(sender.send, error_response(InputError(wire_names(str(e)))),
+                       flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:
-                sender.send(error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                locked(sender.send, error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
     @staticmethod
@@ -100,14 +100,14 @@ class DecoderModel:
         def deliver(event):
             if isinstance(event, Finished):
                 if event.error is not None:
-                    sender.send(p.InferenceResponse(error=p.TritonError(event.error)),
-                                flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    locked(sender.send, p.InferenceResponse(error=p.TritonError(event.error)),
+                           flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 else:
-                    sender.send(flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
-            if sender.is_cancelled():
+            if locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")
-            sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
+            locked(sender.send, p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
 
         return deliver
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from .triton_io import pb
+from .triton_io import IPC_LOCK, pb
 
 
 class metric:
@@ -46,9 +46,10 @@ class EngineMetrics:
 
     def update(self):
         s = self.engine.stats()
-        for k, m in self.gauges.items():
-            m.set(s[k])
-        self.steps.increment(s["steps"] - self._last_steps)
+        with IPC_LOCK:
+            for k, m in self.gauges.items():
+                m.set(s[k])
+            self.steps.increment(s["steps"] - self._last_steps)
         self._last_steps = s["steps"]
 
     def close(self):

@@ -24,7 +24,7 @@ from ..inputs import CONTEXT_PATCHES
 from . import contract
 from .metrics import metric
 from .settings import model_parameters, read_config, resolve_checkpoint
-from .triton_io import BLSError, InputError, bls, error_response, get, outputs, pb, tensor
+from .triton_io import BLSError, InputError, bls, error_response, get, locked, outputs, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
@@ -45,15 +45,16 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ pipeline
     def _encode(self, audio, rate, pad_left: bool) -> np.ndarray:
-        resp = bls("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
-                                   "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]).exec()
+        req = bls("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
+                                  "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"])
+        resp = locked(req.exec)
         return outputs(resp, ["LATENTS"])[0][0]
 
     def _vae_decode(self, corrid: int, latents: np.ndarray, flags: int, context=None) -> np.ndarray:
         inputs = {"LATENTS": latents[None]}
         if context is not None:
             inputs["CONTEXT"] = context[None]
-        resp = bls("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags).exec()
+        resp = locked(bls("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags).exec)
         return outputs(resp, ["AUDIO"])[0][0]
 
     def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
@@ -65,7 +66,7 @@ class Orchestrator:
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([req.prompt_text.encode()], dtype=object)
-        ids, n_target = outputs(bls("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"]).exec(),
+        ids, n_target = outputs(locked(bls("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"]).exec),
                                 ["TOKEN_IDS", "TARGET_TOKENS"])
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
@@ -87,7 +88,7 @@ class Orchestrator:
 
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
-        stream = bls("decoder", dec_in, ["LATENTS"], request_id=request_id).exec(decoupled=True)
+        stream = locked(bls("decoder", dec_in, ["LATENTS"], request_id=request_id).exec, decoupled=True)
         started = stopping = False
         error = None
         try:
@@ -107,7 +108,7 @@ class Orchestrator:
                     self.m_ttfa_last.set(ttfa)
                 started = True
                 emit(audio)
-                if cancelled():
+                if locked(cancelled):
                     stopping = True
                     self._cancel_decoder(request_id)
         except Exception as e:
@@ -126,8 +127,9 @@ class Orchestrator:
 
     def _cancel_decoder(self, request_id: str):
         try:
-            bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"]
-                ).exec(decoupled=True)
+            req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"])
+            for _ in locked(req.exec, decoupled=True):  # drain: its only response is the final flag
+                pass
         except Exception:
             log.exception("cancelling decoder request %s failed", request_id)
 
@@ -161,7 +163,10 @@ class TTSModel:
 
 
 class TTSStreamModel:
-    """`tts_stream` (decoupled): audio chunks as they are made; each request runs on a worker thread."""
+    """`tts_stream` (decoupled): audio chunks as they are made; each request runs on a worker thread.
+
+    Calls into the stub are serialised per instance (triton_io.IPC_LOCK), so several instances
+    let the short BLS calls of different streams overlap."""
 
     def initialize(self, args):
         self.orch = Orchestrator(args)
@@ -176,7 +181,7 @@ class TTSStreamModel:
             try:
                 req = contract.parse(_inputs(request))
             except Exception as e:
-                sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                locked(sender.send, error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             self.pool.submit(self._run, req, sender)
         return None
@@ -186,14 +191,15 @@ class TTSStreamModel:
         rate = tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))
 
         def emit(audio):
-            sender.send(p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)), rate]))
+            resp = p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)), rate])
+            locked(sender.send, resp)
 
         try:
             self.orch.synthesize(req, emit, sender.is_cancelled)
-            sender.send(flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:
             try:
-                sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                locked(sender.send, error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:
                 log.exception("could not deliver the error to the client")
 

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+
+# The Python backend stub (Triton 2.51) corrupts its IPC when several threads of one model
+# instance call into it at once: a segfault in libtriton_python.so under 6+ concurrent streams
+# when tts_stream's worker threads issued BLS calls in parallel. Every call into the stub from
+# a thread other than the one running execute() (BLS exec, response send, cancellation check,
+# metric update) therefore goes through this per-process lock. Waiting for the next response
+# of a decoupled BLS stream does not hold it.
+IPC_LOCK = threading.RLock()
+
+
+def locked(fn, *args, **kwargs):
+    with IPC_LOCK:
+        return fn(*args, **kwargs)
 
 
 def pb():

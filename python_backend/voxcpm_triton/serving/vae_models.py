@@ -75,6 +75,7 @@ class VAEDecoderModel:
         threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
 
     def _sweeper(self):
+        # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
         while not self._stop.wait(min(5.0, self.idle_timeout)):
             with self.lock:
                 self._drop_idle(time.monotonic())
@@ -83,7 +84,6 @@ class VAEDecoderModel:
         for c in [c for c, t in self.last_used.items() if now - t > self.idle_timeout]:
             self.states.pop(c, None)
             self.last_used.pop(c, None)
-        self.m_streams.set(float(len(self.states)))
 
     def finalize(self):
         self._stop.set()
@@ -136,4 +136,5 @@ class VAEDecoderModel:
                     self.states.pop(c, None)
                     self.last_used.pop(c, None)
             self._drop_idle(now)
+            self.m_streams.set(float(len(self.states)))
         return responses
