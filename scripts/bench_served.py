@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Concurrent gRPC streaming load generator for the served `tts_stream` model.
+
+Each concurrency level starts C workers together (a barrier): every worker owns
+one gRPC client and one bidirectional stream and sends its requests one after
+the other on it (the next when the previous one's final response arrived).
+
+Per stream (request) it measures
+  * TTFA: send -> first non-empty AUDIO chunk (timestamped in the gRPC
+    callback, not when the worker gets round to it);
+  * total: send -> final response;
+  * audio seconds: samples / SAMPLE_RATE (from the response);
+  * RTF = total / audio seconds (< 1: faster than real time);
+  * underrun: how far the stream fell behind a player that starts playing at
+    the first chunk (0 = smooth playback).
+Per level: p50/p95 TTFA (ms) and RTF, the fraction of streams faster than real
+time (and with smooth playback), aggregate x-real-time = sum(audio s) / wall
+time of the level (barrier release -> last final response), errors.
+
+Needs only numpy and tritonclient[grpc] (grpc, protobuf), so it runs on a bare
+GPU box too (see scripts/device_serve_env.sh).
+
+    python scripts/bench_served.py --url 127.0.0.1:8001 --concurrency 1,8,32,64 \\
+        --requests-per-worker 4 --min-length 100 --max-length 100 --warmup 2 \\
+        --json-out bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import queue
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+DEFAULT_TEXT = (
+    "The quick brown fox jumps over the lazy dog near the quiet river bank, "
+    "while the children laugh and play in the warm afternoon sun."
+)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _strip_scheme(url: str) -> str:
+    for scheme in ("grpc://", "http://", "https://"):
+        if url.startswith(scheme):
+            return url[len(scheme):]
+    return url
+
+
+def build_inputs(grpcclient, text: str, min_length=None, max_length=None, seed=None,
+                 cfg_value=None, inference_timesteps=None) -> list:
+    arrays = {"TEXT": ("BYTES", np.array([text.encode("utf-8")], dtype=np.object_))}
+    for name, value, dt, np_t in (("MIN_LENGTH", min_length, "INT32", np.int32),
+                                  ("MAX_LENGTH", max_length, "INT32", np.int32),
+                                  ("SEED", seed, "INT64", np.int64),
+                                  ("CFG_VALUE", cfg_value, "FP32", np.float32),
+                                  ("INFERENCE_TIMESTEPS", inference_timesteps, "INT32", np.int32)):
+        if value is not None:
+            arrays[name] = (dt, np.array([value], dtype=np_t))
+    out = []
+    for name, (dt, arr) in arrays.items():
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+class StreamWorker:
+    """One gRPC client + one stream; sends requests one at a time on it.
+
+    After an error or a timeout the stream is cancelled and a fresh client and
+    stream are made for the next request (a late response of the failed request
+    must not be taken for the next one's).
+    """
+
+    def __init__(self, url: str, model: str, timeout: float):
+        self.url, self.model, self.timeout = url, model, timeout
+        self.client = None
+        self.q: queue.Queue = queue.Queue()
+
+    def _open(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.q = queue.Queue()
+        q = self.q
+        self.client = grpcclient.InferenceServerClient(url=self.url)
+        # the callback runs on the stream's reader thread: timestamp there
+        self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+
+    def close(self, cancel: bool = False) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.stop_stream(cancel_requests=cancel)
+        except Exception:
+            pass
+        try:
+            self.client.close()
+        except Exception:
+            pass
+        self.client = None
+
+    def run_one(self, inputs, request_id: str) -> dict:
+        rec = {"request_id": request_id, "ttfa_s": None, "total_s": None, "audio_s": 0.0, "samples": 0,
+               "sample_rate": 0, "chunks": 0, "underrun_s": None, "max_gap_s": None, "error": None}
+        arrivals: list[tuple[float, int]] = []  # (time since send, samples in chunk)
+        t0 = None
+        try:
+            if self.client is None:
+                self._open()
+            t0 = time.perf_counter()
+            rec["t_send"] = t0
+            self.client.async_stream_infer(self.model, inputs, request_id=request_id,
+                                           enable_empty_final_response=True)
+            deadline = t0 + self.timeout
+            while True:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise _Timeout()
+                try:
+                    t_recv, result, error = self.q.get(timeout=remaining)
+                except queue.Empty:
+                    raise _Timeout() from None
+                if error is not None:
+                    raise RuntimeError(getattr(error, "message", lambda: str(error))() or str(error))
+                audio = result.as_numpy("AUDIO")
+                rate = result.as_numpy("SAMPLE_RATE")
+                if rate is not None and rate.size and not rec["sample_rate"]:
+                    rec["sample_rate"] = int(rate.reshape(-1)[0])
+                if audio is not None and audio.size:
+                    arrivals.append((t_recv - t0, int(audio.size)))
+                params = result.get_response().parameters
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    rec["total_s"] = t_recv - t0
+                    rec["t_end"] = t_recv
+                    break
+        except _Timeout:
+            rec["error"] = f"timeout: no final response within {self.timeout:g} s"
+        except Exception as exc:  # noqa: BLE001 - every failure is a data point
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+        if rec["error"] is not None:
+            rec["t_end"] = time.perf_counter()
+            self.close(cancel=True)
+        rec["chunks"] = len(arrivals)
+        rec["samples"] = sum(n for _, n in arrivals)
+        if arrivals:
+            rec["ttfa_s"] = arrivals[0][0]
+            gaps = [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
+            rec["max_gap_s"] = max(gaps) if gaps else 0.0
+        if rec["sample_rate"] and arrivals:
+            sr = rec["sample_rate"]
+            rec["audio_s"] = rec["samples"] / sr
+            # playback starts at the first chunk; chunk k is due when the audio before it has played
+            played, worst = 0, 0.0
+            for t, n in arrivals:
+                worst = max(worst, t - (arrivals[0][0] + played / sr))
+                played += n
+            rec["underrun_s"] = worst
+        if rec["error"] is None and rec["samples"] and not rec["sample_rate"]:
+            rec["error"] = "no SAMPLE_RATE in the responses"
+        if rec["error"] is None and rec["audio_s"] <= 0:
+            rec["error"] = "no audio"
+        rec["rtf"] = (rec["total_s"] / rec["audio_s"]) if rec["error"] is None else None
+        return rec
+
+
+def _pct(values, q):
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else None
+
+
+def _stats(values, scale=1.0) -> dict:
+    vals = [v * scale for v in values if v is not None]
+    if not vals:
+        return {"p50": None, "p95": None, "mean": None, "min": None, "max": None}
+    return {"p50": _pct(vals, 50), "p95": _pct(vals, 95), "mean": float(np.mean(vals)),
+            "min": float(min(vals)), "max": float(max(vals))}
+
+
+def run_level(args, concurrency: int, label: str, requests_per_worker: int | None,
+              duration: float | None) -> dict:
+    import tritonclient.grpc as grpcclient
+
+    url = _strip_scheme(args.url)
+    records: list[list[dict]] = [[] for _ in range(concurrency)]
+    start = {"t": None}
+    # the level starts when the barrier releases everyone (set before any worker runs on)
+    barrier = threading.Barrier(concurrency + 1, action=lambda: start.__setitem__("t", time.perf_counter()))
+
+    def worker(w: int) -> None:
+        sw = StreamWorker(url, args.model, args.timeout)
+        inputs = build_inputs(grpcclient, args.text, args.min_length, args.max_length, args.seed,
+                              args.cfg_value, args.inference_timesteps)
+        setup_error = None
+        try:
+            sw._open()  # connect before the barrier: the level measures requests, not channel setup
+        except Exception as exc:  # noqa: BLE001
+            setup_error = f"{type(exc).__name__}: {exc}"
+            sw.close()
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        i = 0
+        try:
+            while True:
+                if duration is not None:
+                    if time.perf_counter() - start["t"] >= duration:
+                        break
+                elif i >= requests_per_worker:
+                    break
+                rec = sw.run_one(inputs, f"{label}-c{concurrency}-w{w}-r{i}")
+                if setup_error and rec["error"]:
+                    rec["error"] = f"{rec['error']} (stream setup: {setup_error})"
+                rec["worker"], rec["index"] = w, i
+                records[w].append(rec)
+                i += 1
+        finally:
+            sw.close(cancel=False)
+
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"bench-w{w}")
+               for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t_start = start["t"]
+    for t in threads:
+        t.join()
+    flat = [r for rs in records for r in rs]
+    t_last = max((r["t_end"] for r in flat), default=t_start)
+    wall = max(t_last - t_start, 1e-9)
+    for r in flat:  # times relative to the level's start
+        r["start_s"] = r.pop("t_send", t_start) - t_start
+        r["end_s"] = r.pop("t_end", t_last) - t_start
+    ok = [r for r in flat if r["error"] is None]
+    errs = [r for r in flat if r["error"] is not None]
+    audio_total = sum(r["audio_s"] for r in ok)
+    level = {
+        "concurrency": concurrency,
+        "requests": len(flat),
+        "ok": len(ok),
+        "errors": len(errs),
+        "error_messages": sorted({r["error"] for r in errs})[:10],
+        "wall_s": wall,
+        "audio_s_total": audio_total,
+        "x_real_time": audio_total / wall,
+        "requests_per_s": len(ok) / wall,
+        "sample_rate": next((r["sample_rate"] for r in ok if r["sample_rate"]), None),
+        "ttfa_ms": _stats([r["ttfa_s"] for r in ok], 1000.0),
+        "total_s": _stats([r["total_s"] for r in ok]),
+        "audio_s": _stats([r["audio_s"] for r in ok]),
+        "rtf": _stats([r["rtf"] for r in ok]),
+        "max_gap_ms": _stats([r["max_gap_s"] for r in ok], 1000.0),
+        "underrun_ms": _stats([r["underrun_s"] for r in ok], 1000.0),
+        "faster_than_realtime_frac": (sum(r["rtf"] < 1.0 for r in ok) / len(flat)) if flat else None,
+        "smooth_playback_frac": (sum(r["underrun_s"] <= 1e-3 for r in ok) / len(flat)) if flat else None,
+        "streams": flat,
+    }
+    return level
+
+
+def _fmt(v, spec):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def markdown_table(levels: list[dict]) -> str:
+    head = ("| conc | streams | errors | TTFA p50 ms | TTFA p95 ms | RTF p50 | RTF p95 | faster than RT "
+            "| smooth | agg x-RT | audio s/stream | wall s |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for lv in levels:
+        lines.append(
+            f"| {lv['concurrency']} | {lv['requests']} | {lv['errors']} "
+            f"| {_fmt(lv['ttfa_ms']['p50'], '.1f')} | {_fmt(lv['ttfa_ms']['p95'], '.1f')} "
+            f"| {_fmt(lv['rtf']['p50'], '.3f')} | {_fmt(lv['rtf']['p95'], '.3f')} "
+            f"| {_fmt(lv['faster_than_realtime_frac'], '.0%')} | {_fmt(lv['smooth_playback_frac'], '.0%')} "
+            f"| {_fmt(lv['x_real_time'], '.2f')} | {_fmt(lv['audio_s']['mean'], '.2f')} | {_fmt(lv['wall_s'], '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def server_info(url: str, timeout: float) -> dict:
+    """Server version and the decoder's parameters (best effort)."""
+    import tritonclient.grpc as grpcclient
+
+    info: dict = {}
+    try:
+        c = grpcclient.InferenceServerClient(url=_strip_scheme(url))
+        try:
+            md = c.get_server_metadata(as_json=True, client_timeout=timeout)
+            info["server"] = {"name": md.get("name"), "version": md.get("version")}
+            for m in ("decoder", "tts_stream"):
+                try:
+                    cfg = c.get_model_config(m, as_json=True, client_timeout=timeout)["config"]
+                    info[m] = {k: v.get("string_value") for k, v in cfg.get("parameters", {}).items()}
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            c.close()
+    except Exception as exc:  # noqa: BLE001
+        info["error"] = str(exc)
+    return info
+
+
+def wait_ready(url: str, model: str, timeout: float) -> None:
+    import tritonclient.grpc as grpcclient
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            c = grpcclient.InferenceServerClient(url=_strip_scheme(url))
+            try:
+                if c.is_model_ready(model, client_timeout=5):
+                    return
+            finally:
+                c.close()
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+        time.sleep(0.5)
+    raise SystemExit(f"bench_served: {model} at {url} not ready within {timeout:g} s ({last})")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address host:port")
+    p.add_argument("--model", default="tts_stream")
+    p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated concurrency levels")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--requests-per-worker", type=int, default=None,
+                   help="requests each worker sends one after the other (default 2 without --duration)")
+    g.add_argument("--duration", type=float, default=None,
+                   help="seconds per level: workers start new requests until then (started ones finish)")
+    p.add_argument("--text", default=DEFAULT_TEXT)
+    p.add_argument("--min-length", type=int, default=None, help="MIN_LENGTH in patches (pin = max for benchmarks)")
+    p.add_argument("--max-length", type=int, default=None, help="MAX_LENGTH in patches")
+    p.add_argument("--seed", type=int, default=0, help="SEED sent with every request; -1: not sent")
+    p.add_argument("--cfg-value", type=float, default=None)
+    p.add_argument("--inference-timesteps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=2,
+                   help="warm-up requests (sent concurrently, not measured) before the first level")
+    p.add_argument("--warmup-each-level", action="store_true",
+                   help="also run one unmeasured request per worker at each level's concurrency first")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit, seconds")
+    p.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for the model to be ready")
+    p.add_argument("--json-out", default=None, help="write the full results (per-stream records included) here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = p.parse_args(argv)
+    try:
+        args.levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--concurrency: comma-separated integers, got {args.concurrency!r}")
+    if not args.levels or min(args.levels) < 1:
+        p.error("--concurrency: levels must be >= 1")
+    if args.duration is None and args.requests_per_worker is None:
+        args.requests_per_worker = 2
+    if args.requests_per_worker is not None and args.requests_per_worker < 1:
+        p.error("--requests-per-worker must be >= 1")
+    if args.duration is not None and args.duration <= 0:
+        p.error("--duration must be > 0")
+    if args.seed is not None and args.seed < 0:
+        args.seed = None
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    wait_ready(args.url, args.model, args.ready_timeout)
+    info = server_info(args.url, 10.0)
+    if args.warmup > 0:
+        log(f"[bench] warm-up: {args.warmup} concurrent request(s)")
+        wu = run_level(args, args.warmup, "warmup", 1, None)
+        if wu["errors"]:
+            log(f"[bench] warm-up errors: {wu['error_messages']}")
+    levels = []
+    for c in args.levels:
+        if args.warmup_each_level:
+            log(f"[bench] concurrency {c}: warm-up round")
+            run_level(args, c, "warmup", 1, None)
+        log(f"[bench] concurrency {c}: "
+            + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
+        lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
+        levels.append(lv)
+        log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
+            f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
+            + (f", errors: {lv['error_messages'][:3]}" if lv["errors"] else ""))
+    table = markdown_table(levels)
+    print(table, flush=True)
+    result = {
+        "config": {
+            "url": args.url, "model": args.model, "levels": args.levels, "text": args.text,
+            "text_chars": len(args.text), "min_length": args.min_length, "max_length": args.max_length,
+            "seed": args.seed, "cfg_value": args.cfg_value, "inference_timesteps": args.inference_timesteps,
+            "requests_per_worker": args.requests_per_worker, "duration_s": args.duration,
+            "warmup": args.warmup, "warmup_each_level": args.warmup_each_level, "timeout_s": args.timeout,
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "client_host": socket.gethostname(), "client_python": platform.python_version(),
+            "client_cpus": os.cpu_count(),
+        },
+        "server_info": info,
+        "levels": levels,
+        "table_markdown": table,
+    }
+    if args.json_out:
+        d = os.path.dirname(os.path.abspath(args.json_out))
+        os.makedirs(d, exist_ok=True)
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"[bench] wrote {args.json_out}")
+    return 1 if any(lv["errors"] for lv in levels) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
