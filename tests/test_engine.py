@@ -200,3 +200,27 @@ def test_shutdown_fails_in_flight_requests(vox):
     fin = [e for e in h.events(timeout=TIMEOUT)][-1]
     assert fin.reason == "error" and "shut down" in fin.error
     assert not eng._thread.is_alive()
+
+
+def test_a_batched_step_failing_for_one_request_is_rerun_without_it(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4))
+    orig = eng._run_decode
+
+    def flaky(batch):  # the model step itself raises whenever "bad" is in the batch at step 2
+        if any(st.request_id == "bad" and st.step == 2 for st in batch):
+            raise RuntimeError("kernel exploded")
+        return orig(batch)
+
+    eng._run_decode = flaky
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Isolation test.")
+        bad = eng.submit(EngineRequest("bad", prompt, seed=1, min_len=8, max_len=8))
+        good = eng.submit(EngineRequest("good", prompt, seed=2, min_len=8, max_len=8))
+        _, b_fin = bad.result(timeout=TIMEOUT)
+        g_lat, g_fin = good.result(timeout=TIMEOUT)
+        assert b_fin.reason == "error" and "kernel exploded" in b_fin.error
+        assert g_fin.error is None
+        assert_same(g_lat, solo(vox, prompt, seed=2, min_len=8, max_len=8))
+        wait_for(lambda: eng.stats()["free_blocks"] == 200)
+    finally:
+        eng.shutdown()

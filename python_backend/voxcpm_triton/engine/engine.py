@@ -221,21 +221,28 @@ class Engine:
                 ok.append(st)
             except Exception as e:
                 self._finish(st, "error", f"prefill failed: {e}")
-        if not ok:
-            return
+        if ok:
+            self._isolated(ok, self._run_prefill, "prefill")
+
+    def _isolated(self, states: list[RequestState], run, what: str) -> list:
+        """run(states) -> one result per state. If the batch raises, each state is rerun alone so
+        that only the culprit fails (reruns rewrite the same KV slots). Returns (state, result)
+        pairs for the survivors."""
         try:
-            self._run_prefill(ok)
-        except Exception:
-            if len(ok) == 1:
-                log.exception("prefill failed for %s", ok[0].request_id)
-                self._finish(ok[0], "error", "prefill failed")
-                return
-            for st in ok:  # isolate the culprit: the others must not pay for it
-                try:
-                    self._run_prefill([st])
-                except Exception as e:
-                    log.exception("prefill failed for %s", st.request_id)
-                    self._finish(st, "error", f"prefill failed: {e}")
+            return list(zip(states, run(states)))
+        except Exception as e:  # noqa: BLE001 - any failure is reported on the request
+            if len(states) == 1:
+                log.exception("%s failed for %s", what, states[0].request_id)
+                self._finish(states[0], "error", f"{what} failed: {e}")
+                return []
+        survivors = []
+        for st in states:
+            try:
+                survivors.append((st, run([st])[0]))
+            except Exception as e:  # noqa: BLE001
+                log.exception("%s failed for %s", what, st.request_id)
+                self._finish(st, "error", f"{what} failed: {e}")
+        return survivors
 
     def _run_prefill(self, states: list[RequestState]):
         dev = self.device
@@ -256,6 +263,7 @@ class Engine:
             PagedAttention(self.kv.res_k, self.kv.res_v, meta))
         for i, st in enumerate(states):
             self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
+        return [None] * len(states)
 
     # -- decode
     def _decode_step(self):
@@ -270,28 +278,11 @@ class Engine:
                 self._finish(st, "error", f"decode failed: {e}")
         if not batch:
             return
-        try:
-            patches, stops = self._run_decode(batch)
-        except Exception:
-            if len(batch) == 1:
-                log.exception("decode step failed for %s", batch[0].request_id)
-                self._finish(batch[0], "error", "decode step failed")
-                return
-            patches, stops, survivors = [], [], []
-            for st in batch:  # rerun solo (KV writes are idempotent) so only the culprit fails
-                try:
-                    p, s = self._run_decode([st])
-                    patches.append(p[0])
-                    stops.append(s[0])
-                    survivors.append(st)
-                except Exception as e:
-                    log.exception("decode step failed for %s", st.request_id)
-                    self._finish(st, "error", f"decode step failed: {e}")
-            batch = survivors
+        done = self._isolated(batch, lambda b: list(zip(*self._run_decode(b))), "decode step")
         with self._lock:
             self._stats["steps"] += 1
-            self._stats["batch_sizes"][len(batch)] += 1
-        for st, patch, stop in zip(batch, patches, stops):
+            self._stats["batch_sizes"][len(done)] += 1
+        for st, (patch, stop) in done:
             self._emit(st, patch, bool(stop))
 
     def _run_decode(self, batch: list[RequestState]):
