@@ -75,10 +75,14 @@ def tts_http(server, text, **params):
 
 def tts_stream(server, text, stop_after=None, **params):
     """Chunks from a gRPC stream on tts_stream; stop_after=N cancels after N chunks."""
+    return stream_infer(server, "tts_stream", _inputs(grpcclient, text, **params), stop_after)
+
+
+def stream_infer(server, model, inputs, stop_after=None, output="AUDIO"):
     q: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))
-    c.async_stream_infer("tts_stream", _inputs(grpcclient, text, **params), enable_empty_final_response=True)
+    c.async_stream_infer(model, inputs, enable_empty_final_response=True)
     chunks = []
     try:
         while True:
@@ -87,7 +91,7 @@ def tts_stream(server, text, stop_after=None, **params):
                 raise error
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
-            chunks.append(result.as_numpy("AUDIO"))
+            chunks.append(result.as_numpy(output))
             if stop_after is not None and len(chunks) >= stop_after:
                 break
     finally:
@@ -245,6 +249,27 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, proto
     c.close()
     audio, _ = tts_http(server, "Still working.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
     assert audio.shape == (2 * HOP,)
+
+
+def test_internal_models_validate_direct_calls_too(server):
+    """Clients can reach the internal models as well: bad input gets an error there too."""
+
+    def raw(name, dt, arr):
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    ids = lambda a: raw("TOKEN_IDS", "INT64", np.array(a, np.int64))  # noqa: E731
+    n = raw("TARGET_TOKENS", "INT32", np.array([1], np.int32))
+    for inputs, expect in [([ids([10**7]), n], "TOKEN_IDS"), ([ids([-3]), n], "TOKEN_IDS"), ([n], "TOKEN_IDS"),
+                           ([ids([5, 6]), n, raw("REF_LATENTS", "FP32", np.full((2, 4, 16), np.nan, np.float32))],
+                            "REF_LATENTS")]:
+        with pytest.raises(InferenceServerException, match=expect):
+            stream_infer(server, "decoder", inputs, output="LATENTS")
+    latents = stream_infer(server, "decoder", [ids([5, 6, 7]), n, raw("MAX_LENGTH", "INT32", np.array([3], np.int32)),
+                                               raw("MIN_LENGTH", "INT32", np.array([3], np.int32))], output="LATENTS")
+    assert np.concatenate(latents).shape == (3, 4, 16)
+    wait_idle(server)
 
 
 def test_perf_analyzer_against_tts_over_http(server, tmp_path):

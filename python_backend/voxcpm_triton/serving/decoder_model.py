@@ -58,13 +58,19 @@ class DecoderModel:
         ids, n_target = get(request, "TOKEN_IDS"), _scalar(request, "TARGET_TOKENS", int)
         if ids is None or n_target is None:
             raise InputError("TOKEN_IDS and TARGET_TOKENS are required")
-        ids = ids.reshape(-1).astype(np.int64).tolist()
+        ids = ids.reshape(-1).astype(np.int64)
+        vocab = self.vox.cfg.lm_config.vocab_size
+        if ids.size == 0 or ids.min() < 0 or ids.max() >= vocab:
+            raise InputError(f"TOKEN_IDS must be non-empty ids in [0, {vocab})")
+        ids = ids.tolist()
         P, D = self.vox.patch_size, self.vox.feat_dim
         feats = []
         for name in ("REF_LATENTS", "PROMPT_LATENTS"):
             a = get(request, name)
             if a is not None and (a.ndim != 3 or a.shape[1:] != (P, D) or a.shape[0] == 0):
                 raise InputError(f"{name} must be [n > 0, {P}, {D}], got {list(a.shape)}")
+            if a is not None and not np.isfinite(a).all():
+                raise InputError(f"{name} contains NaN or Inf")
             feats.append(None if a is None else torch.from_numpy(np.array(a, dtype=np.float32)))
         prompt = build_prompt(ids, n_target, feats[0], feats[1], P, D)
         if len(prompt) >= self.vox.cfg.max_length:

@@ -107,6 +107,8 @@ class VAEDecoderModel:
                     lat = get(r, "LATENTS")[0]
                     if lat.ndim != 3 or lat.shape[1:] != (self.cfg.patch_size, self.cfg.feat_dim):
                         raise InputError(f"LATENTS must be [n, {self.cfg.patch_size}, {self.cfg.feat_dim}]")
+                    if not np.isfinite(lat).all():
+                        raise InputError("LATENTS contains NaN or Inf")
                     if start or corrid not in self.states:
                         state = self.vae.new_stream_state(1, self.vae.device)
                         ctx = get(r, "CONTEXT")
