@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/summarize.py      (needs matplotlib for the plot)
 
 raw/offline.json   scripts/bench.py (engine, CUDA graphs + compiled LocDiT/LocEnc)
-raw/served.json    scripts/bench_served.py against tritonserver (tts_stream over gRPC)
+raw/served.json    scripts/bench_served.py against tritonserver (tts_stream over gRPC), default config
+raw/served_4inst_chunks1248.json  the same with 4 tts_stream instances and chunks of 1,2,4,8 patches
 raw/gpu_check.json scripts/gpu_check.py
 raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before compile (run 1)
 """
@@ -41,6 +42,8 @@ def main():
                        "rtf_p50": lv["rtf"]["p50"], "rtf_p95": lv["rtf"]["p95"],
                        "faster_than_realtime_frac": lv["faster_than_realtime_frac"],
                        "aggregate_xrt": lv["x_real_time"], "errors": lv["errors"]} for c, lv in levels.items()},
+        "served_previous_config": {lv["concurrency"]: lv["x_real_time"]
+                                   for lv in load("served_4inst_chunks1248.json")["levels"]},
         "engine_offline": {b: {"steps_per_s": x["steps_per_s"], "rtf": x["rtf"], "aggregate_xrt": x["aggregate_xrt"]}
                            for b, x in runs.items()},
         "engine_offline_before_compile": {r_["batch"]: r_["aggregate_xrt"] for r_ in
@@ -66,12 +69,14 @@ def main():
           f"| this engine, offline | {runs[1]['rtf']:.3f} | {runs[1]['steps_per_s']:.0f} steps/s |",
           f"| **through Triton** (`tts_stream`, gRPC) | **{res['single_stream_rtf_triton']:.3f}** | "
           f"TTFA p50 {res['ttfa_ms_p50']:.0f} ms |", "",
-          "Served (`scripts/bench_served.py`, concurrent gRPC streams on `tts_stream`):", "",
-          "| streams | TTFA p50 / p95 ms | per-stream RTF p50 / p95 | faster than real time | aggregate x real time |",
-          "|---|---|---|---|---|"]
+          "Served (`scripts/bench_served.py`, concurrent gRPC streams on `tts_stream`; default config: 8",
+          "tts_stream instances, chunks of 1, 4, then 16 patches):", "",
+          "| streams | TTFA p50 / p95 ms | per-stream RTF p50 / p95 | faster than real time | aggregate x real time "
+          "| same, 4 instances + chunks 1,2,4,8 |", "|---|---|---|---|---|---|"]
     for c, s in res["served"].items():
         md.append(f"| {c} | {s['ttfa_ms_p50']:.0f} / {s['ttfa_ms_p95']:.0f} | {s['rtf_p50']:.3f} / {s['rtf_p95']:.3f} "
-                  f"| {100 * s['faster_than_realtime_frac']:.0f}% | {s['aggregate_xrt']:.1f} |")
+                  f"| {100 * s['faster_than_realtime_frac']:.0f}% | {s['aggregate_xrt']:.1f} "
+                  f"| {res['served_previous_config'][c]:.1f} |")
     md += ["", "Engine alone (`scripts/bench.py`, CUDA graphs + compiled LocDiT/LocEnc):", "",
            "| batch | steps/s | RTF | aggregate x real time | before compile (run 1) |", "|---|---|---|---|---|"]
     for b, x in res["engine_offline"].items():
@@ -112,6 +117,7 @@ def main():
            "s--", label="engine (graphs, run 1)")
     cs = sorted(res["served"])
     a.plot(cs, [res["served"][c]["aggregate_xrt"] for c in cs], "^-", label="served (tts_stream)")
+    a.plot(cs, [res["served_previous_config"][c] for c in cs], "v:", label="served, 4 instances, chunks 1,2,4,8")
     a.set_xscale("log", base=2)
     a.set_xlabel("concurrent requests")
     a.set_ylabel("aggregate x real time")

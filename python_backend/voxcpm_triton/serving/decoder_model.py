@@ -44,7 +44,7 @@ class DecoderModel:
             num_blocks=int(setting(params, "num_blocks", "0")) or None,
             kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
             max_batch_size=int(setting(params, "max_batch_size", "64")),
-            chunk_schedule=tuple(int(x) for x in setting(params, "chunk_schedule", "1,2,4,8").split(",")),
+            chunk_schedule=tuple(int(x) for x in setting(params, "chunk_schedule", "1,4,16").split(",")),
             cuda_graphs=setting(params, "cuda_graphs", "true").lower() in ("1", "true", "yes"),
             compile=setting(params, "compile", "true").lower() in ("1", "true", "yes"),
             attention=setting(params, "attention", "auto"),
