@@ -19,7 +19,7 @@ from ..voxcpm2 import VoxCPM2
 from .contract import wire_names
 from .metrics import EngineMetrics
 from .settings import model_parameters, resolve_checkpoint, setting
-from .triton_io import InputError, error_response, get, locked, pb, tensor
+from .triton_io import IPC_LOCK, InputError, error_response, get, locked, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
 
@@ -114,9 +114,10 @@ class DecoderModel:
                 else:
                     locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
-            if locked(sender.is_cancelled):
-                raise ClientGone("request cancelled by its client")
-            locked(sender.send, p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
+            with IPC_LOCK:  # the engine thread: every stub call under the lock
+                if sender.is_cancelled():
+                    raise ClientGone("request cancelled by its client")
+                sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
 
         return deliver
 

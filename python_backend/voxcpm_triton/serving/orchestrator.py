@@ -24,7 +24,7 @@ from ..inputs import CONTEXT_PATCHES
 from . import contract
 from .metrics import metric
 from .settings import model_parameters, read_config, resolve_checkpoint
-from .triton_io import BLSError, InputError, bls, error_response, get, locked, outputs, pb, tensor
+from .triton_io import IPC_LOCK, BLSError, InputError, bls, error_response, get, locked, outputs, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
@@ -102,10 +102,7 @@ class Orchestrator:
                 flags = 0 if started else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
                 audio = self._vae_decode(corrid, lat, flags, context if not started else None)
                 if not started:
-                    ttfa = time.monotonic() - t0
-                    self.m_ttfa_sum.increment(ttfa)
-                    self.m_ttfa_count.increment(1.0)
-                    self.m_ttfa_last.set(ttfa)
+                    self._record_ttfa(time.monotonic() - t0)
                 started = True
                 emit(audio)
                 if locked(cancelled):
@@ -124,6 +121,12 @@ class Orchestrator:
                     log.exception("closing VAE stream %s failed", corrid)
         if error is not None and not stopping:
             raise error
+
+    def _record_ttfa(self, seconds: float):
+        with IPC_LOCK:  # metric updates are stub calls too
+            self.m_ttfa_sum.increment(seconds)
+            self.m_ttfa_count.increment(1.0)
+            self.m_ttfa_last.set(seconds)
 
     def _cancel_decoder(self, request_id: str):
         try:
@@ -188,11 +191,12 @@ class TTSStreamModel:
 
     def _run(self, req, sender):
         p = pb()
-        rate = tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))
+        rate = np.array([self.orch.sample_rate], np.int32)
 
         def emit(audio):
-            resp = p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)), rate])
-            locked(sender.send, resp)
+            with IPC_LOCK:  # building pb_utils tensors is a stub call as well
+                sender.send(p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)),
+                                                                tensor("SAMPLE_RATE", rate)]))
 
         try:
             self.orch.synthesize(req, emit, sender.is_cancelled)
