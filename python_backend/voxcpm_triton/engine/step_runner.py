@@ -66,6 +66,7 @@ class DecodeStepRunner:
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
         self.graphs: dict = {}
         self.graph_pool = None
+        self._tables: dict = {}
         self.use_triton = False
         if dev.type == "cuda" and attention in ("auto", "triton"):
             from . import triton_attention
@@ -112,13 +113,15 @@ class DecodeStepRunner:
         hb[:bucket] = PagedKVCache.SCRATCH_BLOCK
         ht[:, :bucket] = 0
         self.h_cfg[:bucket] = 1.0
-        for i, (slot, key, step, pos, smap, ctx, table, cfg, k) in enumerate(rows):
-            hr[i, :6] = torch.tensor([slot, key, step, pos, smap, ctx])
-            hb[i, :len(table)] = torch.tensor(table)
-            # In the model dtype, as the offline path computes them; exact in the fp32 staging.
-            t, dt, act = row_tables(k, n_steps, self.dtype)
-            ht[0, i, :n_steps], ht[1, i, :n_steps], ht[2, i, :n_steps] = t.float(), dt.float(), act.float()
-            self.h_cfg[i] = cfg
+        if rows:
+            hr[:len(rows), :6] = torch.tensor([r[:6] for r in rows], dtype=torch.int64)
+            self.h_cfg[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
+        by_steps: dict = {}
+        for i, r in enumerate(rows):
+            hb[i, :len(r[6])] = torch.tensor(r[6])
+            by_steps.setdefault(r[8], []).append(i)
+        for k, idx in by_steps.items():  # rows with the same step count share one table
+            ht[:, idx, :n_steps] = self._row_tables(k, n_steps)[:, None, :]
         nb = True
         dev_rows = hr[:bucket].to(self.device, non_blocking=nb)
         self.slots[:bucket], self.seed_key[:bucket], self.step_idx[:bucket] = dev_rows[:, 0], dev_rows[:, 1], dev_rows[:, 2]
@@ -129,6 +132,15 @@ class DecodeStepRunner:
         tables = ht[:, :bucket].to(self.device, non_blocking=nb)
         self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
         self.active[:bucket] = tables[2] > 0
+
+    def _row_tables(self, k: int, n_steps: int) -> torch.Tensor:
+        """[3, n_steps] (t, dt, active) of a k-step row, cached: built once per (k, n_steps).
+        Computed in the model dtype, as the offline path does; exact in the fp32 staging."""
+        key = (k, n_steps)
+        if key not in self._tables:
+            t, dt, act = row_tables(k, n_steps, self.dtype)
+            self._tables[key] = torch.stack([t.float(), dt.float(), act.float()])
+        return self._tables[key]
 
     def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One step for `rows` -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU).
