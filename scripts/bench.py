@@ -174,9 +174,7 @@ def reference_bench(path: str, prompt, steps: int, compiled: bool, dev: str) -> 
         res["compile_first_call_s"] = timed()
         res["compiled_rtf"] = [timed() / audio for _ in range(2)]
         log(f"[reference compiled] first call {res['compile_first_call_s']:.1f} s, RTF {res['compiled_rtf']}")
-    del model
-    empty_cache()
-    return res
+    return res  # the model is freed when this frame goes
 
 
 def main():
@@ -212,6 +210,7 @@ def main():
     if args.reference != "none":
         result["reference"] = reference_bench(args.checkpoint, prompt, args.steps, args.reference == "compiled",
                                               args.device)
+        empty_cache()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
