@@ -135,17 +135,22 @@ def test_cancel_frees_blocks_and_fault_ends_only_its_request(vox):
     try:
         total = eng.stats()["free_blocks"]
         prompt = prompt_for(vox, "zero_shot", "Cancel me please.")
-        long = eng.submit(EngineRequest("long", prompt, seed=1, min_len=300, max_len=300))
+        # Cancel from the engine's own output path, right after the chunk that ends at step 3:
+        # the request must end at the next step boundary, with no further step run for it.
+        events, cancelled_after = [], []
+
+        def sink(ev):
+            events.append(ev)
+            if isinstance(ev, LatentChunk) and not cancelled_after and ev.first_step + len(ev.patches) >= 3:
+                cancelled_after.append(ev.first_step + len(ev.patches))
+                eng.cancel("long")
+
+        eng.submit(EngineRequest("long", prompt, seed=1, min_len=300, max_len=300), sink=sink)
         faulty = eng.submit(EngineRequest("faulty", prompt, seed=2, min_len=20, max_len=20))
         healthy = eng.submit(EngineRequest("healthy", prompt, seed=3, min_len=20, max_len=20))
-        # Let "long" produce a few chunks, then cancel it.
-        first = next(long.events(timeout=TIMEOUT))
-        assert isinstance(first, LatentChunk)
-        steps_at_cancel = eng.stats()["steps"]
-        eng.cancel("long")
-        fin = [e for e in long.events(timeout=TIMEOUT)][-1]
-        assert fin.reason == "cancelled"
-        assert eng.stats()["steps"] - steps_at_cancel <= 2  # ended at the next step boundary
+        wait_for(lambda: events and isinstance(events[-1], Finished))
+        fin = events[-1]
+        assert fin.reason == "cancelled" and fin.steps == cancelled_after[0] == 3
         f_lat, f_fin = faulty.result(timeout=TIMEOUT)
         assert f_fin.reason == "error" and "injected fault" in f_fin.error
         h_lat, h_fin = healthy.result(timeout=TIMEOUT)
