@@ -1,0 +1,156 @@
+"""The Triton model classes driven directly, with a minimal stand-in for triton_python_backend_utils.
+
+What a real server cannot show deterministically: how one execute() call with
+several streams' requests is batched, and how stream state is kept and dropped.
+(The real server runs the same classes in tests/test_server.py.)
+"""
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from voxcpm_triton.voxcpm2 import load_audio_vae
+
+
+class FakeTensor:
+    def __init__(self, name, array):
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class FakeResponse:
+    def __init__(self, output_tensors=None, error=None):
+        self.outputs = {t.name(): t.as_numpy() for t in (output_tensors or [])}
+        self.error = error
+
+
+class FakeError(Exception):
+    INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+    def __init__(self, msg, code=None):
+        super().__init__(msg)
+        self.code = code
+
+
+class FakeMetric:
+    def __init__(self):
+        self.value = 0.0
+
+    def set(self, v):
+        self.value = v
+
+
+class FakeFamily:
+    GAUGE, COUNTER = "GAUGE", "COUNTER"
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels):  # noqa: N802 - pb_utils' spelling
+        return FakeMetric()
+
+
+class FakeRequest:
+    def __init__(self, **inputs):
+        self.inputs = {k: FakeTensor(k, v) for k, v in inputs.items()}
+
+
+@pytest.fixture()
+def fake_pb(monkeypatch):
+    mod = types.ModuleType("triton_python_backend_utils")
+    mod.Tensor = FakeTensor
+    mod.InferenceResponse = FakeResponse
+    mod.TritonError = FakeError
+    mod.MetricFamily = FakeFamily
+    mod.get_input_tensor_by_name = lambda req, name: req.inputs.get(name)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", mod)
+    return mod
+
+
+def _args(ckpt, **params):
+    cfg = {"parameters": {"checkpoint": {"string_value": ckpt}, "device": {"string_value": "cpu"},
+                          **{k: {"string_value": v} for k, v in params.items()}}}
+    return {"model_config": json.dumps(cfg), "model_name": "vae_decoder"}
+
+
+def _chunk(corrid, lat, start=False, end=False, context=None):
+    inputs = dict(CORRID=np.array([[corrid]], np.uint64), START=np.array([[int(start)]], np.int32),
+                  END=np.array([[int(end)]], np.int32), LATENTS=lat[None].astype(np.float32))
+    if context is not None:
+        inputs["CONTEXT"] = context[None].astype(np.float32)
+    return FakeRequest(**inputs)
+
+
+def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_dirs, monkeypatch):
+    from voxcpm_triton.serving.vae_models import VAEDecoderModel
+
+    ckpt = checkpoint_dirs["real_shaped"]
+    model = VAEDecoderModel()
+    model.initialize(_args(ckpt))
+    _, vae = load_audio_vae(ckpt, "cpu")
+    P, D = model.cfg.patch_size, model.cfg.feat_dim
+    rng = np.random.default_rng(0)
+    streams = {c: rng.standard_normal((7, P, D)).astype(np.float32) for c in (11, 22, 33)}
+    ctx = rng.standard_normal((3, P, D)).astype(np.float32)
+
+    batch_sizes = []
+    real = model.vae.decode_chunk
+    monkeypatch.setattr(model.vae, "decode_chunk", lambda z, *a: batch_sizes.append(z.shape[0]) or real(z, *a))
+
+    # Three streams advance together: chunks of 1, 2 then 4 patches, one execute() per round;
+    # stream 33 is a continuation (primed with context patches on START).
+    got = {c: [] for c in streams}
+    for lo, hi in ((0, 1), (1, 3), (3, 7)):
+        reqs = [_chunk(c, s[lo:hi], start=lo == 0, context=ctx if (c == 33 and lo == 0) else None)
+                for c, s in streams.items()]
+        for c, resp in zip(streams, model.execute(reqs)):
+            assert resp.error is None
+            got[c].append(resp.outputs["AUDIO"][0])
+    # One priming pass for the continuation stream, then one batch of all three per round.
+    assert batch_sizes == [1, 3, 3, 3], "equal-length chunks of three streams must decode as one batch"
+    assert len(model.states) == 3 and model.m_streams.metric.value == 3
+
+    def whole(lat, context=None):
+        frames = lambda x: torch.from_numpy(x).reshape(-1, D).T[None]  # noqa: E731
+        z = frames(lat) if context is None else torch.cat([frames(context), frames(lat)], -1)
+        audio = vae.decode(z)[0, 0].numpy()
+        return audio[(0 if context is None else context.shape[0] * P * vae.decode_chunk_size):]
+
+    for c, lat in streams.items():
+        want = whole(lat, ctx if c == 33 else None)
+        assert np.abs(np.concatenate(got[c]) - want).max() <= 1e-5
+
+    # END with an empty chunk drops the state; an unknown sequence restarts cleanly.
+    resps = model.execute([_chunk(c, np.zeros((0, P, D)), end=True) for c in streams])
+    assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps)
+    assert model.states == {} and model.m_streams.metric.value == 0
+
+    bad = model.execute([_chunk(5, np.full((1, P, D), np.nan)), _chunk(6, np.zeros((1, P + 1, D)))])
+    assert "NaN" in str(bad[0].error) and "LATENTS" in str(bad[1].error)
+    model.finalize()
+
+
+def test_vae_decoder_drops_abandoned_streams(fake_pb, checkpoint_dirs):
+    from voxcpm_triton.serving.vae_models import VAEDecoderModel
+
+    model = VAEDecoderModel()
+    model.initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s="0.2"))
+    P, D = model.cfg.patch_size, model.cfg.feat_dim
+    model.execute([_chunk(1, np.zeros((1, P, D)), start=True)])
+    assert 1 in model.states
+    import time
+
+    deadline = time.monotonic() + 10
+    while model.states and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert model.states == {}, "a stream that never sent END must be dropped after the idle timeout"
+    model.finalize()
