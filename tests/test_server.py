@@ -5,6 +5,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -128,6 +129,26 @@ def test_stream_chunks_concatenate_to_the_whole_utterance_and_match_offline(serv
     want = offline.generate("Streaming should match the whole thing.", seed=11, min_len=12, max_len=12,
                             cfg_value=1.8, inference_timesteps=6)
     assert np.abs(whole - want).max() <= TOL
+
+
+def test_http_generate_stream_sends_audio_events(server):
+    """Triton's HTTP generate_stream (server-sent events) on the decoupled model, for clients without gRPC."""
+    import json
+
+    body = {"TEXT": "Streaming over plain HTTP.", "SEED": 4, "MIN_LENGTH": 6, "MAX_LENGTH": 6}
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts_stream/generate_stream",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[5:]) for line in (x.decode().strip() for x in r) if line.startswith("data:")]
+    chunks = [np.asarray(e["AUDIO"], np.float32) for e in events]
+    assert [c.size for c in chunks] == [HOP, 4 * HOP, HOP] and all(e["SAMPLE_RATE"] == 48000 for e in events)
+    whole, _ = tts_http(server, "Streaming over plain HTTP.", SEED=4, MIN_LENGTH=6, MAX_LENGTH=6)
+    assert np.abs(np.concatenate(chunks) - whole).max() <= TOL
+    bad = urllib.request.Request(f"http://{server.http_url}/v2/models/tts_stream/generate_stream",
+                                 data=json.dumps({"TEXT": " "}).encode())
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(bad, timeout=60)
+    assert info.value.code == 400 and b"TEXT is empty" in info.value.read()
 
 
 def test_concurrent_streams_each_equal_their_solo_result(server):
