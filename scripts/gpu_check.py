@@ -25,23 +25,8 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
 from voxcpm_triton.local_modules import CfmSchedule  # noqa: E402
 from voxcpm_triton.noise import noise_for_steps  # noqa: E402
-from voxcpm_triton.voxcpm2 import ContiguousKVCache  # noqa: E402
 
 TEXT = "Teacher forcing keeps both precisions on the same path, step after step."
-
-
-def start(vox, prompt, cap):
-    m, dev, dt = vox.model, vox.device, vox.dtype
-    lm, res = vox.cfg.lm_config, vox.cfg.residual_lm()
-    base = ContiguousKVCache(lm.num_hidden_layers, lm.num_key_value_heads, lm.head_dim, cap, dt, dev)
-    resk = ContiguousKVCache(res.num_hidden_layers, res.num_key_value_heads, res.head_dim, cap, dt, dev)
-    T = len(prompt)
-    h, r = m.prefill(prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev), prompt.audio_mask[None].to(dev),
-                     prompt.feats[None].to(dev), torch.arange(T, device=dev)[None], torch.tensor([T - 1], device=dev),
-                     base, resk)
-    base.advance(T)
-    resk.advance(T)
-    return h, r, base, resk
 
 
 @torch.inference_mode()
@@ -51,7 +36,7 @@ def teacher_forced(path: str, steps: int) -> dict:
     prompt = v32.prepare_prompt(TEXT)
     noise = noise_for_steps(5, steps, (v32.feat_dim, v32.patch_size)).cuda()
     T = len(prompt)
-    s32, s16 = start(v32, prompt, T + steps), start(v16, prompt, T + steps)
+    s32, s16 = v32.prefill(prompt, T + steps), v16.prefill(prompt, T + steps)
     prev32 = prompt.feats[-1:].cuda()
     cos = []
     for i in range(steps):

@@ -26,7 +26,7 @@ import torch
 
 from .audio_vae import AudioVAE, CausalConv1d, CausalConvTranspose1d, ResidualUnit, vae_state_dict_official
 from .checkpoint import meta_model
-from .config import VoxCPM2Config
+from .config import TORCH_DTYPES, VoxCPM2Config
 from .paths import DEFAULT_TINY_DIR
 from .tokenizer_builder import write_tiny_tokenizer
 
@@ -62,8 +62,6 @@ TINY_CONFIG = {
 }
 
 
-WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32",
               torch.int64: "I64"}
 
@@ -172,7 +170,7 @@ def write_checkpoint(out_dir: str, config: dict, seed: int = 0, weights_dtype: s
     weights_dtype: of the LM weights (default: the config's dtype); the AudioVAE is fp32.
     device: where the LM weights are drawn ("cuda" is faster; CPU and CUDA values differ)."""
     cfg = VoxCPM2Config.from_dict(copy.deepcopy(config))
-    dtype = WEIGHT_DTYPES[weights_dtype or cfg.dtype]
+    dtype = TORCH_DTYPES[weights_dtype or cfg.dtype]
     os.makedirs(out_dir, exist_ok=True)
     marker = os.path.join(out_dir, "config.json")
     if os.path.exists(marker):  # an older checkpoint here is about to stop being whole

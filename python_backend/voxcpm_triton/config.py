@@ -13,9 +13,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .audio_vae import AudioVAEConfig
 
-DTYPES = {"bfloat16", "bf16", "float16", "fp16", "float32", "fp32"}
+# The dtype names a config (and the API) may use, as the reference spells them.
+TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}
+DTYPES = set(TORCH_DTYPES)
 
 
 class ConfigError(ValueError):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import limits
 from .audio_vae import AudioVAE
 from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
-from .config import VoxCPM2Config
+from .config import TORCH_DTYPES, VoxCPM2Config
 from .local_modules import CfmSchedule
 from .model import VoxCPM2Model
 from .noise import noise_for_steps
@@ -27,8 +27,6 @@ from .inputs import check_waveform, clean_text, default_max_len, resample
 from .prompt import Prompt, build_prompt
 from .tokenizer import TextTokenizer
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -46,9 +44,9 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(TORCH_DTYPES)}")
+    return TORCH_DTYPES[dtype]
 
 
 class ContiguousKVCache:
@@ -171,6 +169,24 @@ class VoxCPM2:
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
+    def prefill(self, prompt: Prompt, capacity: int):
+        """Run both LMs over the prompt into fresh batch-1 caches of `capacity` positions.
+
+        -> (lm_hidden [1, H], residual_hidden [1, H], base KV cache, residual KV cache)."""
+        dev, dt = self.device, self.dtype
+        lm, res = self.cfg.lm_config, self.cfg.residual_lm()
+        base_kv = ContiguousKVCache(lm.num_hidden_layers, lm.num_key_value_heads, lm.head_dim, capacity, dt, dev)
+        res_kv = ContiguousKVCache(res.num_hidden_layers, res.num_key_value_heads, res.head_dim, capacity, dt, dev)
+        T = len(prompt)
+        lm_h, res_h = self.model.prefill(
+            prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev), prompt.audio_mask[None].to(dev),
+            prompt.feats[None].to(dev), torch.arange(T, device=dev)[None], torch.tensor([T - 1], device=dev),
+            base_kv, res_kv)
+        base_kv.advance(T)
+        res_kv.advance(T)
+        return lm_h, res_h, base_kv, res_kv
+
+    @torch.inference_mode()
     def generate_latents(self, text, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
                          reference_audio=None, reference_sample_rate=None, min_len=2, max_len=None,
                          cfg_value=2.0, inference_timesteps=10, seed=None, noise=None,
@@ -193,17 +209,8 @@ class VoxCPM2:
                                     max_len, shape)
 
         m, dev, dt = self.model, self.device, self.dtype
-        lm_cfg, res_cfg = self.cfg.lm_config, self.cfg.residual_lm()
-        cap = len(prompt) + max_len
-        base_kv = ContiguousKVCache(lm_cfg.num_hidden_layers, lm_cfg.num_key_value_heads, lm_cfg.head_dim, cap, dt, dev)
-        res_kv = ContiguousKVCache(res_cfg.num_hidden_layers, res_cfg.num_key_value_heads, res_cfg.head_dim, cap, dt, dev)
         T = len(prompt)
-        lm_h, res_h = m.prefill(
-            prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev), prompt.audio_mask[None].to(dev),
-            prompt.feats[None].to(dev), torch.arange(T, device=dev)[None], torch.tensor([T - 1], device=dev),
-            base_kv, res_kv)
-        base_kv.advance(T)
-        res_kv.advance(T)
+        lm_h, res_h, base_kv, res_kv = self.prefill(prompt, T + max_len)
         prev = prompt.feats[-1:].to(dev, dt)  # CFM condition: the last prompt position's patch
         schedule = CfmSchedule([int(inference_timesteps)], dt, dev)
         cfg_t = torch.tensor([float(cfg_value)], device=dev)

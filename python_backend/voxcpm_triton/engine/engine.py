@@ -287,9 +287,8 @@ class Engine:
 
     def _run_decode(self, batch: list[RequestState]):
         """One model step for `batch`; returns (patches [B, P, D] CPU fp32, stop flags [B] CPU)."""
-        bs = self.cfg.block_size
         rows = [(st.slot, int(st.seed_key), st.step, st.position,
-                 st.block_table[st.position // bs] * bs + st.position % bs, st.position + 1,
+                 self._slots(st, st.position, st.position + 1)[0], st.position + 1,
                  st.block_table, float(st.req.cfg_value), st.req.inference_timesteps) for st in batch]
         return self.runner.run(rows)
 
