@@ -58,13 +58,14 @@ def test_local_encoder_and_dit_velocity(pair):
     feats = torch.randn(2, 5, P, D, generator=g)
     assert maxdiff(ours.model.feat_encoder(feats), ref.feat_encoder(feats)) <= TOL
 
-    N, hd = 6, ours.cfg.dit_config.hidden_dim
-    x, cond = torch.randn(N, D, P, generator=g), torch.randn(N, D, P, generator=g)
-    mu = torch.randn(N, 2 * hd, generator=g)
-    t, dt = torch.rand(N, generator=g), torch.rand(N, generator=g)
-    want = ref.feat_decoder.estimator(x, mu, t, cond, dt)
-    got = ours.model.feat_decoder.estimator(x, mu, t, cond, dt)
-    assert maxdiff(got, want) <= TOL
+    hd = ours.cfg.dit_config.hidden_dim
+    for N in (1, 6):
+        x, cond = torch.randn(N, D, P, generator=g), torch.randn(N, D, P, generator=g)
+        mu = torch.randn(N, 2 * hd, generator=g)
+        t, dt = torch.rand(N, generator=g), torch.rand(N, generator=g)
+        want = ref.feat_decoder.estimator(x, mu, t, cond, dt)
+        got = ours.model.feat_decoder.estimator(x, mu, t, cond, dt)
+        assert maxdiff(got, want) <= TOL, N
 
 
 @torch.inference_mode()

@@ -9,9 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import CfmConfig, LMConfig
-from .minicpm import MiniCPM, full_attention
-
-_FULL = full_attention(causal=False)
+from .minicpm import MiniCPM, local_attention
 
 
 def _positions(seq_len: int, device) -> torch.Tensor:
@@ -32,7 +30,7 @@ class LocalEncoder(nn.Module):
         B, T, P, _ = x.shape
         h = self.in_proj(x)
         h = torch.cat([self.special_token.expand(B, T, 1, -1), h], dim=2).reshape(B * T, P + 1, -1)
-        out = self.encoder(h, _positions(P + 1, x.device), _FULL)
+        out = self.encoder(h, _positions(P + 1, x.device), local_attention)
         return out[:, 0].reshape(B, T, -1)
 
 
@@ -76,7 +74,7 @@ class LocalDiT(nn.Module):
         te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype))
         mu = mu.view(xh.size(0), -1, xh.size(-1))
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
-        out = self.decoder(seq, _positions(seq.size(1), x.device), _FULL)
+        out = self.decoder(seq, _positions(seq.size(1), x.device), local_attention)
         out = out[:, mu.size(1) + 1 + ch.size(1):]
         return self.out_proj(out).transpose(1, 2)
 
