@@ -72,14 +72,17 @@ class VoxCPM2Model(nn.Module):
         return self
 
     def compile_(self):
-        """torch.compile LocDiT and LocEnc (9 of every 10 transformer layers a step runs) so their
-        elementwise work fuses into few kernels. Used on the GPU before CUDA-graph capture: the
-        warm-up runs compile (static first, then a dynamic batch), the graphs replay the kernels.
-        The LMs stay eager: their attention is the paged kernel and prefill lengths vary."""
+        """torch.compile what a decode step runs, before CUDA-graph capture (GPU): LocDiT and LocEnc
+        whole, and in both LMs the layer math around attention (one compiled pair shared by all
+        layers; paged attention and prefill's per-prompt loop stay eager). Dynamic from the first
+        call, so one graph serves every batch bucket (and one every prefill length) instead of a
+        static graph first and a dynamic one on the second size. The graphs replay the kernels."""
         for mod in (self.feat_decoder.estimator, self.feat_encoder):
             if not getattr(mod, "_compiled", False):
-                mod.forward = torch.compile(mod.forward, dynamic=None)
+                mod.forward = torch.compile(mod.forward, dynamic=True)
                 mod._compiled = True
+        self.base_lm.compile_layers_()
+        self.residual_lm.compile_layers_()
         return self
 
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,10 @@ from .kv_cache import PagedKVCache
 
 log = logging.getLogger("voxcpm_triton.engine")
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# No bucket of 1: a lone request runs padded to 2 rows (free at these weight-bound sizes), so
+# compiled code never meets a batch dimension of 1, which torch.compile would specialise in a
+# separate graph (about 50 s of cold start-up).
+DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 class DecodeStepRunner:
@@ -65,6 +68,7 @@ class DecodeStepRunner:
         self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
         self.graphs: dict = {}
+        self.capture_seconds: dict = {}  # bucket -> seconds (warm-up, which compiles, plus capture)
         self.graph_pool = None
         self._tables: dict = {}
         self.use_triton = False
@@ -165,7 +169,9 @@ class DecodeStepRunner:
     def _graph(self, bucket: int, n_steps: int, first: int):
         key = (bucket, n_steps, first)
         if key not in self.graphs:
+            t0 = time.monotonic()
             self.graphs[key] = self._capture(bucket, n_steps, first)
+            self.capture_seconds[bucket] = round(time.monotonic() - t0, 2)
         return self.graphs[key]
 
     def capture_all(self, n_steps: int = 10):
