@@ -64,6 +64,8 @@ class VAEDecoderModel:
 
     def initialize(self, args):
         params, self.cfg, self.vae = _load(args)
+        if self.vae.device.type == "cuda" and setting(params, "compile", "true").lower() in ("1", "true", "yes"):
+            self.vae.compile_()
         self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
         self.states: dict[int, list] = {}
         self.last_used: dict[int, float] = {}
