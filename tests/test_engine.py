@@ -229,3 +229,24 @@ def test_a_batched_step_failing_for_one_request_is_rerun_without_it(vox):
         wait_for(lambda: eng.stats()["free_blocks"] == 200)
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["zero_shot", "continuation"])
+def test_padded_single_prompt_prefill_matches_offline_api(vox, mode):
+    """The GPU's prefill graphs run a lone prompt padded to a length bucket; on the CPU the same
+    padded body runs eagerly, so the padding (at the end, causal, K/V into the scratch block)
+    is checked here against the offline API."""
+    from voxcpm_triton.engine.prefill_runner import PrefillGraphs
+
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+    try:
+        eng.prefill_graphs = PrefillGraphs(eng.model, eng.kv, "cpu", buckets=(8, 128))
+        prompt = prompt_for(vox, mode, "Padding must not leak into the prompt.")
+        assert 8 < len(prompt) < 128
+        h = eng.submit(EngineRequest("padded", prompt, seed=7, max_len=12))
+        events = list(h.events(timeout=TIMEOUT))
+        assert isinstance(events[-1], Finished) and events[-1].error is None, events[-1]
+        got = torch.cat([e.patches for e in events if isinstance(e, LatentChunk)])
+        assert_same(got, solo(vox, prompt, seed=7, max_len=12))
+    finally:
+        eng.shutdown()

@@ -26,6 +26,7 @@ from ..noise import request_key
 from ..inputs import default_max_len
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
+from .prefill_runner import PrefillGraphs
 from .step_runner import DecodeStepRunner
 from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
 
@@ -43,6 +44,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
     attention: str = "auto"  # decode attention on a GPU: "auto" (Triton kernel if available), "triton", "torch"
     compile: bool = True  # torch.compile LocDiT/LocEnc before capturing (GPU with graphs only)
+    prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
 
 
 class EngineShutdown(RuntimeError):
@@ -67,16 +69,11 @@ class Engine:
                                n_blocks, self.cfg.block_size, self.dtype, self.device)
         self.max_positions = vox.cfg.max_length
         self.max_blocks_per_seq = math.ceil(self.max_positions / self.cfg.block_size)
+        self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention)
         if self.runner.use_graphs:
-            # Flash attention beats cuDNN's on LocDiT's 11-token sequences (5.6 vs 7.0 us per call at
-            # 2 sequences on an H100, scripts/attention_shapes.py); the choice is baked in at capture.
-            torch.backends.cuda.enable_cudnn_sdp(False)
-            if self.cfg.compile:
-                self.model.compile_()
-            self.runner.capture_all()
-            self._warm_up_prefill()
+            self._prepare_gpu()
         self._free_slots = list(range(self.cfg.max_batch_size))
 
         self._lock = threading.Condition()
@@ -89,6 +86,20 @@ class Engine:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
         self._thread.start()
+
+    @torch.no_grad()  # the engine thread's grad mode: compiled code is guarded on it
+    def _prepare_gpu(self):
+        """Compile, capture the decode-step graphs, compile prefill shapes, capture prefill graphs."""
+        # Flash attention beats cuDNN's on LocDiT's 11-token sequences (5.6 vs 7.0 us per call at
+        # 2 sequences on an H100, scripts/attention_shapes.py); the choice is baked in at capture.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        if self.cfg.compile:
+            self.model.compile_()
+        self.runner.capture_all()
+        self._warm_up_prefill()
+        if self.cfg.prefill_graphs:
+            self.prefill_graphs = PrefillGraphs(self.model, self.kv, self.device, pool=self.runner.graph_pool)
+            self.prefill_graphs.capture_all()
 
     def _kv_budget(self) -> int:
         if self.cfg.kv_memory_bytes:
@@ -251,20 +262,24 @@ class Engine:
     def _run_prefill(self, states: list[RequestState]):
         dev = self.device
         prompts = [st.req.prompt for st in states]
-        starts = [0]
-        for p in prompts:
-            starts.append(starts[-1] + len(p))
-        slots = [s for st in states for s in self._slots(st, 0, st.prompt_len)]
-        meta = PrefillMetadata(torch.tensor(slots, device=dev), starts)
-        positions = torch.cat([torch.arange(len(p)) for p in prompts])[None].to(dev)
-        lm_h, res_h = self.model.prefill(
-            torch.cat([p.tokens for p in prompts])[None].to(dev),
-            torch.cat([p.text_mask for p in prompts])[None].to(dev),
-            torch.cat([p.audio_mask for p in prompts])[None].to(dev),
-            torch.cat([p.feats for p in prompts])[None].to(dev),
-            positions, torch.tensor(starts[1:], device=dev) - 1,
-            PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-            PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+        if len(states) == 1 and self.prefill_graphs is not None and self.prefill_graphs.fits(len(prompts[0])):
+            st = states[0]
+            lm_h, res_h = self.prefill_graphs.run(prompts[0], self._slots(st, 0, st.prompt_len))
+        else:
+            starts = [0]
+            for p in prompts:
+                starts.append(starts[-1] + len(p))
+            slots = [s for st in states for s in self._slots(st, 0, st.prompt_len)]
+            meta = PrefillMetadata(torch.tensor(slots, device=dev), starts)
+            positions = torch.cat([torch.arange(len(p)) for p in prompts])[None].to(dev)
+            lm_h, res_h = self.model.prefill(
+                torch.cat([p.tokens for p in prompts])[None].to(dev),
+                torch.cat([p.text_mask for p in prompts])[None].to(dev),
+                torch.cat([p.audio_mask for p in prompts])[None].to(dev),
+                torch.cat([p.feats for p in prompts])[None].to(dev),
+                positions, torch.tensor(starts[1:], device=dev) - 1,
+                PagedAttention(self.kv.base_k, self.kv.base_v, meta),
+                PagedAttention(self.kv.res_k, self.kv.res_v, meta))
         for i, st in enumerate(states):
             self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
         return [None] * len(states)
@@ -277,11 +292,10 @@ class Engine:
         meta = PrefillMetadata(slots, [0, n])
         zeros = torch.zeros(1, n, dtype=torch.int64, device=dev)
         P, D = self.vox.patch_size, self.vox.feat_dim
-        with torch.inference_mode():
-            self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, n, P, D, device=dev),
-                               torch.arange(n, device=dev)[None], torch.tensor([n - 1], device=dev),
-                               PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-                               PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+        self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, n, P, D, device=dev),
+                           torch.arange(n, device=dev)[None], torch.tensor([n - 1], device=dev),
+                           PagedAttention(self.kv.base_k, self.kv.base_v, meta),
+                           PagedAttention(self.kv.res_k, self.kv.res_v, meta))
 
     # -- decode
     def _decode_step(self):
