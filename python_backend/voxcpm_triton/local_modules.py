@@ -122,6 +122,8 @@ class CFMSolver(nn.Module):
         t_in = torch.cat([t, t])
         dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(t_in)
         cond_in = torch.cat([cond, cond])
+        for a in (x_in, mu_in, t_in, cond_in, dt_in):  # one compiled graph for every batch bucket
+            torch._dynamo.maybe_mark_dynamic(a, 0)
         v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in)
         v_cond, v_uncond = v[:B], v[B:]
         pos, neg = v_cond.reshape(B, -1), v_uncond.reshape(B, -1)

@@ -19,6 +19,13 @@ from .local_modules import CFMSolver, CfmSchedule, LocalDiT, LocalEncoder
 from .minicpm import MiniCPM
 
 
+def mark_dynamic(t: torch.Tensor, *dims: int):
+    """Tell torch.compile (if the callee is compiled) that these sizes vary: batch and length
+    dimensions get a dynamic graph on the first compile, not a static one first."""
+    for d in dims:
+        torch._dynamo.maybe_mark_dynamic(t, d)
+
+
 class ScalarQuantizer(nn.Module):
     """FSQ bottleneck on the base LM's audio positions: tanh, round to 1/scale, project back."""
 
@@ -74,12 +81,13 @@ class VoxCPM2Model(nn.Module):
     def compile_(self):
         """torch.compile what a decode step runs, before CUDA-graph capture (GPU): LocDiT and LocEnc
         whole, and in both LMs the layer math around attention (one compiled pair shared by all
-        layers; paged attention and prefill's per-prompt loop stay eager). Dynamic from the first
-        call, so one graph serves every batch bucket (and one every prefill length) instead of a
-        static graph first and a dynamic one on the second size. The graphs replay the kernels."""
+        layers; paged attention and prefill's per-prompt loop stay eager). Their callers mark the
+        batch (and prompt length) dimensions dynamic, so the first compile already serves every
+        bucket, while all other sizes stay static for good kernels. The graphs replay the kernels."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # never silently eager
         for mod in (self.feat_decoder.estimator, self.feat_encoder):
             if not getattr(mod, "_compiled", False):
-                mod.forward = torch.compile(mod.forward, dynamic=True)
+                mod.forward = torch.compile(mod.forward, dynamic=None)
                 mod._compiled = True
         self.base_lm.compile_layers_()
         self.residual_lm.compile_layers_()
@@ -87,6 +95,7 @@ class VoxCPM2Model(nn.Module):
 
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
         """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space."""
+        mark_dynamic(feats, 0, 1)
         return self.enc_to_lm_proj(self.feat_encoder(feats))
 
     def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend):
