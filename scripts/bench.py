@@ -72,6 +72,47 @@ def run_batch(engine, vox, prompt, batch: int, steps: int, tag: str) -> dict:
             "aggregate_xrt": batch * audio / wall, "ttfa_ms_p50": 1000 * sorted(ttfa)[len(ttfa) // 2]}
 
 
+def first_audio_latency(engine, vox, prompt, reps: int = 7) -> dict:
+    """A lone request, one at a time: submit -> first latent patch (prefill + one step), median;
+    and the prefill alone, synchronised: eager (the offline API's) and the engine's graph."""
+    ttfa = []
+    for i in range(reps):
+        got = threading.Event()
+        t0 = time.perf_counter()
+        stamp = {}
+
+        def sink(ev, stamp=stamp, got=got, t0=t0):
+            if isinstance(ev, LatentChunk) and "t" not in stamp:
+                stamp["t"] = time.perf_counter() - t0
+            elif isinstance(ev, Finished):
+                got.set()
+
+        engine.submit(EngineRequest(f"ttfa-{i}", prompt, seed=i, min_len=1, max_len=1), sink=sink)
+        got.wait(60)
+        ttfa.append(stamp["t"] * 1000)
+    def timed(fn):
+        xs = []
+        with torch.inference_mode():
+            for _ in range(reps):
+                sync()
+                t = time.perf_counter()
+                fn()
+                sync()
+                xs.append((time.perf_counter() - t) * 1000)
+        return sorted(xs)[len(xs) // 2]
+
+    res = {"first_patch_ms_p50": sorted(ttfa)[len(ttfa) // 2], "prompt_positions": len(prompt),
+           "prefill_eager_ms_p50": timed(lambda: vox.prefill(prompt, len(prompt) + 1))}
+    pg = engine.prefill_graphs
+    if pg is not None and pg.fits(len(prompt)):
+        scratch = [int(x) for x in pg.scratch[:len(prompt)]]  # writes the scratch block only
+        res["prefill_graph_ms_p50"] = timed(lambda: pg.run(prompt, scratch))
+    log(f"[engine] first patch of a lone request {res['first_patch_ms_p50']:.1f} ms (p50); prefill of its "
+        f"{len(prompt)} positions: eager {res['prefill_eager_ms_p50']:.1f} ms, graph "
+        f"{res.get('prefill_graph_ms_p50', float('nan')):.1f} ms")
+    return res
+
+
 def profile_step(engine, vox, prompt, batch: int, steps: int = 6) -> list:
     """Top CUDA kernels over a few steps at `batch`."""
     from torch.profiler import ProfilerActivity, profile
@@ -97,9 +138,12 @@ def engine_bench(vox, prompt, args) -> dict:
                                        compile=not args.no_compile))
         startup = time.perf_counter() - t0
         key = "graphs" if graphs else "eager"
+        log(f"[engine {key}] start-up {startup:.1f} s")
         res = {"startup_s": startup, "graphs_captured": len(eng.runner.graphs),
+               "capture_s_per_bucket": eng.runner.capture_seconds,
                "triton_attention": eng.runner.use_triton, "runs": []}
         run_batch(eng, vox, prompt, 1, 8, "warm")
+        res["first_audio"] = first_audio_latency(eng, vox, prompt)
         batches = args.batches if graphs else [b for b in args.batches if b in (1, 64)]
         for b in batches:
             r = run_batch(eng, vox, prompt, b, args.steps, key)
@@ -115,6 +159,38 @@ def engine_bench(vox, prompt, args) -> dict:
         out[key] = res
         del eng
         empty_cache()
+    return out
+
+
+def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
+    """Streaming VAE decode (what `vae_decoder` runs per execute): B streams' chunks of n patches
+    in one batched call, fp32, eager and with the snake activations compiled (`AudioVAE.compile_`).
+    Reports ms per call and audio seconds decoded per second."""
+    vae, P = vox.vae, vox.patch_size
+    out = {}
+    for mode in ("eager", "compiled"):
+        if mode == "compiled":
+            t0 = time.perf_counter()
+            vae.compile_()
+            out["compile_s"] = time.perf_counter() - t0
+        rows = []
+        for b in streams:
+            for n in chunks:
+                state = vae.new_stream_state(b)
+                z = torch.randn(b, vae.latent_dim, n * P, device=vox.device)
+                for _ in range(2):
+                    vae.decode_chunk(z, state)
+                sync()
+                t, reps = time.perf_counter(), 5
+                for _ in range(reps):
+                    vae.decode_chunk(z, state)
+                sync()
+                ms = (time.perf_counter() - t) / reps * 1000
+                audio = b * n * P * vae.chunk_size / vae.sample_rate
+                rows.append({"streams": b, "patches": n, "ms": ms, "audio_s_per_s": audio / (ms / 1000)})
+                log(f"[vae {mode}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms  "
+                    f"({audio / (ms / 1000):7.1f}x real time)")
+        out[mode] = rows
     return out
 
 
@@ -188,6 +264,7 @@ def main():
     ap.add_argument("--graphs-only", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="CUDA graphs without torch.compile of LocDiT/LocEnc")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--no-vae", action="store_true", help="skip the streaming VAE decode timing")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
     args = ap.parse_args()
@@ -204,6 +281,8 @@ def main():
     log(f"[load] {result['load_s']:.1f} s, {result['weights_gib']:.2f} GiB on the GPU")
     prompt = vox.prepare_prompt(TEXT)
     result["prompt_positions"] = len(prompt)
+    if not args.no_vae:
+        result["vae_stream_decode"] = vae_bench(vox)
     result["engine"] = engine_bench(vox, prompt, args)
     del vox
     empty_cache()

@@ -310,6 +310,45 @@ def server_info(url: str, timeout: float) -> dict:
     return info
 
 
+def model_stats(url: str) -> dict:
+    """Triton's cumulative per-model statistics: {model: {counter: value}} (best effort)."""
+    import tritonclient.grpc as grpcclient
+
+    out: dict = {}
+    try:
+        c = grpcclient.InferenceServerClient(url=_strip_scheme(url))
+        try:
+            for m in c.get_inference_statistics(as_json=True, client_timeout=10).get("model_stats", []):
+                st = m.get("inference_stats", {})
+                row = {"inferences": int(m.get("inference_count", 0)), "executions": int(m.get("execution_count", 0))}
+                for k in ("queue", "compute_input", "compute_infer", "compute_output"):
+                    row[f"{k}_ns"] = int(st.get(k, {}).get("ns", 0))
+                out[m["name"]] = row
+        finally:
+            c.close()
+    except Exception as exc:  # noqa: BLE001
+        out["error"] = str(exc)
+    return out
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """Per model, over one level: executions, requests per execution, and mean ms per execution
+    spent queued and in execute() (for a decoupled model, execute() only hands the request on)."""
+    rows = {}
+    for name, a in after.items():
+        b = before.get(name)
+        if name == "error" or not isinstance(b, dict):
+            continue
+        d = {k: a[k] - b[k] for k in a}
+        if d["executions"] <= 0:
+            continue
+        rows[name] = {"inferences": d["inferences"], "executions": d["executions"],
+                      "batch_mean": d["inferences"] / d["executions"],
+                      "queue_ms_per_request": d["queue_ns"] / 1e6 / max(d["inferences"], 1),
+                      "infer_ms_per_execution": d["compute_infer_ns"] / 1e6 / d["executions"]}
+    return rows
+
+
 def wait_ready(url: str, model: str, timeout: float) -> None:
     import tritonclient.grpc as grpcclient
 
@@ -389,11 +428,16 @@ def main(argv=None) -> int:
             run_level(args, c, "warmup", 1, None)
         log(f"[bench] concurrency {c}: "
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
+        before = model_stats(args.url)
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
+        lv["server_models"] = stats_delta(before, model_stats(args.url))
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
             f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
             + (f", errors: {lv['error_messages'][:3]}" if lv["errors"] else ""))
+        for name, row in lv["server_models"].items():
+            log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
+                f"{row['infer_ms_per_execution']:.2f} ms in execute, queued {row['queue_ms_per_request']:.2f} ms")
     table = markdown_table(levels)
     print(table, flush=True)
     result = {
