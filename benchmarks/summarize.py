@@ -2,12 +2,17 @@
 
     .venv/bin/python benchmarks/summarize.py      (needs matplotlib for the plot)
 
-raw/offline.json   scripts/bench.py (engine, CUDA graphs + compiled LocDiT/LocEnc)
-raw/served.json    scripts/bench_served.py against tritonserver (tts_stream over gRPC), default config
-raw/served_4inst_chunks1248.json  the same with 4 tts_stream instances and chunks of 1,2,4,8 patches
-raw/offline_host_fill.json  the engine again after step inputs were built with a few tensor ops (batches 1, 64, 128)
-raw/gpu_check.json scripts/gpu_check.py
-raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before compile (run 1)
+Current (all from one device call, commands in benchmarks/README.md):
+raw/offline.json      scripts/bench.py: engine offline (CUDA graphs, compiled LocDiT/LocEnc/LM layer math,
+                      prefill graphs), first-patch latency, kernel profiles
+raw/served.json       benchmarks/run_served_gpu.sh: scripts/bench_served.py against tritonserver (tts_stream, gRPC)
+raw/gpu_check.json    scripts/gpu_check.py
+raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations)
+raw/vae_stream_decode.json  scripts/bench.py's VAE part: streaming decode, eager vs fused snake
+History (earlier code, same machine type):
+raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before any torch.compile (run 1)
+raw/offline_prev_session.json, offline_host_fill.json, served_4inst_chunks1248.json, served_prev_session.json
+raw/served_8inst_no_prefill_graphs.json, served_16inst_no_prefill_graphs.json  tts_stream instance count
 """
 
 import json
@@ -21,13 +26,17 @@ def load(name):
         return json.load(f)
 
 
+def served_levels(name):
+    return {lv["concurrency"]: lv for lv in load(name)["levels"]}
+
+
 def main():
-    off, served, chk, ref = (load(n) for n in ("offline.json", "served.json", "gpu_check.json",
-                                               "reference_and_run1.json"))
+    off, chk, ref = load("offline.json"), load("gpu_check.json"), load("reference_and_run1.json")
     eng = off["engine"]["graphs"]
     runs = {r["batch"]: r for r in eng["runs"]}
-    levels = {lv["concurrency"]: lv for lv in served["levels"]}
+    levels = served_levels("served.json")
     r = ref["reference"]
+    fa = eng["first_audio"]
     res = {
         "device": off["device"],
         "date": off["date"],
@@ -39,77 +48,116 @@ def main():
         "ttfa_ms_p50": levels[1]["ttfa_ms"]["p50"],
         "ttfa_ms_p95": levels[1]["ttfa_ms"]["p95"],
         "aggregate_xrt_c64": levels[64]["x_real_time"],
+        "faster_than_realtime_frac_c64": levels[64]["faster_than_realtime_frac"],
         "served": {c: {"ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"],
                        "rtf_p50": lv["rtf"]["p50"], "rtf_p95": lv["rtf"]["p95"],
                        "faster_than_realtime_frac": lv["faster_than_realtime_frac"],
-                       "aggregate_xrt": lv["x_real_time"], "errors": lv["errors"]} for c, lv in levels.items()},
-        "served_previous_config": {lv["concurrency"]: lv["x_real_time"]
-                                   for lv in load("served_4inst_chunks1248.json")["levels"]},
+                       "aggregate_xrt": lv["x_real_time"], "errors": lv["errors"],
+                       "server_models": lv.get("server_models", {})} for c, lv in levels.items()},
         "engine_offline": {b: {"steps_per_s": x["steps_per_s"], "rtf": x["rtf"], "aggregate_xrt": x["aggregate_xrt"]}
                            for b, x in runs.items()},
-        "engine_offline_before_compile": {r_["batch"]: r_["aggregate_xrt"] for r_ in
-                                          ref["engine_run1_no_compile"]["graphs"]["runs"]},
-        "engine_eager_no_graphs": {r_["batch"]: r_["rtf"] for r_ in ref["engine_run1_no_compile"]["eager"]["runs"]},
+        "engine_first_patch_ms_p50": fa["first_patch_ms_p50"],
+        "prefill_ms_p50": {"graph": fa.get("prefill_graph_ms_p50"), "eager": fa["prefill_eager_ms_p50"],
+                           "positions": fa["prompt_positions"]},
         "load_s": off["load_s"],
-        "startup_s_compile_and_capture": eng["startup_s"],
+        "startup_s_compile_and_capture_cold": eng["startup_s"],
+        "capture_s_per_bucket": eng["capture_s_per_bucket"],
         "weights_gib": off["weights_gib"],
         "gpu_mem_peak_gib": eng.get("gpu_mem_peak_gib"),
         "gpu_check": {"bf16_vs_fp32_teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
-                      "graph_vs_eager_max_abs": {b: g["max_abs"] for b, g in chk["graph_vs_eager"].items()}},
+                      "prefill_graph_vs_eager": chk.get("prefill_graph_vs_eager"),
+                      "graph_vs_eager": chk["graph_vs_eager"]},
         "profile_batch1_top_kernels": eng["profile_batch1"][:8],
         "profile_batch128_top_kernels": eng["profile_batch_max"][:8],
     }
+    # history: the same measurements on earlier code
+    run1 = {x["batch"]: x["aggregate_xrt"] for x in ref["engine_run1_no_compile"]["graphs"]["runs"]}
+    prev = {x["batch"]: x["aggregate_xrt"] for x in load("offline_prev_session.json")["engine"]["graphs"]["runs"]}
+    fill = {x["batch"]: x["aggregate_xrt"] for x in load("offline_host_fill.json")["engine"]["graphs"]["runs"]}
+    res["engine_history_xrt"] = {"graphs_only_run1": run1, "compiled_locdit_locenc": prev, "host_side_inputs": fill,
+                                 "now": {b: x["aggregate_xrt"] for b, x in res["engine_offline"].items()}}
+    res["served_history_xrt"] = {
+        "4_instances_chunks_1248": {c: lv["x_real_time"] for c, lv in served_levels("served_4inst_chunks1248.json").items()},
+        "8_instances_prev_session": {c: lv["x_real_time"] for c, lv in served_levels("served_prev_session.json").items()},
+        "8_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_8inst_no_prefill_graphs.json").items()},
+        "16_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_no_prefill_graphs.json").items()},
+        "now": {c: s["aggregate_xrt"] for c, s in res["served"].items()},
+    }
+    vae = load("vae_stream_decode.json")
+    res["vae_stream_decode_ms"] = {m: {f"{x['streams']}x{x['patches']}": x["ms"] for x in vae[m]}
+                                   for m in ("eager", "compiled")}
 
     md = [f"# Results: {res['device']}, {res['date']}", "",
           f"Full-size random VoxCPM2 weights (bf16), {res['steps_per_request']} decode steps per request "
           f"(MIN_LENGTH = MAX_LENGTH, 16 s of audio), 10 CFM timesteps, CFG 2.0.", "",
+          "| | measured | target |", "|---|---|---|",
+          f"| single-stream RTF through Triton | **{res['single_stream_rtf_triton']:.3f}** | <= 0.025 |",
+          f"| time to first audio, p50 (served, 1 stream) | **{res['ttfa_ms_p50']:.0f} ms** | <= 50 ms |",
+          f"| aggregate x real time, 64 streams (served) | **{res['aggregate_xrt_c64']:.0f}x**, "
+          f"{100 * res['faster_than_realtime_frac_c64']:.0f}% of streams faster than real time | >= 600x |",
+          f"| cold start-up (compile + capture, decoder engine) | {res['startup_s_compile_and_capture_cold']:.0f} s "
+          f"(+ {res['load_s']:.0f} s load) | <= 90 s |", "",
           "| system | single-stream RTF | notes |", "|---|---|---|",
           f"| voxcpm 2.0.3 eager | {res['reference_rtf_eager']:.3f} | |",
           f"| voxcpm 2.0.3 `optimize()` | {res['reference_rtf_compiled']:.3f} | first call compiles for "
           f"{res['reference_compile_first_call_s']:.0f} s |",
-          f"| this engine, offline | {runs[1]['rtf']:.3f} | {runs[1]['steps_per_s']:.0f} steps/s |",
+          f"| this engine, offline | {runs[1]['rtf']:.3f} | {runs[1]['steps_per_s']:.0f} steps/s; first patch "
+          f"{res['engine_first_patch_ms_p50']:.1f} ms |",
           f"| **through Triton** (`tts_stream`, gRPC) | **{res['single_stream_rtf_triton']:.3f}** | "
           f"TTFA p50 {res['ttfa_ms_p50']:.0f} ms |", "",
-          "Served (`scripts/bench_served.py`, concurrent gRPC streams on `tts_stream`; default config: 8",
-          "tts_stream instances, chunks of 1, 4, then 16 patches):", "",
+          "Served (`benchmarks/run_served_gpu.sh`: concurrent gRPC streams on `tts_stream`, default config: 16",
+          "tts_stream instances, chunks of 1, 4, then 16 patches, decoder max batch 64):", "",
           "| streams | TTFA p50 / p95 ms | per-stream RTF p50 / p95 | faster than real time | aggregate x real time "
-          "| same, 4 instances + chunks 1,2,4,8 |", "|---|---|---|---|---|---|"]
+          "| vae_decoder requests per execute |", "|---|---|---|---|---|---|"]
     for c, s in res["served"].items():
+        vb = s["server_models"].get("vae_decoder", {}).get("batch_mean")
         md.append(f"| {c} | {s['ttfa_ms_p50']:.0f} / {s['ttfa_ms_p95']:.0f} | {s['rtf_p50']:.3f} / {s['rtf_p95']:.3f} "
-                  f"| {100 * s['faster_than_realtime_frac']:.0f}% | {s['aggregate_xrt']:.1f} "
-                  f"| {res['served_previous_config'][c]:.1f} |")
-    md += ["", "Engine alone (`scripts/bench.py`, CUDA graphs + compiled LocDiT/LocEnc):", "",
-           "| batch | steps/s | RTF | aggregate x real time | before compile (run 1) |", "|---|---|---|---|---|"]
-    for b, x in res["engine_offline"].items():
-        before = res["engine_offline_before_compile"].get(b)
-        md.append(f"| {b} | {x['steps_per_s']:.1f} | {x['rtf']:.3f} | {x['aggregate_xrt']:.1f} | "
-                  f"{before:.1f} |" if before else f"| {b} | {x['steps_per_s']:.1f} | {x['rtf']:.3f} | "
-                  f"{x['aggregate_xrt']:.1f} | |")
-    res["cold_start_compile_capture_s"] = ref.get("cold_start_compile_capture_s")
-    latest = load("offline_host_fill.json")
-    lg = latest["engine"]["graphs"]
-    res["engine_offline_latest"] = {r_["batch"]: {"steps_per_s": r_["steps_per_s"], "aggregate_xrt": r_["aggregate_xrt"]}
-                                    for r_ in lg["runs"]}
-    res["startup_s_latest_cold"] = latest["load_s"] + lg["startup_s"]
-    md += ["", "After building each step's inputs with a few tensor ops instead of a loop per row "
-           "(latest engine, same machine type, fresh compile cache):", "",
-           "| batch | steps/s | aggregate x real time |", "|---|---|---|"]
-    md += [f"| {b} | {x['steps_per_s']:.1f} | {x['aggregate_xrt']:.1f} |" for b, x in res["engine_offline_latest"].items()]
-    md += ["", f"That run's cold start (load + compile + capture) took {res['startup_s_latest_cold']:.0f} s."]
-    md += ["", f"Start-up: load {res['load_s']:.1f} s, compile + capture of 11 graphs "
-           f"{res['startup_s_compile_and_capture']:.0f} s with a warm compile cache, "
-           f"{res['cold_start_compile_capture_s']:.0f} s cold; weights {res['weights_gib']:.2f} GiB, peak "
-           f"{res['gpu_mem_peak_gib']:.1f} GiB (incl. an 8 GiB KV pool).",
-           f"Eager engine without graphs (run 1): RTF {res['engine_eager_no_graphs'].get(1, float('nan')):.2f} at batch 1.",
+                  f"| {100 * s['faster_than_realtime_frac']:.0f}% | {s['aggregate_xrt']:.1f} | "
+                  f"{vb:.1f} |" if vb else "| |")
+    md += ["", "Engine alone (`scripts/bench.py`):", "",
+           "| batch | steps/s | RTF | aggregate x real time |", "|---|---|---|---|"]
+    md += [f"| {b} | {x['steps_per_s']:.1f} | {x['rtf']:.3f} | {x['aggregate_xrt']:.1f} |"
+           for b, x in res["engine_offline"].items()]
+    p = res["prefill_ms_p50"]
+    md += ["", f"A lone request's first latent patch: {res['engine_first_patch_ms_p50']:.1f} ms after submit "
+           f"(prefill of {p['positions']} positions: {p['graph']:.1f} ms as a CUDA graph, {p['eager']:.1f} ms eager).",
+           "", "How the engine got here (aggregate x real time by batch):", "",
+           "| batch | graphs only | + compiled LocDiT/LocEnc | + host-side inputs | now |", "|---|---|---|---|---|"]
+    h = res["engine_history_xrt"]
+    for b in sorted(h["now"]):
+        cells = [h[k].get(b) for k in ("graphs_only_run1", "compiled_locdit_locenc", "host_side_inputs", "now")]
+        md.append(f"| {b} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in cells) + " |")
+    md += ["", "Served, by tts_stream configuration (aggregate x real time):", "",
+           "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. (prev. session) | 8 inst.* | 16 inst.** | 16 inst. + prefill graphs (now) |",
+           "|---|---|---|---|---|---|"]
+    sh = res["served_history_xrt"]
+    for c in sorted(sh["now"]):
+        md.append(f"| {c} | " + " | ".join(f"{sh[k].get(c, float('nan')):.0f}" for k in
+                                           ("4_instances_chunks_1248", "8_instances_prev_session", "8_instances",
+                                            "16_instances", "now")) + " |")
+    md += ["", "\\* this session's engine (compiled LM layers, folded attention, fused VAE snake) before the start-up "
+           "changes; \\*\\* with them (no bucket of 1, one attention formulation). The instance count is the main "
+           "difference between the two: VAE calls are serialised per tts_stream instance, so more instances batch "
+           "more streams per vae_decoder execute."]
+    v = res["vae_stream_decode_ms"]
+    md += ["", "Streaming VAE decode, ms per call (streams x patches, fp32), eager vs fused snake:", "",
+           "| streams x patches | eager | fused snake |", "|---|---|---|"]
+    md += [f"| {k} | {v['eager'][k]:.1f} | {v['compiled'][k]:.1f} |" for k in v["eager"]]
+    g = res["gpu_check"]
+    worst_cos = min(x["compiled_vs_plain_cosine_min"] for x in g["graph_vs_eager"].values())
+    worst_abs = max(x["max_abs"] for x in g["graph_vs_eager"].values())
+    pf = g["prefill_graph_vs_eager"]
+    md += ["", f"Start-up (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
+           f"{res['startup_s_compile_and_capture_cold']:.0f} s (per bucket: {res['capture_s_per_bucket']}); "
+           f"weights {res['weights_gib']:.2f} GiB, peak {res['gpu_mem_peak_gib']:.1f} GiB (incl. an 8 GiB KV pool).",
            "", f"GPU checks: bf16 vs fp32 teacher-forced over 50 steps, patch cosine min "
-           f"{res['gpu_check']['bf16_vs_fp32_teacher_forced_cosine_min']:.4f} (>= 0.99); graph replay vs eager, "
-           f"max abs {max(res['gpu_check']['graph_vs_eager_max_abs'].values()):.1e} (<= 1e-2).", "",
+           f"{g['bf16_vs_fp32_teacher_forced_cosine_min']:.4f} (>= 0.99); graph replay vs eager, max abs "
+           f"{worst_abs:.1e} (<= 1e-2); compiled vs plain eager step, cosine min {worst_cos:.4f}; "
+           + (f"prefill graph vs eager, cosine min {pf['cosine_min']:.5f}." if pf else ""), "",
            "Where a batch-1 step goes (ms of GPU time per step, top kernels):", ""]
-    for k in res["profile_batch1_top_kernels"]:
-        md.append(f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}")
+    md += [f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}" for k in res["profile_batch1_top_kernels"]]
     md += ["", "At batch 128:", ""]
-    for k in res["profile_batch128_top_kernels"]:
-        md.append(f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}")
+    md += [f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}" for k in res["profile_batch128_top_kernels"]]
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -121,28 +169,29 @@ def main():
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    bs = sorted(res["engine_offline"])
-    a.plot(bs, [res["engine_offline"][x]["aggregate_xrt"] for x in bs], "o-", label="engine (graphs + compile)")
-    a.plot(sorted(res["engine_offline_before_compile"]),
-           [res["engine_offline_before_compile"][x] for x in sorted(res["engine_offline_before_compile"])],
-           "s--", label="engine (graphs, run 1)")
-    lb = sorted(res["engine_offline_latest"])
-    a.plot(lb, [res["engine_offline_latest"][x]["aggregate_xrt"] for x in lb], "D-", label="engine (latest)")
-    cs = sorted(res["served"])
-    a.plot(cs, [res["served"][c]["aggregate_xrt"] for c in cs], "^-", label="served (tts_stream)")
-    a.plot(cs, [res["served_previous_config"][c] for c in cs], "v:", label="served, 4 instances, chunks 1,2,4,8")
+    for key, style, label in (("graphs_only_run1", "s:", "engine, graphs only"),
+                              ("host_side_inputs", "D", "engine, previous session (3 batch sizes)"),
+                              ("now", "o-", "engine, now")):
+        xs = sorted(h[key])
+        a.plot(xs, [h[key][x] for x in xs], style, label=label)
+    for key, style, label in (("8_instances_prev_session", "v:", "served, previous session"),
+                              ("now", "^-", "served (tts_stream), now")):
+        xs = sorted(sh[key])
+        a.plot(xs, [sh[key][x] for x in xs], style, label=label)
+    a.axhline(600, color="#c33", lw=0.8, ls="--", label="target at 64 streams")
     a.set_xscale("log", base=2)
     a.set_xlabel("concurrent requests")
     a.set_ylabel("aggregate x real time")
-    a.legend()
+    a.legend(fontsize=8)
     a.grid(alpha=0.3)
     names = ["voxcpm eager", "voxcpm optimize()", "engine offline", "Triton tts_stream"]
     vals = [res["reference_rtf_eager"], res["reference_rtf_compiled"], runs[1]["rtf"], res["single_stream_rtf_triton"]]
     b.bar(names, vals, color=["#999", "#777", "#4a8", "#286"])
+    b.axhline(0.025, color="#c33", lw=0.8, ls="--")
     b.set_yscale("log")
     b.set_ylabel("single-stream RTF (lower is better)")
-    for i, v in enumerate(vals):
-        b.text(i, v, f"{v:.3f}", ha="center", va="bottom")
+    for i, v_ in enumerate(vals):
+        b.text(i, v_, f"{v_:.3f}", ha="center", va="bottom")
     b.tick_params(axis="x", rotation=15)
     fig.suptitle(f"VoxCPM2 on {res['device']} ({res['date']})")
     fig.tight_layout()
