@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
+from voxcpm_triton.minicpm import local_attention  # noqa: E402
 
 
 def sdpa_gqa(q, k, v):
@@ -26,13 +30,8 @@ def sdpa_gqa(q, k, v):
 
 
 def folded(q, k, v):
-    """The query heads sharing a KV head folded into the query length (minicpm.local_attention)."""
-    B, S, Hq, D = q.shape
-    Hkv = k.size(2)
-    g = Hq // Hkv
-    qf = q.reshape(B, S, Hkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * S, D)
-    out = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2))
-    return out.reshape(B, Hkv, g, S, D).permute(0, 3, 1, 2, 4).reshape(B, S, Hq, D)
+    """The query heads sharing a KV head folded into the query length: what LocDiT/LocEnc run."""
+    return local_attention(0, q, k, v)
 
 
 def explicit(q, k, v):

@@ -154,3 +154,15 @@ def test_vae_decoder_drops_abandoned_streams(fake_pb, checkpoint_dirs):
         time.sleep(0.05)
     assert model.states == {}, "a stream that never sent END must be dropped after the idle timeout"
     model.finalize()
+
+
+def test_flag_settings_accept_true_false_and_reject_the_rest(monkeypatch):
+    from voxcpm_triton.serving.settings import flag
+
+    assert flag({}, "compile", True) is True and flag({}, "compile", False) is False
+    assert flag({"compile": "off"}, "compile", True) is False
+    assert flag({"compile": " Yes "}, "compile", False) is True
+    monkeypatch.setenv("VOXCPM_CUDA_GRAPHS", "0")  # the environment overrides config.pbtxt
+    assert flag({"cuda_graphs": "true"}, "cuda_graphs", True) is False
+    with pytest.raises(ValueError, match="'compile' must be true or false, got 'ture'"):
+        flag({"compile": "ture"}, "compile", True)

@@ -19,13 +19,6 @@ from .local_modules import CFMSolver, CfmSchedule, LocalDiT, LocalEncoder
 from .minicpm import MiniCPM
 
 
-def mark_dynamic(t: torch.Tensor, *dims: int):
-    """Tell torch.compile (if the callee is compiled) that these sizes vary: batch and length
-    dimensions get a dynamic graph on the first compile, not a static one first."""
-    for d in dims:
-        torch._dynamo.maybe_mark_dynamic(t, d)
-
-
 class ScalarQuantizer(nn.Module):
     """FSQ bottleneck on the base LM's audio positions: tanh, round to 1/scale, project back."""
 
@@ -95,7 +88,8 @@ class VoxCPM2Model(nn.Module):
 
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
         """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space."""
-        mark_dynamic(feats, 0, 1)
+        for d in (0, 1):  # batch and length vary: a dynamic graph on the first compile (if compiled)
+            torch._dynamo.maybe_mark_dynamic(feats, d)
         return self.enc_to_lm_proj(self.feat_encoder(feats))
 
     def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend):

@@ -43,7 +43,7 @@ class EngineConfig:
     idle_wait_s: float = 0.05
     cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
     attention: str = "auto"  # decode attention on a GPU: "auto" (Triton kernel if available), "triton", "torch"
-    compile: bool = True  # torch.compile LocDiT/LocEnc before capturing (GPU with graphs only)
+    compile: bool = True  # torch.compile LocDiT/LocEnc and the LM layer math before capturing (GPU with graphs only)
     prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
 
 
@@ -285,10 +285,10 @@ class Engine:
         return [None] * len(states)
 
     def _warm_up_prefill(self):
-        """One throwaway prefill into the scratch block, so that the compiled code's prefill shapes
-        are compiled at start-up rather than in the first request's time to first audio."""
-        dev, n, bs = self.device, self.cfg.block_size, self.cfg.block_size
-        slots = torch.arange(n, device=dev) + PagedKVCache.SCRATCH_BLOCK * bs
+        """One throwaway eager prefill (one block long) into the scratch block, so that the compiled
+        code meets the packed prefill path's shapes at start-up, not in a request's first audio."""
+        dev, n = self.device, self.cfg.block_size
+        slots = torch.arange(n, device=dev) + PagedKVCache.SCRATCH_BLOCK * n
         meta = PrefillMetadata(slots, [0, n])
         zeros = torch.zeros(1, n, dtype=torch.int64, device=dev)
         P, D = self.vox.patch_size, self.vox.feat_dim

@@ -18,7 +18,7 @@ from ..prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from .contract import wire_names
 from .metrics import EngineMetrics
-from .settings import model_parameters, resolve_checkpoint, setting
+from .settings import flag, model_parameters, resolve_checkpoint, setting
 from .triton_io import IPC_LOCK, InputError, error_response, get, locked, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -45,8 +45,8 @@ class DecoderModel:
             kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
             max_batch_size=int(setting(params, "max_batch_size", "64")),
             chunk_schedule=tuple(int(x) for x in setting(params, "chunk_schedule", "1,4,16").split(",")),
-            cuda_graphs=setting(params, "cuda_graphs", "true").lower() in ("1", "true", "yes"),
-            compile=setting(params, "compile", "true").lower() in ("1", "true", "yes"),
+            cuda_graphs=flag(params, "cuda_graphs", True),
+            compile=flag(params, "compile", True),
             attention=setting(params, "attention", "auto"),
         )
         self.engine = Engine(self.vox, cfg)

@@ -26,6 +26,16 @@ def setting(params: dict, name: str, default: str | None = None) -> str | None:
     return value if value not in ("", None) else default
 
 
+def flag(params: dict, name: str, default: bool) -> bool:
+    """A true/false setting; anything else stops the model with a message naming it."""
+    value = setting(params, name, "true" if default else "false").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"parameter {name!r} must be true or false, got {value!r}")
+
+
 def resolve_checkpoint(params: dict) -> str:
     path = setting(params, "checkpoint")
     if path:

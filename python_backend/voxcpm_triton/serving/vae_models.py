@@ -16,7 +16,7 @@ import torch
 from ..inputs import check_waveform, resample
 from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
 from .metrics import metric
-from .settings import model_parameters, resolve_checkpoint, setting
+from .settings import flag, model_parameters, resolve_checkpoint, setting
 from .triton_io import InputError, error_response, get, pb, tensor
 
 
@@ -64,7 +64,7 @@ class VAEDecoderModel:
 
     def initialize(self, args):
         params, self.cfg, self.vae = _load(args)
-        if self.vae.device.type == "cuda" and setting(params, "compile", "true").lower() in ("1", "true", "yes"):
+        if self.vae.device.type == "cuda" and flag(params, "compile", True):
             self.vae.compile_()
         self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
         self.states: dict[int, list] = {}
