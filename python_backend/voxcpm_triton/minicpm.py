@@ -140,6 +140,8 @@ class LayerMath:
     def compiled(self) -> "LayerMath":
         """A LayerMath whose two functions are torch.compile'd, one per distinct shape key."""
         if self.key not in LayerMath._compiled:
+            # dynamic=True: the token count varies (batch buckets, prompt lengths); every other
+            # size is tied to a weight (a Parameter, static to dynamo), so the kernels stay specialised.
             c = LayerMath(*self.key)
             c.attention_inputs = torch.compile(c.attention_inputs, dynamic=True)
             c.attention_output_mlp = torch.compile(c.attention_output_mlp, dynamic=True)
