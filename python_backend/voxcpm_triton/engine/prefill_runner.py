@@ -19,6 +19,7 @@ import torch
 
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
+from .step_runner import capture_graph
 
 log = logging.getLogger("voxcpm_triton.engine")
 
@@ -62,14 +63,7 @@ class PrefillGraphs:
         self.slots.copy_(self.scratch)  # capture and its warm-up touch only the scratch block
         for n in self.buckets:
             try:
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    self._body(n)
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._body(n)
+                graph = capture_graph(lambda n=n: self._body(n), self.device, self.pool)
                 self.pool = graph.pool()
                 self.graphs[n] = graph
             except Exception as e:  # noqa: BLE001 - that length runs eagerly

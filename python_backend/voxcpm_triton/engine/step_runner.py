@@ -36,6 +36,22 @@ log = logging.getLogger("voxcpm_triton.engine")
 DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
+def capture_graph(body, device, pool, warm_up: int = 1):
+    """Run `body` `warm_up` times on a side stream (compiles, allocates), then capture it into a
+    CUDA graph sharing memory pool `pool` -> the graph (its .pool() is the pool to pass on).
+    Raises whatever the warm-up or the capture raised."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warm_up):
+            body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        body()
+    return graph
+
+
 class DecodeStepRunner:
     def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
                  use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "auto"):
@@ -188,15 +204,8 @@ class DecodeStepRunner:
         try:
             self._fill([], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._step(bucket, n_steps, first)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.graph_pool):
-                self._step(bucket, n_steps, first)
+            graph = capture_graph(lambda: self._step(bucket, n_steps, first), self.device, self.graph_pool,
+                                  warm_up=2)
             self.graph_pool = graph.pool()
             return graph
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
