@@ -18,7 +18,7 @@ from ..prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from .contract import wire_names
 from .metrics import EngineMetrics
-from .settings import flag, model_parameters, resolve_checkpoint, setting
+from .settings import flag, model_parameters, positive_int, positive_ints, resolve_checkpoint, setting
 from .triton_io import IPC_LOCK, InputError, error_response, get, locked, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -40,11 +40,11 @@ class DecoderModel:
                                            dtype=setting(params, "dtype"))
         kv_mb = setting(params, "kv_cache_mb")
         cfg = EngineConfig(
-            block_size=int(setting(params, "block_size", "16")),
+            block_size=positive_int(params, "block_size", 16),
             num_blocks=int(setting(params, "num_blocks", "0")) or None,
             kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
-            max_batch_size=int(setting(params, "max_batch_size", "64")),
-            chunk_schedule=tuple(int(x) for x in setting(params, "chunk_schedule", "1,4,16").split(",")),
+            max_batch_size=positive_int(params, "max_batch_size", 64),
+            chunk_schedule=positive_ints(params, "chunk_schedule", "1,4,16"),
             cuda_graphs=flag(params, "cuda_graphs", True),
             compile=flag(params, "compile", True),
             attention=setting(params, "attention", "auto"),

@@ -36,6 +36,25 @@ def flag(params: dict, name: str, default: bool) -> bool:
     raise ValueError(f"parameter {name!r} must be true or false, got {value!r}")
 
 
+def positive_ints(params: dict, name: str, default: str) -> tuple:
+    """A comma-separated list of positive ints; anything else stops the model with a message naming it."""
+    value = setting(params, name, default)
+    try:
+        out = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise ValueError(f"parameter {name!r} must be positive integers separated by commas, got {value!r}")
+    return out
+
+
+def positive_int(params: dict, name: str, default: int) -> int:
+    value = setting(params, name, str(default))
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"parameter {name!r} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def resolve_checkpoint(params: dict) -> str:
     path = setting(params, "checkpoint")
     if path:
