@@ -17,9 +17,9 @@ import time
 
 import torch
 
+from ..cuda_graph import capture_graph
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
-from .step_runner import capture_graph
 
 log = logging.getLogger("voxcpm_triton.engine")
 

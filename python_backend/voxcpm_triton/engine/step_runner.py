@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from ..cuda_graph import capture_graph
 from ..local_modules import CfmSchedule, row_tables, zero_velocity_steps
 from ..limits import TIMESTEPS_RANGE
 from ..noise import gaussian_noise
@@ -34,22 +35,6 @@ log = logging.getLogger("voxcpm_triton.engine")
 # compiled code never meets a batch dimension of 1, which torch.compile would specialise in a
 # separate graph (about 50 s of cold start-up).
 DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def capture_graph(body, device, pool, warm_up: int = 1):
-    """Run `body` `warm_up` times on a side stream (compiles, allocates), then capture it into a
-    CUDA graph sharing memory pool `pool` -> the graph (its .pool() is the pool to pass on).
-    Raises whatever the warm-up or the capture raised."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(warm_up):
-            body()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        body()
-    return graph
 
 
 class DecodeStepRunner:
