@@ -362,7 +362,7 @@ def test_streaming_matches_reference_streaming(name):
 
 @pytest.mark.parametrize("name", ["small_dw", "realish"])
 def test_batched_streams_stack_and_split(name):
-    """Three streams at different positions, decoded alone and stacked."""
+    """Three streams at different positions, decoded alone and with their states stacked along dim 0."""
     _, ours = _pair(name)
     srs = [48000, 16000, 24000]
     zs = [_latents(ours, 1, 16, seed=10 + i) for i in range(3)]
@@ -378,10 +378,10 @@ def test_batched_streams_stack_and_split(name):
     # Then together: chunks of equal length decoded in one batched call.
     sr_batch = torch.tensor(srs)
     for n in (3, 8, 2):
-        batch_state = AudioVAE.stack_states(states)
+        batch_state = [torch.cat(ts) for ts in zip(*states)]
         z_batch = torch.cat([z[..., p : p + n] for z, p in zip(zs, pos)], dim=0)
         audio, batch_state = ours.decode_chunk(z_batch, batch_state, sr_batch)
-        states = AudioVAE.split_state(batch_state)
+        states = [[t[i : i + 1] for t in batch_state] for i in range(3)]
         for i in range(3):
             outs[i].append(audio[i : i + 1])
             pos[i] += n
@@ -420,16 +420,53 @@ def test_prime_continuation():
     assert (got - want[..., 3 * hop :]).abs().max().item() <= 1e-5
 
 
-def test_pack_unpack_state():
-    _, ours = _pair("small_dw")
-    z = _latents(ours, 3, 5)
-    _, st = ours.decode_chunk(z, ours.new_stream_state(3))
-    flat = ours.pack_state(st)
-    assert flat.shape == (3, sum(c * n for c, n in ours.stream_state_spec()))
-    back = ours.unpack_state(flat)
-    assert all(torch.equal(x, y) for x, y in zip(st, back))
-    with pytest.raises(ValueError):
-        ours.unpack_state(flat[:, 1:])
+def test_vae_streams_slot_pool_matches_one_shot():
+    """VAEStreams: streams at different positions, in changing batches and orders, one
+    restarted and one primed with context, each equal to decoding its latents in one go."""
+    from voxcpm_triton.vae_streams import StreamSlotsFull, VAEStreams
+
+    _, ours = _pair("realish")
+    hop, P = ours.decode_chunk_size, 2
+    streams = VAEStreams(ours, patch_size=P, max_streams=3)
+    zs = {k: _latents(ours, 1, 12, seed=20 + k) for k in (1, 2, 3)}
+    ctx = _latents(ours, 1, 3, seed=30)
+    pos = {k: 0 for k in zs}
+    got = {k: [] for k in zs}
+
+    def step(keys, n):
+        audio = streams.decode(keys, torch.cat([zs[k][..., pos[k] : pos[k] + n] for k in keys]))
+        assert audio.shape == (len(keys), n * hop)
+        for k, a in zip(keys, audio):
+            got[k].append(a)
+            pos[k] += n
+
+    streams.open(1)
+    streams.open(2)
+    step([1, 2], 2)
+    streams.open(3, context=ctx)
+    step([3, 1], 2)
+    step([2], 4)
+    step([1, 2, 3], 1)
+    step([3], 7)
+    step([2, 1], 5)
+    step([1, 3], 2)
+    assert set(pos.values()) == {12} and len(streams) == 3
+    for k, z in zs.items():
+        want = ours.decode(z if k != 3 else torch.cat([ctx, z], -1))[0, 0]
+        want = want[ctx.shape[-1] * hop :] if k == 3 else want
+        assert (torch.cat(got[k]) - want).abs().max().item() <= 1e-5, k
+
+    # A full pool refuses a new stream; a closed slot is reused from silence; open() restarts.
+    with pytest.raises(StreamSlotsFull, match="3 VAE stream slots"):
+        streams.open(4)
+    streams.close(1)
+    streams.open(4)
+    streams.open(2)
+    first = streams.decode([4, 2], torch.cat([zs[1][..., :3], zs[2][..., :3]]))
+    want = ours.decode(torch.cat([zs[1][..., :3], zs[2][..., :3]]))[:, 0]
+    assert (first - want).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="at most once"):
+        streams.decode([4, 4], torch.cat([zs[1][..., :1]] * 2))
 
 
 def test_state_batch_mismatch_raises():

@@ -117,7 +117,7 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
             got[c].append(resp.outputs["AUDIO"][0])
     # One priming pass for the continuation stream, then one batch of all three per round.
     assert batch_sizes == [1, 3, 3, 3], "equal-length chunks of three streams must decode as one batch"
-    assert len(model.states) == 3 and model.m_streams.metric.value == 3
+    assert len(model.streams) == 3 and model.m_streams.metric.value == 3
 
     def whole(lat, context=None):
         frames = lambda x: torch.from_numpy(x).reshape(-1, D).T[None]  # noqa: E731
@@ -132,7 +132,7 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
     # END with an empty chunk drops the state; an unknown sequence restarts cleanly.
     resps = model.execute([_chunk(c, np.zeros((0, P, D)), end=True) for c in streams])
     assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps)
-    assert model.states == {} and model.m_streams.metric.value == 0
+    assert len(model.streams) == 0 and model.m_streams.metric.value == 0
 
     bad = model.execute([_chunk(5, np.full((1, P, D), np.nan)), _chunk(6, np.zeros((1, P + 1, D)))])
     assert "NaN" in str(bad[0].error) and "LATENTS" in str(bad[1].error)
@@ -146,13 +146,13 @@ def test_vae_decoder_drops_abandoned_streams(fake_pb, checkpoint_dirs):
     model.initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s="0.2"))
     P, D = model.cfg.patch_size, model.cfg.feat_dim
     model.execute([_chunk(1, np.zeros((1, P, D)), start=True)])
-    assert 1 in model.states
+    assert 1 in model.streams
     import time
 
     deadline = time.monotonic() + 10
-    while model.states and time.monotonic() < deadline:
+    while len(model.streams) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert model.states == {}, "a stream that never sent END must be dropped after the idle timeout"
+    assert len(model.streams) == 0, "a stream that never sent END must be dropped after the idle timeout"
     model.finalize()
 
 
@@ -166,3 +166,16 @@ def test_flag_settings_accept_true_false_and_reject_the_rest(monkeypatch):
     assert flag({"cuda_graphs": "true"}, "cuda_graphs", True) is False
     with pytest.raises(ValueError, match="'compile' must be true or false, got 'ture'"):
         flag({"compile": "ture"}, "compile", True)
+
+
+def test_integer_settings_name_the_parameter_they_reject():
+    from voxcpm_triton.serving.settings import positive_int, positive_ints
+
+    assert positive_int({}, "max_streams", 256) == 256 and positive_int({"max_streams": "8"}, "max_streams", 1) == 8
+    assert positive_ints({"chunk_schedule": "1, 4,16"}, "chunk_schedule", "1") == (1, 4, 16)
+    for bad in ("0", "-3", "many", "2.5"):
+        with pytest.raises(ValueError, match=f"'max_streams' must be a positive integer, got '{bad}'"):
+            positive_int({"max_streams": bad}, "max_streams", 256)
+    for bad in ("1,,4", "1,0", "four"):
+        with pytest.raises(ValueError, match="'chunk_schedule' must be positive integers"):
+            positive_ints({"chunk_schedule": bad}, "chunk_schedule", "1,4,16")

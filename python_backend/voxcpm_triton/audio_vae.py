@@ -9,7 +9,7 @@ recomputed on every forward.
 The decoder is causal (left padding only), so it can decode latents chunk by
 chunk. The streaming state is a list of plain tensors (the last few input
 frames of every convolution that looks back), so the serving side can keep one
-state per stream id and batch streams by stacking their states along dim 0.
+state per stream id and batch streams along dim 0 (see vae_streams.py).
 
 Everything here runs in fp32, even when the LM runs in bf16.
 """
@@ -553,35 +553,6 @@ class AudioVAE(nn.Module):
         """Feed context latents (e.g. the prompt's trailing patches in
         continuation mode) through the stream and drop their audio."""
         return self.decode_chunk(z_context, state, sr_cond)[1]
-
-    @staticmethod
-    def stack_states(states: Sequence[StreamState]) -> StreamState:
-        """Per-stream states (batch 1 or more each) -> one batched state."""
-        if len(states) == 0:
-            raise ValueError("stack_states needs at least one state")
-        if len({len(s) for s in states}) != 1:
-            raise ValueError("stack_states: states have different numbers of tensors")
-        return [torch.cat(ts, dim=0) for ts in zip(*states)]
-
-    @staticmethod
-    def split_state(state: StreamState) -> list:
-        """Batched state -> list of batch-1 states (own memory, not views)."""
-        batch = state[0].shape[0]
-        return [[t[i : i + 1].clone() for t in state] for i in range(batch)]
-
-    @staticmethod
-    def pack_state(state: StreamState) -> Tensor:
-        """State -> one tensor [B, N] (e.g. for a single Triton state tensor)."""
-        return torch.cat([t.reshape(t.shape[0], -1) for t in state], dim=1)
-
-    def unpack_state(self, flat: Tensor) -> StreamState:
-        sizes = [c * n for c, n in self.stream_state_spec()]
-        if flat.ndim != 2 or flat.shape[1] != sum(sizes):
-            raise ValueError(f"packed state must be [B, {sum(sizes)}], got {tuple(flat.shape)}")
-        return [
-            t.reshape(flat.shape[0], c, n).contiguous()
-            for t, (c, n) in zip(flat.split(sizes, dim=1), self.stream_state_spec())
-        ]
 
     # -- checkpoints --------------------------------------------------------
 

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from ..inputs import check_waveform, resample
+from ..vae_streams import VAEStreams
 from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
 from .metrics import metric
-from .settings import flag, model_parameters, resolve_checkpoint, setting
+from .settings import flag, model_parameters, positive_int, positive_ints, resolve_checkpoint, setting
 from .triton_io import InputError, error_response, get, pb, tensor
 
 
@@ -57,17 +58,21 @@ class VAEEncoderModel:
 class VAEDecoderModel:
     """One stream per sequence (CORRID): LATENTS [1, n, P, D] chunks -> AUDIO [1, n*P*hop].
 
-    START creates the stream's causal-conv state (primed with CONTEXT latents in
+    START opens the stream's causal-conv state (primed with CONTEXT latents in
     continuation mode); END drops it. States idle longer than the timeout (a
-    client that vanished mid-stream) are dropped too.
+    client that vanished mid-stream) are dropped too. The states and the
+    batched decode (CUDA graphs on a GPU) live in `VAEStreams`.
     """
 
     def initialize(self, args):
         params, self.cfg, self.vae = _load(args)
-        if self.vae.device.type == "cuda" and flag(params, "compile", True):
+        on_gpu = self.vae.device.type == "cuda"
+        if on_gpu and flag(params, "compile", True):
             self.vae.compile_()
+        self.streams = VAEStreams(self.vae, self.cfg.patch_size, positive_int(params, "max_streams", 256),
+                                  cuda_graphs=on_gpu and flag(params, "cuda_graphs", True),
+                                  graph_patches=positive_ints(params, "graph_patches", "1,4,16"))
         self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
-        self.states: dict[int, list] = {}
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
         labels = {"model": "vae_decoder"}
@@ -82,10 +87,13 @@ class VAEDecoderModel:
             with self.lock:
                 self._drop_idle(time.monotonic())
 
+    def _close(self, corrid: int):
+        self.streams.close(corrid)
+        self.last_used.pop(corrid, None)
+
     def _drop_idle(self, now: float):
         for c in [c for c, t in self.last_used.items() if now - t > self.idle_timeout]:
-            self.states.pop(c, None)
-            self.last_used.pop(c, None)
+            self._close(c)
 
     def finalize(self):
         self._stop.set()
@@ -93,7 +101,7 @@ class VAEDecoderModel:
     def _z(self, lat: np.ndarray) -> torch.Tensor:
         """[n, P, D] patches -> [1, D, n*P] frames."""
         lat = torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32))
-        return lat.reshape(-1, self.cfg.feat_dim).T[None].to(self.vae.device)
+        return lat.reshape(-1, self.cfg.feat_dim).T[None]
 
     @torch.inference_mode()
     def execute(self, requests):
@@ -111,12 +119,12 @@ class VAEDecoderModel:
                         raise InputError(f"LATENTS must be [n, {self.cfg.patch_size}, {self.cfg.feat_dim}]")
                     if not np.isfinite(lat).all():
                         raise InputError("LATENTS contains NaN or Inf")
-                    if start or corrid not in self.states:
-                        state = self.vae.new_stream_state(1, self.vae.device)
+                    if any(c == corrid for _, c, _, _ in work):  # the sequence batcher never does this
+                        raise ValueError(f"two chunks of sequence {corrid} in one batch")
+                    if start or corrid not in self.streams:
                         ctx = get(r, "CONTEXT")
-                        if ctx is not None and ctx[0].size:
-                            state = self.vae.prime(state, self._z(ctx[0]))
-                        self.states[corrid] = state
+                        self.streams.open(corrid, self._z(ctx[0]).to(self.vae.device)
+                                          if ctx is not None and ctx[0].size else None)
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
@@ -125,20 +133,16 @@ class VAEDecoderModel:
             for n in sorted({w[2].size(-1) for w in work}):
                 group = [w for w in work if w[2].size(-1) == n]
                 try:
-                    state = self.vae.stack_states([self.states[c] for _, c, _, _ in group])
-                    audio, state = self.vae.decode_chunk(torch.cat([z for _, _, z, _ in group]), state)
-                    for (i, c, _, _), st, a in zip(group, self.vae.split_state(state), audio):
-                        self.states[c] = st
-                        responses[i] = pb().InferenceResponse(output_tensors=[
-                            tensor("AUDIO", a.reshape(1, -1).float().cpu().numpy())])
+                    audio = self.streams.decode([c for _, c, _, _ in group], torch.cat([z for *_, z, _ in group]))
+                    for (i, *_), a in zip(group, audio.numpy()):
+                        responses[i] = pb().InferenceResponse(output_tensors=[tensor("AUDIO", a[None])])
                     self.m_batches.set(float(len(group)))
                 except Exception as e:
                     for i, *_ in group:
                         responses[i] = error_response(e)
             for _, c, _, end in work:
                 if end:
-                    self.states.pop(c, None)
-                    self.last_used.pop(c, None)
+                    self._close(c)
             self._drop_idle(now)
-            self.m_streams.set(float(len(self.states)))
+            self.m_streams.set(float(len(self.streams)))
         return responses

@@ -1,0 +1,121 @@
+"""Open streams of the VAE decoder, decoded in batches.
+
+Each stream's causal-conv state is one row of a slot pool (one tensor per look-back
+convolution, [slots, C, ctx]). A batch of streams decodes as: gather their rows ->
+`AudioVAE.decode_chunk` -> scatter the new state back. Row 0 is a scratch row that
+padding rows read and write.
+
+On a GPU the eager decode of a small chunk is launch-bound: about 250 small kernels,
+10 ms whatever the batch. So each (batch bucket, chunk length) in `graph_patches`
+is captured once as a CUDA graph, gather and scatter included, and replayed; larger
+work, where the GPU is busy anyway, and other lengths (a stream's last chunk) run
+eagerly on the same pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from .audio_vae import AudioVAE
+from .cuda_graph import capture_graph
+
+log = logging.getLogger("voxcpm_triton.vae_streams")
+
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Captured only up to this many patches per replay (batch bucket x chunk length): past
+# it the decode is bound by the GPU's work, not by launches, and graph memory grows.
+MAX_GRAPH_PATCHES = 256
+
+
+class StreamSlotsFull(RuntimeError):
+    pass
+
+
+class VAEStreams:
+    def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int = 256, cuda_graphs: bool = False,
+                 graph_patches=(1, 4, 16), batch_buckets=BATCH_BUCKETS):
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        self.vae, self.P, self.max_streams = vae, patch_size, max_streams
+        self.device = vae.device
+        self.pools = [torch.zeros(max_streams + 1, c, n, device=self.device) for c, n in vae.stream_state_spec()]
+        self.free = list(range(max_streams, 0, -1))
+        self.slot: dict = {}  # stream key -> pool row
+        self.graphs: dict = {}  # (bucket, frames) -> (graph, idx, z, audio)
+        self.buckets = tuple(b for b in batch_buckets if b <= max_streams)
+        if cuda_graphs and self.device.type == "cuda":
+            self._capture_all(graph_patches)
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def __contains__(self, key) -> bool:
+        return key in self.slot
+
+    def open(self, key, context=None) -> None:
+        """Start (or restart) stream `key` from silence; `context` [1, D, t] latent frames are fed
+        through first and their audio dropped (continuation)."""
+        if key not in self.slot:
+            if not self.free:
+                raise StreamSlotsFull(f"all {self.max_streams} VAE stream slots are in use "
+                                      "(vae_decoder parameter max_streams)")
+            self.slot[key] = self.free.pop()
+        row = self.slot[key]
+        for p in self.pools:
+            p[row].zero_()
+        if context is not None and context.shape[-1]:
+            self._body(torch.tensor([row], device=self.device), context)
+
+    def close(self, key) -> None:
+        row = self.slot.pop(key, None)
+        if row is not None:
+            self.free.append(row)
+
+    @torch.no_grad()
+    def decode(self, keys, z: torch.Tensor) -> torch.Tensor:
+        """Next chunk of distinct open streams `keys`: z [B, D, t] -> audio [B, t * hop] on the CPU."""
+        if len(set(keys)) != len(keys):
+            raise ValueError("a batch holds each stream at most once")
+        rows = [self.slot[k] for k in keys]
+        B, frames = len(rows), z.shape[-1]
+        if frames == 0:  # END's empty chunk: nothing to decode, the state stays as it is
+            return torch.zeros(B, 0)
+        i = bisect.bisect_left(self.buckets, B)
+        graph = self.graphs.get((self.buckets[i], frames)) if i < len(self.buckets) else None
+        if graph is None:
+            audio = self._body(torch.tensor(rows, device=self.device), z.to(self.device))
+            return audio[:, 0].cpu()
+        g, idx, z_in, audio = graph
+        idx[:B].copy_(torch.tensor(rows))
+        idx[B:].zero_()
+        z_in[:B].copy_(z)
+        g.replay()
+        return audio[:B, 0].cpu()
+
+    def _body(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        state = [p.index_select(0, idx) for p in self.pools]
+        audio, state = self.vae.decode_chunk(z, state)
+        # Padding rows all point at row 0: their order of writing does not matter.
+        for p, s in zip(self.pools, state):
+            p.index_copy_(0, idx, s)
+        return audio
+
+    def _capture_all(self, graph_patches) -> None:
+        pool, D = None, self.vae.latent_dim
+        shapes = [(b, n) for n in graph_patches for b in self.buckets if b * n <= MAX_GRAPH_PATCHES]
+        # Largest first, so the smaller graphs reuse its memory in the shared pool.
+        for b, n in sorted(shapes, key=lambda s: -s[0] * s[1]):
+            idx = torch.zeros(b, dtype=torch.long, device=self.device)
+            z = torch.zeros(b, D, n * self.P, device=self.device)
+            out: list = []
+            try:
+                g = capture_graph(lambda: out.append(self._body(idx, z)), self.device, pool)
+            except Exception as e:  # noqa: BLE001 - eager decoding still works
+                log.warning("VAE graph (batch %d, %d patches) not captured, decoding eagerly: %s", b, n, e)
+                continue
+            pool = g.pool()
+            self.graphs[(b, n * self.P)] = (g, idx, z, out[-1])
+        log.info("VAE decoder: %d CUDA graphs captured", len(self.graphs))
