@@ -8,11 +8,14 @@ raw/offline.json      scripts/bench.py: engine offline (CUDA graphs, compiled Lo
 raw/served.json       benchmarks/run_served_gpu.sh: scripts/bench_served.py against tritonserver (tts_stream, gRPC)
 raw/gpu_check.json    scripts/gpu_check.py
 raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations)
-raw/vae_stream_decode.json  scripts/bench.py's VAE part: streaming decode, eager vs fused snake
+raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs
+raw/gpu_sharing.json, gpu_sharing_mps.json  scripts/gpu_sharing.py: VAE calls next to a busy stand-in decoder
+raw/served_no_vae_graphs.json  the served run with vae_decoder's cuda_graphs off (same call as served.json)
 History (earlier code, same machine type):
 raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before any torch.compile (run 1)
 raw/offline_prev_session.json, offline_host_fill.json, served_4inst_chunks1248.json, served_prev_session.json
 raw/served_8inst_no_prefill_graphs.json, served_16inst_no_prefill_graphs.json  tts_stream instance count
+raw/served_16inst_prefill_graphs.json  before the VAE graphs; served_vae_graphs_run1.json  their first run
 """
 
 import json
@@ -66,7 +69,8 @@ def main():
         "gpu_mem_peak_gib": eng.get("gpu_mem_peak_gib"),
         "gpu_check": {"bf16_vs_fp32_teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
                       "prefill_graph_vs_eager": chk.get("prefill_graph_vs_eager"),
-                      "graph_vs_eager": chk["graph_vs_eager"]},
+                      "graph_vs_eager": chk["graph_vs_eager"],
+                      "vae_graphs_vs_eager": chk["vae_graphs_vs_eager"]},
         "profile_batch1_top_kernels": eng["profile_batch1"][:8],
         "profile_batch128_top_kernels": eng["profile_batch_max"][:8],
     }
@@ -81,11 +85,18 @@ def main():
         "8_instances_prev_session": {c: lv["x_real_time"] for c, lv in served_levels("served_prev_session.json").items()},
         "8_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_8inst_no_prefill_graphs.json").items()},
         "16_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_no_prefill_graphs.json").items()},
+        "prefill_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_prefill_graphs.json").items()},
+        "no_vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_no_vae_graphs.json").items()},
+        "vae_graphs_run1": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs_run1.json").items()},
         "now": {c: s["aggregate_xrt"] for c, s in res["served"].items()},
     }
     vae = load("vae_stream_decode.json")
     res["vae_stream_decode_ms"] = {m: {f"{x['streams']}x{x['patches']}": x["ms"] for x in vae[m]}
-                                   for m in ("eager", "compiled")}
+                                   for m in ("eager", "compiled", "graphs")}
+    res["vae_graphs_capture_s"], res["vae_graphs_mem_gib"] = vae["capture_s"], vae["graph_mem_gib"]
+    vae_rate = next(x["audio_s_per_s"] for x in vae["graphs"] if (x["streams"], x["patches"]) == (8, 16))
+    res["gpu_sharing_vae_ms_p50"] = {k: {s: x["p50_ms"] for s, x in v.items()}
+                                     for k, v in load("gpu_sharing.json").items() if k != "device"}
 
     md = [f"# Results: {res['device']}, {res['date']}", "",
           f"Full-size random VoxCPM2 weights (bf16), {res['steps_per_request']} decode steps per request "
@@ -108,12 +119,13 @@ def main():
           "Served (`benchmarks/run_served_gpu.sh`: concurrent gRPC streams on `tts_stream`, default config: 16",
           "tts_stream instances, chunks of 1, 4, then 16 patches, decoder max batch 64):", "",
           "| streams | TTFA p50 / p95 ms | per-stream RTF p50 / p95 | faster than real time | aggregate x real time "
-          "| vae_decoder requests per execute |", "|---|---|---|---|---|---|"]
+          "| vae_decoder: requests per execute, ms per execute, time busy |", "|---|---|---|---|---|---|"]
     for c, s in res["served"].items():
-        vb = s["server_models"].get("vae_decoder", {}).get("batch_mean")
+        v = s["server_models"].get("vae_decoder", {})
         md.append(f"| {c} | {s['ttfa_ms_p50']:.0f} / {s['ttfa_ms_p95']:.0f} | {s['rtf_p50']:.3f} / {s['rtf_p95']:.3f} "
                   f"| {100 * s['faster_than_realtime_frac']:.0f}% | {s['aggregate_xrt']:.1f} | "
-                  f"{vb:.1f} |" if vb else "| |")
+                  f"{v.get('batch_mean', 0):.1f}, {v.get('infer_ms_per_execution', 0):.1f} ms, "
+                  f"{100 * v.get('busy_frac', 0):.0f}% |")
     md += ["", "Engine alone (`scripts/bench.py`):", "",
            "| batch | steps/s | RTF | aggregate x real time |", "|---|---|---|---|"]
     md += [f"| {b} | {x['steps_per_s']:.1f} | {x['rtf']:.3f} | {x['aggregate_xrt']:.1f} |"
@@ -128,32 +140,66 @@ def main():
         cells = [h[k].get(b) for k in ("graphs_only_run1", "compiled_locdit_locenc", "host_side_inputs", "now")]
         md.append(f"| {b} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in cells) + " |")
     md += ["", "Served, by tts_stream configuration (aggregate x real time):", "",
-           "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. (prev. session) | 8 inst.* | 16 inst.** | 16 inst. + prefill graphs (now) |",
-           "|---|---|---|---|---|---|"]
+           "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. (prev. session) | 8 inst.* | 16 inst.** "
+           "| + prefill graphs | + VAE graphs (now) | now, VAE graphs off*** | + VAE graphs, earlier call |",
+           "|---|---|---|---|---|---|---|---|---|"]
     sh = res["served_history_xrt"]
     for c in sorted(sh["now"]):
         md.append(f"| {c} | " + " | ".join(f"{sh[k].get(c, float('nan')):.0f}" for k in
                                            ("4_instances_chunks_1248", "8_instances_prev_session", "8_instances",
-                                            "16_instances", "now")) + " |")
+                                            "16_instances", "prefill_graphs", "now", "no_vae_graphs",
+                                            "vae_graphs_run1")) + " |")
     md += ["", "\\* this session's engine (compiled LM layers, folded attention, fused VAE snake) before the start-up "
            "changes; \\*\\* with them (no bucket of 1, one attention formulation). The instance count is the main "
            "difference between the two: VAE calls are serialised per tts_stream instance, so more instances batch "
-           "more streams per vae_decoder execute."]
+           "more streams per vae_decoder execute. \\*\\*\\* the same server, restarted with vae_decoder's "
+           "cuda_graphs off, in the same device call as the 'now' column (3 requests per stream slot; the earlier "
+           "call ran 2, TTFA p50 32 ms). Runs on different machines of the same type differ by up to 20% at 64 "
+           "streams, so compare within a call."]
     v = res["vae_stream_decode_ms"]
-    md += ["", "Streaming VAE decode, ms per call (streams x patches, fp32), eager vs fused snake:", "",
-           "| streams x patches | eager | fused snake |", "|---|---|---|"]
-    md += [f"| {k} | {v['eager'][k]:.1f} | {v['compiled'][k]:.1f} |" for k in v["eager"]]
+    md += ["", "Streaming VAE decode as vae_decoder runs it (`VAEStreams.decode`: gather state, decode, scatter, "
+           "audio to the host), ms per call, GPU to itself (streams x patches, fp32). Graphs are captured up to "
+           f"{256} patches per replay ({res['vae_graphs_capture_s']:.1f} s, {res['vae_graphs_mem_gib']:.2f} GiB); "
+           "above that the decode is bound by the GPU's work and runs eagerly:", "",
+           "| streams x patches | eager | fused snake | CUDA graph |", "|---|---|---|---|"]
+    md += [f"| {k} | {v['eager'][k]:.1f} | {v['compiled'][k]:.1f} | {v['graphs'][k]:.1f} |" for k in v["eager"]]
+    gs = res["gpu_sharing_vae_ms_p50"]
+    md += ["", "The same VAE graph calls next to a busy decoder (`scripts/gpu_sharing.py`: a stand-in CUDA graph of "
+           "GEMMs replayed back to back, as the engine's steps are), ms p50. Triton runs each Python model in its own "
+           "process, so the two share the GPU by time-slicing; the same process on two streams fares no better once "
+           "the load fills the GPU:", "",
+           "| VAE call | alone | 10 ms steps, other process | same process | 25 ms steps, other process | same process |",
+           "|---|---|---|---|---|---|"]
+    md += [f"| {k} | " + " | ".join(f"{gs[c][k]:.1f}" for c in ("vae_alone", "other_process_10ms", "same_process_10ms",
+                                                                   "other_process_25ms", "same_process_25ms")) + " |"
+           for k in gs["vae_alone"]]
     g = res["gpu_check"]
     worst_cos = min(x["compiled_vs_plain_cosine_min"] for x in g["graph_vs_eager"].values())
     worst_abs = max(x["max_abs"] for x in g["graph_vs_eager"].values())
     pf = g["prefill_graph_vs_eager"]
-    md += ["", f"Start-up (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
+    gpu_bound = 1 / (1 / runs[64]["aggregate_xrt"] + 1 / vae_rate)
+    md += ["", f"Why 64 served streams stop near {res['aggregate_xrt_c64']:.0f}x: the decoder and the VAE decoder share "
+           f"the GPU. The engine alone makes {runs[64]['aggregate_xrt']:.0f}x at batch 64 and the VAE alone "
+           f"{vae_rate:.0f}x (8 streams x 16 patches as a graph), so with their GPU work done one after the other "
+           f"the bound is {gpu_bound:.0f}x; served reaches {100 * res['aggregate_xrt_c64'] / gpu_bound:.0f}% of it "
+           "(the rest goes to time-slicing between the two processes, prefills and the small first chunks). Past this it takes faster kernels, not "
+           "scheduling."]
+    st = load("startup.json")
+    sd = st["served_decoder_compile_and_capture_s"]
+    res["startup_served_decoder_s"] = sd
+    md += ["", f"Start-up of the served decoder (compile + capture, tritonserver log): {sd['cold_run1_fresh_machine']:.0f} "
+           f"and {sd['cold_run2_fresh_machine']:.0f} s on fresh machines, {sd['warm_compile_cache_same_machine']:.0f} s "
+           "with the compile cache kept (docker-compose keeps it on a volume). Of the compile, dynamo tracing is "
+           f"{st['compile_breakdown_gpu_check_s']['bytecode_tracing']:.0f} s and AOT + inductor "
+           f"{st['compile_breakdown_gpu_check_s']['aot_and_inductor']:.0f} s (Triton kernels cached).",
+           "", f"Start-up offline (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
            f"{res['startup_s_compile_and_capture_cold']:.0f} s (per bucket: {res['capture_s_per_bucket']}); "
            f"weights {res['weights_gib']:.2f} GiB, peak {res['gpu_mem_peak_gib']:.1f} GiB (incl. an 8 GiB KV pool).",
            "", f"GPU checks: bf16 vs fp32 teacher-forced over 50 steps, patch cosine min "
            f"{g['bf16_vs_fp32_teacher_forced_cosine_min']:.4f} (>= 0.99); graph replay vs eager, max abs "
            f"{worst_abs:.1e} (<= 1e-2); compiled vs plain eager step, cosine min {worst_cos:.4f}; "
-           + (f"prefill graph vs eager, cosine min {pf['cosine_min']:.5f}." if pf else ""), "",
+           + (f"prefill graph vs eager, cosine min {pf['cosine_min']:.5f}; " if pf else "")
+           + f"VAE graphs vs eager decode, max abs {g['vae_graphs_vs_eager']['max_abs']:.1e} (<= 1e-4).", "",
            "Where a batch-1 step goes (ms of GPU time per step, top kernels):", ""]
     md += [f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}" for k in res["profile_batch1_top_kernels"]]
     md += ["", "At batch 128:", ""]
@@ -175,6 +221,7 @@ def main():
         xs = sorted(h[key])
         a.plot(xs, [h[key][x] for x in xs], style, label=label)
     for key, style, label in (("8_instances_prev_session", "v:", "served, previous session"),
+                              ("no_vae_graphs", "x--", "served, now with vae_decoder graphs off (same call)"),
                               ("now", "^-", "served (tts_stream), now")):
         xs = sorted(sh[key])
         a.plot(xs, [sh[key][x] for x in xs], style, label=label)

@@ -163,34 +163,46 @@ def engine_bench(vox, prompt, args) -> dict:
 
 
 def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
-    """Streaming VAE decode (what `vae_decoder` runs per execute): B streams' chunks of n patches
-    in one batched call, fp32, eager and with the snake activations compiled (`AudioVAE.compile_`).
-    Reports ms per call and audio seconds decoded per second."""
+    """Streaming VAE decode as `vae_decoder` runs it per execute (`VAEStreams.decode`: gather the
+    streams' state, decode, scatter it back, audio to the host), fp32, for B streams' chunks of n
+    patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
+    graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES). ms per call and x real time."""
+    from voxcpm_triton.vae_streams import VAEStreams
+
     vae, P = vox.vae, vox.patch_size
     out = {}
-    for mode in ("eager", "compiled"):
+    for mode in ("eager", "compiled", "graphs"):
+        t0 = time.perf_counter()
         if mode == "compiled":
-            t0 = time.perf_counter()
             vae.compile_()
             out["compile_s"] = time.perf_counter() - t0
+        mem0 = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        bank = VAEStreams(vae, P, max_streams=max(streams), cuda_graphs=mode == "graphs")
+        if mode == "graphs":
+            out["capture_s"] = time.perf_counter() - t0
+            out["graphs_captured"] = len(bank.graphs)
+            out["graph_mem_gib"] = ((torch.cuda.memory_allocated() if torch.cuda.is_available() else 0) - mem0) / 2**30
+        for k in range(max(streams)):
+            bank.open(k)
         rows = []
         for b in streams:
             for n in chunks:
-                state = vae.new_stream_state(b)
-                z = torch.randn(b, vae.latent_dim, n * P, device=vox.device)
+                keys, z = list(range(b)), torch.randn(b, vae.latent_dim, n * P)
                 for _ in range(2):
-                    vae.decode_chunk(z, state)
+                    bank.decode(keys, z)
                 sync()
                 t, reps = time.perf_counter(), 5
                 for _ in range(reps):
-                    vae.decode_chunk(z, state)
+                    bank.decode(keys, z)
                 sync()
                 ms = (time.perf_counter() - t) / reps * 1000
                 audio = b * n * P * vae.chunk_size / vae.sample_rate
-                rows.append({"streams": b, "patches": n, "ms": ms, "audio_s_per_s": audio / (ms / 1000)})
+                rows.append({"streams": b, "patches": n, "ms": ms, "audio_s_per_s": audio / (ms / 1000),
+                             "graph": (b, n * P) in bank.graphs})
                 log(f"[vae {mode}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms  "
-                    f"({audio / (ms / 1000):7.1f}x real time)")
+                    f"({audio / (ms / 1000):7.1f}x real time){'  graph' if rows[-1]['graph'] else ''}")
         out[mode] = rows
+        del bank
     return out
 
 
@@ -265,6 +277,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true", help="CUDA graphs without torch.compile of LocDiT/LocEnc")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-vae", action="store_true", help="skip the streaming VAE decode timing")
+    ap.add_argument("--vae-only", action="store_true", help="only the streaming VAE decode timing")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
     args = ap.parse_args()
@@ -283,10 +296,11 @@ def main():
     result["prompt_positions"] = len(prompt)
     if not args.no_vae:
         result["vae_stream_decode"] = vae_bench(vox)
-    result["engine"] = engine_bench(vox, prompt, args)
+    if not args.vae_only:
+        result["engine"] = engine_bench(vox, prompt, args)
     del vox
     empty_cache()
-    if args.reference != "none":
+    if args.reference != "none" and not args.vae_only:
         result["reference"] = reference_bench(args.checkpoint, prompt, args.steps, args.reference == "compiled",
                                               args.device)
         empty_cache()

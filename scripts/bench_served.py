@@ -323,6 +323,10 @@ def model_stats(url: str) -> dict:
                 row = {"inferences": int(m.get("inference_count", 0)), "executions": int(m.get("execution_count", 0))}
                 for k in ("queue", "compute_input", "compute_infer", "compute_output"):
                     row[f"{k}_ns"] = int(st.get(k, {}).get("ns", 0))
+                # inference_stats count each request of a batch with the whole execution's time;
+                # batch_stats count each execution once.
+                row["execution_infer_ns"] = sum(int(b.get("compute_infer", {}).get("ns", 0))
+                                                for b in m.get("batch_stats", []))
                 out[m["name"]] = row
         finally:
             c.close()
@@ -331,9 +335,10 @@ def model_stats(url: str) -> dict:
     return out
 
 
-def stats_delta(before: dict, after: dict) -> dict:
-    """Per model, over one level: executions, requests per execution, and mean ms per execution
-    spent queued and in execute() (for a decoupled model, execute() only hands the request on)."""
+def stats_delta(before: dict, after: dict, wall_s: float) -> dict:
+    """Per model, over one level: executions, requests per execution, mean ms a request spent
+    queued, mean ms per execute() and the share of the wall time spent in execute() (for one
+    instance, 1.0 is saturated; for a decoupled model, execute() only hands the request on)."""
     rows = {}
     for name, a in after.items():
         b = before.get(name)
@@ -345,7 +350,8 @@ def stats_delta(before: dict, after: dict) -> dict:
         rows[name] = {"inferences": d["inferences"], "executions": d["executions"],
                       "batch_mean": d["inferences"] / d["executions"],
                       "queue_ms_per_request": d["queue_ns"] / 1e6 / max(d["inferences"], 1),
-                      "infer_ms_per_execution": d["compute_infer_ns"] / 1e6 / d["executions"]}
+                      "infer_ms_per_execution": d["execution_infer_ns"] / 1e6 / d["executions"],
+                      "busy_frac": d["execution_infer_ns"] / 1e9 / wall_s if wall_s > 0 else 0.0}
     return rows
 
 
@@ -430,14 +436,15 @@ def main(argv=None) -> int:
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
         before = model_stats(args.url)
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
-        lv["server_models"] = stats_delta(before, model_stats(args.url))
+        lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
             f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
             + (f", errors: {lv['error_messages'][:3]}" if lv["errors"] else ""))
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
-                f"{row['infer_ms_per_execution']:.2f} ms in execute, queued {row['queue_ms_per_request']:.2f} ms")
+                f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "
+                f"{row['queue_ms_per_request']:.2f} ms")
     table = markdown_table(levels)
     print(table, flush=True)
     result = {

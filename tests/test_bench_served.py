@@ -56,6 +56,10 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         assert 0 <= lv["faster_than_realtime_frac"] <= 1 and 0 <= lv["smooth_playback_frac"] <= 1
         assert lv["audio_s_total"] == pytest.approx(2 * c * PATCHES * SAMPLES_PER_PATCH / 48000)
         assert lv["x_real_time"] == pytest.approx(lv["audio_s_total"] / lv["wall_s"])
+        # Triton's own statistics over the level: one VAE request per chunk plus the closing one
+        vae = lv["server_models"]["vae_decoder"]
+        assert vae["inferences"] >= 2 * c * 2 and vae["executions"] <= vae["inferences"]
+        assert 0 < vae["infer_ms_per_execution"] and 0 < vae["busy_frac"] <= 1.05
         # a worker's requests run one after the other on its stream
         for w in range(c):
             mine = sorted((s for s in lv["streams"] if s["worker"] == w), key=lambda s: s["index"])
