@@ -67,7 +67,7 @@ class VAEStreams:
         for p in self.pools:
             p[row].zero_()
         if context is not None and context.shape[-1]:
-            self._body(torch.tensor([row], device=self.device), context)
+            self._body(torch.tensor([row], device=self.device), context.to(self.device))
 
     def close(self, key) -> None:
         row = self.slot.pop(key, None)

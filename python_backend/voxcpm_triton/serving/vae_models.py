@@ -123,8 +123,7 @@ class VAEDecoderModel:
                         raise ValueError(f"two chunks of sequence {corrid} in one batch")
                     if start or corrid not in self.streams:
                         ctx = get(r, "CONTEXT")
-                        self.streams.open(corrid, self._z(ctx[0]).to(self.vae.device)
-                                          if ctx is not None and ctx[0].size else None)
+                        self.streams.open(corrid, self._z(ctx[0]) if ctx is not None and ctx[0].size else None)
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
