@@ -6,7 +6,8 @@
    each step's bf16 patch is compared with the fp32 patch (cosine similarity, >= 0.99).
 2. CUDA-graph replay against the eager step for the same bf16 inputs (<= 1e-2 max abs),
    at several batch sizes, padding rows included; and the compiled step (torch.compile'd
-   LocDiT, LocEnc and LM layer math) against the plain eager one (cosine >= 0.99).
+   LocDiT, LocEnc and LM layer math, Triton attention kernels) against the plain eager one
+   (PyTorch attention) (cosine >= 0.99).
 3. The VAE decoder's CUDA graphs (`VAEStreams`) against its eager decode: the same streams and
    latents through both, chunk lengths with and without a graph (<= 1e-4 max abs).
 """
@@ -78,11 +79,13 @@ def _rows(eng, vox, prompt, b):
 
 @torch.inference_mode()
 def graph_vs_eager(path: str, batches) -> dict:
-    """Per batch: the plain eager step (nothing compiled), the compiled eager step, and the
+    """Per batch: the plain eager step (nothing compiled, no Triton kernels), the compiled eager step, and the
     compiled step replayed as a CUDA graph, from the same state (KV pools start empty)."""
     vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16")
     prompt = vox.prepare_prompt(TEXT)
-    plain_eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30, cuda_graphs=False))
+    # Nothing compiled and PyTorch attention everywhere: the Triton kernels are checked by this too.
+    plain_eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30, cuda_graphs=False,
+                                         attention="torch"))
     plain = {b: plain_eng.runner.run(_rows(plain_eng, vox, prompt, b))[0] for b in batches}
     plain_eng.shutdown()
     del plain_eng

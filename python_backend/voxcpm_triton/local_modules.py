@@ -24,13 +24,14 @@ class LocalEncoder(nn.Module):
         self.special_token = nn.Parameter(torch.randn(1, 1, 1, cfg.hidden_size))
         self.in_proj = nn.Linear(feat_dim, cfg.hidden_size)
         self.encoder = MiniCPM(cfg)
+        self.attention = local_attention  # or the fused Triton kernel on a GPU (VoxCPM2Model.use_fused_attention_)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, P, D] -> [B, T, hidden]"""
         B, T, P, _ = x.shape
         h = self.in_proj(x)
         h = torch.cat([self.special_token.expand(B, T, 1, -1), h], dim=2).reshape(B * T, P + 1, -1)
-        out = self.encoder(h, _positions(P + 1, x.device), local_attention)
+        out = self.encoder(h, _positions(P + 1, x.device), self.attention)
         return out[:, 0].reshape(B, T, -1)
 
 
@@ -65,6 +66,7 @@ class LocalDiT(nn.Module):
         self.time_mlp = TimestepMLP(h)
         self.delta_time_mlp = TimestepMLP(h)
         self.decoder = MiniCPM(cfg)
+        self.attention = local_attention  # or the fused Triton kernel on a GPU (VoxCPM2Model.use_fused_attention_)
 
     def forward(self, x, mu, t, cond, dt):
         """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P]"""
@@ -74,7 +76,7 @@ class LocalDiT(nn.Module):
         te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype))
         mu = mu.view(xh.size(0), -1, xh.size(-1))
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
-        out = self.decoder(seq, _positions(seq.size(1), x.device), local_attention)
+        out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention)
         out = out[:, mu.size(1) + 1 + ch.size(1):]
         return self.out_proj(out).transpose(1, 2)
 

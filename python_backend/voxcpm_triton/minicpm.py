@@ -4,7 +4,8 @@ Attention is delegated to a backend object so the same weights serve every
 caller: plain full attention (LocEnc, LocDiT), a contiguous KV cache (offline
 generation) and the engine's paged KV cache. A backend is called as
 ``backend(layer_idx, q, k, v)`` with ``q: [B, S, Hq, D]``, ``k, v: [B, S, Hkv, D]``
-(RoPE already applied) and returns ``[B, S, Hq, D]``.
+(RoPE already applied) and returns ``[B, S, Hq, D]``; one whose ``packed_qkv`` is true
+(the fused LocDiT/LocEnc kernel) gets the QKV projection itself and the RoPE tables instead.
 
 Inside the stack, activations are a flat ``[tokens, hidden]`` matrix, and a
 layer is two pure functions around the backend call (``LayerMath``): norm, QKV
@@ -116,10 +117,14 @@ class LayerMath:
         self.key = (n_heads, n_kv, head_dim, eps, branch_scale)
         self.n_heads, self.n_kv, self.head_dim, self.eps, self.branch_scale = self.key
 
+    def normed_qkv(self, x, norm_w, qkv_w):
+        """x: [N, hidden] -> the packed projection [N, (Hq + 2 * Hkv) * D], before RoPE."""
+        return F.linear(rms_norm(x, norm_w, self.eps), qkv_w)
+
     def attention_inputs(self, x, norm_w, qkv_w, cos, sin):
         """x: [N, hidden] -> q [N, Hq, D], k, v [N, Hkv, D]."""
         nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = F.linear(rms_norm(x, norm_w, self.eps), qkv_w).split([nq, nk, nk], dim=-1)
+        q, k, v = self.normed_qkv(x, norm_w, qkv_w).split([nq, nk, nk], dim=-1)
         q = q.reshape(-1, self.n_heads, self.head_dim)
         k = k.reshape(-1, self.n_kv, self.head_dim)
         v = v.reshape(-1, self.n_kv, self.head_dim)
@@ -208,13 +213,18 @@ class DecoderLayer(nn.Module):
                               branch_scale)
 
     def forward(self, x, batch_shape, rope, backend):
-        """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) [N, D] or None."""
+        """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
+        [N, D] each, or [S, D] for a backend that takes the packed QKV (and applies RoPE itself)."""
         attn, mlp, m = self.self_attn, self.mlp, self.math
-        cos, sin = rope if rope is not None else (None, None)
-        q, k, v = m.attention_inputs(x, self.input_layernorm.weight, attn.qkv_weight(), cos, sin)
         B, S = batch_shape
-        out = backend(self.layer_idx, q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
-                      v.view(B, S, *v.shape[1:]))
+        if getattr(backend, "packed_qkv", False):
+            qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight())
+            out = backend(self.layer_idx, qkv, S, rope, (m.n_heads, m.n_kv, m.head_dim))
+        else:
+            cos, sin = rope if rope is not None else (None, None)
+            q, k, v = m.attention_inputs(x, self.input_layernorm.weight, attn.qkv_weight(), cos, sin)
+            out = backend(self.layer_idx, q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
+                          v.view(B, S, *v.shape[1:]))
         return m.attention_output_mlp(x, out.reshape(B * S, -1), attn.o_proj.weight,
                                       self.post_attention_layernorm.weight, mlp.gate_up_weight(),
                                       mlp.down_proj.weight)
@@ -241,7 +251,11 @@ class MiniCPM(nn.Module):
         rope = None
         if self.rope is not None:
             cos, sin = self.rope(positions)
-            rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
+            if getattr(backend, "packed_qkv", False):  # one table row per position of a shared [1, S]
+                assert positions.size(0) == 1, "a packed-QKV backend needs the same positions in every sequence"
+                rope = (cos[0], sin[0])
+            else:
+                rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
         h = x.reshape(B * S, H)
         for layer in self.layers:
             h = layer(h, (B, S), rope, backend)

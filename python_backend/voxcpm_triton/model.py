@@ -71,6 +71,18 @@ class VoxCPM2Model(nn.Module):
                 m.fuse_()
         return self
 
+    def use_fused_attention_(self, enabled: bool = True):
+        """LocEnc and LocDiT attention as one Triton kernel from the packed QKV projection (GPU;
+        `local_attention_triton`), instead of RoPE, head folding and SDPA as separate kernels."""
+        from .minicpm import local_attention
+
+        attention = local_attention
+        if enabled:
+            from .local_attention_triton import fused_local_attention as attention
+        for mod in (self.feat_encoder, self.feat_decoder.estimator):
+            mod.attention = attention
+        return self
+
     def compile_(self):
         """torch.compile what a decode step runs, before CUDA-graph capture (GPU): LocDiT and LocEnc
         whole, and in both LMs the layer math around attention (one compiled pair shared by all

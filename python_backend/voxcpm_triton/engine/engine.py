@@ -42,7 +42,7 @@ class EngineConfig:
     chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
     idle_wait_s: float = 0.05
     cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
-    attention: str = "auto"  # decode attention on a GPU: "auto" (Triton kernel if available), "triton", "torch"
+    attention: str = "auto"  # GPU attention kernels: "auto" (Triton if available), "triton", "torch" (decode + LocDiT/LocEnc)
     compile: bool = True  # torch.compile LocDiT/LocEnc and the LM layer math before capturing (GPU with graphs only)
     prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
 
@@ -70,8 +70,11 @@ class Engine:
         self.max_positions = vox.cfg.max_length
         self.max_blocks_per_seq = math.ceil(self.max_positions / self.cfg.block_size)
         self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
+        self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention)
+        # The Triton kernels come as a pair: paged decode attention (runner) and LocDiT/LocEnc attention.
+        self.model.use_fused_attention_(self.runner.use_triton)
         if self.runner.use_graphs:
             self._prepare_gpu()
         self._free_slots = list(range(self.cfg.max_batch_size))
@@ -93,13 +96,19 @@ class Engine:
         # Flash attention beats cuDNN's on LocDiT's 11-token sequences (5.6 vs 7.0 us per call at
         # 2 sequences on an H100, scripts/attention_shapes.py); the choice is baked in at capture.
         torch.backends.cuda.enable_cudnn_sdp(False)
+        t0 = time.monotonic()
         if self.cfg.compile:
             self.model.compile_()
         self.runner.capture_all()
+        t1 = time.monotonic()
         self._warm_up_prefill()
+        t2 = time.monotonic()
         if self.cfg.prefill_graphs:
             self.prefill_graphs = PrefillGraphs(self.model, self.kv, self.device, pool=self.runner.graph_pool)
             self.prefill_graphs.capture_all()
+        torch.cuda.synchronize(self.device)
+        self.startup_s = {"decode_graphs": t1 - t0, "prefill_warm_up": t2 - t1,
+                          "prefill_graphs": time.monotonic() - t2}
 
     def _kv_budget(self) -> int:
         if self.cfg.kv_memory_bytes:

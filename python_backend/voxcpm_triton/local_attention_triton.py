@@ -1,0 +1,251 @@
+"""LocDiT/LocEnc attention as one Triton kernel: RoPE, grouped-query attention over a handful of
+tokens, and the head layout, straight from the fused QKV projection's output.
+
+The PyTorch path (`minicpm.local_attention` after `LayerMath.attention_inputs`) spends four or
+five kernels per layer on this: RoPE on q and k, folding query heads into the sequence, flash
+attention, unfolding. LocDiT runs its 12 layers 9 times per decode step, so at batch 1 those small
+kernels are a large share of the step. Here it is one launch:
+
+    qkv  [B * S, (Hq + 2 * Hkv) * D]   tokens of B sequences of S tokens each (S <= 64)
+    cos, sin [S, D] fp32 or None       RoPE tables for positions 0..S-1 (every sequence starts at 0)
+    ->   [B * S, Hq * D]               ready for the output projection
+
+Same arithmetic as the PyTorch path: RoPE in fp32 rounded to the input dtype, scores and softmax in
+fp32, probabilities rounded to the input dtype for the value product (as flash attention does),
+non-causal, scale 1/sqrt(D). One program per (sequence, block of query heads sharing a KV head);
+the query heads are stacked as rows so that one tl.dot covers them all.
+
+It is registered as the custom op `voxcpm::local_attention`, so torch.compile keeps it as one opaque
+call inside the compiled LocDiT/LocEnc graphs, and CUDA graphs capture it (the grid depends on
+shapes only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # triton is optional: without it (CPU image) the PyTorch path runs
+    import triton
+    import triton.language as tl
+
+    _HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    triton = tl = None
+    _HAVE_TRITON = False
+
+MAX_SEQ = 64  # whole sequences sit in registers; LocDiT has 11 tokens, LocEnc 5
+
+
+def available() -> bool:
+    """True when the kernel can run compiled: triton importable and a CUDA device present."""
+    return _HAVE_TRITON and torch.cuda.is_available()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _rope_half(x1, x2, cos_ptr, sin_ptr, tok, d, mask, HALF: tl.constexpr, D: tl.constexpr):
+        """Rotate-half RoPE on the two halves of [rows, HALF] tiles, in fp32."""
+        c1 = tl.load(cos_ptr + tok[:, None] * D + d[None, :], mask=mask, other=0.0)
+        c2 = tl.load(cos_ptr + tok[:, None] * D + HALF + d[None, :], mask=mask, other=0.0)
+        s1 = tl.load(sin_ptr + tok[:, None] * D + d[None, :], mask=mask, other=0.0)
+        s2 = tl.load(sin_ptr + tok[:, None] * D + HALF + d[None, :], mask=mask, other=0.0)
+        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+    @triton.jit
+    def _local_attention_kernel(
+        qkv_ptr, cos_ptr, sin_ptr, out_ptr,
+        stride_tok, stride_out, S, qk_scale,  # qk_scale = log2(e) / sqrt(D)
+        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+        S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h0 = tl.program_id(1) * HEADS  # first query head of this program
+        kvh = h0 // (HQ // HKV)
+        dtype = qkv_ptr.dtype.element_ty
+
+        d = tl.arange(0, HALF_PAD)
+        d_ok = d < HALF
+        tok = tl.arange(0, S_PAD)
+        kv_mask = (tok < S)[:, None] & d_ok[None, :]
+        kv_rows = qkv_ptr + (b * S + tok)[:, None] * stride_tok
+        k_col = (HQ + kvh) * D
+        v_col = (HQ + HKV + kvh) * D
+        k1 = tl.load(kv_rows + k_col + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k2 = tl.load(kv_rows + k_col + HALF + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v1 = tl.load(kv_rows + v_col + d[None, :], mask=kv_mask, other=0.0)
+        v2 = tl.load(kv_rows + v_col + HALF + d[None, :], mask=kv_mask, other=0.0)
+
+        # Query rows: HEADS heads x S_PAD tokens, row r = head (h0 + r // S_PAD), token r % S_PAD.
+        r = tl.arange(0, HEADS * S_PAD)
+        q_tok = r % S_PAD
+        q_head = h0 + r // S_PAD
+        q_mask = (q_tok < S)[:, None] & d_ok[None, :]
+        q_ptrs = qkv_ptr + (b * S + q_tok)[:, None] * stride_tok + q_head[:, None] * D + d[None, :]
+        q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(tl.float32)
+        q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0).to(tl.float32)
+
+        if HAS_ROPE:
+            k1, k2 = _rope_half(k1, k2, cos_ptr, sin_ptr, tok, d, kv_mask, HALF, D)
+            q1, q2 = _rope_half(q1, q2, cos_ptr, sin_ptr, q_tok, d, q_mask, HALF, D)
+        # Rounded to the input dtype, as the PyTorch path stores roped q and k.
+        q1, q2, k1, k2 = q1.to(dtype), q2.to(dtype), k1.to(dtype), k2.to(dtype)
+        if DOT_UPCAST:  # interpreter: its tl.dot multiplies bf16 (kept as uint16) as integers
+            q1, q2, k1, k2 = q1.to(tl.float32), q2.to(tl.float32), k1.to(tl.float32), k2.to(tl.float32)
+            v1, v2 = v1.to(tl.float32), v2.to(tl.float32)
+
+        s = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
+        s += tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
+        s = tl.where((tok < S)[None, :], s * qk_scale, float("-inf"))  # [rows, S_PAD]
+        p = tl.exp2(s - tl.max(s, axis=1)[:, None])
+        l = tl.sum(p, axis=1)
+        p = p.to(dtype)
+        if DOT_UPCAST:
+            p = p.to(tl.float32)
+        o1 = tl.dot(p, v1, input_precision=PRECISION) / l[:, None]
+        o2 = tl.dot(p, v2, input_precision=PRECISION) / l[:, None]
+
+        o_ptrs = out_ptr + (b * S + q_tok)[:, None] * stride_out + q_head[:, None] * D + d[None, :]
+        tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(o_ptrs + HALF, o2.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+    # TRITON_INTERPRET=1 at import time makes triton.jit return interpreter-run functions (CPU, numpy).
+    _INTERPRETED = type(_local_attention_kernel).__name__ == "InterpretedFunction"
+else:
+    _INTERPRETED = False
+
+
+def heads_per_program(n_heads: int, n_kv: int) -> int:
+    """Query heads stacked in one program (64 rows for LocDiT): 4, or the largest power of 2 (for
+    tl.arange) that divides the group. On an H100 4 was fastest at every batch from 1 to 128, for
+    both LocDiT and LocEnc (1.0-1.1x of 1 head at batch 1, 1.7-1.9x at 64-128; 8 heads was slowest,
+    `python -m voxcpm_triton.local_attention_triton`, benchmarks/raw/local_attention_*.json)."""
+    group = n_heads // n_kv
+    return min(4, group & -group)
+
+
+def _launch(qkv, cos, sin, seq_len: int, n_heads: int, n_kv: int, head_dim: int, heads: int | None = None,
+            num_warps: int | None = None) -> torch.Tensor:
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    N, width = qkv.shape
+    assert width == (n_heads + 2 * n_kv) * head_dim, (qkv.shape, n_heads, n_kv, head_dim)
+    assert n_heads % n_kv == 0 and head_dim % 2 == 0 and N % seq_len == 0, (n_heads, n_kv, head_dim, N, seq_len)
+    assert 1 <= seq_len <= MAX_SEQ, f"local attention over {seq_len} tokens (at most {MAX_SEQ})"
+    assert qkv.stride(1) == 1
+    has_rope = cos is not None
+    if has_rope:
+        assert cos.shape == sin.shape == (seq_len, head_dim) and cos.dtype == sin.dtype == torch.float32, \
+            (cos.shape, cos.dtype, seq_len, head_dim)
+        cos, sin = cos.contiguous(), sin.contiguous()
+    n_seq = N // seq_len
+    out = torch.empty((N, n_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    if N == 0:
+        return out
+    heads = heads or heads_per_program(n_heads, n_kv)
+    s_pad = max(16, _next_pow2(seq_len))
+    half = head_dim // 2
+    dot_upcast = _INTERPRETED and qkv.dtype != torch.float32
+    precision = "ieee" if qkv.dtype == torch.float32 or dot_upcast else "tf32"
+    rows = heads * s_pad
+    _local_attention_kernel[(n_seq, n_heads // heads)](
+        qkv, cos if has_rope else qkv, sin if has_rope else qkv, out,
+        qkv.stride(0), out.stride(0), seq_len, 1.4426950408889634 / math.sqrt(head_dim),
+        HQ=n_heads, HKV=n_kv, D=head_dim, HALF=half, HALF_PAD=max(16, _next_pow2(half)), S_PAD=s_pad,
+        HEADS=heads, HAS_ROPE=has_rope, DOT_UPCAST=dot_upcast, PRECISION=precision,
+        num_warps=num_warps or (4 if rows >= 64 else 2),
+    )
+    return out
+
+
+@torch.library.custom_op("voxcpm::local_attention", mutates_args=())
+def local_attention_op(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, seq_len: int,
+                       n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
+    return _launch(qkv, cos, sin, seq_len, n_heads, n_kv, head_dim)
+
+
+@local_attention_op.register_fake
+def _(qkv, cos, sin, seq_len, n_heads, n_kv, head_dim):
+    return qkv.new_empty((qkv.shape[0], n_heads * head_dim))
+
+
+class FusedLocalAttention:
+    """Attention backend for LocEnc/LocDiT that takes the packed QKV projection and RoPE tables
+    (see `minicpm.DecoderLayer.forward`): `backend(layer_idx, qkv, seq_len, rope, heads)`."""
+
+    packed_qkv = True
+
+    def __call__(self, layer_idx, qkv, seq_len, rope, heads):
+        n_heads, n_kv, head_dim = heads
+        cos, sin = rope if rope is not None else (None, None)
+        return local_attention_op(qkv, cos, sin, seq_len, n_heads, n_kv, head_dim)
+
+
+fused_local_attention = FusedLocalAttention()
+
+
+def _bench(batches=(1, 8, 32, 64, 128), seq_len=11, n_heads=16, n_kv=2, head_dim=128):  # pragma: no cover
+    """Fused kernel vs the compiled PyTorch path (RoPE, fold, flash SDPA, unfold), microseconds per
+    layer call from a CUDA graph, at LocDiT's shapes (CFG doubles the sequences), for every head
+    blocking. Prints one line per batch; returns the rows."""
+    from triton.testing import do_bench_cudagraph
+
+    from .minicpm import apply_rope, local_attention
+
+    torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    S, Hq, Hkv, D = seq_len, n_heads, n_kv, head_dim
+    pos = torch.arange(S, device=dev, dtype=torch.float32)[:, None]
+    ang = pos / (10000 ** (torch.arange(0, D, 2, device=dev) / D))
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+
+    def torch_path(qkv):
+        B = qkv.size(0) // S
+        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        c, s = cos.repeat(B, 1), sin.repeat(B, 1)
+        q, k = apply_rope(q.reshape(-1, Hq, D), c, s), apply_rope(k.reshape(-1, Hkv, D), c, s)
+        out = local_attention(0, q.view(B, S, Hq, D), k.view(B, S, Hkv, D), v.reshape(B, S, Hkv, D))
+        return out.reshape(B * S, Hq * D)
+
+    compiled = torch.compile(torch_path, dynamic=True)
+    rows = []
+    print(f"local attention, S={S} Hq={Hq} Hkv={Hkv} D={D}, bf16, us per call (CUDA graph), "
+          f"{torch.cuda.get_device_name()}")
+    for batch in batches:
+        n_seq = 2 * batch
+        qkv = torch.randn(n_seq * S, (Hq + 2 * Hkv) * D, device=dev, dtype=dt)
+        row = {"batch": batch, "sequences": n_seq, "auto_heads": heads_per_program(Hq, Hkv),
+               "torch_compiled_us": do_bench_cudagraph(lambda: compiled(qkv), rep=100) * 1e3}
+        ref = compiled(qkv).float()
+        for heads in (1, 2, 4, 8):
+            out = _launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads)
+            row[f"err_h{heads}"] = (out.float() - ref).abs().max().item()
+            row[f"fused_h{heads}_us"] = do_bench_cudagraph(
+                lambda: _launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads), rep=100) * 1e3
+        rows.append(row)
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=_bench.__doc__)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    ap.add_argument("--seq-len", type=int, default=11, help="11: LocDiT, 5: LocEnc")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    a = ap.parse_args()
+    if not available():
+        raise SystemExit("needs triton and a CUDA device")
+    result = _bench(tuple(a.batches), a.seq_len)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "seq_len": a.seq_len, "rows": result}, f, indent=1)
