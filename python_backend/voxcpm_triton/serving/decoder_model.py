@@ -9,6 +9,7 @@ the final flag. A request carrying CANCEL_ID cancels that earlier request
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ def _scalar(request, name, cast, default=None):
 class DecoderModel:
     def initialize(self, args):
         params = model_parameters(args)
+        t0 = time.monotonic()
         self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params), device=setting(params, "device"),
                                            dtype=setting(params, "dtype"))
         kv_mb = setting(params, "kv_cache_mb")
@@ -49,9 +51,15 @@ class DecoderModel:
             compile=flag(params, "compile", True),
             attention=setting(params, "attention", "auto"),
         )
+        t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)
         self.metrics = EngineMetrics(self.engine, {"model": "decoder"})
-        log.warning("decoder ready: device=%s dtype=%s kv_blocks=%d", self.vox.device, self.vox.dtype,
+        phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
+        memory = ""
+        if self.vox.device.type == "cuda":
+            memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
+        log.warning("decoder ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d",
+                    time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device, self.vox.dtype,
                     self.engine.kv.allocator.total)
 
     def _prompt(self, request):
