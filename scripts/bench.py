@@ -113,18 +113,65 @@ def first_audio_latency(engine, vox, prompt, reps: int = 7) -> dict:
     return res
 
 
-def profile_step(engine, vox, prompt, batch: int, steps: int = 6) -> list:
-    """Top CUDA kernels over a few steps at `batch`."""
+KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first match wins
+    ("GEMM (cuBLAS)", ("nvjet", "gemm", "cublas", "splitKreduce", "cutlass")),
+    ("LocDiT/LocEnc attention (Triton)", ("_local_attention_kernel",)),
+    ("paged decode attention (Triton)", ("_paged_decode_kernel", "_merge_splits_kernel")),
+    ("fused pointwise/norm (inductor)", ("triton_",)),
+    ("flash attention (prefill)", ("flash",)),
+)
+
+
+VAE_KERNEL_KINDS = (
+    ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
+    ("snake (compiled)", ("triton_",)),
+)
+
+
+def summarize_profile(prof, per: int, kinds=KERNEL_KINDS) -> dict:
+    """Kernel time per kind and the top kernels, in ms per `per` (steps or calls)."""
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    by_kind: dict = {}
+    for e in events:
+        k = next((kind for kind, keys in kinds if any(f in e.key for f in keys)), "other (copies, indexing, ...)")
+        by_kind[k] = by_kind.get(k, 0.0) + e.device_time_total / 1000 / per
+    top = [{"kernel": e.key[:90], "calls": e.count / per, "cuda_ms": e.device_time_total / 1000 / per}
+           for e in sorted(events, key=lambda e: -e.device_time_total)[:12]]
+    return {"gpu_ms": sum(by_kind.values()), "kernels": sum(e.count for e in events) / per,
+            "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "top": top}
+
+
+def profile_step(engine, vox, prompt, batch: int, steps: int = 8) -> dict:
+    """CUDA kernels of `steps` decode steps at `batch`, once every request is past its prefill:
+    the top kernels and the time per kind, per step."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        return []
+        return {}
+    started, done = threading.Semaphore(0), threading.Semaphore(0)
+    seen = set()
+
+    def sink(ev):
+        if isinstance(ev, LatentChunk) and ev.request_id not in seen:
+            seen.add(ev.request_id)
+            started.release()
+        elif isinstance(ev, Finished):
+            done.release()
+
+    n = steps + 40  # enough steps left once the profile starts
+    for i in range(batch):
+        engine.submit(EngineRequest(f"prof-{batch}-{i}", prompt, seed=i, min_len=n, max_len=n), sink=sink)
+    for _ in range(batch):
+        started.acquire(timeout=600)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_batch(engine, vox, prompt, batch, steps, "prof")
-    rows = []
-    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
-        rows.append({"kernel": e.key[:90], "calls": e.count, "cuda_ms_per_step": e.device_time_total / 1000 / steps})
-    return rows
+        s0 = engine.stats()["steps"]
+        while engine.stats()["steps"] - s0 < steps:
+            time.sleep(0.001)
+        sync()
+        measured = engine.stats()["steps"] - s0
+    for _ in range(batch):
+        done.acquire(timeout=600)
+    return {"batch": batch, "steps": measured, **summarize_profile(prof, measured)}
 
 
 def engine_bench(vox, prompt, args) -> dict:
@@ -153,6 +200,10 @@ def engine_bench(vox, prompt, args) -> dict:
         if graphs and not args.no_profile:
             res["profile_batch1"] = profile_step(eng, vox, prompt, 1)
             res["profile_batch_max"] = profile_step(eng, vox, prompt, max(args.batches))
+            for p in (res["profile_batch1"], res["profile_batch_max"]):
+                if p:
+                    log(f"[profile] batch {p['batch']}: {p['gpu_ms']:.2f} ms of GPU work, {p['kernels']:.0f} "
+                        f"kernels per step; " + ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items()))
         if torch.cuda.is_available():
             res["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         eng.shutdown()
@@ -202,6 +253,16 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
                 log(f"[vae {mode}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms  "
                     f"({audio / (ms / 1000):7.1f}x real time){'  graph' if rows[-1]['graph'] else ''}")
         out[mode] = rows
+        if mode == "compiled" and torch.cuda.is_available():  # where a large call's GPU time goes
+            from torch.profiler import ProfilerActivity, profile
+
+            keys, z = list(range(8)), torch.randn(8, vae.latent_dim, 16 * P)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    bank.decode(keys, z)
+                sync()
+            out["profile_8x16"] = summarize_profile(prof, 3, VAE_KERNEL_KINDS)
+            log(f"[vae profile] 8 streams x 16 patches: {out['profile_8x16']['by_kind_ms']}")
         del bank
     return out
 
