@@ -62,9 +62,15 @@ class LongRoPE(nn.Module):
         self.cos = emb.cos() * factor
         self.sin = emb.sin() * factor
 
+    def to_device_(self, device):
+        """Move the tables (model loading does, before anything is compiled: torch.compile would
+        trace a first call that moves them, then compile the whole module again)."""
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self
+
     def forward(self, positions: torch.Tensor):
         if self.cos.device != positions.device:
-            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
+            self.to_device_(positions.device)
         return self.cos[positions], self.sin[positions]
 
 
@@ -104,6 +110,18 @@ def local_attention(layer_idx, q, k, v):
     qf = q.reshape(B, S, Hkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * S, D)
     out = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2))
     return out.reshape(B, Hkv, g, S, D).permute(0, 3, 1, 2, 4).reshape(B, S, Hq, D)
+
+
+def _as_non_views(fn):
+    """Call `fn` with its tensor arguments detached. torch.compile guards on the base size of an
+    input that is a view, and decode and prefill pass views of differently shaped bases (the
+    layer input, RoPE tables, attention output): each would compile again. A detached tensor is
+    the same memory but no view, so one graph serves both."""
+
+    def call(*args):
+        return fn(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+
+    return call
 
 
 class LayerMath:
@@ -148,8 +166,8 @@ class LayerMath:
             # dynamic=True: the token count varies (batch buckets, prompt lengths); every other
             # size is tied to a weight (a Parameter, static to dynamo), so the kernels stay specialised.
             c = LayerMath(*self.key)
-            c.attention_inputs = torch.compile(c.attention_inputs, dynamic=True)
-            c.attention_output_mlp = torch.compile(c.attention_output_mlp, dynamic=True)
+            c.attention_inputs = _as_non_views(torch.compile(c.attention_inputs, dynamic=True))
+            c.attention_output_mlp = _as_non_views(torch.compile(c.attention_output_mlp, dynamic=True))
             LayerMath._compiled[self.key] = c
         return LayerMath._compiled[self.key]
 

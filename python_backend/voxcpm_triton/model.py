@@ -99,10 +99,16 @@ class VoxCPM2Model(nn.Module):
         return self
 
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
-        """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space."""
-        for d in (0, 1):  # batch and length vary: a dynamic graph on the first compile (if compiled)
-            torch._dynamo.maybe_mark_dynamic(feats, d)
-        return self.enc_to_lm_proj(self.feat_encoder(feats))
+        """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space.
+
+        LocEnc sees each patch on its own, so decode steps ([B, 1]) and prefills ([1, T]) both go
+        in as [B * T, 1] patches: one dynamic dimension, one compiled graph for both (if compiled)."""
+        B, T = feats.shape[:2]
+        # contiguous(): a decode step's patch is a transposed view; a prompt's feats are not.
+        # detach(): no view either, whose base size torch.compile would guard on (see minicpm._as_non_views).
+        flat = feats.reshape(B * T, 1, *feats.shape[2:]).contiguous().detach()
+        torch._dynamo.maybe_mark_dynamic(flat, 0)
+        return self.enc_to_lm_proj(self.feat_encoder(flat)).view(B, T, -1)
 
     def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend):
         """Run both LMs over prompt positions (one or several packed prompts).

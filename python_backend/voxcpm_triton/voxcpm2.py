@@ -21,6 +21,7 @@ from .audio_vae import AudioVAE
 from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
 from .config import TORCH_DTYPES, VoxCPM2Config
 from .local_modules import CfmSchedule
+from .minicpm import LongRoPE
 from .model import VoxCPM2Model
 from .noise import noise_for_steps
 from .inputs import check_waveform, clean_text, default_max_len, resample
@@ -125,6 +126,9 @@ class VoxCPM2:
         model = meta_model(cfg).to_empty(device=dev).to(dt)
         load_model_weights(model, files["model"])
         model.eval().requires_grad_(False).fuse_projections_()
+        for m in model.modules():  # RoPE tables are plain fp32 attributes, which .to() leaves alone
+            if isinstance(m, LongRoPE):
+                m.to_device_(dev)
         _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
         tokenizer = TextTokenizer.from_dir(path)
         return cls(cfg, model, vae, tokenizer, dev, dt)
