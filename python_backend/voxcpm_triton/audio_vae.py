@@ -246,8 +246,16 @@ class ResidualUnit(nn.Module):
                 CausalConv1d(dim, dim, 1),
             ]
         )
+        self.fused = False  # depthwise conv and snake as one Triton kernel (AudioVAE.use_triton_kernels_)
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        if self.fused:
+            from .vae_kernels import dwconv_snake
+
+            snake1, conv, snake2, pointwise = self.block
+            y = snake1(x)
+            y = F.pad(y, (conv.left_pad, 0)) if st is None else st.extend(y, conv.left_pad)
+            return x + pointwise(dwconv_snake(y, conv.weight, conv.bias, snake2.alpha, conv.dilation))
         y = x
         for layer in self.block:
             y = layer(y, st)
@@ -518,6 +526,14 @@ class AudioVAE(nn.Module):
             for batch in (1, 2):
                 z = torch.zeros(batch, self.latent_dim, 4, device=self.device)
                 self.decode_chunk(z, self.new_stream_state(batch))
+        return self
+
+    def use_triton_kernels_(self, enabled: bool = True) -> "AudioVAE":
+        """GPU with triton: each depthwise residual unit's causal conv, bias and the snake after it
+        as one kernel (`vae_kernels`); non-depthwise configs keep the PyTorch path."""
+        for m in self.decoder.modules():
+            if isinstance(m, ResidualUnit):
+                m.fused = enabled and m.block[1].groups == m.block[1].in_channels
         return self
 
     # -- streaming ----------------------------------------------------------

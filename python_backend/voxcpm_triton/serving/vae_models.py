@@ -67,6 +67,10 @@ class VAEDecoderModel:
     def initialize(self, args):
         params, self.cfg, self.vae = _load(args)
         on_gpu = self.vae.device.type == "cuda"
+        if on_gpu and flag(params, "triton_kernels", True):
+            from .. import vae_kernels  # imports triton: only where it can run
+
+            self.vae.use_triton_kernels_(vae_kernels.available())
         if on_gpu and flag(params, "compile", True):
             self.vae.compile_()
         self.streams = VAEStreams(self.vae, self.cfg.patch_size, positive_int(params, "max_streams", 256),

@@ -1,0 +1,76 @@
+"""The VAE decoder's depthwise-conv + snake kernel (`vae_kernels`) against the PyTorch layers.
+
+Compiled on a CUDA machine; elsewhere under triton's CPU interpreter (TRITON_INTERPRET=1, set by
+conftest.py); skipped where triton is not installed. The PyTorch decoder it replaces is checked
+against the official one in test_audio_vae.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, ResidualUnit, _Stream  # noqa: E402
+from voxcpm_triton.vae_kernels import dwconv_snake  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+def _randomize(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("alpha"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g) / max(1, p[0].numel()) ** 0.5)
+    return module
+
+
+@pytest.mark.parametrize("C,T,dilation,with_prev", [(20, 3, 9, True), (20, 300, 3, True), (5, 130, 1, True),
+                                                     (20, 40, 9, False)])
+def test_kernel_matches_the_layers(C, T, dilation, with_prev):
+    """The unit's conv and second snake on the conv's padded input (the stream's saved frames, or
+    zeros): fewer frames than the look-back, several time blocks, a partial channel block."""
+    unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
+    _, conv, snake2, _ = unit.block
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(2, C, T, generator=g).to(DEV)
+    prev = torch.randn(2, C, conv.left_pad, generator=g).to(DEV) if with_prev else None
+    want = snake2(conv(x, _Stream([prev]) if with_prev else None))
+    xp = torch.cat([prev, x], -1) if with_prev else torch.nn.functional.pad(x, (conv.left_pad, 0))
+    y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, dilation)
+    assert y.shape == want.shape
+    assert (y - want).abs().max().item() <= 1e-5
+
+
+REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_dim=64,
+               decoder_rates=[8, 6, 5, 2, 2, 2], depthwise=True, sr_bin_boundaries=[20000, 30000, 40000])
+
+
+def test_decoder_with_the_kernel_matches_without():
+    """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel)."""
+    plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
+    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV).use_triton_kernels_()
+    assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
+    z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
+    want = plain.decode(z)
+    assert want.abs().max().item() > 1e-3  # not a trivially silent decoder
+    assert (fused.decode(z) - want).abs().max().item() <= 1e-5
+    state, parts = fused.new_stream_state(2), []
+    for a, b in ((0, 1), (1, 2), (2, 5)):
+        audio, state = fused.decode_chunk(z[..., a:b], state)
+        parts.append(audio)
+    assert (torch.cat(parts, -1) - want).abs().max().item() <= 1e-5
+
+
+def test_only_depthwise_units_are_fused():
+    cfg = dict(REALISH, depthwise=False, decoder_dim=16, decoder_rates=[2, 2], encoder_rates=[2, 2])
+    vae = AudioVAE(AudioVAEConfig.from_dict(cfg)).use_triton_kernels_()
+    assert not any(getattr(m, "fused", False) for m in vae.modules())
