@@ -123,6 +123,7 @@ KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first
 
 
 VAE_KERNEL_KINDS = (
+    ("snake + depthwise conv (Triton)", ("_snake_dwconv_snake_kernel",)),
     ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
     ("snake (compiled)", ("triton_",)),
 )
@@ -217,19 +218,25 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
     """Streaming VAE decode as `vae_decoder` runs it per execute (`VAEStreams.decode`: gather the
     streams' state, decode, scatter it back, audio to the host), fp32, for B streams' chunks of n
     patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
-    graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES). ms per call and x real time."""
+    graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
+    residual units' Triton kernel (`vae_kernels`). ms per call and x real time."""
     from voxcpm_triton.vae_streams import VAEStreams
+
+    from voxcpm_triton import vae_kernels
 
     vae, P = vox.vae, vox.patch_size
     out = {}
-    for mode in ("eager", "compiled", "graphs"):
+    modes = ["eager", "compiled", "graphs"] + (["triton", "triton_graphs"] if vae_kernels.available() else [])
+    for mode in modes:
         t0 = time.perf_counter()
         if mode == "compiled":
             vae.compile_()
             out["compile_s"] = time.perf_counter() - t0
+        if mode == "triton":
+            vae.use_triton_kernels_()
         mem0 = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-        bank = VAEStreams(vae, P, max_streams=max(streams), cuda_graphs=mode == "graphs")
-        if mode == "graphs":
+        bank = VAEStreams(vae, P, max_streams=max(streams), cuda_graphs=mode.endswith("graphs"))
+        if mode.endswith("graphs"):
             out["capture_s"] = time.perf_counter() - t0
             out["graphs_captured"] = len(bank.graphs)
             out["graph_mem_gib"] = ((torch.cuda.memory_allocated() if torch.cuda.is_available() else 0) - mem0) / 2**30
@@ -253,7 +260,7 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
                 log(f"[vae {mode}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms  "
                     f"({audio / (ms / 1000):7.1f}x real time){'  graph' if rows[-1]['graph'] else ''}")
         out[mode] = rows
-        if mode == "compiled" and torch.cuda.is_available():  # where a large call's GPU time goes
+        if mode in ("compiled", "triton") and torch.cuda.is_available():  # where a large call's GPU time goes
             from torch.profiler import ProfilerActivity, profile
 
             keys, z = list(range(8)), torch.randn(8, vae.latent_dim, 16 * P)
@@ -261,8 +268,9 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
                 for _ in range(3):
                     bank.decode(keys, z)
                 sync()
-            out["profile_8x16"] = summarize_profile(prof, 3, VAE_KERNEL_KINDS)
-            log(f"[vae profile] 8 streams x 16 patches: {out['profile_8x16']['by_kind_ms']}")
+            out[f"profile_8x16_{mode}"] = prof_ = summarize_profile(prof, 3, VAE_KERNEL_KINDS)
+            log(f"[vae profile, {mode}] 8 streams x 16 patches: {prof_['gpu_ms']:.1f} ms GPU, "
+                f"{prof_['kernels']:.0f} kernels: {prof_['by_kind_ms']}")
         del bank
     return out
 
