@@ -31,7 +31,7 @@ class LocalEncoder(nn.Module):
         B, T, P, _ = x.shape
         h = self.in_proj(x)
         h = torch.cat([self.special_token.expand(B, T, 1, -1), h], dim=2).reshape(B * T, P + 1, -1)
-        out = self.encoder(h, _positions(P + 1, x.device), self.attention)
+        out = self.encoder(h, _positions(P + 1, x.device), self.attention, keep=slice(0, 1))
         return out[:, 0].reshape(B, T, -1)
 
 
@@ -76,8 +76,8 @@ class LocalDiT(nn.Module):
         te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype))
         mu = mu.view(xh.size(0), -1, xh.size(-1))
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
-        out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention)
-        out = out[:, mu.size(1) + 1 + ch.size(1):]
+        out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention,
+                           keep=slice(mu.size(1) + 1 + ch.size(1), None))
         return self.out_proj(out).transpose(1, 2)
 
 

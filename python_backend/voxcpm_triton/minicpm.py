@@ -230,9 +230,11 @@ class DecoderLayer(nn.Module):
         self.math = LayerMath(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
                               branch_scale)
 
-    def forward(self, x, batch_shape, rope, backend):
+    def forward(self, x, batch_shape, rope, backend, keep: slice | None = None):
         """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
-        [N, D] each, or [S, D] for a backend that takes the packed QKV (and applies RoPE itself)."""
+        [N, D] each, or [S, D] for a backend that takes the packed QKV (and applies RoPE itself).
+        keep: the positions of each sequence whose output is wanted (all by default); the others
+        still serve as keys and values, but skip the output projection and the MLP."""
         attn, mlp, m = self.self_attn, self.mlp, self.math
         B, S = batch_shape
         if getattr(backend, "packed_qkv", False):
@@ -243,9 +245,12 @@ class DecoderLayer(nn.Module):
             q, k, v = m.attention_inputs(x, self.input_layernorm.weight, attn.qkv_weight(), cos, sin)
             out = backend(self.layer_idx, q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
                           v.view(B, S, *v.shape[1:]))
-        return m.attention_output_mlp(x, out.reshape(B * S, -1), attn.o_proj.weight,
-                                      self.post_attention_layernorm.weight, mlp.gate_up_weight(),
-                                      mlp.down_proj.weight)
+        out = out.reshape(B * S, -1)
+        if keep is not None:
+            x = x.view(B, S, -1)[:, keep].reshape(-1, x.size(-1))
+            out = out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
+        return m.attention_output_mlp(x, out, attn.o_proj.weight, self.post_attention_layernorm.weight,
+                                      mlp.gate_up_weight(), mlp.down_proj.weight)
 
 
 class MiniCPM(nn.Module):
@@ -263,8 +268,10 @@ class MiniCPM(nn.Module):
             layer.math = layer.math.compiled()
         return self
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend) -> torch.Tensor:
-        """x: [B, S, hidden]; positions: [B or 1, S] int64."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend, keep: slice | None = None) -> torch.Tensor:
+        """x: [B, S, hidden]; positions: [B or 1, S] int64 -> [B, S, hidden], or [B, len(keep), hidden]:
+        with `keep`, the last layer computes only those positions' outputs (LocDiT reads 4 of its 11,
+        LocEnc 1 of 5)."""
         B, S, H = x.shape
         rope = None
         if self.rope is not None:
@@ -275,6 +282,7 @@ class MiniCPM(nn.Module):
             else:
                 rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
         h = x.reshape(B * S, H)
-        for layer in self.layers:
-            h = layer(h, (B, S), rope, backend)
-        return self.norm(h).view(B, S, H)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = layer(h, (B, S), rope, backend, keep if i == last else None)
+        return self.norm(h).view(B, -1, H)
