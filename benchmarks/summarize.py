@@ -2,20 +2,24 @@
 
     .venv/bin/python benchmarks/summarize.py      (needs matplotlib for the plot)
 
-Current (all from one device call, commands in benchmarks/README.md):
+Current (commands in benchmarks/README.md):
 raw/offline.json      scripts/bench.py: engine offline (CUDA graphs, compiled LocDiT/LocEnc/LM layer math,
-                      prefill graphs), first-patch latency, kernel profiles
+                      Triton attention kernels, prefill graphs), first-patch latency, kernel profiles by kind
 raw/served.json       benchmarks/run_served_gpu.sh: scripts/bench_served.py against tritonserver (tts_stream, gRPC)
 raw/gpu_check.json    scripts/gpu_check.py
-raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations)
-raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs
+raw/startup.json      start-up phases (tritonserver log, scripts/startup_check.py), cold and warm
+raw/local_attention_s11.json, local_attention_s5.json   python -m voxcpm_triton.local_attention_triton
+raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs /
+                      Triton depthwise conv, with profiles
+raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations, PyTorch)
 raw/gpu_sharing.json, gpu_sharing_mps.json  scripts/gpu_sharing.py: VAE calls next to a busy stand-in decoder
-raw/served_no_vae_graphs.json  the served run with vae_decoder's cuda_graphs off (same call as served.json)
 History (earlier code, same machine type):
 raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before any torch.compile (run 1)
-raw/offline_prev_session.json, offline_host_fill.json, served_4inst_chunks1248.json, served_prev_session.json
-raw/served_8inst_no_prefill_graphs.json, served_16inst_no_prefill_graphs.json  tts_stream instance count
-raw/served_16inst_prefill_graphs.json  before the VAE graphs; served_vae_graphs_run1.json  their first run
+raw/offline_prev_session.json, offline_host_fill.json, offline_vae_graphs_session.json (previous session's last)
+raw/served_4inst_chunks1248.json, served_prev_session.json, served_8inst_no_prefill_graphs.json,
+raw/served_16inst_no_prefill_graphs.json, served_16inst_prefill_graphs.json, served_vae_graphs_run1.json,
+raw/served_vae_graphs.json, served_no_vae_graphs.json (one call: VAE graphs on / off),
+raw/served_local_attention.json (+ Triton LocDiT/LocEnc attention), served_vae_triton.json (+ Triton VAE conv)
 """
 
 import json
@@ -71,14 +75,16 @@ def main():
                       "prefill_graph_vs_eager": chk.get("prefill_graph_vs_eager"),
                       "graph_vs_eager": chk["graph_vs_eager"],
                       "vae_graphs_vs_eager": chk["vae_graphs_vs_eager"]},
-        "profile_batch1_top_kernels": eng["profile_batch1"][:8],
-        "profile_batch128_top_kernels": eng["profile_batch_max"][:8],
+        "profile_batch1": eng["profile_batch1"],
+        "profile_batch128": eng["profile_batch_max"],
     }
     # history: the same measurements on earlier code
     run1 = {x["batch"]: x["aggregate_xrt"] for x in ref["engine_run1_no_compile"]["graphs"]["runs"]}
     prev = {x["batch"]: x["aggregate_xrt"] for x in load("offline_prev_session.json")["engine"]["graphs"]["runs"]}
     fill = {x["batch"]: x["aggregate_xrt"] for x in load("offline_host_fill.json")["engine"]["graphs"]["runs"]}
+    last = {x["batch"]: x["aggregate_xrt"] for x in load("offline_vae_graphs_session.json")["engine"]["graphs"]["runs"]}
     res["engine_history_xrt"] = {"graphs_only_run1": run1, "compiled_locdit_locenc": prev, "host_side_inputs": fill,
+                                 "previous_session": last,
                                  "now": {b: x["aggregate_xrt"] for b, x in res["engine_offline"].items()}}
     res["served_history_xrt"] = {
         "4_instances_chunks_1248": {c: lv["x_real_time"] for c, lv in served_levels("served_4inst_chunks1248.json").items()},
@@ -88,13 +94,20 @@ def main():
         "prefill_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_prefill_graphs.json").items()},
         "no_vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_no_vae_graphs.json").items()},
         "vae_graphs_run1": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs_run1.json").items()},
+        "vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs.json").items()},
+        "triton_local_attention": {c: lv["x_real_time"] for c, lv in served_levels("served_local_attention.json").items()},
+        "triton_vae_conv": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_triton.json").items()},
         "now": {c: s["aggregate_xrt"] for c, s in res["served"].items()},
     }
     vae = load("vae_stream_decode.json")
-    res["vae_stream_decode_ms"] = {m: {f"{x['streams']}x{x['patches']}": x["ms"] for x in vae[m]}
-                                   for m in ("eager", "compiled", "graphs")}
+    vae_modes = ("eager", "compiled", "graphs", "triton", "triton_graphs")
+    res["vae_stream_decode_ms"] = {m: {f"{x['streams']}x{x['patches']}": x["ms"] for x in vae[m]} for m in vae_modes}
     res["vae_graphs_capture_s"], res["vae_graphs_mem_gib"] = vae["capture_s"], vae["graph_mem_gib"]
-    vae_rate = next(x["audio_s_per_s"] for x in vae["graphs"] if (x["streams"], x["patches"]) == (8, 16))
+    res["vae_profile_8x16"] = {m: vae[f"profile_8x16_{m}"] for m in ("compiled", "triton")}
+    vae_rate = next(x["audio_s_per_s"] for x in vae["triton_graphs"] if (x["streams"], x["patches"]) == (8, 16))
+    res["local_attention_us"] = {s_: load(f"local_attention_s{s_}.json")["rows"] for s_ in (11, 5)}
+    st = load("startup.json")
+    res["startup"] = st
     res["gpu_sharing_vae_ms_p50"] = {k: {s: x["p50_ms"] for s, x in v.items()}
                                      for k, v in load("gpu_sharing.json").items() if k != "device"}
 
@@ -106,8 +119,9 @@ def main():
           f"| time to first audio, p50 (served, 1 stream) | **{res['ttfa_ms_p50']:.0f} ms** | <= 50 ms |",
           f"| aggregate x real time, 64 streams (served) | **{res['aggregate_xrt_c64']:.0f}x**, "
           f"{100 * res['faster_than_realtime_frac_c64']:.0f}% of streams faster than real time | >= 600x |",
-          f"| cold start-up (compile + capture, decoder engine) | {res['startup_s_compile_and_capture_cold']:.0f} s "
-          f"(+ {res['load_s']:.0f} s load) | <= 90 s |", "",
+          f"| start-up, served decoder on a fresh machine (load + compile + capture) | "
+          f"**{res['startup']['served_decoder_ready_s_cold']['fresh_machine_1']['total']:.0f} and "
+          f"{res['startup']['served_decoder_ready_s_cold']['fresh_machine_2']['total']:.0f} s** | <= 90 s |", "",
           "| system | single-stream RTF | notes |", "|---|---|---|",
           f"| voxcpm 2.0.3 eager | {res['reference_rtf_eager']:.3f} | |",
           f"| voxcpm 2.0.3 `optimize()` | {res['reference_rtf_compiled']:.3f} | first call compiles for "
@@ -134,35 +148,47 @@ def main():
     md += ["", f"A lone request's first latent patch: {res['engine_first_patch_ms_p50']:.1f} ms after submit "
            f"(prefill of {p['positions']} positions: {p['graph']:.1f} ms as a CUDA graph, {p['eager']:.1f} ms eager).",
            "", "How the engine got here (aggregate x real time by batch):", "",
-           "| batch | graphs only | + compiled LocDiT/LocEnc | + host-side inputs | now |", "|---|---|---|---|---|"]
+           "| batch | graphs only | + compiled LocDiT/LocEnc | + host-side inputs | previous session | "
+           "now: + Triton LocDiT/LocEnc attention, last layer trimmed |", "|---|---|---|---|---|---|"]
     h = res["engine_history_xrt"]
     for b in sorted(h["now"]):
-        cells = [h[k].get(b) for k in ("graphs_only_run1", "compiled_locdit_locenc", "host_side_inputs", "now")]
+        cells = [h[k].get(b) for k in ("graphs_only_run1", "compiled_locdit_locenc", "host_side_inputs",
+                                       "previous_session", "now")]
         md.append(f"| {b} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in cells) + " |")
-    md += ["", "Served, by tts_stream configuration (aggregate x real time):", "",
-           "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. (prev. session) | 8 inst.* | 16 inst.** "
-           "| + prefill graphs | + VAE graphs (now) | now, VAE graphs off*** | + VAE graphs, earlier call |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    md += ["", "Served, step by step (aggregate x real time; each column one device call, and calls on different "
+           "machines of the same type differ by up to 20% at 64 streams, so compare within a call where noted):", "",
+           "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. | 16 inst. | + prefill graphs | + VAE graphs | same call, "
+           "VAE graphs off | + Triton LocDiT/LocEnc attention | + Triton VAE conv | now: + trimmed last layer |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     sh = res["served_history_xrt"]
     for c in sorted(sh["now"]):
         md.append(f"| {c} | " + " | ".join(f"{sh[k].get(c, float('nan')):.0f}" for k in
-                                           ("4_instances_chunks_1248", "8_instances_prev_session", "8_instances",
-                                            "16_instances", "prefill_graphs", "now", "no_vae_graphs",
-                                            "vae_graphs_run1")) + " |")
-    md += ["", "\\* this session's engine (compiled LM layers, folded attention, fused VAE snake) before the start-up "
-           "changes; \\*\\* with them (no bucket of 1, one attention formulation). The instance count is the main "
-           "difference between the two: VAE calls are serialised per tts_stream instance, so more instances batch "
-           "more streams per vae_decoder execute. \\*\\*\\* the same server, restarted with vae_decoder's "
-           "cuda_graphs off, in the same device call as the 'now' column (3 requests per stream slot; the earlier "
-           "call ran 2, TTFA p50 32 ms). Runs on different machines of the same type differ by up to 20% at 64 "
-           "streams, so compare within a call."]
+                                           ("4_instances_chunks_1248", "8_instances", "16_instances", "prefill_graphs",
+                                            "vae_graphs", "no_vae_graphs", "triton_local_attention",
+                                            "triton_vae_conv", "now")) + " |")
     v = res["vae_stream_decode_ms"]
     md += ["", "Streaming VAE decode as vae_decoder runs it (`VAEStreams.decode`: gather state, decode, scatter, "
            "audio to the host), ms per call, GPU to itself (streams x patches, fp32). Graphs are captured up to "
            f"{256} patches per replay ({res['vae_graphs_capture_s']:.1f} s, {res['vae_graphs_mem_gib']:.2f} GiB); "
-           "above that the decode is bound by the GPU's work and runs eagerly:", "",
-           "| streams x patches | eager | fused snake | CUDA graph |", "|---|---|---|---|"]
-    md += [f"| {k} | {v['eager'][k]:.1f} | {v['compiled'][k]:.1f} | {v['graphs'][k]:.1f} |" for k in v["eager"]]
+           "above that the decode is bound by the GPU's work and runs eagerly. The eager columns at small sizes are "
+           "bound by launches on the host (a Triton launch costs more CPU than a PyTorch op), which the graphs remove:",
+           "",
+           "| streams x patches | eager | fused snake | CUDA graph | + Triton conv, eager | + Triton conv, "
+           "CUDA graph (served) |", "|---|---|---|---|---|---|"]
+    md += [f"| {k} | " + " | ".join(f"{v[m][k]:.1f}" for m in vae_modes) + " |" for k in v["eager"]]
+    vp = res["vae_profile_8x16"]
+    md += ["", "Where an 8-stream x 16-patch VAE call goes (ms of GPU time, eager): " + "; ".join(
+        f"{m}: {vp[m]['gpu_ms']:.1f} ms in {vp[m]['kernels']:.0f} kernels ("
+        + ", ".join(f"{k} {x:.1f}" for k, x in vp[m]["by_kind_ms"].items()) + ")" for m in vp)
+        + ". PyTorch runs fp32 depthwise convs on its generic kernel (5.0 ms here); "
+        "`vae_kernels.dwconv_snake` does the conv, bias and the next snake in one pass."]
+    la = res["local_attention_us"]
+    md += ["", "LocDiT (11 tokens) and LocEnc (5 tokens) attention per layer call, us from a CUDA graph "
+           "(`python -m voxcpm_triton.local_attention_triton`; the PyTorch path compiled: RoPE, head folding, "
+           "flash SDPA, unfolding):", "", "| tokens | batch | PyTorch, compiled | Triton kernel (4 heads per program) |",
+           "|---|---|---|---|"]
+    md += [f"| {s_} | {r_['batch']} | {r_['torch_compiled_us']:.1f} | {r_['fused_h4_us']:.1f} |"
+           for s_, rows in la.items() for r_ in rows]
     gs = res["gpu_sharing_vae_ms_p50"]
     md += ["", "The same VAE graph calls next to a busy decoder (`scripts/gpu_sharing.py`: a stand-in CUDA graph of "
            "GEMMs replayed back to back, as the engine's steps are), ms p50. Triton runs each Python model in its own "
@@ -184,26 +210,37 @@ def main():
            f"the bound is {gpu_bound:.0f}x; served reaches {100 * res['aggregate_xrt_c64'] / gpu_bound:.0f}% of it "
            "(the rest goes to time-slicing between the two processes, prefills and the small first chunks). Past this it takes faster kernels, not "
            "scheduling."]
-    st = load("startup.json")
-    sd = st["served_decoder_compile_and_capture_s"]
-    res["startup_served_decoder_s"] = sd
-    md += ["", f"Start-up of the served decoder (compile + capture, tritonserver log): {sd['cold_run1_fresh_machine']:.0f} "
-           f"and {sd['cold_run2_fresh_machine']:.0f} s on fresh machines, {sd['warm_compile_cache_same_machine']:.0f} s "
-           "with the compile cache kept (docker-compose keeps it on a volume). Of the compile, dynamo tracing is "
-           f"{st['compile_breakdown_gpu_check_s']['bytecode_tracing']:.0f} s and AOT + inductor "
-           f"{st['compile_breakdown_gpu_check_s']['aot_and_inductor']:.0f} s (Triton kernels cached).",
-           "", f"Start-up offline (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
-           f"{res['startup_s_compile_and_capture_cold']:.0f} s (per bucket: {res['capture_s_per_bucket']}); "
-           f"weights {res['weights_gib']:.2f} GiB, peak {res['gpu_mem_peak_gib']:.1f} GiB (incl. an 8 GiB KV pool).",
+    sc = st["served_decoder_ready_s_cold"]
+    md += ["", "Start-up of the served decoder, load + compile + capture ('decoder ready in' in the tritonserver log): "
+           + " and ".join(f"{x['total']:.0f} s (load {x['load']:.0f} s, decode-step graphs {x['decode_graphs']:.0f} s)"
+                          for x in sc.values())
+           + f" on fresh machines (no compile caches); {st['served_decoder_ready_s_warm_compile_cache']['total']:.0f} s "
+           "with the compile cache kept (docker-compose keeps it on a volume). The previous session measured "
+           f"{st['before_this_session']['served_decoder_compile_and_capture_s']['cold_run1_fresh_machine']:.0f}-"
+           f"{st['before_this_session']['served_decoder_compile_and_capture_s']['cold_run2_fresh_machine']:.0f} s for "
+           "compile + capture alone. What changed: smaller compiled graphs (the Triton attention op), and no "
+           "recompiles (`TORCH_LOGS=recompiles python scripts/startup_check.py`): views passed to compiled code, "
+           "LocEnc's two layouts and RoPE tables moved during the first trace each compiled something twice.",
+           "", f"Offline engine (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
+           f"{res['startup_s_compile_and_capture_cold']:.0f} s; weights {res['weights_gib']:.2f} GiB, peak "
+           f"{res['gpu_mem_peak_gib']:.1f} GiB (incl. an 8 GiB KV pool); the served decoder peaks at 22 GiB "
+           "(25% of free memory for its KV pool).",
            "", f"GPU checks: bf16 vs fp32 teacher-forced over 50 steps, patch cosine min "
            f"{g['bf16_vs_fp32_teacher_forced_cosine_min']:.4f} (>= 0.99); graph replay vs eager, max abs "
-           f"{worst_abs:.1e} (<= 1e-2); compiled vs plain eager step, cosine min {worst_cos:.4f}; "
+           f"{worst_abs:.1e} (<= 1e-2); compiled step with the Triton kernels vs plain eager step with PyTorch "
+           f"attention, cosine min {worst_cos:.4f} (>= 0.99); "
            + (f"prefill graph vs eager, cosine min {pf['cosine_min']:.5f}; " if pf else "")
-           + f"VAE graphs vs eager decode, max abs {g['vae_graphs_vs_eager']['max_abs']:.1e} (<= 1e-4).", "",
-           "Where a batch-1 step goes (ms of GPU time per step, top kernels):", ""]
-    md += [f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}" for k in res["profile_batch1_top_kernels"]]
-    md += ["", "At batch 128:", ""]
-    md += [f"- {k['cuda_ms_per_step']:.2f} ms  {k['kernel'][:80]}" for k in res["profile_batch128_top_kernels"]]
+           + f"VAE graphs vs the same decoder eagerly, max abs {g['vae_graphs_vs_eager']['graph_vs_eager_max_abs']:.1e} "
+           f"(<= 1e-4); served VAE vs plain eager {g['vae_graphs_vs_eager']['served_vs_plain_max_abs']:.1e} (<= 2e-3; "
+           f"the compiled snakes alone give {g['vae_graphs_vs_eager']['compiled_snakes_vs_plain_max_abs']:.1e} on this "
+           "random full-size decoder).", ""]
+    steps_per_s = {1: runs[1]["steps_per_s"], 128: runs[128]["steps_per_s"]}
+    for b, prof in ((1, res["profile_batch1"]), (128, res["profile_batch128"])):
+        md += [f"Where a batch-{b} step goes: {prof['gpu_ms']:.2f} ms of GPU work in {prof['kernels']:.0f} kernels per "
+               f"step, of {1000 / steps_per_s[b]:.2f} ms per step: " + ", ".join(
+                   f"{k} {x:.2f}" for k, x in prof["by_kind_ms"].items()) + ". Top kernels (ms per step):", ""]
+        md += [f"- {k['cuda_ms']:.2f} ms  {k['kernel'][:80]}" for k in prof["top"][:6]]
+        md.append("")
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -216,12 +253,12 @@ def main():
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for key, style, label in (("graphs_only_run1", "s:", "engine, graphs only"),
-                              ("host_side_inputs", "D", "engine, previous session (3 batch sizes)"),
+                              ("previous_session", "D--", "engine, previous session"),
                               ("now", "o-", "engine, now")):
         xs = sorted(h[key])
         a.plot(xs, [h[key][x] for x in xs], style, label=label)
-    for key, style, label in (("8_instances_prev_session", "v:", "served, previous session"),
-                              ("no_vae_graphs", "x--", "served, now with vae_decoder graphs off (same call)"),
+    for key, style, label in (("8_instances_prev_session", "v:", "served, two sessions ago"),
+                              ("vae_graphs", "x--", "served, previous session"),
                               ("now", "^-", "served (tts_stream), now")):
         xs = sorted(sh[key])
         a.plot(xs, [sh[key][x] for x in xs], style, label=label)
