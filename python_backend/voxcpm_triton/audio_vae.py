@@ -201,11 +201,15 @@ class CausalConv1d(nn.Module):
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels // groups, kernel_size) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
 
+    def padded(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        """x with its look-back frames in front: the stream's saved ones, or zeros."""
+        if not self.left_pad:
+            return x
+        # Fresh stream state is all zeros, i.e. exactly this zero padding.
+        return F.pad(x, (self.left_pad, 0)) if st is None else st.extend(x, self.left_pad)
+
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
-        if self.left_pad:
-            # Fresh stream state is all zeros, i.e. exactly this zero padding.
-            x = F.pad(x, (self.left_pad, 0)) if st is None else st.extend(x, self.left_pad)
-        return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        return F.conv1d(self.padded(x, st), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -253,9 +257,8 @@ class ResidualUnit(nn.Module):
             from .vae_kernels import dwconv_snake
 
             snake1, conv, snake2, pointwise = self.block
-            y = snake1(x)
-            y = F.pad(y, (conv.left_pad, 0)) if st is None else st.extend(y, conv.left_pad)
-            return x + pointwise(dwconv_snake(y, conv.weight, conv.bias, snake2.alpha, conv.dilation))
+            y = dwconv_snake(conv.padded(snake1(x), st), conv.weight, conv.bias, snake2.alpha, conv.dilation)
+            return x + pointwise(y)
         y = x
         for layer in self.block:
             y = layer(y, st)

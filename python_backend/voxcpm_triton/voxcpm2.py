@@ -29,7 +29,6 @@ from .prompt import Prompt, build_prompt
 from .tokenizer import TextTokenizer
 
 
-
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
