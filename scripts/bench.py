@@ -123,7 +123,7 @@ KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first
 
 
 VAE_KERNEL_KINDS = (
-    ("snake + depthwise conv (Triton)", ("_snake_dwconv_snake_kernel",)),
+    ("depthwise conv + snake (Triton)", ("_dwconv_snake_kernel",)),  # before "conv"
     ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
     ("snake (compiled)", ("triton_",)),
 )
@@ -220,9 +220,8 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
     patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
     graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
     residual units' Triton kernel (`vae_kernels`). ms per call and x real time."""
-    from voxcpm_triton.vae_streams import VAEStreams
-
     from voxcpm_triton import vae_kernels
+    from voxcpm_triton.vae_streams import VAEStreams
 
     vae, P = vox.vae, vox.patch_size
     out = {}
