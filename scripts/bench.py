@@ -219,7 +219,7 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
     streams' state, decode, scatter it back, audio to the host), fp32, for B streams' chunks of n
     patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
     graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
-    residual units' Triton kernel (`vae_kernels`). ms per call and x real time."""
+    Triton depthwise conv + snake (`vae_kernels`). ms per call and x real time."""
     from voxcpm_triton import vae_kernels
     from voxcpm_triton.vae_streams import VAEStreams
 
