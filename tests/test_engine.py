@@ -94,6 +94,41 @@ def test_staggered_mixed_requests_each_equal_their_solo_run(vox):
         assert_same(got, solo(vox, s["prompt"], **s["gen"]))
 
 
+def test_a_stopped_requests_slot_and_blocks_serve_the_next_while_its_extra_step_is_in_flight(checkpoint_dirs):
+    """Here the stop head always says stop, so each request ends right after min_len with its
+    next step already launched (the engine reads step N after launching N+1). With two slots,
+    a waiting request takes over the slot and the blocks at once; stream order must keep the
+    dropped step's writes from reaching it."""
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cpu", dtype="float32")
+    m = vox.model
+    with torch.no_grad():
+        m.stop_proj.weight.zero_()
+        m.stop_proj.bias.fill_(1.0)
+        m.stop_head.weight.zero_()
+        m.stop_head.weight[1] = 1.0
+    prompt = prompt_for(vox, "zero_shot", "Stop early.")
+    min_lens = [1, 4, 0, 6, 2, 3]
+    eng = Engine(vox, EngineConfig(num_blocks=-(-(len(prompt) + 24) // 4) * 2, block_size=4, max_batch_size=2))
+    events = [[] for _ in min_lens]
+    try:
+        for i, n in enumerate(min_lens):
+            eng.submit(EngineRequest(f"s{i}", prompt, seed=i, min_len=n, max_len=20), sink=events[i].append)
+        wait_for(lambda: all(ev and isinstance(ev[-1], Finished) for ev in events))
+        wait_for(lambda: eng.stats()["free_blocks"] == eng.stats()["total_blocks"])
+    finally:
+        eng.shutdown()  # joins the engine thread: nothing more can arrive
+    stats = eng.stats()
+    for i, (n, evs) in enumerate(zip(min_lens, events)):
+        fin = evs[-1]
+        assert [isinstance(e, Finished) for e in evs].count(True) == 1, evs  # nothing after the end
+        got = torch.cat([e.patches for e in evs[:-1]])
+        assert fin.reason == "stop" and fin.steps == n + 2 == got.shape[0], (fin, got.shape)
+        assert_same(got, solo(vox, prompt, seed=i, min_len=n, max_len=20))
+    assert stats["finished"] == len(min_lens)
+    rows_run = sum(size * count for size, count in stats["batch_sizes"].items())
+    assert rows_run == sum(n + 3 for n in min_lens)  # one dropped step per request
+
+
 def test_small_pool_queues_and_completes_everyone(vox):
     prompt = prompt_for(vox, "zero_shot", "Pool pressure test.")
     need = -(-(len(prompt) + 12) // 4)  # blocks of 4 for prompt + 12 steps
@@ -128,7 +163,7 @@ def test_request_that_can_never_fit_is_refused(vox):
 
 def test_cancel_frees_blocks_and_fault_ends_only_its_request(vox):
     def hook(st, stage):
-        if st.request_id == "faulty" and stage == "step" and st.step == 3:
+        if st.request_id == "faulty" and stage == "step" and st.launched == 3:
             raise RuntimeError("injected fault")
 
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4), fault_hook=hook)
@@ -136,7 +171,8 @@ def test_cancel_frees_blocks_and_fault_ends_only_its_request(vox):
         total = eng.stats()["free_blocks"]
         prompt = prompt_for(vox, "zero_shot", "Cancel me please.")
         # Cancel from the engine's own output path, right after the chunk that ends at step 3:
-        # the request must end at the next step boundary, with no further step run for it.
+        # the request must end at the next step boundary, with no further patch delivered (the
+        # step already in flight for it is dropped).
         events, cancelled_after = [], []
 
         def sink(ev):
@@ -209,14 +245,14 @@ def test_shutdown_fails_in_flight_requests(vox):
 
 def test_a_batched_step_failing_for_one_request_is_rerun_without_it(vox):
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4))
-    orig = eng._run_decode
+    orig = eng._launch_decode
 
     def flaky(batch):  # the model step itself raises whenever "bad" is in the batch at step 2
-        if any(st.request_id == "bad" and st.step == 2 for st in batch):
+        if any(st.request_id == "bad" and st.launched == 2 for st in batch):
             raise RuntimeError("kernel exploded")
         return orig(batch)
 
-    eng._run_decode = flaky
+    eng._launch_decode = flaky
     try:
         prompt = prompt_for(vox, "zero_shot", "Isolation test.")
         bad = eng.submit(EngineRequest("bad", prompt, seed=1, min_len=8, max_len=8))

@@ -5,8 +5,13 @@ One background thread owns the model and the cache. Callers only `submit`,
 at step boundaries:
 
     take new requests and cancels  ->  admit waiting requests (FIFO, by free blocks)
-    ->  prefill the admitted ones together  ->  one decode step for everyone running
-    ->  hand out patches on the chunk schedule, finish and free who is done
+    ->  prefill the admitted ones together  ->  launch one decode step for everyone running
+    ->  read the previous step's result: hand out patches on the chunk schedule,
+        finish and free who is done
+
+All GPU work goes to one stream, so reading step N after launching step N+1
+keeps the GPU busy while the host does its bookkeeping, and stream order makes
+reusing a finished request's slot and blocks safe.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None):
         """vox: a loaded `VoxCPM2`. fault_hook(state, stage) is called per request at each stage
-        ('prefill', 'step'); whatever it raises fails that request only (tests use it)."""
+        ('prefill', and 'step' before each step's launch); whatever it raises fails that request
+        only (tests use it)."""
         self.vox, self.model = vox, vox.model
         self.cfg = config or EngineConfig()
         self.device, self.dtype = vox.device, vox.dtype
@@ -85,6 +91,7 @@ class Engine:
         self._ids: set = set()  # ids submitted and not yet finished
         self.waiting: deque[RequestState] = deque()
         self.running: dict[str, RequestState] = {}
+        self._in_flight = None  # (batch, LaunchedStep): the decode step whose result is not read yet
         self._stats = {"steps": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0}
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
@@ -173,7 +180,8 @@ class Engine:
         try:
             while True:
                 with self._lock:
-                    while not (self._stop or self._inbox or self._cancels or self.running or self.waiting):
+                    while not (self._stop or self._inbox or self._cancels or self.running or self.waiting
+                                 or self._in_flight):
                         self._lock.wait(self.cfg.idle_wait_s)
                     if self._stop:
                         break
@@ -184,8 +192,7 @@ class Engine:
                 admitted = self._admit()
                 if admitted:
                     self._prefill(admitted)
-                if self.running:
-                    self._decode_step()
+                if (self.running or self._in_flight) and self._decode_step():
                     steps_window += 1
                 now = time.monotonic()
                 if now - t_last >= 1.0:
@@ -306,10 +313,15 @@ class Engine:
                            PagedAttention(self.kv.base_k, self.kv.base_v, meta),
                            PagedAttention(self.kv.res_k, self.kv.res_v, meta))
 
-    # -- decode
-    def _decode_step(self):
+    # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
+    # for the host's bookkeeping. A request that stops at step N has run one extra step
+    # whose result is dropped; its freed slot and blocks are reused only by work queued after it.
+    def _decode_step(self) -> bool:
+        """Launch the next step, deliver the previous one; True if a step was launched."""
         batch = []
         for st in list(self.running.values()):
+            if st.launched >= st.max_len:  # its last step is in flight
+                continue
             try:
                 if self.fault_hook:
                     self.fault_hook(st, "step")
@@ -317,21 +329,40 @@ class Engine:
                 batch.append(st)
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
-        if not batch:
-            return
-        done = self._isolated(batch, lambda b: list(zip(*self._run_decode(b))), "decode step")
-        with self._lock:
-            self._stats["steps"] += 1
-            self._stats["batch_sizes"][len(done)] += 1
-        for st, (patch, stop) in done:
-            self._emit(st, patch, bool(stop))
+        launched = failed = None
+        if batch:
+            try:
+                launched = (batch, self._launch_decode(batch))
+            except Exception:  # noqa: BLE001 - rerun below, one request at a time
+                failed = batch
+        previous, self._in_flight = self._in_flight, launched
+        if previous is not None:
+            self._deliver(previous[0], self.runner.collect(previous[1]))
+        if failed:
+            still = [st for st in failed if self.running.get(st.request_id) is st]
+            run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
+            for st, (patch, stop) in self._isolated(still, run, "decode step"):
+                self._emit(st, patch, bool(stop))
+        return bool(batch)
 
-    def _run_decode(self, batch: list[RequestState]):
-        """One model step for `batch`; returns (patches [B, P, D] CPU fp32, stop flags [B] CPU)."""
-        rows = [(st.slot, int(st.seed_key), st.step, st.position,
+    def _launch_decode(self, batch: list[RequestState]):
+        """Launch one model step for `batch` -> the runner's LaunchedStep."""
+        rows = [(st.slot, int(st.seed_key), st.launched, st.position,
                  self._slots(st, st.position, st.position + 1)[0], st.position + 1,
                  st.block_table, float(st.req.cfg_value), st.req.inference_timesteps) for st in batch]
-        return self.runner.run(rows)
+        step = self.runner.launch(rows)
+        for st in batch:
+            st.launched += 1
+        with self._lock:
+            self._stats["steps"] += 1
+            self._stats["batch_sizes"][len(batch)] += 1
+        return step
+
+    def _deliver(self, batch: list[RequestState], result):
+        """Hand out a collected step's patches; rows of requests that ended meanwhile are dropped."""
+        for st, patch, stop in zip(batch, *result):
+            if self.running.get(st.request_id) is st:
+                self._emit(st, patch, bool(stop))
 
     # -- output
     def _chunk_size(self, st: RequestState) -> int:

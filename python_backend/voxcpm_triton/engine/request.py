@@ -77,7 +77,8 @@ class RequestState:
     block_table: list[int] = field(default_factory=list)
     slot: int | None = None  # row of the step runner's state buffers (LM hidden states, previous patch)
     prompt_len: int = 0
-    step: int = 0  # patches generated so far
+    step: int = 0  # patches delivered so far
+    launched: int = 0  # steps launched; one may be in flight, ahead of `step`
     pending: list = field(default_factory=list)  # patches not yet sent
     pending_from: int = 0  # step index of pending[0]
     chunks_sent: int = 0
@@ -90,8 +91,8 @@ class RequestState:
 
     @property
     def position(self) -> int:
-        """KV position of this step's new token."""
-        return self.prompt_len + self.step
+        """KV position of the next launched step's new token."""
+        return self.prompt_len + self.launched
 
 
 def resolve_seed(seed) -> int:

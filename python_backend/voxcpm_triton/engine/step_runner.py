@@ -13,12 +13,18 @@ timesteps -> LocEnc -> stop head -> base LM step -> FSQ -> residual LM step ->
 scatter state back. The host fills the row buffers, replays, and reads one
 buffer back: the step's only device-to-host transfer. Padding rows (a batch of
 5 runs in the bucket of 8) point at a spare slot and the scratch KV block.
+
+`launch` returns before the GPU is done, so the engine prepares and launches
+step N+1 while step N runs, and reads step N's result (`collect`) after that:
+the GPU never waits for the host's bookkeeping. Two sets of pinned host buffers
+take turns, so a launch never overwrites what an unfinished step still copies.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -35,6 +41,30 @@ log = logging.getLogger("voxcpm_triton.engine")
 # compiled code never meets a batch dimension of 1, which torch.compile would specialise in a
 # separate graph (about 50 s of cold start-up).
 DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class HostBuffers:
+    """Pinned host side of one step: its row inputs and its result. `free` is recorded after the
+    step's copies; waiting on it makes the buffers safe to refill."""
+
+    def __init__(self, rows: int, n_timesteps: int, max_blocks: int, out_width: int, device: torch.device):
+        pin = device.type == "cuda"
+        z = lambda *shape, dt=torch.int64: torch.zeros(*shape, dtype=dt, pin_memory=pin)  # noqa: E731
+        self.rows = z(rows, 7)
+        self.cfg = z(rows, dt=torch.float32)
+        self.tables = z(3, rows, n_timesteps, dt=torch.float32)
+        self.blocks = z(rows, max_blocks)
+        self.out = z(rows, out_width, dt=torch.float32)
+        self.free = torch.cuda.Event() if pin else None
+
+
+@dataclass
+class LaunchedStep:
+    """A step on its way: `DecodeStepRunner.collect` waits for it and reads its result."""
+
+    rows: int
+    out: torch.Tensor  # [rows, P*D + 1] pinned host view, valid once `done` has passed
+    done: torch.cuda.Event | None
 
 
 class DecodeStepRunner:
@@ -58,13 +88,8 @@ class DecodeStepRunner:
         self.block_tables = z(B, max_blocks_per_seq, dt=torch.int64)
         self.context_lens = z(B, dt=torch.int64)
         self.out = z(B, P * D + 1, dt=torch.float32)
-        # Host staging for the row inputs (pinned on a GPU so the copies are async).
-        pin = dev.type == "cuda"
-        self.h_rows = torch.zeros(B, 7, dtype=torch.int64, pin_memory=pin)
-        self.h_cfg = torch.zeros(B, dtype=torch.float32, pin_memory=pin)
-        self.h_tables = torch.zeros(3, B, N, dtype=torch.float32, pin_memory=pin)
-        self.h_blocks = torch.zeros(B, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin)
-        self.h_out = torch.zeros(B, P * D + 1, dtype=torch.float32, pin_memory=pin)
+        self.host = [HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev) for _ in range(2)]
+        self._turn = 0  # which HostBuffers the next launch uses
 
         self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
@@ -109,32 +134,38 @@ class DecodeStepRunner:
             return b
         return next(x for x in self.buckets if x >= b)
 
-    def _fill(self, rows: list, bucket: int, n_steps: int):
+    def _take_host_buffers(self) -> HostBuffers:
+        h = self.host[self._turn]
+        self._turn ^= 1
+        if h.free is not None:
+            h.free.synchronize()  # the step before last has copied its inputs in and its result out
+        return h
+
+    def _fill(self, h: HostBuffers, rows: list, bucket: int, n_steps: int):
         """rows: (slot, seed_key, step, position, slot_mapping, context_len, block_table, cfg, timesteps)."""
-        hr, hb, ht = self.h_rows, self.h_blocks, self.h_tables
+        hr, hb, ht, hc = h.rows, h.blocks, h.tables, h.cfg
         hr[:bucket] = 0
         hr[:bucket, 0] = self.spare_slot
         hr[:bucket, 5] = 1  # padding rows: one scratch token of context
         hb[:bucket] = PagedKVCache.SCRATCH_BLOCK
         ht[:, :bucket] = 0
-        self.h_cfg[:bucket] = 1.0
+        hc[:bucket] = 1.0
         if rows:
             hr[:len(rows), :6] = torch.tensor([r[:6] for r in rows], dtype=torch.int64)
-            self.h_cfg[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
+            hc[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
         by_steps: dict = {}
         for i, r in enumerate(rows):
             hb[i, :len(r[6])] = torch.tensor(r[6])
             by_steps.setdefault(r[8], []).append(i)
         for k, idx in by_steps.items():  # rows with the same step count share one table
             ht[:, idx, :n_steps] = self._row_tables(k, n_steps)[:, None, :]
-        nb = True
-        dev_rows = hr[:bucket].to(self.device, non_blocking=nb)
+        dev_rows = hr[:bucket].to(self.device, non_blocking=True)
         self.slots[:bucket], self.seed_key[:bucket], self.step_idx[:bucket] = dev_rows[:, 0], dev_rows[:, 1], dev_rows[:, 2]
         self.positions[:bucket], self.slot_mapping[:bucket] = dev_rows[:, 3], dev_rows[:, 4]
         self.context_lens[:bucket] = dev_rows[:, 5]
-        self.block_tables[:bucket] = hb[:bucket].to(self.device, non_blocking=nb)
-        self.cfg[:bucket] = self.h_cfg[:bucket].to(self.device, self.dtype, non_blocking=nb)
-        tables = ht[:, :bucket].to(self.device, non_blocking=nb)
+        self.block_tables[:bucket] = hb[:bucket].to(self.device, non_blocking=True)
+        self.cfg[:bucket] = hc[:bucket].to(self.device, self.dtype, non_blocking=True)
+        tables = ht[:, :bucket].to(self.device, non_blocking=True)
         self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
         self.active[:bucket] = tables[2] > 0
 
@@ -147,24 +178,38 @@ class DecodeStepRunner:
             self._tables[key] = torch.stack([t.float(), dt.float(), act.float()])
         return self._tables[key]
 
-    def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for `rows` -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU).
+    def launch(self, rows: list, bucket: int | None = None) -> LaunchedStep:
+        """Start one step for `rows`; returns without waiting for the GPU.
 
         bucket: run this many rows (padding the rest); default: the smallest captured bucket
-        that fits (graphs) or exactly len(rows) (eager)."""
+        that fits (graphs) or exactly len(rows) (eager). At most two launched steps may be
+        uncollected at a time (the host buffers take turns)."""
         b = len(rows)
         n_steps = max(r[-1] for r in rows)
         first = min(zero_velocity_steps(r[-1]) for r in rows)
         bucket = bucket or self.bucket(b)
         graph = self._graph(bucket, n_steps, first) if self.use_graphs else None
-        self._fill(rows, bucket, n_steps)
+        h = self._take_host_buffers()
+        self._fill(h, rows, bucket, n_steps)
         if graph is not None:
             graph.replay()
         else:
             self._step(bucket, n_steps, first)
-        out = self.h_out[:b]
-        out.copy_(self.out[:b])  # synchronises: the step's one device-to-host transfer
-        return out[:, :-1].reshape(b, self.P, self.D).clone(), out[:, -1] > 0.5
+        h.out[:b].copy_(self.out[:b], non_blocking=True)  # the step's one device-to-host transfer
+        if h.free is not None:
+            h.free.record()
+        return LaunchedStep(b, h.out[:b], h.free)
+
+    def collect(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for a launched step -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""
+        if step.done is not None:
+            step.done.synchronize()
+        out = step.out
+        return out[:, :-1].reshape(step.rows, self.P, self.D).clone(), out[:, -1] > 0.5
+
+    def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step, waited for: `launch` then `collect`."""
+        return self.collect(self.launch(rows, bucket))
 
     # ------------------------------------------------------------------ CUDA graphs
     def _graph(self, bucket: int, n_steps: int, first: int):
@@ -187,7 +232,7 @@ class DecodeStepRunner:
         """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
         touch no live request. Returns None (eager for this key) if capture fails."""
         try:
-            self._fill([], bucket, n_steps)
+            self._fill(self._take_host_buffers(), [], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
             graph = capture_graph(lambda: self._step(bucket, n_steps, first), self.device, self.graph_pool,
                                   warm_up=2)
