@@ -126,7 +126,9 @@ def test_a_stopped_requests_slot_and_blocks_serve_the_next_while_its_extra_step_
         assert_same(got, solo(vox, prompt, seed=i, min_len=n, max_len=20))
     assert stats["finished"] == len(min_lens)
     rows_run = sum(size * count for size, count in stats["batch_sizes"].items())
-    assert rows_run == sum(n + 3 for n in min_lens)  # one dropped step per request
+    # At most one dropped step per request (none when an admission collects the step first);
+    # the last requests, with nobody left to admit, always run one.
+    assert sum(n + 2 for n in min_lens) < rows_run <= sum(n + 3 for n in min_lens)
 
 
 def test_small_pool_queues_and_completes_everyone(vox):

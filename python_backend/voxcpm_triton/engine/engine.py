@@ -191,6 +191,9 @@ class Engine:
                 self._apply_cancels(cancels)
                 admitted = self._admit()
                 if admitted:
+                    # A prefill is mostly host time spent launching kernels: hand out the step in
+                    # flight first, so its patches (a first chunk, maybe) do not wait for it.
+                    self._deliver(self._take_in_flight())
                     self._prefill(admitted)
                 if (self.running or self._in_flight) and self._decode_step():
                     steps_window += 1
@@ -336,8 +339,7 @@ class Engine:
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
                 failed = batch
         previous, self._in_flight = self._in_flight, launched
-        if previous is not None:
-            self._deliver(previous[0], self.runner.collect(previous[1]))
+        self._deliver(previous)
         if failed:
             still = [st for st in failed if self.running.get(st.request_id) is st]
             run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
@@ -358,9 +360,17 @@ class Engine:
             self._stats["batch_sizes"][len(batch)] += 1
         return step
 
-    def _deliver(self, batch: list[RequestState], result):
-        """Hand out a collected step's patches; rows of requests that ended meanwhile are dropped."""
-        for st, patch, stop in zip(batch, *result):
+    def _take_in_flight(self):
+        step, self._in_flight = self._in_flight, None
+        return step
+
+    def _deliver(self, launched):
+        """Wait for a launched (batch, step) and hand out its patches; rows of requests that ended
+        meanwhile are dropped. None: nothing to do."""
+        if launched is None:
+            return
+        batch, step = launched
+        for st, patch, stop in zip(batch, *self.runner.collect(step)):
             if self.running.get(st.request_id) is st:
                 self._emit(st, patch, bool(stop))
 
