@@ -1,4 +1,4 @@
-"""The VAE decoder's depthwise-conv + snake kernel (`vae_kernels`) against the PyTorch layers.
+"""The VAE decoder's Triton kernels (`vae_kernels`) against the PyTorch layers.
 
 Compiled on a CUDA machine; elsewhere under triton's CPU interpreter (TRITON_INTERPRET=1, set by
 conftest.py); skipped where triton is not installed. The PyTorch decoder it replaces is checked
@@ -15,8 +15,8 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, ResidualUnit, _Stream  # noqa: E402
-from voxcpm_triton.vae_kernels import dwconv_snake  # noqa: E402
+from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, ResidualUnit, _Stream, snake  # noqa: E402
+from voxcpm_triton.vae_kernels import dwconv_snake, snake_extend  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -48,6 +48,21 @@ def test_kernel_matches_the_layers(C, T, dilation, with_prev):
     y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, dilation)
     assert y.shape == want.shape
     assert (y - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("C,L,T", [(20, 54, 3), (5, 6, 300), (9, 18, 18)])
+def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T):
+    """Fewer new frames than saved ones (the tail then holds saved frames), several time blocks,
+    a partial channel block; x strided along batch and channels as a sliced activation is."""
+    g = torch.Generator().manual_seed(C * T)
+    prev = torch.randn(2, C, L, generator=g).to(DEV)
+    x = torch.randn(3, C + 1, T, generator=g).to(DEV)[1:, :C]
+    alpha = (0.5 + torch.rand(1, C, 1, generator=g)).to(DEV)
+    want = torch.cat([prev, snake(x, alpha)], -1)
+    full, tail = snake_extend(prev, x, alpha)
+    assert full.shape == want.shape and tail.shape == prev.shape and tail.is_contiguous()
+    assert (full - want).abs().max().item() <= 1e-5
+    assert torch.equal(tail, full[..., -L:])
 
 
 REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_dim=64,

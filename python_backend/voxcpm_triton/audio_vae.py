@@ -140,7 +140,8 @@ class _Stream:
         self.next: list = []
         self.i = 0
 
-    def extend(self, x: Tensor, ctx: int) -> Tensor:
+    def take(self, x: Tensor, ctx: int) -> Tensor:
+        """The saved `ctx` frames that go in front of `x`; the caller `keep`s the new ones."""
         if self.i >= len(self.prev):
             raise ValueError(f"stream state has {len(self.prev)} tensors, the decoder needs more")
         prev = self.prev[self.i]
@@ -150,9 +151,15 @@ class _Stream:
                 f"{(x.shape[0], x.shape[1], ctx)}"
             )
         self.i += 1
-        full = torch.cat((prev, x), dim=-1)
+        return prev
+
+    def keep(self, tail: Tensor) -> None:
+        self.next.append(tail)
+
+    def extend(self, x: Tensor, ctx: int) -> Tensor:
+        full = torch.cat((self.take(x, ctx), x), dim=-1)
         # contiguous(): a copy, so the state does not pin the whole activation.
-        self.next.append(full[..., -ctx:].contiguous())
+        self.keep(full[..., -ctx:].contiguous())
         return full
 
 
@@ -224,6 +231,7 @@ class CausalConvTranspose1d(nn.Module):
         self.trim = stride
         # Input frames older than the chunk whose taps still reach its outputs.
         self.ctx = (kernel - 1) // stride
+        assert self.ctx * stride == self.trim  # one frame of look-back, trimmed like the right tail
         self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels))
 
@@ -231,11 +239,11 @@ class CausalConvTranspose1d(nn.Module):
         if st is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
             return y[..., : y.shape[-1] - self.trim]
-        # Recompute the overlap-add of the saved frames, then drop their own
-        # (already emitted) samples on the left.
+        # Recompute the overlap-add of the saved frame, then drop its own (already emitted)
+        # samples on the left: stride samples, as many as the right trim, so conv_transpose's
+        # symmetric padding drops both and the output stays contiguous (no strided copy later).
         x = st.extend(x, self.ctx)
-        y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
-        return y[..., self.ctx * self.stride : y.shape[-1] - self.trim]
+        return F.conv_transpose1d(x, self.weight, self.bias, self.stride, padding=self.ctx * self.stride)
 
 
 class ResidualUnit(nn.Module):
@@ -254,10 +262,15 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
-            from .vae_kernels import dwconv_snake
+            from .vae_kernels import dwconv_snake, snake_extend
 
             snake1, conv, snake2, pointwise = self.block
-            y = dwconv_snake(conv.padded(snake1(x), st), conv.weight, conv.bias, snake2.alpha, conv.dilation)
+            if st is None:
+                xp = conv.padded(snake1(x))
+            else:
+                xp, tail = snake_extend(st.take(x, conv.left_pad), x.contiguous(), snake1.alpha)
+                st.keep(tail)
+            y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, conv.dilation)
             return x + pointwise(y)
         y = x
         for layer in self.block:

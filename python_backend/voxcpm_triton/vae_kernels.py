@@ -1,9 +1,16 @@
-"""The VAE decoder's causal depthwise conv, bias and the snake after it, as one Triton kernel (GPU).
+"""Triton kernels (GPU) for the VAE decoder's depthwise residual units.
 
 A depthwise residual unit is snake -> causal depthwise conv (kernel 7, dilation d) -> snake ->
 pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic CUDA kernel
 (cuDNN is not used), which took about a quarter of a streaming decode's GPU time on an H100, and
-the snake after it is another pass over the activations. Here both are one pass:
+each snake is another pass over the activations. Two kernels, each one pass:
+
+`snake_extend` (streaming): the first snake, written behind the stream's saved frames, with the
+frames to save for the next chunk cut from the same pass (instead of snake, torch.cat and a copy):
+
+    prev [B, C, L], x [B, C, T]  ->  xp [B, C, L + T] = [prev | snake(x)],  tail = xp[..., -L:]
+
+`dwconv_snake`: the causal depthwise conv, its bias and the snake after it:
 
     xp   [B, C, L + T]  the conv's input with its look-back frames in front (L = 6 * d): zeros
                         for a one-shot decode, the stream's saved frames when streaming
@@ -54,6 +61,29 @@ if _HAVE_TRITON:
         s = tl.sin(a * acc)
         tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], acc + (1.0 / (a + 1e-9)) * (s * s), mask=mask)
 
+    @triton.jit
+    def _snake_extend_kernel(
+        prev_ptr, x_ptr, alpha_ptr, full_ptr, tail_ptr,
+        C, L, T, spb, spc, sxb, sxc,
+        BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # frame of full = [prev | snake(x)]
+        n = L + T
+        c_ok = (c < C)[:, None]
+        from_prev = (t < L)[None, :]
+        in_range = (t < n)[None, :]
+        old = tl.load(prev_ptr + b * spb + c[:, None] * spc + t[None, :], mask=c_ok & from_prev, other=0.0)
+        x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :], mask=c_ok & in_range & ~from_prev,
+                    other=0.0)
+        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0)[:, None]
+        s = tl.sin(a * x)
+        v = tl.where(from_prev, old, x + (1.0 / (a + 1e-9)) * (s * s))
+        tl.store(full_ptr + (b * C + c[:, None]) * n + t[None, :], v, mask=c_ok & in_range)
+        keep = t - T  # the last L frames are the stream's context for its next chunk
+        tl.store(tail_ptr + (b * C + c[:, None]) * L + keep[None, :], v, mask=c_ok & in_range & (keep >= 0)[None, :])
+
 
 def dwconv_snake(xp, weight, bias, alpha, dilation: int):
     """See the module doc. weight: [C, 1, K]; bias: [C]; alpha: [1, C, 1] or [C]."""
@@ -74,3 +104,25 @@ def dwconv_snake(xp, weight, bias, alpha, dilation: int):
         K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4,
     )
     return y
+
+
+def snake_extend(prev, x, alpha):
+    """prev [B, C, L] (a stream's saved frames), x [B, C, T], alpha [1, C, 1] or [C]
+    -> (full [B, C, L + T] = cat(prev, snake(x)), tail [B, C, L] = its last L frames), one pass."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, C, T = x.shape
+    L = prev.shape[-1]
+    assert prev.shape[:2] == (B, C) and x.dtype == prev.dtype == torch.float32, (prev.shape, x.shape, x.dtype)
+    assert x.stride(2) == 1 and prev.stride(2) == 1, (x.stride(), prev.stride())
+    full = torch.empty((B, C, L + T), dtype=x.dtype, device=x.device)
+    tail = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
+    if B == 0 or L + T == 0:
+        return full, tail
+    grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(L + T, BLOCK_T))
+    _snake_extend_kernel[grid](
+        prev, x, alpha.reshape(C).contiguous(), full, tail,
+        C, L, T, prev.stride(0), prev.stride(1), x.stride(0), x.stride(1),
+        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4,
+    )
+    return full, tail
