@@ -142,6 +142,22 @@ def summarize_profile(prof, per: int, kinds=KERNEL_KINDS) -> dict:
             "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "top": top}
 
 
+def top_ops(fn, reps: int = 3, n: int = 15) -> list:
+    """The PyTorch ops of `fn()` (eager) with the most GPU time of their own, per call, with their
+    input shapes: which layer a kernel of `summarize_profile` belongs to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(reps):
+            fn()
+        sync()
+    ops = [e for e in prof.key_averages(group_by_input_shape=True)
+           if e.key.startswith("aten::") and e.self_device_time_total > 0]
+    return [{"op": e.key, "shapes": str(e.input_shapes)[:120], "calls": e.count / reps,
+             "self_cuda_ms": e.self_device_time_total / 1000 / reps}
+            for e in sorted(ops, key=lambda e: -e.self_device_time_total)[:n]]
+
+
 def profile_step(engine, vox, prompt, batch: int, steps: int = 8) -> dict:
     """CUDA kernels of `steps` decode steps at `batch`, once every request is past its prefill:
     the top kernels and the time per kind, per step."""
@@ -268,6 +284,7 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
                     bank.decode(keys, z)
                 sync()
             out[f"profile_8x16_{mode}"] = prof_ = summarize_profile(prof, 3, VAE_KERNEL_KINDS)
+            prof_["top_ops"] = top_ops(lambda bank=bank: bank.decode(keys, z))
             log(f"[vae profile, {mode}] 8 streams x 16 patches: {prof_['gpu_ms']:.1f} ms GPU, "
                 f"{prof_['kernels']:.0f} kernels: {prof_['by_kind_ms']}")
         del bank
