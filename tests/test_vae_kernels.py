@@ -16,7 +16,7 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, ResidualUnit, _Stream, snake  # noqa: E402
-from voxcpm_triton.vae_kernels import dwconv_snake, snake_extend  # noqa: E402
+from voxcpm_triton.vae_kernels import dwconv_snake, skip_add, snake_extend  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -63,6 +63,13 @@ def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T):
     assert full.shape == want.shape and tail.shape == prev.shape and tail.is_contiguous()
     assert (full - want).abs().max().item() <= 1e-5
     assert torch.equal(tail, full[..., -L:])
+
+
+def test_skip_add_is_the_residual_with_the_pointwise_bias():
+    g = torch.Generator().manual_seed(5)
+    x, z = torch.randn(2, 2, 9, 300, generator=g).to(DEV)
+    bias = torch.randn(9, generator=g).to(DEV)
+    assert (skip_add(x, z, bias) - (x + (z + bias[:, None]))).abs().max().item() <= 1e-6
 
 
 REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_dim=64,

@@ -262,16 +262,17 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
-            from .vae_kernels import dwconv_snake, snake_extend
+            from .vae_kernels import dwconv_snake, skip_add, snake_extend
 
             snake1, conv, snake2, pointwise = self.block
+            x = x.contiguous()
             if st is None:
                 xp = conv.padded(snake1(x))
             else:
-                xp, tail = snake_extend(st.take(x, conv.left_pad), x.contiguous(), snake1.alpha)
+                xp, tail = snake_extend(st.take(x, conv.left_pad), x, snake1.alpha)
                 st.keep(tail)
             y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, conv.dilation)
-            return x + pointwise(y)
+            return skip_add(x, F.conv1d(y, pointwise.weight), pointwise.bias)
         y = x
         for layer in self.block:
             y = layer(y, st)

@@ -16,6 +16,9 @@ frames to save for the next chunk cut from the same pass (instead of snake, torc
                         for a one-shot decode, the stream's saved frames when streaming
     ->   y [B, C, T]    snake(conv(xp) + bias), snake(v) = v + sin(a v)^2 / (a + 1e-9)
 
+`skip_add`: the pointwise conv's bias and the skip, x + (z + bias), where z is the pointwise conv
+run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
+
 fp32 throughout; the taps are summed in another order than PyTorch's kernel, so results agree to
 rounding. Grid and allocations depend on shapes only: CUDA graphs capture it.
 """
@@ -84,6 +87,16 @@ if _HAVE_TRITON:
         keep = t - T  # the last L frames are the stream's context for its next chunk
         tl.store(tail_ptr + (b * C + c[:, None]) * L + keep[None, :], v, mask=c_ok & in_range & (keep >= 0)[None, :])
 
+    @triton.jit
+    def _skip_add_kernel(x_ptr, z_ptr, bias_ptr, out_ptr, C, T, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
+        b = tl.program_id(0)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+        mask = (c < C)[:, None] & (t < T)[None, :]
+        at = (b * C + c[:, None]) * T + t[None, :]
+        z = tl.load(z_ptr + at, mask=mask) + tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
+        tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask) + z, mask=mask)
+
 
 def dwconv_snake(xp, weight, bias, alpha, dilation: int):
     """See the module doc. weight: [C, 1, K]; bias: [C]; alpha: [1, C, 1] or [C]."""
@@ -126,3 +139,17 @@ def snake_extend(prev, x, alpha):
         BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4,
     )
     return full, tail
+
+
+def skip_add(x, z, bias):
+    """x, z [B, C, T] contiguous, bias [C] -> x + (z + bias), one pass."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, C, T = x.shape
+    assert z.shape == x.shape and bias.shape == (C,) and x.is_contiguous() and z.is_contiguous(), \
+        (x.shape, z.shape, bias.shape)
+    out = torch.empty_like(x)
+    if x.numel():
+        grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
+        _skip_add_kernel[grid](x, z, bias, out, C, T, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4)
+    return out
