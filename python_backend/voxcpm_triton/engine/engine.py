@@ -339,6 +339,10 @@ class Engine:
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
                 failed = batch
         previous, self._in_flight = self._in_flight, launched
+        # The GPU is busy now: let threads waiting for the GIL in (submit() from Triton's
+        # execute threads) before the bookkeeping below. Without a blocking wait here, they would
+        # otherwise wait for the interpreter's 5 ms switch interval.
+        time.sleep(0)
         self._deliver(previous)
         if failed:
             still = [st for st in failed if self.running.get(st.request_id) is st]
