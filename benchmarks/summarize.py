@@ -4,13 +4,15 @@
 
 Current (commands in benchmarks/README.md):
 raw/offline.json      scripts/bench.py: engine offline (CUDA graphs, compiled LocDiT/LocEnc/LM layer math,
-                      Triton attention kernels, prefill graphs), first-patch latency, kernel profiles by kind
+                      Triton attention kernels, prefill graphs, step N+1 launched before step N is read),
+                      first-patch latency, kernel profiles by kind
 raw/served.json       benchmarks/run_served_gpu.sh: scripts/bench_served.py against tritonserver (tts_stream, gRPC)
 raw/gpu_check.json    scripts/gpu_check.py
 raw/startup.json      start-up phases (tritonserver log, scripts/startup_check.py), cold and warm
 raw/local_attention_s11.json, local_attention_s5.json   python -m voxcpm_triton.local_attention_triton
 raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs /
-                      Triton depthwise conv, with profiles
+                      Triton kernels (snake_extend, dwconv_snake, skip_add), with profiles and op tables
+raw/served_yield_ab.json, served_noyield_ab.json  one call: the engine's per-step GIL yield on / off
 raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations, PyTorch)
 raw/gpu_sharing.json, gpu_sharing_mps.json  scripts/gpu_sharing.py: VAE calls next to a busy stand-in decoder
 History (earlier code, same machine type):
@@ -20,6 +22,10 @@ raw/served_4inst_chunks1248.json, served_prev_session.json, served_8inst_no_pref
 raw/served_16inst_no_prefill_graphs.json, served_16inst_prefill_graphs.json, served_vae_graphs_run1.json,
 raw/served_vae_graphs.json, served_no_vae_graphs.json (one call: VAE graphs on / off),
 raw/served_local_attention.json (+ Triton LocDiT/LocEnc attention), served_vae_triton.json (+ Triton VAE conv)
+raw/offline_kernels_session.json, served_trimmed_last_layer.json, gpu_check_kernels_session.json,
+raw/vae_stream_decode_kernels_session.json: the previous session's final runs
+raw/offline_overlap_before_drain.json, served_overlap_before_drain.json: the step overlap before admissions
+                      collected the step in flight first (first audio under bursts doubled)
 """
 
 import json
@@ -83,9 +89,16 @@ def main():
     prev = {x["batch"]: x["aggregate_xrt"] for x in load("offline_prev_session.json")["engine"]["graphs"]["runs"]}
     fill = {x["batch"]: x["aggregate_xrt"] for x in load("offline_host_fill.json")["engine"]["graphs"]["runs"]}
     last = {x["batch"]: x["aggregate_xrt"] for x in load("offline_vae_graphs_session.json")["engine"]["graphs"]["runs"]}
+    kern = {x["batch"]: x["aggregate_xrt"] for x in load("offline_kernels_session.json")["engine"]["graphs"]["runs"]}
     res["engine_history_xrt"] = {"graphs_only_run1": run1, "compiled_locdit_locenc": prev, "host_side_inputs": fill,
-                                 "previous_session": last,
+                                 "vae_graphs_session": last, "triton_attention_session": kern,
                                  "now": {b: x["aggregate_xrt"] for b, x in res["engine_offline"].items()}}
+    res["engine_history_ttfa_ms_p50"] = {
+        "triton_attention_session": {x["batch"]: x["ttfa_ms_p50"]
+                                     for x in load("offline_kernels_session.json")["engine"]["graphs"]["runs"]},
+        "overlap_before_drain": {x["batch"]: x["ttfa_ms_p50"]
+                                 for x in load("offline_overlap_before_drain.json")["engine"]["graphs"]["runs"]},
+        "now": {x["batch"]: x["ttfa_ms_p50"] for x in eng["runs"]}}
     res["served_history_xrt"] = {
         "4_instances_chunks_1248": {c: lv["x_real_time"] for c, lv in served_levels("served_4inst_chunks1248.json").items()},
         "8_instances_prev_session": {c: lv["x_real_time"] for c, lv in served_levels("served_prev_session.json").items()},
@@ -97,8 +110,13 @@ def main():
         "vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs.json").items()},
         "triton_local_attention": {c: lv["x_real_time"] for c, lv in served_levels("served_local_attention.json").items()},
         "triton_vae_conv": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_triton.json").items()},
+        "trimmed_last_layer": {c: lv["x_real_time"] for c, lv in served_levels("served_trimmed_last_layer.json").items()},
         "now": {c: s["aggregate_xrt"] for c, s in res["served"].items()},
     }
+    res["served_gil_yield_ab"] = {
+        k: {c: {"aggregate_xrt": lv["x_real_time"], "ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"]}
+            for c, lv in served_levels(f).items()}
+        for k, f in (("yield", "served_yield_ab.json"), ("no_yield", "served_noyield_ab.json"))}
     vae = load("vae_stream_decode.json")
     vae_modes = ("eager", "compiled", "graphs", "triton", "triton_graphs")
     res["vae_stream_decode_ms"] = {m: {f"{x['streams']}x{x['patches']}": x["ms"] for x in vae[m]} for m in vae_modes}
@@ -148,24 +166,46 @@ def main():
     md += ["", f"A lone request's first latent patch: {res['engine_first_patch_ms_p50']:.1f} ms after submit "
            f"(prefill of {p['positions']} positions: {p['graph']:.1f} ms as a CUDA graph, {p['eager']:.1f} ms eager).",
            "", "How the engine got here (aggregate x real time by batch):", "",
-           "| batch | graphs only | + compiled LocDiT/LocEnc | + host-side inputs | previous session | "
-           "now: + Triton LocDiT/LocEnc attention, last layer trimmed |", "|---|---|---|---|---|---|"]
+           "| batch | graphs only | + compiled LocDiT/LocEnc | + host-side inputs | + VAE graphs session | "
+           "+ Triton LocDiT/LocEnc attention, last layer trimmed | now: + step N+1 launched before step N is read |",
+           "|---|---|---|---|---|---|---|"]
     h = res["engine_history_xrt"]
     for b in sorted(h["now"]):
         cells = [h[k].get(b) for k in ("graphs_only_run1", "compiled_locdit_locenc", "host_side_inputs",
-                                       "previous_session", "now")]
+                                       "vae_graphs_session", "triton_attention_session", "now")]
         md.append(f"| {b} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in cells) + " |")
+    ht = res["engine_history_ttfa_ms_p50"]
+    md += ["", "First audio of a burst (all requests submitted at once; ms from the first submit to each request's "
+           "first patch, p50). Overlapping the steps first made admissions wait for the next prefill too; admissions "
+           "now collect the step in flight first, and the engine thread yields the GIL once per step so that "
+           "submitters are not held for the interpreter's 5 ms switch interval. Up to 64 that brings it back to "
+           "where it was; at 128 (the largest bucket; the served decoder runs at most 64) it is still twice the old "
+           "value, which is not explained yet:", "",
+           "| batch | before the overlap | overlap, first version | now |", "|---|---|---|---|"]
+    md += [f"| {b} | {ht['triton_attention_session'][b]:.0f} | {ht['overlap_before_drain'][b]:.0f} | {ht['now'][b]:.0f} |"
+           for b in sorted(ht["now"])]
     md += ["", "Served, step by step (aggregate x real time; each column one device call, and calls on different "
            "machines of the same type differ by up to 20% at 64 streams, so compare within a call where noted):", "",
            "| streams | 4 inst., chunks 1,2,4,8 | 8 inst. | 16 inst. | + prefill graphs | + VAE graphs | same call, "
-           "VAE graphs off | + Triton LocDiT/LocEnc attention | + Triton VAE conv | now: + trimmed last layer |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "VAE graphs off | + Triton LocDiT/LocEnc attention | + Triton VAE conv | + trimmed last layer | now: + step "
+           "overlap, VAE snake_extend / skip_add |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     sh = res["served_history_xrt"]
     for c in sorted(sh["now"]):
         md.append(f"| {c} | " + " | ".join(f"{sh[k].get(c, float('nan')):.0f}" for k in
                                            ("4_instances_chunks_1248", "8_instances", "16_instances", "prefill_graphs",
                                             "vae_graphs", "no_vae_graphs", "triton_local_attention",
-                                            "triton_vae_conv", "now")) + " |")
+                                            "triton_vae_conv", "trimmed_last_layer", "now")) + " |")
+    ab = res["served_gil_yield_ab"]
+    md += ["", "One call, another machine, the engine's per-step GIL yield on and off (aggregate x real time; TTFA "
+           "p50 / p95 ms): " + "; ".join(
+               f"{c} streams: {ab['yield'][c]['aggregate_xrt']:.0f}x, {ab['yield'][c]['ttfa_ms_p50']:.0f} / "
+               f"{ab['yield'][c]['ttfa_ms_p95']:.0f} with, {ab['no_yield'][c]['aggregate_xrt']:.0f}x, "
+               f"{ab['no_yield'][c]['ttfa_ms_p50']:.0f} / {ab['no_yield'][c]['ttfa_ms_p95']:.0f} without"
+               for c in sorted(ab["yield"]))
+           + ". Within noise served (Triton's execute threads submit); it is kept for in-process callers such as "
+           "`bench.py`, whose burst of 32 and 64 requests reached first audio in 140 and 158 ms with it and 176 and "
+           "264 ms without (two runs, one each)."]
     v = res["vae_stream_decode_ms"]
     md += ["", "Streaming VAE decode as vae_decoder runs it (`VAEStreams.decode`: gather state, decode, scatter, "
            "audio to the host), ms per call, GPU to itself (streams x patches, fp32). Graphs are captured up to "
@@ -180,8 +220,12 @@ def main():
     md += ["", "Where an 8-stream x 16-patch VAE call goes (ms of GPU time, eager): " + "; ".join(
         f"{m}: {vp[m]['gpu_ms']:.1f} ms in {vp[m]['kernels']:.0f} kernels ("
         + ", ".join(f"{k} {x:.1f}" for k, x in vp[m]["by_kind_ms"].items()) + ")" for m in vp)
-        + ". PyTorch runs fp32 depthwise convs on its generic kernel (5.0 ms here); "
-        "`vae_kernels.dwconv_snake` does the conv, bias and the next snake in one pass."]
+        + ". PyTorch runs fp32 depthwise convs on its generic kernel (5.0 ms in the compiled column); "
+        "`vae_kernels.dwconv_snake` does the conv, bias and the next snake in one pass, `snake_extend` writes the "
+        "first snake behind the stream's saved frames (no torch.cat), and `skip_add` adds the pointwise conv's bias "
+        "with the skip (cuDNN adds a conv's bias in a broadcast pass of its own). What is left, by PyTorch op (ms, "
+        "Triton column): " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['shapes'][:40]} {o['self_cuda_ms']:.2f}"
+                                      for o in vp["triton"].get("top_ops", [])[:5]) + "."]
     la = res["local_attention_us"]
     md += ["", "LocDiT (11 tokens) and LocEnc (5 tokens) attention per layer call, us from a CUDA graph "
            "(`python -m voxcpm_triton.local_attention_triton`; the PyTorch path compiled: RoPE, head folding, "
@@ -253,12 +297,12 @@ def main():
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for key, style, label in (("graphs_only_run1", "s:", "engine, graphs only"),
-                              ("previous_session", "D--", "engine, previous session"),
+                              ("triton_attention_session", "D--", "engine, previous session"),
                               ("now", "o-", "engine, now")):
         xs = sorted(h[key])
         a.plot(xs, [h[key][x] for x in xs], style, label=label)
-    for key, style, label in (("8_instances_prev_session", "v:", "served, two sessions ago"),
-                              ("vae_graphs", "x--", "served, previous session"),
+    for key, style, label in (("vae_graphs", "v:", "served, two sessions ago"),
+                              ("trimmed_last_layer", "x--", "served, previous session"),
                               ("now", "^-", "served (tts_stream), now")):
         xs = sorted(sh[key])
         a.plot(xs, [sh[key][x] for x in xs], style, label=label)
