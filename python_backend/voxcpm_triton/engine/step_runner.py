@@ -90,6 +90,9 @@ class DecodeStepRunner:
         self.out = z(B, P * D + 1, dt=torch.float32)
         self.host = [HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev) for _ in range(2)]
         self._turn = 0  # which HostBuffers the next launch uses
+        # A capture can happen mid-serving (a new timesteps value): it must not take a launch's turn,
+        # or the next launch would refill the buffers of the step still waiting to be collected.
+        self.capture_host = HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev)
 
         self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
@@ -232,7 +235,7 @@ class DecodeStepRunner:
         """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
         touch no live request. Returns None (eager for this key) if capture fails."""
         try:
-            self._fill(self._take_host_buffers(), [], bucket, n_steps)
+            self._fill(self.capture_host, [], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
             graph = capture_graph(lambda: self._step(bucket, n_steps, first), self.device, self.graph_pool,
                                   warm_up=2)
