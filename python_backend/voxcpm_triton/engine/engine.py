@@ -339,9 +339,9 @@ class Engine:
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
                 failed = batch
         previous, self._in_flight = self._in_flight, launched
-        # The GPU is busy now: let threads waiting for the GIL in (submit() from Triton's
-        # execute threads) before the bookkeeping below. Without a blocking wait here, they would
-        # otherwise wait for the interpreter's 5 ms switch interval.
+        # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
+        # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms
+        # switch interval (a burst of 64 in-process submits: first audio 264 -> 158 ms).
         time.sleep(0)
         self._deliver(previous)
         if failed:
