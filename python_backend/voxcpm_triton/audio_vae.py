@@ -258,7 +258,7 @@ class ResidualUnit(nn.Module):
                 CausalConv1d(dim, dim, 1),
             ]
         )
-        self.fused = False  # depthwise conv and snake as one Triton kernel (AudioVAE.use_triton_kernels_)
+        self.fused = False  # the unit in Triton kernels (AudioVAE.use_triton_kernels_)
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
@@ -546,8 +546,9 @@ class AudioVAE(nn.Module):
         return self
 
     def use_triton_kernels_(self, enabled: bool = True) -> "AudioVAE":
-        """GPU with triton: each depthwise residual unit's causal conv, bias and the snake after it
-        as one kernel (`vae_kernels`); non-depthwise configs keep the PyTorch path."""
+        """GPU with triton: each depthwise residual unit in `vae_kernels`' kernels (first snake with
+        the stream state, depthwise conv + bias + second snake, pointwise bias + skip);
+        non-depthwise configs keep the PyTorch path."""
         for m in self.decoder.modules():
             if isinstance(m, ResidualUnit):
                 m.fused = enabled and m.block[1].groups == m.block[1].in_channels
