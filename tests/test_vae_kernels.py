@@ -15,10 +15,15 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, ResidualUnit, _Stream, snake  # noqa: E402
-from voxcpm_triton.vae_kernels import dwconv_snake, skip_add, snake_extend  # noqa: E402
+from voxcpm_triton.audio_vae import (  # noqa: E402
+    AudioVAE, AudioVAEConfig, CausalConvTranspose1d, ResidualUnit, _Stream, snake,
+)
+from voxcpm_triton.vae_kernels import dwconv_snake, phase_interleave, skip_add, snake_extend  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# The polyphase upsampling conv and cuDNN's transposed conv may both use TF32 on a GPU (PyTorch's
+# default for convs), each rounding differently. Exact fp32 on the CPU.
+TOL = 2e-3 if DEV.type == "cuda" else 1e-5
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 
@@ -72,6 +77,41 @@ def test_skip_add_is_the_residual_with_the_pointwise_bias():
     assert (skip_add(x, z, bias) - (x + (z + bias[:, None]))).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("C_in,C_out,stride,T", [(6, 5, 8, 3), (16, 8, 2, 300), (4, 3, 5, 1),
+                                                  (512, 2, 2, 3)])  # 512: the channels-last weight
+def test_polyphase_upsampling_is_the_transposed_conv(C_in, C_out, stride, T):
+    """One-shot (zeros before the first frame) and streamed in two chunks (the saved frame)."""
+    up = _randomize(CausalConvTranspose1d(C_in, C_out, stride), seed=stride).to(DEV)
+    x = torch.randn(2, C_in, T + 2, generator=torch.Generator().manual_seed(T)).to(DEV)
+    want = up(x)
+    assert want.shape == (2, C_out, (T + 2) * stride)
+    up.polyphase = True
+    assert (up(x) - want).abs().max().item() <= TOL
+    st = _Stream([torch.zeros(2, C_in, 1, device=DEV)])
+    first = up(x[..., :T], st)
+    second = up(x[..., T:], _Stream(st.next))
+    assert (torch.cat([first, second], -1) - want).abs().max().item() <= TOL
+
+
+def test_polyphase_weight_follows_the_weight():
+    up = CausalConvTranspose1d(3, 2, 2).to(DEV)
+    w = up.phase_weight()
+    assert up.phase_weight() is w  # built once
+    with torch.no_grad():
+        up.weight.mul_(2)
+    assert torch.equal(up.phase_weight(), 2 * w)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_phase_interleave(channels_last):
+    y = torch.randn(2, 3 * 4, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
+    if channels_last:  # cuDNN's output layout for a channels-last weight
+        y = y.transpose(1, 2).contiguous().transpose(1, 2)
+    bias = torch.randn(3, generator=torch.Generator().manual_seed(2)).to(DEV)
+    want = y.reshape(2, 3, 4, 5).transpose(2, 3).reshape(2, 3, 20) + bias[:, None]
+    assert torch.equal(phase_interleave(y, bias, 4), want)
+
+
 REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_dim=64,
                decoder_rates=[8, 6, 5, 2, 2, 2], depthwise=True, sr_bin_boundaries=[20000, 30000, 40000])
 
@@ -81,15 +121,16 @@ def test_decoder_with_the_kernel_matches_without():
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV).use_triton_kernels_()
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
+    assert sum(getattr(m, "polyphase", False) for m in fused.modules()) == 6
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)
     assert want.abs().max().item() > 1e-3  # not a trivially silent decoder
-    assert (fused.decode(z) - want).abs().max().item() <= 1e-5
+    assert (fused.decode(z) - want).abs().max().item() <= TOL
     state, parts = fused.new_stream_state(2), []
     for a, b in ((0, 1), (1, 2), (2, 5)):
         audio, state = fused.decode_chunk(z[..., a:b], state)
         parts.append(audio)
-    assert (torch.cat(parts, -1) - want).abs().max().item() <= 1e-5
+    assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
 
 
 def test_only_depthwise_units_are_fused():

@@ -219,6 +219,13 @@ class CausalConv1d(nn.Module):
         return F.conv1d(self.padded(x, st), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
+def _version(t: Tensor) -> Optional[int]:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor (loaded under inference_mode) keeps no version count
+        return None
+
+
 class CausalConvTranspose1d(nn.Module):
     """Upsampling ConvTranspose1d (kernel 2*stride) with the right tail trimmed
     so T input frames give exactly T*stride output samples."""
@@ -234,8 +241,33 @@ class CausalConvTranspose1d(nn.Module):
         assert self.ctx * stride == self.trim  # one frame of look-back, trimmed like the right tail
         self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels))
+        self.polyphase = False  # as a 2-tap conv + `vae_kernels.phase_interleave` (AudioVAE.use_triton_kernels_)
+        self._phase_w: tuple = (None, None)
+
+    def phase_weight(self) -> Tensor:
+        """The polyphase form's weight [C_out * s, C_in, 2]: row c * s + j holds the taps that make
+        sample t * s + j, from frames t - 1 (weight tap j + s) and t (tap j). Built once per weight.
+
+        Wide layers get it channels-last ([rows, 2, C_in] in memory): cuDNN then runs its GEMM
+        kernels on it as it is, where a row-major weight is transposed on every call (the first
+        layer's is 134 MB). Narrow layers run faster row-major: their activations, not the weight,
+        are what channels-last would transpose. On an H100 (`python -m voxcpm_triton.vae_kernels`,
+        benchmarks/raw/polyphase_*.json), channels-last won from 512 input channels up."""
+        key = (self.weight.device, self.weight.data_ptr(), _version(self.weight))
+        if self._phase_w[0] != key:
+            s, w = self.stride, self.weight.detach().permute(1, 2, 0)  # [C_out, 2s, C_in]
+            taps = torch.stack((w[:, s:], w[:, :s]), dim=2)  # [C_out, s, 2, C_in]
+            rows = taps.reshape(self.out_channels * s, 2, self.in_channels).transpose(1, 2)
+            self._phase_w = (key, rows if self.in_channels >= 512 else rows.contiguous())
+        return self._phase_w[1]
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        if self.polyphase:
+            from .vae_kernels import phase_interleave
+
+            # Frame t's samples need frames t - 1 and t: one frame of look-back (zeros when one-shot).
+            x = F.pad(x, (self.ctx, 0)) if st is None else st.extend(x, self.ctx)
+            return phase_interleave(F.conv1d(x, self.phase_weight()), self.bias, self.stride)
         if st is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
             return y[..., : y.shape[-1] - self.trim]
@@ -547,11 +579,13 @@ class AudioVAE(nn.Module):
 
     def use_triton_kernels_(self, enabled: bool = True) -> "AudioVAE":
         """GPU with triton: each depthwise residual unit in `vae_kernels`' kernels (first snake with
-        the stream state, depthwise conv + bias + second snake, pointwise bias + skip);
-        non-depthwise configs keep the PyTorch path."""
+        the stream state, depthwise conv + bias + second snake, pointwise bias + skip), and each
+        upsampling conv in its polyphase form; non-depthwise residual units keep the PyTorch path."""
         for m in self.decoder.modules():
             if isinstance(m, ResidualUnit):
                 m.fused = enabled and m.block[1].groups == m.block[1].in_channels
+            elif isinstance(m, CausalConvTranspose1d):
+                m.polyphase = enabled
         return self
 
     # -- streaming ----------------------------------------------------------
@@ -663,6 +697,9 @@ class AudioVAE(nn.Module):
                 parts.append(f"bad tensors: {bad}")
             raise ValueError("AudioVAE state dict does not match the config: " + "; ".join(parts))
         self.load_state_dict(new, strict=False)  # only optional buffers can be absent here
+        for m in self.modules():  # in place: an inference tensor's copy keeps its address and has no version
+            if isinstance(m, CausalConvTranspose1d):
+                m._phase_w = (None, None)
 
 
 def vae_state_dict_official(vae: AudioVAE) -> dict:

@@ -1,4 +1,4 @@
-"""Triton kernels (GPU) for the VAE decoder's depthwise residual units.
+"""Triton kernels (GPU) for the VAE decoder's depthwise residual units and its upsampling.
 
 A depthwise residual unit is snake -> causal depthwise conv (kernel 7, dilation d) -> snake ->
 pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic CUDA kernel
@@ -18,6 +18,14 @@ frames to save for the next chunk cut from the same pass (instead of snake, torc
 
 `skip_add`: the pointwise conv's bias and the skip, x + (z + bias), where z is the pointwise conv
 run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
+
+`phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
+a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
+runs the widest transposed conv (2048 -> 1024 channels) on a generic fp32 engine, 1.5 ms of an
+8-stream x 16-patch decode; as a conv it is an implicit GEMM (`_bench` below compares the two at
+every level). The kernel puts phase j of frame t at sample t * s + j and adds the bias, one pass:
+
+    y [B, C * s, T]  ->  out [B, C, T * s],  out[b, c, t * s + j] = y[b, c * s + j, t] + bias[c]
 
 fp32 throughout; the taps are summed in another order than PyTorch's kernel, so results agree to
 rounding. Grid and allocations depend on shapes only: CUDA graphs capture it.
@@ -97,6 +105,18 @@ if _HAVE_TRITON:
         z = tl.load(z_ptr + at, mask=mask) + tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
         tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask) + z, mask=mask)
 
+    @triton.jit
+    def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, S: tl.constexpr,
+                                 BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
+        b = tl.program_id(0)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        o = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # output sample = frame * S + phase
+        n = T * S
+        mask = (c < C)[:, None] & (o < n)[None, :]
+        src = b * syb + (c[:, None] * S + (o % S)[None, :]) * syc + (o // S)[None, :] * syt
+        v = tl.load(y_ptr + src, mask=mask) + tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
+        tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
+
 
 def dwconv_snake(xp, weight, bias, alpha, dilation: int):
     """See the module doc. weight: [C, 1, K]; bias: [C]; alpha: [1, C, 1] or [C]."""
@@ -153,3 +173,68 @@ def skip_add(x, z, bias):
         grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
         _skip_add_kernel[grid](x, z, bias, out, C, T, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4)
     return out
+
+
+def phase_interleave(y, bias, stride: int):
+    """y [B, C * stride, T] (phase j of channel c in row c * stride + j; any strides: cuDNN returns
+    channels-last), bias [C] -> [B, C, T * stride], out[..., t * stride + j] = y[:, c * stride + j, t]
+    + bias[c], one pass."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, CS, T = y.shape
+    C = CS // stride
+    assert CS == C * stride and bias.shape == (C,), (y.shape, bias.shape, stride)
+    out = torch.empty((B, C, T * stride), dtype=y.dtype, device=y.device)
+    if out.numel():
+        grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T * stride, BLOCK_T))
+        _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), S=stride, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
+                                       num_warps=4)
+    return out
+
+
+def _bench(streams: int = 8, patches: int = 16, rates=(8, 6, 5, 2, 2, 2), dim: int = 2048, frames_per_patch: int = 4):
+    """Each upsampling conv of the full-size decoder for `streams` x `patches` (one frame of
+    look-back, as streaming runs it): cuDNN's transposed conv against the polyphase conv +
+    `phase_interleave`. Microseconds per call (triton.testing.do_bench), one row per level."""
+    from triton.testing import do_bench
+
+    from .audio_vae import CausalConvTranspose1d
+
+    rows, T = [], frames_per_patch * patches
+    for level, stride in enumerate(rates):
+        c_in, c_out = dim // 2 ** level, dim // 2 ** (level + 1)
+        up = CausalConvTranspose1d(c_in, c_out, stride).cuda()
+        x, w = torch.randn(streams, c_in, T + 1, device="cuda"), up.phase_weight()
+        w_rows = w.contiguous()  # the weight row-major, as a plain conv's is
+        w_last = w_rows.transpose(1, 2).contiguous().transpose(1, 2)  # and channels-last
+        rows.append({
+            "level": level, "channels_in": c_in, "frames_in": T, "streams": streams,
+            "conv_transpose_us": do_bench(lambda: torch.nn.functional.conv_transpose1d(
+                x, up.weight, up.bias, stride, padding=stride)) * 1e3,
+            "polyphase_us": do_bench(lambda: phase_interleave(torch.nn.functional.conv1d(x, w), up.bias, stride)) * 1e3,
+            "polyphase_row_major_weight_us": do_bench(
+                lambda: phase_interleave(torch.nn.functional.conv1d(x, w_rows), up.bias, stride)) * 1e3,
+            "polyphase_channels_last_weight_us": do_bench(
+                lambda: phase_interleave(torch.nn.functional.conv1d(x, w_last), up.bias, stride)) * 1e3,
+        })
+        print({k: round(v, 1) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+        T *= stride
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=_bench.__doc__)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--patches", type=int, default=16)
+    ap.add_argument("--out", help="write the rows as JSON here")
+    a = ap.parse_args()
+    if not available():
+        raise SystemExit("needs triton and a CUDA device")
+    result = _bench(a.streams, a.patches)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "streams": a.streams, "patches": a.patches,
+                       "rows": result}, f, indent=1)
