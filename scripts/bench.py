@@ -123,7 +123,8 @@ KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first
 
 
 VAE_KERNEL_KINDS = (
-    ("depthwise conv + snake (Triton)", ("_dwconv_snake_kernel",)),  # before "conv"
+    ("Triton kernels (vae_kernels)",  # before "conv"
+     ("_dwconv_snake_kernel", "_snake_extend_kernel", "_skip_add_kernel", "_phase_interleave_kernel")),
     ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
     ("snake (compiled)", ("triton_",)),
 )
@@ -181,14 +182,16 @@ def profile_step(engine, vox, prompt, batch: int, steps: int = 8) -> dict:
     for _ in range(batch):
         started.acquire(timeout=600)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        s0 = engine.stats()["steps"]
+        s0, t0 = engine.stats()["steps"], time.perf_counter()
         while engine.stats()["steps"] - s0 < steps:
             time.sleep(0.001)
         sync()
-        measured = engine.stats()["steps"] - s0
+        measured, wall = engine.stats()["steps"] - s0, time.perf_counter() - t0
     for _ in range(batch):
         done.acquire(timeout=600)
-    return {"batch": batch, "steps": measured, **summarize_profile(prof, measured)}
+    # wall vs GPU time per step: how busy the engine keeps the GPU (the profiler adds a little host work)
+    return {"batch": batch, "steps": measured, "wall_ms_per_step": wall / measured * 1000,
+            **summarize_profile(prof, measured)}
 
 
 def engine_bench(vox, prompt, args) -> dict:
@@ -216,11 +219,14 @@ def engine_bench(vox, prompt, args) -> dict:
             res["runs"].append(r)
         if graphs and not args.no_profile:
             res["profile_batch1"] = profile_step(eng, vox, prompt, 1)
+            if 64 in args.batches and max(args.batches) != 64:  # the served load's batch
+                res["profile_batch64"] = profile_step(eng, vox, prompt, 64)
             res["profile_batch_max"] = profile_step(eng, vox, prompt, max(args.batches))
-            for p in (res["profile_batch1"], res["profile_batch_max"]):
+            for p in (res.get(k) for k in ("profile_batch1", "profile_batch64", "profile_batch_max")):
                 if p:
-                    log(f"[profile] batch {p['batch']}: {p['gpu_ms']:.2f} ms of GPU work, {p['kernels']:.0f} "
-                        f"kernels per step; " + ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items()))
+                    log(f"[profile] batch {p['batch']}: {p['gpu_ms']:.2f} ms of GPU work in {p['wall_ms_per_step']:.2f} "
+                        f"ms, {p['kernels']:.0f} kernels per step; "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items()))
         if torch.cuda.is_available():
             res["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         eng.shutdown()
@@ -235,7 +241,7 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
     streams' state, decode, scatter it back, audio to the host), fp32, for B streams' chunks of n
     patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
     graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
-    Triton depthwise conv + snake (`vae_kernels`). ms per call and x real time."""
+    Triton kernels (`vae_kernels`: residual units, polyphase upsampling). ms per call and x real time."""
     from voxcpm_triton import vae_kernels
     from voxcpm_triton.vae_streams import VAEStreams
 
