@@ -85,12 +85,13 @@ def test_polyphase_upsampling_is_the_transposed_conv(C_in, C_out, stride, T):
     x = torch.randn(2, C_in, T + 2, generator=torch.Generator().manual_seed(T)).to(DEV)
     want = up(x)
     assert want.shape == (2, C_out, (T + 2) * stride)
+    tol = TOL * max(1.0, want.abs().max().item())  # TF32 rounds relative to the sums' size
     up.polyphase = True
-    assert (up(x) - want).abs().max().item() <= TOL
+    assert (up(x) - want).abs().max().item() <= tol
     st = _Stream([torch.zeros(2, C_in, 1, device=DEV)])
     first = up(x[..., :T], st)
     second = up(x[..., T:], _Stream(st.next))
-    assert (torch.cat([first, second], -1) - want).abs().max().item() <= TOL
+    assert (torch.cat([first, second], -1) - want).abs().max().item() <= tol
 
 
 def test_polyphase_weight_follows_the_weight():
