@@ -134,8 +134,14 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
     assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps)
     assert len(model.streams) == 0 and model.m_streams.metric.value == 0
 
-    bad = model.execute([_chunk(5, np.full((1, P, D), np.nan)), _chunk(6, np.zeros((1, P + 1, D)))])
+    bad = model.execute([_chunk(5, np.full((1, P, D), np.nan)), _chunk(6, np.zeros((1, P + 1, D))),
+                         _chunk(7, np.zeros((257, P, D)), start=True),
+                         _chunk(8, np.zeros((1, P, D)), start=True, context=np.zeros((2, P, D + 1))),
+                         _chunk(9, np.zeros((1, P, D)), start=True, context=np.full((2, P, D), np.inf))])
     assert "NaN" in str(bad[0].error) and "LATENTS" in str(bad[1].error)
+    assert "LATENTS has 257 patches" in str(bad[2].error) and "max_chunk_patches" in str(bad[2].error)
+    assert "CONTEXT must be" in str(bad[3].error) and "CONTEXT contains NaN or Inf" in str(bad[4].error)
+    assert len(model.streams) == 0, "a refused START must not open a stream"
     model.finalize()
 
 

@@ -76,6 +76,9 @@ class VAEDecoderModel:
         self.streams = VAEStreams(self.vae, self.cfg.patch_size, positive_int(params, "max_streams", 256),
                                   cuda_graphs=on_gpu and flag(params, "cuda_graphs", True),
                                   graph_patches=positive_ints(params, "graph_patches", "1,4,16"))
+        # One chunk's activations grow with its length (the last level holds 32 x 7680 floats per
+        # patch and stream): a bound keeps one caller's request from exhausting GPU memory.
+        self.max_chunk = positive_int(params, "max_chunk_patches", 256)
         self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
@@ -102,6 +105,22 @@ class VAEDecoderModel:
     def finalize(self):
         self._stop.set()
 
+    def _patches(self, request, name: str):
+        """Input `name` as [n, P, D] patches (None if absent), checked."""
+        x = get(request, name)
+        if x is None:
+            return None
+        x = x[0]
+        P, D = self.cfg.patch_size, self.cfg.feat_dim
+        if x.ndim != 3 or x.shape[1:] != (P, D):
+            raise InputError(f"{name} must be [n, {P}, {D}]")
+        if not np.isfinite(x).all():
+            raise InputError(f"{name} contains NaN or Inf")
+        if x.shape[0] > self.max_chunk:
+            raise InputError(f"{name} has {x.shape[0]} patches; vae_decoder takes at most {self.max_chunk} per "
+                             "chunk (parameter max_chunk_patches)")
+        return x
+
     def _z(self, lat: np.ndarray) -> torch.Tensor:
         """[n, P, D] patches -> [1, D, n*P] frames."""
         lat = torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32))
@@ -118,16 +137,12 @@ class VAEDecoderModel:
                     corrid = int(get(r, "CORRID").reshape(-1)[0])
                     start = bool(get(r, "START").reshape(-1)[0])
                     end = bool(get(r, "END").reshape(-1)[0])
-                    lat = get(r, "LATENTS")[0]
-                    if lat.ndim != 3 or lat.shape[1:] != (self.cfg.patch_size, self.cfg.feat_dim):
-                        raise InputError(f"LATENTS must be [n, {self.cfg.patch_size}, {self.cfg.feat_dim}]")
-                    if not np.isfinite(lat).all():
-                        raise InputError("LATENTS contains NaN or Inf")
+                    lat = self._patches(r, "LATENTS")
+                    ctx = self._patches(r, "CONTEXT")
                     if any(c == corrid for _, c, _, _ in work):  # the sequence batcher never does this
                         raise ValueError(f"two chunks of sequence {corrid} in one batch")
                     if start or corrid not in self.streams:
-                        ctx = get(r, "CONTEXT")
-                        self.streams.open(corrid, self._z(ctx[0]) if ctx is not None and ctx[0].size else None)
+                        self.streams.open(corrid, self._z(ctx) if ctx is not None and ctx.size else None)
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
