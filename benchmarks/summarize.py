@@ -51,6 +51,16 @@ def served_levels(name):
     return {lv["concurrency"]: lv for lv in load(name)["levels"]}
 
 
+def served_xrt(name):
+    """Aggregate x real time by concurrency, from a served run."""
+    return {c: lv["x_real_time"] for c, lv in served_levels(name).items()}
+
+
+def engine_runs(name, key="aggregate_xrt"):
+    """`key` by batch, from an offline run's graph engine."""
+    return {x["batch"]: x[key] for x in load(name)["engine"]["graphs"]["runs"]}
+
+
 def step_flops(cfg: dict, timesteps: int = 10) -> dict:
     """Multiply-add FLOPs of one decode step of one request, by module, from the model config: LocDiT
     runs its CFG pair (2 x 11 tokens) once per velocity evaluation (timesteps - 1: the first is
@@ -94,7 +104,7 @@ def main():
         "ttfa_ms_p50": levels[1]["ttfa_ms"]["p50"],
         "ttfa_ms_p95": levels[1]["ttfa_ms"]["p95"],
         "aggregate_xrt_c64": levels[64]["x_real_time"],
-        "served_final_commit_xrt_c64": served_levels("served_final_commit.json")[64]["x_real_time"],
+        "served_final_commit_xrt_c64": served_xrt("served_final_commit.json")[64],
         "faster_than_realtime_frac_c64": levels[64]["faster_than_realtime_frac"],
         "served": {c: {"ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"],
                        "rtf_p50": lv["rtf"]["p50"], "rtf_p95": lv["rtf"]["p95"],
@@ -121,33 +131,31 @@ def main():
     }
     # history: the same measurements on earlier code
     run1 = {x["batch"]: x["aggregate_xrt"] for x in ref["engine_run1_no_compile"]["graphs"]["runs"]}
-    prev = {x["batch"]: x["aggregate_xrt"] for x in load("offline_prev_session.json")["engine"]["graphs"]["runs"]}
-    fill = {x["batch"]: x["aggregate_xrt"] for x in load("offline_host_fill.json")["engine"]["graphs"]["runs"]}
-    last = {x["batch"]: x["aggregate_xrt"] for x in load("offline_vae_graphs_session.json")["engine"]["graphs"]["runs"]}
-    kern = {x["batch"]: x["aggregate_xrt"] for x in load("offline_kernels_session.json")["engine"]["graphs"]["runs"]}
-    ovl = {x["batch"]: x["aggregate_xrt"] for x in load("offline_overlap_session.json")["engine"]["graphs"]["runs"]}
+    prev = engine_runs("offline_prev_session.json")
+    fill = engine_runs("offline_host_fill.json")
+    last = engine_runs("offline_vae_graphs_session.json")
+    kern = engine_runs("offline_kernels_session.json")
+    ovl = engine_runs("offline_overlap_session.json")
     res["engine_history_xrt"] = {"graphs_only_run1": run1, "compiled_locdit_locenc": prev, "host_side_inputs": fill,
                                  "vae_graphs_session": last, "triton_attention_session": kern, "overlap_session": ovl,
                                  "now": {b: x["aggregate_xrt"] for b, x in res["engine_offline"].items()}}
     res["engine_history_ttfa_ms_p50"] = {
-        "triton_attention_session": {x["batch"]: x["ttfa_ms_p50"]
-                                     for x in load("offline_kernels_session.json")["engine"]["graphs"]["runs"]},
-        "overlap_before_drain": {x["batch"]: x["ttfa_ms_p50"]
-                                 for x in load("offline_overlap_before_drain.json")["engine"]["graphs"]["runs"]},
+        "triton_attention_session": engine_runs("offline_kernels_session.json", "ttfa_ms_p50"),
+        "overlap_before_drain": engine_runs("offline_overlap_before_drain.json", "ttfa_ms_p50"),
         "now": {x["batch"]: x["ttfa_ms_p50"] for x in eng["runs"]}}
     res["served_history_xrt"] = {
-        "4_instances_chunks_1248": {c: lv["x_real_time"] for c, lv in served_levels("served_4inst_chunks1248.json").items()},
-        "8_instances_prev_session": {c: lv["x_real_time"] for c, lv in served_levels("served_prev_session.json").items()},
-        "8_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_8inst_no_prefill_graphs.json").items()},
-        "16_instances": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_no_prefill_graphs.json").items()},
-        "prefill_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_16inst_prefill_graphs.json").items()},
-        "no_vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_no_vae_graphs.json").items()},
-        "vae_graphs_run1": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs_run1.json").items()},
-        "vae_graphs": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_graphs.json").items()},
-        "triton_local_attention": {c: lv["x_real_time"] for c, lv in served_levels("served_local_attention.json").items()},
-        "triton_vae_conv": {c: lv["x_real_time"] for c, lv in served_levels("served_vae_triton.json").items()},
-        "trimmed_last_layer": {c: lv["x_real_time"] for c, lv in served_levels("served_trimmed_last_layer.json").items()},
-        "overlap_session": {c: lv["x_real_time"] for c, lv in served_levels("served_overlap_session.json").items()},
+        "4_instances_chunks_1248": served_xrt("served_4inst_chunks1248.json"),
+        "8_instances_prev_session": served_xrt("served_prev_session.json"),
+        "8_instances": served_xrt("served_8inst_no_prefill_graphs.json"),
+        "16_instances": served_xrt("served_16inst_no_prefill_graphs.json"),
+        "prefill_graphs": served_xrt("served_16inst_prefill_graphs.json"),
+        "no_vae_graphs": served_xrt("served_no_vae_graphs.json"),
+        "vae_graphs_run1": served_xrt("served_vae_graphs_run1.json"),
+        "vae_graphs": served_xrt("served_vae_graphs.json"),
+        "triton_local_attention": served_xrt("served_local_attention.json"),
+        "triton_vae_conv": served_xrt("served_vae_triton.json"),
+        "trimmed_last_layer": served_xrt("served_trimmed_last_layer.json"),
+        "overlap_session": served_xrt("served_overlap_session.json"),
         "now": {c: s["aggregate_xrt"] for c, s in res["served"].items()},
     }
     res["served_gil_yield_ab"] = {
