@@ -106,6 +106,53 @@ else
     log "pip: requirements unchanged (stamp $stamp)"
 fi
 
+# --- perf_analyzer wrapper ----------------------------------------------------------------
+# The tritonclient wheel puts the perf_analyzer binary (and perf_client, the same
+# binary) in $VENV/bin; it needs libcudart.so.12 from nvidia-cuda-runtime-cu12,
+# which is not on the default library path (libb64.so.0d, Debian's libb64-0d, is).
+# The binary moves to $VENV/libexec/ and a small script takes its place in bin/
+# that puts the venv's cudart on LD_LIBRARY_PATH and execs it, so
+# `.venv/bin/perf_analyzer` runs from a plain shell. Runs every time (cheap): a
+# pip (re)install that puts the binary back in bin/ is wrapped again here. Each
+# step is a rename, so bin/perf_analyzer always runs, even during this step.
+PERF_WRAPPER_MARK="voxcpm-perf-analyzer-wrapper"
+install_perf_analyzer_wrapper() {
+    local name="$1" bin="$VENV/bin/$1" real="$VENV/libexec/$1" tmp
+    [[ -e $bin ]] || return 0 # not installed (tritonclient without perf_analyzer)
+    if ! LC_ALL=C head -c 256 "$bin" | grep -aq "$PERF_WRAPPER_MARK"; then
+        # bin/ holds the real binary (fresh install or pip reinstall): move it aside
+        mkdir -p "$VENV/libexec"
+        tmp="$(mktemp "$VENV/libexec/.$name.XXXXXX")"
+        cp -p "$bin" "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$real"
+        log "perf_analyzer: $name moved to $real"
+    fi
+    [[ -x $real ]] || die "$bin is a wrapper but $real is missing: reinstall the binary with
+  $VENV/bin/python -m pip install --force-reinstall --no-deps 'tritonclient[all]==<version in requirements.txt>'
+and run $0 again"
+    tmp="$(mktemp "$VENV/bin/.$name.XXXXXX")"
+    cat >"$tmp" <<EOF
+#!/bin/sh
+# $PERF_WRAPPER_MARK: written by scripts/setup.sh. The real $name is
+# ../libexec/$name; it needs libcudart.so.12 (PyPI nvidia-cuda-runtime-cu12).
+venv="\$(dirname -- "\$(dirname -- "\$(readlink -f -- "\$0")")")"
+cudart="\$venv/lib/python$pyver/site-packages/nvidia/cuda_runtime/lib"
+case ":\${LD_LIBRARY_PATH:-}:" in
+*":\$cudart:"*) ;;
+*) LD_LIBRARY_PATH="\$cudart\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" ;;
+esac
+export LD_LIBRARY_PATH
+exec "\$venv/libexec/$name" "\$@"
+EOF
+    chmod 755 "$tmp"
+    if cmp -s "$tmp" "$bin"; then rm -f "$tmp"; else mv -f "$tmp" "$bin"; fi
+}
+for _pa in perf_analyzer perf_client; do
+    install_perf_analyzer_wrapper "$_pa"
+done
+# as from a plain shell: without LD_LIBRARY_PATH
+env -u LD_LIBRARY_PATH "$VENV/bin/perf_analyzer" --version >/dev/null 2>&1 \
+    || die "$VENV/bin/perf_analyzer does not run (needs libb64-0d, and libcudart.so.12 from nvidia-cuda-runtime-cu12)"
+
 # --- Triton backend directory -----------------------------------------------------------
 # shellcheck source=scripts/triton_env.sh
 source "$REPO/scripts/triton_env.sh"
