@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run Triton Inference Server (the nvidia-pytriton 2.51 binary) in the
-# foreground on this project's model repository. Ctrl-C / SIGTERM stop it
-# cleanly (tritonserver is exec'd, so it receives the signal itself, unloads
-# the models and ends their stub processes).
+# foreground on this project's model repository, under scripts/supervise.py:
+# the server is restarted when it exits or when the liveness probe (a real tiny
+# synthesis, scripts/probe.py) finds a model process dead. Ctrl-C / SIGTERM stop
+# it within its exit timeout, and every process it started with it.
 #
 #   scripts/serve.sh [extra tritonserver args...]
 #   scripts/serve.sh --print-env      # the environment it would use, KEY=VALUE
@@ -15,6 +16,12 @@
 #   TRITON_METRICS_PORT   default 8002
 #   TRITON_BIND           address to bind, default 127.0.0.1 (0.0.0.0 for all)
 #   TRITON_LOG_VERBOSE    tritonserver --log-verbose level, default 0
+#   TRITON_EXIT_TIMEOUT   seconds in-flight requests get on SIGTERM, default 30
+#   VOXCPM_ADMIN_KEY      value of the header voxcpm-admin-key that opens Triton's
+#                         shared-memory, model-repository, logging and trace APIs
+#                         (unset: a random key, they stay closed)
+#   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe)
+#   VOXCPM_PROBE_INTERVAL seconds between liveness probes, default 10 (0: none)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first
 set -euo pipefail
@@ -70,4 +77,7 @@ if [[ $mode == cmd ]]; then
     exit 0
 fi
 echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
-exec "${cmd[@]}"
+if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
+    exec "${cmd[@]}"
+fi
+exec "$VENV/bin/python" "$REPO/scripts/supervise.py" -- "${cmd[@]}"

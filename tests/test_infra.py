@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from functools import partial
 from pathlib import Path
@@ -216,9 +217,34 @@ def test_metrics_endpoint(server):
 # --- lifecycle: scripts/serve.sh, SIGTERM -------------------------------------------------
 
 
-def test_serve_sh_sigterm_stops_cleanly(tmp_path):
-    """scripts/serve.sh execs tritonserver: SIGTERM to it unloads the models
-    (finalize runs), the server exits 0 and no stub process remains."""
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _status(url: str, headers: dict | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
+    """scripts/serve.sh runs tritonserver under scripts/supervise.py: Triton's shared-memory,
+    model-repository, logging and trace APIs answer only with the admin key; SIGTERM unloads the
+    models (finalize runs), everything exits 0 and no process of the server remains."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
     http, grpc, metrics = _free_ports(3)
     env = triton_env()
     env.update(
@@ -228,6 +254,8 @@ def test_serve_sh_sigterm_stops_cleanly(tmp_path):
         TRITON_GRPC_PORT=str(grpc),
         TRITON_METRICS_PORT=str(metrics),
         ECHO_MARKER_DIR=str(tmp_path),
+        VOXCPM_ADMIN_KEY="let-me-in",
+        VOXCPM_PROBE_INTERVAL="0",  # the echo repository has no tts_stream to probe
     )
     log = tmp_path / "serve.log"
     with open(log, "wb") as f:
@@ -235,38 +263,67 @@ def test_serve_sh_sigterm_stops_cleanly(tmp_path):
             ["bash", str(REPO / "scripts" / "serve.sh")],
             env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    server_pid = None
     try:
         deadline = time.monotonic() + 120
         ready = False
         while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
-                    ready = r.status == 200
-            except OSError:
-                pass
+            ready = _status(f"http://127.0.0.1:{http}/v2/health/ready") == 200 if _port_open(http) else False
             if ready:
                 break
             time.sleep(0.25)
         assert ready, log.read_text()
-        # exec: the process we started *is* tritonserver
-        assert Path(f"/proc/{proc.pid}/exe").resolve().name == "tritonserver"
-        stubs = [p for p in _pids_in_group(proc.pid) if p != proc.pid]
-        assert len(stubs) == 2, stubs
+        (server_pid,) = [p for p in _children(proc.pid) if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"]
+        assert len([p for p in _pids_in_group(server_pid) if p != server_pid]) == 2  # the two stubs
+
+        base = f"http://127.0.0.1:{http}"
+        for path in ("/v2/systemsharedmemory/status", "/v2/cudasharedmemory/status", "/v2/logging", "/v2/trace/setting"):
+            assert _status(base + path) == 403, path
+            assert _status(base + path, {"voxcpm-admin-key": "wrong"}) == 403, path
+            assert _status(base + path, {"voxcpm-admin-key": "let-me-in"}) == 200, path
+        req = urllib.request.Request(base + "/v2/repository/index", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 403
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        try:
+            with pytest.raises(InferenceServerException, match="(?i)restricted|permission|unavailable"):
+                c.get_system_shared_memory_status()
+            with pytest.raises(InferenceServerException):
+                c.unload_model("echo")
+            # gRPC prefixes the header name
+            assert c.get_system_shared_memory_status(headers={"triton-grpc-protocol-voxcpm-admin-key": "let-me-in"}) is not None
+            assert c.is_model_ready("echo")  # inference and health stay open
+        finally:
+            c.close()
+
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
         text = log.read_text()
         assert rc == 0, text
         assert "successfully unloaded 'echo'" in text and "successfully unloaded 'echo_stream'" in text
         deadline = time.monotonic() + 10
-        while _pids_in_group(proc.pid) and time.monotonic() < deadline:
+        while (_pids_in_group(server_pid) or _pids_in_group(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _pids_in_group(proc.pid) == [], "stub processes left after SIGTERM"
+        assert _pids_in_group(server_pid) == [] and _pids_in_group(proc.pid) == [], "processes left after SIGTERM"
         names = sorted(p.name.split(".")[0] + "." + p.name.split(".")[-1] for p in tmp_path.glob("echo*"))
         assert names == ["echo.finalized", "echo.initialized", "echo_stream.finalized", "echo_stream.initialized"]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for pgid in (proc.pid, server_pid):
+            if pgid:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait()
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_server_helper_stop_reaps_everything(tmp_path):
@@ -298,7 +355,7 @@ def test_docker_compose_config_valid():
     cfg = yaml.safe_load(r.stdout)
     (name, svc), = cfg["services"].items()
     assert "tritonserver" in " ".join(svc["command"] if isinstance(svc["command"], list) else [svc["command"]])
-    assert "/v2/health/ready" in " ".join(svc["healthcheck"]["test"])
+    assert "/workspace/scripts/probe.py" in " ".join(svc["healthcheck"]["test"])
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d.get("capabilities", []) for d in devices)
     published = {str(p.get("target", p)) if isinstance(p, dict) else str(p) for p in svc["ports"]}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Liveness probe: one real, tiny synthesis through `tts_stream` (HTTP generate_stream).
+
+Triton's own health endpoints keep answering 200 after a model process has died (the
+Python backend of 2.51 does not restart it), so this asks the whole pipeline to make
+two patches of audio instead. Standard library only: it runs in the container and in
+scripts/supervise.py.
+
+    python3 scripts/probe.py [--url http://127.0.0.1:8000] [--timeout 60]
+
+Exit status: 0 healthy (audio came back, or the server refused the probe as busy: it is
+alive, only full), 1 not healthy (unreachable, an error, no audio in time), 2 broken (a
+model process is dead: restart the server now).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HEALTHY, UNHEALTHY, BROKEN = 0, 1, 2
+UNHEALTHY_PREFIX = "VoxCPM server unhealthy: "  # serving/triton_io.Unhealthy
+BUSY_MARKERS = ("server busy", "shutting down")
+
+
+def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str = "tts_stream") -> tuple[int, str]:
+    """-> (status, what happened)."""
+    body = json.dumps({"TEXT": "Probe.", "SEED": 1, "MIN_LENGTH": 1, "MAX_LENGTH": 2}).encode()
+    req = urllib.request.Request(f"{url.rstrip('/')}/v2/models/{model}/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            events = [json.loads(line[5:]) for line in (x.decode().strip() for x in r) if line.startswith("data:")]
+    except urllib.error.HTTPError as e:
+        return _classify(e.read().decode(errors="replace"))
+    except (OSError, ValueError) as e:  # refused, reset, timed out, garbled
+        return UNHEALTHY, f"no answer: {e}"
+    errors = [str(e["error"]) for e in events if "error" in e]
+    if errors:
+        return _classify(errors[0])
+    if not any(e.get("AUDIO") for e in events):
+        return UNHEALTHY, "the synthesis returned no audio"
+    return HEALTHY, f"synthesized in {time.monotonic() - t0:.2f} s"
+
+
+def _classify(message: str) -> tuple[int, str]:
+    if UNHEALTHY_PREFIX in message:
+        return BROKEN, message
+    if any(m in message for m in BUSY_MARKERS):
+        return HEALTHY, f"alive but busy: {message}"
+    return UNHEALTHY, message
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="Triton's HTTP endpoint")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the audio")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    status, what = probe(args.url, args.timeout)
+    if not args.quiet:
+        print(("healthy: " if status == HEALTHY else "UNHEALTHY: ") + what, file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Run tritonserver and keep it serving: restart it when it exits or when the liveness probe
+(scripts/probe.py, a real tiny synthesis) says it is broken.
+
+Triton 2.51's Python backend does not restart a model process that died, and its health
+endpoints keep answering 200 afterwards; recovery has to come from outside. This is that
+outside, for scripts/serve.sh and for the container. Standard library only.
+
+    python3 scripts/supervise.py [options] -- tritonserver --model-repository=... [args]
+
+Each start gets a fresh VOXCPM_RUN_DIR (the models' shared directory, removed after the
+server stops) and, unless already set, a fresh VOXCPM_INTERNAL_KEY. Triton's
+shared-memory, model-repository, logging and trace APIs are restricted to clients that
+send the header `voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixes it:
+`triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use
+them. Arguments that already restrict something are left as they are.
+
+SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group after
+its exit timeout) and exit; nothing the server started outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe  # noqa: E402
+
+RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
+ADMIN_HEADER = "voxcpm-admin-key"
+BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
+
+
+def log(msg: str):
+    print(f"[supervise {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _arg(args: list[str], name: str, default: str) -> str:
+    for a in args:
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def _group_alive(pgid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            out.append(int(d))
+    return out
+
+
+class Supervisor:
+    def __init__(self, server_args: list[str], opts):
+        self.opts = opts
+        self.args = list(server_args)
+        if not any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.args):
+            key = os.environ.get("VOXCPM_ADMIN_KEY") or secrets.token_hex(16)
+            if not os.environ.get("VOXCPM_ADMIN_KEY"):
+                log(f"{RESTRICTED_APIS} APIs closed (set VOXCPM_ADMIN_KEY and send the header {ADMIN_HEADER} to use them)")
+            self.args += [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+                          f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
+        host = _arg(self.args, "http-address", "127.0.0.1")
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{host}:{_arg(self.args, 'http-port', '8000')}"
+        self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
+        self.proc: subprocess.Popen | None = None
+        self.run_dir: str | None = None
+        self.stopping = False
+
+    # ------------------------------------------------------------------ one server
+    def start(self):
+        self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
+        env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir)
+        if not env.get("VOXCPM_INTERNAL_KEY"):
+            env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
+        self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started = time.monotonic()
+        log(f"tritonserver started (pid {self.proc.pid})")
+
+    def stop(self, why: str, grace: float | None = None):
+        """SIGTERM, wait `grace` (default: the server's exit timeout plus slack), then SIGKILL what is
+        left of its group."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        t0 = time.monotonic()
+        if proc.poll() is None:
+            log(f"stopping tritonserver ({why})")
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.exit_timeout + 10 if grace is None else grace)
+            except subprocess.TimeoutExpired:
+                log("tritonserver did not exit in time: SIGKILL")
+        deadline = time.monotonic() + 5
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # model processes end on their own once the server is gone
+        left = _group_alive(proc.pid)
+        if left:
+            log(f"killing {len(left)} leftover process(es) of the server: {left}")
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        backoff = 1.0
+        while not self.stopping:
+            self.start()
+            reason = self.watch()
+            if self.stopping:
+                break
+            up = time.monotonic() - self.started
+            # A broken server's requests to its dead model never finish: don't wait out its exit timeout.
+            self.stop(reason, grace=BROKEN_GRACE_S)
+            backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
+            log(f"restarting in {backoff:.0f} s: {reason}")
+            self._sleep(backoff)
+        self.stop("asked to stop")
+        return 0
+
+    def watch(self) -> str:
+        """Wait until the server must be restarted; -> why."""
+        o = self.opts
+        ready_since = None
+        failures = 0
+        next_probe = 0.0
+        while not self.stopping:
+            if self.proc.poll() is not None:
+                return f"tritonserver exited with code {self.proc.returncode}"
+            now = time.monotonic()
+            if ready_since is None:
+                if self.ready():
+                    ready_since = now
+                    log(f"tritonserver ready after {now - self.started:.1f} s")
+                elif now - self.started > o.start_timeout:
+                    return f"not ready after {o.start_timeout:.0f} s"
+                self._sleep(0.5)
+                continue
+            if o.probe_interval <= 0 or now < next_probe:
+                self._sleep(0.5)
+                continue
+            result = self._probe()
+            if result is None:
+                break
+            status, what = result
+            next_probe = time.monotonic() + o.probe_interval
+            if status == probe.HEALTHY:
+                failures = 0
+            elif status == probe.BROKEN:
+                return f"probe: {what}"
+            else:
+                failures += 1
+                log(f"probe failed ({failures}/{o.probe_failures}): {what}")
+                if failures >= o.probe_failures:
+                    return f"probe failed {failures} times: {what}"
+        return "asked to stop"
+
+    def _probe(self):
+        """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping."""
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(probe.probe(self.url, self.opts.probe_timeout)), daemon=True)
+        t.start()
+        while t.is_alive() and not self.stopping:
+            t.join(0.1)
+        return out[0] if out else None
+
+    def _sleep(self, seconds: float):
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.1, end - time.monotonic()))
+
+    def _on_signal(self, signum, _frame):
+        self.stopping = True
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: supervise.py [options] -- tritonserver ARGS...", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    env = os.environ.get
+    ap = argparse.ArgumentParser(description="Run tritonserver and restart it when it breaks.")
+    ap.add_argument("--probe-interval", type=float, default=float(env("VOXCPM_PROBE_INTERVAL", "10")),
+                    help="seconds between liveness probes once ready; 0: no probes, restart only on exit")
+    ap.add_argument("--probe-timeout", type=float, default=float(env("VOXCPM_PROBE_TIMEOUT", "60")))
+    ap.add_argument("--probe-failures", type=int, default=int(env("VOXCPM_PROBE_FAILURES", "3")),
+                    help="consecutive failed probes before a restart (a dead model process restarts at once)")
+    ap.add_argument("--start-timeout", type=float, default=float(env("VOXCPM_START_TIMEOUT", "900")))
+    opts = ap.parse_args(argv[:i])
+    if not argv[i + 1:]:
+        ap.error("no server command after --")
+    return Supervisor(argv[i + 1:], opts).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
