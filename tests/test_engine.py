@@ -9,6 +9,9 @@ import torch
 from tests.conftest import sine_wave
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+from voxcpm_triton.engine.step_runner import check_timestep_buckets
+from voxcpm_triton.limits import TIMESTEPS_RANGE
+from voxcpm_triton.local_modules import CfmSchedule, row_tables, zero_velocity_steps
 
 TOL = 1e-4
 TIMEOUT = 120
@@ -288,3 +291,120 @@ def test_padded_single_prompt_prefill_matches_offline_api(vox, mode):
         assert_same(got, solo(vox, prompt, seed=7, max_len=12))
     finally:
         eng.shutdown()
+
+
+# -- CFM loop buckets: a fixed set of loop lengths, one launch per bucket in each engine step
+
+def test_a_row_padded_to_its_loop_bucket_gives_exactly_its_own_result(vox):
+    """A row of k timesteps run in a wider loop (steps past k inactive with dt = 0, and the loop
+    starting at the bucket's first velocity step) equals, bit for bit, a loop of exactly k."""
+    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4))
+    eng.shutdown()
+    r, dec = eng.runner, vox.model.feat_decoder
+    g = torch.Generator().manual_seed(0)
+    D, P, h = vox.feat_dim, vox.patch_size, dec.estimator.hidden
+    z, cond = torch.randn(1, D, P, generator=g), torch.randn(1, D, P, generator=g)
+    mu = torch.randn(1, 2 * h, generator=g)
+    # Each bucket's edges, and rows with more zero-velocity steps than their bucket's graph skips.
+    for k in (1, 2, 3, 5, 9, 10, 11, 13, 17, 25, 33, 37, 49, 50, 51, 77, 99, 100):
+        loop = r.loop_bucket(k)
+        assert zero_velocity_steps(k) >= r.loop_first[loop]
+        with torch.no_grad():
+            want = dec.sample(z, mu, cond, CfmSchedule([k], torch.float32, "cpu"), 2.0)
+            t, dt, active = (x[None] for x in row_tables(k, loop, torch.float32))
+            got = dec.sample(z, mu, cond, CfmSchedule.from_tables(t, dt, active, r.loop_first[loop], loop), 2.0)
+        assert torch.equal(got, want), k
+
+
+def test_every_timesteps_value_maps_to_a_start_up_graph_key(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_batch_size=64))
+    eng.shutdown()
+    r = eng.runner
+    keys = r.graph_keys()
+    assert r.buckets == [2, 4, 8, 16, 24, 32, 48, 64]
+    assert r.loop_buckets == (4, 8, 10, 12, 16, 24, 32, 50, 100)
+    assert len(keys) == len(r.buckets) * len(r.loop_buckets) == 72
+    for k in range(TIMESTEPS_RANGE[0], TIMESTEPS_RANGE[1] + 1):
+        loop = r.loop_bucket(k)
+        assert loop >= k and not any(k <= x < loop for x in r.loop_buckets), k  # the smallest that fits
+        assert zero_velocity_steps(k) >= r.loop_first[loop], k  # the graph skips no velocity step of k
+        for b in range(1, 65):
+            assert r.graph_key(b, k) in keys, (b, k)
+    assert r.loop_bucket(10) == 10  # the default timesteps run unpadded
+    assert not r.graphs and r.captures == 0 and eng.capture_summary == {"graphs": 0, "seconds": 0.0}  # CPU: eager
+
+
+def test_mixed_timesteps_in_one_batch_each_equal_their_solo_run(vox):
+    """One admission, so all five share every step, each in its own loop bucket (3 -> 4, 10,
+    11 -> 12, 37 -> 50, 100): each request's latents are its solo run's. Each engine step launches one
+    step per loop bucket, with the previous step's launches still uncollected."""
+    prompt = prompt_for(vox, "zero_shot", "Timesteps side by side.")
+    specs = {f"t{k}": dict(seed=k, min_len=5, max_len=5, inference_timesteps=k) for k in (3, 10, 11, 37, 100)}
+    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_batch_size=8))
+    try:
+        with eng._lock:  # one admission takes them all (the engine's condition lock is re-entrant)
+            handles = {rid: eng.submit(EngineRequest(rid, prompt, **gen)) for rid, gen in specs.items()}
+        results = {rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()}
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+    finally:
+        eng.shutdown()
+    s = eng.stats()
+    assert s["launches"] == 5 * s["steps"] and s["batch_sizes"] == {1: s["launches"]}
+    r = eng.runner
+    assert len(r._host_free) == len(r.host) >= 10  # every launch collected; two steps' launches were in flight
+    for rid, gen in specs.items():
+        got, fin = results[rid]
+        assert fin.error is None and fin.reason == "max_len"
+        assert_same(got, solo(vox, prompt, **gen))
+
+
+def test_a_slow_requests_timesteps_run_only_in_its_own_launch(vox):
+    """One request at 100 timesteps beside three at 10: each engine step launches the 10-step
+    group and the 100-step request apart, so the 10-step rows never run a 100-step loop."""
+    prompt = prompt_for(vox, "zero_shot", "Fast and slow.")
+    specs = {"slow": 100, "a": 10, "b": 10, "c": 10}
+    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_batch_size=8))
+    launches = []  # (engine step, loop run, timesteps of its rows)
+    launch = eng.runner.launch
+
+    def spy(rows, bucket=None):
+        step = launch(rows, bucket)
+        launches.append((eng._stats["steps"], step.loop, sorted(r[-1] for r in rows)))
+        return step
+
+    eng.runner.launch = spy
+    try:
+        with eng._lock:
+            handles = [eng.submit(EngineRequest(rid, prompt, seed=i, min_len=4, max_len=4, inference_timesteps=k))
+                       for i, (rid, k) in enumerate(specs.items())]
+        for h in handles:
+            _, fin = h.result(timeout=TIMEOUT)
+            assert fin.error is None
+    finally:
+        eng.shutdown()
+    by_step: dict = {}
+    for step, loop, ks in launches:
+        by_step.setdefault(step, []).append((loop, ks))
+    assert len(by_step) == 4 and len(launches) == 8 == eng.stats()["launches"]
+    for step, group in by_step.items():
+        assert sorted(group) == [(10, [10, 10, 10]), (100, [100])], (step, group)
+
+
+@pytest.mark.parametrize("bad", [(10, 4, 100), (4, 10, 10, 100), (0, 10, 100), (4, 10.0, 100), (4, True, 100),
+                                 (4, 10, 50), (4, 10, 200), (), "4,100", 100])
+def test_bad_timestep_buckets_are_refused(bad):
+    with pytest.raises(ValueError, match="timestep_buckets"):
+        EngineConfig(timestep_buckets=bad)
+    with pytest.raises(ValueError, match="timestep_buckets"):
+        check_timestep_buckets(bad)
+
+
+def test_custom_timestep_buckets(vox):
+    cfg = EngineConfig(num_blocks=8, block_size=4, max_batch_size=4, timestep_buckets=[10, TIMESTEPS_RANGE[1]])
+    assert cfg.timestep_buckets == (10, 100)
+    eng = Engine(vox, cfg)
+    eng.shutdown()
+    r = eng.runner
+    assert r.loop_buckets == (10, 100) and r.loop_first == {10: 1, 100: zero_velocity_steps(11)}
+    assert r.graph_keys() == {(b, loop) for b in (2, 4) for loop in (10, 100)}
+    assert [r.loop_bucket(k) for k in (1, 10, 11, 100)] == [10, 10, 100, 100]

@@ -12,37 +12,79 @@ import torch
 
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+from voxcpm_triton.limits import TIMESTEPS_RANGE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 TIMEOUT = 300
 
 
-def test_a_graph_captured_while_a_step_is_in_flight_leaves_every_result_in_its_place(checkpoint_dirs):
-    """A (10 timesteps), B (30) and C (10, ends first) share bucket 4. When C's last step is in
-    flight, A and B move to bucket 2 with 30 timesteps: a graph start-up did not capture, so it is
-    captured then. Each step's result must reach its own patch: a launch refilling the host
-    buffers of the step not read yet would hand that step the next one's patches (duplicates)."""
+def wait_finished(events: dict):
+    t0 = time.monotonic()
+    while not all(ev and isinstance(ev[-1], Finished) for ev in events.values()):
+        assert time.monotonic() - t0 < TIMEOUT
+        time.sleep(0.01)
+
+
+def test_several_launches_in_flight_leave_every_result_in_its_place(checkpoint_dirs):
+    """A (10 timesteps), B (30, loop bucket 32) and C (10, ends first): each engine step launches
+    the 10-step group and B apart, and reads the previous step's two launches after that. When C
+    ends, A moves to batch bucket 2. Nothing is captured while serving, and each step's result
+    must reach its own patch: a launch refilling the host buffers of a launch not read yet would
+    hand that one the next one's patches (duplicates)."""
+    # python -m pytest -q tests/test_engine_gpu.py -k several_launches   (on a GPU machine)
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
-    prompt = vox.prepare_prompt("Graphs on the GPU, captured while serving.")
+    prompt = vox.prepare_prompt("Graphs on the GPU, several launches in flight.")
     eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, compile=False))
     try:
-        started = set(eng.runner.graphs)
+        r = eng.runner
+        captured, graphs = r.captures, dict(r.graphs)
         events = {rid: [] for rid in "ABC"}
         specs = {"A": dict(seed=1, min_len=40, max_len=40), "B": dict(seed=2, min_len=40, max_len=40,
                  inference_timesteps=30), "C": dict(seed=3, min_len=6, max_len=6)}
         with eng._lock:  # one admission takes all three (the engine's condition lock is re-entrant)
             for rid, gen in specs.items():
                 eng.submit(EngineRequest(rid, prompt, **gen), sink=events[rid].append)
-        t0 = time.monotonic()
-        while not all(ev and isinstance(ev[-1], Finished) for ev in events.values()):
-            assert time.monotonic() - t0 < TIMEOUT
-            time.sleep(0.01)
+        wait_finished(events)
     finally:
         eng.shutdown()
-    assert (2, 30, 1) in set(eng.runner.graphs) - started, sorted(eng.runner.graphs)
+    assert r.captures == captured and r.graphs == graphs and set(graphs) == r.graph_keys()
+    s = eng.stats()
+    assert s["launches"] == 2 * s["steps"] and s["batch_sizes"] == {2: 6, 1: 74}, s
+    assert len(r._host_free) == len(r.host)  # every launch collected
     for rid, ev in events.items():
         assert ev[-1].error is None, ev[-1]
         lat = torch.cat([e.patches for e in ev if isinstance(e, LatentChunk)])
         assert lat.shape[0] == specs[rid]["max_len"]
         same_as_next = [i for i in range(len(lat) - 1) if torch.equal(lat[i], lat[i + 1])]
         assert not same_as_next, (rid, same_as_next)
+
+
+def test_a_timesteps_sweep_captures_nothing_and_each_result_equals_its_solo_run(checkpoint_dirs):
+    """Every INFERENCE_TIMESTEPS value at once: all run on the graphs captured at start-up (one per
+    batch bucket and loop bucket), none is captured while serving, and a request's latents equal
+    the offline API's exact-width run (fp32 and PyTorch attention, so they compare closely)."""
+    # python -m pytest -q tests/test_engine_gpu.py -k sweep   (on a GPU machine)
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="float32")
+    prompt = vox.prepare_prompt("Every timesteps value, one set of graphs.")
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=8, compile=False,
+                                   attention="torch"))
+    ks = range(TIMESTEPS_RANGE[0], TIMESTEPS_RANGE[1] + 1)
+    gen = {k: dict(seed=k, min_len=3, max_len=3, inference_timesteps=k) for k in ks}
+    try:
+        r = eng.runner
+        keys, graphs, captured = r.graph_keys(), dict(r.graphs), r.captures
+        assert set(graphs) == keys and all(g is not None for g in graphs.values())
+        assert captured == len(keys) == eng.capture_summary["graphs"] == len(r.buckets) * len(r.loop_buckets)
+        handles = {k: eng.submit(EngineRequest(f"k{k}", prompt, **gen[k])) for k in ks}
+        results = {k: h.result(timeout=TIMEOUT) for k, h in handles.items()}
+        assert r.captures == captured and r.graph_keys() == keys and r.graphs == graphs
+        s = eng.stats()
+        assert s["launches"] > s["steps"]  # the batches mixed loop buckets
+    finally:
+        eng.shutdown()
+    for k, (lat, fin) in results.items():
+        assert fin.error is None and lat.shape[0] == 3, (k, fin)
+    for k in (1, 3, 10, 11, 37, 49, 51, 99, 100):
+        want = vox.generate_latents(None, prompt=prompt, **gen[k])
+        err = (results[k][0] - want).abs().max().item()
+        assert err <= 1e-3, (k, err)

@@ -6,6 +6,7 @@ at step boundaries:
 
     take new requests and cancels  ->  admit waiting requests (FIFO, by free blocks)
     ->  prefill the admitted ones together  ->  launch one decode step for everyone running
+        (one runner launch per CFM loop bucket, so a request's timesteps cost only its group)
     ->  read the previous step's result: hand out patches on the chunk schedule,
         finish and free who is done
 
@@ -32,7 +33,7 @@ from ..inputs import default_max_len
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
 from .prefill_runner import PrefillGraphs
-from .step_runner import DecodeStepRunner
+from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
 
 log = logging.getLogger("voxcpm_triton.engine")
@@ -46,14 +47,25 @@ class EngineConfig:
     max_batch_size: int = 32
     chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
     idle_wait_s: float = 0.05
-    cuda_graphs: bool = True  # one graph per batch bucket on a GPU; eager on the CPU
+    cuda_graphs: bool = True  # one graph per (batch bucket, loop bucket) on a GPU; eager on the CPU
     attention: str = "auto"  # GPU attention kernels: "auto" (Triton if available), "triton", "torch" (decode + LocDiT/LocEnc)
     compile: bool = True  # torch.compile LocDiT/LocEnc and the LM layer math before capturing (GPU with graphs only)
     prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
+    # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
+    # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
+    timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
+    max_waiting: int | None = None  # requests queued for admission; one more is refused as busy (None: no bound)
+
+    def __post_init__(self):
+        self.timestep_buckets = check_timestep_buckets(self.timestep_buckets)
 
 
 class EngineShutdown(RuntimeError):
     pass
+
+
+class EngineBusy(RuntimeError):
+    """The waiting queue is at `max_waiting`: the caller should retry later."""
 
 
 class Engine:
@@ -78,11 +90,13 @@ class Engine:
         self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
-                                       self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention)
+                                       self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention,
+                                       timestep_buckets=self.cfg.timestep_buckets)
         # The Triton kernels come as a pair: paged decode attention (runner) and LocDiT/LocEnc attention.
         self.model.use_fused_attention_(self.runner.use_triton)
         if self.runner.use_graphs:
             self._prepare_gpu()
+        self.capture_summary = dict(self.runner.capture_summary)  # decode graphs captured at start-up, seconds
         self._free_slots = list(range(self.cfg.max_batch_size))
 
         self._lock = threading.Condition()
@@ -91,9 +105,13 @@ class Engine:
         self._ids: set = set()  # ids submitted and not yet finished
         self.waiting: deque[RequestState] = deque()
         self.running: dict[str, RequestState] = {}
-        self._in_flight = None  # (batch, LaunchedStep): the decode step whose result is not read yet
-        self._stats = {"steps": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0}
+        self._in_flight: list = []  # (batch, LaunchedStep) per launch of the decode step not read yet
+        # steps: engine iterations that launched; launches: runner launches (one per loop bucket
+        # run, and isolation reruns); batch_sizes: rows per launch
+        self._stats = {"steps": 0, "launches": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0}
         self._stop = False
+        self.heartbeat = time.monotonic()  # the loop's last iteration (it wakes every idle_wait_s)
+        self.failure: str | None = None  # why the loop ended, if it did not end by shutdown()
         self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
         self._thread.start()
 
@@ -146,6 +164,10 @@ class Engine:
                 raise EngineShutdown("engine is shut down")
             if request.request_id in self._ids:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
+            waiting = len(self.waiting) + len(self._inbox)
+            if self.cfg.max_waiting is not None and waiting >= self.cfg.max_waiting:
+                raise EngineBusy(f"server busy: {waiting} requests are already waiting for the decoder "
+                                 f"(parameter max_waiting_requests); retry later")
             self._ids.add(request.request_id)
             self._inbox.append(state)
             self._lock.notify()
@@ -166,6 +188,14 @@ class Engine:
                      in_flight_ids=len(self._ids))
         return s
 
+    def status(self) -> str | None:
+        """None while the engine can serve; else why not (its thread died or is stuck)."""
+        if self.failure:
+            return self.failure
+        if not self._thread.is_alive():
+            return "the engine thread has stopped"
+        return None
+
     def shutdown(self, timeout: float = 30.0):
         """Stop the thread; in-flight requests end with an error event."""
         with self._lock:
@@ -179,10 +209,12 @@ class Engine:
         t_last, steps_window = time.monotonic(), 0
         try:
             while True:
+                self.heartbeat = time.monotonic()
                 with self._lock:
                     while not (self._stop or self._inbox or self._cancels or self.running or self.waiting
                                  or self._in_flight):
                         self._lock.wait(self.cfg.idle_wait_s)
+                        self.heartbeat = time.monotonic()
                     if self._stop:
                         break
                     self.waiting.extend(self._inbox)
@@ -204,6 +236,7 @@ class Engine:
                     t_last, steps_window = now, 0
         except Exception as e:  # a bug in the loop itself: fail everyone rather than hang them
             log.exception("engine loop crashed")
+            self.failure = f"the engine thread crashed: {e}"
             self._fail_all(f"engine failure: {e}")
             return
         self._fail_all("engine shut down")
@@ -320,7 +353,9 @@ class Engine:
     # for the host's bookkeeping. A request that stops at step N has run one extra step
     # whose result is dropped; its freed slot and blocks are reused only by work queued after it.
     def _decode_step(self) -> bool:
-        """Launch the next step, deliver the previous one; True if a step was launched."""
+        """Launch the next step, deliver the previous one; True if a step was launched. The batch
+        runs as one launch per loop bucket (one stream, so in order): each group's CFM loop is its
+        own rows' length, not the longest request's."""
         batch = []
         for st in list(self.running.values()):
             if st.launched >= st.max_len:  # its last step is in flight
@@ -332,21 +367,27 @@ class Engine:
                 batch.append(st)
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
-        launched = failed = None
-        if batch:
+        groups: dict[int, list] = {}
+        for st in batch:
+            groups.setdefault(self.runner.loop_bucket(st.req.inference_timesteps), []).append(st)
+        launched, failed = [], []
+        for loop in sorted(groups):  # the shortest loops first: their results are ready first
             try:
-                launched = (batch, self._launch_decode(batch))
+                launched.append((groups[loop], self._launch_decode(groups[loop])))
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
-                failed = batch
+                failed.append(groups[loop])
+        if batch:
+            with self._lock:
+                self._stats["steps"] += 1
         previous, self._in_flight = self._in_flight, launched
         # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
         # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms
         # switch interval (a burst of 64 in-process submits: first audio 264 -> 158 ms).
         time.sleep(0)
         self._deliver(previous)
-        if failed:
-            still = [st for st in failed if self.running.get(st.request_id) is st]
-            run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
+        run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
+        for group in failed:
+            still = [st for st in group if self.running.get(st.request_id) is st]
             for st, (patch, stop) in self._isolated(still, run, "decode step"):
                 self._emit(st, patch, bool(stop))
         return bool(batch)
@@ -360,23 +401,22 @@ class Engine:
         for st in batch:
             st.launched += 1
         with self._lock:
-            self._stats["steps"] += 1
+            self._stats["launches"] += 1
             self._stats["batch_sizes"][len(batch)] += 1
         return step
 
-    def _take_in_flight(self):
-        step, self._in_flight = self._in_flight, None
-        return step
+    def _take_in_flight(self) -> list:
+        launched, self._in_flight = self._in_flight, []
+        return launched
 
-    def _deliver(self, launched):
-        """Wait for a launched (batch, step) and hand out its patches; rows of requests that ended
-        meanwhile are dropped. None: nothing to do."""
-        if launched is None:
-            return
-        batch, step = launched
-        for st, patch, stop in zip(batch, *self.runner.collect(step)):
-            if self.running.get(st.request_id) is st:
-                self._emit(st, patch, bool(stop))
+    def _deliver(self, launched: list):
+        """Wait for each launched (batch, step), in launch order, and hand out its patches; rows of
+        requests that ended meanwhile are dropped. Every step is collected (that frees its host
+        buffers), even if none of its requests is left."""
+        for batch, step in launched:
+            for st, patch, stop in zip(batch, *self.runner.collect(step)):
+                if self.running.get(st.request_id) is st:
+                    self._emit(st, patch, bool(stop))
 
     # -- output
     def _chunk_size(self, st: RequestState) -> int:

@@ -1,4 +1,4 @@
-"""One decode step for the running batch: eagerly, or replayed as a CUDA graph per batch-size bucket.
+"""One decode step for the running batch: eagerly, or replayed as a CUDA graph per (batch bucket, loop bucket).
 
 The step body is the same either way. It reads and writes only persistent
 buffers, so a captured graph stays valid:
@@ -14,10 +14,16 @@ scatter state back. The host fills the row buffers, replays, and reads one
 buffer back: the step's only device-to-host transfer. Padding rows (a batch of
 5 runs in the bucket of 8) point at a spare slot and the scratch KV block.
 
+The CFM loop runs a fixed number of Euler steps per graph: a row with k timesteps runs in
+the smallest loop bucket >= k, its steps past k inactive (dt = 0, masked out), so its result
+equals a run of exactly k steps. Every (batch bucket, loop bucket) graph is captured at
+start-up (`capture_all`); serving never captures, whatever timesteps clients ask for.
+
 `launch` returns before the GPU is done, so the engine prepares and launches
 step N+1 while step N runs, and reads step N's result (`collect`) after that:
-the GPU never waits for the host's bookkeeping. Two sets of pinned host buffers
-take turns, so a launch never overwrites what an unfinished step still copies.
+the GPU never waits for the host's bookkeeping. Each launch takes its own set of
+pinned host buffers from a free list that `collect` refills, so any number of launches
+may be uncollected (the engine launches one step per loop bucket it runs).
 """
 
 from __future__ import annotations
@@ -42,10 +48,30 @@ log = logging.getLogger("voxcpm_triton.engine")
 # separate graph (about 50 s of cold start-up).
 DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
+# CFM loop lengths (Euler steps) the graphs are captured for. The default of 10 timesteps is
+# exact; the last must be the largest timesteps a request may ask for.
+DEFAULT_TIMESTEP_BUCKETS = (4, 8, 10, 12, 16, 24, 32, 50, 100)
+
+
+def check_timestep_buckets(buckets) -> tuple:
+    """Validate a loop-bucket list -> it as a tuple; ValueError naming `timestep_buckets` if bad."""
+    try:
+        b = tuple(buckets)
+    except TypeError:
+        raise ValueError(f"timestep_buckets must be a sequence of integers, got {buckets!r}") from None
+    if not b or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b):
+        raise ValueError(f"timestep_buckets must be positive integers, got {buckets!r}")
+    if any(x >= y for x, y in zip(b, b[1:])):
+        raise ValueError(f"timestep_buckets must be sorted and unique, got {buckets!r}")
+    if b[-1] != TIMESTEPS_RANGE[1]:
+        raise ValueError(f"timestep_buckets must end at the largest inference_timesteps allowed "
+                         f"({TIMESTEPS_RANGE[1]}), got {buckets!r}")
+    return b
+
 
 class HostBuffers:
     """Pinned host side of one step: its row inputs and its result. `free` is recorded after the
-    step's copies; waiting on it makes the buffers safe to refill."""
+    step's copies; once it has passed, the buffers are safe to refill."""
 
     def __init__(self, rows: int, n_timesteps: int, max_blocks: int, out_width: int, device: torch.device):
         pin = device.type == "cuda"
@@ -65,11 +91,15 @@ class LaunchedStep:
     rows: int
     out: torch.Tensor  # [rows, P*D + 1] pinned host view, valid once `done` has passed
     done: torch.cuda.Event | None
+    host: HostBuffers | None = None  # back to the free list when collected
+    bucket: int = 0  # rows run (padding included)
+    loop: int = 0  # CFM loop length run (the loop bucket)
 
 
 class DecodeStepRunner:
     def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
-                 use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "auto"):
+                 use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "auto",
+                 timestep_buckets=DEFAULT_TIMESTEP_BUCKETS):
         self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
         cfg = model.cfg
         H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
@@ -88,16 +118,23 @@ class DecodeStepRunner:
         self.block_tables = z(B, max_blocks_per_seq, dt=torch.int64)
         self.context_lens = z(B, dt=torch.int64)
         self.out = z(B, P * D + 1, dt=torch.float32)
-        self.host = [HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev) for _ in range(2)]
-        self._turn = 0  # which HostBuffers the next launch uses
-        # A capture can happen mid-serving (a new timesteps value): it must not take a launch's turn,
-        # or the next launch would refill the buffers of the step still waiting to be collected.
-        self.capture_host = HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev)
+        self._new_host = lambda: HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev)  # noqa: E731
+        self.host = [self._new_host() for _ in range(2)]  # every set made; grows with uncollected launches
+        self._host_free = list(self.host)
+        self.capture_host = self._new_host()
 
         self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
+        self.loop_buckets = check_timestep_buckets(timestep_buckets)
+        # A loop bucket's graph skips the zero-velocity steps of the fewest timesteps it serves; rows
+        # with more zero-velocity steps have them masked out (`active`).
+        self.loop_first = {loop: zero_velocity_steps(lo + 1)
+                           for lo, loop in zip((0,) + self.loop_buckets[:-1], self.loop_buckets)}
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
-        self.graphs: dict = {}
-        self.capture_seconds: dict = {}  # bucket -> seconds (warm-up, which compiles, plus capture)
+        self.graphs: dict = {}  # (batch bucket, loop bucket) -> graph (None: capture failed, eager)
+        self.captures = 0  # capture attempts: only `capture_all` makes them
+        self.capture_seconds: dict = {}  # batch bucket -> seconds for all its loop buckets (warm-up + capture)
+        self.capture_summary = {"graphs": 0, "seconds": 0.0}
+        self._warned: set = set()  # keys already warned about running eagerly
         self.graph_pool = None
         self._tables: dict = {}
         self.use_triton = False
@@ -133,15 +170,33 @@ class DecodeStepRunner:
         self.prev_state[slot] = prev_patch
 
     def bucket(self, b: int) -> int:
-        if not self.use_graphs:
-            return b
+        """Rows a launch of b rows runs: its batch bucket with graphs, else exactly b."""
+        return self.batch_bucket(b) if self.use_graphs else b
+
+    def batch_bucket(self, b: int) -> int:
         return next(x for x in self.buckets if x >= b)
 
+    def loop_bucket(self, timesteps: int) -> int:
+        """The CFM loop length a row of `timesteps` Euler steps runs in."""
+        for loop in self.loop_buckets:
+            if loop >= timesteps:
+                return loop
+        raise ValueError(f"inference_timesteps {timesteps} is beyond the largest loop bucket {self.loop_buckets[-1]}")
+
+    def graph_key(self, b: int, timesteps: int) -> tuple[int, int]:
+        """The graph a launch of b rows, the largest asking for `timesteps`, replays."""
+        return self.batch_bucket(b), self.loop_bucket(timesteps)
+
+    def graph_keys(self) -> frozenset:
+        """Every graph key: what `capture_all` captures, and all that a launch can need."""
+        return frozenset((b, loop) for b in self.buckets for loop in self.loop_buckets)
+
     def _take_host_buffers(self) -> HostBuffers:
-        h = self.host[self._turn]
-        self._turn ^= 1
-        if h.free is not None:
-            h.free.synchronize()  # the step before last has copied its inputs in and its result out
+        """A set no uncollected launch uses: from the free list, or a new one."""
+        if self._host_free:
+            return self._host_free.pop()
+        h = self._new_host()
+        self.host.append(h)
         return h
 
     def _fill(self, h: HostBuffers, rows: list, bucket: int, n_steps: int):
@@ -182,58 +237,82 @@ class DecodeStepRunner:
         return self._tables[key]
 
     def launch(self, rows: list, bucket: int | None = None) -> LaunchedStep:
-        """Start one step for `rows`; returns without waiting for the GPU.
+        """Start one step for `rows`; returns without waiting for the GPU. Every launch must be
+        collected (that frees its host buffers); any number may be uncollected at a time.
 
         bucket: run this many rows (padding the rest); default: the smallest captured bucket
-        that fits (graphs) or exactly len(rows) (eager). At most two launched steps may be
-        uncollected at a time (the host buffers take turns)."""
+        that fits (graphs) or exactly len(rows) (eager). The CFM loop runs the loop bucket of the
+        rows' largest timesteps: rows should share a loop bucket (the engine groups them), or the
+        others pay for the widest."""
         b = len(rows)
-        n_steps = max(r[-1] for r in rows)
-        first = min(zero_velocity_steps(r[-1]) for r in rows)
+        loop = self.loop_bucket(max(r[-1] for r in rows))
+        first = min(self.loop_first[loop], *(zero_velocity_steps(r[-1]) for r in rows))
         bucket = bucket or self.bucket(b)
-        graph = self._graph(bucket, n_steps, first) if self.use_graphs else None
+        graph = None
+        if self.use_graphs:
+            # A mix of loop buckets can need a velocity step before the graph's first: eager then.
+            graph = self._graph(bucket, loop) if first == self.loop_first[loop] else self._no_graph((bucket, loop))
         h = self._take_host_buffers()
-        self._fill(h, rows, bucket, n_steps)
+        # A launch that raises drops its buffers, not back to the free list: a copy from them may be queued.
+        self._fill(h, rows, bucket, loop)
         if graph is not None:
             graph.replay()
         else:
-            self._step(bucket, n_steps, first)
+            self._step(bucket, loop, first)
         h.out[:b].copy_(self.out[:b], non_blocking=True)  # the step's one device-to-host transfer
         if h.free is not None:
             h.free.record()
-        return LaunchedStep(b, h.out[:b], h.free)
+        return LaunchedStep(b, h.out[:b], h.free, h, bucket, loop)
 
     def collect(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for a launched step -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""
         if step.done is not None:
             step.done.synchronize()
         out = step.out
-        return out[:, :-1].reshape(step.rows, self.P, self.D).clone(), out[:, -1] > 0.5
+        result = out[:, :-1].reshape(step.rows, self.P, self.D).clone(), out[:, -1] > 0.5
+        if step.host is not None:  # copied out above: the buffers may be refilled
+            self._host_free.append(step.host)
+            step.host = None
+        return result
 
     def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One step, waited for: `launch` then `collect`."""
         return self.collect(self.launch(rows, bucket))
 
     # ------------------------------------------------------------------ CUDA graphs
-    def _graph(self, bucket: int, n_steps: int, first: int):
-        key = (bucket, n_steps, first)
+    def _graph(self, bucket: int, loop: int):
+        """The graph of a key, or None (eager). Never captures: a capture while serving would stall
+        every request and grow GPU memory with each new key."""
+        key = (bucket, loop)
         if key not in self.graphs:
-            t0 = time.monotonic()
-            self.graphs[key] = self._capture(bucket, n_steps, first)
-            self.capture_seconds[bucket] = round(time.monotonic() - t0, 2)
+            return self._no_graph(key)
         return self.graphs[key]
 
-    def capture_all(self, n_steps: int = 10):
-        """Capture the default-timesteps graph of every bucket (at start-up)."""
+    def _no_graph(self, key):
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("no decode-step graph for batch bucket %d, loop bucket %d; running it eagerly", *key)
+        return None
+
+    def capture_all(self):
+        """Capture the graph of every (batch bucket, loop bucket) (at start-up)."""
         t0 = time.monotonic()
         for b in self.buckets:
-            self._graph(b, n_steps, zero_velocity_steps(n_steps))
+            tb = time.monotonic()
+            for loop in self.loop_buckets:
+                if (b, loop) not in self.graphs:
+                    self.graphs[(b, loop)] = self._capture(b, loop, self.loop_first[loop])
+            self.capture_seconds[b] = round(time.monotonic() - tb, 2)
+        seconds = time.monotonic() - t0
         ok = sum(g is not None for g in self.graphs.values())
-        log.warning("captured %d/%d decode-step graphs in %.1f s", ok, len(self.graphs), time.monotonic() - t0)
+        self.capture_summary = {"graphs": ok, "seconds": round(seconds, 2)}
+        log.warning("captured %d/%d decode-step graphs (%d batch x %d loop buckets) in %.1f s", ok,
+                    len(self.graphs), len(self.buckets), len(self.loop_buckets), seconds)
 
     def _capture(self, bucket: int, n_steps: int, first: int):
         """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
         touch no live request. Returns None (eager for this key) if capture fails."""
+        self.captures += 1
         try:
             self._fill(self.capture_host, [], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
@@ -242,7 +321,7 @@ class DecodeStepRunner:
             self.graph_pool = graph.pool()
             return graph
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
-            log.warning("CUDA graph capture failed for batch %d, %d timesteps (%s); running eagerly", bucket,
+            log.warning("CUDA graph capture failed for batch %d, loop bucket %d (%s); running eagerly", bucket,
                         n_steps, e)
             torch.cuda.synchronize(self.device)
             return None
