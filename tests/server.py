@@ -27,6 +27,8 @@ tests, or always with ``-s``).
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -227,7 +229,12 @@ class TritonServer:
         if self.proc is not None:
             raise TritonServerError("already started")
         self.env = triton_env()
+        # What scripts/supervise.py gives a server: its own runtime directory and internal key
+        # (tests that call internal models directly stamp their requests with `internal_key`).
+        self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
+        self.env.update(VOXCPM_RUN_DIR=self.run_dir, VOXCPM_INTERNAL_KEY=secrets.token_hex(16))
         self.env.update(self.extra_env)
+        self.internal_key = self.env["VOXCPM_INTERNAL_KEY"]
         if not Path(self.env["TRITON_BACKEND_DIR"], "python", "triton_python_backend_stub").exists():
             raise TritonServerError(
                 f"no python backend dir at {self.env['TRITON_BACKEND_DIR']}: run scripts/setup.sh"
@@ -339,6 +346,7 @@ class TritonServer:
                 except OSError:
                     pass
         self.returncode = self.proc.returncode
+        shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
         return self.returncode
 
     def stop(self, timeout: float = 60.0) -> int:
@@ -388,3 +396,26 @@ def triton_server_factory():
         print(f"\n--- tritonserver log ({srv.log_path}), last lines ---\n{srv.log_tail(40)}")
         if srv.leftover_processes:
             print(f"--- processes left after stop: {srv.leftover_processes}")
+
+
+def repository_copy(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str, str]] = {},
+                    instances: Mapping[str, int] = {}) -> Path:
+    """A copy of the project's model_repository in `dst` with some model parameters and instance
+    counts changed: ``parameters={"decoder": {"max_batch_size": "1"}}, instances={"tts_stream": 1}``.
+    The models find python_backend through VOXCPM_PYTHON_BACKEND (set by triton_env)."""
+    import re
+
+    dst = Path(dst)
+    shutil.copytree(REPO / "model_repository", dst, ignore=shutil.ignore_patterns("__pycache__"))
+    for model in set(parameters) | set(instances):
+        cfg = dst / model / "config.pbtxt"
+        text = cfg.read_text()
+        for key, value in parameters.get(model, {}).items():
+            text, n = re.subn(rf'(key: "{key}" value {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text)
+            if n == 0:
+                text += f'\nparameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+        if model in instances:
+            text, n = re.subn(r"count: \d+", f"count: {instances[model]}", text)
+            assert n == 1, cfg
+        cfg.write_text(text)
+    return dst

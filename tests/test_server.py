@@ -79,11 +79,11 @@ def tts_stream(server, text, stop_after=None, **params):
     return stream_infer(server, "tts_stream", _inputs(grpcclient, text, **params), stop_after)
 
 
-def stream_infer(server, model, inputs, stop_after=None, output="AUDIO"):
+def stream_infer(server, model, inputs, stop_after=None, output="AUDIO", parameters=None):
     q: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))
-    c.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    c.async_stream_infer(model, inputs, enable_empty_final_response=True, parameters=parameters)
     chunks = []
     try:
         while True:
@@ -245,6 +245,7 @@ BAD = [
     ("zero MAX_LENGTH", dict(MAX_LENGTH=0), "MAX_LENGTH"),
     ("MIN over MAX", dict(MIN_LENGTH=9, MAX_LENGTH=3), "MIN_LENGTH"),
     ("MAX beyond context", dict(MAX_LENGTH=1_000_000), "MAX_LENGTH"),
+    ("MAX at INT32 max", dict(MAX_LENGTH=2**31 - 1), "MAX_LENGTH 2147483647 is more than the 4095 positions"),
 ]
 
 
@@ -272,23 +273,26 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, proto
     assert audio.shape == (2 * HOP,)
 
 
-def test_internal_models_validate_direct_calls_too(server):
-    """Clients can reach the internal models as well: bad input gets an error there too."""
+def test_internal_models_validate_calls_with_the_internal_key(server):
+    """Requests stamped with the server's internal key (as the orchestrator's are) are still
+    validated: bad input gets an error naming it."""
 
     def raw(name, dt, arr):
         t = grpcclient.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
         return t
 
+    key = {"voxcpm_internal_key": server.internal_key}
     ids = lambda a: raw("TOKEN_IDS", "INT64", np.array(a, np.int64))  # noqa: E731
     n = raw("TARGET_TOKENS", "INT32", np.array([1], np.int32))
     for inputs, expect in [([ids([10**7]), n], "TOKEN_IDS"), ([ids([-3]), n], "TOKEN_IDS"), ([n], "TOKEN_IDS"),
                            ([ids([5, 6]), n, raw("REF_LATENTS", "FP32", np.full((2, 4, 16), np.nan, np.float32))],
                             "REF_LATENTS")]:
         with pytest.raises(InferenceServerException, match=expect):
-            stream_infer(server, "decoder", inputs, output="LATENTS")
+            stream_infer(server, "decoder", inputs, output="LATENTS", parameters=key)
     latents = stream_infer(server, "decoder", [ids([5, 6, 7]), n, raw("MAX_LENGTH", "INT32", np.array([3], np.int32)),
-                                               raw("MIN_LENGTH", "INT32", np.array([3], np.int32))], output="LATENTS")
+                                               raw("MIN_LENGTH", "INT32", np.array([3], np.int32))], output="LATENTS",
+                           parameters=key)
     assert np.concatenate(latents).shape == (3, 4, 16)
     wait_idle(server)
 

@@ -24,7 +24,8 @@ def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity:
     if min_len > max_len:
         raise ValueError(f"min_len ({min_len}) is larger than max_len ({max_len})")
     if max_len > capacity:
-        raise ValueError(f"max_len {max_len} exceeds what the model's context leaves for this prompt ({capacity})")
+        raise ValueError(f"max_len {max_len} is more than the {capacity} positions the model's context leaves "
+                         "(its length minus the prompt)")
     try:
         cfg = float(cfg_value)
     except (TypeError, ValueError):

@@ -101,8 +101,9 @@ def _audio(inputs: dict, name: str, rate_name: str):
     return a, rate
 
 
-def parse(inputs: dict) -> SynthesisRequest:
-    """inputs: name -> numpy array, for the inputs present in the request."""
+def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
+    """inputs: name -> numpy array, for the inputs present in the request. max_positions: the
+    model's context length (`max_length` in its config)."""
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
     if unknown:
         raise InputError(f"unknown input(s) {unknown}")
@@ -125,10 +126,10 @@ def parse(inputs: dict) -> SynthesisRequest:
     req.min_length = req.min_length if min_len is None else min_len
     req.max_length = max_len
     req.seed = seed
-    # Length capacity depends on the prompt; the decoder checks it once the prompt is built.
+    # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
         limits.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
-                                req.cfg_value, req.inference_timesteps, capacity=10**9)
+                                req.cfg_value, req.inference_timesteps, capacity=max_positions - 1)
     except ValueError as e:
         raise InputError(wire_names(str(e))) from None
     return req

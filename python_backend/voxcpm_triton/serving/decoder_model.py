@@ -15,14 +15,19 @@ import numpy as np
 import torch
 
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
+from ..engine.engine import EngineBusy
 from ..prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
+from . import runtime
 from .contract import wire_names
 from .metrics import EngineMetrics
 from .settings import flag, model_parameters, positive_int, positive_ints, resolve_checkpoint, setting
-from .triton_io import IPC_LOCK, InputError, error_response, get, locked, pb, tensor
+from .triton_io import IPC_LOCK, Busy, InputError, error_response, get, locked, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
+
+# An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle).
+ENGINE_STUCK_S = 60.0
 
 
 class ClientGone(Exception):
@@ -36,6 +41,7 @@ def _scalar(request, name, cast, default=None):
 
 class DecoderModel:
     def initialize(self, args):
+        runtime.watch_parent()
         params = model_parameters(args)
         t0 = time.monotonic()
         self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params), device=setting(params, "device"),
@@ -46,21 +52,31 @@ class DecoderModel:
             num_blocks=int(setting(params, "num_blocks", "0")) or None,
             kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
             max_batch_size=positive_int(params, "max_batch_size", 64),
+            max_waiting=positive_int(params, "max_waiting_requests", 256),
             chunk_schedule=positive_ints(params, "chunk_schedule", "1,4,16"),
             cuda_graphs=flag(params, "cuda_graphs", True),
             compile=flag(params, "compile", True),
             attention=setting(params, "attention", "auto"),
+            timestep_buckets=positive_ints(params, "timestep_buckets", "4,8,10,12,16,24,32,50,100"),
         )
         t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)
         self.metrics = EngineMetrics(self.engine, {"model": "decoder"})
+        self.beacon = runtime.Beacon("decoder", self._status)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         memory = ""
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
-        log.warning("decoder ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d",
-                    time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device, self.vox.dtype,
-                    self.engine.kv.allocator.total)
+        graphs = self.engine.capture_summary
+        log.warning("decoder ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
+                    "(captured in %.1f s)", time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
+                    self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
+
+    def _status(self) -> str | None:
+        stuck = time.monotonic() - self.engine.heartbeat
+        if stuck > ENGINE_STUCK_S:
+            return f"the engine loop has not come round for {stuck:.0f} s"
+        return self.engine.status()
 
     def _prompt(self, request):
         ids, n_target = get(request, "TOKEN_IDS"), _scalar(request, "TARGET_TOKENS", int)
@@ -89,6 +105,7 @@ class DecoderModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                require_internal(request, "decoder")
                 cancel_id = get(request, "CANCEL_ID")
                 if cancel_id is not None:
                     self.engine.cancel(bytes(cancel_id.reshape(-1)[0]).decode())
@@ -103,6 +120,8 @@ class DecoderModel:
                     inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
                     seed=_scalar(request, "SEED", int))
                 self.engine.submit(req, sink=self._sink(sender))
+            except EngineBusy as e:
+                locked(sender.send, error_response(Busy(str(e))), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except ValueError as e:
                 locked(sender.send, error_response(InputError(wire_names(str(e)))),
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -130,5 +149,7 @@ class DecoderModel:
         return deliver
 
     def finalize(self):
+        """In-flight requests end with an error response (the engine fails them on shutdown)."""
+        self.beacon.stop()
         self.metrics.close()
-        self.engine.shutdown()
+        self.engine.shutdown(timeout=10.0)

@@ -33,6 +33,7 @@ class EngineMetrics:
             "free_blocks": metric("voxcpm_kv_blocks_free", "Free KV cache blocks", labels),
             "total_blocks": metric("voxcpm_kv_blocks_total", "KV cache blocks in the pool", labels),
             "steps_per_s": metric("voxcpm_engine_steps_per_second", "Decode steps per second (last second)", labels),
+            "up": metric("voxcpm_engine_up", "1 while the engine can serve, 0 once its thread has died", labels),
         }
         self.steps = metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER")
         self._last_steps = 0
@@ -46,6 +47,9 @@ class EngineMetrics:
 
     def update(self):
         s = self.engine.stats()
+        s["up"] = float(self.engine.status() is None)
+        if not s["up"]:  # a dead engine runs nothing: don't leave it looking busy
+            s.update(running=0, waiting=0, steps_per_s=0.0)
         with IPC_LOCK:
             for k, m in self.gauges.items():
                 m.set(s[k])

@@ -3,38 +3,83 @@
     TEXT ─ tokenizer ─┐
     audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
 
-One `Orchestrator.synthesize` call serves one request and hands audio chunks to
-`emit` as they are made. `tts` collects them into one response; `tts_stream`
-sends each as a response. Calls are blocking BLS, so each request runs on its
-own thread (`tts_stream`) or model instance (`tts`); torch is never imported here.
+One `Orchestrator.synthesize` coroutine serves one request and hands audio chunks to
+`emit` as they are made. `tts` collects them into one response; `tts_stream` sends
+each as a response. Both run on Triton's `async def execute`: every BLS call is
+awaited on the instance's event loop, so many requests are in flight per instance and
+none waits on another (a request queued for a full decoder does not hold up the audio
+of the streams already running). torch is never imported here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 
 from ..inputs import CONTEXT_PATCHES
-from . import contract
+from . import contract, runtime
 from .metrics import metric
-from .settings import model_parameters, read_config, resolve_checkpoint
-from .triton_io import IPC_LOCK, BLSError, InputError, bls, error_response, get, locked, outputs, pb, tensor
+from .settings import model_parameters, positive_int, read_config, resolve_checkpoint
+from .triton_io import BLSError, Busy, Unhealthy, bls, error_response, get, outputs, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
+
+HEALTH_CHECK_S = 1.0  # how often a waiting request looks at the model processes' beacons
+END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
+
+
+class _Health:
+    """The beacons of the internal models, read at most once a second."""
+
+    def __init__(self):
+        self.reason, self.checked = None, 0.0
+
+    def check(self):
+        now = time.monotonic()
+        if now - self.checked >= HEALTH_CHECK_S:
+            self.reason, self.checked = runtime.unhealthy(), now
+        if self.reason:
+            raise Unhealthy(self.reason)
+
+
+class _ResponseQueue:
+    """A decoupled BLS response iterator (synchronous in Triton 2.51) fed into an asyncio queue by
+    a daemon thread, so the event loop never blocks on it. The thread is a daemon because a dead
+    model may never answer: it must not keep the process from exiting."""
+
+    END = object()
+
+    def __init__(self, iterator, loop: asyncio.AbstractEventLoop):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
+
+        def pump():
+            try:
+                for response in iterator:
+                    put(response)
+            except Exception as e:  # noqa: BLE001 - handed to the coroutine
+                put(e)
+            finally:
+                put(self.END)
+
+        threading.Thread(target=pump, name="bls-responses", daemon=True).start()
 
 
 class Orchestrator:
     def __init__(self, args):
+        runtime.watch_parent()
         cfg = read_config(resolve_checkpoint(model_parameters(args)))
         self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
         self.max_positions = int(cfg.get("max_length", 8192))
+        self.health = _Health()
         labels = {"model": args["model_name"]}
         self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
                                  "Sum of times from request to first audio", labels, "COUNTER")
@@ -43,31 +88,47 @@ class Orchestrator:
         self.m_ttfa_last = metric("voxcpm_time_to_first_audio_seconds_last",
                                   "Time to first audio of the latest request", labels)
 
-    # ------------------------------------------------------------------ pipeline
-    def _encode(self, audio, rate, pad_left: bool) -> np.ndarray:
-        req = bls("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
-                                  "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"])
-        resp = locked(req.exec)
-        return outputs(resp, ["LATENTS"])[0][0]
+    def parse(self, request) -> contract.SynthesisRequest:
+        return contract.parse(_inputs(request), max_positions=self.max_positions)
 
-    def _vae_decode(self, corrid: int, latents: np.ndarray, flags: int, context=None) -> np.ndarray:
+    # ------------------------------------------------------------------ guarded waits
+    async def _guard(self, awaitable, cancelled: Callable[[], bool] | None = None):
+        """Await `awaitable`, looking at the model processes' health (and the client) every
+        second: a dead model would otherwise leave the request waiting forever."""
+        task = asyncio.ensure_future(awaitable)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEALTH_CHECK_S)
+            if done:
+                return task.result()
+            self.health.check()
+            if cancelled is not None and cancelled():
+                return None
+
+    async def _infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
+        resp = await self._guard(bls(model, inputs, names, **kw).async_exec())
+        return outputs(resp, names)
+
+    async def _encode(self, audio, rate, pad_left: bool) -> np.ndarray:
+        return (await self._infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
+                                                  "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
+
+    async def _vae_decode(self, corrid: int, latents: np.ndarray, flags: int, context=None) -> np.ndarray:
         inputs = {"LATENTS": latents[None]}
         if context is not None:
             inputs["CONTEXT"] = context[None]
-        resp = locked(bls("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags).exec)
-        return outputs(resp, ["AUDIO"])[0][0]
+        return (await self._infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
 
-    def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
-                   cancelled: Callable[[], bool]) -> None:
+    # ------------------------------------------------------------------ pipeline
+    async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
+                         cancelled: Callable[[], bool]) -> None:
+        """Run one request; `emit(audio)` per chunk. Returns early (no error) when `cancelled()`."""
+        self.health.check()
         p = pb()
         t0 = time.monotonic()
-        if req.max_length is not None and req.max_length >= self.max_positions:
-            raise InputError(f"MAX_LENGTH {req.max_length} exceeds the model's context of {self.max_positions}")
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([req.prompt_text.encode()], dtype=object)
-        ids, n_target = outputs(locked(bls("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"]).exec),
-                                ["TOKEN_IDS", "TARGET_TOKENS"])
+        ids, n_target = await self._infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
@@ -77,63 +138,85 @@ class Orchestrator:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
         audio_latents = []
         if req.reference_audio is not None:
-            dec_in["REF_LATENTS"] = self._encode(req.reference_audio, req.reference_sample_rate, False)
+            dec_in["REF_LATENTS"] = await self._encode(req.reference_audio, req.reference_sample_rate, False)
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
         if req.prompt_audio is not None:
-            dec_in["PROMPT_LATENTS"] = self._encode(req.prompt_audio, req.prompt_sample_rate, True)
+            dec_in["PROMPT_LATENTS"] = await self._encode(req.prompt_audio, req.prompt_sample_rate, True)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
             context = np.concatenate(audio_latents)[-CONTEXT_PATCHES:]
+        if cancelled():
+            return
 
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
-        stream = locked(bls("decoder", dec_in, ["LATENTS"], request_id=request_id).exec, decoupled=True)
-        started = stopping = False
+        loop = asyncio.get_running_loop()
+        # Waits for the decoder's first response (admission, prefill, a step) without blocking the loop.
+        iterator = await self._guard(bls("decoder", dec_in, ["LATENTS"], request_id=request_id)
+                                     .async_exec(decoupled=True), cancelled)
+        if iterator is None:  # the client left while the request was queued
+            await self._cancel_decoder(request_id)
+            return
+        responses = _ResponseQueue(iterator, loop)
+        opened = stopping = False
         error = None
         try:
-            for resp in stream:
+            while True:
+                resp = await self._guard(responses.queue.get())
+                if resp is _ResponseQueue.END:
+                    break
+                if isinstance(resp, Exception):
+                    raise resp
                 if resp.has_error():
                     error = error or BLSError(resp.error().message())
                     continue  # drain to the final response
                 if stopping or not resp.output_tensors():
                     continue
                 lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
-                flags = 0 if started else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-                audio = self._vae_decode(corrid, lat, flags, context if not started else None)
-                if not started:
+                flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                # Set before the call: whatever its outcome, a START sent is followed by an END.
+                first, opened = not opened, True
+                audio = await self._vae_decode(corrid, lat, flags, context if first else None)
+                if first:
                     self._record_ttfa(time.monotonic() - t0)
-                started = True
                 emit(audio)
-                if locked(cancelled):
+                if cancelled():
                     stopping = True
-                    self._cancel_decoder(request_id)
-        except Exception as e:
-            # Our side broke mid-stream (e.g. the VAE call failed): stop the decoder too.
-            self._cancel_decoder(request_id)
+                    await self._cancel_decoder(request_id)
+        except BaseException as e:
+            # Our side broke mid-stream (a VAE call failed, a model died, shutdown): stop the decoder too.
+            await self._cancel_decoder(request_id)
             error = e
         finally:
-            if started:  # release the VAE stream state
-                try:
-                    empty = np.zeros((0, self.patch_size, self.feat_dim), np.float32)
-                    self._vae_decode(corrid, empty, p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
-                except Exception:
-                    log.exception("closing VAE stream %s failed", corrid)
+            if opened:
+                await self._close_vae(corrid)
         if error is not None and not stopping:
             raise error
 
-    def _record_ttfa(self, seconds: float):
-        with IPC_LOCK:  # metric updates are stub calls too
-            self.m_ttfa_sum.increment(seconds)
-            self.m_ttfa_count.increment(1.0)
-            self.m_ttfa_last.set(seconds)
+    async def _close_vae(self, corrid: int):
+        """END the stream's VAE sequence: frees its state in vae_decoder and Triton's sequence slot."""
+        empty = np.zeros((1, 0, self.patch_size, self.feat_dim), np.float32)
+        try:
+            req = bls("vae_decoder", {"LATENTS": empty}, ["AUDIO"], correlation_id=corrid,
+                      flags=pb().TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+            await asyncio.wait_for(self._guard(req.async_exec()), END_TIMEOUT_S)
+        except BaseException:  # noqa: BLE001 - the stream is over either way; its state times out
+            log.exception("closing VAE stream %s failed", corrid)
 
-    def _cancel_decoder(self, request_id: str):
+    def _record_ttfa(self, seconds: float):
+        self.m_ttfa_sum.increment(seconds)
+        self.m_ttfa_count.increment(1.0)
+        self.m_ttfa_last.set(seconds)
+
+    async def _cancel_decoder(self, request_id: str):
         try:
             req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"])
-            for _ in locked(req.exec, decoupled=True):  # drain: its only response is the final flag
+            it = await asyncio.wait_for(self._guard(req.async_exec(decoupled=True)), END_TIMEOUT_S)
+            queue = _ResponseQueue(it, asyncio.get_running_loop()).queue  # its only response is the final flag
+            while await asyncio.wait_for(queue.get(), END_TIMEOUT_S) is not _ResponseQueue.END:
                 pass
-        except Exception:
+        except BaseException:  # noqa: BLE001 - best effort: the decoder drops the request when it ends
             log.exception("cancelling decoder request %s failed", request_id)
 
 
@@ -143,69 +226,97 @@ def _inputs(request) -> dict:
 
 
 class TTSModel:
-    """`tts`: one response with the whole utterance. Concurrency comes from several instances."""
+    """`tts`: one response with the whole utterance. Not decoupled, so Triton runs each execute to
+    completion on its instance: concurrency comes from the instance count, and a client that
+    cancels (gRPC) stops the work at the next chunk."""
 
     def initialize(self, args):
         self.orch = Orchestrator(args)
 
-    def execute(self, requests):
+    async def execute(self, requests):
+        return [await self._one(r) for r in requests]
+
+    async def _one(self, request):
         p = pb()
-        responses = []
-        for request in requests:
-            try:
-                req = contract.parse(_inputs(request))
-                chunks: list = []
-                self.orch.synthesize(req, chunks.append, request.is_cancelled)
-                audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-                responses.append(p.InferenceResponse(output_tensors=[
-                    tensor("AUDIO", audio.astype(np.float32)),
-                    tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))]))
-            except Exception as e:
-                responses.append(error_response(e))
-        return responses
+        try:
+            req = self.orch.parse(request)
+            chunks: list = []
+            await self.orch.synthesize(req, chunks.append, request.is_cancelled)
+            if request.is_cancelled():
+                return p.InferenceResponse(error=p.TritonError("request cancelled by its client",
+                                                               p.TritonError.CANCELLED))
+            audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            return p.InferenceResponse(output_tensors=[
+                tensor("AUDIO", audio.astype(np.float32)),
+                tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))])
+        except Exception as e:
+            return error_response(e)
 
 
 class TTSStreamModel:
-    """`tts_stream` (decoupled): audio chunks as they are made; each request runs on a worker thread.
-
-    Calls into the stub are serialised per instance (triton_io.IPC_LOCK), so several instances
-    let the short BLS calls of different streams overlap."""
+    """`tts_stream` (decoupled): audio chunks as they are made. Each request is one coroutine on
+    the instance's event loop; at most `max_concurrent_streams` run per instance, more are
+    refused as busy."""
 
     def initialize(self, args):
         self.orch = Orchestrator(args)
-        params = model_parameters(args)
-        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_streams") or 256),
-                                       thread_name_prefix="tts-stream")
+        self.max_streams = positive_int(model_parameters(args), "max_concurrent_streams", 256)
+        self.tasks: set = set()
+        self.closing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
 
-    def execute(self, requests):
+    async def execute(self, requests):
         p = pb()
+        self.loop = asyncio.get_running_loop()
         for request in requests:
             sender = request.get_response_sender()
             try:
-                req = contract.parse(_inputs(request))
+                if self.closing:
+                    raise Busy("the server is shutting down")
+                if len(self.tasks) >= self.max_streams:
+                    raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
+                               "(parameter max_concurrent_streams); retry later")
+                req = self.orch.parse(request)
             except Exception as e:
-                locked(sender.send, error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pool.submit(self._run, req, sender)
+            task = asyncio.ensure_future(self._run(req, sender))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         return None
 
-    def _run(self, req, sender):
+    async def _run(self, req, sender):
         p = pb()
         rate = np.array([self.orch.sample_rate], np.int32)
 
         def emit(audio):
-            with IPC_LOCK:  # building pb_utils tensors is a stub call as well
-                sender.send(p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)),
-                                                                tensor("SAMPLE_RATE", rate)]))
+            sender.send(p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)),
+                                                            tensor("SAMPLE_RATE", rate)]))
 
         try:
-            self.orch.synthesize(req, emit, sender.is_cancelled)
-            locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            await self.orch.synthesize(req, emit, sender.is_cancelled)
+            final = None
+        except asyncio.CancelledError:
+            final = error_response(Busy("the server is shutting down"))
         except Exception as e:
-            try:
-                locked(sender.send, error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception:
-                log.exception("could not deliver the error to the client")
+            final = error_response(e)
+        try:
+            if final is None:
+                sender.send(flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(final, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            log.exception("could not end the response stream")
 
-    def finalize(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def finalize(self, grace_s: float = 10.0):
+        """Let running streams finish for a while, then end the rest with an error response."""
+        self.closing = True
+        deadline = time.monotonic() + grace_s
+        while self.tasks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.tasks and self.loop is not None and not self.loop.is_closed():
+            for task in list(self.tasks):
+                self.loop.call_soon_threadsafe(task.cancel)
+            deadline = time.monotonic() + 5.0
+            while self.tasks and time.monotonic() < deadline:
+                time.sleep(0.1)

@@ -55,6 +55,17 @@ def positive_int(params: dict, name: str, default: int) -> int:
     return int(value)
 
 
+def positive_float(params: dict, name: str, default: float) -> float:
+    value = setting(params, name, str(default))
+    try:
+        out = float(value)
+    except ValueError:
+        out = float("nan")
+    if not (out > 0 and out < float("inf")):
+        raise ValueError(f"parameter {name!r} must be a positive number, got {value!r}")
+    return out
+
+
 def resolve_checkpoint(params: dict) -> str:
     path = setting(params, "checkpoint")
     if path:

@@ -6,8 +6,9 @@ import numpy as np
 
 from ..inputs import clean_text
 from ..tokenizer import TextTokenizer
+from . import runtime
 from .settings import model_parameters, resolve_checkpoint
-from .triton_io import InputError, error_response, get, pb, tensor
+from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
 def _text(request, name):
@@ -22,12 +23,18 @@ def _text(request, name):
 
 class TokenizerModel:
     def initialize(self, args):
+        runtime.watch_parent()
         self.tokenizer = TextTokenizer.from_dir(resolve_checkpoint(model_parameters(args)))
+        self.beacon = runtime.Beacon("tokenizer")
+
+    def finalize(self):
+        self.beacon.stop()
 
     def execute(self, requests):
         responses = []
         for request in requests:
             try:
+                require_internal(request, "tokenizer")
                 text = clean_text(_text(request, "TEXT"))
                 prompt_text = _text(request, "PROMPT_TEXT")
                 target = self.tokenizer(text)

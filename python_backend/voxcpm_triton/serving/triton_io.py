@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
+from . import runtime
+
 # The Python backend stub (Triton 2.51) corrupts its IPC when several threads of one model
-# instance call into it at once: a segfault in libtriton_python.so under 6+ concurrent streams
-# when tts_stream's worker threads issued BLS calls in parallel. Every call into the stub from
-# a thread other than the one running execute() (BLS exec, response send, cancellation check,
-# metric update) therefore goes through this per-process lock. Waiting for the next response
-# of a decoupled BLS stream does not hold it.
+# instance call into it at once (a segfault in libtriton_python.so when worker threads issued
+# BLS calls in parallel). Models that call into the stub from threads of their own (the
+# decoder's engine thread, metric publishers) take this per-process lock around each call.
+# The orchestrators need none: they make every stub call from their instance's event loop.
 IPC_LOCK = threading.RLock()
 
 
@@ -30,6 +32,25 @@ class InputError(ValueError):
     """A client mistake: answered with INVALID_ARG and a message naming the input."""
 
 
+class Busy(RuntimeError):
+    """A bound on queued or concurrent work was reached: answered with UNAVAILABLE, so clients
+    know to retry later."""
+
+
+class Refused(PermissionError):
+    """A request to an internal model that does not come from the orchestrator."""
+
+
+class Unhealthy(RuntimeError):
+    """A model process the pipeline needs has died or stopped: answered with UNAVAILABLE.
+    scripts/probe.py looks for this prefix to tell a broken server from a busy one."""
+
+    PREFIX = "VoxCPM server unhealthy: "
+
+    def __init__(self, reason: str):
+        super().__init__(self.PREFIX + reason)
+
+
 def get(request, name: str):
     t = pb().get_input_tensor_by_name(request, name)
     return None if t is None else t.as_numpy()
@@ -39,17 +60,41 @@ def tensor(name: str, array) -> object:
     return pb().Tensor(name, np.ascontiguousarray(array))
 
 
+def error_code(exc: BaseException):
+    E = pb().TritonError
+    if isinstance(exc, (Busy, Unhealthy)):
+        return E.UNAVAILABLE
+    if isinstance(exc, Refused):
+        return E.UNSUPPORTED
+    if isinstance(exc, (InputError, ValueError)):
+        return E.INVALID_ARG
+    return E.INTERNAL
+
+
 def error_response(exc: BaseException):
     p = pb()
-    code = p.TritonError.INVALID_ARG if isinstance(exc, (InputError, ValueError)) else p.TritonError.INTERNAL
-    return p.InferenceResponse(error=p.TritonError(str(exc) or type(exc).__name__, code))
+    return p.InferenceResponse(error=p.TritonError(str(exc) or type(exc).__name__, error_code(exc)))
+
+
+@functools.lru_cache(maxsize=1)
+def _internal_key() -> str:
+    return runtime.internal_key()
 
 
 def bls(model: str, inputs: dict, outputs: list[str], **kw):
-    """Build a BLS request; numpy inputs by name."""
+    """Build a BLS request to an internal model, stamped with this server's internal key; numpy
+    inputs by name."""
     p = pb()
     return p.InferenceRequest(model_name=model, requested_output_names=outputs,
-                              inputs=[tensor(k, v) for k, v in inputs.items()], **kw)
+                              inputs=[tensor(k, v) for k, v in inputs.items()],
+                              parameters={runtime.KEY_PARAMETER: _internal_key()}, **kw)
+
+
+def require_internal(request, model: str):
+    """Raise Refused unless `request` carries the internal key (it came from the orchestrator)."""
+    if not runtime.key_matches(request.parameters(), _internal_key()):
+        raise Refused(f"model {model!r} is internal to the VoxCPM pipeline; send requests to 'tts' or "
+                      "'tts_stream'")
 
 
 def outputs(response, names: list[str]) -> list:

@@ -7,6 +7,7 @@ one tensor batch.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -16,32 +17,53 @@ import torch
 from ..inputs import check_waveform, resample
 from ..vae_streams import VAEStreams
 from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
+from . import runtime
+from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric
-from .settings import flag, model_parameters, positive_int, positive_ints, resolve_checkpoint, setting
-from .triton_io import InputError, error_response, get, pb, tensor
+from .settings import flag, model_parameters, positive_float, positive_int, positive_ints, resolve_checkpoint, setting
+from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
-def _load(args):
+def _load(args, name: str):
+    runtime.watch_parent()
     params = model_parameters(args)
     cfg, vae = load_audio_vae(resolve_checkpoint(params), resolve_device(setting(params, "device")))
-    return params, cfg, vae
+    return params, cfg, vae, runtime.Beacon(name)
+
+
+def _one(request, name: str) -> np.ndarray:
+    """Input `name` of a request whose batch dimension must be 1 (the orchestrator sends one item
+    per request; Triton would otherwise hand over a client's batch of several)."""
+    x = get(request, name)
+    if x is None:
+        raise InputError(f"{name} is required")
+    if x.ndim < 1 or x.shape[0] != 1:
+        raise InputError(f"{name} must have a batch dimension of 1, got shape {list(x.shape)}")
+    return x[0]
 
 
 class VAEEncoderModel:
     """AUDIO [1, n] at SAMPLE_RATE, PAD_LEFT -> LATENTS [1, patches, P, D]."""
 
     def initialize(self, args):
-        _, self.cfg, self.vae = _load(args)
+        _, self.cfg, self.vae, self.beacon = _load(args, "vae_encoder")
+
+    def finalize(self):
+        self.beacon.stop()
 
     def execute(self, requests):
         responses: list = [None] * len(requests)
         waves, pads, idx = [], [], []
         for i, r in enumerate(requests):
             try:
-                rate = int(get(r, "SAMPLE_RATE").reshape(-1)[0])
-                wav = check_waveform(get(r, "AUDIO").reshape(-1), rate, "audio")
+                require_internal(r, "vae_encoder")
+                rate = int(_one(r, "SAMPLE_RATE").reshape(-1)[0])
+                audio = _one(r, "AUDIO").reshape(-1)
+                if rate > 0 and audio.size > MAX_AUDIO_SECONDS * rate:
+                    raise InputError(f"AUDIO is {audio.size / rate:.1f} s long; the limit is {MAX_AUDIO_SECONDS:.0f} s")
+                wav = check_waveform(audio, rate, "audio")
                 waves.append(resample(wav, rate, self.vae.sample_rate))
-                pads.append("left" if bool(get(r, "PAD_LEFT").reshape(-1)[0]) else "right")
+                pads.append("left" if bool(_one(r, "PAD_LEFT").reshape(-1)[0]) else "right")
                 idx.append(i)
             except Exception as e:
                 responses[i] = error_response(InputError(str(e)) if isinstance(e, ValueError) else e)
@@ -65,7 +87,7 @@ class VAEDecoderModel:
     """
 
     def initialize(self, args):
-        params, self.cfg, self.vae = _load(args)
+        params, self.cfg, self.vae, self.beacon = _load(args, "vae_decoder")
         on_gpu = self.vae.device.type == "cuda"
         if on_gpu and flag(params, "triton_kernels", True):
             from .. import vae_kernels  # imports triton: only where it can run
@@ -79,7 +101,14 @@ class VAEDecoderModel:
         # One chunk's activations grow with its length (the last level holds 32 x 7680 floats per
         # patch and stream): a bound keeps one caller's request from exhausting GPU memory.
         self.max_chunk = positive_int(params, "max_chunk_patches", 256)
-        self.idle_timeout = float(setting(params, "stream_idle_timeout_s", "120"))
+        self.idle_timeout = positive_float(params, "stream_idle_timeout_s", 120.0)
+        # Triton frees a sequence that idles past its own timeout without telling the model: the
+        # model must drop the state no later, or it would hold it for a sequence that is gone.
+        batcher_s = json.loads(args["model_config"]).get("sequence_batching", {}).get(
+            "max_sequence_idle_microseconds")
+        if batcher_s is not None and self.idle_timeout > int(batcher_s) / 1e6:
+            raise ValueError(f"parameter 'stream_idle_timeout_s' ({self.idle_timeout:g}) must not exceed the sequence "
+                             f"batcher's max_sequence_idle_microseconds ({int(batcher_s) / 1e6:g} s)")
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
         labels = {"model": "vae_decoder"}
@@ -90,7 +119,7 @@ class VAEDecoderModel:
 
     def _sweeper(self):
         # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
-        while not self._stop.wait(min(5.0, self.idle_timeout)):
+        while not self._stop.wait(max(0.1, min(5.0, self.idle_timeout / 2))):
             with self.lock:
                 self._drop_idle(time.monotonic())
 
@@ -104,13 +133,13 @@ class VAEDecoderModel:
 
     def finalize(self):
         self._stop.set()
+        self.beacon.stop()
 
     def _patches(self, request, name: str):
         """Input `name` as [n, P, D] patches (None if absent), checked."""
-        x = get(request, name)
-        if x is None:
+        if get(request, name) is None:
             return None
-        x = x[0]
+        x = _one(request, name)
         P, D = self.cfg.patch_size, self.cfg.feat_dim
         if x.ndim != 3 or x.shape[1:] != (P, D):
             raise InputError(f"{name} must be [n, {P}, {D}]")
@@ -134,6 +163,7 @@ class VAEDecoderModel:
         with self.lock:
             for i, r in enumerate(requests):
                 try:
+                    require_internal(r, "vae_decoder")
                     corrid = int(get(r, "CORRID").reshape(-1)[0])
                     start = bool(get(r, "START").reshape(-1)[0])
                     end = bool(get(r, "END").reshape(-1)[0])
@@ -141,8 +171,15 @@ class VAEDecoderModel:
                     ctx = self._patches(r, "CONTEXT")
                     if any(c == corrid for _, c, _, _ in work):  # the sequence batcher never does this
                         raise ValueError(f"two chunks of sequence {corrid} in one batch")
-                    if start or corrid not in self.streams:
+                    if start:
                         self.streams.open(corrid, self._z(ctx) if ctx is not None and ctx.size else None)
+                    elif corrid not in self.streams:
+                        if end and lat.shape[0] == 0:  # closing a stream whose START failed: nothing to free
+                            responses[i] = pb().InferenceResponse(output_tensors=[
+                                tensor("AUDIO", np.zeros((1, 0), np.float32))])
+                            continue
+                        raise InputError(f"sequence {corrid} has no open VAE stream (never started, ended, or "
+                                         f"idle for more than {self.idle_timeout:g} s); send START first")
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:

@@ -1,0 +1,170 @@
+"""What the model processes of one tritonserver share, outside Triton: a private directory,
+the secret that marks the orchestrator's internal calls, and liveness beacons.
+
+Every model process is a child of the tritonserver process, so `os.getppid()` names the
+server; the directory is keyed by it and created 0700. No torch here: the orchestrator
+processes import this too.
+
+- Internal key: `VOXCPM_INTERNAL_KEY` when set (scripts/supervise.py sets a fresh one per
+  start), else a random key that the first process of this server writes into the
+  directory (atomically: written aside, then hard-linked; a loser of the race reads the
+  winner's). Internal models refuse requests that do not carry it.
+- Beacons: each internal model process writes `<model>.<pid>.json` every second
+  ({pid, beat, error}); `error` is set when the process knows it can no longer serve (the
+  engine thread died). Triton 2.51 neither restarts a dead stub nor reports it, so the
+  orchestrator reads the beacons to fail fast instead of waiting forever.
+- Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
+  a server outlives it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import tempfile
+import threading
+import time
+
+log = logging.getLogger("voxcpm_triton.runtime")
+
+KEY_PARAMETER = "voxcpm_internal_key"
+BEACON_PERIOD_S = 1.0
+# A beacon older than this means its process is stuck or gone (the engine loop wakes every
+# 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
+BEACON_STALE_S = 15.0
+INTERNAL_MODELS = ("tokenizer", "vae_encoder", "vae_decoder", "decoder")
+
+
+def _server_id() -> str:
+    """The parent tritonserver's pid and start time: unique even where pids are reused."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        return f"{ppid}-{stat[stat.rindex(')') + 2:].split()[19]}"
+    except (OSError, ValueError, IndexError):
+        return str(ppid)
+
+
+def run_dir() -> str:
+    path = os.environ.get("VOXCPM_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"voxcpm-{_server_id()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def internal_key() -> str:
+    env = os.environ.get("VOXCPM_INTERNAL_KEY")
+    if env:
+        return env
+    path = os.path.join(run_dir(), "internal.key")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with open(path, encoding="ascii") as f:
+        return f.read().strip()
+
+
+def key_matches(parameters_json: str, key: str) -> bool:
+    """True if a request's parameters (Triton's JSON string) carry the internal key."""
+    try:
+        given = json.loads(parameters_json or "{}").get(KEY_PARAMETER, "")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())
+
+
+class Beacon:
+    """Writes this process's beacon every second until `stop`. `status()` -> None when healthy,
+    else a reason (written as the beacon's error)."""
+
+    def __init__(self, model: str, status=lambda: None, period_s: float = BEACON_PERIOD_S):
+        self.path = os.path.join(run_dir(), f"{model}.{os.getpid()}.json")
+        self.status, self.period = status, period_s
+        self._stop = threading.Event()
+        self.write()
+        threading.Thread(target=self._run, name=f"beacon-{model}", daemon=True).start()
+
+    def write(self):
+        try:
+            error = self.status()
+        except Exception as e:  # noqa: BLE001 - a broken status check is itself a failure
+            error = f"status check failed: {e}"
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"pid": os.getpid(), "beat": time.time(), "error": error}, f)
+        os.replace(tmp, self.path)
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            try:
+                self.write()
+            except OSError:
+                log.exception("writing the liveness beacon %s failed", self.path)
+
+    def stop(self):
+        self._stop.set()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
+    """None if every beacon of `models` in this server's directory is fresh, from a live process
+    and error-free; else why not. A model with no beacon yet counts as healthy (it is loading,
+    or not part of this repository)."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(run_dir())
+    except OSError as e:
+        return f"cannot read the server's runtime directory: {e}"
+    for name in names:
+        model, _, rest = name.partition(".")
+        if model not in models or not rest.endswith(".json") or rest.endswith(".tmp"):
+            continue
+        try:
+            with open(os.path.join(run_dir(), name), encoding="utf-8") as f:
+                b = json.load(f)
+        except (OSError, ValueError):
+            continue  # removed or being replaced right now
+        if not _alive(int(b["pid"])):
+            return f"the {model} model process (pid {b['pid']}) has died"
+        if b.get("error"):
+            return f"the {model} model cannot serve: {b['error']}"
+        if now - float(b["beat"]) > BEACON_STALE_S:
+            return f"the {model} model process (pid {b['pid']}) has not answered for {now - b['beat']:.0f} s"
+    return None
+
+
+def watch_parent(period_s: float = 1.0):
+    """Exit this process as soon as its tritonserver is gone (reparented): tritonserver's exit
+    timeout or a crash would otherwise leave it running, holding its memory."""
+    parent = os.getppid()
+
+    def run():
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=run, name="parent-watch", daemon=True).start()

@@ -1,0 +1,215 @@
+"""Serving under pressure and abuse, through a real tritonserver on loopback (tiny checkpoint, CPU).
+
+A "tight" repository makes the limits easy to reach: the decoder runs one request at a time
+and queues one more, tts_stream has a single instance, vae_decoder holds two streams.
+"""
+
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+
+tritonclient = pytest.importorskip("tritonclient")
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
+from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+
+P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("tight_ckpt")), TINY_CONFIG, seed=5, progress=None)
+
+
+@pytest.fixture(scope="module")
+def tight(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
+    repo = repository_copy(tmp_path_factory.mktemp("tight") / "repo",
+                           parameters={"decoder": {"max_batch_size": "1", "max_waiting_requests": "1"},
+                                       "vae_decoder": {"max_streams": "2"}},
+                           instances={"tts_stream": 1})
+    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+
+
+def wait_for(cond, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Stream:
+    """One gRPC stream on tts_stream in the background, with each chunk's arrival time."""
+
+    def __init__(self, server, text, **params):
+        self.times: list = []
+        self.chunks: list = []
+        self.error = None
+        self.done = threading.Event()
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.client.start_stream(callback=self._on)
+        self.client.async_stream_infer("tts_stream", _inputs(grpcclient, text, **params),
+                                       enable_empty_final_response=True)
+
+    def _on(self, result, error):
+        if error is not None:
+            self.error = error
+            self.done.set()
+        elif result.get_response().parameters["triton_final_response"].bool_param:
+            self.done.set()
+        else:
+            self.times.append(time.monotonic())
+            self.chunks.append(result.as_numpy("AUDIO"))
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def _vae(server, corrid, patches, start=False, end=False, key=True):
+    """One raw vae_decoder request (a client pretending to be the orchestrator, or not)."""
+    c = httpclient.InferenceServerClient(server.http_url)
+    try:
+        lat = np.random.default_rng(corrid).standard_normal((1, patches, P, D)).astype(np.float32)
+        t = httpclient.InferInput("LATENTS", list(lat.shape), "FP32")
+        t.set_data_from_numpy(lat)
+        params = {"voxcpm_internal_key": server.internal_key} if key else None
+        return c.infer("vae_decoder", [t], sequence_id=corrid, sequence_start=start, sequence_end=end,
+                       parameters=params).as_numpy("AUDIO")
+    finally:
+        c.close()
+
+
+def test_a_running_stream_keeps_its_rhythm_while_another_waits_for_the_decoder(tight):
+    """The decoder runs one request at a time: B waits for admission until A is done. A's audio
+    must keep flowing meanwhile (it used to stop for B's whole wait), and a third request finds
+    the waiting queue full and is told the server is busy."""
+    a = Stream(tight, "The first stream, long enough to be running for a while.", SEED=1,
+               MIN_LENGTH=600, MAX_LENGTH=600)
+    b = c = None
+    try:
+        wait_for(lambda: len(a.times) >= 3 or a.done.is_set(), what="A's first chunks")
+        assert a.error is None, a.error
+        b = Stream(tight, "The second stream.", SEED=2, MIN_LENGTH=3, MAX_LENGTH=3)
+        wait_for(lambda: metrics(tight).get("voxcpm_engine_waiting_requests") == 1, what="B queued in the decoder")
+        t_b = time.monotonic()
+        c = Stream(tight, "A third one.", SEED=3, MIN_LENGTH=3, MAX_LENGTH=3)
+        assert c.done.wait(60) and c.error is not None
+        assert "server busy" in str(c.error) and "max_waiting_requests" in str(c.error), c.error
+        assert a.done.wait(300) and b.done.wait(300)
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert sum(x.size for x in a.chunks) == 600 * P * 1920
+        # B was queued behind A all along: its first audio comes after A's last chunk.
+        assert b.times[0] > a.times[-1]
+        during = [t_b] + [t for t in a.times if t > t_b]
+        assert len(during) >= 5, "A finished before B's wait could be observed"
+        wait_s, max_gap = during[-1] - t_b, max(np.diff(during))
+        assert max_gap < 0.5 * wait_s, f"A stalled for {max_gap:.1f} s of B's {wait_s:.1f} s wait"
+    finally:
+        for s in (a, b, c):
+            if s is not None:
+                s.close(cancel=True)
+
+
+def test_internal_models_refuse_clients(tight):
+    """Only the orchestrator (which stamps the server's internal key) may call the internal models;
+    a refused vae_decoder START holds no stream state."""
+    c = httpclient.InferenceServerClient(tight.http_url)
+
+    def inp(name, dt, arr):
+        t = httpclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    calls = {
+        "tokenizer": [inp("TEXT", "BYTES", np.array([b"hi"], dtype=object))],
+        "vae_encoder": [inp("AUDIO", "FP32", np.zeros((1, 1600), np.float32)),
+                        inp("SAMPLE_RATE", "INT32", np.array([[16000]], np.int32)),
+                        inp("PAD_LEFT", "BOOL", np.array([[False]]))],
+    }
+    try:
+        for model, inputs in calls.items():
+            for params in (None, {"voxcpm_internal_key": "guess"}):
+                with pytest.raises(InferenceServerException, match="is internal to the VoxCPM pipeline"):
+                    c.infer(model, inputs, parameters=params)
+        with pytest.raises(InferenceServerException, match="is internal to the VoxCPM pipeline"):
+            tts_stream_direct_decoder(tight)
+        for corrid in range(300, 304):
+            with pytest.raises(InferenceServerException, match="is internal to the VoxCPM pipeline"):
+                _vae(tight, corrid, 1, start=True, key=False)
+        assert metrics(tight)["voxcpm_vae_streams"] == 0
+        for corrid in range(300, 304):  # Triton's sequence batcher holds them until END (or its idle timeout)
+            with pytest.raises(InferenceServerException, match="is internal to the VoxCPM pipeline"):
+                _vae(tight, corrid, 0, end=True, key=False)
+        # vae_encoder takes one waveform per request, even from the orchestrator
+        key = {"voxcpm_internal_key": tight.internal_key}
+        two = [inp("AUDIO", "FP32", np.zeros((2, 1600), np.float32)),
+               inp("SAMPLE_RATE", "INT32", np.array([[16000], [16000]], np.int32)),
+               inp("PAD_LEFT", "BOOL", np.array([[False], [False]]))]
+        with pytest.raises(InferenceServerException, match="batch dimension of 1"):
+            c.infer("vae_encoder", two, parameters=key)
+        long = [inp("AUDIO", "FP32", np.zeros((1, 16000 * 61), np.float32)),
+                inp("SAMPLE_RATE", "INT32", np.array([[16000]], np.int32)),
+                inp("PAD_LEFT", "BOOL", np.array([[False]]))]
+        with pytest.raises(InferenceServerException, match="the limit is 60 s"):
+            c.infer("vae_encoder", long, parameters=key)
+    finally:
+        c.close()
+
+
+def tts_stream_direct_decoder(server):
+    t = grpcclient.InferInput("TOKEN_IDS", [3], "INT64")
+    t.set_data_from_numpy(np.array([5, 6, 7], np.int64))
+    n = grpcclient.InferInput("TARGET_TOKENS", [1], "INT32")
+    n.set_data_from_numpy(np.array([1], np.int32))
+    from tests.test_server import stream_infer
+
+    return stream_infer(server, "decoder", [t, n], output="LATENTS")
+
+
+def test_vae_stream_lifecycle(tight):
+    """START opens (at most max_streams), a chunk of an unknown stream is an error (no silent fresh
+    state), an END for a stream whose START failed is harmless, and END frees the slot."""
+    assert _vae(tight, 101, 1, start=True).shape == (1, P * 1920)
+    assert _vae(tight, 102, 1, start=True).shape == (1, P * 1920)
+    with pytest.raises(InferenceServerException, match="VAE stream slots are in use"):
+        _vae(tight, 103, 1, start=True)
+    # Triton still counts sequence 103 as open; the model does not know it.
+    with pytest.raises(InferenceServerException, match="sequence 103 has no open VAE stream"):
+        _vae(tight, 103, 1)
+    assert _vae(tight, 103, 0, end=True).shape == (1, 0)
+    assert metrics(tight)["voxcpm_vae_streams"] == 2
+    # Both held slots make a synthesis fail cleanly (its START is refused) ...
+    with pytest.raises(InferenceServerException, match="VAE stream slots are in use"):
+        tts_stream(tight, "No room.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    for corrid in (101, 102):
+        _vae(tight, corrid, 0, end=True)
+    assert metrics(tight)["voxcpm_vae_streams"] == 0
+    # ... and, once they are free, synthesis works again and leaves no state behind.
+    assert sum(c.size for c in tts_stream(tight, "Room again.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)) == 2 * P * 1920
+    wait_for(lambda: metrics(tight)["voxcpm_vae_streams"] == 0, what="VAE state released")
+
+
+def test_a_cancelled_tts_request_stops_decoding(tight):
+    """`tts` (whole utterance) polls its client's cancellation: a gRPC client that gives up frees
+    the decoder long before the utterance would have ended."""
+    c = grpcclient.InferenceServerClient(tight.grpc_url)
+    done: queue.Queue = queue.Queue()
+    try:
+        steps0 = metrics(tight)["voxcpm_engine_decode_steps_total"]
+        ctx = c.async_infer("tts", _inputs(grpcclient, "Cancel me.", SEED=1, MIN_LENGTH=3000, MAX_LENGTH=3000),
+                            callback=lambda result, error: done.put((result, error)))
+        wait_for(lambda: metrics(tight)["voxcpm_engine_running_requests"] == 1, what="decoding to start")
+        ctx.cancel()
+        wait_for(lambda: metrics(tight)["voxcpm_engine_running_requests"] == 0, timeout=60, what="decoder freed")
+        assert metrics(tight)["voxcpm_engine_decode_steps_total"] - steps0 < 2500
+        _, error = done.get(timeout=30)
+        assert error is not None and "CANCELLED" in str(error).upper()
+    finally:
+        c.close()
