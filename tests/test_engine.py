@@ -408,3 +408,31 @@ def test_custom_timestep_buckets(vox):
     assert r.loop_buckets == (10, 100) and r.loop_first == {10: 1, 100: zero_velocity_steps(11)}
     assert r.graph_keys() == {(b, loop) for b in (2, 4) for loop in (10, 100)}
     assert [r.loop_bucket(k) for k in (1, 10, 11, 100)] == [10, 10, 100, 100]
+
+
+def test_waiting_queue_bound_refuses_as_busy_and_a_crashed_loop_reports_why(vox):
+    from voxcpm_triton.engine.engine import EngineBusy
+
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=1, max_waiting=1))
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Queue me.")
+        first = eng.submit(EngineRequest("a", prompt, seed=1, min_len=400, max_len=400))
+        wait_for(lambda: eng.stats()["running"] == 1)
+        eng.submit(EngineRequest("b", prompt, seed=2, min_len=2, max_len=2))
+        with pytest.raises(EngineBusy, match="max_waiting_requests"):
+            eng.submit(EngineRequest("c", prompt, seed=3, min_len=2, max_len=2))
+        assert eng.status() is None
+        eng.cancel("a")
+        assert list(first.events(timeout=TIMEOUT))[-1].reason == "cancelled"
+
+        def broken(*_):
+            raise RuntimeError("boom")
+
+        eng._admit = broken  # a bug in the loop itself
+        h = eng.submit(EngineRequest("d", prompt, seed=4, min_len=2, max_len=2))
+        final = list(h.events(timeout=TIMEOUT))[-1]
+        assert final.reason == "error" and "boom" in final.error
+        wait_for(lambda: eng.status() is not None)
+        assert "engine thread crashed: boom" in eng.status()
+    finally:
+        eng.shutdown()

@@ -4,9 +4,14 @@ A "tight" repository makes the limits easy to reach: the decoder runs one reques
 and queues one more, tts_stream has a single instance, vae_decoder holds two streams.
 """
 
+import os
 import queue
+import signal
+import subprocess
 import threading
 import time
+import urllib.request
+import uuid
 
 import numpy as np
 import pytest
@@ -16,7 +21,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
 from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
@@ -213,3 +218,99 @@ def test_a_cancelled_tts_request_stops_decoding(tight):
         assert error is not None and "CANCELLED" in str(error).upper()
     finally:
         c.close()
+
+
+# --- a model process killed under load: scripts/serve.sh's supervisor brings the service back ---------
+
+
+def _marked(mark: str) -> list[tuple[int, str]]:
+    """Live processes whose environment carries VOXCPM_TEST_MARK=mark: all the test started."""
+    from tests.server import _cmdline
+
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if f"VOXCPM_TEST_MARK={mark}".encode() not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+            except OSError:
+                continue
+            out.append((int(d), _cmdline(int(d))))
+    return out
+
+
+def test_killed_decoder_fails_its_streams_and_the_supervisor_restores_service(ckpt, tmp_path):
+    """kill -9 of the decoder's process with 4 streams in flight (as an OOM kill would): every
+    client gets an error within seconds instead of hanging, the server stops being ready, and
+    scripts/serve.sh's supervisor has it serving again without anybody's help. Then SIGTERM
+    after that traffic stops everything the server started."""
+    from tests.server import _free_ports, triton_env
+    from tests.test_server import tts_http
+
+    mark = uuid.uuid4().hex
+    http, grpc, metrics_port = _free_ports(3)
+    env = triton_env()
+    env.update(SKIP_SETUP="1", VOXCPM_CHECKPOINT=ckpt, TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
+               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_PROBE_INTERVAL="2", VOXCPM_TEST_MARK=mark,
+               TRITON_EXIT_TIMEOUT="20")
+
+    class Srv:
+        http_url, grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+
+    def ready():
+        try:
+            with urllib.request.urlopen(f"http://{Srv.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    streams = []
+    try:
+        wait_for(ready, timeout=240, what=f"the server to start\n{log.read_text()[-3000:]}")
+        streams = [Stream(Srv, f"Stream number {i}, which goes on and on.", SEED=i, MIN_LENGTH=3000,
+                          MAX_LENGTH=3000) for i in range(4)]
+        wait_for(lambda: all(len(s.times) >= 2 for s in streams), what="audio on all four streams")
+        (decoder,) = [p for p, cmd in _marked(mark) if "/decoder/1/model.py" in cmd]
+        os.kill(decoder, signal.SIGKILL)
+        t_kill = time.monotonic()
+        for s in streams:
+            assert s.done.wait(30), "a client was left hanging after the decoder died"
+            assert s.error is not None and "unhealthy" in str(s.error) and "decoder" in str(s.error), s.error
+        errors_after = time.monotonic() - t_kill
+        wait_for(lambda: not ready(), timeout=60, what="readiness to turn false")
+        restored = None
+        while restored is None:
+            assert time.monotonic() - t_kill < 240, f"not serving again 240 s after the kill\n{log.read_text()[-3000:]}"
+            try:
+                audio, _ = tts_http(Srv, "Back again.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+                restored = time.monotonic() - t_kill
+            except Exception:  # noqa: BLE001 - down or still loading
+                time.sleep(0.5)
+        assert audio.shape == (2 * P * 1920,)
+        print(f"errors {errors_after:.1f} s and service back {restored:.1f} s after the kill")
+        assert "restarting" in log.read_text()
+        # SIGTERM after traffic: everything ends within the exit timeout, nothing is left behind.
+        for s in streams:
+            s.close()
+        streams = []
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20 + 30)
+        wait_for(lambda: not _marked(mark), timeout=10, what=f"every process to end: {_marked(mark)}")
+        assert proc.returncode == 0, log.read_text()[-3000:]
+    finally:
+        for s in streams:
+            s.close(cancel=True)
+        for pid, _ in _marked(mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(10)

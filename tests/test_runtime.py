@@ -1,0 +1,105 @@
+"""What the model processes of one server share (serving/runtime.py), the liveness probe's verdicts
+and the supervisor's arguments: plain Python, no server."""
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+import pytest
+
+from tests.server import REPO
+from voxcpm_triton.serving import runtime
+
+sys.path.insert(0, str(REPO / "scripts"))
+import probe  # noqa: E402
+import supervise  # noqa: E402
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("VOXCPM_INTERNAL_KEY", raising=False)
+    return tmp_path
+
+
+def _key(q):
+    q.put(runtime.internal_key())
+
+
+def test_processes_racing_for_the_internal_key_all_get_the_same_one(run_dir):
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_key, args=(q,)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    keys = {q.get(timeout=30) for _ in procs}
+    for p in procs:
+        p.join(30)
+    assert len(keys) == 1 and len(keys.pop()) == 64
+    assert oct((run_dir / "internal.key").stat().st_mode & 0o777) == "0o600"
+    assert [f.name for f in run_dir.iterdir()] == ["internal.key"]  # no temporary files left
+
+
+def test_the_environment_key_wins_and_requests_are_matched_exactly(run_dir, monkeypatch):
+    monkeypatch.setenv("VOXCPM_INTERNAL_KEY", "s3cret")
+    assert runtime.internal_key() == "s3cret"
+    assert runtime.key_matches(json.dumps({runtime.KEY_PARAMETER: "s3cret"}), "s3cret")
+    for params in ("", "{}", "not json", "[1]", json.dumps({runtime.KEY_PARAMETER: "s3cre"}),
+                   json.dumps({runtime.KEY_PARAMETER: 5}), json.dumps({"other": "s3cret"})):
+        assert not runtime.key_matches(params, "s3cret"), params
+
+
+def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):
+    status = {"error": None}
+    beacon = runtime.Beacon("decoder", lambda: status["error"], period_s=0.05)
+    assert runtime.unhealthy() is None
+    status["error"] = "the engine thread crashed: boom"
+    time.sleep(0.3)
+    assert "decoder model cannot serve: the engine thread crashed: boom" in runtime.unhealthy()
+    status["error"] = None
+    time.sleep(0.3)
+    assert runtime.unhealthy() is None
+    assert "has not answered" in runtime.unhealthy(now=time.time() + runtime.BEACON_STALE_S + 5)
+    assert runtime.unhealthy(models=("tokenizer",)) is None  # only the models asked about
+    beacon.stop()
+    assert list(run_dir.glob("decoder.*")) == []
+    # A process that died without cleaning up: its beacon names it.
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    (run_dir / f"vae_decoder.{child}.json").write_text(json.dumps({"pid": child, "beat": time.time(), "error": None}))
+    assert runtime.unhealthy() == f"the vae_decoder model process (pid {child}) has died"
+
+
+@pytest.mark.parametrize("message, status", [
+    ("VoxCPM server unhealthy: the decoder model process (pid 7) has died", probe.BROKEN),
+    ("server busy: 256 requests are already waiting for the decoder", probe.HEALTHY),
+    ("Stub process 'decoder_0_0' is not healthy.", probe.UNHEALTHY),
+    ("TEXT is empty", probe.UNHEALTHY),
+])
+def test_probe_verdicts(message, status):
+    assert probe._classify(message)[0] == status
+
+
+def test_probe_of_nothing_listening_is_unhealthy():
+    from tests.server import free_port
+
+    status, what = probe.probe(f"http://127.0.0.1:{free_port()}", timeout=5)
+    assert status == probe.UNHEALTHY and "no answer" in what
+
+
+def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
+    class Opts:
+        probe_interval = probe_timeout = probe_failures = start_timeout = 1
+
+    monkeypatch.setenv("VOXCPM_ADMIN_KEY", "k")
+    s = supervise.Supervisor(["tritonserver", "--http-port=1234", "--http-address=0.0.0.0",
+                              "--exit-timeout-secs=7"], Opts)
+    assert "--http-restricted-api=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
+    assert "--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
+    assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
+    mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
+    assert supervise.Supervisor(mine, Opts).args == mine
