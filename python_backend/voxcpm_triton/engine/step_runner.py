@@ -299,9 +299,12 @@ class DecodeStepRunner:
         t0 = time.monotonic()
         for b in self.buckets:
             tb = time.monotonic()
-            for loop in self.loop_buckets:
+            for i, loop in enumerate(self.loop_buckets):
                 if (b, loop) not in self.graphs:
-                    self.graphs[(b, loop)] = self._capture(b, loop, self.loop_first[loop])
+                    # Loop lengths change no shapes: once the batch bucket's first graph has warmed up
+                    # (compiled, autotuned), one eager run before each further capture is enough.
+                    self.graphs[(b, loop)] = self._capture(b, loop, self.loop_first[loop],
+                                                           warm_up=2 if i == 0 else 1)
             self.capture_seconds[b] = round(time.monotonic() - tb, 2)
         seconds = time.monotonic() - t0
         ok = sum(g is not None for g in self.graphs.values())
@@ -309,7 +312,7 @@ class DecodeStepRunner:
         log.warning("captured %d/%d decode-step graphs (%d batch x %d loop buckets) in %.1f s", ok,
                     len(self.graphs), len(self.buckets), len(self.loop_buckets), seconds)
 
-    def _capture(self, bucket: int, n_steps: int, first: int):
+    def _capture(self, bucket: int, n_steps: int, first: int, warm_up: int = 2):
         """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
         touch no live request. Returns None (eager for this key) if capture fails."""
         self.captures += 1
@@ -317,7 +320,7 @@ class DecodeStepRunner:
             self._fill(self.capture_host, [], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
             graph = capture_graph(lambda: self._step(bucket, n_steps, first), self.device, self.graph_pool,
-                                  warm_up=2)
+                                  warm_up=warm_up)
             self.graph_pool = graph.pool()
             return graph
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
