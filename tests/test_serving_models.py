@@ -34,7 +34,7 @@ class FakeResponse:
 
 
 class FakeError(Exception):
-    INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+    INVALID_ARG, INTERNAL, UNAVAILABLE, UNSUPPORTED = "INVALID_ARG", "INTERNAL", "UNAVAILABLE", "UNSUPPORTED"
 
     def __init__(self, msg, code=None):
         super().__init__(msg)
@@ -59,13 +59,25 @@ class FakeFamily:
         return FakeMetric()
 
 
+KEY = "test-internal-key"
+
+
 class FakeRequest:
-    def __init__(self, **inputs):
+    def __init__(self, key=KEY, **inputs):
         self.inputs = {k: FakeTensor(k, v) for k, v in inputs.items()}
+        self._parameters = json.dumps({"voxcpm_internal_key": key} if key else {})
+
+    def parameters(self):
+        return self._parameters
 
 
 @pytest.fixture()
-def fake_pb(monkeypatch):
+def fake_pb(monkeypatch, tmp_path):
+    from voxcpm_triton.serving import triton_io
+
+    monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("VOXCPM_INTERNAL_KEY", KEY)
+    triton_io._internal_key.cache_clear()
     mod = types.ModuleType("triton_python_backend_utils")
     mod.Tensor = FakeTensor
     mod.InferenceResponse = FakeResponse
@@ -82,12 +94,12 @@ def _args(ckpt, **params):
     return {"model_config": json.dumps(cfg), "model_name": "vae_decoder"}
 
 
-def _chunk(corrid, lat, start=False, end=False, context=None):
+def _chunk(corrid, lat, start=False, end=False, context=None, key=KEY):
     inputs = dict(CORRID=np.array([[corrid]], np.uint64), START=np.array([[int(start)]], np.int32),
                   END=np.array([[int(end)]], np.int32), LATENTS=lat[None].astype(np.float32))
     if context is not None:
         inputs["CONTEXT"] = context[None].astype(np.float32)
-    return FakeRequest(**inputs)
+    return FakeRequest(key=key, **inputs)
 
 
 def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_dirs, monkeypatch):
@@ -129,10 +141,18 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
         want = whole(lat, ctx if c == 33 else None)
         assert np.abs(np.concatenate(got[c]) - want).max() <= 1e-5
 
-    # END with an empty chunk drops the state; an unknown sequence restarts cleanly.
-    resps = model.execute([_chunk(c, np.zeros((0, P, D)), end=True) for c in streams])
-    assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps)
+    # END with an empty chunk drops the state, and is harmless for a stream that is not open (its
+    # START failed); a chunk of a stream that is not open is an error, not a silent fresh start.
+    resps = model.execute([_chunk(c, np.zeros((0, P, D)), end=True) for c in streams] +
+                          [_chunk(44, np.zeros((0, P, D)), end=True), _chunk(55, streams[11][:1])])
+    assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps[:4])
+    assert "sequence 55 has no open VAE stream" in str(resps[4].error)
     assert len(model.streams) == 0 and model.m_streams.metric.value == 0
+    # Requests without the server's internal key are refused before anything is opened.
+    for key in (None, "guess"):
+        (r,) = model.execute([_chunk(66, streams[11][:1], start=True, key=key)])
+        assert "is internal to the VoxCPM pipeline" in str(r.error) and r.error.code == "UNSUPPORTED"
+    assert len(model.streams) == 0
 
     bad = model.execute([_chunk(5, np.full((1, P, D), np.nan)), _chunk(6, np.zeros((1, P + 1, D))),
                          _chunk(7, np.zeros((257, P, D)), start=True),
@@ -160,6 +180,20 @@ def test_vae_decoder_drops_abandoned_streams(fake_pb, checkpoint_dirs):
         time.sleep(0.05)
     assert len(model.streams) == 0, "a stream that never sent END must be dropped after the idle timeout"
     model.finalize()
+
+
+def test_vae_decoder_idle_timeout_is_checked_against_the_sequence_batcher(fake_pb, checkpoint_dirs):
+    from voxcpm_triton.serving.vae_models import VAEDecoderModel
+
+    args = _args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s="300")
+    cfg = json.loads(args["model_config"])
+    cfg["sequence_batching"] = {"max_sequence_idle_microseconds": "120000000"}
+    args["model_config"] = json.dumps(cfg)
+    with pytest.raises(ValueError, match="'stream_idle_timeout_s' \\(300\\) must not exceed the sequence batcher's"):
+        VAEDecoderModel().initialize(args)
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(ValueError, match="'stream_idle_timeout_s' must be a positive number"):
+            VAEDecoderModel().initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s=bad))
 
 
 def test_flag_settings_accept_true_false_and_reject_the_rest(monkeypatch):

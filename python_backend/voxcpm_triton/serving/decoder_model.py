@@ -21,7 +21,8 @@ from ..voxcpm2 import VoxCPM2
 from . import runtime
 from .contract import wire_names
 from .metrics import EngineMetrics
-from .settings import flag, model_parameters, positive_int, positive_ints, resolve_checkpoint, setting
+from .settings import (flag, model_parameters, positive_float, positive_int, positive_ints, resolve_checkpoint,
+                       setting)
 from .triton_io import IPC_LOCK, Busy, InputError, error_response, get, locked, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -46,17 +47,21 @@ class DecoderModel:
         t0 = time.monotonic()
         self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params), device=setting(params, "device"),
                                            dtype=setting(params, "dtype"))
-        kv_mb = setting(params, "kv_cache_mb")
+        kv_mb = positive_float(params, "kv_cache_mb", 1.0) if setting(params, "kv_cache_mb") else None
+        blocks = positive_int(params, "num_blocks", 1) if setting(params, "num_blocks") else None
+        attention = setting(params, "attention", "auto")
+        if attention not in ("auto", "triton", "torch"):
+            raise ValueError(f"parameter 'attention' must be auto, triton or torch, got {attention!r}")
         cfg = EngineConfig(
             block_size=positive_int(params, "block_size", 16),
-            num_blocks=int(setting(params, "num_blocks", "0")) or None,
-            kv_memory_bytes=int(float(kv_mb) * 2**20) if kv_mb else None,
+            num_blocks=blocks,
+            kv_memory_bytes=int(kv_mb * 2**20) if kv_mb else None,
             max_batch_size=positive_int(params, "max_batch_size", 64),
             max_waiting=positive_int(params, "max_waiting_requests", 256),
             chunk_schedule=positive_ints(params, "chunk_schedule", "1,4,16"),
             cuda_graphs=flag(params, "cuda_graphs", True),
             compile=flag(params, "compile", True),
-            attention=setting(params, "attention", "auto"),
+            attention=attention,
             timestep_buckets=positive_ints(params, "timestep_buckets", "4,8,10,12,16,24,32,50,100"),
         )
         t1 = time.monotonic()

@@ -24,11 +24,11 @@ from .settings import flag, model_parameters, positive_float, positive_int, posi
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
-def _load(args, name: str):
+def _load(args):
     runtime.watch_parent()
     params = model_parameters(args)
     cfg, vae = load_audio_vae(resolve_checkpoint(params), resolve_device(setting(params, "device")))
-    return params, cfg, vae, runtime.Beacon(name)
+    return params, cfg, vae
 
 
 def _one(request, name: str) -> np.ndarray:
@@ -46,7 +46,8 @@ class VAEEncoderModel:
     """AUDIO [1, n] at SAMPLE_RATE, PAD_LEFT -> LATENTS [1, patches, P, D]."""
 
     def initialize(self, args):
-        _, self.cfg, self.vae, self.beacon = _load(args, "vae_encoder")
+        _, self.cfg, self.vae = _load(args)
+        self.beacon = runtime.Beacon("vae_encoder")
 
     def finalize(self):
         self.beacon.stop()
@@ -87,7 +88,7 @@ class VAEDecoderModel:
     """
 
     def initialize(self, args):
-        params, self.cfg, self.vae, self.beacon = _load(args, "vae_decoder")
+        params, self.cfg, self.vae = _load(args)
         on_gpu = self.vae.device.type == "cuda"
         if on_gpu and flag(params, "triton_kernels", True):
             from .. import vae_kernels  # imports triton: only where it can run
@@ -116,6 +117,7 @@ class VAEDecoderModel:
         self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
         self._stop = threading.Event()
         threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
+        self.beacon = runtime.Beacon("vae_decoder")
 
     def _sweeper(self):
         # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
