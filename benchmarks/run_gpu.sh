@@ -20,7 +20,7 @@ echo "[run_gpu] checkpoint ready after $((SECONDS - t0)) s"
 ATTN=triton
 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py >"$OUT/triton_attention_tests.txt" 2>&1 || ATTN=torch
 tail -3 "$OUT/triton_attention_tests.txt"; echo "[run_gpu] decode attention: $ATTN"
-(cd python_backend && python3 -m voxcpm_triton.engine.triton_attention) 2>&1 | tail -12 | tee "$OUT/triton_attention_bench.txt"
+python3 benchmarks/kernel_paged_attention.py 2>&1 | tail -12 | tee "$OUT/triton_attention_bench.txt"
 [[ ${SKIP_CHECK:-0} == 1 ]] || python3 scripts/gpu_check.py --checkpoint /tmp/full --out "$OUT/gpu_check.json" 2>&1 \
     | grep -v "it/s" | tail -8
 python3 scripts/bench.py --checkpoint /tmp/full --out "$OUT/offline.json" --reference "${REFERENCE:-eager}" --attention "$ATTN" \

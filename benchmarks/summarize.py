@@ -12,11 +12,11 @@ raw/served.json       benchmarks/run_served_gpu.sh (LEVELS=1,8,64): scripts/benc
 raw/served_async_chunks12_4_8_16.json  the same call's code with chunk_schedule 1,2,4,8,16 (not kept)
 raw/gpu_check.json    scripts/gpu_check.py
 raw/startup.json      start-up phases (tritonserver log, scripts/startup_check.py), cold and warm
-raw/local_attention_s11.json, local_attention_s5.json   python -m voxcpm_triton.local_attention_triton
+raw/local_attention_s11.json, local_attention_s5.json   benchmarks/kernel_local_attention.py
 raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs /
                       Triton kernels (snake_extend, dwconv_snake, skip_add; polyphase upsampling with
                       phase_interleave), with profiles and op tables
-raw/polyphase_8x16.json, polyphase_64x4.json  python -m voxcpm_triton.vae_kernels: each upsampling conv, cuDNN's
+raw/polyphase_8x16.json, polyphase_64x4.json  benchmarks/kernel_vae_polyphase.py: each upsampling conv, cuDNN's
                       transposed conv vs the polyphase conv (weight row-major / channels-last)
 raw/vae_fused_unit_attempt*.json  a dropped attempt: the residual unit after its first snake as one Triton kernel
 raw/served_final_commit.json, gpu_check_vae_final_commit.json  the sixth session's final commit, another machine
@@ -292,7 +292,7 @@ def main():
         f"{m}: {vp[m]['gpu_ms']:.1f} ms in {vp[m]['kernels']:.0f} kernels ("
         + ", ".join(f"{k} {x:.1f}" for k, x in vp[m]["by_kind_ms"].items()) + ")" for m in vp)
         + ". PyTorch runs fp32 depthwise convs on its generic kernel (5.0 ms in the compiled column); "
-        "`vae_kernels.dwconv_snake` does the conv, bias and the next snake in one pass, `snake_extend` writes the "
+        "`kernels.vae.dwconv_snake` does the conv, bias and the next snake in one pass, `snake_extend` writes the "
         "first snake behind the stream's saved frames (no torch.cat), and `skip_add` adds the pointwise conv's bias "
         "with the skip (cuDNN adds a conv's bias in a broadcast pass of its own). The upsampling convs run in "
         "polyphase form (below). What is left, by PyTorch op (ms, Triton column): "
@@ -300,8 +300,8 @@ def main():
                     for o in vp["triton"].get("top_ops", [])[:5]) + "."]
     vo, va = res["vae_stream_decode_ms_overlap_session"], res["vae_fused_unit_attempt_triton_graphs_ms"]
     md += ["", "The upsampling ConvTranspose1d (kernel 2s, stride s) as a 2-tap conv with s x C_out output channels, "
-           "then `vae_kernels.phase_interleave` (phase j of frame t to sample t x s + j, plus the bias). cuDNN ran "
-           "the widest transposed conv on a generic fp32 engine. us per call (`python -m voxcpm_triton.vae_kernels`); "
+           "then `kernels.vae.phase_interleave` (phase j of frame t to sample t x s + j, plus the bias). cuDNN ran "
+           "the widest transposed conv on a generic fp32 engine. us per call (`benchmarks/kernel_vae_polyphase.py`); "
            "the weight is kept channels-last from 512 input channels up, row-major below (the faster of the two "
            "columns):", "", "| streams x patches | level | C_in | transposed conv | polyphase, row-major weight | "
            "polyphase, channels-last weight | polyphase as served |", "|---|---|---|---|---|---|---|"]
@@ -317,7 +317,7 @@ def main():
         f"{va['8x16']:.1f} ms, 64x4 {va['64x4']:.1f} ms (`raw/vae_fused_unit_attempt*.json`)."]
     la = res["local_attention_us"]
     md += ["", "LocDiT (11 tokens) and LocEnc (5 tokens) attention per layer call, us from a CUDA graph "
-           "(`python -m voxcpm_triton.local_attention_triton`; the PyTorch path compiled: RoPE, head folding, "
+           "(`benchmarks/kernel_local_attention.py`; the PyTorch path compiled: RoPE, head folding, "
            "flash SDPA, unfolding):", "", "| tokens | batch | PyTorch, compiled | Triton kernel (4 heads per program) |",
            "|---|---|---|---|"]
     md += [f"| {s_} | {r_['batch']} | {r_['torch_compiled_us']:.1f} | {r_['fused_h4_us']:.1f} |"

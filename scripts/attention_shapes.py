@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
-from voxcpm_triton.minicpm import local_attention  # noqa: E402
+from voxcpm_triton.model.minicpm import local_attention  # noqa: E402
 
 
 def sdpa_gqa(q, k, v):

@@ -242,8 +242,8 @@ def vae_bench(vox, streams=(1, 8, 32, 64), chunks=(1, 4, 16)) -> dict:
     patches: eager, with the snake activations compiled (`AudioVAE.compile_`), and replayed as CUDA
     graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
     Triton kernels (`vae_kernels`: residual units, polyphase upsampling). ms per call and x real time."""
-    from voxcpm_triton import vae_kernels
-    from voxcpm_triton.vae_streams import VAEStreams
+    from voxcpm_triton.kernels import vae as vae_kernels
+    from voxcpm_triton.engine.vae_streams import VAEStreams
 
     vae, P = vox.vae, vox.patch_size
     out = {}

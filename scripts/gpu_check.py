@@ -29,8 +29,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
-from voxcpm_triton.local_modules import CfmSchedule  # noqa: E402
-from voxcpm_triton.noise import noise_for_steps  # noqa: E402
+from voxcpm_triton.model.local_modules import CfmSchedule  # noqa: E402
+from voxcpm_triton.model.noise import noise_for_steps  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 
 TEXT = "Teacher forcing keeps both precisions on the same path, step after step."
@@ -129,8 +129,8 @@ def graph_vs_eager(path: str, batches) -> dict:
 
 @torch.inference_mode()
 def vae_graphs_vs_eager(path: str) -> dict:
-    from voxcpm_triton import vae_kernels
-    from voxcpm_triton.vae_streams import VAEStreams
+    from voxcpm_triton.kernels import vae as vae_kernels
+    from voxcpm_triton.engine.vae_streams import VAEStreams
 
     # Four decoders over the same streams and latents: plain eager; compiled snakes + graphs;
     # and the served path (Triton conv + compiled snakes) eagerly and as graphs.

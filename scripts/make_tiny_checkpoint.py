@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     import torch
 
-    from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint
-    from voxcpm_triton.config import ConfigError
+    from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint
+    from voxcpm_triton.model.config import ConfigError
     from voxcpm_triton.paths import DEFAULT_TINY_DIR
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -55,7 +55,7 @@ MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
 if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
     # The embedded default: generate it once here rather than in six model processes at once.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
-from voxcpm_triton.checkpoint_writer import ensure_tiny_checkpoint
+from voxcpm_triton.testing import ensure_tiny_checkpoint
 print("[serve] checkpoint:", ensure_tiny_checkpoint(progress=print))' "$REPO/python_backend" >&2
 fi
 BIND="${TRITON_BIND:-127.0.0.1}"

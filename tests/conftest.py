@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from voxcpm_triton.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

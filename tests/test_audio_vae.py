@@ -13,7 +13,7 @@ voxcpm2_module()  # installs the torchaudio placeholder before voxcpm imports
 from voxcpm.modules.audiovae.audio_vae_v2 import AudioVAE as RefVAE  # noqa: E402
 from voxcpm.modules.audiovae.audio_vae_v2 import AudioVAEConfig as RefCfg  # noqa: E402
 
-from voxcpm_triton.audio_vae import AudioVAE, AudioVAEConfig, vae_state_dict_official  # noqa: E402
+from voxcpm_triton.model.audio_vae import AudioVAE, AudioVAEConfig, vae_state_dict_official  # noqa: E402
 
 SMALL_DW = dict(
     encoder_dim=8,
@@ -423,7 +423,7 @@ def test_prime_continuation():
 def test_vae_streams_slot_pool_matches_one_shot():
     """VAEStreams: streams at different positions, in changing batches and orders, one
     restarted and one primed with context, each equal to decoding its latents in one go."""
-    from voxcpm_triton.vae_streams import StreamSlotsFull, VAEStreams
+    from voxcpm_triton.engine.vae_streams import StreamSlotsFull, VAEStreams
 
     _, ours = _pair("realish")
     hop, P = ours.decode_chunk_size, 2

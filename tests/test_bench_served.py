@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("tritonclient.grpc")
 
 from tests.server import REPO, triton_server_factory  # noqa: E402,F401
-from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 BENCH = REPO / "scripts" / "bench_served.py"
 PATCHES = 8

@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 from tests.conftest import CONFIGS, sine_wave, variant_config
 from tests.reference import voxcpm2_module
 from voxcpm_triton import VoxCPM2
-from voxcpm_triton.checkpoint import CheckpointError
-from voxcpm_triton.checkpoint_writer import TINY_CONFIG, ensure_tiny_checkpoint, write_checkpoint
-from voxcpm_triton.config import VoxCPM2Config
+from voxcpm_triton.formats.checkpoint import CheckpointError
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, ensure_tiny_checkpoint, write_checkpoint
+from voxcpm_triton.model.config import VoxCPM2Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = ("config.json", "model.safetensors", "audiovae.safetensors", "tokenizer.json", "tokenizer_config.json")

@@ -168,7 +168,7 @@ OWN_PACKAGES = {"voxcpm_triton"}
 
 # Third-party modules that only test-fixture generators import, which the server never
 # needs: import name -> why. Keep it minimal; today nothing needs an exception
-# (voxcpm_triton/checkpoint_writer.py and tokenizer_builder.py, which write the tiny test
+# (voxcpm_triton/testing/checkpoint_writer.py and tokenizer_builder.py, which write the tiny test
 # checkpoint, import only torch/tokenizers, both in the image anyway).
 FIXTURE_ONLY: dict[str, str] = {}
 
@@ -285,11 +285,11 @@ def missing_from_image(files, dockerfile_text: str) -> dict[str, dict[str, set[s
 def test_served_files_are_found():
     files = served_python_files()
     names = {str(f.relative_to(REPO)) for f in files}
-    assert "python_backend/voxcpm_triton/inputs.py" in names
+    assert "python_backend/voxcpm_triton/checks.py" in names
     assert len([n for n in names if n.startswith("model_repository/")]) >= 6, names
     mods = imported_modules(files)
-    # the walk sees imports inside functions (inputs.py imports scipy in its resampler)
-    assert "scipy" in mods and "python_backend/voxcpm_triton/inputs.py" in mods["scipy"]
+    # the walk sees imports inside functions (checks.py imports scipy in its resampler)
+    assert "scipy" in mods and "python_backend/voxcpm_triton/checks.py" in mods["scipy"]
     assert "torch" in mods and "numpy" in mods
 
 

@@ -10,8 +10,8 @@ from tests.conftest import sine_wave
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
 from voxcpm_triton.engine.step_runner import check_timestep_buckets
-from voxcpm_triton.limits import TIMESTEPS_RANGE
-from voxcpm_triton.local_modules import CfmSchedule, row_tables, zero_velocity_steps
+from voxcpm_triton.checks import TIMESTEPS_RANGE
+from voxcpm_triton.model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
 
 TOL = 1e-4
 TIMEOUT = 120

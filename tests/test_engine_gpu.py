@@ -12,7 +12,7 @@ import torch
 
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
-from voxcpm_triton.limits import TIMESTEPS_RANGE
+from voxcpm_triton.checks import TIMESTEPS_RANGE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 TIMEOUT = 300

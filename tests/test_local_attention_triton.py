@@ -1,4 +1,4 @@
-"""The fused LocDiT/LocEnc attention kernel (`local_attention_triton`) against the PyTorch path
+"""The fused LocDiT/LocEnc attention kernel (`kernels.local_attention`) against the PyTorch path
 (`LayerMath.attention_inputs` then `minicpm.local_attention`), and inside LocDiT/LocEnc.
 
 Runs compiled on a CUDA machine; elsewhere under Triton's CPU interpreter (TRITON_INTERPRET=1,
@@ -15,8 +15,8 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from voxcpm_triton import local_attention_triton as lat  # noqa: E402
-from voxcpm_triton.minicpm import apply_rope, local_attention  # noqa: E402
+from voxcpm_triton.kernels import local_attention as lat  # noqa: E402
+from voxcpm_triton.model.minicpm import apply_rope, local_attention  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 if not CUDA and not lat._INTERPRETED:

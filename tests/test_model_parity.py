@@ -10,9 +10,9 @@ import torch
 from tests.conftest import CONFIGS, sine_wave
 from tests.reference import voxcpm2_module
 from voxcpm_triton import VoxCPM2
-from voxcpm_triton.local_modules import CfmSchedule
-from voxcpm_triton.minicpm import full_attention
-from voxcpm_triton.noise import noise_for_steps
+from voxcpm_triton.model.local_modules import CfmSchedule
+from voxcpm_triton.model.minicpm import full_attention
+from voxcpm_triton.model.noise import noise_for_steps
 
 TOL = 1e-4
 

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
-from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]
 

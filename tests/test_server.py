@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.conftest import sine_wave  # noqa: E402
 from tests.server import triton_env, triton_server_factory  # noqa: E402,F401
-from voxcpm_triton.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 TOL = 1e-4
 HOP = TINY_CONFIG["patch_size"] * 1920  # samples per patch at 48 kHz

@@ -14,8 +14,8 @@ from tests.reference import reference_utils
 mask_multichar_chinese_tokens = reference_utils().mask_multichar_chinese_tokens
 from transformers import LlamaTokenizerFast  # noqa: E402
 
-from voxcpm_triton.tokenizer import TextTokenizer, TokenizerFileError  # noqa: E402
-from voxcpm_triton.tokenizer_builder import (  # noqa: E402
+from voxcpm_triton.formats.tokenizer import TextTokenizer, TokenizerFileError  # noqa: E402
+from voxcpm_triton.testing.tokenizer_builder import (  # noqa: E402
     AUDIO_TOKENS,
     DEFAULT_VOCAB_SIZE,
     build_tiny_tokenizer,
@@ -406,7 +406,7 @@ def test_no_unk_token(tok_dir, tmp_path):
 
 
 def test_module_does_not_import_transformers(tmp_path):
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "python_backend", "voxcpm_triton", "tokenizer.py")
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "python_backend", "voxcpm_triton", "formats", "tokenizer.py")
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('tok', {os.path.abspath(path)!r})\n"

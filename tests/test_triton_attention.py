@@ -4,7 +4,7 @@ Runs compiled on a CUDA machine with triton; elsewhere under Triton's CPU interp
 (TRITON_INTERPRET=1, set here before the kernel module is imported); skipped where triton is
 not installed (the project's CI). Pool blocks and slots that must not be read are filled with NaN.
 
-Timing on a GPU: `PYTHONPATH=python_backend python -m voxcpm_triton.engine.triton_attention`
+Timing on a GPU: `python3 benchmarks/kernel_paged_attention.py`
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if not CUDA:
 
 import triton.language as tl  # noqa: E402
 
-from voxcpm_triton.engine import triton_attention as ta  # noqa: E402
+from voxcpm_triton.kernels import paged_attention as ta  # noqa: E402
 from voxcpm_triton.engine.attention import paged_decode_attention  # noqa: E402
 
 if not CUDA:

@@ -1,4 +1,4 @@
-"""The VAE decoder's Triton kernels (`vae_kernels`) against the PyTorch layers.
+"""The VAE decoder's Triton kernels (`kernels.vae`) against the PyTorch layers.
 
 Compiled on a CUDA machine; elsewhere under triton's CPU interpreter (TRITON_INTERPRET=1, set by
 conftest.py); skipped where triton is not installed. The PyTorch decoder it replaces is checked
@@ -15,10 +15,10 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from voxcpm_triton.audio_vae import (  # noqa: E402
+from voxcpm_triton.model.audio_vae import (  # noqa: E402
     AudioVAE, AudioVAEConfig, CausalConvTranspose1d, ResidualUnit, _Stream, snake,
 )
-from voxcpm_triton.vae_kernels import dwconv_snake, phase_interleave, skip_add, snake_extend  # noqa: E402
+from voxcpm_triton.kernels.vae import dwconv_snake, phase_interleave, skip_add, snake_extend  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The polyphase upsampling conv and cuDNN's transposed conv may both use TF32 on a GPU (PyTorch's

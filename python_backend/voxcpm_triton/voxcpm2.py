@@ -16,17 +16,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import limits
-from .audio_vae import AudioVAE
-from .checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
-from .config import TORCH_DTYPES, VoxCPM2Config
-from .local_modules import CfmSchedule
-from .minicpm import LongRoPE
-from .model import VoxCPM2Model
-from .noise import noise_for_steps
-from .inputs import check_waveform, clean_text, default_max_len, resample
-from .prompt import Prompt, build_prompt
-from .tokenizer import TextTokenizer
+from . import checks
+from .model.audio_vae import AudioVAE
+from .formats.checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
+from .model.config import TORCH_DTYPES, VoxCPM2Config
+from .model.local_modules import CfmSchedule
+from .model.minicpm import LongRoPE
+from .model.network import VoxCPM2Model
+from .model.noise import noise_for_steps
+from .checks import check_waveform, clean_text, default_max_len, resample
+from .model.prompt import Prompt, build_prompt
+from .formats.tokenizer import TextTokenizer
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -200,7 +200,7 @@ class VoxCPM2:
                                          reference_audio, reference_sample_rate)
         if max_len is None:
             max_len = default_max_len(prompt.n_target_tokens)
-        limits.check_generation(min_len, max_len, cfg_value, inference_timesteps,
+        checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,
                                 capacity=self.cfg.max_length - len(prompt))
         shape = (self.feat_dim, self.patch_size)
         if noise is not None:
@@ -208,7 +208,7 @@ class VoxCPM2:
             if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
                 raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
         else:
-            noise = noise_for_steps(limits.check_seed(seed if seed is not None else secrets.randbits(63)),
+            noise = noise_for_steps(checks.check_seed(seed if seed is not None else secrets.randbits(63)),
                                     max_len, shape)
 
         m, dev, dt = self.model, self.device, self.dtype

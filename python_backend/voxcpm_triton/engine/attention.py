@@ -57,7 +57,7 @@ class PagedAttention:
         self.k_pool, self.v_pool, self.meta = k_pool, v_pool, meta
         self.decode = paged_decode_attention
         if use_triton:
-            from .triton_attention import paged_decode_attention_triton
+            from ..kernels.paged_attention import paged_decode_attention_triton
 
             self.decode = paged_decode_attention_triton
 

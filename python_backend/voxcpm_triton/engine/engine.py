@@ -27,9 +27,9 @@ from typing import Callable
 
 import torch
 
-from .. import limits
-from ..noise import request_key
-from ..inputs import default_max_len
+from .. import checks
+from ..model.noise import request_key
+from ..checks import default_max_len
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
 from .prefill_runner import PrefillGraphs
@@ -148,9 +148,9 @@ class Engine:
         """Queue a request. Invalid or never-fitting requests raise ValueError here."""
         p = request.prompt
         max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens)
-        limits.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
+        checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
                                 capacity=self.max_positions - len(p))
-        seed = limits.check_seed(resolve_seed(request.seed))
+        seed = checks.check_seed(resolve_seed(request.seed))
         need = math.ceil((len(p) + max_len) / self.cfg.block_size)
         if need > self.kv.allocator.total:
             raise ValueError(f"request {request.request_id!r} needs {need} KV blocks (prompt {len(p)} + max_len "

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..cuda_graph import capture_graph
+from .cuda_graph import capture_graph
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
 

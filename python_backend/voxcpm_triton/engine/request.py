@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..prompt import Prompt
+from ..model.prompt import Prompt
 
 
 @dataclass

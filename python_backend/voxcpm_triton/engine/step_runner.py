@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cuda_graph import capture_graph
-from ..local_modules import CfmSchedule, row_tables, zero_velocity_steps
-from ..limits import TIMESTEPS_RANGE
-from ..noise import gaussian_noise
+from .cuda_graph import capture_graph
+from ..model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
+from ..checks import TIMESTEPS_RANGE
+from ..model.noise import gaussian_noise
 from .attention import DecodeMetadata, PagedAttention
 from .kv_cache import PagedKVCache
 
@@ -139,9 +139,9 @@ class DecodeStepRunner:
         self._tables: dict = {}
         self.use_triton = False
         if dev.type == "cuda" and attention in ("auto", "triton"):
-            from . import triton_attention
+            from ..kernels import paged_attention
 
-            self.use_triton = triton_attention.available()
+            self.use_triton = paged_attention.available()
             if attention == "triton" and not self.use_triton:
                 raise RuntimeError("Triton attention requested but triton is unavailable")
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import limits
-from ..inputs import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
+from .. import checks
+from ..checks import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from .triton_io import InputError
 
 MAX_AUDIO_SECONDS = 60.0
@@ -69,8 +69,8 @@ def _text(inputs: dict, name: str, required: bool) -> str | None:
             raise InputError(f"{name} is required")
         return None
     n = len(s.encode("utf-8"))
-    if n > limits.MAX_TEXT_BYTES:
-        raise InputError(f"{name} is {n} bytes; the limit is {limits.MAX_TEXT_BYTES}")
+    if n > checks.MAX_TEXT_BYTES:
+        raise InputError(f"{name} is {n} bytes; the limit is {checks.MAX_TEXT_BYTES}")
     if "\x00" in s:
         raise InputError(f"{name} contains a NUL character")
     return s
@@ -128,7 +128,7 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.seed = seed
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
-        limits.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
+        checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
                                 req.cfg_value, req.inference_timesteps, capacity=max_positions - 1)
     except ValueError as e:
         raise InputError(wire_names(str(e))) from None

@@ -16,7 +16,7 @@ import torch
 
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
-from ..prompt import build_prompt
+from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from . import runtime
 from .contract import wire_names

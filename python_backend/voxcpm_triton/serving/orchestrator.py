@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..inputs import CONTEXT_PATCHES
+from ..checks import CONTEXT_PATCHES
 from . import contract, runtime
 from .metrics import metric
 from .settings import model_parameters, positive_int, read_config, resolve_checkpoint

@@ -76,7 +76,7 @@ def resolve_checkpoint(params: dict) -> str:
 
     if os.path.isfile(os.path.join(DEFAULT_TINY_DIR, "config.json")):
         return DEFAULT_TINY_DIR
-    from ..checkpoint_writer import ensure_tiny_checkpoint  # imports torch: only when generating
+    from ..testing import ensure_tiny_checkpoint  # imports torch: only when generating
 
     return ensure_tiny_checkpoint()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inputs import clean_text
-from ..tokenizer import TextTokenizer
+from ..checks import clean_text
+from ..formats.tokenizer import TextTokenizer
 from . import runtime
 from .settings import model_parameters, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import torch
 
-from ..inputs import check_waveform, resample
-from ..vae_streams import VAEStreams
+from ..checks import check_waveform, resample
+from ..engine.vae_streams import VAEStreams
 from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
 from . import runtime
 from .contract import MAX_AUDIO_SECONDS
@@ -91,7 +91,7 @@ class VAEDecoderModel:
         params, self.cfg, self.vae = _load(args)
         on_gpu = self.vae.device.type == "cuda"
         if on_gpu and flag(params, "triton_kernels", True):
-            from .. import vae_kernels  # imports triton: only where it can run
+            from ..kernels import vae as vae_kernels  # imports triton: only where it can run
 
             self.vae.use_triton_kernels_(vae_kernels.available())
         if on_gpu and flag(params, "compile", True):

@@ -1,4 +1,4 @@
-"""Paged decode attention as a Triton kernel: the GPU twin of `attention.paged_decode_attention`.
+"""Paged decode attention as a Triton kernel: the GPU twin of `engine.attention.paged_decode_attention`.
 
 Same inputs and result as the PyTorch version:
     q            [B, 1, Hq, D]
@@ -19,8 +19,7 @@ table's width) and the split count, which is chosen on the host from those shape
 come from context_lens, read inside the kernel. No host sync. Compile once (call it eagerly with the
 same shapes and dtypes) before capturing.
 
-`python -m voxcpm_triton.engine.triton_attention` (on a CUDA machine) times it against the PyTorch
-version.
+`benchmarks/kernel_paged_attention.py` (on a CUDA machine) times it against the PyTorch version.
 """
 
 from __future__ import annotations
@@ -30,27 +29,13 @@ import math
 
 import torch
 
-try:  # triton is optional: the CPU image and CI do not have it
-    import triton
-    import triton.language as tl
-
-    _HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
-    triton = tl = None
-    _HAVE_TRITON = False
+from ._triton import HAVE_TRITON as _HAVE_TRITON
+from ._triton import available, interpreted, tl, triton
+from ._triton import next_pow2 as _next_pow2
 
 __all__ = ["available", "paged_decode_attention_triton", "choose_num_splits"]
 
 _MAX_SPLITS = 16
-
-
-def available() -> bool:
-    """True when the kernel can run compiled: triton importable and a CUDA device present."""
-    return _HAVE_TRITON and torch.cuda.is_available()
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,8 +163,7 @@ if _HAVE_TRITON:
         tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
                  out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
-    # TRITON_INTERPRET=1 at import time makes triton.jit return interpreter-run functions (CPU, numpy).
-    _INTERPRETED = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
+    _INTERPRETED = interpreted(_paged_decode_kernel)
 else:
     _INTERPRETED = False
 
@@ -243,54 +227,3 @@ def paged_decode_attention_triton(q, k_pool_layer, v_pool_layer, block_tables, c
         )
     return out
 
-
-def _bench(batches=(1, 8, 32, 64, 128), context=512, Hq=16, Hkv=2, D=128, block_size=16,
-           dtype=torch.bfloat16, num_splits=None):  # pragma: no cover - needs CUDA
-    """Kernel vs PyTorch reference, microseconds per call (one layer), real VoxCPM2 shapes.
-    'graph' columns replay a CUDA graph (what the engine's captured decode sees); 'eager' includes
-    the Python launch cost (Triton's launcher is ~15-25 us of CPU per launch)."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    from .attention import paged_decode_attention
-
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(0)
-    nb = -(-context // block_size)
-    x = torch.randn(4096, 4096, device=dev)
-    for _ in range(100):  # let the clocks ramp up before the first row
-        x @ x
-    torch.cuda.synchronize()
-    print(f"paged decode attention: Hq={Hq} Hkv={Hkv} D={D} block_size={block_size} context={context} "
-          f"dtype={dtype} device={torch.cuda.get_device_name()}")
-    print(f"{'B':>5} {'splits':>6} {'triton graph':>12} {'torch graph':>11} {'speedup':>8} "
-          f"{'triton eager':>12} {'torch eager':>11} {'max err':>9} {'GB/s':>6}")
-    for B in batches:
-        num_blocks = B * nb + 1
-        kp = torch.randn(num_blocks, block_size, Hkv, D, generator=g, device=dev).to(dtype)
-        vp = torch.randn(num_blocks, block_size, Hkv, D, generator=g, device=dev).to(dtype)
-        q = torch.randn(B, 1, Hq, D, generator=g, device=dev).to(dtype)
-        bt = (torch.randperm(num_blocks - 1, generator=g, device=dev)[:B * nb] + 1).view(B, nb)
-        cl = torch.full((B,), context, dtype=torch.int64, device=dev)
-        splits = num_splits or choose_num_splits(B, Hkv, nb * block_size, 64 if D <= 128 else 32, dev)
-        ours = lambda: paged_decode_attention_triton(q, kp, vp, bt, cl, num_splits=num_splits)  # noqa: E731
-        ref = lambda: paged_decode_attention(q, kp, vp, bt, cl)  # noqa: E731
-        err = (ours().float() - ref().float()).abs().max().item()
-        t_ours, t_ref = (do_bench_cudagraph(f, rep=100) * 1e3 for f in (ours, ref))
-        e_ours, e_ref = (do_bench(f, warmup=25, rep=100) * 1e3 for f in (ours, ref))
-        gbs = 2 * B * context * Hkv * D * kp.element_size() / (t_ours * 1e-6) / 1e9
-        print(f"{B:>5} {splits:>6} {t_ours:>12.1f} {t_ref:>11.1f} {t_ref / t_ours:>7.1f}x "
-              f"{e_ours:>12.1f} {e_ref:>11.1f} {err:>9.2e} {gbs:>6.0f}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
-    ap = argparse.ArgumentParser(description=_bench.__doc__)
-    ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--splits", type=int, default=None, help="force a split-K count (default: auto)")
-    a = ap.parse_args()
-    if not available():
-        raise SystemExit("needs triton and a CUDA device")
-    _bench(tuple(a.batches), a.context, block_size=a.block_size, num_splits=a.splits)

@@ -73,12 +73,12 @@ class VoxCPM2Model(nn.Module):
 
     def use_fused_attention_(self, enabled: bool = True):
         """LocEnc and LocDiT attention as one Triton kernel from the packed QKV projection (GPU;
-        `local_attention_triton`), instead of RoPE, head folding and SDPA as separate kernels."""
+        `kernels.local_attention`), instead of RoPE, head folding and SDPA as separate kernels."""
         from .minicpm import local_attention
 
         attention = local_attention
         if enabled:
-            from .local_attention_triton import fused_local_attention as attention
+            from ..kernels.local_attention import fused_local_attention as attention
         for mod in (self.feat_encoder, self.feat_decoder.estimator):
             mod.attention = attention
         return self

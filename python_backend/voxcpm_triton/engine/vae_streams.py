@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from .audio_vae import AudioVAE
+from ..model.audio_vae import AudioVAE
 from .cuda_graph import capture_graph
 
 log = logging.getLogger("voxcpm_triton.vae_streams")

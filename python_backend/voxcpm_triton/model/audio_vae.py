@@ -241,7 +241,7 @@ class CausalConvTranspose1d(nn.Module):
         assert self.ctx * stride == self.trim  # one frame of look-back, trimmed like the right tail
         self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels))
-        self.polyphase = False  # as a 2-tap conv + `vae_kernels.phase_interleave` (AudioVAE.use_triton_kernels_)
+        self.polyphase = False  # as a 2-tap conv + `kernels.vae.phase_interleave` (AudioVAE.use_triton_kernels_)
         self._phase_w: tuple = (None, None)
 
     def phase_weight(self) -> Tensor:
@@ -263,7 +263,7 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.polyphase:
-            from .vae_kernels import phase_interleave
+            from ..kernels.vae import phase_interleave
 
             # Frame t's samples need frames t - 1 and t: one frame of look-back (zeros when one-shot).
             x = F.pad(x, (self.ctx, 0)) if st is None else st.extend(x, self.ctx)
@@ -294,7 +294,7 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
-            from .vae_kernels import dwconv_snake, skip_add, snake_extend
+            from ..kernels.vae import dwconv_snake, skip_add, snake_extend
 
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()

@@ -13,7 +13,7 @@ import os
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .config import VoxCPM2Config
+from ..model.config import VoxCPM2Config
 
 
 class CheckpointError(ValueError):
@@ -87,7 +87,7 @@ class _SkipRandomInit(TorchFunctionMode):
 
 def meta_model(cfg: VoxCPM2Config):
     """The network on the meta device: names and shapes, no memory, no initialisation."""
-    from .model import VoxCPM2Model
+    from ..model.network import VoxCPM2Model
 
     with torch.device("meta"), _SkipRandomInit():
         return VoxCPM2Model(cfg)

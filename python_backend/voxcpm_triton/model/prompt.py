@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import AUDIO_START, CONTEXT_PATCHES, REF_AUDIO_END, REF_AUDIO_START
+from ..checks import AUDIO_START, CONTEXT_PATCHES, REF_AUDIO_END, REF_AUDIO_START
 
 
 @dataclass

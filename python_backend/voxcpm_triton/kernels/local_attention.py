@@ -1,7 +1,7 @@
 """LocDiT/LocEnc attention as one Triton kernel: RoPE, grouped-query attention over a handful of
 tokens, and the head layout, straight from the fused QKV projection's output.
 
-The PyTorch path (`minicpm.local_attention` after `LayerMath.attention_inputs`) spends four or
+The PyTorch path (`model.minicpm.local_attention` after `LayerMath.attention_inputs`) spends four or
 five kernels per layer on this: RoPE on q and k, folding query heads into the sequence, flash
 attention, unfolding. LocDiT runs its 12 layers 9 times per decode step, so at batch 1 those small
 kernels are a large share of the step. Here it is one launch:
@@ -26,25 +26,11 @@ import math
 
 import torch
 
-try:  # triton is optional: without it (CPU image) the PyTorch path runs
-    import triton
-    import triton.language as tl
-
-    _HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
-    triton = tl = None
-    _HAVE_TRITON = False
+from ._triton import HAVE_TRITON as _HAVE_TRITON
+from ._triton import available, interpreted, tl, triton  # noqa: F401 - available: callers ask it here
+from ._triton import next_pow2 as _next_pow2
 
 MAX_SEQ = 64  # whole sequences sit in registers; LocDiT has 11 tokens, LocEnc 5
-
-
-def available() -> bool:
-    """True when the kernel can run compiled: triton importable and a CUDA device present."""
-    return _HAVE_TRITON and torch.cuda.is_available()
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 if _HAVE_TRITON:
@@ -116,8 +102,7 @@ if _HAVE_TRITON:
         tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=q_mask)
         tl.store(o_ptrs + HALF, o2.to(out_ptr.dtype.element_ty), mask=q_mask)
 
-    # TRITON_INTERPRET=1 at import time makes triton.jit return interpreter-run functions (CPU, numpy).
-    _INTERPRETED = type(_local_attention_kernel).__name__ == "InterpretedFunction"
+    _INTERPRETED = interpreted(_local_attention_kernel)
 else:
     _INTERPRETED = False
 
@@ -126,7 +111,7 @@ def heads_per_program(n_heads: int, n_kv: int) -> int:
     """Query heads stacked in one program (64 rows for LocDiT): 4, or the largest power of 2 (for
     tl.arange) that divides the group. On an H100 4 was fastest at every batch from 1 to 128, for
     both LocDiT and LocEnc (1.0-1.1x of 1 head at batch 1, 1.7-1.9x at 64-128; 8 heads was slowest,
-    `python -m voxcpm_triton.local_attention_triton`, benchmarks/raw/local_attention_*.json)."""
+    `benchmarks/kernel_local_attention.py`, benchmarks/raw/local_attention_*.json)."""
     group = n_heads // n_kv
     return min(4, group & -group)
 
@@ -190,62 +175,3 @@ class FusedLocalAttention:
 
 fused_local_attention = FusedLocalAttention()
 
-
-def _bench(batches=(1, 8, 32, 64, 128), seq_len=11, n_heads=16, n_kv=2, head_dim=128):  # pragma: no cover
-    """Fused kernel vs the compiled PyTorch path (RoPE, fold, flash SDPA, unfold), microseconds per
-    layer call from a CUDA graph, at LocDiT's shapes (CFG doubles the sequences), for every head
-    blocking. Prints one line per batch; returns the rows."""
-    from triton.testing import do_bench_cudagraph
-
-    from .minicpm import apply_rope, local_attention
-
-    torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    S, Hq, Hkv, D = seq_len, n_heads, n_kv, head_dim
-    pos = torch.arange(S, device=dev, dtype=torch.float32)[:, None]
-    ang = pos / (10000 ** (torch.arange(0, D, 2, device=dev) / D))
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-
-    def torch_path(qkv):
-        B = qkv.size(0) // S
-        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-        c, s = cos.repeat(B, 1), sin.repeat(B, 1)
-        q, k = apply_rope(q.reshape(-1, Hq, D), c, s), apply_rope(k.reshape(-1, Hkv, D), c, s)
-        out = local_attention(0, q.view(B, S, Hq, D), k.view(B, S, Hkv, D), v.reshape(B, S, Hkv, D))
-        return out.reshape(B * S, Hq * D)
-
-    compiled = torch.compile(torch_path, dynamic=True)
-    rows = []
-    print(f"local attention, S={S} Hq={Hq} Hkv={Hkv} D={D}, bf16, us per call (CUDA graph), "
-          f"{torch.cuda.get_device_name()}")
-    for batch in batches:
-        n_seq = 2 * batch
-        qkv = torch.randn(n_seq * S, (Hq + 2 * Hkv) * D, device=dev, dtype=dt)
-        row = {"batch": batch, "sequences": n_seq, "auto_heads": heads_per_program(Hq, Hkv),
-               "torch_compiled_us": do_bench_cudagraph(lambda: compiled(qkv), rep=100) * 1e3}
-        ref = compiled(qkv).float()
-        for heads in (1, 2, 4, 8):
-            out = _launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads)
-            row[f"err_h{heads}"] = (out.float() - ref).abs().max().item()
-            row[f"fused_h{heads}_us"] = do_bench_cudagraph(
-                lambda: _launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads), rep=100) * 1e3
-        rows.append(row)
-        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    return rows
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(description=_bench.__doc__)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    ap.add_argument("--seq-len", type=int, default=11, help="11: LocDiT, 5: LocEnc")
-    ap.add_argument("--out", help="write the rows as JSON here")
-    a = ap.parse_args()
-    if not available():
-        raise SystemExit("needs triton and a CUDA device")
-    result = _bench(tuple(a.batches), a.seq_len)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "seq_len": a.seq_len, "rows": result}, f, indent=1)

@@ -22,8 +22,9 @@ run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
 runs the widest transposed conv (2048 -> 1024 channels) on a generic fp32 engine, 1.5 ms of an
-8-stream x 16-patch decode; as a conv it is an implicit GEMM (`_bench` below compares the two at
-every level). The kernel puts phase j of frame t at sample t * s + j and adds the bias, one pass:
+8-stream x 16-patch decode; as a conv it is an implicit GEMM (benchmarks/kernel_vae_polyphase.py
+compares the two at every level). The kernel puts phase j of frame t at sample t * s + j and adds
+the bias, one pass:
 
     y [B, C * s, T]  ->  out [B, C, T * s],  out[b, c, t * s + j] = y[b, c * s + j, t] + bias[c]
 
@@ -35,20 +36,10 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is optional: without it (CPU image) the PyTorch path runs
-    import triton
-    import triton.language as tl
-
-    _HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
-    triton = tl = None
-    _HAVE_TRITON = False
+from ._triton import HAVE_TRITON as _HAVE_TRITON
+from ._triton import available, tl, triton  # noqa: F401 - available: callers ask it here
 
 BLOCK_C, BLOCK_T = 8, 256
-
-
-def available() -> bool:
-    return _HAVE_TRITON and torch.cuda.is_available()
 
 
 if _HAVE_TRITON:
@@ -191,50 +182,3 @@ def phase_interleave(y, bias, stride: int):
                                        num_warps=4)
     return out
 
-
-def _bench(streams: int = 8, patches: int = 16, rates=(8, 6, 5, 2, 2, 2), dim: int = 2048, frames_per_patch: int = 4):
-    """Each upsampling conv of the full-size decoder for `streams` x `patches` (one frame of
-    look-back, as streaming runs it): cuDNN's transposed conv against the polyphase conv +
-    `phase_interleave`. Microseconds per call (triton.testing.do_bench), one row per level."""
-    from triton.testing import do_bench
-
-    from .audio_vae import CausalConvTranspose1d
-
-    rows, T = [], frames_per_patch * patches
-    for level, stride in enumerate(rates):
-        c_in, c_out = dim // 2 ** level, dim // 2 ** (level + 1)
-        up = CausalConvTranspose1d(c_in, c_out, stride).cuda()
-        x, w = torch.randn(streams, c_in, T + 1, device="cuda"), up.phase_weight()
-        w_rows = w.contiguous()  # the weight row-major, as a plain conv's is
-        w_last = w_rows.transpose(1, 2).contiguous().transpose(1, 2)  # and channels-last
-        rows.append({
-            "level": level, "channels_in": c_in, "frames_in": T, "streams": streams,
-            "conv_transpose_us": do_bench(lambda: torch.nn.functional.conv_transpose1d(
-                x, up.weight, up.bias, stride, padding=stride)) * 1e3,
-            "polyphase_us": do_bench(lambda: phase_interleave(torch.nn.functional.conv1d(x, w), up.bias, stride)) * 1e3,
-            "polyphase_row_major_weight_us": do_bench(
-                lambda: phase_interleave(torch.nn.functional.conv1d(x, w_rows), up.bias, stride)) * 1e3,
-            "polyphase_channels_last_weight_us": do_bench(
-                lambda: phase_interleave(torch.nn.functional.conv1d(x, w_last), up.bias, stride)) * 1e3,
-        })
-        print({k: round(v, 1) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
-        T *= stride
-    return rows
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(description=_bench.__doc__)
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--patches", type=int, default=16)
-    ap.add_argument("--out", help="write the rows as JSON here")
-    a = ap.parse_args()
-    if not available():
-        raise SystemExit("needs triton and a CUDA device")
-    result = _bench(a.streams, a.patches)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "streams": a.streams, "patches": a.patches,
-                       "rows": result}, f, indent=1)

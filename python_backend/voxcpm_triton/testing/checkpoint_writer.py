@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .audio_vae import AudioVAE, CausalConv1d, CausalConvTranspose1d, ResidualUnit, vae_state_dict_official
-from .checkpoint import meta_model
-from .config import TORCH_DTYPES, VoxCPM2Config
-from .paths import DEFAULT_TINY_DIR
+from ..model.audio_vae import AudioVAE, CausalConv1d, CausalConvTranspose1d, ResidualUnit, vae_state_dict_official
+from ..formats.checkpoint import meta_model
+from ..model.config import TORCH_DTYPES, VoxCPM2Config
+from ..paths import DEFAULT_TINY_DIR
 from .tokenizer_builder import write_tiny_tokenizer
 
 

@@ -1,0 +1,1 @@
+"""On-disk formats: checkpoint files and the tokenizer."""

@@ -1,0 +1,123 @@
+"""The package's layout: its intra-package import graph has no cycles, the kernels are leaves, and
+the server reaches the test-fixture generators (`testing/`) through one narrow entry only.
+
+Every import statement counts (module level, inside functions, under try), absolute
+`voxcpm_triton.x` and relative alike.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = "voxcpm_triton"
+ROOT = Path(__file__).resolve().parent.parent / "python_backend" / PKG
+# The one way into testing/ from outside it, and where it may be used.
+TESTING_ENTRY = f"{PKG}.testing.ensure_tiny_checkpoint"
+TESTING_ENTRY_SITES = {f"{PKG}.serving.settings"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports(path: Path, modules: dict[str, Path]) -> set[tuple[str, str | None]]:
+    """(module imported, name imported from it or None) for every intra-package import of `path`.
+    `from pkg import x` where x is a module counts as importing that module."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[tuple[str, str | None]] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {(a.name, None) for a in node.names if a.name.split(".")[0] == PKG}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PKG:
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                found.add((sub, None) if sub in modules else (target, a.name))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m, _ in imports(path, modules) if m != name}
+        unknown = graph[name] - set(modules)
+        assert not unknown, f"{name} imports modules that do not exist: {sorted(unknown)}"
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_graph_sees_every_kind_of_import():
+    g = import_graph()
+    assert f"{PKG}.checks" in g[f"{PKG}.engine.engine"]  # `from .. import checks`
+    assert f"{PKG}.kernels.paged_attention" in g[f"{PKG}.engine.step_runner"]  # inside a method
+    assert f"{PKG}.kernels.vae" in g[f"{PKG}.model.audio_vae"]  # inside a method
+    assert f"{PKG}.voxcpm2" in g[f"{PKG}"]  # the lazy VoxCPM2 re-export
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_kernels_are_leaves():
+    for name, deps in import_graph().items():
+        if name.startswith(f"{PKG}.kernels"):
+            outside = {d for d in deps if not d.startswith(f"{PKG}.kernels")}
+            assert not outside, f"{name} imports {sorted(outside)}: kernels import only kernels/"
+
+
+def test_testing_reached_through_one_entry():
+    modules = package_modules()
+    entry_module, _, entry_name = TESTING_ENTRY.rpartition(".")
+    sites = set()
+    for name, path in modules.items():
+        if name.startswith(f"{PKG}.testing"):
+            continue
+        for module, imported in imports(path, modules):
+            if not module.startswith(f"{PKG}.testing"):
+                continue
+            assert (module, imported) == (entry_module, entry_name), (
+                f"{name} imports {module}{'.' + imported if imported else ''}: outside testing/, only "
+                f"{TESTING_ENTRY} may be imported")
+            sites.add(name)
+    assert sites == TESTING_ENTRY_SITES, sites
