@@ -21,8 +21,8 @@ ATTN=triton
 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py >"$OUT/triton_attention_tests.txt" 2>&1 || ATTN=torch
 tail -3 "$OUT/triton_attention_tests.txt"; echo "[run_gpu] decode attention: $ATTN"
 python3 benchmarks/kernel_paged_attention.py 2>&1 | tail -12 | tee "$OUT/triton_attention_bench.txt"
-[[ ${SKIP_CHECK:-0} == 1 ]] || python3 scripts/gpu_check.py --checkpoint /tmp/full --out "$OUT/gpu_check.json" 2>&1 \
+[[ ${SKIP_CHECK:-0} == 1 ]] || python3 benchmarks/gpu_check.py --checkpoint /tmp/full --out "$OUT/gpu_check.json" 2>&1 \
     | grep -v "it/s" | tail -8
-python3 scripts/bench.py --checkpoint /tmp/full --out "$OUT/offline.json" --reference "${REFERENCE:-eager}" --attention "$ATTN" \
+python3 benchmarks/bench.py --checkpoint /tmp/full --out "$OUT/offline.json" --reference "${REFERENCE:-eager}" --attention "$ATTN" \
     ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -40
 echo "[run_gpu] done after $((SECONDS - t0)) s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The served benchmark on the GPU machine (the device tool runs it from the repo root):
-# tritonserver from the bundle scripts/make_device_bundle.sh built (carry .cache/device_bundle),
-# this model repository on the full-size random checkpoint, then scripts/bench_served.py.
+# tritonserver from the bundle gpu_box/make_device_bundle.sh built (carry .cache/device_bundle),
+# this model repository on the full-size random checkpoint, then benchmarks/bench_served.py.
 #   LEVELS (1,8,32,64)  REQUESTS (2 per worker)  CKPT (/tmp/full, made if missing)
 # Writes $OUT/served.json and $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 CKPT="${CKPT:-/tmp/full}"
 [[ -f $CKPT/config.json ]] || python3 scripts/make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json \
     --out "$CKPT" --device cuda 2>&1 | tail -1
-DEVICE_ENV_QUIET=1 source scripts/device_serve_env.sh
+DEVICE_ENV_QUIET=1 source gpu_box/device_serve_env.sh
 t0=$SECONDS
 if ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
@@ -19,7 +19,7 @@ fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
-python3 scripts/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
+python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
     --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
     --json-out "$OUT/served.json" || rc=$?
 device_triton_stop

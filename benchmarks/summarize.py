@@ -3,17 +3,17 @@
     .venv/bin/python benchmarks/summarize.py      (needs matplotlib for the plot)
 
 Current (commands in benchmarks/README.md):
-raw/offline.json      scripts/bench.py --reference compiled: voxcpm 2.0.3 eager and optimize(), then the engine
+raw/offline.json      benchmarks/bench.py --reference compiled: voxcpm 2.0.3 eager and optimize(), then the engine
                       offline (CUDA graphs, compiled LocDiT/LocEnc/LM layer math, Triton attention kernels, prefill
                       graphs, step N+1 launched before step N is read), first-patch latency, kernel profiles by kind
                       at batch 1, 64 and 128
-raw/served.json       benchmarks/run_served_gpu.sh (LEVELS=1,8,64): scripts/bench_served.py against tritonserver
+raw/served.json       benchmarks/run_served_gpu.sh (LEVELS=1,8,64): benchmarks/bench_served.py against tritonserver
                       (tts_stream, gRPC), async orchestrator, 72 decode graphs captured at start-up
 raw/served_async_chunks12_4_8_16.json  the same call's code with chunk_schedule 1,2,4,8,16 (not kept)
-raw/gpu_check.json    scripts/gpu_check.py
-raw/startup.json      start-up phases (tritonserver log, scripts/startup_check.py), cold and warm
+raw/gpu_check.json    benchmarks/gpu_check.py
+raw/startup.json      start-up phases (tritonserver log, benchmarks/startup_check.py), cold and warm
 raw/local_attention_s11.json, local_attention_s5.json   benchmarks/kernel_local_attention.py
-raw/vae_stream_decode.json  scripts/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs /
+raw/vae_stream_decode.json  benchmarks/bench.py --vae-only: streaming decode, eager / fused snake / CUDA graphs /
                       Triton kernels (snake_extend, dwconv_snake, skip_add; polyphase upsampling with
                       phase_interleave), with profiles and op tables
 raw/polyphase_8x16.json, polyphase_64x4.json  benchmarks/kernel_vae_polyphase.py: each upsampling conv, cuDNN's
@@ -21,8 +21,8 @@ raw/polyphase_8x16.json, polyphase_64x4.json  benchmarks/kernel_vae_polyphase.py
 raw/vae_fused_unit_attempt*.json  a dropped attempt: the residual unit after its first snake as one Triton kernel
 raw/served_final_commit.json, gpu_check_vae_final_commit.json  the sixth session's final commit, another machine
 raw/served_yield_ab.json, served_noyield_ab.json  one call: the engine's per-step GIL yield on / off
-raw/attention_shapes.json   scripts/attention_shapes.py (LocDiT/LocEnc attention formulations, PyTorch)
-raw/gpu_sharing.json, gpu_sharing_mps.json  scripts/gpu_sharing.py: VAE calls next to a busy stand-in decoder
+raw/attention_shapes.json   benchmarks/attention_shapes.py (LocDiT/LocEnc attention formulations, PyTorch)
+raw/gpu_sharing.json, gpu_sharing_mps.json  benchmarks/gpu_sharing.py: VAE calls next to a busy stand-in decoder
 History (earlier code, same machine type):
 raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before any torch.compile (run 1)
 raw/offline_prev_session.json, offline_host_fill.json, offline_vae_graphs_session.json (previous session's last)
@@ -225,7 +225,7 @@ def main():
                   f"| {s['aggregate_xrt']:.1f} | "
                   f"{v.get('batch_mean', 0):.1f}, {v.get('infer_ms_per_execution', 0):.1f} ms, "
                   f"{100 * v.get('busy_frac', 0):.0f}% |")
-    md += ["", "Engine alone (`scripts/bench.py`):", "",
+    md += ["", "Engine alone (`benchmarks/bench.py`):", "",
            "| batch | steps/s | RTF | aggregate x real time |", "|---|---|---|---|"]
     md += [f"| {b} | {x['steps_per_s']:.1f} | {x['rtf']:.3f} | {x['aggregate_xrt']:.1f} |"
            for b, x in res["engine_offline"].items()]
@@ -323,7 +323,7 @@ def main():
     md += [f"| {s_} | {r_['batch']} | {r_['torch_compiled_us']:.1f} | {r_['fused_h4_us']:.1f} |"
            for s_, rows in la.items() for r_ in rows]
     gs = res["gpu_sharing_vae_ms_p50"]
-    md += ["", "The same VAE graph calls next to a busy decoder (`scripts/gpu_sharing.py`: a stand-in CUDA graph of "
+    md += ["", "The same VAE graph calls next to a busy decoder (`benchmarks/gpu_sharing.py`: a stand-in CUDA graph of "
            "GEMMs replayed back to back, as the engine's steps are), ms p50. Triton runs each Python model in its own "
            "process, so the two share the GPU by time-slicing; the same process on two streams fares no better once "
            "the load fills the GPU:", "",
@@ -371,7 +371,7 @@ def main():
            f"{st['before_this_session']['served_decoder_compile_and_capture_s']['cold_run1_fresh_machine']:.0f}-"
            f"{st['before_this_session']['served_decoder_compile_and_capture_s']['cold_run2_fresh_machine']:.0f} s for "
            "compile + capture alone. What changed: smaller compiled graphs (the Triton attention op), and no "
-           "recompiles (`TORCH_LOGS=recompiles python scripts/startup_check.py`): views passed to compiled code, "
+           "recompiles (`TORCH_LOGS=recompiles python benchmarks/startup_check.py`): views passed to compiled code, "
            "LocEnc's two layouts and RoPE tables moved during the first trace each compiled something twice.",
            "", f"Offline engine (cold compile cache): load {res['load_s']:.1f} s, compile + capture "
            f"{res['startup_s_compile_and_capture_cold']:.0f} s; weights {res['weights_gib']:.2f} GiB, peak "

@@ -1,4 +1,4 @@
-"""scripts/bench_served.py against a real tritonserver (tiny checkpoint, CPU)."""
+"""benchmarks/bench_served.py against a real tritonserver (tiny checkpoint, CPU)."""
 
 import json
 import subprocess
@@ -11,7 +11,7 @@ pytest.importorskip("tritonclient.grpc")
 from tests.server import REPO, triton_server_factory  # noqa: E402,F401
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
-BENCH = REPO / "scripts" / "bench_served.py"
+BENCH = REPO / "benchmarks" / "bench_served.py"
 PATCHES = 8
 SAMPLES_PER_PATCH = TINY_CONFIG["patch_size"] * 1920  # at the tiny model's 48 kHz output
 

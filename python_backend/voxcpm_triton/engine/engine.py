@@ -119,7 +119,7 @@ class Engine:
     def _prepare_gpu(self):
         """Compile, capture the decode-step graphs, compile prefill shapes, capture prefill graphs."""
         # Flash attention beats cuDNN's on LocDiT's 11-token sequences (5.6 vs 7.0 us per call at
-        # 2 sequences on an H100, scripts/attention_shapes.py); the choice is baked in at capture.
+        # 2 sequences on an H100, benchmarks/attention_shapes.py); the choice is baked in at capture.
         torch.backends.cuda.enable_cudnn_sdp(False)
         t0 = time.monotonic()
         if self.cfg.compile:

@@ -2,9 +2,9 @@
 # Build, on this (CPU, networked) machine, a compressed tritonserver bundle for
 # a GPU box that has Python 3.12 + torch but no tritonserver and no network.
 # The bundle travels with the working tree (it is an ignored path: pass it as
-# `carry`), and scripts/device_serve_env.sh unpacks and uses it there.
+# `carry`), and gpu_box/device_serve_env.sh unpacks and uses it there.
 #
-#   scripts/make_device_bundle.sh [OUTDIR]      # default $REPO/.cache/device_bundle
+#   gpu_box/make_device_bundle.sh [OUTDIR]      # default $REPO/.cache/device_bundle
 #   -> OUTDIR/tritonbundle.tar.xz (+ .sha256, MANIFEST.txt)
 #
 # Contents (top directory tritonbundle/):

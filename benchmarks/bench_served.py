@@ -18,9 +18,9 @@ time (and with smooth playback), aggregate x-real-time = sum(audio s) / wall
 time of the level (barrier release -> last final response), errors.
 
 Needs only numpy and tritonclient[grpc] (grpc, protobuf), so it runs on a bare
-GPU box too (see scripts/device_serve_env.sh).
+GPU box too (see gpu_box/device_serve_env.sh).
 
-    python scripts/bench_served.py --url 127.0.0.1:8001 --concurrency 1,8,32,64 \\
+    python benchmarks/bench_served.py --url 127.0.0.1:8001 --concurrency 1,8,32,64 \\
         --requests-per-worker 4 --min-length 100 --max-length 100 --warmup 2 \\
         --json-out bench.json
 """

@@ -1,6 +1,6 @@
 """Offline speed of the decoder engine against the official voxcpm 2.0.3, on one GPU.
 
-    python scripts/bench.py --checkpoint /tmp/full --out benchmarks/offline.json
+    python benchmarks/bench.py --checkpoint /tmp/full --out benchmarks/offline.json
 
 Same full-size random checkpoint for both (speed depends on shapes, not values),
 MIN_LENGTH = MAX_LENGTH = --steps so every run decodes the same number of steps.

@@ -1,6 +1,6 @@
 """Start-up of the decoder engine on a GPU, phase by phase, as the served `decoder` builds it:
 
-    TORCH_LOGS=recompiles python scripts/startup_check.py --checkpoint /tmp/full
+    TORCH_LOGS=recompiles python benchmarks/startup_check.py --checkpoint /tmp/full
 
 prints load time, each start-up phase (`Engine.startup_s`) and peak GPU memory; with
 TORCH_LOGS=recompiles torch also says what made a compiled function compile again (any

@@ -1,6 +1,6 @@
 """Which attention is fastest for LocDiT's and LocEnc's tiny sequences, on this GPU.
 
-    python scripts/attention_shapes.py --out benchmarks/raw/attention_shapes.json
+    python benchmarks/attention_shapes.py --out benchmarks/raw/attention_shapes.json
 
 LocDiT attends over 11 tokens (2 mu, time, 4 condition, 4 sample) with 16 query
 heads sharing 2 KV heads, head dim 128, batch 2 x requests (CFG); LocEnc over 5.

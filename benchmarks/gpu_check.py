@@ -1,6 +1,6 @@
 """GPU correctness of the fast path (run on the GPU machine; CI keeps the CPU tests).
 
-    python scripts/gpu_check.py --checkpoint /tmp/full --out benchmarks/gpu_check.json
+    python benchmarks/gpu_check.py --checkpoint /tmp/full --out benchmarks/gpu_check.json
 
 1. bf16 against fp32, teacher-forced: both models see the fp32 run's patch history;
    each step's bf16 patch is compared with the fp32 patch (cosine similarity, >= 0.99).

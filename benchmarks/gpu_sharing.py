@@ -1,6 +1,6 @@
 """How much a busy decoder slows the VAE decoder when both share one GPU (run on the GPU machine).
 
-    python scripts/gpu_sharing.py --checkpoint /tmp/full --out gpu_sharing.json
+    python benchmarks/gpu_sharing.py --checkpoint /tmp/full --out gpu_sharing.json
 
 Triton runs every Python model in its own process, so `decoder` and `vae_decoder` are two CUDA
 contexts: their kernels never overlap and the GPU time-slices between them. This times the VAE

@@ -1,14 +1,14 @@
 # shellcheck shell=bash
 # Run this project's Triton server on the GPU box (no tritonserver installed,
-# no network) from the bundle that scripts/make_device_bundle.sh built here.
+# no network) from the bundle that gpu_box/make_device_bundle.sh built here.
 #
 # On the device, from the repository root (the working-tree copy; the bundle
 # travels as an ignored path: carry [".cache/device_bundle"]):
 #
-#   source scripts/device_serve_env.sh        # unpack (once), export, diagnose
+#   source gpu_box/device_serve_env.sh        # unpack (once), export, diagnose
 #   device_triton_selftest                    # tritonserver + stub + torch/CUDA probe
 #   VOXCPM_CHECKPOINT=/path/to/ckpt device_triton_start   # model_repository, background
-#   python3 scripts/bench_served.py --url 127.0.0.1:$TRITON_GRPC_PORT ...
+#   python3 benchmarks/bench_served.py --url 127.0.0.1:$TRITON_GRPC_PORT ...
 #   device_triton_stop
 #
 # What `source` does:
@@ -81,7 +81,7 @@ device_bundle_unpack() {
             _dse_say "no $TRITON_BUNDLE_TAR; using the unpacked $TRITON_BUNDLE_DIR"
             return 0
         fi
-        _dse_say "ERROR: no bundle at $TRITON_BUNDLE_TAR (build it with scripts/make_device_bundle.sh and carry .cache/device_bundle)"
+        _dse_say "ERROR: no bundle at $TRITON_BUNDLE_TAR (build it with gpu_box/make_device_bundle.sh and carry .cache/device_bundle)"
         return 1
     fi
     sum="$(sha256sum "$TRITON_BUNDLE_TAR" | cut -d' ' -f1)"
