@@ -9,7 +9,6 @@ raw/offline.json      benchmarks/bench.py --reference compiled: voxcpm 2.0.3 eag
                       at batch 1, 64 and 128
 raw/served.json       benchmarks/run_served_gpu.sh (LEVELS=1,8,64): benchmarks/bench_served.py against tritonserver
                       (tts_stream, gRPC), async orchestrator, 72 decode graphs captured at start-up
-raw/served_async_chunks12_4_8_16.json  the same call's code with chunk_schedule 1,2,4,8,16 (not kept)
 raw/gpu_check.json    benchmarks/gpu_check.py
 raw/startup.json      start-up phases (tritonserver log, benchmarks/startup_check.py), cold and warm
 raw/local_attention_s11.json, local_attention_s5.json   benchmarks/kernel_local_attention.py
@@ -18,11 +17,10 @@ raw/vae_stream_decode.json  benchmarks/bench.py --vae-only: streaming decode, ea
                       phase_interleave), with profiles and op tables
 raw/polyphase_8x16.json, polyphase_64x4.json  benchmarks/kernel_vae_polyphase.py: each upsampling conv, cuDNN's
                       transposed conv vs the polyphase conv (weight row-major / channels-last)
-raw/vae_fused_unit_attempt*.json  a dropped attempt: the residual unit after its first snake as one Triton kernel
-raw/served_final_commit.json, gpu_check_vae_final_commit.json  the sixth session's final commit, another machine
+raw/vae_fused_unit_attempt.json  a dropped attempt: the residual unit after its first snake as one Triton kernel
+raw/served_final_commit.json  the sixth session's final commit, another machine
 raw/served_yield_ab.json, served_noyield_ab.json  one call: the engine's per-step GIL yield on / off
-raw/attention_shapes.json   benchmarks/attention_shapes.py (LocDiT/LocEnc attention formulations, PyTorch)
-raw/gpu_sharing.json, gpu_sharing_mps.json  benchmarks/gpu_sharing.py: VAE calls next to a busy stand-in decoder
+raw/gpu_sharing.json  benchmarks/gpu_sharing.py: VAE calls next to a busy stand-in decoder
 History (earlier code, same machine type):
 raw/reference_and_run1.json  voxcpm 2.0.3 eager and optimize(); the engine before any torch.compile (run 1)
 raw/offline_prev_session.json, offline_host_fill.json, offline_vae_graphs_session.json (previous session's last)
@@ -30,12 +28,11 @@ raw/served_4inst_chunks1248.json, served_prev_session.json, served_8inst_no_pref
 raw/served_16inst_no_prefill_graphs.json, served_16inst_prefill_graphs.json, served_vae_graphs_run1.json,
 raw/served_vae_graphs.json, served_no_vae_graphs.json (one call: VAE graphs on / off),
 raw/served_local_attention.json (+ Triton LocDiT/LocEnc attention), served_vae_triton.json (+ Triton VAE conv)
-raw/offline_kernels_session.json, served_trimmed_last_layer.json, gpu_check_kernels_session.json,
-raw/vae_stream_decode_kernels_session.json: the previous session's final runs
-raw/offline_overlap_before_drain.json, served_overlap_before_drain.json: the step overlap before admissions
+raw/offline_kernels_session.json, served_trimmed_last_layer.json: the previous session's final runs
+raw/offline_overlap_before_drain.json: the step overlap before admissions
                       collected the step in flight first (first audio under bursts doubled)
 raw/served_sixth_session.json: the sixth session's served run (threads + a per-instance stub lock, 16 instances)
-raw/offline_overlap_session.json, served_overlap_session.json, gpu_check_overlap_session.json,
+raw/offline_overlap_session.json, served_overlap_session.json,
 raw/vae_stream_decode_overlap_session.json: the fifth session's final runs (step overlap, VAE passes)
 """
 

@@ -2,7 +2,7 @@
 """Write a random VoxCPM2 checkpoint in the official format.
 
     make_tiny_checkpoint.py                       # the tiny embedded default -> checkpoints/tiny
-    make_tiny_checkpoint.py --config /work/shared/voxcpm2_config.json --out /data/full --device cuda
+    make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json --out /data/full --device cuda
                                                   # full-size (2.3B, bf16) random weights, for benchmarks
 
 Same seed, dtype and device -> same bytes. Weights are drawn per tensor in the

@@ -17,7 +17,7 @@
 #   TRITON_BACKEND_DIR PERF_ANALYZER_BIN PATH LD_LIBRARY_PATH PYTHONPATH
 #   VOXCPM_PYTHON_BACKEND
 #
-# Facts this encodes (see shared/DESIGN.md, "Running the real Triton server"):
+# Facts this encodes:
 #  * the python backend runs `<backend dir>/python/triton_python_backend_stub`;
 #    the wheel ships one stub per Python version, so we copy the right one
 #    next to libtriton_python.so in a directory we own;

@@ -24,7 +24,7 @@ from voxcpm_client import (  # noqa: E402
     Result, ServerUnavailable, SynthesisError, SynthesisTimeout, input_arrays, load_audio, make_inputs,
 )
 
-# The public contract (shared/DESIGN.md): name -> (Triton dtype, shape).
+# The public contract (README, "Contract"): name -> (Triton dtype, shape).
 CONTRACT = {
     "TEXT": ("BYTES", [1]),
     "REFERENCE_AUDIO": ("FP32", [-1]),

@@ -1,7 +1,7 @@
 """Triton client for the VoxCPM2 `tts` / `tts_stream` models.
 
-The request contract (names, dtypes, shapes) is the public one of
-shared/DESIGN.md; only TEXT is required.
+The request contract (names, dtypes, shapes) is the public one in the
+repository's README ("Contract"); only TEXT is required.
 """
 from __future__ import annotations
 

@@ -118,8 +118,8 @@ class Engine:
     @torch.no_grad()  # the engine thread's grad mode: compiled code is guarded on it
     def _prepare_gpu(self):
         """Compile, capture the decode-step graphs, compile prefill shapes, capture prefill graphs."""
-        # Flash attention beats cuDNN's on LocDiT's 11-token sequences (5.6 vs 7.0 us per call at
-        # 2 sequences on an H100, benchmarks/attention_shapes.py); the choice is baked in at capture.
+        # Flash attention beats cuDNN's on LocDiT's 11-token sequences (benchmarks/attention_shapes.py);
+        # the choice is baked in at capture.
         torch.backends.cuda.enable_cudnn_sdp(False)
         t0 = time.monotonic()
         if self.cfg.compile:
@@ -382,7 +382,7 @@ class Engine:
         previous, self._in_flight = self._in_flight, launched
         # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
         # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms
-        # switch interval (a burst of 64 in-process submits: first audio 264 -> 158 ms).
+        # switch interval, which delays first audio under bursts of submits.
         time.sleep(0)
         self._deliver(previous)
         run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731

@@ -1,8 +1,8 @@
 """A lone prompt's prefill replayed as a CUDA graph per length bucket (GPU).
 
 Eager prefill launches several hundred small kernels from Python (36 LM layers
-plus LocEnc), about 39 ms of CPU time for a 37-position prompt on the H100
-machine against ~3 ms of GPU work: most of a lone request's time to first audio.
+plus LocEnc): far more CPU time than GPU work, and most of a lone request's time
+to first audio.
 A prompt of T positions runs in the graph of the smallest bucket L >= T, padded
 at the end: prefill attention is causal, so the real positions never see the
 padding, and the padding's K/V goes to the scratch block. Several prompts

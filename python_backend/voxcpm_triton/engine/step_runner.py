@@ -45,7 +45,7 @@ log = logging.getLogger("voxcpm_triton.engine")
 
 # No bucket of 1: a lone request runs padded to 2 rows (free at these weight-bound sizes), so
 # compiled code never meets a batch dimension of 1, which torch.compile would specialise in a
-# separate graph (about 50 s of cold start-up).
+# separate graph (a long extra compile at start-up).
 DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 # CFM loop lengths (Euler steps) the graphs are captured for. The default of 10 timesteps is

@@ -5,8 +5,8 @@ convolution, [slots, C, ctx]). A batch of streams decodes as: gather their rows 
 `AudioVAE.decode_chunk` -> scatter the new state back. Row 0 is a scratch row that
 padding rows read and write.
 
-On a GPU the eager decode of a small chunk is launch-bound: about 250 small kernels,
-10 ms whatever the batch. So each (batch bucket, chunk length) in `graph_patches`
+On a GPU the eager decode of a small chunk is launch-bound: a few hundred small
+kernels, the same time whatever the batch. So each (batch bucket, chunk length) in `graph_patches`
 is captured once as a CUDA graph, gather and scatter included, and replayed; larger
 work, where the GPU is busy anyway, and other lengths (a stream's last chunk) run
 eagerly on the same pool.

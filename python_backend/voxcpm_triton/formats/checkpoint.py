@@ -29,7 +29,7 @@ def _find(path: str, names: list[str], what: str) -> str:
 
 
 def _finite(t: torch.Tensor) -> bool:
-    # One fp32 sum instead of isfinite(): any inf/nan makes it non-finite, and it is 4x cheaper.
+    # One fp32 sum instead of isfinite(): any inf/nan makes it non-finite, and it is cheaper.
     return not t.is_floating_point() or bool(torch.isfinite(t.sum(dtype=torch.float32)))
 
 

@@ -109,9 +109,8 @@ else:
 
 def heads_per_program(n_heads: int, n_kv: int) -> int:
     """Query heads stacked in one program (64 rows for LocDiT): 4, or the largest power of 2 (for
-    tl.arange) that divides the group. On an H100 4 was fastest at every batch from 1 to 128, for
-    both LocDiT and LocEnc (1.0-1.1x of 1 head at batch 1, 1.7-1.9x at 64-128; 8 heads was slowest,
-    `benchmarks/kernel_local_attention.py`, benchmarks/raw/local_attention_*.json)."""
+    tl.arange) that divides the group: 4 was fastest at every batch for both LocDiT and LocEnc
+    (benchmarks/kernel_local_attention.py)."""
     group = n_heads // n_kv
     return min(4, group & -group)
 

@@ -46,8 +46,8 @@ def _num_sms(device_index: int) -> int:
 def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int, device: torch.device) -> int:
     """Split-K count from shapes only (so it is fixed for a captured graph): enough programs to give
     every SM one, never more splits than BLOCK_N tiles in the table's width, a power of 2 <= 16.
-    (Tuned on an H100, bf16, Hq 16 / Hkv 2 / D 128, contexts 512 and 2048: within ~5% of the best
-    split count for B in 1..128.)"""
+    (Tuned at VoxCPM2's shapes, bf16, Hq 16 / Hkv 2 / D 128, against the best split count for
+    every batch: benchmarks/kernel_paged_attention.py.)"""
     if device.type != "cuda":
         return 1
     programs = batch * kv_heads

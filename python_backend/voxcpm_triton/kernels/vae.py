@@ -2,8 +2,8 @@
 
 A depthwise residual unit is snake -> causal depthwise conv (kernel 7, dilation d) -> snake ->
 pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic CUDA kernel
-(cuDNN is not used), which took about a quarter of a streaming decode's GPU time on an H100, and
-each snake is another pass over the activations. Two kernels, each one pass:
+(cuDNN is not used), a large share of a streaming decode's GPU time, and each snake is another
+pass over the activations. Two kernels, each one pass:
 
 `snake_extend` (streaming): the first snake, written behind the stream's saved frames, with the
 frames to save for the next chunk cut from the same pass (instead of snake, torch.cat and a copy):
@@ -21,10 +21,9 @@ run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
 
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
-runs the widest transposed conv (2048 -> 1024 channels) on a generic fp32 engine, 1.5 ms of an
-8-stream x 16-patch decode; as a conv it is an implicit GEMM (benchmarks/kernel_vae_polyphase.py
-compares the two at every level). The kernel puts phase j of frame t at sample t * s + j and adds
-the bias, one pass:
+runs the widest transposed conv (2048 -> 1024 channels) on a generic fp32 engine; as a conv it is
+an implicit GEMM (benchmarks/kernel_vae_polyphase.py compares the two at every level). The kernel
+puts phase j of frame t at sample t * s + j and adds the bias, one pass:
 
     y [B, C * s, T]  ->  out [B, C, T * s],  out[b, c, t * s + j] = y[b, c * s + j, t] + bias[c]
 

@@ -250,9 +250,9 @@ class CausalConvTranspose1d(nn.Module):
 
         Wide layers get it channels-last ([rows, 2, C_in] in memory): cuDNN then runs its GEMM
         kernels on it as it is, where a row-major weight is transposed on every call (the first
-        layer's is 134 MB). Narrow layers run faster row-major: their activations, not the weight,
-        are what channels-last would transpose. On an H100 (`python -m voxcpm_triton.vae_kernels`,
-        benchmarks/raw/polyphase_*.json), channels-last won from 512 input channels up."""
+        layer's is large). Narrow layers run faster row-major: their activations, not the weight,
+        are what channels-last would transpose; 512 input channels is where channels-last starts
+        to win (benchmarks/kernel_vae_polyphase.py)."""
         key = (self.weight.device, self.weight.data_ptr(), _version(self.weight))
         if self._phase_w[0] != key:
             s, w = self.stride, self.weight.detach().permute(1, 2, 0)  # [C_out, 2s, C_in]

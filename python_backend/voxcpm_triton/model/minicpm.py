@@ -99,10 +99,9 @@ def local_attention(layer_idx, q, k, v):
 
     The query heads that share a KV head are folded into the query length, [B, Hkv, g*S, D]
     against [B, Hkv, S, D]: the same result as grouped-query SDPA (every query sees every
-    key), as a few long problems instead of many 11x11 ones. On an H100 that is 2.5x faster
-    at 256 sequences and 1.4x slower at 2 (benchmarks/attention_shapes.py,
-    benchmarks/raw/attention_shapes.json); one formulation for every batch keeps the compiled
-    LocDiT to one dynamic graph (a batch-dependent branch cost two recompiles, 43 s of start-up).
+    key), as a few long problems instead of many 11x11 ones: much faster at large batch, a
+    little slower at tiny ones (benchmarks/attention_shapes.py). One formulation for every batch
+    keeps the compiled LocDiT to one dynamic graph (a batch-dependent branch costs recompiles).
     """
     B, S, Hq, D = q.shape
     Hkv = k.size(2)
