@@ -88,7 +88,7 @@ def graph_vs_eager(path: str, batches) -> dict:
     # Nothing compiled and PyTorch attention everywhere: the Triton kernels are checked by this too.
     plain_eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30, cuda_graphs=False,
                                          attention="torch"))
-    plain = {b: plain_eng.runner.run(_rows(plain_eng, vox, prompt, b))[0] for b in batches}
+    plain = {b: plain_eng.runner.collect(plain_eng.runner.launch(_rows(plain_eng, vox, prompt, b)))[0] for b in batches}
     plain_eng.shutdown()
     del plain_eng
     eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30))  # compiles, captures
@@ -99,12 +99,12 @@ def graph_vs_eager(path: str, batches) -> dict:
         snapshot = [t.clone() for t in (r.lm_state, r.res_state, r.prev_state, eng.kv.base_k, eng.kv.base_v,
                                         eng.kv.res_k, eng.kv.res_v)]
         r.use_graphs = False
-        eager, _ = r.run(rows, bucket=r.buckets[next(i for i, x in enumerate(r.buckets) if x >= b)])
+        eager, _ = r.collect(r.launch(rows, r.buckets[next(i for i, x in enumerate(r.buckets) if x >= b)]))
         for t, s in zip((r.lm_state, r.res_state, r.prev_state, eng.kv.base_k, eng.kv.base_v, eng.kv.res_k,
                          eng.kv.res_v), snapshot):
             t.copy_(s)
         r.use_graphs = True
-        graph, _ = r.run(rows)
+        graph, _ = r.collect(r.launch(rows))
         key = r.graph_key(b, 10)  # same shapes on both sides: the padded bucket
         diff = (graph - eager).abs().max().item()
         cos = F.cosine_similarity(eager.flatten(1), plain[b].flatten(1), dim=1).min().item()

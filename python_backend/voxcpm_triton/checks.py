@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import secrets
 
 import numpy as np
 
@@ -49,6 +50,11 @@ def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity:
     if not _is_int(inference_timesteps) or not TIMESTEPS_RANGE[0] <= inference_timesteps <= TIMESTEPS_RANGE[1]:
         raise ValueError(f"inference_timesteps must be an integer within {list(TIMESTEPS_RANGE)}, "
                          f"got {inference_timesteps!r}")
+
+
+def draw_seed() -> int:
+    """The seed of a request that gives none: random, non-negative, within SEED_RANGE."""
+    return secrets.randbits(63)
 
 
 def check_seed(seed) -> int:

@@ -10,7 +10,6 @@ the same `VoxCPM2Model.prefill` / `decode_step` over a paged cache.
 
 from __future__ import annotations
 
-import secrets
 
 import numpy as np
 import torch
@@ -208,7 +207,7 @@ class VoxCPM2:
             if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
                 raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
         else:
-            noise = noise_for_steps(checks.check_seed(seed if seed is not None else secrets.randbits(63)),
+            noise = noise_for_steps(checks.check_seed(seed if seed is not None else checks.draw_seed()),
                                     max_len, shape)
 
         m, dev, dt = self.model, self.device, self.dtype

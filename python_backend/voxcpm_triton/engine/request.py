@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import queue
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from ..checks import draw_seed
 from ..model.prompt import Prompt
 
 
@@ -96,5 +96,5 @@ class RequestState:
 
 
 def resolve_seed(seed) -> int:
-    return int(seed) if seed is not None else secrets.randbits(63)
+    return int(seed) if seed is not None else draw_seed()
 

@@ -275,10 +275,6 @@ class DecodeStepRunner:
             step.host = None
         return result
 
-    def run(self, rows: list, bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step, waited for: `launch` then `collect`."""
-        return self.collect(self.launch(rows, bucket))
-
     # ------------------------------------------------------------------ CUDA graphs
     def _graph(self, bucket: int, loop: int):
         """The graph of a key, or None (eager). Never captures: a capture while serving would stall

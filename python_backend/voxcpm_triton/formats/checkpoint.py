@@ -67,10 +67,6 @@ def checkpoint_files(path: str) -> dict[str, str]:
     }
 
 
-def load_config(path: str) -> VoxCPM2Config:
-    return VoxCPM2Config.from_file(checkpoint_files(path)["config"])
-
-
 class _SkipRandomInit(TorchFunctionMode):
     """Skips random initialisation. On the meta device it does nothing anyway, but the
     meta kernels of normal_/randn make torch import torch._dynamo and sympy (2-3 s)."""

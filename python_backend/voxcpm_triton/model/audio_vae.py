@@ -491,7 +491,6 @@ class AudioVAE(nn.Module):
         self.out_sample_rate = config.out_sample_rate
         self.latent_dim = config.latent_dim
         self.chunk_size = math.prod(config.encoder_rates)  # input samples per latent frame
-        self.hop_length = self.chunk_size
         self.decode_chunk_size = math.prod(config.decoder_rates)  # output samples per latent frame
 
         self.encoder = Encoder(config.encoder_dim, config.latent_dim, config.encoder_rates, config.depthwise)

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..checks import CONTEXT_PATCHES
+from ..checks import CONTEXT_PATCHES, draw_seed
 from . import contract, runtime
 from .metrics import metric
 from .settings import model_parameters, positive_int, read_config, resolve_checkpoint
@@ -133,7 +133,7 @@ class Orchestrator:
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
                   "INFERENCE_TIMESTEPS": np.array([req.inference_timesteps], np.int32),
-                  "SEED": np.array([req.seed if req.seed is not None else secrets.randbits(63)], np.int64)}
+                  "SEED": np.array([req.seed if req.seed is not None else draw_seed()], np.int64)}
         if req.max_length is not None:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
         audio_latents = []
