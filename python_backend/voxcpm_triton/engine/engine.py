@@ -13,6 +13,9 @@ at step boundaries:
 All GPU work goes to one stream, so reading step N after launching step N+1
 keeps the GPU busy while the host does its bookkeeping, and stream order makes
 reusing a finished request's slot and blocks safe.
+
+Every policy decision (admission, cancels, who joins a step, chunking, finishing, slots and
+blocks) is the `Scheduler`'s (scheduler.py, no torch); this class runs the model and the thread.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .kv_cache import PagedKVCache
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
+from .scheduler import EngineBusy, Scheduler  # noqa: F401 - EngineBusy: callers import it from here
 
 log = logging.getLogger("voxcpm_triton.engine")
 
@@ -62,10 +66,6 @@ class EngineConfig:
 
 class EngineShutdown(RuntimeError):
     pass
-
-
-class EngineBusy(RuntimeError):
-    """The waiting queue is at `max_waiting`: the caller should retry later."""
 
 
 class Engine:
@@ -97,14 +97,13 @@ class Engine:
         if self.runner.use_graphs:
             self._prepare_gpu()
         self.capture_summary = dict(self.runner.capture_summary)  # decode graphs captured at start-up, seconds
-        self._free_slots = list(range(self.cfg.max_batch_size))
+        self.scheduler = Scheduler(self.kv.allocator, self.cfg.block_size, self.cfg.max_batch_size,
+                                   self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting)
 
         self._lock = threading.Condition()
-        self._inbox: deque = deque()
+        self._inbox: deque = deque()  # submitted, not yet handed to the scheduler (the thread does that)
         self._cancels: set = set()
         self._ids: set = set()  # ids submitted and not yet finished
-        self.waiting: deque[RequestState] = deque()
-        self.running: dict[str, RequestState] = {}
         self._in_flight: list = []  # (batch, LaunchedStep) per launch of the decode step not read yet
         # steps: engine iterations that launched; launches: runner launches (one per loop bucket
         # run, and isolation reruns); batch_sizes: rows per launch
@@ -151,10 +150,7 @@ class Engine:
         checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
                                 capacity=self.max_positions - len(p))
         seed = checks.check_seed(resolve_seed(request.seed))
-        need = math.ceil((len(p) + max_len) / self.cfg.block_size)
-        if need > self.kv.allocator.total:
-            raise ValueError(f"request {request.request_id!r} needs {need} KV blocks (prompt {len(p)} + max_len "
-                             f"{max_len} positions) but the pool has only {self.kv.allocator.total}")
+        need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
         handle = RequestHandle(request.request_id)
         state = RequestState(
             req=request, sink=sink or handle.queue.put, max_len=max_len,
@@ -164,10 +160,7 @@ class Engine:
                 raise EngineShutdown("engine is shut down")
             if request.request_id in self._ids:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
-            waiting = len(self.waiting) + len(self._inbox)
-            if self.cfg.max_waiting is not None and waiting >= self.cfg.max_waiting:
-                raise EngineBusy(f"server busy: {waiting} requests are already waiting for the decoder "
-                                 f"(parameter max_waiting_requests); retry later")
+            self.scheduler.check_room(queued_elsewhere=len(self._inbox))
             self._ids.add(request.request_id)
             self._inbox.append(state)
             self._lock.notify()
@@ -178,6 +171,14 @@ class Engine:
             if request_id in self._ids:
                 self._cancels.add(request_id)
                 self._lock.notify()
+
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> dict:
+        return self.scheduler.running
 
     def stats(self) -> dict:
         with self._lock:
@@ -217,7 +218,8 @@ class Engine:
                         self.heartbeat = time.monotonic()
                     if self._stop:
                         break
-                    self.waiting.extend(self._inbox)
+                    for st in self._inbox:
+                        self.scheduler.add(st)
                     self._inbox.clear()
                     cancels, self._cancels = self._cancels, set()
                 self._apply_cancels(cancels)
@@ -244,33 +246,20 @@ class Engine:
     def _fail_all(self, message: str):
         with self._lock:
             self._stop = True
-            self.waiting.extend(self._inbox)
+            for st in self._inbox:
+                self.scheduler.add(st)
             self._inbox.clear()
-        for st in list(self.running.values()) + list(self.waiting):
+        for st in self.scheduler.all_requests():
             self._finish(st, "error", message)
-        self.waiting.clear()
 
     def _apply_cancels(self, ids: set):
         for rid in ids:
-            st = self.running.get(rid) or next((w for w in self.waiting if w.request_id == rid), None)
+            st = self.scheduler.cancel(rid)
             if st is not None:
-                self._finish(st, "cancelled")
+                self._ended(st, "cancelled")
 
-    def _admit(self) -> list[RequestState]:
-        admitted = []
-        alloc = self.kv.allocator
-        while self.waiting and len(self.running) < self.cfg.max_batch_size \
-                and alloc.can_reserve(self.waiting[0].blocks_reserved):
-            st = self.waiting.popleft()
-            alloc.reserve(st.blocks_reserved)
-            st.slot = self._free_slots.pop()
-            self.running[st.request_id] = st
-            admitted.append(st)
-        return admitted
-
-    def _grow_to(self, st: RequestState, n_positions: int):
-        while len(st.block_table) * self.cfg.block_size < n_positions:
-            st.block_table.append(self.kv.allocator.take_reserved())
+    def _admit(self) -> list[RequestState]:  # a method of its own so that tests can break the loop here
+        return self.scheduler.admit()
 
     def _slots(self, st: RequestState, start: int, end: int) -> list[int]:
         bs = self.cfg.block_size
@@ -284,7 +273,7 @@ class Engine:
                 if self.fault_hook:
                     self.fault_hook(st, "prefill")
                 st.prompt_len = len(st.req.prompt)
-                self._grow_to(st, st.prompt_len)
+                self.scheduler.grow_to(st, st.prompt_len)
                 ok.append(st)
             except Exception as e:
                 self._finish(st, "error", f"prefill failed: {e}")
@@ -357,25 +346,20 @@ class Engine:
         runs as one launch per loop bucket (one stream, so in order): each group's CFM loop is its
         own rows' length, not the longest request's."""
         batch = []
-        for st in list(self.running.values()):
-            if st.launched >= st.max_len:  # its last step is in flight
-                continue
+        for st in self.scheduler.decode_candidates():
             try:
                 if self.fault_hook:
                     self.fault_hook(st, "step")
-                self._grow_to(st, st.position + 1)
+                self.scheduler.grow_to(st, st.position + 1)
                 batch.append(st)
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
-        groups: dict[int, list] = {}
-        for st in batch:
-            groups.setdefault(self.runner.loop_bucket(st.req.inference_timesteps), []).append(st)
         launched, failed = [], []
-        for loop in sorted(groups):  # the shortest loops first: their results are ready first
+        for group in self.scheduler.launch_groups(batch):
             try:
-                launched.append((groups[loop], self._launch_decode(groups[loop])))
+                launched.append((group, self._launch_decode(group)))
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
-                failed.append(groups[loop])
+                failed.append(group)
         if batch:
             with self._lock:
                 self._stats["steps"] += 1
@@ -387,7 +371,7 @@ class Engine:
         self._deliver(previous)
         run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
         for group in failed:
-            still = [st for st in group if self.running.get(st.request_id) is st]
+            still = [st for st in group if self.scheduler.is_running(st)]
             for st, (patch, stop) in self._isolated(still, run, "decode step"):
                 self._emit(st, patch, bool(stop))
         return bool(batch)
@@ -415,28 +399,17 @@ class Engine:
         buffers), even if none of its requests is left."""
         for batch, step in launched:
             for st, patch, stop in zip(batch, *self.runner.collect(step)):
-                if self.running.get(st.request_id) is st:
+                if self.scheduler.is_running(st):
                     self._emit(st, patch, bool(stop))
 
     # -- output
-    def _chunk_size(self, st: RequestState) -> int:
-        sched = self.cfg.chunk_schedule
-        return sched[min(st.chunks_sent, len(sched) - 1)]
-
     def _emit(self, st: RequestState, patch: torch.Tensor, stop: bool):
-        i = st.step
-        st.step += 1
-        if not st.pending:
-            st.pending_from = i
-        st.pending.append(patch)
-        reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
-        if reason or len(st.pending) >= self._chunk_size(st):
-            if not self._send(st, LatentChunk(st.request_id, torch.stack(st.pending), st.pending_from)):
-                return
-            st.pending = []
-            st.chunks_sent += 1
-        if reason:
-            self._finish(st, reason)
+        out = self.scheduler.on_patch(st, patch, stop)
+        if out.patches is not None:
+            if not self._send(st, LatentChunk(st.request_id, torch.stack(out.patches), out.first_step)):
+                return  # the request has ended with an error
+        if out.finish:
+            self._finish(st, out.finish)
 
     def _send(self, st: RequestState, ev: Event) -> bool:
         try:
@@ -450,18 +423,12 @@ class Engine:
 
     def _finish(self, st: RequestState, reason: str, error: str | None = None):
         """End a request wherever it is; its blocks return to the pool at once."""
+        self.scheduler.finish(st)
+        self._ended(st, reason, error)
+
+    def _ended(self, st: RequestState, reason: str, error: str | None = None):
+        """The scheduler has let go of `st`: forget its id and tell its caller."""
         rid = st.request_id
-        if self.running.pop(rid, None) is not None:
-            self.kv.allocator.release(st.block_table, st.blocks_reserved - len(st.block_table))
-            self._free_slots.append(st.slot)
-            st.slot = None
-        else:
-            try:
-                self.waiting.remove(st)
-            except ValueError:
-                pass
-        st.block_table = []
-        st.pending = []
         with self._lock:
             self._ids.discard(rid)
             self._cancels.discard(rid)

@@ -1,0 +1,187 @@
+"""The engine's policy, apart from the model: who waits, who runs, who takes part in the next
+step, when patches go out and when a request ends.
+
+Plain Python with no imports from this package, no torch and no thread, so it can be read
+and tested alone. The engine's thread makes every call; the engine does the GPU work, the
+thread hand-off and the delivery to sinks.
+
+Requests are the engine's `RequestState` objects (duck-typed here). The scheduler reads
+`request_id`, `blocks_reserved`, `max_len`, `req.min_len`, `req.inference_timesteps`, and
+keeps `slot`, `block_table`, `step`, `pending`, `pending_from`, `chunks_sent`; the engine
+advances `launched` and `prompt_len`. Patches are opaque: they are only collected into lists.
+
+Blocks: admission reserves a request's worst case (prompt + max_len positions) as a count,
+and physical blocks are taken only as it grows, so a running request can always grow and a
+full pool makes newcomers wait instead of deadlocking running ones. Admission is FIFO and
+head-of-line: a request that does not fit yet is not overtaken, so it cannot starve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+
+class EngineBusy(RuntimeError):
+    """The waiting queue is at `max_waiting`: the caller should retry later."""
+
+
+class BlockPool(Protocol):
+    """What the scheduler needs of the KV block allocator (kv_cache.BlockAllocator)."""
+
+    total: int
+    reserved: int  # promised to admitted requests, not yet taken
+
+    @property
+    def free(self) -> int: ...
+    def can_reserve(self, n: int) -> bool: ...
+    def reserve(self, n: int) -> None: ...
+    def take_reserved(self) -> int: ...
+    def release(self, blocks: list[int], unused_reservation: int) -> None: ...
+
+
+@dataclass
+class StepOutput:
+    """What one delivered step means for its request: patches to send now, and whether it ends."""
+
+    patches: list | None  # every patch not yet sent, in step order; None: keep collecting
+    first_step: int  # step index of patches[0]
+    finish: str | None  # "stop" | "max_len": end the request after sending
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockPool, block_size: int, max_batch_size: int, chunk_schedule,
+                 loop_bucket: Callable[[int], int], max_waiting: int | None = None):
+        """loop_bucket(timesteps) -> the CFM loop length those timesteps run in (the step runner's)."""
+        self.blocks = blocks
+        self.block_size = block_size
+        self.max_batch_size = max_batch_size
+        self.chunk_schedule = tuple(chunk_schedule)  # patches per chunk; the last repeats
+        self.loop_bucket = loop_bucket
+        self.max_waiting = max_waiting
+        self.waiting: deque = deque()
+        self.running: dict = {}  # request id -> state
+        self._free_slots = list(range(max_batch_size))  # rows of the step runner's state buffers
+
+    # ------------------------------------------------------------------ queueing
+    def blocks_needed(self, request_id: str, prompt_len: int, max_len: int) -> int:
+        """The worst-case blocks to reserve; ValueError if the whole pool could never hold them."""
+        need = math.ceil((prompt_len + max_len) / self.block_size)
+        if need > self.blocks.total:
+            raise ValueError(f"request {request_id!r} needs {need} KV blocks (prompt {prompt_len} + max_len "
+                             f"{max_len} positions) but the pool has only {self.blocks.total}")
+        return need
+
+    def check_room(self, queued_elsewhere: int = 0):
+        """EngineBusy if one more request would pass `max_waiting` (counting requests handed to
+        the engine but not yet added here)."""
+        waiting = len(self.waiting) + queued_elsewhere
+        if self.max_waiting is not None and waiting >= self.max_waiting:
+            raise EngineBusy(f"server busy: {waiting} requests are already waiting for the decoder "
+                             f"(parameter max_waiting_requests); retry later")
+
+    def add(self, st):
+        self.waiting.append(st)
+
+    def admit(self) -> list:
+        """Move requests from the head of the queue to running while there is a free row and
+        their worst case can be reserved; the first that does not fit stops admission."""
+        admitted = []
+        while self.waiting and len(self.running) < self.max_batch_size \
+                and self.blocks.can_reserve(self.waiting[0].blocks_reserved):
+            st = self.waiting.popleft()
+            self.blocks.reserve(st.blocks_reserved)
+            st.slot = self._free_slots.pop()
+            self.running[st.request_id] = st
+            admitted.append(st)
+        return admitted
+
+    # ------------------------------------------------------------------ ending
+    def is_running(self, st) -> bool:
+        return self.running.get(st.request_id) is st
+
+    def get(self, request_id: str):
+        """The waiting or running request with this id, or None."""
+        return self.running.get(request_id) or next((w for w in self.waiting if w.request_id == request_id), None)
+
+    def cancel(self, request_id: str):
+        """Remove a waiting or running request; returns it (None if it is not here)."""
+        st = self.get(request_id)
+        if st is not None:
+            self.finish(st)
+        return st
+
+    def finish(self, st):
+        """Let go of a request wherever it is: its slot and all its blocks (taken or only
+        reserved) return at once. Work already launched for it is dropped by `is_running`."""
+        if self.running.pop(st.request_id, None) is not None:
+            self.blocks.release(st.block_table, st.blocks_reserved - len(st.block_table))
+            self._free_slots.append(st.slot)
+            st.slot = None
+        else:
+            try:
+                self.waiting.remove(st)
+            except ValueError:
+                pass
+        st.block_table = []
+        st.pending = []
+
+    def all_requests(self) -> list:
+        return list(self.running.values()) + list(self.waiting)
+
+    # ------------------------------------------------------------------ steps
+    def grow_to(self, st, n_positions: int):
+        """Take reserved blocks until the request's table covers n_positions."""
+        while len(st.block_table) * self.block_size < n_positions:
+            st.block_table.append(self.blocks.take_reserved())
+
+    def decode_candidates(self) -> list:
+        """Running requests that take part in the next launch: those whose last step is not yet
+        launched (a step may be in flight ahead of the delivered ones)."""
+        return [st for st in self.running.values() if st.launched < st.max_len]
+
+    def launch_groups(self, batch: list) -> list[list]:
+        """The batch split by CFM loop bucket, shortest loop first (its results are ready first),
+        so that each group's loop is its own rows' length, not the longest request's."""
+        groups: dict[int, list] = {}
+        for st in batch:
+            groups.setdefault(self.loop_bucket(st.req.inference_timesteps), []).append(st)
+        return [groups[loop] for loop in sorted(groups)]
+
+    # ------------------------------------------------------------------ output
+    def chunk_size(self, st) -> int:
+        sched = self.chunk_schedule
+        return sched[min(st.chunks_sent, len(sched) - 1)]
+
+    def on_patch(self, st, patch, stop: bool) -> StepOutput:
+        """Record the next step's patch. The stop head counts only after min_len steps; max_len
+        ends the request regardless. A chunk goes out when it reaches its size on the schedule,
+        or with the last step."""
+        i = st.step
+        st.step += 1
+        if not st.pending:
+            st.pending_from = i
+        st.pending.append(patch)
+        reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
+        out = StepOutput(None, st.pending_from, reason)
+        if reason or len(st.pending) >= self.chunk_size(st):
+            out.patches, st.pending = st.pending, []
+            st.chunks_sent += 1
+        return out
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self):
+        """AssertionError if the books do not balance (tests call this)."""
+        running = list(self.running.values())
+        slots = [st.slot for st in running]
+        assert all(s is not None for s in slots)
+        assert sorted(slots + self._free_slots) == list(range(self.max_batch_size)), (slots, self._free_slots)
+        taken = [b for st in running for b in st.block_table]
+        assert len(set(taken)) == len(taken), "a block is in two tables"
+        assert self.blocks.free + len(taken) == self.blocks.total
+        assert self.blocks.reserved == sum(st.blocks_reserved - len(st.block_table) for st in running)
+        assert all(st.slot is None and not st.block_table for st in self.waiting)
+        assert len(running) <= self.max_batch_size
+        assert not {st.request_id for st in self.waiting} & set(self.running)

@@ -1,0 +1,311 @@
+"""The engine's Scheduler alone: no model, no tensors (prompts are only a length, patches any object)."""
+
+import ast
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from voxcpm_triton.engine import scheduler as scheduler_module
+from voxcpm_triton.engine.kv_cache import BlockAllocator
+from voxcpm_triton.engine.request import RequestState
+from voxcpm_triton.engine.scheduler import EngineBusy, Scheduler
+
+BLOCK = 4
+
+
+class FakePrompt:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def loop_bucket(timesteps):
+    return 10 if timesteps <= 10 else 100
+
+
+def make(num_blocks=64, max_batch_size=8, chunk_schedule=(1, 4, 16), max_waiting=None):
+    return Scheduler(BlockAllocator(num_blocks, first=1), BLOCK, max_batch_size, chunk_schedule, loop_bucket,
+                     max_waiting)
+
+
+def request(s, rid, prompt_len=8, max_len=8, min_len=0, timesteps=10):
+    """A request as the engine's submit() builds it: worst case reserved = prompt + max_len positions."""
+    req = SimpleNamespace(request_id=rid, prompt=FakePrompt(prompt_len), min_len=min_len,
+                          inference_timesteps=timesteps)
+    return RequestState(req=req, sink=None, max_len=max_len, seed_key=0,
+                        blocks_reserved=s.blocks_needed(rid, prompt_len, max_len))
+
+
+def add(s, *states):
+    for st in states:
+        s.add(st)
+    return states
+
+
+def prefill(s, states):
+    for st in states:
+        st.prompt_len = len(st.req.prompt)
+        s.grow_to(st, st.prompt_len)
+
+
+def admit(s):
+    admitted = s.admit()
+    prefill(s, admitted)
+    s.check_invariants()
+    return [st.request_id for st in admitted]
+
+
+def run_step(s, stop=lambda st: False):
+    """One step without overlap: launch everyone who takes part, then deliver; returns
+    {id: StepOutput} and ends the finished ones, as the engine does."""
+    batch = s.decode_candidates()
+    for st in batch:
+        s.grow_to(st, st.position + 1)
+        st.launched += 1
+    outs = {}
+    for st in batch:
+        out = outs[st.request_id] = s.on_patch(st, ("patch", st.request_id, st.step), stop(st))
+        if out.finish:
+            s.finish(st)
+    s.check_invariants()
+    return outs
+
+
+def run_to_end(s, st, stop=lambda st: False):
+    chunks, finish = [], None
+    while finish is None:
+        out = run_step(s, stop)[st.request_id]
+        if out.patches is not None:
+            chunks.append((out.first_step, len(out.patches)))
+        finish = out.finish
+    return chunks, finish
+
+
+# -- admission
+
+def test_admission_waits_for_blocks_and_returns_them_at_the_end():
+    s = make(num_blocks=10)  # each request: 8 + 8 positions = 4 blocks of 4
+    a, b, c = add(s, request(s, "a"), request(s, "b"), request(s, "c"))
+    assert a.blocks_reserved == 4
+    assert admit(s) == ["a", "b"]  # 2 left, c needs 4
+    assert list(s.waiting) == [c] and s.blocks.reserved == 2 * (4 - 2)  # prefill took 2 of each 4
+    assert admit(s) == []
+    s.finish(a)
+    assert a.slot is None and a.block_table == []
+    assert admit(s) == ["c"]
+    assert s.blocks.free + sum(len(st.block_table) for st in s.running.values()) == s.blocks.total
+
+
+def test_admission_is_bounded_by_the_batch_size_and_slots_are_unique():
+    s = make(num_blocks=1000, max_batch_size=3)
+    states = add(s, *[request(s, f"r{i}") for i in range(5)])
+    assert admit(s) == ["r0", "r1", "r2"]
+    assert sorted(st.slot for st in states[:3]) == [0, 1, 2]
+    freed = states[1].slot
+    s.finish(states[1])
+    assert admit(s) == ["r3"] and states[3].slot == freed
+    assert [st.request_id for st in s.waiting] == ["r4"]
+
+
+def test_a_big_request_at_the_head_is_not_overtaken():
+    s = make(num_blocks=10)
+    a = request(s, "a", prompt_len=8, max_len=8)  # 4 blocks
+    big = request(s, "big", prompt_len=16, max_len=16)  # 8 blocks
+    small = request(s, "small", prompt_len=4, max_len=4)  # 2 blocks: would fit now
+    add(s, a, big, small)
+    assert admit(s) == ["a"]
+    assert admit(s) == [] and list(s.waiting) == [big, small]  # FIFO: small waits behind big
+    run_to_end(s, a)  # a ends by max_len and gives its blocks back
+    assert admit(s) == ["big", "small"]
+
+
+def test_a_request_that_can_never_fit_is_refused():
+    s = make(num_blocks=4)
+    assert s.blocks_needed("ok", 8, 8) == 4
+    with pytest.raises(ValueError, match="needs 5 KV blocks .* the pool has only 4"):
+        s.blocks_needed("big", 8, 9)
+
+
+def test_waiting_bound():
+    s = make(max_batch_size=1, max_waiting=2)
+    add(s, request(s, "a"))
+    assert admit(s) == ["a"]  # running requests do not count
+    add(s, request(s, "b"))
+    s.check_room()
+    with pytest.raises(EngineBusy, match="max_waiting_requests"):
+        s.check_room(queued_elsewhere=1)  # one more handed over but not yet added
+    add(s, request(s, "c"))
+    with pytest.raises(EngineBusy, match="2 requests are already waiting"):
+        s.check_room()
+    s.cancel("b")
+    s.check_room()
+    assert make(max_waiting=None).check_room(queued_elsewhere=10 ** 6) is None
+
+
+# -- cancels
+
+def test_cancel_a_waiting_request():
+    s = make(max_batch_size=1)
+    a, b = add(s, request(s, "a"), request(s, "b"))
+    admit(s)
+    free, reserved = s.blocks.free, s.blocks.reserved
+    assert s.cancel("b") is b
+    assert not s.waiting and (s.blocks.free, s.blocks.reserved) == (free, reserved)
+    assert s.cancel("b") is None and s.cancel("nobody") is None
+    s.check_invariants()
+
+
+def test_cancel_a_running_request_returns_its_slot_and_all_its_blocks():
+    s = make(num_blocks=20)
+    a, b = add(s, request(s, "a", max_len=30), request(s, "b", max_len=30))
+    admit(s)
+    for _ in range(5):
+        run_step(s)
+    assert len(a.block_table) == 4  # 8 prompt + 5 steps (+1 being written) = 14 positions
+    assert s.cancel("a") is a
+    assert a.slot is None and a.block_table == [] and a.pending == []
+    assert not s.is_running(a) and s.decode_candidates() == [b]
+    s.check_invariants()
+    s.cancel("b")
+    assert s.blocks.free == s.blocks.total and s.blocks.reserved == 0
+    assert sorted(s._free_slots) == list(range(s.max_batch_size))
+
+
+# -- steps, chunks and finishing
+
+def test_chunks_follow_the_schedule_and_the_last_repeats():
+    s = make(chunk_schedule=(1, 4, 16))
+    (st,) = add(s, request(s, "a", max_len=40))
+    admit(s)
+    chunks, finish = run_to_end(s, st)
+    assert finish == "max_len" and st.step == 40
+    assert chunks == [(0, 1), (1, 4), (5, 16), (21, 16), (37, 3)]  # the last is short: it ends the request
+    assert not s.running and s.blocks.free == s.blocks.total
+
+
+def test_chunk_patches_are_the_steps_in_order():
+    s = make(chunk_schedule=(2,))
+    (st,) = add(s, request(s, "a", max_len=5))
+    admit(s)
+    outs = [run_step(s)["a"] for _ in range(5)]
+    assert [o.patches for o in outs] == [None, [("patch", "a", i) for i in (0, 1)], None,
+                                        [("patch", "a", i) for i in (2, 3)], [("patch", "a", 4)]]
+    assert [o.finish for o in outs] == [None] * 4 + ["max_len"]
+
+
+@pytest.mark.parametrize("min_len", [0, 1, 3])
+def test_the_stop_head_counts_only_after_min_len(min_len):
+    s = make()
+    (st,) = add(s, request(s, "a", max_len=20, min_len=min_len))
+    admit(s)
+    chunks, finish = run_to_end(s, st, stop=lambda st: True)
+    # Step i's stop counts when i > min_len: steps 0 .. min_len + 1 are delivered.
+    assert finish == "stop" and st.step == min_len + 2
+    assert sum(n for _, n in chunks) == st.step
+
+
+def test_stop_at_the_last_allowed_step_reports_stop():
+    s = make()
+    (st,) = add(s, request(s, "a", max_len=4, min_len=0))
+    admit(s)
+    _, finish = run_to_end(s, st, stop=lambda st: st.step == 3)
+    assert finish == "stop" and st.step == 4
+
+
+def test_a_request_whose_last_step_is_in_flight_sits_out_the_next_launch():
+    s = make()
+    a, b = add(s, request(s, "a", max_len=2), request(s, "b", max_len=5))
+    admit(s)
+    for _ in range(2):  # launch twice, deliver nothing (steps in flight)
+        for st in s.decode_candidates():
+            s.grow_to(st, st.position + 1)
+            st.launched += 1
+    assert s.decode_candidates() == [b]
+
+
+def test_launch_groups_by_loop_bucket_shortest_first():
+    s = make()
+    add(s, *[request(s, f"r{i}", timesteps=k) for i, k in enumerate([50, 4, 100, 10, 11])])
+    admit(s)
+    groups = s.launch_groups(s.decode_candidates())
+    assert [[st.request_id for st in g] for g in groups] == [["r1", "r3"], ["r0", "r2", "r4"]]
+    assert s.launch_groups([]) == []
+
+
+# -- the books balance whatever happens
+
+@pytest.mark.parametrize("seed", range(5))
+def test_invariants_hold_over_random_operations(seed):
+    """Random submits, cancels and steps, with the engine's overlap (step N delivered after
+    N+1 is launched, results of ended requests dropped)."""
+    rng = random.Random(seed)
+    s = make(num_blocks=40, max_batch_size=4, chunk_schedule=(1, 2, 4))
+    in_flight, ended, n = [], {}, 0
+    delivered: dict = {}
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.25:
+            st = request(s, f"r{n}", prompt_len=rng.randint(1, 30), max_len=rng.randint(1, 20),
+                         min_len=rng.randint(0, 5), timesteps=rng.choice([4, 10, 37]))
+            n += 1
+            s.add(st)
+        elif op < 0.35:
+            ids = [st.request_id for st in s.all_requests()]
+            if ids:
+                rid = rng.choice(ids)
+                assert s.cancel(rid) is not None
+                ended[rid] = "cancelled"
+        else:
+            admit(s)
+            batch = s.decode_candidates()
+            for st in batch:
+                s.grow_to(st, st.position + 1)
+                st.launched += 1
+            previous, in_flight = in_flight, s.launch_groups(batch)
+            for group in previous:
+                for st in group:
+                    if not s.is_running(st):
+                        continue  # ended meanwhile: its row is dropped
+                    out = s.on_patch(st, st.step, rng.random() < 0.1)
+                    if out.patches is not None:
+                        got = delivered.setdefault(st.request_id, [])
+                        assert out.first_step == len(got) and out.patches == list(range(len(got), st.step))
+                        got.extend(out.patches)
+                    if out.finish:
+                        s.finish(st)
+                        ended[st.request_id] = out.finish
+        s.check_invariants()
+        for st in s.running.values():
+            assert st.step <= st.launched <= st.max_len
+            assert len(st.block_table) * BLOCK >= st.prompt_len + st.launched  # every launched step has its slot
+    assert {"stop", "max_len", "cancelled"} <= set(ended.values())
+    for st in s.all_requests():
+        s.cancel(st.request_id)
+    s.check_invariants()
+    assert s.blocks.free == s.blocks.total and s.blocks.reserved == 0
+    assert sorted(s._free_slots) == list(range(4)) and not s.running and not s.waiting
+
+
+# -- no torch
+
+def test_the_scheduler_module_imports_no_torch_and_nothing_of_the_package():
+    path = Path(scheduler_module.__file__)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(a.name.split(".")[0] != "torch" for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module.split(".")[0] not in ("torch", "voxcpm_triton"), node.module
+    # Loaded alone, from its file, in a fresh interpreter: it runs and torch stays unloaded.
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('scheduler_alone', {str(path)!r})\n"
+            "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
+            "s = m.Scheduler(None, 16, 2, (1, 2), lambda k: k)\n"
+            "assert s.admit() == [] and 'torch' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
