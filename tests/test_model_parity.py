@@ -1,6 +1,8 @@
 """Parity with the official voxcpm 2.0.3 package, on checkpoints written here, in fp32."""
 
 import contextlib
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -175,14 +177,72 @@ def test_generate_latents_fixed_length(pair, mode, tmp_path):
     assert np.abs(wav - want_wav).max() <= TOL
 
 
+# The step (0-based) at which the stop head fires in each mode's free-stop run.
+STOP_STEP = {"zero_shot": 9, "reference": 11, "continuation": 13, "combined": 15}
+FREE_MIN_LEN = 2
+
+
+def _stop_at(ckpt, out_dir, states, k):
+    """A copy of checkpoint `ckpt` whose stop head fires on the LM state states[k], and on no earlier one.
+
+    With random weights the stop head fires at the first allowed step, which checks almost
+    nothing. Here w is the part of states[k] orthogonal to states[0..k-1] (the new direction
+    the LM state took at step k): h.w is 0 for the earlier states and |w|^2 for states[k].
+    stop_proj's row 0 computes h.w/|w| - |w|/2, stop_head turns silu of it into the "stop"
+    logit and leaves "go on" at 0, so the head says stop iff h.w/|w| > |w|/2: a margin of
+    |w|/2 on either side (0.2 to 2.5 here), far beyond the 1e-4 the two implementations differ by."""
+    from safetensors.torch import load_file, save_file
+
+    H = torch.stack(states).double()
+    q, _ = torch.linalg.qr(H[:k].T)
+    w = H[k] - q @ (q.T @ H[k])
+    norm = w.norm().item()
+    assert norm / 2 > 100 * TOL, f"step {k}'s LM state is (nearly) in the span of the earlier ones: |w| = {norm}"
+    shutil.copytree(ckpt, out_dir)
+    sd = load_file(os.path.join(ckpt, "model.safetensors"))
+    proj_w, proj_b, head_w = (torch.zeros_like(sd[n]) for n in ("stop_proj.weight", "stop_proj.bias", "stop_head.weight"))
+    proj_w[0] = (w / norm).float()
+    proj_b[0] = -norm / 2
+    head_w[1, 0] = 1.0
+    sd.update({"stop_proj.weight": proj_w, "stop_proj.bias": proj_b, "stop_head.weight": head_w})
+    save_file(sd, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
 @torch.inference_mode()
-@pytest.mark.parametrize("mode", ["zero_shot", "reference", "continuation", "combined"])
+@pytest.mark.parametrize("mode", list(STOP_STEP))
 def test_generate_latents_free_stop(pair, mode, tmp_path):
-    name, _, ours, ref = pair
+    """The stop head decides the length, at a step well past min_len, the same way in both."""
+    _, path, ours, ref = pair
     text, kw, cache = _mode_inputs(mode, ours, tmp_path)
     noise = noise_for_steps(3, 400, (ours.feat_dim, ours.patch_size))
-    gen = dict(min_len=2, cfg_value=1.5, inference_timesteps=6)
-    want, _ = _run_reference(ref, text, cache, noise, max_len=4096, **gen)
-    got = ours.generate_latents(text, noise=noise, **gen, **kw)
+    gen = dict(cfg_value=1.5, inference_timesteps=6)
+    k = STOP_STEP[mode]
+    # The LM states the stop head sees at steps 0..k, from a fixed-length reference run.
+    states = []
+    hook = ref.stop_proj.register_forward_pre_hook(lambda _m, args: states.append(args[0][0].clone()))
+    try:
+        _run_reference(ref, text, cache, noise, min_len=k + 1, max_len=k + 1, **gen)
+    finally:
+        hook.remove()
+    assert len(states) == k + 1
+    stop_dir = _stop_at(path, str(tmp_path / "ckpt_stop"), states, k)
+    ours = VoxCPM2.from_pretrained(stop_dir, device="cpu", dtype="float32")
+    ref = voxcpm2_module().VoxCPM2Model.from_local(stop_dir, optimize=False, device="cpu")
+    ref.eval()
+
+    max_len = k + 20
+    want, _ = _run_reference(ref, text, cache, noise, min_len=FREE_MIN_LEN, max_len=max_len, **gen)
+    got = ours.generate_latents(text, noise=noise, min_len=FREE_MIN_LEN, max_len=max_len, **gen, **kw)
+    # The patch of the step whose state says stop is kept: k + 1 patches.
+    assert want.shape[0] == k + 1, "the reference did not stop where the stop head was built to"
+    assert k + 1 >= FREE_MIN_LEN + 6
+    assert got.shape == want.shape
+    assert maxdiff(got, want) <= TOL
+
+    # min_len = k: a stop at step k is not allowed (only i > min_len is); both go on alike.
+    want, _ = _run_reference(ref, text, cache, noise, min_len=k, max_len=max_len, **gen)
+    got = ours.generate_latents(text, noise=noise, min_len=k, max_len=max_len, **gen, **kw)
+    assert want.shape[0] > k + 1
     assert got.shape == want.shape
     assert maxdiff(got, want) <= TOL
