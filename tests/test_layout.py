@@ -14,7 +14,7 @@ PKG = "voxcpm_triton"
 ROOT = Path(__file__).resolve().parent.parent / "python_backend" / PKG
 # The one way into testing/ from outside it, and where it may be used.
 TESTING_ENTRY = f"{PKG}.testing.ensure_tiny_checkpoint"
-TESTING_ENTRY_SITES = {f"{PKG}.serving.settings"}
+TESTING_ENTRY_SITES = {f"{PKG}.serving.parameters"}
 
 
 def module_name(path: Path) -> str:

@@ -189,33 +189,9 @@ def test_vae_decoder_idle_timeout_is_checked_against_the_sequence_batcher(fake_p
     cfg = json.loads(args["model_config"])
     cfg["sequence_batching"] = {"max_sequence_idle_microseconds": "120000000"}
     args["model_config"] = json.dumps(cfg)
-    with pytest.raises(ValueError, match="'stream_idle_timeout_s' \\(300\\) must not exceed the sequence batcher's"):
+    with pytest.raises(ValueError, match="'stream_idle_timeout_s' of model 'vae_decoder' \\(300\\) must not exceed "
+                                         "the sequence batcher's"):
         VAEDecoderModel().initialize(args)
     for bad in ("0", "-1", "nan", "soon"):
-        with pytest.raises(ValueError, match="'stream_idle_timeout_s' must be a positive number"):
+        with pytest.raises(ValueError, match="'stream_idle_timeout_s' of model 'vae_decoder' must be a positive number"):
             VAEDecoderModel().initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s=bad))
-
-
-def test_flag_settings_accept_true_false_and_reject_the_rest(monkeypatch):
-    from voxcpm_triton.serving.settings import flag
-
-    assert flag({}, "compile", True) is True and flag({}, "compile", False) is False
-    assert flag({"compile": "off"}, "compile", True) is False
-    assert flag({"compile": " Yes "}, "compile", False) is True
-    monkeypatch.setenv("VOXCPM_CUDA_GRAPHS", "0")  # the environment overrides config.pbtxt
-    assert flag({"cuda_graphs": "true"}, "cuda_graphs", True) is False
-    with pytest.raises(ValueError, match="'compile' must be true or false, got 'ture'"):
-        flag({"compile": "ture"}, "compile", True)
-
-
-def test_integer_settings_name_the_parameter_they_reject():
-    from voxcpm_triton.serving.settings import positive_int, positive_ints
-
-    assert positive_int({}, "max_streams", 256) == 256 and positive_int({"max_streams": "8"}, "max_streams", 1) == 8
-    assert positive_ints({"chunk_schedule": "1, 4,16"}, "chunk_schedule", "1") == (1, 4, 16)
-    for bad in ("0", "-3", "many", "2.5"):
-        with pytest.raises(ValueError, match=f"'max_streams' must be a positive integer, got '{bad}'"):
-            positive_int({"max_streams": bad}, "max_streams", 256)
-    for bad in ("1,,4", "1,0", "four"):
-        with pytest.raises(ValueError, match="'chunk_schedule' must be positive integers"):
-            positive_ints({"chunk_schedule": bad}, "chunk_schedule", "1,4,16")

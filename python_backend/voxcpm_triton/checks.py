@@ -68,28 +68,33 @@ def clean_text(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("\n", " "))
 
 
-def check_waveform(audio, sample_rate, name: str) -> np.ndarray:
-    """Validate a mono waveform and return it as float32 numpy."""
+def check_waveform(audio, sample_rate, name: str, rate_name: str | None = None,
+                   max_seconds: float | None = None) -> np.ndarray:
+    """Validate a mono waveform and return it as float32 numpy: the offline API's audio, and the
+    server's (`rate_name` names its sample-rate input; `max_seconds` bounds its length)."""
     if sample_rate is None:
-        raise ValueError(f"{name}: a sample rate is required with the audio")
+        raise ValueError(f"{name} needs {rate_name or 'a sample rate'}")
+    rate_name = rate_name or f"{name}'s sample rate"
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)):
-        raise ValueError(f"{name}: sample rate must be an integer, got {sample_rate!r}")
+        raise ValueError(f"{rate_name} must be an integer, got {sample_rate!r}")
     if not MIN_SAMPLE_RATE <= int(sample_rate) <= MAX_SAMPLE_RATE:
-        raise ValueError(f"{name}: sample rate {sample_rate} is outside [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
+        raise ValueError(f"{rate_name} {sample_rate} is outside [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
     if hasattr(audio, "detach"):  # a torch tensor
         audio = audio.detach().cpu().numpy()
     audio = np.asarray(audio)
     if audio.ndim == 2 and 1 in audio.shape:
         audio = audio.reshape(-1)
     if audio.ndim != 1:
-        raise ValueError(f"{name}: expected a mono waveform (1-D), got shape {tuple(audio.shape)}")
+        raise ValueError(f"{name} must be a mono waveform (1-D), got shape {list(audio.shape)}")
     if audio.size == 0:
-        raise ValueError(f"{name}: audio is empty")
+        raise ValueError(f"{name} is empty")
+    if max_seconds is not None and audio.size > max_seconds * int(sample_rate):
+        raise ValueError(f"{name} is {audio.size / int(sample_rate):.1f} s long; the limit is {max_seconds:.0f} s")
     if not np.issubdtype(audio.dtype, np.floating):
-        raise ValueError(f"{name}: expected float samples, got {audio.dtype}")
+        raise ValueError(f"{name} must hold float samples, got {audio.dtype}")
     audio = audio.astype(np.float32)
     if not np.isfinite(audio).all():
-        raise ValueError(f"{name}: audio contains NaN or Inf")
+        raise ValueError(f"{name} contains NaN or Inf")
     return audio
 
 

@@ -36,8 +36,9 @@ class SynthesisRequest:
     seed: int | None = None
 
 
-def _scalar(inputs: dict, name: str, kind):
-    a = inputs.get(name)
+def value(a, name: str, kind):
+    """The one value of input `name` (its numpy array; None when absent) as `kind`: str, int or
+    float. The orchestrators' inputs and the internal models' (through a Triton request) alike."""
     if a is None:
         return None
     a = np.asarray(a)
@@ -62,8 +63,9 @@ def _scalar(inputs: dict, name: str, kind):
     return float(v)
 
 
-def _text(inputs: dict, name: str, required: bool) -> str | None:
-    s = _scalar(inputs, name, str)
+def text(a, name: str, required: bool) -> str | None:
+    """Text input `name` (its numpy array; None when absent), checked."""
+    s = value(a, name, str)
     if s is None:
         if required:
             raise InputError(f"{name} is required")
@@ -78,27 +80,21 @@ def _text(inputs: dict, name: str, required: bool) -> str | None:
 
 def _audio(inputs: dict, name: str, rate_name: str):
     a = inputs.get(name)
-    rate = _scalar(inputs, rate_name, int)
+    rate = value(inputs.get(rate_name), rate_name, int)
     if a is None:
         if rate is not None:
             raise InputError(f"{rate_name} was given without {name}")
         return None, None
     a = np.asarray(a)
-    if rate is None:
-        raise InputError(f"{name} needs {rate_name}")
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise InputError(f"{rate_name} {rate} is outside [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
+    # The wire is stricter than the offline API, which also takes [1, n] and other float types.
     if a.dtype != np.float32:
         raise InputError(f"{name} must be FP32, got {a.dtype}")
     if a.ndim != 1:
         raise InputError(f"{name} must be a mono waveform of shape [-1], got {list(a.shape)}")
-    if a.size == 0:
-        raise InputError(f"{name} is empty")
-    if a.size > MAX_AUDIO_SECONDS * rate:
-        raise InputError(f"{name} is {a.size / rate:.1f} s long; the limit is {MAX_AUDIO_SECONDS:.0f} s")
-    if not np.isfinite(a).all():
-        raise InputError(f"{name} contains NaN or Inf")
-    return a, rate
+    try:
+        return checks.check_waveform(a, rate, name, rate_name, MAX_AUDIO_SECONDS), rate
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
@@ -107,20 +103,20 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
     if unknown:
         raise InputError(f"unknown input(s) {unknown}")
-    text = _text(inputs, "TEXT", required=True)
-    if not text.strip():
+    target = text(inputs.get("TEXT"), "TEXT", required=True)
+    if not target.strip():
         raise InputError("TEXT is empty")
-    req = SynthesisRequest(text=text)
+    req = SynthesisRequest(text=target)
     req.reference_audio, req.reference_sample_rate = _audio(inputs, "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE")
     req.prompt_audio, req.prompt_sample_rate = _audio(inputs, "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE")
-    req.prompt_text = _text(inputs, "PROMPT_TEXT", required=False)
+    req.prompt_text = text(inputs.get("PROMPT_TEXT"), "PROMPT_TEXT", required=False)
     if (req.prompt_audio is None) != (req.prompt_text is None):
         raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")
-    cfg = _scalar(inputs, "CFG_VALUE", float)
-    steps = _scalar(inputs, "INFERENCE_TIMESTEPS", int)
-    min_len = _scalar(inputs, "MIN_LENGTH", int)
-    max_len = _scalar(inputs, "MAX_LENGTH", int)
-    seed = _scalar(inputs, "SEED", int)
+    cfg = value(inputs.get("CFG_VALUE"), "CFG_VALUE", float)
+    steps = value(inputs.get("INFERENCE_TIMESTEPS"), "INFERENCE_TIMESTEPS", int)
+    min_len = value(inputs.get("MIN_LENGTH"), "MIN_LENGTH", int)
+    max_len = value(inputs.get("MAX_LENGTH"), "MAX_LENGTH", int)
+    seed = value(inputs.get("SEED"), "SEED", int)
     req.cfg_value = req.cfg_value if cfg is None else cfg
     req.inference_timesteps = req.inference_timesteps if steps is None else steps
     req.min_length = req.min_length if min_len is None else min_len

@@ -19,10 +19,9 @@ from ..engine.engine import EngineBusy
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from . import runtime
-from .contract import wire_names
+from .contract import value, wire_names
 from .metrics import EngineMetrics
-from .settings import (flag, model_parameters, positive_float, positive_int, positive_ints, resolve_checkpoint,
-                       setting)
+from .parameters import read, resolve_checkpoint
 from .triton_io import IPC_LOCK, Busy, InputError, error_response, get, locked, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -35,34 +34,30 @@ class ClientGone(Exception):
     pass
 
 
-def _scalar(request, name, cast, default=None):
-    a = get(request, name)
-    return default if a is None else cast(a.reshape(-1)[0])
+def _scalar(request, name, kind, default=None):
+    v = value(get(request, name), name, kind)
+    return default if v is None else v
 
 
 class DecoderModel:
     def initialize(self, args):
         runtime.watch_parent()
-        params = model_parameters(args)
+        params = read(args, "decoder")
         t0 = time.monotonic()
-        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params), device=setting(params, "device"),
-                                           dtype=setting(params, "dtype"))
-        kv_mb = positive_float(params, "kv_cache_mb", 1.0) if setting(params, "kv_cache_mb") else None
-        blocks = positive_int(params, "num_blocks", 1) if setting(params, "num_blocks") else None
-        attention = setting(params, "attention", "auto")
-        if attention not in ("auto", "triton", "torch"):
-            raise ValueError(f"parameter 'attention' must be auto, triton or torch, got {attention!r}")
+        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=params["device"],
+                                           dtype=params["dtype"])
+        kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
-            block_size=positive_int(params, "block_size", 16),
-            num_blocks=blocks,
+            block_size=params["block_size"],
+            num_blocks=params["num_blocks"],
             kv_memory_bytes=int(kv_mb * 2**20) if kv_mb else None,
-            max_batch_size=positive_int(params, "max_batch_size", 64),
-            max_waiting=positive_int(params, "max_waiting_requests", 256),
-            chunk_schedule=positive_ints(params, "chunk_schedule", "1,4,16"),
-            cuda_graphs=flag(params, "cuda_graphs", True),
-            compile=flag(params, "compile", True),
-            attention=attention,
-            timestep_buckets=positive_ints(params, "timestep_buckets", "4,8,10,12,16,24,32,50,100"),
+            max_batch_size=params["max_batch_size"],
+            max_waiting=params["max_waiting_requests"],
+            chunk_schedule=params["chunk_schedule"],
+            cuda_graphs=params["cuda_graphs"],
+            compile=params["compile"],
+            attention=params["attention"],
+            timestep_buckets=params["timestep_buckets"],
         )
         t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)

@@ -26,7 +26,7 @@ import numpy as np
 from ..checks import CONTEXT_PATCHES, draw_seed
 from . import contract, runtime
 from .metrics import metric
-from .settings import model_parameters, positive_int, read_config, resolve_checkpoint
+from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import BLSError, Busy, Unhealthy, bls, error_response, get, outputs, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
@@ -73,9 +73,9 @@ class _ResponseQueue:
 
 
 class Orchestrator:
-    def __init__(self, args):
+    def __init__(self, args, params: dict):
         runtime.watch_parent()
-        cfg = read_config(resolve_checkpoint(model_parameters(args)))
+        cfg = read_config(resolve_checkpoint(params["checkpoint"]))
         self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
         self.max_positions = int(cfg.get("max_length", 8192))
@@ -231,7 +231,7 @@ class TTSModel:
     cancels (gRPC) stops the work at the next chunk."""
 
     def initialize(self, args):
-        self.orch = Orchestrator(args)
+        self.orch = Orchestrator(args, read(args, "tts"))
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
@@ -259,8 +259,9 @@ class TTSStreamModel:
     refused as busy."""
 
     def initialize(self, args):
-        self.orch = Orchestrator(args)
-        self.max_streams = positive_int(model_parameters(args), "max_concurrent_streams", 256)
+        params = read(args, "tts_stream")
+        self.orch = Orchestrator(args, params)
+        self.max_streams = params["max_concurrent_streams"]
         self.tasks: set = set()
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None

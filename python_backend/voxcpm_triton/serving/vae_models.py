@@ -7,7 +7,6 @@ one tensor batch.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -20,14 +19,14 @@ from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
 from . import runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric
-from .settings import flag, model_parameters, positive_float, positive_int, positive_ints, resolve_checkpoint, setting
+from .parameters import read, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
-def _load(args):
+def _load(args, model: str):
     runtime.watch_parent()
-    params = model_parameters(args)
-    cfg, vae = load_audio_vae(resolve_checkpoint(params), resolve_device(setting(params, "device")))
+    params = read(args, model)
+    cfg, vae = load_audio_vae(resolve_checkpoint(params["checkpoint"]), resolve_device(params["device"]))
     return params, cfg, vae
 
 
@@ -46,7 +45,7 @@ class VAEEncoderModel:
     """AUDIO [1, n] at SAMPLE_RATE, PAD_LEFT -> LATENTS [1, patches, P, D]."""
 
     def initialize(self, args):
-        _, self.cfg, self.vae = _load(args)
+        _, self.cfg, self.vae = _load(args, "vae_encoder")
         self.beacon = runtime.Beacon("vae_encoder")
 
     def finalize(self):
@@ -59,10 +58,7 @@ class VAEEncoderModel:
             try:
                 require_internal(r, "vae_encoder")
                 rate = int(_one(r, "SAMPLE_RATE").reshape(-1)[0])
-                audio = _one(r, "AUDIO").reshape(-1)
-                if rate > 0 and audio.size > MAX_AUDIO_SECONDS * rate:
-                    raise InputError(f"AUDIO is {audio.size / rate:.1f} s long; the limit is {MAX_AUDIO_SECONDS:.0f} s")
-                wav = check_waveform(audio, rate, "audio")
+                wav = check_waveform(_one(r, "AUDIO").reshape(-1), rate, "AUDIO", "SAMPLE_RATE", MAX_AUDIO_SECONDS)
                 waves.append(resample(wav, rate, self.vae.sample_rate))
                 pads.append("left" if bool(_one(r, "PAD_LEFT").reshape(-1)[0]) else "right")
                 idx.append(i)
@@ -88,28 +84,22 @@ class VAEDecoderModel:
     """
 
     def initialize(self, args):
-        params, self.cfg, self.vae = _load(args)
+        params, self.cfg, self.vae = _load(args, "vae_decoder")
         on_gpu = self.vae.device.type == "cuda"
-        if on_gpu and flag(params, "triton_kernels", True):
+        if on_gpu and params["triton_kernels"]:
             from ..kernels import vae as vae_kernels  # imports triton: only where it can run
 
             self.vae.use_triton_kernels_(vae_kernels.available())
-        if on_gpu and flag(params, "compile", True):
+        if on_gpu and params["compile"]:
             self.vae.compile_()
-        self.streams = VAEStreams(self.vae, self.cfg.patch_size, positive_int(params, "max_streams", 256),
-                                  cuda_graphs=on_gpu and flag(params, "cuda_graphs", True),
-                                  graph_patches=positive_ints(params, "graph_patches", "1,4,16"))
+        self.streams = VAEStreams(self.vae, self.cfg.patch_size, params["max_streams"],
+                                  cuda_graphs=on_gpu and params["cuda_graphs"],
+                                  graph_patches=params["graph_patches"])
         # One chunk's activations grow with its length (the last level holds 32 x 7680 floats per
         # patch and stream): a bound keeps one caller's request from exhausting GPU memory.
-        self.max_chunk = positive_int(params, "max_chunk_patches", 256)
-        self.idle_timeout = positive_float(params, "stream_idle_timeout_s", 120.0)
-        # Triton frees a sequence that idles past its own timeout without telling the model: the
-        # model must drop the state no later, or it would hold it for a sequence that is gone.
-        batcher_s = json.loads(args["model_config"]).get("sequence_batching", {}).get(
-            "max_sequence_idle_microseconds")
-        if batcher_s is not None and self.idle_timeout > int(batcher_s) / 1e6:
-            raise ValueError(f"parameter 'stream_idle_timeout_s' ({self.idle_timeout:g}) must not exceed the sequence "
-                             f"batcher's max_sequence_idle_microseconds ({int(batcher_s) / 1e6:g} s)")
+        self.max_chunk = params["max_chunk_patches"]
+        # At most the sequence batcher's idle timeout (parameters.INVARIANTS).
+        self.idle_timeout = params["stream_idle_timeout_s"]
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
         labels = {"model": "vae_decoder"}

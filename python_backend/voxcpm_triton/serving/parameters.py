@@ -1,0 +1,249 @@
+"""Every model parameter in one table: its model, name, type, what it allows, its default (the
+value config.pbtxt holds) and one line of doc. Models read their parameters only through `read`:
+a key the table does not name, or a value it does not allow, stops the model with a message
+naming the parameter.
+
+The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE and
+VOXCPM_DTYPE (one deployment points every model at its checkpoint without editing six files).
+
+Rules that tie models together (`INVARIANTS`) are checked at start-up against the sibling
+models' config.pbtxt, which lie next to the model's own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger("voxcpm_triton.parameters")
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+# model.config.TORCH_DTYPES' names (imports torch, which the light processes must not).
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# Triton's own setting, not a parameter; the invariants read it too.
+IDLE_US = "sequence_batching.max_sequence_idle_microseconds"
+
+
+@dataclass(frozen=True)
+class Param:
+    model: str
+    name: str
+    kind: str  # int, float, bool, ints, choice, path, str
+    default: str  # as config.pbtxt writes it; "": unset (the model decides)
+    doc: str
+    choices: tuple = ()
+    env: str | None = None  # the documented environment variable that wins over config.pbtxt
+
+    def allowed(self) -> str:
+        return {"int": "a positive integer", "float": "a positive number", "bool": "true or false",
+                "ints": "positive integers separated by commas", "path": "a directory", "str": "a string",
+                "choice": "one of " + ", ".join(self.choices)}[self.kind]
+
+    def parse(self, text: str):
+        """The typed value of `text`; empty means the default, None where that is empty too."""
+        text = (text or "").strip() or self.default
+        if not text:
+            return None
+        value = _PARSERS[self.kind](self, text)
+        if value is None:
+            raise ValueError(f"parameter {self.name!r} of model {self.model!r} must be {self.allowed()}, "
+                             f"got {text!r}")
+        return value
+
+
+def _int(_, text):
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
+
+
+def _float(_, text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < math.inf else None
+
+
+def _bool(_, text):
+    text = text.lower()
+    return True if text in TRUE else False if text in FALSE else None
+
+
+def _ints(_, text):
+    values = tuple(_int(None, x.strip()) for x in text.split(","))
+    return None if None in values else values
+
+
+_PARSERS: dict[str, Callable] = {
+    "int": _int, "float": _float, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
+    "choice": lambda p, t: t if t in p.choices else None,
+}
+
+_CHECKPOINT_DOC = "checkpoint directory; empty: the embedded tiny checkpoint"
+_DEVICE_DOC = "torch device; empty: cuda if a GPU is present, else cpu"
+
+PARAMETERS: tuple[Param, ...] = (
+    *(Param(m, "checkpoint", "path", "", _CHECKPOINT_DOC, env="VOXCPM_CHECKPOINT")
+      for m in ("tts", "tts_stream", "tokenizer", "decoder", "vae_encoder", "vae_decoder")),
+    *(Param(m, "device", "str", "", _DEVICE_DOC, env="VOXCPM_DEVICE") for m in ("decoder", "vae_encoder", "vae_decoder")),
+    Param("decoder", "dtype", "choice", "", "weights and activations; empty: bfloat16 on a GPU, float32 on the CPU",
+          DTYPES, env="VOXCPM_DTYPE"),
+    Param("decoder", "max_batch_size", "int", "64", "requests decoding together"),
+    Param("decoder", "max_waiting_requests", "int", "256", "requests queued for admission; one more is busy"),
+    Param("decoder", "kv_cache_mb", "float", "", "KV cache size in MiB; empty: 25% of free GPU memory"),
+    Param("decoder", "num_blocks", "int", "", "KV cache size in blocks, instead of kv_cache_mb; empty: from kv_cache_mb"),
+    Param("decoder", "block_size", "int", "16", "tokens per KV cache block"),
+    Param("decoder", "chunk_schedule", "ints", "1,4,16", "patches per streamed chunk (the last repeats)"),
+    Param("decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
+    Param("decoder", "compile", "bool", "true", "GPU: LocDiT/LocEnc and the LM layer math compiled"),
+    Param("decoder", "attention", "choice", "auto", "decode attention kernels", ("auto", "triton", "torch")),
+    Param("decoder", "timestep_buckets", "ints", "4,8,10,12,16,24,32,50,100",
+          "CFM loop lengths with a decode graph each; the last must be 100"),
+    Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
+    Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
+    Param("vae_decoder", "compile", "bool", "true", "GPU: the snake activations fused by torch.compile"),
+    Param("vae_decoder", "triton_kernels", "bool", "true", "GPU: residual units and upsampling in Triton kernels"),
+    Param("vae_decoder", "max_streams", "int", "256", "streams with state held at once"),
+    Param("vae_decoder", "max_chunk_patches", "int", "256", "patches per LATENTS or CONTEXT chunk at most"),
+    Param("vae_decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
+    Param("vae_decoder", "graph_patches", "ints", "1,4,16", "chunk lengths (patches) with CUDA graphs"),
+)
+TABLE: dict[str, dict[str, Param]] = {}
+for _p in PARAMETERS:
+    TABLE.setdefault(_p.model, {})[_p.name] = _p
+
+
+def parse_values(model: str, raw: dict[str, str], env: bool = True) -> dict:
+    """name -> typed value for every parameter of `model`, from config.pbtxt's strings `raw`."""
+    params = TABLE[model]
+    unknown = sorted(set(raw) - set(params))
+    if unknown:
+        raise ValueError(f"model {model!r} has no parameter(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(sorted(params))}")
+    return {name: p.parse((env and p.env and os.environ.get(p.env)) or raw.get(name, ""))
+            for name, p in params.items()}
+
+
+# ---------------------------------------------------------------- config.pbtxt, without protobuf
+_PARAM_RE = re.compile(r'key\s*:\s*"([^"]*)"\s*value\s*:?\s*\{\s*string_value\s*:\s*"((?:[^"\\]|\\.)*)"\s*\}')
+_IDLE_RE = re.compile(r"max_sequence_idle_microseconds\s*:\s*(\d+)")
+
+
+def read_pbtxt(path: str) -> tuple[dict[str, str], int | None]:
+    """A config.pbtxt's `parameters` (key -> string_value) and its max_sequence_idle_microseconds."""
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"#[^\n]*", "", f.read())
+    idle = _IDLE_RE.search(text)
+    return dict(_PARAM_RE.findall(text)), int(idle.group(1)) if idle else None
+
+
+def _args_config(args: dict) -> tuple[dict[str, str], int | None]:
+    cfg = json.loads(args["model_config"])
+    raw = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+    idle = cfg.get("sequence_batching", {}).get("max_sequence_idle_microseconds")
+    return raw, None if idle is None else int(idle)
+
+
+# ---------------------------------------------------------------- rules across parameters and models
+@dataclass(frozen=True)
+class Invariant:
+    uses: tuple[str, ...]  # "model.parameter" it reads
+    rule: Callable[[dict], str | None]  # model -> values; the problem, or None
+    fatal: bool  # False: a logged warning
+    why: str
+
+
+def _chunk_fits(c):
+    longest, limit = max(c["decoder"]["chunk_schedule"]), c["vae_decoder"]["max_chunk_patches"]
+    if longest > limit:
+        return (f"decoder's parameter 'chunk_schedule' sends chunks of {longest} patches, more than vae_decoder's "
+                f"parameter 'max_chunk_patches' ({limit}) takes")
+    return None
+
+
+def _chunk_has_graph(c):
+    missing = sorted(set(c["decoder"]["chunk_schedule"]) - set(c["vae_decoder"]["graph_patches"]))
+    if missing and c["vae_decoder"]["cuda_graphs"]:
+        return (f"decoder's parameter 'chunk_schedule' has chunk lengths {missing} that vae_decoder's parameter "
+                "'graph_patches' has no CUDA graph for: they decode eagerly")
+    return None
+
+
+def _idle_fits(c):
+    timeout, idle_us = c["vae_decoder"]["stream_idle_timeout_s"], c["vae_decoder"][IDLE_US]
+    if idle_us is not None and timeout > idle_us / 1e6:
+        return (f"parameter 'stream_idle_timeout_s' of model 'vae_decoder' ({timeout:g}) must not exceed the "
+                f"sequence batcher's max_sequence_idle_microseconds ({idle_us / 1e6:g} s)")
+    return None
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(("decoder.chunk_schedule", "vae_decoder.max_chunk_patches"), _chunk_fits, True,
+              "vae_decoder refuses a longer chunk: every stream would fail"),
+    Invariant(("decoder.chunk_schedule", "vae_decoder.cuda_graphs", "vae_decoder.graph_patches"), _chunk_has_graph,
+              False, "a chunk length without a graph only decodes slower"),
+    Invariant(("vae_decoder.stream_idle_timeout_s", f"vae_decoder.{IDLE_US}"), _idle_fits, True,
+              "Triton frees an idle sequence without telling the model: the model must drop its state no later"),
+)
+
+
+def check_invariants(configs: dict[str, dict], model: str):
+    """Apply the invariants that read `model` and only models in `configs` (model -> values)."""
+    for inv in INVARIANTS:
+        models = {u.split(".")[0] for u in inv.uses}
+        if model not in models or not models <= set(configs):
+            continue
+        problem = inv.rule(configs)
+        if problem and inv.fatal:
+            raise ValueError(problem)
+        if problem:
+            log.warning("%s (%s)", problem, inv.why)
+
+
+def sibling_values(model_dir: str, name: str) -> dict | None:
+    """The values of sibling model `name` from its config.pbtxt, or None where it has none."""
+    path = os.path.join(model_dir, os.pardir, name, "config.pbtxt")
+    if name not in TABLE or not os.path.isfile(path):
+        return None
+    raw, idle = read_pbtxt(path)
+    return {**parse_values(name, raw, env=False), IDLE_US: idle}
+
+
+def read(args: dict, model: str) -> dict:
+    """The parameters of `model` (its role: decoder, vae_decoder, ...) from Triton's `args`, typed
+    and checked, with the documented environment overrides; the invariants with its siblings are
+    checked on the way."""
+    raw, idle = _args_config(args)
+    values = parse_values(model, raw)
+    configs = {model: {**values, IDLE_US: idle}}
+    if args.get("model_repository"):
+        for name in TABLE:
+            if name != model and (sib := sibling_values(args["model_repository"], name)) is not None:
+                configs[name] = sib
+    check_invariants(configs, model)
+    return values
+
+
+# ---------------------------------------------------------------- the checkpoint
+def resolve_checkpoint(path: str | None) -> str:
+    """The `checkpoint` parameter's directory, else the embedded tiny checkpoint."""
+    if path:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"VoxCPM2 checkpoint directory not found: {path}")
+        return path
+    from ..paths import DEFAULT_TINY_DIR
+
+    if os.path.isfile(os.path.join(DEFAULT_TINY_DIR, "config.json")):
+        return DEFAULT_TINY_DIR
+    from ..testing import ensure_tiny_checkpoint  # imports torch: only when generating
+
+    return ensure_tiny_checkpoint()
+
+
+def read_config(path: str) -> dict:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,152 @@
+"""The table of model parameters (serving/parameters.py) against what it describes: the
+config.pbtxt files, the README's Configuration table, and the rules across models."""
+
+import json
+import logging
+import re
+
+import pytest
+
+from tests.server import REPO, repository_copy
+from voxcpm_triton.serving import parameters
+from voxcpm_triton.serving.parameters import PARAMETERS, TABLE, parse_values, read, read_pbtxt
+
+
+def _args(repo, model):
+    """Triton's `args` for `model` of repository `repo`, as the python backend hands them over."""
+    raw, idle = read_pbtxt(str(repo / model / "config.pbtxt"))
+    cfg = {"parameters": {k: {"string_value": v} for k, v in raw.items()}}
+    if idle is not None:
+        cfg["sequence_batching"] = {"max_sequence_idle_microseconds": str(idle)}
+    return {"model_config": json.dumps(cfg), "model_name": model, "model_repository": str(repo / model)}
+
+
+def test_every_config_pbtxt_parameter_is_in_the_table_with_its_default():
+    for model, params in TABLE.items():
+        raw, _ = read_pbtxt(str(REPO / "model_repository" / model / "config.pbtxt"))
+        assert set(raw) == set(params), model
+        for name, p in params.items():
+            assert raw[name] == p.default, f"{model}.{name}: config.pbtxt {raw[name]!r}, table {p.default!r}"
+            p.parse(p.default)  # every default is allowed
+    assert len(PARAMETERS) == len({(p.model, p.name) for p in PARAMETERS})
+
+
+def test_the_dtype_choices_are_the_models():
+    from voxcpm_triton.model.config import DTYPES
+
+    assert set(parameters.DTYPES) - {"auto"} == DTYPES
+
+
+def test_values_are_typed_and_bad_ones_name_the_parameter_and_what_is_allowed():
+    v = parse_values("decoder", {"chunk_schedule": "1, 4,16", "cuda_graphs": " Off ", "kv_cache_mb": "512.5"})
+    assert v["chunk_schedule"] == (1, 4, 16) and v["cuda_graphs"] is False and v["kv_cache_mb"] == 512.5
+    assert v["max_batch_size"] == 64 and v["num_blocks"] is None and v["attention"] == "auto"
+    assert parse_values("vae_decoder", {"compile": "yes", "max_streams": ""})["max_streams"] == 256
+    bad = {
+        ("decoder", "attention", "tritno"): "must be one of auto, triton, torch, got 'tritno'",
+        ("decoder", "dtype", "fp8"): "must be one of auto, float32",
+        ("decoder", "compile", "ture"): "must be true or false, got 'ture'",
+        ("decoder", "chunk_schedule", "1,,4"): "must be positive integers separated by commas",
+        ("decoder", "chunk_schedule", "1,0"): "must be positive integers separated by commas",
+        ("decoder", "kv_cache_mb", "inf"): "must be a positive number",
+        ("vae_decoder", "max_streams", "2.5"): "must be a positive integer, got '2.5'",
+        ("vae_decoder", "max_streams", "-3"): "must be a positive integer",
+        ("tts_stream", "max_concurrent_streams", "many"): "must be a positive integer",
+    }
+    for (model, name, value), message in bad.items():
+        with pytest.raises(ValueError, match=re.escape(f"parameter '{name}' of model '{model}' {message}")):
+            parse_values(model, {name: value})
+
+
+def test_unknown_keys_are_an_error_naming_them():
+    with pytest.raises(ValueError, match="model 'vae_decoder' has no parameter\\(s\\) cuda_graph, max_batch_size; "
+                                         "it takes checkpoint, compile"):
+        parse_values("vae_decoder", {"cuda_graph": "false", "max_batch_size": "4"})
+
+
+def test_only_the_documented_environment_variables_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("VOXCPM_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("VOXCPM_MAX_STREAMS", "1")
+    v = parse_values("vae_decoder", {"cuda_graphs": "true"})
+    assert v["cuda_graphs"] is True and v["max_streams"] == 256
+    monkeypatch.setenv("VOXCPM_CHECKPOINT", str(tmp_path))
+    monkeypatch.setenv("VOXCPM_DEVICE", "cpu")
+    monkeypatch.setenv("VOXCPM_DTYPE", "bf16")
+    v = parse_values("decoder", {"checkpoint": "/elsewhere", "device": "cuda", "dtype": ""})
+    assert (v["checkpoint"], v["device"], v["dtype"]) == (str(tmp_path), "cpu", "bf16")
+    assert {p.env for p in PARAMETERS} == {None, "VOXCPM_CHECKPOINT", "VOXCPM_DEVICE", "VOXCPM_DTYPE"}
+    monkeypatch.setenv("VOXCPM_DTYPE", "fp8")  # an override is checked like the value it replaces
+    with pytest.raises(ValueError, match="parameter 'dtype' of model 'decoder' must be one of"):
+        parse_values("decoder", {})
+
+
+def test_the_project_repository_passes_its_own_checks(tmp_path, caplog):
+    repo = repository_copy(tmp_path / "repo")
+    with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
+        for model in TABLE:
+            assert read(_args(repo, model), model) == parse_values(model, {})
+    assert not caplog.records
+
+
+def test_a_chunk_longer_than_vae_decoder_takes_stops_both_models(tmp_path):
+    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"chunk_schedule": "1,4,300"},
+                                                          "vae_decoder": {"graph_patches": "1,4,300"}})
+    for model in ("decoder", "vae_decoder"):
+        with pytest.raises(ValueError, match="decoder's parameter 'chunk_schedule' sends chunks of 300 patches, more "
+                                             "than vae_decoder's parameter 'max_chunk_patches' \\(256\\)"):
+            read(_args(repo, model), model)
+    read(_args(repo, "tts"), "tts")  # models the rule does not read are not stopped by it
+
+
+def test_a_chunk_length_without_a_vae_graph_is_a_warning(tmp_path, caplog):
+    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"graph_patches": "1,16"}})
+    with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
+        read(_args(repo, "decoder"), "decoder")
+    assert "chunk lengths [4]" in caplog.text and "'graph_patches'" in caplog.text
+    caplog.clear()
+    repo = repository_copy(tmp_path / "eager", parameters={"vae_decoder": {"graph_patches": "1,16",
+                                                                           "cuda_graphs": "false"}})
+    with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
+        read(_args(repo, "decoder"), "decoder")
+    assert not caplog.records, "no graphs at all: nothing is missing"
+
+
+def test_the_stream_idle_timeout_fits_the_sequence_batchers(tmp_path):
+    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"stream_idle_timeout_s": "300"}})
+    with pytest.raises(ValueError, match="'stream_idle_timeout_s' of model 'vae_decoder' \\(300\\) must not exceed "
+                                         "the sequence batcher's max_sequence_idle_microseconds \\(120 s\\)"):
+        read(_args(repo, "vae_decoder"), "vae_decoder")
+    cfg = repo / "vae_decoder" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_sequence_idle_microseconds: 120000000",
+                                           "max_sequence_idle_microseconds: 300000000"))
+    assert read(_args(repo, "vae_decoder"), "vae_decoder")["stream_idle_timeout_s"] == 300.0
+
+
+def _readme_rows():
+    """(models, knobs, default cell) of each README Configuration row about a config.pbtxt."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Configuration"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and "config.pbtxt" in cells[0]:
+            models = re.findall(r"`(\w+)/config\.pbtxt`", cells[0])
+            # A knob with a dot is a field of config.pbtxt (instance_group.count), not a parameter.
+            knobs = [k for k in re.findall(r"`([\w.]+)`", cells[1]) if "." not in k]
+            rows.append((models, knobs, cells[2]))
+    return rows
+
+
+def test_the_readme_configuration_table_matches_the_table():
+    rows = _readme_rows()
+    for p in PARAMETERS:
+        cells = [d for models, knobs, d in rows if p.model in models and p.name in knobs]
+        assert cells, f"README's Configuration table has no row for {p.model}/config.pbtxt {p.name}"
+        want = "empty" if p.default == "" else p.default
+        assert any(re.search(rf"(?<![\w.,]){re.escape(want)}(?![\w,])", d) for d in cells), \
+            f"README's row for {p.model}.{p.name} does not give its default {want!r}"
+    for models, knobs, _ in rows:
+        for model in models:
+            for knob in knobs:
+                assert knob in TABLE.get(model, {}), f"README names {model}/config.pbtxt {knob}, which is no parameter"
