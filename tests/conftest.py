@@ -1,11 +1,11 @@
 import copy
+import importlib
 import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
-
-from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
     # The Triton kernels' tests run under triton's CPU interpreter, which is chosen when triton is
     # first imported: set it before any test module (or code under test) can import triton.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint  # noqa: E402  (after TRITON_INTERPRET)
 
 
 def variant_config() -> dict:
@@ -52,3 +54,23 @@ def sine_wave(seconds: float, rate: int, freq: float = 220.0, seed: int = 0) -> 
     t = np.arange(int(seconds * rate)) / rate
     rng = np.random.default_rng(seed)
     return (0.4 * np.sin(2 * np.pi * freq * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+# What scripts/setup.sh installs is no optional extra: a test that needs it fails when it is
+# missing (setup.sh is broken, or was not run), where a skip would hide exactly that.
+def require_module(name: str, source: str):
+    """Import `name`, which setup.sh installs from `source`; fail the test (or module) if it cannot."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        pytest.fail(f"cannot import {name} ({e}): scripts/setup.sh should have installed it ({source}); "
+                    "run scripts/setup.sh", pytrace=False)
+
+
+def require_executable(name: str, source: str) -> str:
+    """The path of executable `name`, which setup.sh installs from `source`; fail if it is not on PATH."""
+    exe = shutil.which(name)
+    if exe is None:
+        pytest.fail(f"{name} is not on PATH: scripts/setup.sh should have installed it ({source}); "
+                    "run scripts/setup.sh", pytrace=False)
+    return exe

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_executable
 from tests.server import REPO, triton_env, venv_dir
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
@@ -77,8 +78,7 @@ def test_setup_rewraps_perf_analyzer_after_a_pip_reinstall(tmp_path):
         elf = real / "bin" / "perf_analyzer"
     assert elf.read_bytes()[:4] == b"\x7fELF", f"no perf_analyzer binary in {real}"
     stamp = real / ".voxcpm-setup-stamp"
-    if not stamp.is_file():
-        pytest.skip(f"{stamp} missing: run scripts/setup.sh")
+    assert stamp.is_file(), f"{stamp} missing: scripts/setup.sh writes it after pip; run scripts/setup.sh"
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -103,8 +103,9 @@ def test_setup_rewraps_perf_analyzer_after_a_pip_reinstall(tmp_path):
         r = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
                            timeout=300)  # fmt: skip
         out = r.stdout + r.stderr
-        if "TEST-GUARD" in out:
-            pytest.skip("the venv's setup stamp is stale (setup.sh would run pip): run scripts/setup.sh")
+        # setup.sh with the stamp it wrote must not run pip again: if it does, either the venv is
+        # out of date (run scripts/setup.sh) or setup.sh's stamp check is broken.
+        assert "TEST-GUARD" not in out, f"setup.sh ran pip despite the venv's stamp (stale? run scripts/setup.sh):\n{out}"
         assert r.returncode == 0, out
         return out
 
@@ -337,9 +338,7 @@ _COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_
 
 
 def _compose_config(**env_vars: str) -> dict:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.skip("docker-compose is not installed (scripts/setup.sh installs Debian's docker-compose)")
+    exe = require_executable("docker-compose", "Debian's docker-compose, APT_PACKAGES")
     env = {k: v for k, v in os.environ.items() if k not in _COMPOSE_VARS and not k.startswith("COMPOSE_")}
     env.update(env_vars)
     r = subprocess.run([exe, "-f", str(COMPOSE), "config"], cwd=REPO, env=env, capture_output=True, text=True,

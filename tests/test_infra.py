@@ -12,7 +12,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import require_executable
 from tests.server import REPO, TritonServer, _free_ports, _pids_in_group, triton_env
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
@@ -341,9 +341,7 @@ def test_server_helper_stop_reaps_everything(tmp_path):
 
 
 def test_docker_compose_config_valid():
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.skip("docker-compose is not installed (scripts/setup.sh installs Debian's docker-compose)")
+    exe = require_executable("docker-compose", "Debian's docker-compose, APT_PACKAGES")
     env = dict(os.environ, VOXCPM_CHECKPOINT="/tmp/voxcpm-checkpoint")
     r = subprocess.run(
         [exe, "-f", str(REPO / "docker-compose.yml"), "config"],

@@ -16,7 +16,9 @@ import uuid
 import numpy as np
 import pytest
 
-tritonclient = pytest.importorskip("tritonclient")
+from tests.conftest import require_module  # noqa: E402
+
+tritonclient = require_module("tritonclient", "tritonclient[all] in requirements.txt")
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402

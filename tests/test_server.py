@@ -11,7 +11,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-tritonclient = pytest.importorskip("tritonclient")
+from tests.conftest import require_module  # noqa: E402
+
+tritonclient = require_module("tritonclient", "tritonclient[all] in requirements.txt")
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
