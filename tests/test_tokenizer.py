@@ -5,7 +5,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -111,17 +110,14 @@ CASES = [
 ]
 
 
-def test_builder_is_deterministic_and_fast(tmp_path):
-    t0 = time.perf_counter()
+def test_builder_is_deterministic(tmp_path):
     write_tiny_tokenizer(str(tmp_path / "a"))
-    elapsed = time.perf_counter() - t0
     write_tiny_tokenizer(str(tmp_path / "b"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         a = (tmp_path / "a" / name).read_bytes()
         b = (tmp_path / "b" / name).read_bytes()
         assert a == b, name
     assert build_tiny_tokenizer()[0].encode("utf-8") == (tmp_path / "a" / "tokenizer.json").read_bytes()
-    assert elapsed < 1.0
 
 
 def test_builder_vocab_layout(tok_dir):
@@ -341,17 +337,12 @@ def test_config_variants(name, tok_dir, tmp_path):
         assert ours(text) == ref(text), text
 
 
-# --- validation -----------------------------------------------------------------------
+# --- loading errors (what the server's tokenizer model meets at load: TextTokenizer.from_dir) ----
 
 
-def test_validate_ok(tok_dir, ours):
-    TextTokenizer.validate(tok_dir)
-    ours.validate()
-
-
-def test_validate_errors(tok_dir, tmp_path):
+def test_load_errors(tok_dir, tmp_path):
     with pytest.raises(TokenizerFileError, match="directory not found"):
-        TextTokenizer.validate(str(tmp_path / "nope"))
+        TextTokenizer.from_dir(str(tmp_path / "nope"))
 
     def case(name, files):
         d = tmp_path / name
@@ -390,10 +381,9 @@ def test_validate_errors(tok_dir, tmp_path):
     for name, (files, msg) in bad.items():
         d = case(name, files)
         with pytest.raises(TokenizerFileError, match=msg) as info:
-            TextTokenizer.validate(d)
-        assert d in str(info.value)  # the message names the offending file's path
-        with pytest.raises(ValueError):
             TextTokenizer.from_dir(d)
+        assert d in str(info.value)  # the message names the offending file's path
+        assert isinstance(info.value, ValueError)
 
 
 def test_no_unk_token(tok_dir, tmp_path):

@@ -90,19 +90,6 @@ def is_multichar_chinese(token: str) -> bool:
     return len(token) >= 2 and all("\u4e00" <= c <= "\u9fff" for c in token)
 
 
-class _HybridMethod:
-    """``TextTokenizer.validate(path)`` on the class, ``tok.validate()`` on an instance."""
-
-    def __init__(self, func):
-        self.func = func
-        self.__doc__ = func.__doc__
-
-    def __get__(self, obj, cls):
-        if obj is None:
-            return lambda path: self.func(cls, path)
-        return lambda: self.func(cls, obj.path)
-
-
 def _read_json(path: str, what: str) -> Any:
     if not os.path.isfile(path):
         raise TokenizerFileError(f"{what} not found: {path}")
@@ -332,15 +319,6 @@ class TextTokenizer:
             raise TokenizerFileError(f"tokenizer directory not found: {path}")
         tok, specials = _emulate_from_pretrained(path)
         return cls(tok, specials, path)
-
-    def _validate(cls, path) -> None:
-        """Check that ``path`` holds a loadable tokenizer.json + tokenizer_config.json
-        (raises ``TokenizerFileError`` naming the offending file)."""
-        if path is None:
-            raise TokenizerFileError("this TextTokenizer was not loaded from a directory")
-        cls.from_dir(path)
-
-    validate = _HybridMethod(_validate)
 
     # -- properties -----------------------------------------------------------------
     def _lookup(self, token: Optional[str]) -> Optional[int]:
