@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import CfmConfig, LMConfig
+from .config import LMConfig
 from .minicpm import MiniCPM, local_attention
 
 
@@ -108,7 +108,7 @@ def zero_velocity_steps(n_steps: int) -> int:
 class CFMSolver(nn.Module):
     """Conditional flow matching sampler around LocDiT (reference: UnifiedCFM, inference only)."""
 
-    def __init__(self, cfg: CfmConfig, estimator: LocalDiT, mean_mode: bool = False):
+    def __init__(self, estimator: LocalDiT, mean_mode: bool = False):
         super().__init__()
         self.estimator = estimator
         self.mean_mode = mean_mode

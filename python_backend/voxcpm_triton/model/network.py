@@ -51,7 +51,7 @@ class VoxCPM2Model(nn.Module):
         self.base_lm = MiniCPM(lm)
         self.residual_lm = MiniCPM(cfg.residual_lm())
         self.feat_encoder = LocalEncoder(cfg.local_encoder(), cfg.feat_dim)
-        self.feat_decoder = CFMSolver(cfg.dit_config.cfm_config, LocalDiT(cfg.local_dit(), cfg.feat_dim),
+        self.feat_decoder = CFMSolver(LocalDiT(cfg.local_dit(), cfg.feat_dim),
                                       mean_mode=cfg.dit_config.dit_mean_mode)
         self.fsq_layer = ScalarQuantizer(h, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
         self.enc_to_lm_proj = nn.Linear(cfg.encoder_config.hidden_dim, h)
