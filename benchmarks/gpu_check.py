@@ -83,14 +83,17 @@ def _rows(eng, vox, prompt, b):
 def graph_vs_eager(path: str, batches) -> dict:
     """Per batch: the plain eager step (nothing compiled, no Triton kernels), the compiled eager step, and the
     compiled step replayed as a CUDA graph, from the same state (KV pools start empty)."""
-    vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16")
-    prompt = vox.prepare_prompt(TEXT)
     # Nothing compiled and PyTorch attention everywhere: the Triton kernels are checked by this too.
-    plain_eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30, cuda_graphs=False,
-                                         attention="torch"))
-    plain = {b: plain_eng.runner.collect(plain_eng.runner.launch(_rows(plain_eng, vox, prompt, b)))[0] for b in batches}
+    plain_vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16", attention="torch")
+    prompt = plain_vox.prepare_prompt(TEXT)
+    plain_eng = Engine(plain_vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30,
+                                               cuda_graphs=False))
+    plain = {b: plain_eng.runner.collect(plain_eng.runner.launch(_rows(plain_eng, plain_vox, prompt, b)))[0]
+             for b in batches}
     plain_eng.shutdown()
-    del plain_eng
+    del plain_eng, plain_vox
+    torch.cuda.empty_cache()
+    vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16", compile=True)  # as served
     eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30))  # compiles, captures
     r = eng.runner
     out = {}
@@ -135,11 +138,9 @@ def vae_graphs_vs_eager(path: str) -> dict:
     # Four decoders over the same streams and latents: plain eager; compiled snakes + graphs;
     # and the served path (Triton conv + compiled snakes) eagerly and as graphs.
     cfg, plain = load_audio_vae(path, "cuda")
-    _, compiled = load_audio_vae(path, "cuda")
-    _, fast = load_audio_vae(path, "cuda")
+    _, compiled = load_audio_vae(path, "cuda", compile=True)
+    _, fast = load_audio_vae(path, "cuda", triton_kernels=vae_kernels.available(), compile=True)
     P = cfg.patch_size
-    compiled.compile_()
-    fast.use_triton_kernels_(vae_kernels.available()).compile_()
     banks = [VAEStreams(plain, P, max_streams=8, cuda_graphs=False),
              VAEStreams(compiled, P, max_streams=8, cuda_graphs=True),
              VAEStreams(fast, P, max_streams=8, cuda_graphs=False),

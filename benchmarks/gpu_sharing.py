@@ -86,8 +86,8 @@ def main():
     from voxcpm_triton.engine.vae_streams import VAEStreams
     from voxcpm_triton.voxcpm2 import load_audio_vae
 
-    cfg, vae = load_audio_vae(args.checkpoint, "cuda")
-    bank = VAEStreams(vae.compile_(), cfg.patch_size, max_streams=8, cuda_graphs=True)
+    cfg, vae = load_audio_vae(args.checkpoint, "cuda", compile=True)
+    bank = VAEStreams(vae, cfg.patch_size, max_streams=8, cuda_graphs=True)
     for k in range(8):
         bank.open(k)
     res = {"device": torch.cuda.get_device_name(0), "vae_alone": _vae_latency(bank)}

@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--out", help="write the phases as JSON here")
     a = ap.parse_args()
     t0 = time.monotonic()
-    vox = VoxCPM2.from_pretrained(a.checkpoint, device="cuda", dtype="bfloat16")
+    vox = VoxCPM2.from_pretrained(a.checkpoint, device="cuda", dtype="bfloat16", compile=True)  # as served
     load = time.monotonic() - t0
     eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, chunk_schedule=(1, 4, 16)))
     res = {"device": torch.cuda.get_device_name(), "load_s": load, **{f"{k}_s": v for k, v in eng.startup_s.items()},

@@ -104,8 +104,11 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name):
     """The whole LocDiT velocity and LocEnc embedding, PyTorch path vs the fused kernel (fp32)."""
     from voxcpm_triton.voxcpm2 import VoxCPM2
 
-    vox = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32")
-    m = vox.model
+    m = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="torch").model
+    fused = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="triton").model
+    assert fused.feat_decoder.estimator.attention is lat.fused_local_attention
+    assert fused.feat_encoder.attention is lat.fused_local_attention
+    assert m.feat_decoder.estimator.attention is local_attention
     g = torch.Generator().manual_seed(3)
     P, D, B = m.patch_size, m.feat_dim, 3
     hdit = m.feat_decoder.estimator.hidden
@@ -113,14 +116,9 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name):
     mu, t = torch.randn(B, 2 * hdit, generator=g), torch.rand(B, generator=g)
     feats = torch.randn(B, 2, P, D, generator=g)
     args = [a.to(DEV) for a in (x, mu, t, cond, torch.zeros(B))]
-    try:
-        with torch.no_grad():
-            ref_v, ref_e = m.feat_decoder.estimator(*args), m.feat_encoder(feats.to(DEV))
-            m.use_fused_attention_()
-            assert m.feat_decoder.estimator.attention is lat.fused_local_attention
-            out_v, out_e = m.feat_decoder.estimator(*args), m.feat_encoder(feats.to(DEV))
-    finally:
-        m.use_fused_attention_(False)
+    with torch.no_grad():
+        ref_v, ref_e = m.feat_decoder.estimator(*args), m.feat_encoder(feats.to(DEV))
+        out_v, out_e = fused.feat_decoder.estimator(*args), fused.feat_encoder(feats.to(DEV))
     assert (out_v - ref_v).abs().max().item() <= 1e-4
     assert (out_e - ref_e).abs().max().item() <= 1e-4
 

@@ -121,7 +121,7 @@ REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_
 def test_decoder_with_the_kernel_matches_without():
     """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel)."""
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
-    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV).use_triton_kernels_()
+    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
     assert sum(getattr(m, "polyphase", False) for m in fused.modules()) == 6
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
@@ -137,5 +137,5 @@ def test_decoder_with_the_kernel_matches_without():
 
 def test_only_depthwise_units_are_fused():
     cfg = dict(REALISH, depthwise=False, decoder_dim=16, decoder_rates=[2, 2], encoder_rates=[2, 2])
-    vae = AudioVAE(AudioVAEConfig.from_dict(cfg)).use_triton_kernels_()
+    vae = AudioVAE(AudioVAEConfig.from_dict(cfg), triton_kernels=True)
     assert not any(getattr(m, "fused", False) for m in vae.modules())

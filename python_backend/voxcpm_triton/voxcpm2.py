@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from . import checks
-from .model.audio_vae import AudioVAE
+from .model.audio_vae import AudioVAE, compile_snakes
 from .formats.checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
 from .model.config import TORCH_DTYPES, VoxCPM2Config
 from .model.local_modules import CfmSchedule
-from .model.minicpm import LongRoPE
+from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
 from .model.noise import noise_for_steps
 from .checks import check_waveform, clean_text, default_max_len, resample
@@ -35,6 +35,28 @@ def resolve_device(device: str | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available")
     return dev
+
+
+def resolve_attention(attention: str, device: torch.device) -> str:
+    """"auto" | "triton" | "torch" -> "triton" or "torch" for a model on `device` (see from_pretrained)."""
+    if attention not in ("auto", "triton", "torch"):
+        raise ValueError(f"attention must be 'auto', 'triton' or 'torch', got {attention!r}")
+    if attention == "torch" or (attention == "auto" and device.type != "cuda"):
+        return "torch"  # no triton import where it cannot be used
+    from .kernels import _triton
+
+    if attention == "auto":
+        return "triton" if _triton.available() else "torch"
+    if device.type == "cuda":
+        if not _triton.available():
+            raise ValueError("attention='triton' requested but triton is unavailable")
+    else:
+        from .kernels import local_attention  # the CPU can run the kernels only interpreted (tests)
+
+        if not local_attention._INTERPRETED:
+            raise ValueError("attention='triton' needs a CUDA device (or triton's CPU interpreter, "
+                             "TRITON_INTERPRET=1)")
+    return "triton"
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
@@ -71,16 +93,23 @@ class ContiguousKVCache:
         self.length += n
 
 
-def load_audio_vae(path: str, device) -> tuple[VoxCPM2Config, AudioVAE]:
-    """The checkpoint's AudioVAE alone (fp32), for the VAE Triton models."""
+def load_audio_vae(path: str, device, triton_kernels: bool = False,
+                   compile: bool = False) -> tuple[VoxCPM2Config, AudioVAE]:
+    """The checkpoint's AudioVAE alone (fp32), for the VAE Triton models, built with its decoder's
+    backends: triton_kernels (`AudioVAE`: the `kernels.vae` kernels; the caller checks that they
+    can run) and compile (GPU: the snake activations torch.compile'd and warmed up here,
+    `audio_vae.compile_snakes`)."""
     files = checkpoint_files(path)
     cfg = VoxCPM2Config.from_file(files["config"])
-    vae = AudioVAE(cfg.audio_vae_config)
+    vae = AudioVAE(cfg.audio_vae_config, triton_kernels=triton_kernels)
     try:
         vae.load_vae_state_dict(load_tensors(files["vae"]))
     except ValueError as e:
         raise CheckpointError(f"{files['vae']}: {e}") from None
-    return cfg, vae.to(device).eval().requires_grad_(False)
+    vae = vae.to(device).eval().requires_grad_(False)
+    if compile:
+        compile_snakes(vae)
+    return cfg, vae
 
 
 @torch.inference_mode()
@@ -111,19 +140,31 @@ class VoxCPM2:
                  device: torch.device, dtype: torch.dtype):
         self.cfg, self.model, self.vae, self.tokenizer = cfg, model, vae, tokenizer
         self.device, self.dtype = device, dtype
+        # The backends the network was built with (`from_pretrained`); the engine follows them.
+        self.attention, self.compiled = model.attention, model.compiled
         self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None) -> "VoxCPM2":
+    def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None,
+                        attention: str = "auto", compile: bool = False) -> "VoxCPM2":
+        """attention: the Triton kernels' pair (LocDiT/LocEnc attention here, paged decode attention in
+        the engine) or PyTorch's: "auto" (Triton on CUDA where `kernels._triton.available()`, else
+        PyTorch), "triton" (an error where they cannot run), "torch". compile (CUDA only):
+        torch.compile what a decode step runs (`VoxCPM2Model`), ahead of the engine's graph capture.
+        Both are fixed here, for this object's life (`self.attention`, `self.compiled`)."""
         files = checkpoint_files(path)
         cfg = VoxCPM2Config.from_file(files["config"])
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
+        attention = resolve_attention(attention, dev)
+        if compile and dev.type != "cuda":
+            raise ValueError(f"compile=True needs a CUDA device (device is {dev})")
         # Built on the meta device: a 2B-parameter model is not randomly initialised first.
-        model = meta_model(cfg).to_empty(device=dev).to(dt)
+        model = meta_model(cfg, attention=attention, compile=compile).to_empty(device=dev).to(dt)
         load_model_weights(model, files["model"])
-        model.eval().requires_grad_(False).fuse_projections_()
+        model.eval().requires_grad_(False)
+        fuse_projections(model)  # q/k/v and gate/up as single GEMMs, under the official names
         for m in model.modules():  # RoPE tables are plain fp32 attributes, which .to() leaves alone
             if isinstance(m, LongRoPE):
                 m.to_device_(dev)

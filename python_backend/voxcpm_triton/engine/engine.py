@@ -20,6 +20,7 @@ blocks) is the `Scheduler`'s (scheduler.py, no torch); this class runs the model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -52,8 +53,8 @@ class EngineConfig:
     chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
     idle_wait_s: float = 0.05
     cuda_graphs: bool = True  # one graph per (batch bucket, loop bucket) on a GPU; eager on the CPU
-    attention: str = "auto"  # GPU attention kernels: "auto" (Triton if available), "triton", "torch" (decode + LocDiT/LocEnc)
-    compile: bool = True  # torch.compile LocDiT/LocEnc and the LM layer math before capturing (GPU with graphs only)
+    # The attention kernels and torch.compile are the VoxCPM2's (`VoxCPM2.from_pretrained(attention=,
+    # compile=)`): the engine follows what its model was built with.
     prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
@@ -71,7 +72,8 @@ class EngineShutdown(RuntimeError):
 class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None):
-        """vox: a loaded `VoxCPM2`. fault_hook(state, stage) is called per request at each stage
+        """vox: a loaded `VoxCPM2`, used as built (its attention backend and compiled parts: the
+        paged decode attention follows `vox.attention`) and not modified. fault_hook(state, stage) is called per request at each stage
         ('prefill', and 'step' before each step's launch); whatever it raises fails that request
         only (tests use it)."""
         self.vox, self.model = vox, vox.model
@@ -90,12 +92,11 @@ class Engine:
         self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
-                                       self.dtype, self.device, self.cfg.cuda_graphs, attention=self.cfg.attention,
+                                       self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
                                        timestep_buckets=self.cfg.timestep_buckets)
-        # The Triton kernels come as a pair: paged decode attention (runner) and LocDiT/LocEnc attention.
-        self.model.use_fused_attention_(self.runner.use_triton)
         if self.runner.use_graphs:
-            self._prepare_gpu()
+            with self._torch_settings():
+                self._prepare_gpu()
         self.capture_summary = dict(self.runner.capture_summary)  # decode graphs captured at start-up, seconds
         self.scheduler = Scheduler(self.kv.allocator, self.cfg.block_size, self.cfg.max_batch_size,
                                    self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting)
@@ -114,15 +115,31 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
         self._thread.start()
 
+    def _torch_settings(self) -> contextlib.ExitStack:
+        """The torch settings the engine's GPU work runs under, scoped to its start-up and to its
+        thread's loop (entered there) and restored after, rather than switched process-wide.
+        - SDPA without cuDNN: flash attention beats cuDNN's on LocDiT's 11-token sequences
+          (benchmarks/attention_shapes.py); the choice is baked in at capture, and the loop's eager
+          prefills use it too. With CUDA graphs only (as before: eager GPU engines keep torch's default).
+        - dynamo's recompile limit raised (compiled models): never silently eager."""
+        stack = contextlib.ExitStack()
+        if self.runner.use_graphs:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                             SDPBackend.MATH]))
+        if self.vox.compiled:
+            import torch._dynamo
+
+            limit = max(torch._dynamo.config.recompile_limit, 32)
+            stack.enter_context(torch._dynamo.config.patch(recompile_limit=limit))
+        return stack
+
     @torch.no_grad()  # the engine thread's grad mode: compiled code is guarded on it
     def _prepare_gpu(self):
-        """Compile, capture the decode-step graphs, compile prefill shapes, capture prefill graphs."""
-        # Flash attention beats cuDNN's on LocDiT's 11-token sequences (benchmarks/attention_shapes.py);
-        # the choice is baked in at capture.
-        torch.backends.cuda.enable_cudnn_sdp(False)
+        """Compile (a compiled vox compiles on its first call here), capture the decode-step graphs,
+        compile prefill shapes, capture prefill graphs."""
         t0 = time.monotonic()
-        if self.cfg.compile:
-            self.model.compile_()
         self.runner.capture_all()
         t1 = time.monotonic()
         self._warm_up_prefill()
@@ -207,6 +224,10 @@ class Engine:
     # ------------------------------------------------------------------ engine thread
     def _loop(self):
         torch.set_grad_enabled(False)
+        with self._torch_settings():
+            self._run_loop()
+
+    def _run_loop(self):
         t_last, steps_window = time.monotonic(), 0
         try:
             while True:

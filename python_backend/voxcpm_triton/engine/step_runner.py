@@ -98,7 +98,7 @@ class LaunchedStep:
 
 class DecodeStepRunner:
     def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
-                 use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "auto",
+                 use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "torch",
                  timestep_buckets=DEFAULT_TIMESTEP_BUCKETS):
         self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
         cfg = model.cfg
@@ -137,13 +137,11 @@ class DecodeStepRunner:
         self._warned: set = set()  # keys already warned about running eagerly
         self.graph_pool = None
         self._tables: dict = {}
-        self.use_triton = False
-        if dev.type == "cuda" and attention in ("auto", "triton"):
-            from ..kernels import paged_attention
-
-            self.use_triton = paged_attention.available()
-            if attention == "triton" and not self.use_triton:
-                raise RuntimeError("Triton attention requested but triton is unavailable")
+        # The Triton kernels come as a pair: paged decode attention (here) and LocDiT/LocEnc attention
+        # (the model's, chosen when it was built): `attention` is the model's choice ("triton" | "torch").
+        if attention not in ("triton", "torch"):
+            raise ValueError(f"attention must be 'triton' or 'torch' (the model's), got {attention!r}")
+        self.use_triton = attention == "triton"
 
     # ------------------------------------------------------------------ the step body
     def _step(self, b: int, n_steps: int, first: int):

@@ -81,12 +81,24 @@ class _SkipRandomInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def meta_model(cfg: VoxCPM2Config):
-    """The network on the meta device: names and shapes, no memory, no initialisation."""
+def meta_model(cfg: VoxCPM2Config, attention: str = "torch", compile: bool = False):
+    """The network on the meta device: names and shapes, no memory, no initialisation.
+    attention, compile: its backends (`VoxCPM2Model`)."""
     from ..model.network import VoxCPM2Model
 
+    # What building those backends imports (the Triton kernel module; what torch.compile imports
+    # when it wraps a function) is imported here, outside the meta-device context, so that no
+    # module-level tensor of theirs is made on the meta device.
+    if attention == "triton":
+        from ..kernels import local_attention  # noqa: F401
+    if compile:
+        torch.compile(_identity)
     with torch.device("meta"), _SkipRandomInit():
-        return VoxCPM2Model(cfg)
+        return VoxCPM2Model(cfg, attention=attention, compile=compile)
+
+
+def _identity(x):
+    return x
 
 
 def _summarise(names: list[str], limit: int = 8) -> str:

@@ -241,7 +241,7 @@ class CausalConvTranspose1d(nn.Module):
         assert self.ctx * stride == self.trim  # one frame of look-back, trimmed like the right tail
         self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels))
-        self.polyphase = False  # as a 2-tap conv + `kernels.vae.phase_interleave` (AudioVAE.use_triton_kernels_)
+        self.polyphase = False  # as a 2-tap conv + `kernels.vae.phase_interleave` (AudioVAE(triton_kernels=True))
         self._phase_w: tuple = (None, None)
 
     def phase_weight(self) -> Tensor:
@@ -290,7 +290,7 @@ class ResidualUnit(nn.Module):
                 CausalConv1d(dim, dim, 1),
             ]
         )
-        self.fused = False  # the unit in Triton kernels (AudioVAE.use_triton_kernels_)
+        self.fused = False  # the unit in Triton kernels (AudioVAE(triton_kernels=True))
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
@@ -478,7 +478,12 @@ def _fold_weight_norm(g: Tensor, v: Tensor) -> Tensor:
 
 
 class AudioVAE(nn.Module):
-    def __init__(self, config: Union[AudioVAEConfig, Mapping, None] = None):
+    def __init__(self, config: Union[AudioVAEConfig, Mapping, None] = None, triton_kernels: bool = False):
+        """triton_kernels (GPU with triton, or triton's CPU interpreter in tests): each depthwise
+        residual unit of the decoder in `kernels.vae`'s kernels (first snake with the stream state,
+        depthwise conv + bias + second snake, pointwise bias + skip), and each upsampling conv in
+        its polyphase form; non-depthwise residual units keep the PyTorch path. The caller checks
+        that the kernels can run (`kernels.vae.available()`)."""
         super().__init__()
         if config is None:
             config = AudioVAEConfig()
@@ -495,6 +500,12 @@ class AudioVAE(nn.Module):
 
         self.encoder = Encoder(config.encoder_dim, config.latent_dim, config.encoder_rates, config.depthwise)
         self.decoder = Decoder(config)
+        self.triton_kernels = bool(triton_kernels)
+        for m in self.decoder.modules():
+            if isinstance(m, ResidualUnit):
+                m.fused = self.triton_kernels and m.block[1].groups == m.block[1].in_channels
+            elif isinstance(m, CausalConvTranspose1d):
+                m.polyphase = self.triton_kernels
         if config.sr_bin_boundaries is not None:
             idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
             self.register_buffer("_default_sr_idx", torch.tensor([idx], dtype=torch.long), persistent=False)
@@ -555,37 +566,6 @@ class AudioVAE(nn.Module):
         sr_cond: output sample rate (int, or tensor [1]/[B]); default out_sample_rate."""
         z = self._check_latents(z)
         return self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device))
-
-    def compile_(self, warm_up: bool = True) -> "AudioVAE":
-        """GPU: each decoder snake activation as one fused kernel instead of seven elementwise
-        passes over the activations (most of the decoder's memory traffic). One dynamic graph
-        serves every channel count and length; warm-up compiles it before the first request."""
-        compiled = torch.compile(snake, dynamic=True)
-
-        def fused(x, alpha):
-            # A Parameter's shape is static to dynamo, a plain tensor's is not; and strides are
-            # guarded, so trimmed (strided) activations are made contiguous: few graphs in all.
-            return compiled(x.contiguous(), alpha.detach())
-
-        for m in self.decoder.modules():
-            if isinstance(m, Snake1d):
-                m.fn = fused
-        if warm_up:
-            for batch in (1, 2):
-                z = torch.zeros(batch, self.latent_dim, 4, device=self.device)
-                self.decode_chunk(z, self.new_stream_state(batch))
-        return self
-
-    def use_triton_kernels_(self, enabled: bool = True) -> "AudioVAE":
-        """GPU with triton: each depthwise residual unit in `vae_kernels`' kernels (first snake with
-        the stream state, depthwise conv + bias + second snake, pointwise bias + skip), and each
-        upsampling conv in its polyphase form; non-depthwise residual units keep the PyTorch path."""
-        for m in self.decoder.modules():
-            if isinstance(m, ResidualUnit):
-                m.fused = enabled and m.block[1].groups == m.block[1].in_channels
-            elif isinstance(m, CausalConvTranspose1d):
-                m.polyphase = enabled
-        return self
 
     # -- streaming ----------------------------------------------------------
 
@@ -719,3 +699,25 @@ def vae_state_dict_official(vae: AudioVAE) -> dict:
         else:
             out[key] = t
     return out
+
+
+def compile_snakes(vae: AudioVAE, warm_up: bool = True) -> AudioVAE:
+    """GPU: each decoder snake activation of `vae` as one fused kernel instead of seven elementwise
+    passes over the activations (most of the decoder's memory traffic). One dynamic graph serves
+    every channel count and length; warm-up compiles it before the first request. Applied once,
+    by the loader (`voxcpm2.load_audio_vae(compile=True)`), to a VAE on its device."""
+    compiled = torch.compile(snake, dynamic=True)
+
+    def fused(x, alpha):
+        # A Parameter's shape is static to dynamo, a plain tensor's is not; and strides are
+        # guarded, so trimmed (strided) activations are made contiguous: few graphs in all.
+        return compiled(x.contiguous(), alpha.detach())
+
+    for m in vae.decoder.modules():
+        if isinstance(m, Snake1d):
+            m.fn = fused
+    if warm_up:
+        for batch in (1, 2):
+            z = torch.zeros(batch, vae.latent_dim, 4, device=vae.device)
+            vae.decode_chunk(z, vae.new_stream_state(batch))
+    return vae

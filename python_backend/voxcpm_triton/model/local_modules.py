@@ -19,12 +19,16 @@ def _positions(seq_len: int, device) -> torch.Tensor:
 class LocalEncoder(nn.Module):
     """Summarises each latent patch [P, D] into one vector via a CLS token."""
 
-    def __init__(self, cfg: LMConfig, feat_dim: int):
+    def __init__(self, cfg: LMConfig, feat_dim: int, attention=local_attention, compile: bool = False):
+        """attention: `minicpm.local_attention` or the fused Triton kernel (`VoxCPM2Model`'s choice);
+        compile: forward torch.compile'd (GPU, lazily on first call)."""
         super().__init__()
         self.special_token = nn.Parameter(torch.randn(1, 1, 1, cfg.hidden_size))
         self.in_proj = nn.Linear(feat_dim, cfg.hidden_size)
         self.encoder = MiniCPM(cfg)
-        self.attention = local_attention  # or the fused Triton kernel on a GPU (VoxCPM2Model.use_fused_attention_)
+        self.attention = attention
+        if compile:
+            self.forward = torch.compile(self.forward, dynamic=None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, P, D] -> [B, T, hidden]"""
@@ -56,7 +60,8 @@ class TimestepMLP(nn.Module):
 class LocalDiT(nn.Module):
     """Velocity estimator: tokens [mu_lm, mu_res, time, cond patch (P), x (P)] -> velocity of x."""
 
-    def __init__(self, cfg: LMConfig, feat_dim: int):
+    def __init__(self, cfg: LMConfig, feat_dim: int, attention=local_attention, compile: bool = False):
+        """attention, compile: as for `LocalEncoder`."""
         super().__init__()
         h = cfg.hidden_size
         self.hidden = h
@@ -66,7 +71,9 @@ class LocalDiT(nn.Module):
         self.time_mlp = TimestepMLP(h)
         self.delta_time_mlp = TimestepMLP(h)
         self.decoder = MiniCPM(cfg)
-        self.attention = local_attention  # or the fused Triton kernel on a GPU (VoxCPM2Model.use_fused_attention_)
+        self.attention = attention
+        if compile:
+            self.forward = torch.compile(self.forward, dynamic=None)
 
     def forward(self, x, mu, t, cond, dt):
         """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P]"""

@@ -10,7 +10,7 @@ generation) and the engine's paged KV cache. A backend is called as
 Inside the stack, activations are a flat ``[tokens, hidden]`` matrix, and a
 layer is two pure functions around the backend call (``LayerMath``): norm, QKV
 and RoPE before it; output projection, residual, norm and MLP after it. On the
-GPU, `MiniCPM.compile_layers_` swaps in torch.compile'd versions of those two,
+GPU, `MiniCPM(cfg, compile_layers=True)` uses torch.compile'd versions of those two,
 shared by every layer of the same shape, while the backend (paged KV writes,
 the Triton decode kernel, per-prompt prefill) stays outside the compiled code.
 """
@@ -182,14 +182,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
-        self.qkv = None  # fused [q; k; v] weight, see fuse_()
-
-    def fuse_(self):
-        """One GEMM for q, k and v: the three weights become views of one tensor (no extra memory)."""
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
-        nq, nk = self.q_proj.out_features, self.k_proj.out_features
-        self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data = w[:nq], w[nq:nq + nk], w[nq + nk:]
-        self.qkv = w
+        self.qkv = None  # fused [q; k; v] weight, see fuse_projections()
 
     def qkv_weight(self):
         if self.qkv is not None:
@@ -203,13 +196,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up = None  # fused [gate; up] weight, see fuse_()
-
-    def fuse_(self):
-        w = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
-        n = self.gate_proj.out_features
-        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
-        self.gate_up = w
+        self.gate_up = None  # fused [gate; up] weight, see fuse_projections()
 
     def gate_up_weight(self):
         if self.gate_up is not None:
@@ -218,7 +205,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LMConfig, layer_idx: int):
+    def __init__(self, cfg: LMConfig, layer_idx: int, compiled: bool = False):
         super().__init__()
         self.layer_idx = layer_idx
         self.self_attn = Attention(cfg)
@@ -228,6 +215,8 @@ class DecoderLayer(nn.Module):
         branch_scale = cfg.scale_depth / math.sqrt(cfg.num_hidden_layers) if cfg.use_mup else None
         self.math = LayerMath(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
                               branch_scale)
+        if compiled:  # one compiled pair shared by every layer of the same shape (GPU)
+            self.math = self.math.compiled()
 
     def forward(self, x, batch_shape, rope, backend, keep: slice | None = None):
         """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
@@ -253,19 +242,15 @@ class DecoderLayer(nn.Module):
 
 
 class MiniCPM(nn.Module):
-    def __init__(self, cfg: LMConfig):
+    def __init__(self, cfg: LMConfig, compile_layers: bool = False):
+        """compile_layers: the layer halves torch.compile'd (GPU), one small graph pair for all
+        layers, not one per layer (compiled lazily, on first call)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if cfg.vocab_size > 0 else None
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, compile_layers) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = None if cfg.no_rope else LongRoPE(cfg)
-
-    def compile_layers_(self):
-        """Compiled layer halves (GPU): one small graph pair for all layers, not one per layer."""
-        for layer in self.layers:
-            layer.math = layer.math.compiled()
-        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, backend, keep: slice | None = None) -> torch.Tensor:
         """x: [B, S, hidden]; positions: [B or 1, S] int64 -> [B, S, hidden], or [B, len(keep), hidden]:
@@ -285,3 +270,27 @@ class MiniCPM(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, (B, S), rope, backend, keep if i == last else None)
         return self.norm(h).view(B, -1, H)
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """q/k/v and gate/up as single GEMMs in every transformer of `model`, once its weights are loaded
+    (`voxcpm2.VoxCPM2.from_pretrained` calls it right after `load_model_weights`).
+
+    Each group's weights are concatenated into one tensor, and the Linear weights become
+    (non-trainable) Parameters over views of it: the official parameter names and shapes stay
+    (state_dict, strict loading, adapters), with no extra memory, and `qkv_weight()` /
+    `gate_up_weight()` return the fused tensor instead of concatenating on every call."""
+    for m in model.modules():
+        if isinstance(m, Attention):
+            projs, name = (m.q_proj, m.k_proj, m.v_proj), "qkv"
+        elif isinstance(m, MLP):
+            projs, name = (m.gate_proj, m.up_proj), "gate_up"
+        else:
+            continue
+        fused = torch.cat([p.weight.detach() for p in projs])
+        start = 0
+        for p in projs:
+            p.weight = nn.Parameter(fused[start:start + p.out_features], requires_grad=False)
+            start += p.out_features
+        setattr(m, name, fused)
+    return model

@@ -41,17 +41,36 @@ class StepOutput:
     residual_hidden: torch.Tensor  # [B, H]
 
 
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
 class VoxCPM2Model(nn.Module):
-    def __init__(self, cfg: VoxCPM2Config):
+    def __init__(self, cfg: VoxCPM2Config, attention: str = "torch", compile: bool = False):
+        """attention: LocEnc and LocDiT attention, "torch" (RoPE, head folding and SDPA as separate
+        kernels, `minicpm.local_attention`) or "triton" (one Triton kernel from the packed QKV
+        projection, `kernels.local_attention`; GPU, or triton's CPU interpreter in tests).
+        compile: torch.compile what a decode step runs (GPU, before CUDA-graph capture): LocDiT and
+        LocEnc whole, and in both LMs the layer math around attention (one compiled pair shared by
+        all layers; paged attention and prefill's per-prompt loop stay eager). Their callers mark the
+        batch (and prompt length) dimensions dynamic, so the first compile already serves every
+        bucket, while all other sizes stay static for good kernels. Compiled lazily, on first call;
+        the engine raises dynamo's recompile limit while it runs (`Engine`)."""
         super().__init__()
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
         self.cfg = cfg
+        self.attention, self.compiled = attention, bool(compile)
         lm = cfg.lm_config
         h = lm.hidden_size
         self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
-        self.base_lm = MiniCPM(lm)
-        self.residual_lm = MiniCPM(cfg.residual_lm())
-        self.feat_encoder = LocalEncoder(cfg.local_encoder(), cfg.feat_dim)
-        self.feat_decoder = CFMSolver(LocalDiT(cfg.local_dit(), cfg.feat_dim),
+        if attention == "triton":
+            from ..kernels.local_attention import fused_local_attention as local_attn
+        else:
+            from .minicpm import local_attention as local_attn
+        self.base_lm = MiniCPM(lm, compile_layers=compile)
+        self.residual_lm = MiniCPM(cfg.residual_lm(), compile_layers=compile)
+        self.feat_encoder = LocalEncoder(cfg.local_encoder(), cfg.feat_dim, local_attn, compile=compile)
+        self.feat_decoder = CFMSolver(LocalDiT(cfg.local_dit(), cfg.feat_dim, local_attn, compile=compile),
                                       mean_mode=cfg.dit_config.dit_mean_mode)
         self.fsq_layer = ScalarQuantizer(h, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
         self.enc_to_lm_proj = nn.Linear(cfg.encoder_config.hidden_dim, h)
@@ -61,42 +80,6 @@ class VoxCPM2Model(nn.Module):
         self.stop_proj = nn.Linear(h, h)
         self.stop_head = nn.Linear(h, 2, bias=False)
         self.text_scale = lm.scale_emb if lm.use_mup else 1.0
-
-    def fuse_projections_(self):
-        """q/k/v and gate/up as single GEMMs in every transformer (same weights, shared storage)."""
-        from .minicpm import MLP, Attention
-
-        for m in self.modules():
-            if isinstance(m, (Attention, MLP)):
-                m.fuse_()
-        return self
-
-    def use_fused_attention_(self, enabled: bool = True):
-        """LocEnc and LocDiT attention as one Triton kernel from the packed QKV projection (GPU;
-        `kernels.local_attention`), instead of RoPE, head folding and SDPA as separate kernels."""
-        from .minicpm import local_attention
-
-        attention = local_attention
-        if enabled:
-            from ..kernels.local_attention import fused_local_attention as attention
-        for mod in (self.feat_encoder, self.feat_decoder.estimator):
-            mod.attention = attention
-        return self
-
-    def compile_(self):
-        """torch.compile what a decode step runs, before CUDA-graph capture (GPU): LocDiT and LocEnc
-        whole, and in both LMs the layer math around attention (one compiled pair shared by all
-        layers; paged attention and prefill's per-prompt loop stay eager). Their callers mark the
-        batch (and prompt length) dimensions dynamic, so the first compile already serves every
-        bucket, while all other sizes stay static for good kernels. The graphs replay the kernels."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # never silently eager
-        for mod in (self.feat_decoder.estimator, self.feat_encoder):
-            if not getattr(mod, "_compiled", False):
-                mod.forward = torch.compile(mod.forward, dynamic=None)
-                mod._compiled = True
-        self.base_lm.compile_layers_()
-        self.residual_lm.compile_layers_()
-        return self
 
     def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
         """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space.

@@ -17,7 +17,7 @@ import torch
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
 from ..model.prompt import build_prompt
-from ..voxcpm2 import VoxCPM2
+from ..voxcpm2 import VoxCPM2, resolve_device
 from . import runtime
 from .contract import value, wire_names
 from .metrics import EngineMetrics
@@ -44,8 +44,11 @@ class DecoderModel:
         runtime.watch_parent()
         params = read(args, "decoder")
         t0 = time.monotonic()
+        # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
+        on_gpu = resolve_device(params["device"]).type == "cuda"
         self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=params["device"],
-                                           dtype=params["dtype"])
+                                           dtype=params["dtype"], attention=params["attention"],
+                                           compile=params["compile"] and params["cuda_graphs"] and on_gpu)
         kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
             block_size=params["block_size"],
@@ -55,8 +58,6 @@ class DecoderModel:
             max_waiting=params["max_waiting_requests"],
             chunk_schedule=params["chunk_schedule"],
             cuda_graphs=params["cuda_graphs"],
-            compile=params["compile"],
-            attention=params["attention"],
             timestep_buckets=params["timestep_buckets"],
         )
         t1 = time.monotonic()

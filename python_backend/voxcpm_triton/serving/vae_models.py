@@ -23,10 +23,21 @@ from .parameters import read, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
-def _load(args, model: str):
+def _load(args, model: str, decoder_backends: bool = False):
+    """decoder_backends (vae_decoder): the decoder built with the Triton kernels and compiled snakes
+    its parameters ask for (GPU only; the kernels where they can run)."""
     runtime.watch_parent()
     params = read(args, model)
-    cfg, vae = load_audio_vae(resolve_checkpoint(params["checkpoint"]), resolve_device(params["device"]))
+    device = resolve_device(params["device"])
+    triton_kernels = compile = False
+    if decoder_backends and device.type == "cuda":
+        if params["triton_kernels"]:
+            from ..kernels import vae as vae_kernels  # imports triton: only where it can run
+
+            triton_kernels = vae_kernels.available()
+        compile = params["compile"]
+    cfg, vae = load_audio_vae(resolve_checkpoint(params["checkpoint"]), device, triton_kernels=triton_kernels,
+                              compile=compile)
     return params, cfg, vae
 
 
@@ -84,14 +95,8 @@ class VAEDecoderModel:
     """
 
     def initialize(self, args):
-        params, self.cfg, self.vae = _load(args, "vae_decoder")
+        params, self.cfg, self.vae = _load(args, "vae_decoder", decoder_backends=True)
         on_gpu = self.vae.device.type == "cuda"
-        if on_gpu and params["triton_kernels"]:
-            from ..kernels import vae as vae_kernels  # imports triton: only where it can run
-
-            self.vae.use_triton_kernels_(vae_kernels.available())
-        if on_gpu and params["compile"]:
-            self.vae.compile_()
         self.streams = VAEStreams(self.vae, self.cfg.patch_size, params["max_streams"],
                                   cuda_graphs=on_gpu and params["cuda_graphs"],
                                   graph_patches=params["graph_patches"])
