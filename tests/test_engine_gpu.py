@@ -133,9 +133,10 @@ def test_graphs_compile_and_kernels_give_the_eager_engines_latents(checkpoint_di
         results, stats = _run_together(vox, config, prompts, specs)
         # One batch: as many engine steps as the longest request has patches.
         assert stats["steps"] == steps, (name, stats)
-        out[name] = results
+        out[name], out[name + "_rows"] = results, stats["batch_sizes"]
         del vox
         torch.cuda.empty_cache()
+    assert out["fast_rows"] == out["eager_rows"]  # the same launches (grouped by loop bucket), row for row
     for rid, gen in specs.items():
         (fast, fin_f), (eager, fin_e) = out["fast"][rid], out["eager"][rid]
         assert fin_f.error is None and fin_e.error is None, (rid, fin_f, fin_e)
