@@ -2,7 +2,8 @@
 
 Runs compiled on a CUDA machine with triton; elsewhere under Triton's CPU interpreter
 (TRITON_INTERPRET=1, set here before the kernel module is imported). triton is installed by
-scripts/setup.sh (requirements-test.txt): without it the module fails. Pool blocks and slots that must not be read are filled with NaN.
+scripts/setup.sh (requirements-test.txt): without it the module fails. Pool blocks and slots
+that must not be read are filled with NaN.
 
 Timing on a GPU: `python3 benchmarks/kernel_paged_attention.py`
 """
