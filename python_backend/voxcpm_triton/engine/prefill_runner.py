@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
@@ -79,7 +80,7 @@ class PrefillGraphs:
         Replays the bucket's graph; runs the same padded body eagerly where there is none (CPU tests,
         a failed capture)."""
         T = len(prompt)
-        n = next(b for b in self.buckets if b >= T)
+        n = smallest_at_least(self.buckets, T)
         dev = self.device
         self.tokens[0, :T] = prompt.tokens.to(dev, non_blocking=True)
         self.text_mask[0, :T] = prompt.text_mask.to(dev, non_blocking=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from ..model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
 from ..checks import TIMESTEPS_RANGE
@@ -172,13 +173,13 @@ class DecodeStepRunner:
         return self.batch_bucket(b) if self.use_graphs else b
 
     def batch_bucket(self, b: int) -> int:
-        return next(x for x in self.buckets if x >= b)
+        return smallest_at_least(self.buckets, b)
 
     def loop_bucket(self, timesteps: int) -> int:
         """The CFM loop length a row of `timesteps` Euler steps runs in."""
-        for loop in self.loop_buckets:
-            if loop >= timesteps:
-                return loop
+        loop = smallest_at_least(self.loop_buckets, timesteps)
+        if loop is not None:
+            return loop
         raise ValueError(f"inference_timesteps {timesteps} is beyond the largest loop bucket {self.loop_buckets[-1]}")
 
     def graph_key(self, b: int, timesteps: int) -> tuple[int, int]:

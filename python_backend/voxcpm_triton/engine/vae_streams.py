@@ -14,12 +14,12 @@ eagerly on the same pool.
 
 from __future__ import annotations
 
-import bisect
 import logging
 
 import torch
 
 from ..model.audio_vae import AudioVAE
+from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 
 log = logging.getLogger("voxcpm_triton.vae_streams")
@@ -83,8 +83,8 @@ class VAEStreams:
         B, frames = len(rows), z.shape[-1]
         if frames == 0:  # END's empty chunk: nothing to decode, the state stays as it is
             return torch.zeros(B, 0)
-        i = bisect.bisect_left(self.buckets, B)
-        graph = self.graphs.get((self.buckets[i], frames)) if i < len(self.buckets) else None
+        bucket = smallest_at_least(self.buckets, B)
+        graph = self.graphs.get((bucket, frames)) if bucket is not None else None
         if graph is None:
             audio = self._body(torch.tensor(rows, device=self.device), z.to(self.device))
             return audio[:, 0].cpu()
