@@ -195,3 +195,32 @@ def test_vae_decoder_idle_timeout_is_checked_against_the_sequence_batcher(fake_p
     for bad in ("0", "-1", "nan", "soon"):
         with pytest.raises(ValueError, match="'stream_idle_timeout_s' of model 'vae_decoder' must be a positive number"):
             VAEDecoderModel().initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s=bad))
+
+
+def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
+    """The stub stops the event loop before finalize: streams still open then get an error final
+    response from finalize itself, and a stream ended that way is not ended again."""
+    import threading
+
+    from voxcpm_triton.serving.orchestrator import TTSStreamModel
+
+    fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class Sender:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, response=None, flags=0):
+            self.sent.append((response, flags))
+
+    m = TTSStreamModel()
+    m.closing, m.loop, m.streams_lock = False, None, threading.Lock()
+    a, b = Sender(), Sender()
+    m.streams = {"task-a": a, "task-b": b}
+    m.finalize(grace_s=0.1)
+    for s in (a, b):
+        ((response, flags),) = s.sent
+        assert flags == 1 and "shutting down" in str(response.error) and response.error.code == "UNAVAILABLE"
+    assert m.streams == {} and m.closing
+    m._end("task-a", None)  # the coroutine finishing late sends nothing more
+    assert len(a.sent) == 1

@@ -262,7 +262,8 @@ class TTSStreamModel:
         params = read(args, "tts_stream")
         self.orch = Orchestrator(args, params)
         self.max_streams = params["max_concurrent_streams"]
-        self.tasks: set = set()
+        self.streams: dict = {}  # task -> its response sender, until the stream's final response is sent
+        self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -274,16 +275,15 @@ class TTSStreamModel:
             try:
                 if self.closing:
                     raise Busy("the server is shutting down")
-                if len(self.tasks) >= self.max_streams:
+                if len(self.streams) >= self.max_streams:
                     raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
                                "(parameter max_concurrent_streams); retry later")
                 req = self.orch.parse(request)
             except Exception as e:
                 sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            task = asyncio.ensure_future(self._run(req, sender))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            with self.streams_lock:
+                self.streams[asyncio.ensure_future(self._run(req, sender))] = sender
         return None
 
     async def _run(self, req, sender):
@@ -301,6 +301,16 @@ class TTSStreamModel:
             final = error_response(Busy("the server is shutting down"))
         except Exception as e:
             final = error_response(e)
+        self._end(asyncio.current_task(), final)
+
+    def _end(self, task, final):
+        """Send a stream's final response (`final`: None for a plain end, else an error response),
+        once: a stream that finalize() has already ended is left alone."""
+        with self.streams_lock:
+            sender = self.streams.pop(task, None)
+        if sender is None:
+            return
+        p = pb()
         try:
             if final is None:
                 sender.send(flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -310,14 +320,13 @@ class TTSStreamModel:
             log.exception("could not end the response stream")
 
     def finalize(self, grace_s: float = 10.0):
-        """Let running streams finish for a while, then end the rest with an error response."""
+        """Let running streams finish for a while, then end each one left with an error response.
+        The stub stops the event loop before it calls finalize, so streams are ended from here."""
         self.closing = True
         deadline = time.monotonic() + grace_s
-        while self.tasks and time.monotonic() < deadline:
+        while self.streams and self.loop is not None and self.loop.is_running() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if self.tasks and self.loop is not None and not self.loop.is_closed():
-            for task in list(self.tasks):
+        for task in list(self.streams):
+            if self.loop is not None and self.loop.is_running():
                 self.loop.call_soon_threadsafe(task.cancel)
-            deadline = time.monotonic() + 5.0
-            while self.tasks and time.monotonic() < deadline:
-                time.sleep(0.1)
+            self._end(task, error_response(Busy("the server is shutting down")))
