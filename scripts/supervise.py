@@ -67,6 +67,17 @@ def _group_alive(pgid: int) -> list[int]:
     return out
 
 
+def _die_with_supervisor():
+    """preexec_fn: the server gets SIGTERM if the supervisor dies first (even by SIGKILL), so no
+    server outlives the process that was supposed to stop it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the SIGTERM handler below still stops it
+        pass
+
+
 class Supervisor:
     def __init__(self, server_args: list[str], opts):
         self.opts = opts
@@ -91,7 +102,8 @@ class Supervisor:
         env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir)
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
-        self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_supervisor)
         self.started = time.monotonic()
         log(f"tritonserver started (pid {self.proc.pid})")
 

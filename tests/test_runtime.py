@@ -112,3 +112,33 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
     assert supervise.Supervisor(mine, Opts).args == mine
+
+
+def test_a_server_does_not_outlive_its_supervisor(tmp_path):
+    """SIGKILL to scripts/supervise.py (nothing can catch it) still ends the server it started."""
+    import signal
+    import subprocess
+
+    from tests.server import free_port
+
+    marker = tmp_path / "child.pid"
+    child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", VOXCPM_RUN_DIR=str(tmp_path / "run"))
+    sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c", child,
+                            f"--http-port={free_port()}"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the supervised process did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        pid = int(marker.read_text())
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]:
+            assert time.monotonic() < deadline, "the server outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
