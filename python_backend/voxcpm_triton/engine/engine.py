@@ -72,10 +72,10 @@ class EngineShutdown(RuntimeError):
 class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None):
-        """vox: a loaded `VoxCPM2`, used as built (its attention backend and compiled parts: the
-        paged decode attention follows `vox.attention`) and not modified. fault_hook(state, stage) is called per request at each stage
-        ('prefill', and 'step' before each step's launch); whatever it raises fails that request
-        only (tests use it)."""
+        """vox: a loaded `VoxCPM2`, used as built and never modified (the paged decode attention
+        follows `vox.attention`; a compiled vox compiles on its first calls here). fault_hook(state,
+        stage) is called per request at each stage ('prefill', and 'step' before each step's
+        launch); whatever it raises fails that request only (tests use it)."""
         self.vox, self.model = vox, vox.model
         self.cfg = config or EngineConfig()
         self.device, self.dtype = vox.device, vox.dtype
