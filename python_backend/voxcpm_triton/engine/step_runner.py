@@ -113,7 +113,7 @@ class DecodeStepRunner:
         self.lm_state, self.res_state, self.prev_state = z(S, H), z(S, H), z(S, P, D)
         self.slots = z(B, dt=torch.int64)
         self.seed_key, self.step_idx = z(B, dt=torch.int64), z(B, dt=torch.int64)
-        self.cfg = z(B)
+        self.cfg = z(B, dt=torch.float32)  # fp32 whatever the model dtype: the exact guidance scale
         self.t, self.dt, self.active = z(B, N), z(B, N), z(B, N, dt=torch.bool)
         self.positions, self.slot_mapping = z(B, dt=torch.int64), z(B, dt=torch.int64)
         self.block_tables = z(B, max_blocks_per_seq, dt=torch.int64)
@@ -221,7 +221,7 @@ class DecodeStepRunner:
         self.positions[:bucket], self.slot_mapping[:bucket] = dev_rows[:, 3], dev_rows[:, 4]
         self.context_lens[:bucket] = dev_rows[:, 5]
         self.block_tables[:bucket] = hb[:bucket].to(self.device, non_blocking=True)
-        self.cfg[:bucket] = hc[:bucket].to(self.device, self.dtype, non_blocking=True)
+        self.cfg[:bucket] = hc[:bucket].to(self.device, non_blocking=True)
         tables = ht[:, :bucket].to(self.device, non_blocking=True)
         self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
         self.active[:bucket] = tables[2] > 0

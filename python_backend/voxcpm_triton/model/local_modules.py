@@ -139,9 +139,12 @@ class CFMSolver(nn.Module):
         st = (pos * neg).sum(1, keepdim=True) / ((neg ** 2).sum(1, keepdim=True) + 1e-8)
         st = st.view(B, 1, 1)
         if not torch.is_tensor(cfg_value):
-            cfg_value = torch.full((B,), float(cfg_value), dtype=x.dtype, device=x.device)
-        cfg_value = cfg_value.to(x.dtype).view(B, 1, 1)
-        return v_uncond * st + cfg_value * (v_cond - v_uncond * st)
+            cfg_value = torch.full((B,), float(cfg_value), dtype=torch.float32, device=x.device)
+        # The guidance scale multiplies in fp32, as the reference's Python float does (a bf16 copy
+        # would turn 1.8 into 1.796875); the product is rounded back to the activation dtype.
+        cfg_value = cfg_value.float().view(B, 1, 1)
+        diff = v_cond - v_uncond * st
+        return v_uncond * st + (cfg_value * diff.float()).to(x.dtype)
 
     def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value):
         """z: [B, D, P] start noise -> sample [B, D, P].
