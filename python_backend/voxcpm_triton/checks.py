@@ -109,6 +109,30 @@ def resample(audio: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
     return resample_poly(audio, int(dst_rate) // g, int(src_rate) // g).astype(np.float32)
 
 
+# The reference's bad-case retry (VoxCPM.generate, retry_badcase): a whole utterance of at least
+# BADCASE_RATIO patches per target token (its stop head did not fire in time) is synthesized again
+# with new noise, RETRY_MAX_TIMES tries in all, and the last try is kept whatever its length.
+BADCASE_RATIO = 6.0
+RETRY_MAX_TIMES = 3
+
+
 def default_max_len(n_target_tokens: int, cap: int = 4096) -> int:
     """The reference's length limit: 6 patches per target token + 10, at most `cap` (VoxCPM.generate's max_len)."""
-    return min(int(n_target_tokens * 6.0 + 10), cap)
+    return min(int(n_target_tokens * BADCASE_RATIO + 10), cap)
+
+
+def is_badcase(n_patches: int, n_target_tokens: int) -> bool:
+    """The reference's rule: generated patches >= BADCASE_RATIO x target text tokens."""
+    return n_patches >= n_target_tokens * BADCASE_RATIO
+
+
+def can_retry(min_len: int, n_target_tokens: int) -> bool:
+    """Whether a retry could end under the bad-case length: the stop head fires at step min_len + 1
+    at the earliest (min_len + 2 patches). A longer MIN_LENGTH forces a "bad" length on every try,
+    so such a request is not retried (where the reference would retry it in vain)."""
+    return not is_badcase(min_len + 2, n_target_tokens)
+
+
+def retry_seed(seed: int, attempt: int) -> int:
+    """The seed of try `attempt` (0: the request's own): seed + attempt, wrapped into int64."""
+    return (int(seed) + attempt - SEED_RANGE[0]) % 2**64 + SEED_RANGE[0]

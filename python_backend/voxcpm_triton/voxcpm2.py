@@ -233,8 +233,14 @@ class VoxCPM2:
     def generate_latents(self, text, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
                          reference_audio=None, reference_sample_rate=None, min_len=2, max_len=None,
                          cfg_value=2.0, inference_timesteps=10, seed=None, noise=None,
-                         prompt: Prompt | None = None) -> torch.Tensor:
-        """Generated latent patches [steps, P, D] (the prompt's own patches excluded)."""
+                         prompt: Prompt | None = None, retry_badcase: bool = False) -> torch.Tensor:
+        """Generated latent patches [steps, P, D] (the prompt's own patches excluded).
+
+        retry_badcase (off here, as in the reference's VoxCPM2Model; `generate` turns it on, as
+        VoxCPM.generate does): a result of >= 6 patches per target token is made again, up to
+        3 tries in all (`checks.RETRY_MAX_TIMES`), the last kept. Try a uses the noise of seed
+        `checks.retry_seed(seed, a)` (seed + a), or a fresh seed each when `seed` is None. With
+        explicit `noise` there is nothing new to draw: no retry."""
         if prompt is None:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
                                          reference_audio, reference_sample_rate)
@@ -247,16 +253,26 @@ class VoxCPM2:
             noise = torch.as_tensor(noise)
             if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
                 raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
-        else:
-            noise = noise_for_steps(checks.check_seed(seed if seed is not None else checks.draw_seed()),
-                                    max_len, shape)
+            return self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps, noise)
+        if seed is not None:
+            seed = checks.check_seed(seed)
+        tries = checks.RETRY_MAX_TIMES if retry_badcase and checks.can_retry(min_len, prompt.n_target_tokens) else 1
+        for attempt in range(tries):
+            s = checks.retry_seed(seed, attempt) if seed is not None else checks.draw_seed()
+            out = self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps,
+                                      noise_for_steps(s, max_len, shape))
+            if not checks.is_badcase(out.size(0), prompt.n_target_tokens):
+                break
+        return out
 
+    def _generate_once(self, prompt: Prompt, min_len, max_len, cfg_value, inference_timesteps, noise):
+        """One try: patches until the stop head fires past min_len, or max_len of them."""
         m, dev, dt = self.model, self.device, self.dtype
         T = len(prompt)
         lm_h, res_h, base_kv, res_kv = self.prefill(prompt, T + max_len)
         prev = prompt.feats[-1:].to(dev, dt)  # CFM condition: the last prompt position's patch
         schedule = CfmSchedule([int(inference_timesteps)], dt, dev)
-        cfg_t = torch.tensor([float(cfg_value)], device=dev)
+        cfg_t = torch.tensor([float(cfg_value)], dtype=torch.float32, device=dev)  # the exact scale, any dtype
         patches = []
         for i in range(max_len):
             out = m.decode_step(lm_h, res_h, prev, noise[i:i + 1].to(dev), schedule, cfg_t,
@@ -288,10 +304,11 @@ class VoxCPM2:
         wav = self.vae.decode(z)[0, 0]
         return wav[n_ctx * self.patch_size * self.vae.decode_chunk_size:].float().cpu().numpy()
 
-    def generate(self, text: str, **kwargs) -> np.ndarray:
-        """Text -> waveform, in one call (prompt context handled)."""
+    def generate(self, text: str, retry_badcase: bool = True, **kwargs) -> np.ndarray:
+        """Text -> waveform, in one call (prompt context handled). retry_badcase is on, as in the
+        reference's VoxCPM.generate (see generate_latents)."""
         names = ("prompt_text", "prompt_audio", "prompt_sample_rate", "reference_audio", "reference_sample_rate")
         prompt = self.prepare_prompt(text, **{k: kwargs.pop(k) for k in names if k in kwargs})
-        lat = self.generate_latents(text, prompt=prompt, **kwargs)
+        lat = self.generate_latents(text, prompt=prompt, retry_badcase=retry_badcase, **kwargs)
         return self.decode(lat, context=prompt.context)
 
