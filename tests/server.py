@@ -232,7 +232,9 @@ class TritonServer:
         # What scripts/supervise.py gives a server: its own runtime directory and internal key
         # (tests that call internal models directly stamp their requests with `internal_key`).
         self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
-        self.env.update(VOXCPM_RUN_DIR=self.run_dir, VOXCPM_INTERNAL_KEY=secrets.token_hex(16))
+        # and a voices directory of its own, not the user's
+        self.env.update(VOXCPM_RUN_DIR=self.run_dir, VOXCPM_INTERNAL_KEY=secrets.token_hex(16),
+                        VOXCPM_VOICES_DIR=os.path.join(self.run_dir, "voices"))
         self.env.update(self.extra_env)
         self.internal_key = self.env["VOXCPM_INTERNAL_KEY"]
         if not Path(self.env["TRITON_BACKEND_DIR"], "python", "triton_python_backend_stub").exists():

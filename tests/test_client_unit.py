@@ -37,6 +37,8 @@ CONTRACT = {
     "MIN_LENGTH": ("INT32", [1]),
     "MAX_LENGTH": ("INT32", [1]),
     "SEED": ("INT64", [1]),
+    "VOICE": ("BYTES", [1]),
+    "VOICE_MODE": ("BYTES", [1]),
 }
 NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 ZH = "你好，欢迎使用语音合成。"
@@ -45,7 +47,8 @@ ZH = "你好，欢迎使用语音合成。"
 def all_params():
     return dict(reference_audio=np.linspace(-1, 1, 321).astype(np.float32), reference_sample_rate=16000,
                 prompt_audio=np.zeros(77, np.float64), prompt_sample_rate=44100, prompt_text=ZH,
-                cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3)
+                cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3,
+                voice="alice", voice_mode="reference")
 
 
 # ---------------------------------------------------------------- inputs
@@ -109,6 +112,9 @@ def test_input_validation():
         input_arrays("hi", prompt_text="x")
     with pytest.raises(ValueError, match="mono"):
         input_arrays("hi", reference_audio=np.zeros((10, 2), np.float32), reference_sample_rate=16000)
+    with pytest.raises(ValueError, match="voice_mode needs voice"):
+        input_arrays("hi", voice_mode="both")
+
 
 
 # ---------------------------------------------------------------- audio files and Result
@@ -327,6 +333,38 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     assert p.returncode == 2 and "--prompt-text" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("hello", "--reference", str(tmp_path / "missing.wav"), "--url", f"127.0.0.1:{free_port()}")
     assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cli_voices_server_down_and_bad_arguments(tmp_path, protocol):
+    url = f"127.0.0.1:{free_port()}"
+    p = run_cli("voices", "list", "--protocol", protocol, "--url", url, "--timeout", "20")
+    assert p.returncode == 2 and p.stderr.startswith(f"error: cannot reach Triton at {url}: "), p.stderr
+    p = run_cli("voices", "add", "alice", str(tmp_path / "missing.wav"), "--url", url)
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
+    p = run_cli("voices", "rename", "a")
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+    p = run_cli("hello", "--voice-mode", "both")
+    assert p.returncode == 2 and "--voice-mode needs --voice" in p.stderr
+
+
+def test_voices_functions_send_the_registry_inputs(monkeypatch):
+    sent = {}
+
+    def fake(protocol, url, model, arrays, output, timeout):
+        sent.update(protocol=protocol, model=model, arrays=arrays)
+        return np.array([b"a", b"b"], dtype=object)
+
+    monkeypatch.setattr(voxcpm_client.client, "_infer_once", fake)
+    assert voxcpm_client.add_voice("a", np.zeros(5), 16000, text="hi", protocol="grpc") == ["a", "b"]
+    arrays = sent["arrays"]
+    assert sent["model"] == "voices" and sent["protocol"] == "grpc"
+    assert set(arrays) == {"ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT"} and arrays["AUDIO"].dtype == np.float32
+    assert arrays["ACTION"][0] == b"add" and arrays["SAMPLE_RATE"].dtype == np.int32
+    voxcpm_client.remove_voice("a")
+    assert set(sent["arrays"]) == {"ACTION", "NAME"} and sent["arrays"]["ACTION"][0] == b"remove"
+    voxcpm_client.list_voices()
+    assert set(sent["arrays"]) == {"ACTION"}
 
 
 # ---------------------------------------------------------------- perf_analyzer input files

@@ -433,3 +433,20 @@ def test_compose_scripts_exist():
     (mounted from the checkout): both must be there."""
     for name in ("supervise.py", "probe.py"):
         assert (REPO / "scripts" / name).is_file(), f"docker-compose.yml needs scripts/{name}"
+
+
+def test_compose_keeps_voices_on_a_named_volume():
+    """Stored voices (model `voices`) outlive the container: VOXCPM_VOICES_DIR is a named volume."""
+    svc = _compose_config()
+    voices_dir = _env(svc)["VOXCPM_VOICES_DIR"]
+    mounts = {}
+    for v in svc["volumes"]:
+        if isinstance(v, dict):
+            mounts[v["target"]] = (v.get("type", "volume"), v.get("source", ""), bool(v.get("read_only")))
+        else:
+            src, dst, *mode = v.split(":")
+            mounts[dst] = ("bind" if src.startswith(("/", ".")) else "volume", src, "ro" in mode)
+    assert voices_dir and voices_dir in mounts, (voices_dir, mounts)
+    kind, source, read_only = mounts[voices_dir]
+    assert kind == "volume" and not read_only, mounts[voices_dir]
+    assert source.split("_")[-1] == "voices", source  # compose may prefix the project name

@@ -74,7 +74,8 @@ def test_only_the_documented_environment_variables_override(monkeypatch, tmp_pat
     monkeypatch.setenv("VOXCPM_DTYPE", "bf16")
     v = parse_values("decoder", {"checkpoint": "/elsewhere", "device": "cuda", "dtype": ""})
     assert (v["checkpoint"], v["device"], v["dtype"]) == (str(tmp_path), "cpu", "bf16")
-    assert {p.env for p in PARAMETERS} == {None, "VOXCPM_CHECKPOINT", "VOXCPM_DEVICE", "VOXCPM_DTYPE"}
+    assert {p.env for p in PARAMETERS} == {None, "VOXCPM_CHECKPOINT", "VOXCPM_DEVICE", "VOXCPM_DTYPE",
+                                           "VOXCPM_VOICES_DIR"}
     monkeypatch.setenv("VOXCPM_DTYPE", "fp8")  # an override is checked like the value it replaces
     with pytest.raises(ValueError, match="parameter 'dtype' of model 'decoder' must be one of"):
         parse_values("decoder", {})
@@ -150,3 +151,11 @@ def test_the_readme_configuration_table_matches_the_table():
         for model in models:
             for knob in knobs:
                 assert knob in TABLE.get(model, {}), f"README names {model}/config.pbtxt {knob}, which is no parameter"
+
+
+def test_the_voices_dir_is_one_for_the_models_that_share_it(tmp_path):
+    repo = repository_copy(tmp_path / "repo", parameters={"voices": {"voices_dir": "/srv/voices"}})
+    for model in ("tts", "voices"):
+        with pytest.raises(ValueError, match="'voices_dir'.*must name one directory"):
+            read(_args(repo, model), model)
+    read(_args(repo, "decoder"), "decoder")

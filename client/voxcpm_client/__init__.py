@@ -5,9 +5,12 @@ from .client import (
     SynthesisError,
     SynthesisTimeout,
     VoxCPMClientError,
+    add_voice,
     input_arrays,
+    list_voices,
     load_audio,
     make_inputs,
+    remove_voice,
     synthesize,
     synthesize_stream,
 )
@@ -15,4 +18,5 @@ from .client import (
 __all__ = [
     "Result", "ServerUnavailable", "SynthesisError", "SynthesisTimeout", "VoxCPMClientError",
     "input_arrays", "load_audio", "make_inputs", "synthesize", "synthesize_stream",
+    "add_voice", "list_voices", "remove_voice",
 ]

@@ -1,10 +1,12 @@
-"""voxcpm-tts / python -m voxcpm_client: synthesize one text to a wav file."""
+"""voxcpm-tts / python -m voxcpm_client: synthesize one text to a wav file; `voices ...` manages
+the server's stored voices (add NAME WAV [--text T], list, remove NAME)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .client import VoxCPMClientError, load_audio, synthesize, synthesize_stream
+from .client import (VOICE_MODES, VoxCPMClientError, add_voice, list_voices, load_audio, remove_voice, synthesize,
+                     synthesize_stream)
 
 DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000", "tts")}
 
@@ -20,6 +22,10 @@ def parse_args(argv=None):
     p.add_argument("--reference", metavar="WAV", help="reference audio for voice cloning")
     p.add_argument("--prompt-audio", metavar="WAV", help="audio to continue from (needs --prompt-text)")
     p.add_argument("--prompt-text", help="transcript of --prompt-audio")
+    p.add_argument("--voice", help="a stored voice (see `voices add`) instead of the audio")
+    p.add_argument("--voice-mode", choices=VOICE_MODES,
+                   help="the stored voice as reference (server default), continuation (as prompt audio + "
+                        "text; needs a voice added with --text) or both")
     p.add_argument("--cfg", type=float, dest="cfg_value", help="classifier-free guidance (server default 2.0)")
     p.add_argument("--timesteps", type=int, dest="inference_timesteps", help="CFM steps (server default 10)")
     p.add_argument("--min-length", type=int, help="min decode steps")
@@ -30,14 +36,66 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if (args.prompt_audio is None) != (args.prompt_text is None):
         p.error("--prompt-audio and --prompt-text go together")
+    if args.voice_mode and not args.voice:
+        p.error("--voice-mode needs --voice")
     return args
 
 
+def parse_voices_args(argv):
+    def common(parser, default):  # before or after the action; given after, it wins
+        d = (lambda v: v) if default else (lambda v: argparse.SUPPRESS)
+        parser.add_argument("--protocol", choices=("grpc", "http"), default=d("grpc"))
+        parser.add_argument("--url", default=d(None),
+                            help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
+        parser.add_argument("--timeout", type=float, default=d(120.0), help="seconds (default 120)")
+
+    p = argparse.ArgumentParser(prog="voxcpm-tts voices", description="The server's stored voices (model `voices`).")
+    common(p, True)
+    shared = argparse.ArgumentParser(add_help=False)
+    common(shared, False)
+    sub = p.add_subparsers(dest="action", required=True)
+    add = sub.add_parser("add", parents=[shared], help="store a wav file as a voice (replaces one of that name)")
+    add.add_argument("name", help="1-64 characters of A-Z a-z 0-9 _ . -, not starting with '.'")
+    add.add_argument("audio", metavar="WAV")
+    add.add_argument("--text", help="transcript of the audio: lets the voice serve --voice-mode continuation/both")
+    sub.add_parser("list", parents=[shared], help="the stored voices' names")
+    rm = sub.add_parser("remove", parents=[shared], help="remove a voice")
+    rm.add_argument("name")
+    return p.parse_args(argv)
+
+
+def voices_main(argv) -> int:
+    args = parse_voices_args(argv)
+    kw = {"url": args.url or DEFAULTS[args.protocol][0], "protocol": args.protocol, "timeout": args.timeout}
+    try:
+        if args.action == "add":
+            try:
+                audio, rate = load_audio(args.audio)
+            except Exception as exc:  # unreadable audio file
+                print(f"error: cannot read audio: {exc}", file=sys.stderr)
+                return 2
+            names = add_voice(args.name, audio, rate, text=args.text, **kw)
+        elif args.action == "remove":
+            names = remove_voice(args.name, **kw)
+        else:
+            names = list_voices(**kw)
+    except VoxCPMClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(name)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["voices"]:  # to speak the word itself: voxcpm-tts -- voices
+        return voices_main(argv[1:])
     args = parse_args(argv)
     url, model = DEFAULTS[args.protocol]
     url, model = args.url or url, args.model or model
-    params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed")}
+    params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed",
+                                            "voice", "voice_mode")}
     try:
         if args.reference:
             params["reference_audio"], params["reference_sample_rate"] = load_audio(args.reference)

@@ -24,7 +24,10 @@ SCALAR_INPUTS = {
     "min_length": ("MIN_LENGTH", np.int32),
     "max_length": ("MAX_LENGTH", np.int32),
     "seed": ("SEED", np.int64),
+    "voice": ("VOICE", np.object_),
+    "voice_mode": ("VOICE_MODE", np.object_),
 }
+VOICE_MODES = ("reference", "continuation", "both")
 AUDIO_INPUTS = {
     "reference_audio": "REFERENCE_AUDIO",
     "prompt_audio": "PROMPT_AUDIO",
@@ -89,6 +92,8 @@ def input_arrays(text: str, **params) -> dict:
             raise ValueError(f"{audio} needs {rate}")
     if ("prompt_audio" in params) != ("prompt_text" in params):
         raise ValueError("prompt_audio and prompt_text go together")
+    if "voice_mode" in params and "voice" not in params:
+        raise ValueError("voice_mode needs voice")
 
     arrays = {"TEXT": _bytes_tensor(text)}
     for key, name in AUDIO_INPUTS.items():
@@ -239,6 +244,77 @@ def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
     audio = np.zeros(0, np.float32) if audio is None else audio.reshape(-1).astype(np.float32, copy=False)
     rate = result.as_numpy("SAMPLE_RATE")
     return Result(audio=audio, sample_rate=int(rate.reshape(-1)[0]) if rate is not None else 0, total_s=total)
+
+
+# ---------------------------------------------------------------- stored voices (model `voices`)
+def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, url: Optional[str] = None,
+              protocol: str = "http", timeout: Optional[float] = 120.0) -> List[str]:
+    """Store `audio` (mono float waveform at `sample_rate`) as voice `name`, replacing one of that
+    name; `text`, its transcript, lets the voice serve voice_mode continuation/both too. Returns
+    the registered names."""
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"audio must be a 1-D mono waveform, got shape {audio.shape}")
+    arrays = {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name), "AUDIO": np.ascontiguousarray(audio),
+              "SAMPLE_RATE": np.array([sample_rate], np.int32)}
+    if text is not None:
+        arrays["TEXT"] = _bytes_tensor(text)
+    return _voices(arrays, url, protocol, timeout)
+
+
+def remove_voice(name: str, url: Optional[str] = None, protocol: str = "http",
+                 timeout: Optional[float] = 60.0) -> List[str]:
+    """Remove voice `name` (an error if there is none); returns the names left."""
+    return _voices({"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name)}, url, protocol, timeout)
+
+
+def list_voices(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
+    """The registered voice names, sorted."""
+    return _voices({"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
+
+
+def _voices(arrays: dict, url: Optional[str], protocol: str, timeout: Optional[float]) -> List[str]:
+    names = _infer_once(protocol, url, "voices", arrays, "NAMES", timeout)
+    return [] if names is None else [n.decode() if isinstance(n, bytes) else str(n) for n in names.reshape(-1)]
+
+
+def _infer_once(protocol: str, url: Optional[str], model: str, arrays: dict, output: str,
+                timeout: Optional[float]):
+    """One request/response inference over HTTP or gRPC; the output `output` as numpy."""
+    from tritonclient.utils import InferenceServerException
+
+    if protocol not in ("http", "grpc"):
+        raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
+    url = _strip_scheme(url or ("localhost:8000" if protocol == "http" else "localhost:8001"))
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+        client = module.InferenceServerClient(url=url)
+    else:
+        import tritonclient.http as module
+        net_timeout = 1e9 if timeout is None else timeout
+        client = module.InferenceServerClient(url=url, connection_timeout=min(net_timeout, 30.0),
+                                              network_timeout=net_timeout)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    try:
+        if protocol == "grpc":
+            result = client.infer(model, inputs, client_timeout=timeout)
+        else:
+            result = client.infer(model, inputs)
+    except InferenceServerException as exc:
+        if protocol == "grpc":
+            raise _grpc_error(exc, url) from None
+        raise SynthesisError(exc.message() or str(exc)) from None
+    except _TIMEOUTS:
+        raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
+    except OSError as exc:  # refused, reset, unresolvable host
+        raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+    finally:
+        client.close()
+    return result.as_numpy(output)
 
 
 try:  # tritonclient.http runs on gevent; its network timeout is gevent.Timeout

@@ -15,10 +15,12 @@ import numpy as np
 from .. import checks
 from ..checks import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from .triton_io import InputError
+from .voices import MODES, check_name
 
 MAX_AUDIO_SECONDS = 60.0
 INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE",
-               "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED")
+               "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED",
+               "VOICE", "VOICE_MODE", "RETRY_BADCASE")
 
 
 @dataclass
@@ -34,10 +36,14 @@ class SynthesisRequest:
     min_length: int = 2
     max_length: int | None = None
     seed: int | None = None
+    # `tts` only (tts_stream does not declare it: audio already sent cannot be taken back).
+    retry_badcase: bool = True
+    voice: str | None = None  # a stored voice (serving/voices.py), used as ...
+    voice_mode: str | None = None  # ... reference, continuation or both; None without a voice
 
 
 def value(a, name: str, kind):
-    """The one value of input `name` (its numpy array; None when absent) as `kind`: str, int or
+    """The one value of input `name` (its numpy array; None when absent) as `kind`: str, int, bool or
     float. The orchestrators' inputs and the internal models' (through a Triton request) alike."""
     if a is None:
         return None
@@ -54,6 +60,10 @@ def value(a, name: str, kind):
             return bytes(v).decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"{name} is not valid UTF-8: {e}") from None
+    if kind is bool:
+        if a.dtype != np.bool_:
+            raise InputError(f"{name} must be BOOL, got {a.dtype}")
+        return bool(v)
     if kind is int:
         if not np.issubdtype(a.dtype, np.integer):
             raise InputError(f"{name} must be an integer, got {a.dtype}")
@@ -112,6 +122,7 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.prompt_text = text(inputs.get("PROMPT_TEXT"), "PROMPT_TEXT", required=False)
     if (req.prompt_audio is None) != (req.prompt_text is None):
         raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")
+    _voice(inputs, req)
     cfg = value(inputs.get("CFG_VALUE"), "CFG_VALUE", float)
     steps = value(inputs.get("INFERENCE_TIMESTEPS"), "INFERENCE_TIMESTEPS", int)
     min_len = value(inputs.get("MIN_LENGTH"), "MIN_LENGTH", int)
@@ -122,6 +133,8 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.min_length = req.min_length if min_len is None else min_len
     req.max_length = max_len
     req.seed = seed
+    retry = value(inputs.get("RETRY_BADCASE"), "RETRY_BADCASE", bool)
+    req.retry_badcase = req.retry_badcase if retry is None else retry
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
         checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
@@ -129,6 +142,25 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     except ValueError as e:
         raise InputError(wire_names(str(e))) from None
     return req
+
+
+def _voice(inputs: dict, req: SynthesisRequest):
+    """VOICE and VOICE_MODE; whether the stored voice can serve the mode is known once it is loaded."""
+    voice = value(inputs.get("VOICE"), "VOICE", str)
+    mode = value(inputs.get("VOICE_MODE"), "VOICE_MODE", str)
+    if voice is None:
+        if mode is not None:
+            raise InputError("VOICE_MODE was given without VOICE")
+        return
+    req.voice, req.voice_mode = check_name(voice, "VOICE"), mode or "reference"
+    if req.voice_mode not in MODES:
+        raise InputError(f"VOICE_MODE must be one of {', '.join(MODES)}, got {mode!r}")
+    # A voice fills a role; inline audio for the same role would be ambiguous.
+    if req.reference_audio is not None and req.voice_mode in ("reference", "both"):
+        raise InputError(f"VOICE with VOICE_MODE {req.voice_mode} is the reference: leave out REFERENCE_AUDIO")
+    if req.prompt_audio is not None and req.voice_mode in ("continuation", "both"):
+        raise InputError(f"VOICE with VOICE_MODE {req.voice_mode} is the prompt: leave out PROMPT_AUDIO "
+                         "and PROMPT_TEXT")
 
 
 def wire_names(message: str) -> str:

@@ -14,6 +14,7 @@ of the streams already running). torch is never imported here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import threading
@@ -23,11 +24,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..checks import CONTEXT_PATCHES, draw_seed
+from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
 from . import contract, runtime
 from .metrics import metric
 from .parameters import read, read_config, resolve_checkpoint
-from .triton_io import BLSError, Busy, Unhealthy, bls, error_response, get, outputs, pb, tensor
+from .triton_io import BLSError, Busy, InputError, Unhealthy, bls, error_response, get, outputs, pb, tensor
+from .voices import VoiceStore
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
@@ -79,6 +81,7 @@ class Orchestrator:
         self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
         self.max_positions = int(cfg.get("max_length", 8192))
+        self.voices = VoiceStore(params["voices_dir"])
         self.health = _Health()
         labels = {"model": args["model_name"]}
         self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
@@ -112,6 +115,20 @@ class Orchestrator:
         return (await self._infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
                                                   "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
 
+    def _voice(self, req: contract.SynthesisRequest):
+        """The stored voice the request names (None without VOICE), checked against its mode."""
+        if req.voice is None:
+            return None
+        voice = self.voices.load(req.voice)
+        if req.voice_mode != "reference" and voice.prompt is None:
+            raise InputError(f"voice {req.voice!r} has no transcript, so it cannot serve VOICE_MODE "
+                             f"{req.voice_mode}; add it again with TEXT, or use VOICE_MODE reference")
+        if list(voice.reference.shape[1:]) != [self.patch_size, self.feat_dim]:
+            raise InputError(f"voice {req.voice!r} was encoded for another checkpoint (latent patches "
+                             f"{list(voice.reference.shape[1:])}, this one makes "
+                             f"{[self.patch_size, self.feat_dim]}); add it again")
+        return voice
+
     async def _vae_decode(self, corrid: int, latents: np.ndarray, flags: int, context=None) -> np.ndarray:
         inputs = {"LATENTS": latents[None]}
         if context is not None:
@@ -120,14 +137,17 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ pipeline
     async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
-                         cancelled: Callable[[], bool]) -> None:
-        """Run one request; `emit(audio)` per chunk. Returns early (no error) when `cancelled()`."""
+                         cancelled: Callable[[], bool]) -> tuple[int, int] | None:
+        """Run one request; `emit(audio)` per chunk. Returns early (no error, None) when `cancelled()`;
+        else (patches generated, target text tokens), what `tts`'s bad-case rule looks at."""
         self.health.check()
         p = pb()
         t0 = time.monotonic()
+        voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
-        if req.prompt_text is not None:
-            tok_in["PROMPT_TEXT"] = np.array([req.prompt_text.encode()], dtype=object)
+        prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
+        if prompt_text is not None:
+            tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
         ids, n_target = await self._infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
@@ -137,12 +157,17 @@ class Orchestrator:
         if req.max_length is not None:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
         audio_latents = []
-        if req.reference_audio is not None:
+        # A stored voice's latents are what vae_encoder made of its audio: the same as sending it inline.
+        if voice is not None and req.voice_mode in ("reference", "both"):
+            dec_in["REF_LATENTS"] = voice.reference
+            audio_latents.append(dec_in["REF_LATENTS"])
+        elif req.reference_audio is not None:
             dec_in["REF_LATENTS"] = await self._encode(req.reference_audio, req.reference_sample_rate, False)
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
-        if req.prompt_audio is not None:
-            dec_in["PROMPT_LATENTS"] = await self._encode(req.prompt_audio, req.prompt_sample_rate, True)
+        if req.prompt_audio is not None or (voice is not None and req.voice_mode != "reference"):
+            dec_in["PROMPT_LATENTS"] = (await self._encode(req.prompt_audio, req.prompt_sample_rate, True)
+                                        if req.prompt_audio is not None else voice.prompt)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
             context = np.concatenate(audio_latents)[-CONTEXT_PATCHES:]
@@ -161,6 +186,7 @@ class Orchestrator:
         responses = _ResponseQueue(iterator, loop)
         opened = stopping = False
         error = None
+        generated = 0
         try:
             while True:
                 resp = await self._guard(responses.queue.get())
@@ -174,6 +200,7 @@ class Orchestrator:
                 if stopping or not resp.output_tensors():
                     continue
                 lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
+                generated += lat.shape[0]
                 flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
                 # Set before the call: whatever its outcome, a START sent is followed by an END.
                 first, opened = not opened, True
@@ -193,6 +220,7 @@ class Orchestrator:
                 await self._close_vae(corrid)
         if error is not None and not stopping:
             raise error
+        return generated, int(np.asarray(n_target).reshape(-1)[0])
 
     async def _close_vae(self, corrid: int):
         """END the stream's VAE sequence: frees its state in vae_decoder and Triton's sequence slot."""
@@ -232,6 +260,11 @@ class TTSModel:
 
     def initialize(self, args):
         self.orch = Orchestrator(args, read(args, "tts"))
+        labels = {"model": args["model_name"]}
+        self.m_badcases = metric("voxcpm_badcases_total", "Whole-utterance tries judged bad cases "
+                                 "(>= 6 patches per target token)", labels, "COUNTER")
+        self.m_retries = metric("voxcpm_retries_total", "Whole utterances synthesized again after a bad case",
+                                labels, "COUNTER")
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
@@ -240,8 +273,7 @@ class TTSModel:
         p = pb()
         try:
             req = self.orch.parse(request)
-            chunks: list = []
-            await self.orch.synthesize(req, chunks.append, request.is_cancelled)
+            chunks = await self._synthesize(req, request.is_cancelled)
             if request.is_cancelled():
                 return p.InferenceResponse(error=p.TritonError("request cancelled by its client",
                                                                p.TritonError.CANCELLED))
@@ -251,6 +283,29 @@ class TTSModel:
                 tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))])
         except Exception as e:
             return error_response(e)
+
+    async def _synthesize(self, req: contract.SynthesisRequest, cancelled) -> list:
+        """The reference's retry_badcase: an utterance of >= 6 patches per target token (the stop
+        head did not fire in time) is made again, RETRY_MAX_TIMES tries in all, the last kept. Try
+        a runs with seed SEED + a (`checks.retry_seed`), so results stay reproducible; without a
+        SEED each try draws its own."""
+        tries = RETRY_MAX_TIMES if req.retry_badcase else 1
+        for attempt in range(tries):
+            chunks: list = []
+            seed = retry_seed(req.seed, attempt) if req.seed is not None else None
+            result = await self.orch.synthesize(dataclasses.replace(req, seed=seed), chunks.append, cancelled)
+            if result is None or cancelled():
+                break
+            patches, target_tokens = result
+            if not is_badcase(patches, target_tokens):
+                break
+            self.m_badcases.increment(1.0)
+            if attempt + 1 == tries or not can_retry(req.min_length, target_tokens):
+                break
+            self.m_retries.increment(1.0)
+            log.info("bad case (%d patches for %d target tokens): try %d of %d", patches, target_tokens,
+                     attempt + 2, tries)
+        return chunks
 
 
 class TTSStreamModel:

@@ -3,8 +3,9 @@ value config.pbtxt holds) and one line of doc. Models read their parameters only
 a key the table does not name, or a value it does not allow, stops the model with a message
 naming the parameter.
 
-The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE and
-VOXCPM_DTYPE (one deployment points every model at its checkpoint without editing six files).
+The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE,
+VOXCPM_DTYPE and VOXCPM_VOICES_DIR (one deployment points every model at its checkpoint without
+editing six files).
 
 Rules that tie models together (`INVARIANTS`) are checked at start-up against the sibling
 models' config.pbtxt, which lie next to the model's own directory.
@@ -85,10 +86,13 @@ _PARSERS: dict[str, Callable] = {
 
 _CHECKPOINT_DOC = "checkpoint directory; empty: the embedded tiny checkpoint"
 _DEVICE_DOC = "torch device; empty: cuda if a GPU is present, else cpu"
+_VOICES_DOC = "directory of stored voices; empty: ~/.local/share/voxcpm/voices ($XDG_DATA_HOME)"
 
 PARAMETERS: tuple[Param, ...] = (
     *(Param(m, "checkpoint", "path", "", _CHECKPOINT_DOC, env="VOXCPM_CHECKPOINT")
-      for m in ("tts", "tts_stream", "tokenizer", "decoder", "vae_encoder", "vae_decoder")),
+      for m in ("tts", "tts_stream", "tokenizer", "decoder", "vae_encoder", "vae_decoder", "voices")),
+    # One directory for all three: `voices` writes it, the orchestrators read it.
+    *(Param(m, "voices_dir", "path", "", _VOICES_DOC, env="VOXCPM_VOICES_DIR") for m in ("tts", "tts_stream", "voices")),
     *(Param(m, "device", "str", "", _DEVICE_DOC, env="VOXCPM_DEVICE") for m in ("decoder", "vae_encoder", "vae_decoder")),
     Param("decoder", "dtype", "choice", "", "weights and activations; empty: bfloat16 on a GPU, float32 on the CPU",
           DTYPES, env="VOXCPM_DTYPE"),
@@ -103,6 +107,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "attention", "choice", "auto", "decode attention kernels", ("auto", "triton", "torch")),
     Param("decoder", "timestep_buckets", "ints", "4,8,10,12,16,24,32,50,100",
           "CFM loop lengths with a decode graph each; the last must be 100"),
+    Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
     Param("vae_decoder", "compile", "bool", "true", "GPU: the snake activations fused by torch.compile"),
@@ -181,6 +186,16 @@ def _idle_fits(c):
     return None
 
 
+def _voices_dir_shared(c):
+    if os.environ.get("VOXCPM_VOICES_DIR"):  # overrides all three alike (siblings are read without it)
+        return None
+    dirs = {m: c[m]["voices_dir"] for m in ("tts", "tts_stream", "voices") if m in c}
+    if len(set(dirs.values())) > 1:
+        return (f"parameter 'voices_dir' of models {', '.join(dirs)} ({', '.join(repr(d or '') for d in dirs.values())}) "
+                "must name one directory")
+    return None
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(("decoder.chunk_schedule", "vae_decoder.max_chunk_patches"), _chunk_fits, True,
               "vae_decoder refuses a longer chunk: every stream would fail"),
@@ -188,6 +203,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               False, "a chunk length without a graph only decodes slower"),
     Invariant(("vae_decoder.stream_idle_timeout_s", f"vae_decoder.{IDLE_US}"), _idle_fits, True,
               "Triton frees an idle sequence without telling the model: the model must drop its state no later"),
+    Invariant(("tts.voices_dir", "tts_stream.voices_dir", "voices.voices_dir"), _voices_dir_shared, True,
+              "voices added through `voices` must be where tts and tts_stream look for them"),
 )
 
 

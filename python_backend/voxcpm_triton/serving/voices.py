@@ -1,0 +1,213 @@
+"""Stored voices: latents encoded once by `vae_encoder`, kept on disk under a name.
+
+Layout of the voices directory (`VOXCPM_VOICES_DIR`, default `$XDG_DATA_HOME/voxcpm/voices`,
+i.e. `~/.local/share/voxcpm/voices`: user data that survives restarts and checkouts):
+
+    .lock                           fcntl lock taken around every change
+    .store/<name>.<hex>/            one version of a voice, written whole before it is visible
+        latents.safetensors         "reference" [n, P, D] float32; "prompt" too with a transcript
+        voice.json                  name, transcript, sample rate, created, latent shape
+    <name> -> .store/<name>.<hex>   the visible voice: a symlink, swapped with one rename
+
+A version is written and fsynced under a name no reader looks at; the symlink is then replaced
+with os.replace, so a reader sees the old voice or the new one, never half of either. Names
+cannot start with '.', so nothing of the store is ever listed as a voice. No torch here: the
+light orchestrator processes import this.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from .triton_io import Busy, InputError
+
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+MODES = ("reference", "continuation", "both")
+STORE, LOCK = ".store", ".lock"
+CACHE_VOICES = 64  # latents kept in memory per process (a 60 s voice is ~0.5 MB)
+
+
+def default_dir() -> str:
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data, "voxcpm", "voices")
+
+
+def check_name(name: str | None, input_name: str = "NAME") -> str:
+    if name is None:
+        raise InputError(f"{input_name} is required")
+    if not NAME_RE.fullmatch(name):
+        raise InputError(f"{input_name} {name!r} is not a valid voice name: 1 to 64 characters of "
+                         "A-Z a-z 0-9 _ . -, not starting with '.'")
+    return name
+
+
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    reference: np.ndarray  # [n, P, D] float32: the REFERENCE_AUDIO encoding
+    prompt: np.ndarray | None  # the PROMPT_AUDIO encoding; None without a transcript
+    transcript: str | None
+    sample_rate: int
+
+
+def _fsync_dir(path: str):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(path: str, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class VoiceStore:
+    def __init__(self, root: str | None):
+        self.root = os.path.realpath(os.path.expanduser(root or default_dir()))  # real: links resolve into it
+        self.store = os.path.join(self.root, STORE)
+        self._cache: collections.OrderedDict = collections.OrderedDict()  # name -> (stamp, Voice)
+        self._cache_lock = threading.Lock()
+
+    def ensure(self):
+        """Made on the first add, not at load: a server whose voices dir cannot be written still
+        serves everything else (and says why at `add`)."""
+        try:
+            for d in (self.root, self.store):
+                os.makedirs(d, mode=0o700, exist_ok=True)  # voices are user data: private
+        except OSError as e:
+            raise OSError(f"the voices directory {self.root} cannot be made (VOXCPM_VOICES_DIR): {e}") from None
+
+    @contextmanager
+    def _locked(self):
+        """Exclusive across processes (every model instance is one) and across threads."""
+        with open(os.path.join(self.root, LOCK), "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def names(self) -> list[str]:
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(n for n in os.listdir(self.root)
+                      if NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
+
+    def add(self, name: str, reference: np.ndarray, prompt: np.ndarray | None, transcript: str | None,
+            sample_rate: int, info: dict | None = None, max_voices: int | None = None) -> list[str]:
+        """Store (or replace) voice `name`; returns the names afterwards. A new name past `max_voices`
+        stored voices is refused (clients can reach `add`: the disk they may fill is bounded)."""
+        check_name(name)
+        self.ensure()
+        version = f"{name}.{secrets.token_hex(8)}"
+        tmp = os.path.join(self.store, f".tmp-{version}")  # never a version a link points at
+        os.mkdir(tmp, 0o700)
+        try:
+            tensors = {"reference": np.ascontiguousarray(reference, np.float32)}
+            if prompt is not None:
+                tensors["prompt"] = np.ascontiguousarray(prompt, np.float32)
+            _write(os.path.join(tmp, "latents.safetensors"), st_save(tensors))
+            meta = {"name": name, "transcript": transcript, "sample_rate": int(sample_rate),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "latent_shape": list(tensors["reference"].shape[1:]), **(info or {})}
+            _write(os.path.join(tmp, "voice.json"), json.dumps(meta, ensure_ascii=False, indent=1).encode())
+            _fsync_dir(tmp)
+            with self._locked():
+                if max_voices is not None and self._target(name) is None and len(self.names()) >= max_voices:
+                    raise Busy(f"{max_voices} voices are stored already (parameter max_voices of model "
+                               f"'voices'); remove one first")
+                os.rename(tmp, os.path.join(self.store, version))
+                link = os.path.join(self.root, f".link-{version}")
+                os.symlink(os.path.join(STORE, version), link)
+                old = self._target(name)
+                os.replace(link, os.path.join(self.root, name))  # the swap: atomic
+                _fsync_dir(self.store)
+                _fsync_dir(self.root)
+                if old:
+                    shutil.rmtree(old, ignore_errors=True)
+                self._sweep()
+                return self.names()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def remove(self, name: str) -> list[str]:
+        check_name(name)
+        if not os.path.isdir(self.root):
+            raise InputError(f"unknown voice {name!r}")
+        with self._locked():
+            target = self._target(name)
+            if target is None:
+                raise InputError(f"unknown voice {name!r}")
+            os.unlink(os.path.join(self.root, name))
+            _fsync_dir(self.root)
+            shutil.rmtree(target, ignore_errors=True)
+            return self.names()
+
+    def _target(self, name: str) -> str | None:
+        path = os.path.join(self.root, name)
+        return os.path.realpath(path) if os.path.islink(path) else None
+
+    def _sweep(self):
+        """Under the lock: drop what a writer that died left behind (versions no link names, temp
+        links and directories of another process are left to it unless an hour old)."""
+        live = {os.path.realpath(os.path.join(self.root, n)) for n in self.names()}
+        now = time.time()
+        for d, entries in ((self.store, os.listdir(self.store)), (self.root, os.listdir(self.root))):
+            for e in entries:
+                path = os.path.join(d, e)
+                stale = e.startswith((".tmp-", ".link-")) and now - os.lstat(path).st_mtime > 3600
+                if (d == self.store and not e.startswith(".") and path not in live) or stale:
+                    if os.path.islink(path) or os.path.isfile(path):
+                        os.unlink(path)
+                    else:
+                        shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, name: str) -> Voice:
+        """Voice `name`, from memory while its voice.json is the same file (a replaced voice is a new
+        file, so it is read again)."""
+        check_name(name, "VOICE")
+        for _ in range(3):  # a concurrent replace may remove the version between stat and read
+            target = self._target(name)
+            if target is None:
+                raise InputError(f"unknown voice {name!r}")
+            try:
+                st = os.stat(os.path.join(target, "voice.json"))
+                stamp = (target, st.st_mtime_ns, st.st_ino)
+                with self._cache_lock:
+                    hit = self._cache.get(name)
+                    if hit and hit[0] == stamp:
+                        self._cache.move_to_end(name)
+                        return hit[1]
+                with open(os.path.join(target, "voice.json"), encoding="utf-8") as f:
+                    meta = json.load(f)
+                with open(os.path.join(target, "latents.safetensors"), "rb") as f:
+                    tensors = st_load(f.read())
+            except FileNotFoundError:
+                continue
+            voice = Voice(name, tensors["reference"], tensors.get("prompt"), meta.get("transcript"),
+                          int(meta["sample_rate"]))
+            with self._cache_lock:
+                self._cache[name] = (stamp, voice)
+                self._cache.move_to_end(name)
+                while len(self._cache) > CACHE_VOICES:
+                    self._cache.popitem(last=False)
+            return voice
+        raise InputError(f"unknown voice {name!r}")

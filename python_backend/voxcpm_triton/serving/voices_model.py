@@ -1,0 +1,88 @@
+"""`voices`: add, remove and list stored voices (serving/voices.py holds the storage).
+
+`add` checks the audio as `tts` checks REFERENCE_AUDIO and encodes it through `vae_encoder` with
+the orchestrator's own call, in the roles `tts` would: the reference encoding always, the prompt
+encoding (left-padded) too when a transcript comes with it. So a request with VOICE hands the
+decoder exactly the latents that the same audio sent inline gives.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import contract, runtime
+from .orchestrator import Orchestrator, _Health
+from .parameters import read, read_config, resolve_checkpoint
+from .triton_io import InputError, error_response, get, pb, tensor
+from .voices import VoiceStore, check_name
+
+log = logging.getLogger("voxcpm_triton.voices")
+
+ACTIONS = ("add", "remove", "list")
+INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT")
+
+
+class _Encoder:
+    """The orchestrator's guarded vae_encoder call, without its metrics."""
+
+    def __init__(self):
+        self.health = _Health()
+
+    _guard, _infer, _encode = Orchestrator._guard, Orchestrator._infer, Orchestrator._encode
+
+
+class VoicesModel:
+    def initialize(self, args):
+        runtime.watch_parent()
+        params = read(args, "voices")
+        self.checkpoint = resolve_checkpoint(params["checkpoint"])
+        cfg = read_config(self.checkpoint)
+        self.latent_shape = [int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))]
+        self.store = VoiceStore(params["voices_dir"])
+        self.max_voices = params["max_voices"]
+        try:
+            self.store.ensure()
+        except OSError as e:  # the rest of the server still serves; `add` reports it again
+            log.warning("voices directory %s cannot be made: %s", self.store.root, e)
+        self.encoder = _Encoder()
+
+    async def execute(self, requests):
+        return [await self._one(r) for r in requests]
+
+    async def _one(self, request):
+        try:
+            inputs = {n: np.array(a) for n in INPUT_NAMES if (a := get(request, n)) is not None}
+            names = await self._act(inputs)
+            return pb().InferenceResponse(output_tensors=[
+                tensor("NAMES", np.array([n.encode() for n in names], dtype=object))])
+        except Exception as e:
+            return error_response(e)
+
+    async def _act(self, inputs: dict) -> list[str]:
+        action = contract.value(inputs.get("ACTION"), "ACTION", str)
+        if action not in ACTIONS:
+            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {action!r}")
+        given = sorted(set(inputs) - {"ACTION"})
+        if action == "list":
+            if given:
+                raise InputError(f"ACTION list takes no other input, got {given}")
+            return self.store.names()
+        name = check_name(contract.text(inputs.get("NAME"), "NAME", required=True))
+        if action == "remove":
+            if given != ["NAME"]:
+                raise InputError(f"ACTION remove takes only NAME, got {given}")
+            return self.store.remove(name)
+        # The checks (limits, messages) REFERENCE_AUDIO gets, under this model's input names.
+        audio, rate = contract._audio(inputs, "AUDIO", "SAMPLE_RATE")
+        if audio is None:
+            raise InputError("ACTION add needs AUDIO and SAMPLE_RATE")
+        transcript = contract.text(inputs.get("TEXT"), "TEXT", required=False)
+        if transcript is not None and not transcript.strip():
+            raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
+        self.encoder.health.check()
+        reference = await self.encoder._encode(audio, rate, False)
+        prompt = None if transcript is None else await self.encoder._encode(audio, rate, True)
+        return self.store.add(name, reference, prompt, transcript, rate, info={"checkpoint": self.checkpoint},
+                              max_voices=self.max_voices)

@@ -1,0 +1,294 @@
+"""Stored voices through a real tritonserver (tiny checkpoint, CPU): the `voices` model, VOICE /
+VOICE_MODE on `tts`, the client's `voices` subcommand, persistence across a restart."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_module, sine_wave
+
+require_module("tritonclient", "tritonclient[all] in requirements.txt")
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.server import REPO, triton_server_factory  # noqa: E402,F401
+from tests.test_server import stream_infer, tts_http, _inputs  # noqa: E402
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+
+sys.path.insert(0, str(REPO / "client"))
+import voxcpm_client  # noqa: E402
+
+TOL = 1e-4
+TEXT = "The stored voice says something new."
+TRANSCRIPT = "What the stored audio says."
+GEN = dict(SEED=11, MIN_LENGTH=3, MAX_LENGTH=3)
+NAME_ERROR = "is not a valid voice name"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("voices_ckpt")), TINY_CONFIG, seed=3, progress=None)
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("voices_home") / "voices")  # made by the server, 0700
+
+
+@pytest.fixture(scope="module")
+def env(ckpt, voices_dir):
+    return {"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_VOICES_DIR": voices_dir}
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, env):  # noqa: F811
+    return triton_server_factory("model_repository", env=env)
+
+
+def voices(server, action, name=None, audio=None, rate=None, text=None):
+    """The `voices` model over HTTP, as raw tensors (so malformed requests can be sent too)."""
+    arrays = {"ACTION": np.array([action.encode()], dtype=object)}
+    if name is not None:
+        arrays["NAME"] = np.array([name.encode()], dtype=object)
+    if audio is not None:
+        arrays["AUDIO"] = np.asarray(audio, np.float32)
+    if rate is not None:
+        arrays["SAMPLE_RATE"] = np.array([rate], np.int32)
+    if text is not None:
+        arrays["TEXT"] = np.array([text.encode()], dtype=object)
+    inputs = []
+    for k, a in arrays.items():
+        t = httpclient.InferInput(k, list(a.shape), {np.float32: "FP32", np.int32: "INT32"}.get(a.dtype.type, "BYTES"))
+        t.set_data_from_numpy(a)
+        inputs.append(t)
+    c = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+    try:
+        out = c.infer("voices", inputs).as_numpy("NAMES")
+    finally:
+        c.close()
+    return [n.decode() for n in out.reshape(-1)]
+
+
+def _b(s):
+    return ("BYTES", np.array([s.encode()], dtype=object))
+
+
+def ref_audio(seed=0):
+    return sine_wave(0.7, 16000, freq=180 + 40 * seed, seed=seed)
+
+
+def test_add_list_remove_replace(server, voices_dir):
+    assert voices(server, "list") == []
+    assert voices(server, "add", "alice", ref_audio(0), 16000) == ["alice"]
+    assert voices(server, "add", "bob.v2", ref_audio(1), 16000, TRANSCRIPT) == ["alice", "bob.v2"]
+    assert voices(server, "list") == ["alice", "bob.v2"]
+    # the stored form: a link to one written version, private directory
+    assert oct(os.stat(voices_dir).st_mode & 0o777) == "0o700"
+    assert os.path.islink(os.path.join(voices_dir, "alice"))
+    assert sorted(os.listdir(os.path.join(voices_dir, "bob.v2"))) == ["latents.safetensors", "voice.json"]
+    before = os.path.realpath(os.path.join(voices_dir, "alice"))
+    assert voices(server, "add", "alice", ref_audio(2), 16000, TRANSCRIPT) == ["alice", "bob.v2"]  # replaced
+    assert not os.path.exists(before), "the replaced version is removed"
+    assert len(os.listdir(os.path.join(voices_dir, ".store"))) == 2, "no version or temp directory left over"
+    assert voices(server, "remove", "bob.v2") == ["alice"]
+    with pytest.raises(InferenceServerException, match="unknown voice 'bob.v2'"):
+        voices(server, "remove", "bob.v2")
+    assert voices(server, "remove", "alice") == []
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", ".hidden", "x" * 65, "a b", "/etc"])
+def test_path_like_empty_and_long_names_are_refused(server, voices_dir, name):
+    with pytest.raises(InferenceServerException, match=NAME_ERROR):
+        voices(server, "add", name, ref_audio(), 16000)
+    with pytest.raises(InferenceServerException, match=NAME_ERROR):
+        tts_http(server, TEXT, VOICE=_b(name), **GEN)
+    assert not os.path.exists(os.path.join(os.path.dirname(voices_dir), "x"))
+    assert voices(server, "list") == []
+
+
+def test_64_characters_is_a_name(server):
+    assert voices(server, "add", "v" * 64, ref_audio(), 16000) == ["v" * 64]
+    assert voices(server, "remove", "v" * 64) == []
+
+
+def test_add_checks_audio_like_reference_audio(server):
+    cases = {"AUDIO is empty": (np.zeros(0, np.float32), 16000),
+             "AUDIO contains NaN or Inf": (np.full(100, np.nan, np.float32), 16000),
+             "AUDIO is 61.0 s long; the limit is 60 s": (np.zeros(61 * 1000, np.float32), 1000),
+             "SAMPLE_RATE 10 is outside": (np.zeros(100, np.float32), 10)}
+    for message, (audio, rate) in cases.items():
+        with pytest.raises(InferenceServerException, match=message):
+            voices(server, "add", "bad", audio, rate)
+    with pytest.raises(InferenceServerException, match="ACTION add needs AUDIO and SAMPLE_RATE"):
+        voices(server, "add", "bad")
+    with pytest.raises(InferenceServerException, match="ACTION must be one of add, remove, list"):
+        voices(server, "rename", "bad")
+    assert voices(server, "list") == []
+
+
+@pytest.mark.parametrize("mode", ["reference", "continuation", "both"])
+def test_voice_equals_the_same_audio_inline(server, mode):
+    audio = ref_audio(3)
+    voices(server, "add", "same", audio, 16000, TRANSCRIPT)
+    inline = {}
+    if mode in ("reference", "both"):
+        inline.update(REFERENCE_AUDIO=audio, REFERENCE_SAMPLE_RATE=16000)
+    if mode in ("continuation", "both"):
+        inline.update(PROMPT_AUDIO=audio, PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT=TRANSCRIPT)
+    want, _ = tts_http(server, TEXT, **inline, **GEN)
+    extra = {} if mode == "reference" else {"VOICE_MODE": _b(mode)}  # reference is the default
+    got, rate = tts_http(server, TEXT, VOICE=_b("same"), **extra, **GEN)
+    assert rate == 48000 and got.shape == want.shape and np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    # the same through tts_stream (gRPC)
+    from tests.test_server import grpcclient
+    chunks = stream_infer(server, "tts_stream", _inputs(grpcclient, TEXT, VOICE=_b("same"), **extra, **GEN))
+    np.testing.assert_allclose(np.concatenate(chunks), want, atol=TOL, rtol=0)
+    if mode == "reference":  # other voices and other seeds differ: the comparison means something
+        other, _ = tts_http(server, TEXT, REFERENCE_AUDIO=ref_audio(4), REFERENCE_SAMPLE_RATE=16000, **GEN)
+        assert np.abs(other - want).max() > 1e-3
+    voices(server, "remove", "same")
+
+
+def test_a_replaced_voice_is_read_again(server):
+    voices(server, "add", "changing", ref_audio(5), 16000)
+    first, _ = tts_http(server, TEXT, VOICE=_b("changing"), **GEN)  # cached by the tts instance now
+    voices(server, "add", "changing", ref_audio(6), 16000)
+    want, _ = tts_http(server, TEXT, REFERENCE_AUDIO=ref_audio(6), REFERENCE_SAMPLE_RATE=16000, **GEN)
+    for _ in range(3):  # several tts instances: whichever serves it sees the new voice
+        got, _ = tts_http(server, TEXT, VOICE=_b("changing"), **GEN)
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    assert np.abs(first - want).max() > 1e-3
+    voices(server, "remove", "changing")
+
+
+def test_voice_errors(server):
+    voices(server, "add", "plain", ref_audio(), 16000)  # no transcript
+    ref = dict(REFERENCE_AUDIO=ref_audio(), REFERENCE_SAMPLE_RATE=16000)
+    prompt = dict(PROMPT_AUDIO=ref_audio(), PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT=TRANSCRIPT)
+    cases = [
+        (dict(VOICE=_b("nobody")), "unknown voice 'nobody'"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("continuation")),
+         "voice 'plain' has no transcript, so it cannot serve VOICE_MODE continuation"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("both")), "cannot serve VOICE_MODE both"),
+        (dict(VOICE=_b("plain"), **ref), "VOICE with VOICE_MODE reference is the reference: leave out REFERENCE_AUDIO"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("both"), **ref), "leave out REFERENCE_AUDIO"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("continuation"), **prompt), "leave out PROMPT_AUDIO"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("both"), **prompt), "leave out"),
+        (dict(VOICE_MODE=_b("reference")), "VOICE_MODE was given without VOICE"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("prompt")), "VOICE_MODE must be one of reference, continuation, both"),
+    ]
+    for params, message in cases:
+        with pytest.raises(InferenceServerException, match=message):
+            tts_http(server, TEXT, **params, **GEN)
+    # a voice in one role, inline audio in the other: allowed
+    audio, _ = tts_http(server, TEXT, VOICE=_b("plain"), **prompt, **GEN)
+    assert audio.size
+    voices(server, "remove", "plain")
+
+
+def test_concurrent_adds_lose_nothing(server):
+    names = [f"c{i}" for i in range(8)]
+    errors = []
+
+    def add(i):
+        try:
+            voices(server, "add", names[i], ref_audio(i), 16000, TRANSCRIPT if i % 2 else None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert voices(server, "list") == names
+    # and concurrent removes
+    threads = [threading.Thread(target=voices, args=(server, "remove", n)) for n in names[:4]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert voices(server, "list") == names[4:]
+    for n in names[4:]:
+        voices(server, "remove", n)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_client_cli_voices(server, tmp_path, protocol):
+    import soundfile as sf
+
+    wav = tmp_path / "ref.wav"
+    sf.write(str(wav), ref_audio(7), 16000, subtype="FLOAT")
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    env = {**os.environ, "PYTHONPATH": str(REPO / "client")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "voxcpm_client", "voices", *args, "--protocol", protocol,
+                               "--url", url], capture_output=True, text=True, env=env, timeout=300)
+
+    r = cli("add", "cli-voice", str(wav), "--text", TRANSCRIPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cli-voice"]
+    assert cli("list").stdout.split() == ["cli-voice"]
+    out = tmp_path / "out.wav"
+    r = subprocess.run([sys.executable, "-m", "voxcpm_client", TEXT, "--protocol", protocol, "--url", url,
+                        "--voice", "cli-voice", "--voice-mode", "both", "--seed", "1", "--min-length", "2",
+                        "--max-length", "2", "-o", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 0
+    r = cli("remove", "cli-voice")
+    assert r.returncode == 0 and r.stdout.split() == []
+    r = cli("remove", "cli-voice")
+    assert r.returncode == 2 and "unknown voice 'cli-voice'" in r.stderr
+    r = cli("add", "../evil", str(wav))
+    assert r.returncode == 2 and NAME_ERROR in r.stderr
+
+
+def test_library_voice_params(server):
+    voxcpm_client.add_voice("lib", ref_audio(8), 16000, text=TRANSCRIPT, url=server.http_url)
+    assert voxcpm_client.list_voices(url=server.grpc_url, protocol="grpc") == ["lib"]
+    r = voxcpm_client.synthesize(TEXT, url=server.http_url, voice="lib", voice_mode="continuation", seed=2,
+                                 min_length=2, max_length=2)
+    s = voxcpm_client.synthesize_stream(TEXT, url=server.grpc_url, voice="lib", voice_mode="continuation", seed=2,
+                                        min_length=2, max_length=2)
+    np.testing.assert_allclose(s.audio, r.audio, atol=TOL, rtol=0)
+    assert voxcpm_client.remove_voice("lib", url=server.grpc_url, protocol="grpc") == []
+
+
+def test_voices_survive_a_restart(server, triton_server_factory, env):  # noqa: F811  (keep last: stops `server`)
+    audio = ref_audio(9)
+    voices(server, "add", "kept", audio, 16000, TRANSCRIPT)
+    want, _ = tts_http(server, TEXT, VOICE=_b("kept"), VOICE_MODE=_b("both"), **GEN)
+    server.stop()
+    again = triton_server_factory("model_repository", env=env)
+    assert voices(again, "list") == ["kept"]
+    got, _ = tts_http(again, TEXT, VOICE=_b("kept"), VOICE_MODE=_b("both"), **GEN)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    inline, _ = tts_http(again, TEXT, REFERENCE_AUDIO=audio, REFERENCE_SAMPLE_RATE=16000, PROMPT_AUDIO=audio,
+                         PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT=TRANSCRIPT, **GEN)
+    np.testing.assert_allclose(got, inline, atol=TOL, rtol=0)
+
+
+def test_the_store_bounds_the_number_of_voices(tmp_path):
+    """Clients can add voices: past `max_voices` a new name is refused, replacing one is not."""
+    from voxcpm_triton.serving.triton_io import Busy
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    store = VoiceStore(str(tmp_path / "voices"))
+    lat = np.zeros((3, 4, 16), np.float32)
+    assert store.add("a", lat, None, None, 16000, max_voices=2) == ["a"]
+    assert store.add("b", lat, None, None, 16000, max_voices=2) == ["a", "b"]
+    with pytest.raises(Busy, match="2 voices are stored already .*max_voices"):
+        store.add("c", lat, None, None, 16000, max_voices=2)
+    assert store.add("b", lat + 1, None, None, 16000, max_voices=2) == ["a", "b"]  # a replacement
+    assert float(store.load("b").reference[0, 0, 0]) == 1.0
+    store.remove("a")
+    assert store.add("c", lat, None, None, 16000, max_voices=2) == ["b", "c"]
+    assert sorted(os.listdir(tmp_path / "voices" / ".store")) and not [
+        n for n in os.listdir(tmp_path / "voices" / ".store") if n.startswith(".tmp")]
