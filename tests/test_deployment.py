@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import require_executable
 from tests.server import REPO, triton_env, venv_dir

@@ -5,6 +5,7 @@ repository's README ("Contract"); only TEXT is required.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import time
@@ -131,6 +132,23 @@ def _strip_scheme(url: str) -> str:
     return url
 
 
+@contextlib.contextmanager
+def _client_errors(model: str, url: str, timeout, grpc: bool = False):
+    """tritonclient's exceptions as this library's (one blocking infer call inside)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        yield
+    except InferenceServerException as exc:
+        if grpc:
+            raise _grpc_error(exc, url) from None
+        raise SynthesisError(exc.message() or str(exc)) from None
+    except _TIMEOUTS:
+        raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
+    except OSError as exc:  # refused, reset, unresolvable host
+        raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+
+
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
     status = exc.status() or ""
     msg = exc.message() or str(exc)
@@ -220,7 +238,6 @@ def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
                timeout: Optional[float] = 300.0, request_id: str = "", **params) -> Result:
     """Synthesize a whole utterance with one HTTP inference request."""
     import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
 
     url = _strip_scheme(url)
     inputs = make_inputs(httpclient, text, **params)
@@ -229,15 +246,10 @@ def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
     client = httpclient.InferenceServerClient(url=url, connection_timeout=min(net_timeout, 30.0),
                                               network_timeout=net_timeout)
     try:
-        t0 = time.perf_counter()
-        result = client.infer(model, inputs, outputs=outputs, request_id=request_id)
-        total = time.perf_counter() - t0
-    except InferenceServerException as exc:
-        raise SynthesisError(exc.message() or str(exc)) from None
-    except _TIMEOUTS:
-        raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
-    except OSError as exc:  # refused, reset, unresolvable host
-        raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+        with _client_errors(model, url, timeout):
+            t0 = time.perf_counter()
+            result = client.infer(model, inputs, outputs=outputs, request_id=request_id)
+            total = time.perf_counter() - t0
     finally:
         client.close()
     audio = result.as_numpy("AUDIO")
@@ -281,8 +293,6 @@ def _voices(arrays: dict, url: Optional[str], protocol: str, timeout: Optional[f
 def _infer_once(protocol: str, url: Optional[str], model: str, arrays: dict, output: str,
                 timeout: Optional[float]):
     """One request/response inference over HTTP or gRPC; the output `output` as numpy."""
-    from tritonclient.utils import InferenceServerException
-
     if protocol not in ("http", "grpc"):
         raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
     url = _strip_scheme(url or ("localhost:8000" if protocol == "http" else "localhost:8001"))
@@ -300,18 +310,11 @@ def _infer_once(protocol: str, url: Optional[str], model: str, arrays: dict, out
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     try:
-        if protocol == "grpc":
-            result = client.infer(model, inputs, client_timeout=timeout)
-        else:
-            result = client.infer(model, inputs)
-    except InferenceServerException as exc:
-        if protocol == "grpc":
-            raise _grpc_error(exc, url) from None
-        raise SynthesisError(exc.message() or str(exc)) from None
-    except _TIMEOUTS:
-        raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
-    except OSError as exc:  # refused, reset, unresolvable host
-        raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+        with _client_errors(model, url, timeout, grpc=protocol == "grpc"):
+            if protocol == "grpc":
+                result = client.infer(model, inputs, client_timeout=timeout)
+            else:
+                result = client.infer(model, inputs)
     finally:
         client.close()
     return result.as_numpy(output)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
-from ..checks import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from .triton_io import InputError
 from .voices import MODES, check_name
 
