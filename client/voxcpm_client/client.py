@@ -117,8 +117,13 @@ def _bytes_tensor(text) -> np.ndarray:
 
 def make_inputs(module, text: str, **params) -> list:
     """tritonclient InferInput list; `module` is tritonclient.grpc or tritonclient.http."""
+    return _tensors(module, input_arrays(text, **params))
+
+
+def _tensors(module, arrays: dict) -> list:
+    """name -> numpy array as tritonclient InferInputs of `module` (grpc or http)."""
     inputs = []
-    for name, array in input_arrays(text, **params).items():
+    for name, array in arrays.items():
         tensor = module.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -304,11 +309,7 @@ def _infer_once(protocol: str, url: Optional[str], model: str, arrays: dict, out
         net_timeout = 1e9 if timeout is None else timeout
         client = module.InferenceServerClient(url=url, connection_timeout=min(net_timeout, 30.0),
                                               network_timeout=net_timeout)
-    inputs = []
-    for name, array in arrays.items():
-        tensor = module.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = _tensors(module, arrays)
     try:
         with _client_errors(model, url, timeout, grpc=protocol == "grpc"):
             if protocol == "grpc":

@@ -87,7 +87,7 @@ def text(a, name: str, required: bool) -> str | None:
     return s
 
 
-def _audio(inputs: dict, name: str, rate_name: str):
+def waveform(inputs: dict, name: str, rate_name: str):
     a = inputs.get(name)
     rate = value(inputs.get(rate_name), rate_name, int)
     if a is None:
@@ -116,8 +116,8 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     if not target.strip():
         raise InputError("TEXT is empty")
     req = SynthesisRequest(text=target)
-    req.reference_audio, req.reference_sample_rate = _audio(inputs, "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE")
-    req.prompt_audio, req.prompt_sample_rate = _audio(inputs, "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE")
+    req.reference_audio, req.reference_sample_rate = waveform(inputs, "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE")
+    req.prompt_audio, req.prompt_sample_rate = waveform(inputs, "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE")
     req.prompt_text = text(inputs.get("PROMPT_TEXT"), "PROMPT_TEXT", required=False)
     if (req.prompt_audio is None) != (req.prompt_text is None):
         raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")

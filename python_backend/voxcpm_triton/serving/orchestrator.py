@@ -74,28 +74,14 @@ class _ResponseQueue:
         threading.Thread(target=pump, name="bls-responses", daemon=True).start()
 
 
-class Orchestrator:
-    def __init__(self, args, params: dict):
-        runtime.watch_parent()
-        cfg = read_config(resolve_checkpoint(params["checkpoint"]))
-        self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
-        self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
-        self.max_positions = int(cfg.get("max_length", 8192))
-        self.voices = VoiceStore(params["voices_dir"])
+class InternalCalls:
+    """BLS calls to the internal models, each awaited while the model processes' health is
+    watched (the orchestrator's pipeline and the `voices` model make them)."""
+
+    def __init__(self):
         self.health = _Health()
-        labels = {"model": args["model_name"]}
-        self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
-                                 "Sum of times from request to first audio", labels, "COUNTER")
-        self.m_ttfa_count = metric("voxcpm_time_to_first_audio_seconds_count",
-                                   "Requests that produced audio", labels, "COUNTER")
-        self.m_ttfa_last = metric("voxcpm_time_to_first_audio_seconds_last",
-                                  "Time to first audio of the latest request", labels)
 
-    def parse(self, request) -> contract.SynthesisRequest:
-        return contract.parse(_inputs(request), max_positions=self.max_positions)
-
-    # ------------------------------------------------------------------ guarded waits
-    async def _guard(self, awaitable, cancelled: Callable[[], bool] | None = None):
+    async def guard(self, awaitable, cancelled: Callable[[], bool] | None = None):
         """Await `awaitable`, looking at the model processes' health (and the client) every
         second: a dead model would otherwise leave the request waiting forever."""
         task = asyncio.ensure_future(awaitable)
@@ -107,13 +93,35 @@ class Orchestrator:
             if cancelled is not None and cancelled():
                 return None
 
-    async def _infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
-        resp = await self._guard(bls(model, inputs, names, **kw).async_exec())
+    async def infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
+        resp = await self.guard(bls(model, inputs, names, **kw).async_exec())
         return outputs(resp, names)
 
-    async def _encode(self, audio, rate, pad_left: bool) -> np.ndarray:
-        return (await self._infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
-                                                  "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
+    async def encode(self, audio, rate, pad_left: bool) -> np.ndarray:
+        """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's)."""
+        return (await self.infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
+                                                 "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
+
+
+class Orchestrator(InternalCalls):
+    def __init__(self, args, params: dict):
+        super().__init__()
+        runtime.watch_parent()
+        cfg = read_config(resolve_checkpoint(params["checkpoint"]))
+        self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
+        self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
+        self.max_positions = int(cfg.get("max_length", 8192))
+        self.voices = VoiceStore(params["voices_dir"])
+        labels = {"model": args["model_name"]}
+        self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
+                                 "Sum of times from request to first audio", labels, "COUNTER")
+        self.m_ttfa_count = metric("voxcpm_time_to_first_audio_seconds_count",
+                                   "Requests that produced audio", labels, "COUNTER")
+        self.m_ttfa_last = metric("voxcpm_time_to_first_audio_seconds_last",
+                                  "Time to first audio of the latest request", labels)
+
+    def parse(self, request) -> contract.SynthesisRequest:
+        return contract.parse(_inputs(request), max_positions=self.max_positions)
 
     def _voice(self, req: contract.SynthesisRequest):
         """The stored voice the request names (None without VOICE), checked against its mode."""
@@ -133,7 +141,7 @@ class Orchestrator:
         inputs = {"LATENTS": latents[None]}
         if context is not None:
             inputs["CONTEXT"] = context[None]
-        return (await self._infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
+        return (await self.infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
 
     # ------------------------------------------------------------------ pipeline
     async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
@@ -148,7 +156,7 @@ class Orchestrator:
         prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
-        ids, n_target = await self._infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
+        ids, n_target = await self.infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
@@ -162,11 +170,11 @@ class Orchestrator:
             dec_in["REF_LATENTS"] = voice.reference
             audio_latents.append(dec_in["REF_LATENTS"])
         elif req.reference_audio is not None:
-            dec_in["REF_LATENTS"] = await self._encode(req.reference_audio, req.reference_sample_rate, False)
+            dec_in["REF_LATENTS"] = await self.encode(req.reference_audio, req.reference_sample_rate, False)
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
         if req.prompt_audio is not None or (voice is not None and req.voice_mode != "reference"):
-            dec_in["PROMPT_LATENTS"] = (await self._encode(req.prompt_audio, req.prompt_sample_rate, True)
+            dec_in["PROMPT_LATENTS"] = (await self.encode(req.prompt_audio, req.prompt_sample_rate, True)
                                         if req.prompt_audio is not None else voice.prompt)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
@@ -178,7 +186,7 @@ class Orchestrator:
         corrid = secrets.randbits(63) or 1
         loop = asyncio.get_running_loop()
         # Waits for the decoder's first response (admission, prefill, a step) without blocking the loop.
-        iterator = await self._guard(bls("decoder", dec_in, ["LATENTS"], request_id=request_id)
+        iterator = await self.guard(bls("decoder", dec_in, ["LATENTS"], request_id=request_id)
                                      .async_exec(decoupled=True), cancelled)
         if iterator is None:  # the client left while the request was queued
             await self._cancel_decoder(request_id)
@@ -189,7 +197,7 @@ class Orchestrator:
         generated = 0
         try:
             while True:
-                resp = await self._guard(responses.queue.get())
+                resp = await self.guard(responses.queue.get())
                 if resp is _ResponseQueue.END:
                     break
                 if isinstance(resp, Exception):
@@ -228,7 +236,7 @@ class Orchestrator:
         try:
             req = bls("vae_decoder", {"LATENTS": empty}, ["AUDIO"], correlation_id=corrid,
                       flags=pb().TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
-            await asyncio.wait_for(self._guard(req.async_exec()), END_TIMEOUT_S)
+            await asyncio.wait_for(self.guard(req.async_exec()), END_TIMEOUT_S)
         except BaseException:  # noqa: BLE001 - the stream is over either way; its state times out
             log.exception("closing VAE stream %s failed", corrid)
 
@@ -240,7 +248,7 @@ class Orchestrator:
     async def _cancel_decoder(self, request_id: str):
         try:
             req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"])
-            it = await asyncio.wait_for(self._guard(req.async_exec(decoupled=True)), END_TIMEOUT_S)
+            it = await asyncio.wait_for(self.guard(req.async_exec(decoupled=True)), END_TIMEOUT_S)
             queue = _ResponseQueue(it, asyncio.get_running_loop()).queue  # its only response is the final flag
             while await asyncio.wait_for(queue.get(), END_TIMEOUT_S) is not _ResponseQueue.END:
                 pass

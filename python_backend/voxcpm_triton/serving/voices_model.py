@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from . import contract, runtime
-from .orchestrator import Orchestrator, _Health
+from .orchestrator import InternalCalls
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, tensor
 from .voices import VoiceStore, check_name
@@ -22,15 +22,6 @@ log = logging.getLogger("voxcpm_triton.voices")
 
 ACTIONS = ("add", "remove", "list")
 INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT")
-
-
-class _Encoder:
-    """The orchestrator's guarded vae_encoder call, without its metrics."""
-
-    def __init__(self):
-        self.health = _Health()
-
-    _guard, _infer, _encode = Orchestrator._guard, Orchestrator._infer, Orchestrator._encode
 
 
 class VoicesModel:
@@ -46,7 +37,7 @@ class VoicesModel:
             self.store.ensure()
         except OSError as e:  # the rest of the server still serves; `add` reports it again
             log.warning("voices directory %s cannot be made: %s", self.store.root, e)
-        self.encoder = _Encoder()
+        self.calls = InternalCalls()
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
@@ -75,14 +66,14 @@ class VoicesModel:
                 raise InputError(f"ACTION remove takes only NAME, got {given}")
             return self.store.remove(name)
         # The checks (limits, messages) REFERENCE_AUDIO gets, under this model's input names.
-        audio, rate = contract._audio(inputs, "AUDIO", "SAMPLE_RATE")
+        audio, rate = contract.waveform(inputs, "AUDIO", "SAMPLE_RATE")
         if audio is None:
             raise InputError("ACTION add needs AUDIO and SAMPLE_RATE")
         transcript = contract.text(inputs.get("TEXT"), "TEXT", required=False)
         if transcript is not None and not transcript.strip():
             raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
-        self.encoder.health.check()
-        reference = await self.encoder._encode(audio, rate, False)
-        prompt = None if transcript is None else await self.encoder._encode(audio, rate, True)
+        self.calls.health.check()
+        reference = await self.calls.encode(audio, rate, False)
+        prompt = None if transcript is None else await self.calls.encode(audio, rate, True)
         return self.store.add(name, reference, prompt, transcript, rate, info={"checkpoint": self.checkpoint},
                               max_voices=self.max_voices)
