@@ -4,6 +4,9 @@
 Each concurrency level starts C workers together (a barrier): every worker owns
 one gRPC client and one bidirectional stream and sends its requests one after
 the other on it (the next when the previous one's final response arrived).
+With `--arrivals burst` (default) every worker sends its first request at the
+barrier; with `--arrivals poisson` each request waits an exponential gap first
+(mean `--mean-gap` s), so arrivals are staggered as in steady traffic.
 
 Per stream (request) it measures
   * TTFA: send -> first non-empty AUDIO chunk (timestamped in the gRPC
@@ -16,6 +19,8 @@ Per stream (request) it measures
 Per level: p50/p95 TTFA (ms) and RTF, the fraction of streams faster than real
 time (and with smooth playback), aggregate x-real-time = sum(audio s) / wall
 time of the level (barrier release -> last final response), errors.
+Capacity: the largest level with every stream smooth and TTFA p95 <= 500 ms,
+with no smaller level failing that (`capacity` in the JSON).
 
 Needs only numpy and tritonclient[grpc] (grpc, protobuf), so it runs on a bare
 GPU box too (see gpu_box/device_serve_env.sh).
@@ -211,6 +216,7 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
         except threading.BrokenBarrierError:
             return
         i = 0
+        rng = np.random.default_rng((args.seed or 0) * 1000003 + w)
         try:
             while True:
                 if duration is not None:
@@ -218,6 +224,8 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
                         break
                 elif i >= requests_per_worker:
                     break
+                if args.arrivals == "poisson":
+                    time.sleep(float(rng.exponential(args.mean_gap)))
                 rec = sw.run_one(inputs, f"{label}-c{concurrency}-w{w}-r{i}")
                 if setup_error and rec["error"]:
                     rec["error"] = f"{rec['error']} (stream setup: {setup_error})"
@@ -266,6 +274,21 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
         "streams": flat,
     }
     return level
+
+
+CAPACITY_TTFA_P95_MS = 500.0
+
+
+def capacity(levels: list[dict]) -> int:
+    """The largest level with no error, every stream smooth and TTFA p95 <= 500 ms, below which
+    every measured level also met that (0: none did)."""
+    best = 0
+    for lv in sorted(levels, key=lambda lv: lv["concurrency"]):
+        p95 = lv["ttfa_ms"]["p95"]
+        if lv["errors"] or lv["smooth_playback_frac"] != 1.0 or p95 is None or p95 > CAPACITY_TTFA_P95_MS:
+            break
+        best = lv["concurrency"]
+    return best
 
 
 def _fmt(v, spec):
@@ -385,6 +408,10 @@ def parse_args(argv=None):
                    help="requests each worker sends one after the other (default 2 without --duration)")
     g.add_argument("--duration", type=float, default=None,
                    help="seconds per level: workers start new requests until then (started ones finish)")
+    p.add_argument("--arrivals", choices=("burst", "poisson"), default="burst",
+                   help="burst: every worker starts at once; poisson: exponential gaps before each request")
+    p.add_argument("--mean-gap", type=float, default=2.0,
+                   help="with --arrivals poisson: mean seconds a worker waits before each request")
     p.add_argument("--text", default=DEFAULT_TEXT)
     p.add_argument("--min-length", type=int, default=None, help="MIN_LENGTH in patches (pin = max for benchmarks)")
     p.add_argument("--max-length", type=int, default=None, help="MAX_LENGTH in patches")
@@ -412,6 +439,8 @@ def parse_args(argv=None):
         p.error("--requests-per-worker must be >= 1")
     if args.duration is not None and args.duration <= 0:
         p.error("--duration must be > 0")
+    if args.mean_gap <= 0:
+        p.error("--mean-gap must be > 0")
     if args.seed is not None and args.seed < 0:
         args.seed = None
     return args
@@ -447,6 +476,8 @@ def main(argv=None) -> int:
                 f"{row['queue_ms_per_request']:.2f} ms")
     table = markdown_table(levels)
     print(table, flush=True)
+    cap = capacity(levels)
+    print(f"capacity ({args.arrivals}): {cap} streams smooth with TTFA p95 <= {CAPACITY_TTFA_P95_MS:g} ms", flush=True)
     result = {
         "config": {
             "url": args.url, "model": args.model, "levels": args.levels, "text": args.text,
@@ -454,12 +485,14 @@ def main(argv=None) -> int:
             "seed": args.seed, "cfg_value": args.cfg_value, "inference_timesteps": args.inference_timesteps,
             "requests_per_worker": args.requests_per_worker, "duration_s": args.duration,
             "warmup": args.warmup, "warmup_each_level": args.warmup_each_level, "timeout_s": args.timeout,
+            "arrivals": args.arrivals, "mean_gap_s": args.mean_gap if args.arrivals == "poisson" else None,
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "client_host": socket.gethostname(), "client_python": platform.python_version(),
             "client_cpus": os.cpu_count(),
         },
         "server_info": info,
         "levels": levels,
+        "capacity": cap,
         "table_markdown": table,
     }
     if args.json_out:

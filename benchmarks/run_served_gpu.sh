@@ -3,6 +3,7 @@
 # tritonserver from the bundle gpu_box/make_device_bundle.sh built (carry .cache/device_bundle),
 # this model repository on the full-size random checkpoint, then benchmarks/bench_served.py.
 #   LEVELS (1,8,32,64)  REQUESTS (2 per worker)  CKPT (/tmp/full, made if missing)
+#   ARRIVALS (burst; "burst,poisson" runs both, poisson into served_poisson.json)  MEAN_GAP (2 s)
 # Writes $OUT/served.json and $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
@@ -19,9 +20,13 @@ fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
-python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
-    --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
-    --json-out "$OUT/served.json" || rc=$?
+IFS=, read -ra modes <<<"${ARRIVALS:-burst}"
+for mode in "${modes[@]}"; do
+    name=served; [[ $mode == burst ]] || name="served_$mode"
+    python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
+        --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
+        --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" || rc=$?
+done
 device_triton_stop
 echo "[run_served_gpu] done after $((SECONDS - t0)) s"
 exit $rc

@@ -85,3 +85,36 @@ def test_bench_reports_errors(server, tmp_path):
     assert lv["errors"] > 0, f"the server accepted MIN_LENGTH > MAX_LENGTH: {lv}"
     assert proc.returncode == 1
     assert lv["ok"] == 0 and lv["error_messages"] and lv["x_real_time"] == 0
+
+
+def test_bench_poisson_arrivals_are_staggered(server, tmp_path):
+    """--arrivals poisson: each request waits an exponential gap, so a worker's first request
+    does not start at the barrier and the level's starts are spread out."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--url", server.grpc_url, "--concurrency", "3",
+         "--requests-per-worker", "1", "--min-length", "4", "--max-length", "4", "--warmup", "0",
+         "--arrivals", "poisson", "--mean-gap", "0.5", "--timeout", "60", "--json-out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=120, cwd=str(REPO),
+    )
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["config"]["arrivals"] == "poisson" and res["config"]["mean_gap_s"] == 0.5
+    starts = sorted(s["start_s"] for s in res["levels"][0]["streams"])
+    assert len(starts) == 3 and starts[-1] - starts[0] > 0.01 and starts[0] > 0.0
+    assert isinstance(res["capacity"], int) and "capacity (poisson):" in proc.stdout
+
+
+def _level(c, errors=0, smooth=1.0, p95=100.0):
+    return {"concurrency": c, "errors": errors, "smooth_playback_frac": smooth, "ttfa_ms": {"p95": p95}}
+
+
+def test_capacity_is_the_largest_level_below_which_all_pass():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_served import capacity
+
+    assert capacity([_level(1), _level(8), _level(32)]) == 32
+    assert capacity([_level(1), _level(8, smooth=0.97), _level(32)]) == 1
+    assert capacity([_level(8), _level(1), _level(32, p95=501.0)]) == 8
+    assert capacity([_level(1, errors=1), _level(8)]) == 0
+    assert capacity([]) == 0
