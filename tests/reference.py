@@ -35,3 +35,11 @@ def reference_utils():
     import voxcpm.model.utils as utils
 
     return utils
+
+
+def text_normalizer():
+    """A reference ``voxcpm.utils.text_normalize.TextNormalizer`` (what ``generate(normalize=True)`` uses)."""
+    _placeholder_torchaudio()
+    from voxcpm.utils.text_normalize import TextNormalizer
+
+    return TextNormalizer()

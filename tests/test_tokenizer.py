@@ -1,4 +1,5 @@
-"""TextTokenizer vs. the reference: mask_multichar_chinese_tokens(LlamaTokenizerFast.from_pretrained(dir))."""
+"""TextTokenizer vs. the reference: mask_multichar_chinese_tokens(LlamaTokenizerFast.from_pretrained(dir)), under
+the transformers the reference installs today (5.x)."""
 
 import json
 import os
@@ -154,17 +155,36 @@ def test_builder_vocab_size_argument(tmp_path):
         build_tiny_tokenizer(200)
 
 
-def test_hf_loads_fast_tokenizer_like_raw_tokenizers(tok_dir, hf, ours):
-    from tokenizers import Tokenizer
-
+def test_backend_is_the_one_transformers_builds(tok_dir, hf, ours):
     assert hf.is_fast
-    raw = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
-    for text in CASES:
-        assert hf.tokenize(text) == raw.encode(text, add_special_tokens=False).tokens, text
-    # Our backend is in exactly the state from_pretrained leaves HF's in.
+    hf.tokenize("")  # switches off tokenizer.json's truncation/padding, as every tokenize() call does
+    # Our backend is in exactly the state from_pretrained (+ tokenize) leaves HF's in.
     assert ours.backend.to_str() == hf.backend_tokenizer.to_str()
-    # add_bos_token: encode() with special tokens prepends <s>, tokenize() does not.
+    # The file's post-processor is kept: encode() with special tokens prepends <s>, tokenize() does not.
     assert hf.encode("hi")[0] == 1 and hf.encode("hi")[-1] != 2
+
+
+def test_transformers5_rebuilds_the_llama_backend(tok_dir, hf, ours):
+    """The reference as it installs today (transformers 5) does not run tokenizer.json's
+    sentencepiece-style normalizer (Prepend "▁" + Replace " " -> "▁"): it builds a Metaspace
+    pre-tokenizer that adds no "▁" to text already starting with whitespace, so such text has
+    one token fewer than the file alone (and transformers 4) gives."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    raw = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    assert hf.backend_tokenizer.normalizer is None
+    assert isinstance(hf.backend_tokenizer.pre_tokenizer, pre_tokenizers.Metaspace)
+    assert raw.encode(" ", add_special_tokens=False).tokens == [SP + SP]
+    assert hf.tokenize(" ") == ours.base_tokenize(" ") == [SP]
+    assert raw.encode(" hello", add_special_tokens=False).tokens == [SP, SP + "hello"]
+    assert hf.tokenize(" hello") == ours.base_tokenize(" hello") == [SP + "hello"]
+    assert ours("hello") == ours(" hello") == ref_ids(hf, " hello")
+    differ = [t for t in CASES if hf.tokenize(t) != raw.encode(t, add_special_tokens=False).tokens]
+    assert " 你好" in differ and "  leading and trailing spaces  " in differ and "Hello world" not in differ
+
+
+def ref_ids(hf, text):
+    return mask_multichar_chinese_tokens(hf)(text)
 
 
 def test_properties(hf, ours):
@@ -191,16 +211,16 @@ def test_reference_quirks(ours, ref):
     # "▁中" stays whole: one character after removing "▁".
     assert ours("我 中") == [ids(SP + "我"), ids(SP + "中")]
     # Every "▁" is removed before the lookup, not just a leading one.
-    assert ours.base_tokenize(" 中国") == [SP + SP + "中国"]
-    assert ours(" 中国") == [ids("中"), ids("国")]
+    assert ours.base_tokenize("  中国") == [SP + SP + "中国"]
+    assert ours("  中国") == [ids("中"), ids("国")]
     # A multi-character token whose characters are not in the vocabulary: the
-    # split characters become <unk> (and here the added token even reports "▁龘靐").
-    assert ours.base_tokenize("龘靐") == [SP + "龘靐"]
+    # split characters become <unk>.
+    assert ours.base_tokenize("龘靐") == ["龘靐"]
     assert ours("龘靐") == [0, 0]
     # Special-token strings in text are matched as added tokens.
     assert ours("<s>") == [1]
     assert ours("<|audio_start|>") == [101]
-    for text in ("你好世界", "Hello 你好", "谢谢", "我 中", " 中国", "龘靐"):
+    for text in ("你好世界", "Hello 你好", "谢谢", "我 中", "  中国", "龘靐"):
         assert ours(text) == ref(text)
 
 
@@ -320,6 +340,17 @@ VARIANTS = {
     "string_merges": dict(edit_tok=_string_merges),
     "legacy_false": dict(edit_cfg=lambda c: _set(c, legacy=False)),
     "add_prefix_space_null": dict(edit_cfg=lambda c: _set(c, add_prefix_space=None)),
+    "add_prefix_space_true": dict(edit_cfg=lambda c: _set(c, add_prefix_space=True)),
+    "add_prefix_space_false": dict(edit_cfg=lambda c: _set(c, add_prefix_space=False)),
+    "add_prefix_space_false_legacy_false": dict(edit_cfg=lambda c: _set(c, add_prefix_space=False, legacy=False)),
+    "from_slow": dict(edit_cfg=lambda c: _set(c, from_slow=True)),
+    "bos_null": dict(edit_cfg=lambda c: _set(c, bos_token=None)),
+    "add_bos_eos_flipped": dict(edit_cfg=lambda c: _set(c, add_bos_token=False, add_eos_token=True)),
+    # transformers 5 reads <dir>/tokenizer.json whatever the config's tokenizer_file says.
+    "tokenizer_file_null": dict(edit_cfg=lambda c: _set(c, tokenizer_file=None)),
+    "tokenizer_file_elsewhere": dict(edit_cfg=lambda c: _set(c, tokenizer_file="/nonexistent/tokenizer.json")),
+    "model_specific_token": dict(edit_cfg=lambda c: _set(c, audio_token="<|audio|>")),
+    "no_post_processor": dict(edit_tok=lambda t: _set(t, post_processor=None)),
 }
 
 
@@ -333,7 +364,7 @@ def test_config_variants(name, tok_dir, tmp_path):
     assert ours.backend.to_str() == hf.backend_tokenizer.to_str()
     assert (ours.unk_id, ours.bos_id, ours.eos_id) == (hf.unk_token_id, hf.bos_token_id, hf.eos_token_id)
     assert ours.vocab_size == len(hf)
-    for text in CASES + _random_strings(60, seed=7) + ["<unk_new>", "<pad>", "<|new|>", "<|extra|>"]:
+    for text in CASES + _random_strings(60, seed=7) + ["<unk_new>", "<pad>", "<|new|>", "<|extra|>", "<|audio|>"]:
         assert ours(text) == ref(text), text
 
 
@@ -366,17 +397,20 @@ def test_load_errors(tok_dir, tmp_path):
                            "tokenizer_config.json is not valid"),
         "config_not_object": ({"tokenizer.json": tj, "tokenizer_config.json": b"[]"},
                               "tokenizer_config.json must hold"),
-        "add_prefix_space": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
-            dict(json.loads(cj), add_prefix_space=True)).encode()}, "add_prefix_space"),
-        "tokenizer_file_null": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
-            dict(json.loads(cj), tokenizer_file=None)).encode()}, "tokenizer_file"),
-        "tokenizer_file_elsewhere": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
-            dict(json.loads(cj), tokenizer_file=os.path.join(tok_dir, "tokenizer.json"))).encode()},
-            "tokenizer_file"),
+        "not_bpe": ({"tokenizer.json": json.dumps({"model": {"type": "WordLevel", "vocab": {"<unk>": 0},
+                                                              "unk_token": "<unk>"}}).encode(),
+                     "tokenizer_config.json": cj}, "must be BPE"),
+        "fast_tokenizer_files": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
+            dict(json.loads(cj), fast_tokenizer_files=["tokenizer.4.0.json"])).encode()}, "fast_tokenizer_files"),
+        "fix_mistral_regex": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
+            dict(json.loads(cj), fix_mistral_regex=True)).encode()}, "fix_mistral_regex"),
         "bad_special": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
             dict(json.loads(cj), eos_token=5)).encode()}, "eos_token"),
-        "bos_null": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
-            dict(json.loads(cj), bos_token=None)).encode()}, "bos_token = None"),
+        "bad_extra_special": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
+            dict(json.loads(cj), additional_special_tokens=[{"content": "<x>"}])).encode()},
+            "extra_special_tokens"),
+        "split_special_not_bool": ({"tokenizer.json": tj, "tokenizer_config.json": json.dumps(
+            dict(json.loads(cj), split_special_tokens="yes")).encode()}, "split_special_tokens"),
     }
     for name, (files, msg) in bad.items():
         d = case(name, files)

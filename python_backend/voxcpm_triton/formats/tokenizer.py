@@ -2,14 +2,13 @@
 
 The reference builds its text ids as::
 
-    tok = LlamaTokenizerFast.from_pretrained(path)          # transformers 4.57
+    tok = LlamaTokenizerFast.from_pretrained(path)          # transformers 5
     ids = voxcpm.model.utils.mask_multichar_chinese_tokens(tok)(text)
 
 which is:
 
-1. ``tok.tokenize(text)`` = ``encode_plus(text, add_special_tokens=False).tokens()``,
-   i.e. the Rust ``tokenizers.Tokenizer`` that ``from_pretrained`` built, encoding
-   without special tokens, truncation or padding;
+1. ``tok.tokenize(text)``: the ``tokenizers.Tokenizer`` that ``from_pretrained``
+   built, encoding without special tokens, truncation or padding;
 2. for every token, ``clean = token.replace("▁", "")`` (*every* "▁", not just a
    prefix); if ``clean`` is one of the vocabulary's multi-character pure-CJK
    tokens (``len >= 2`` and every character in U+4E00..U+9FFF, taken from
@@ -19,38 +18,42 @@ which is:
    and ``unk_token_id`` where that is ``None``, which is where a split character
    that is not itself in the vocabulary ends up.
 
-``TextTokenizer`` does the same with the ``tokenizers`` library alone. The
-``tokenizers.Tokenizer`` it uses is put in the state ``from_pretrained`` leaves
-its backend in; ``_emulate_from_pretrained`` follows transformers 4.57
-(``tokenization_utils_base._from_pretrained``,
-``PreTrainedTokenizerFast.__init__``, ``LlamaTokenizerFast.__init__``) step by
-step:
+``TextTokenizer`` does the same with the ``tokenizers`` library alone. Since
+transformers 5, ``LlamaTokenizer`` (``LlamaTokenizerFast`` is an alias) does not
+load ``tokenizer.json`` as it is: it takes the BPE vocabulary and merges from it
+and builds a new backend by its own recipe. ``_emulate_from_pretrained`` follows
+transformers 5 (``tokenization_utils_base._from_pretrained``,
+``TokenizersBackend.convert_to_native_format`` and ``__init__``,
+``LlamaTokenizer.__init__``, ``PreTrainedTokenizerBase.__init__``) step by step:
 
+* the backend is ``BPE(vocab, merges, fuse_unk=True, byte_fallback=True)``
+  (no unk token, no dropout; the file's other BPE options are dropped), no
+  normalizer, and a ``Metaspace("▁", split=False)`` pre-tokenizer whose prepend
+  scheme is ``first`` (``always`` with ``legacy: true``, ``never`` with
+  ``add_prefix_space: false``). The file's normalizer and pre-tokenizer are not
+  used: a sentencepiece-style ``Prepend("▁")`` + ``Replace(" ", "▁")`` normalizer
+  gave text with leading whitespace one "▁" more (one id more) under
+  transformers 4;
+* the file's post-processor, and its padding (whose ``pad_token`` becomes the
+  default pad token); ``add_bos_token``/``add_eos_token`` in the config are
+  ignored when a ``tokenizer.json`` exists;
 * special tokens: ``unk/bos/eos`` default to ``"<unk>"/"<s>"/"</s>"`` when the
-  config lacks the key (``null`` means unset), plus ``pad/sep/cls/mask`` and
-  ``additional_special_tokens`` from the config, and ``pad_token`` from
-  tokenizer.json's padding section when the config lacks it;
-* every entry of the config's ``added_tokens_decoder`` is added again with
-  ``Tokenizer.add_tokens`` (transformers compares ``repr(AddedToken)`` against
-  the *ids* of the existing added tokens, so nothing ever matches), which also
-  updates the attributes (``normalized``, ``lstrip``...) of tokens already in
-  tokenizer.json; special-token strings not among the added tokens are added
-  the same way;
+  config lacks the key (``null`` means unset), plus ``sep/pad/cls/mask``,
+  ``extra_special_tokens`` (formerly ``additional_special_tokens``) and any
+  other ``*_token`` string key (a model-specific special token);
+* the file's ``added_tokens`` are dropped; every entry of the config's
+  ``added_tokens_decoder`` (or, without it, of ``special_tokens_map.json`` and
+  the file's ``added_tokens``) is added to the new backend in id order with
+  ``Tokenizer.add_tokens``, then the special tokens that are not among them (a
+  token already in the BPE vocabulary keeps its id, a new one gets the next);
 * ``Tokenizer.encode_special_tokens`` = the config's ``split_special_tokens``;
-* the pre-tokenizer ``add_prefix_space`` adjustment (a no-op for
-  ``LlamaTokenizerFast``, whose ``add_prefix_space`` is ``None``; reproduced
-  anyway);
-* truncation and padding from tokenizer.json are switched off (``tokenize``
-  runs with ``DO_NOT_TRUNCATE``/``DO_NOT_PAD``).
+* truncation and padding are switched off (``tokenize`` runs with
+  ``DO_NOT_TRUNCATE``/``DO_NOT_PAD``).
 
-Configurations that make transformers rebuild the tokenizer from the
-sentencepiece ``tokenizer.model`` or from another file instead of reading
-``<path>/tokenizer.json`` (``add_prefix_space`` not null, ``from_slow`` true, a
-``tokenizer_file`` key that does not name ``<path>/tokenizer.json``: that key
-overrides the file found in the directory) are rejected, as is ``added_tokens.json`` without
-``added_tokens_decoder`` in the config. Not reproduced: the Mistral regex patch
-(only for vocabularies over 100k tokens with a pre-tokenizer and a Mistral
-``config.json``).
+Rejected, with an error naming the file: a ``tokenizer.json`` whose model is not
+BPE, ``added_tokens.json`` without ``added_tokens_decoder`` in the config,
+``fast_tokenizer_files`` (a versioned tokenizer file) and ``fix_mistral_regex``
+(a rewritten pre-tokenizer) in the config.
 """
 
 from __future__ import annotations
@@ -67,12 +70,9 @@ CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 ADDED_TOKENS_FILE = "added_tokens.json"
 
-# transformers' SpecialTokensMixin.SPECIAL_TOKENS_ATTRIBUTES, in its order.
-_SPECIAL_ATTRS = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
-    "additional_special_tokens",
-)
-# LlamaTokenizerFast.__init__ keyword defaults.
+# transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES, in its order.
+_SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# LlamaTokenizer.__init__ keyword defaults.
 _LLAMA_DEFAULTS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
 
 
@@ -105,7 +105,8 @@ def _token_str(tok) -> Optional[str]:
 
 
 def _convert_added_tokens(obj, AddedToken):
-    """transformers' ``convert_added_tokens(obj, save=False)``."""
+    """transformers' ``convert_added_tokens(obj, save=False)``: ``{"__type": "AddedToken", ...}``
+    dicts, at any depth, become ``AddedToken``s."""
     if isinstance(obj, dict) and obj.get("__type") == "AddedToken":
         obj = dict(obj)
         obj.pop("__type")
@@ -117,60 +118,56 @@ def _convert_added_tokens(obj, AddedToken):
     return obj
 
 
-def _emulate_from_pretrained(path: str):
-    """Load ``path`` the way ``LlamaTokenizerFast.from_pretrained(path)`` does.
+def _prepend_scheme(add_prefix_space, legacy) -> str:
+    """LlamaTokenizer's Metaspace prepend scheme (``_get_prepend_scheme``)."""
+    if add_prefix_space is None or add_prefix_space:
+        return "always" if legacy else "first"
+    return "never"
 
-    Returns ``(tokenizers.Tokenizer, special_tokens)`` where ``special_tokens``
-    maps ``unk_token``/``bos_token``/``eos_token``... to their strings (or None).
-    """
-    from tokenizers import AddedToken, Tokenizer
-    from tokenizers import pre_tokenizers
 
-    tok_path = os.path.join(path, TOKENIZER_FILE)
+def _check_special(key: str, value, cfg_path: str, AddedToken):
+    if not isinstance(value, (str, AddedToken)):
+        raise TokenizerFileError(
+            f"{CONFIG_FILE}: {key} must be a string or an AddedToken object, got {value!r}: {cfg_path}")
+
+
+def _init_kwargs(path: str, cfg: dict, tok_json: dict, AddedToken) -> dict:
+    """The keyword arguments ``_from_pretrained`` gives the tokenizer class: the config, its
+    special tokens, and ``added_tokens_decoder`` (id -> AddedToken)."""
     cfg_path = os.path.join(path, CONFIG_FILE)
-    _read_json(tok_path, TOKENIZER_FILE)  # clear error for missing / non-JSON files
-    try:
-        tok = Tokenizer.from_file(tok_path)
-    except Exception as e:  # tokenizers raises a bare Exception on bad layouts
-        raise TokenizerFileError(f"{TOKENIZER_FILE} cannot be loaded by tokenizers: {tok_path}: {e}") from e
-    cfg = _read_json(cfg_path, CONFIG_FILE)
-    if not isinstance(cfg, dict):
-        raise TokenizerFileError(f"{CONFIG_FILE} must hold a JSON object: {cfg_path}")
+    init = dict(cfg)
+    init.pop("tokenizer_class", None)
+    init.pop("init_inputs", None)
+    # With a tokenizer.json, the file's post-processor decides; the config's flags are dropped.
+    init.pop("add_bos_token", None)
+    init.pop("add_eos_token", None)
+    if "additional_special_tokens" in init and not init.get("extra_special_tokens"):
+        init["extra_special_tokens"] = init.pop("additional_special_tokens")
+    # Any other "*_token" string is a model-specific special token.
+    model_specific = {k: init.pop(k) for k in list(init)
+                      if k not in _SPECIAL_ATTRS and k.endswith("_token") and isinstance(init[k], str)}
+    if isinstance(init.get("extra_special_tokens"), dict):
+        model_specific.update(init.pop("extra_special_tokens"))
+    if model_specific:
+        init["model_specific_special_tokens"] = model_specific
 
-    def bad_cfg(msg: str) -> TokenizerFileError:
-        return TokenizerFileError(f"{CONFIG_FILE}: {msg} (unsupported: transformers would rebuild the "
-                                  f"tokenizer from the sentencepiece tokenizer.model): {cfg_path}")
-
-    if cfg.get("add_prefix_space") is not None:
-        raise bad_cfg(f"add_prefix_space={cfg['add_prefix_space']!r} forces from_slow")
-    if cfg.get("from_slow"):
-        raise bad_cfg("from_slow is set")
-    if "tokenizer_file" in cfg:  # the config's value wins over <path>/tokenizer.json
-        named = cfg["tokenizer_file"]
-        if not (isinstance(named, str) and os.path.isfile(named) and os.path.samefile(named, tok_path)):
-            raise bad_cfg(f"tokenizer_file={named!r} overrides {TOKENIZER_FILE}")
-
-    # --- tokenization_utils_base._from_pretrained -------------------------------
-    init_kwargs = dict(cfg)
-    init_kwargs.pop("tokenizer_class", None)
-    init_kwargs.pop("init_inputs", None)
-    added_tokens_decoder: dict[int, Any] = {}
-    added_tokens_map: dict[str, Any] = {}
-    if "added_tokens_decoder" in init_kwargs:
-        decoder = init_kwargs["added_tokens_decoder"]
-        if not isinstance(decoder, dict):
+    decoder: dict[int, Any] = {}
+    by_content: dict[str, Any] = {}
+    if "added_tokens_decoder" in init:
+        entries = init["added_tokens_decoder"]
+        if not isinstance(entries, dict):
             raise TokenizerFileError(f"{CONFIG_FILE}: added_tokens_decoder must be an object: {cfg_path}")
-        for idx, token in decoder.items():
+        for idx, token in entries.items():
             try:
                 if isinstance(token, dict):
                     token = AddedToken(**token)
                 if not isinstance(token, AddedToken):
                     raise TypeError(f"expected an object, got {type(token).__name__}")
-                added_tokens_decoder[int(idx)] = token
+                decoder[int(idx)] = token
             except (TypeError, ValueError) as e:
                 raise TokenizerFileError(
                     f"{CONFIG_FILE}: bad added_tokens_decoder entry {idx!r}: {e}: {cfg_path}") from e
-            added_tokens_map[str(token)] = token
+            by_content[str(token)] = token
     else:
         if os.path.exists(os.path.join(path, ADDED_TOKENS_FILE)):
             raise TokenizerFileError(
@@ -182,114 +179,159 @@ def _emulate_from_pretrained(path: str):
                 raise TokenizerFileError(f"{SPECIAL_TOKENS_MAP_FILE} must hold a JSON object: {stm_path}")
             try:
                 for key, value in stm.items():
-                    if isinstance(value, dict):
-                        value = AddedToken(**dict(value, special=True))
-                    elif key == "additional_special_tokens" and isinstance(value, list):
-                        extra = list(init_kwargs.pop("additional_special_tokens", []) or [])
+                    if isinstance(value, dict) and key != "extra_special_tokens":
+                        value = dict(value)
+                        value.pop("special", None)
+                        value = AddedToken(**value, special=True)
+                    elif key == "extra_special_tokens" and isinstance(value, list):
+                        merged = list(init.get("extra_special_tokens") or [])
                         for t in value:
-                            if isinstance(t, dict):
-                                t = AddedToken(**dict(t, special=True))
-                            if t not in extra:
-                                extra.append(t)
-                        value = extra
-                    init_kwargs[key] = value
+                            t = AddedToken(**t, special=True) if isinstance(t, dict) else t
+                            if t not in merged:
+                                merged.append(t)
+                        value = merged
+                    init[key] = value
             except TypeError as e:
                 raise TokenizerFileError(f"{SPECIAL_TOKENS_MAP_FILE}: bad entry: {e}: {stm_path}") from e
-        with open(tok_path, "rb") as f:
-            serialized = json.loads(f.read().decode("utf-8")).get("added_tokens") or []
-        for entry in serialized:
+            if isinstance(init.get("extra_special_tokens"), dict):
+                init.setdefault("model_specific_special_tokens", {}).update(init.pop("extra_special_tokens"))
+        for entry in tok_json.get("added_tokens") or []:
             entry = dict(entry)
             idx = entry.pop("id")
-            added_tokens_decoder[idx] = AddedToken(**entry)
-            added_tokens_map[str(added_tokens_decoder[idx])] = added_tokens_decoder[idx]
-    init_kwargs["added_tokens_decoder"] = added_tokens_decoder
-    init_kwargs = _convert_added_tokens(init_kwargs, AddedToken)
+            decoder[idx] = AddedToken(**entry)
+            by_content[str(decoder[idx])] = decoder[idx]
+    init["added_tokens_decoder"] = decoder
+    init = _convert_added_tokens(init, AddedToken)
     for key in _SPECIAL_ATTRS:
-        if key in init_kwargs and key != "additional_special_tokens" and added_tokens_map \
-                and init_kwargs[key] is not None:
-            init_kwargs[key] = added_tokens_map.get(str(init_kwargs[key]), init_kwargs[key])
+        if key in init and by_content and init[key] is not None:
+            init[key] = by_content.get(str(init[key]), init[key])
+    return init
 
-    # --- LlamaTokenizerFast.__init__ defaults -----------------------------------
+
+def _emulate_from_pretrained(path: str):
+    """Load ``path`` the way ``LlamaTokenizerFast.from_pretrained(path)`` does in transformers 5.
+
+    Returns ``(tokenizers.Tokenizer, special_tokens)`` where ``special_tokens``
+    maps ``unk_token``/``bos_token``/``eos_token``... to their strings (or None).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    tok_path = os.path.join(path, TOKENIZER_FILE)
+    cfg_path = os.path.join(path, CONFIG_FILE)
+    tok_json = _read_json(tok_path, TOKENIZER_FILE)
+    try:  # validates the file, and gives its post-processor, padding and truncation
+        original = Tokenizer.from_file(tok_path)
+    except Exception as e:  # tokenizers raises a bare Exception on bad layouts
+        raise TokenizerFileError(f"{TOKENIZER_FILE} cannot be loaded by tokenizers: {tok_path}: {e}") from e
+    model = tok_json.get("model") if isinstance(tok_json, dict) else None
+    if not (isinstance(model, dict) and model.get("type", "BPE") == "BPE" and isinstance(model.get("vocab"), dict)):
+        raise TokenizerFileError(f"{TOKENIZER_FILE}: the model must be BPE with a vocabulary (a Llama "
+                                 f"tokenizer): {tok_path}")
+    cfg = _read_json(cfg_path, CONFIG_FILE)
+    if not isinstance(cfg, dict):
+        raise TokenizerFileError(f"{CONFIG_FILE} must hold a JSON object: {cfg_path}")
+    for key, why in (("fast_tokenizer_files", f"names another file than {TOKENIZER_FILE}"),
+                     ("fix_mistral_regex", "rewrites the pre-tokenizer")):
+        if cfg.get(key):
+            raise TokenizerFileError(f"{CONFIG_FILE}: {key} {why} (unsupported): {cfg_path}")
+
+    init = _init_kwargs(path, cfg, tok_json, AddedToken)
+
+    # --- LlamaTokenizer.__init__ -------------------------------------------------
     for key, default in _LLAMA_DEFAULTS.items():
-        init_kwargs.setdefault(key, default)
+        init.setdefault(key, default)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges") or []]
+    add_prefix_space = init.get("add_prefix_space")
+    try:
+        tok = Tokenizer(BPE(vocab=model["vocab"], merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+    except Exception as e:
+        raise TokenizerFileError(f"{TOKENIZER_FILE}: its BPE vocabulary and merges do not load: {tok_path}: {e}") from e
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPIECE_UNDERLINE, prepend_scheme=_prepend_scheme(add_prefix_space, init.get("legacy", False)),
+        split=False)
+    steps = [decoders.Replace(SPIECE_UNDERLINE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix_space is None or add_prefix_space:
+        steps.append(decoders.Strip(content=" ", left=1))
+    tok.decoder = decoders.Sequence(steps)
 
-    # --- PreTrainedTokenizerFast.__init__ ----------------------------------------
-    padding = tok.padding
-    if padding is not None:
-        init_kwargs.setdefault("pad_token", padding["pad_token"])
-    special_map: dict[str, Any] = {k: None for k in _SPECIAL_ATTRS}
-    special_map["additional_special_tokens"] = []
-    for key in _SPECIAL_ATTRS:
-        value = init_kwargs.get(key)
-        if value is None:
-            continue
-        if key == "additional_special_tokens":
-            if not isinstance(value, (list, tuple)) or not all(isinstance(t, (str, AddedToken)) for t in value):
-                raise TokenizerFileError(f"{CONFIG_FILE}: additional_special_tokens must be a list of "
-                                         f"strings or AddedToken objects: {cfg_path}")
-            special_map[key] = list(value)
-        elif isinstance(value, (str, AddedToken)):
+    # --- TokenizersBackend.__init__ ----------------------------------------------
+    if original.padding is not None:
+        init.setdefault("pad_token", original.padding["pad_token"])
+    if original.post_processor is not None:
+        tok.post_processor = original.post_processor
+
+    # --- PreTrainedTokenizerBase.__init__: the special tokens ----------------------
+    if "additional_special_tokens" in init and "extra_special_tokens" not in init:
+        init["extra_special_tokens"] = init.pop("additional_special_tokens")
+    special_map: dict[str, Any] = dict.fromkeys(_SPECIAL_ATTRS)
+    extra: list = []
+    model_specific = init.pop("model_specific_special_tokens", None) or {}
+    if not isinstance(model_specific, dict):
+        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
+    auto_specific: dict[str, Any] = {}
+    for key in list(init):
+        value = init[key]
+        if key in _SPECIAL_ATTRS:
+            if value is None:
+                continue
+            _check_special(key, value, cfg_path, AddedToken)
             special_map[key] = value
-        else:
-            raise TokenizerFileError(
-                f"{CONFIG_FILE}: {key} must be a string or an AddedToken object, got {value!r}: {cfg_path}")
-
-    split_special_tokens = bool(init_kwargs.get("split_special_tokens", False))
+        elif key == "extra_special_tokens":
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                for name, token in value.items():
+                    _check_special(name, token, cfg_path, AddedToken)
+                    special_map[name] = token
+            elif isinstance(value, (list, tuple)):
+                extra = list(value)
+            else:
+                raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
+        elif key.endswith("_token") and isinstance(value, (str, AddedToken)):
+            auto_specific[key] = value
+    for key, value in {**auto_specific, **model_specific}.items():
+        _check_special(key, value, cfg_path, AddedToken)
+        special_map[key] = value
+    if not all(isinstance(t, (str, AddedToken)) for t in extra):
+        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must hold strings or AddedToken "
+                                 f"objects: {cfg_path}")
+    split_special_tokens = init.get("split_special_tokens", False)
+    if not isinstance(split_special_tokens, bool):
+        raise TokenizerFileError(f"{CONFIG_FILE}: split_special_tokens must be true or false: {cfg_path}")
     tok.encode_special_tokens = split_special_tokens
 
-    # all_special_tokens_extended: unique by string, in attribute order
-    special_extended: list = []
-    seen: set[str] = set()
-    for key in _SPECIAL_ATTRS:
-        value = special_map[key]
-        if not value:
-            continue
-        values = value if isinstance(value, (list, tuple)) else [value]
-        fresh = [t for t in values if str(t) not in seen]
-        seen.update(map(str, fresh))
-        special_extended.extend(fresh)
-    special_strings = [str(t) for t in special_extended]
-
-    # (sic) transformers hashes repr() of the existing added-token *ids*, so every
-    # added_tokens_decoder entry is re-added.
-    existing_hashes = {hash(repr(idx)) for idx in tok.get_added_tokens_decoder()}
-    tokens_to_add = [t for _, t in sorted(added_tokens_decoder.items(), key=lambda x: x[0])
-                     if hash(repr(t)) not in existing_hashes]
-    existing = [t.content for _, t in sorted(tok.get_added_tokens_decoder().items(), key=lambda x: x[0])]
-    encoder = existing + [str(t) for t in tokens_to_add]
-    tokens_to_add += [t for t in special_extended if t not in encoder and t not in tokens_to_add]
+    # --- TokenizersBackend.__init__: the added tokens -------------------------------
+    # The new backend has none yet: every added_tokens_decoder entry is added, in id order,
+    # then the special tokens that are not among them.
+    decoder = init["added_tokens_decoder"]
+    tokens_to_add = [t for _, t in sorted(decoder.items(), key=lambda x: x[0])]
+    encoder = [str(t) for t in tokens_to_add]
+    for value in special_map.values():
+        if value is not None and str(value) not in encoder and value not in tokens_to_add:
+            tokens_to_add.append(value)
+    for value in extra:
+        if str(value) not in encoder and value not in tokens_to_add:
+            tokens_to_add.append(value)
     if tokens_to_add:
+        named = [str(t) for t in special_map.values() if t]
         final = []
         for t in tokens_to_add:
-            if isinstance(t, AddedToken):
-                t.special = bool(t.special or str(t) in special_strings)
-            else:
-                t = AddedToken(t, special=str(t) in special_strings)
+            if isinstance(t, str):
+                t = AddedToken(t, special=True)
+            elif not t.special and str(t) in named:
+                t.special = True
             final.append(t)
         tok.add_tokens(final)
-
-    try:  # no-op for LlamaTokenizerFast (add_prefix_space is None); mirrors transformers
-        state = json.loads(tok.pre_tokenizer.__getstate__())
-        if state.get("add_prefix_space", None) is not None:
-            cls = getattr(pre_tokenizers, state.pop("type"))
-            state["add_prefix_space"] = None
-            tok.pre_tokenizer = cls(**state)
-    except Exception:
-        pass
-
-    # --- LlamaTokenizerFast.update_post_processor checks -------------------------
-    add_bos = init_kwargs.get("add_bos_token", True)
-    add_eos = init_kwargs.get("add_eos_token", False)
-    if special_map["bos_token"] is None and add_bos:
-        raise TokenizerFileError(f"{CONFIG_FILE}: add_bos_token = True but bos_token = None: {cfg_path}")
-    if special_map["eos_token"] is None and add_eos:
-        raise TokenizerFileError(f"{CONFIG_FILE}: add_eos_token = True but eos_token = None: {cfg_path}")
+    if original.post_processor is None:  # update_post_processor(), with add_bos/eos_token off
+        tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
 
     # --- tokenize(): DO_NOT_TRUNCATE / DO_NOT_PAD -------------------------------
     tok.no_truncation()
     tok.no_padding()
 
-    specials = {k: _token_str(special_map[k]) for k in _SPECIAL_ATTRS if k != "additional_special_tokens"}
+    specials = {k: _token_str(special_map[k]) for k in _SPECIAL_ATTRS}
     return tok, specials
 
 

@@ -1,15 +1,20 @@
-"""`tokenizer`: TEXT (+ PROMPT_TEXT) -> the token ids the decoder is fed, and the target text's token count."""
+"""`tokenizer`: TEXT (+ PROMPT_TEXT) -> the token ids the decoder is fed, and the target text's token count.
+
+With NORMALIZE, TEXT is normalised first (`formats.text_normalize`, built on the first such
+request); PROMPT_TEXT never is, as in the reference.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..checks import clean_text
+from ..formats.text_normalize import NormalizationError, normalize_target
 from ..formats.tokenizer import TextTokenizer
 from . import runtime
-from .contract import text
+from .contract import text, value
 from .parameters import read, resolve_checkpoint
-from .triton_io import error_response, get, pb, require_internal, tensor
+from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
 
 class TokenizerModel:
@@ -27,6 +32,8 @@ class TokenizerModel:
             try:
                 require_internal(request, "tokenizer")
                 target_text = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
+                if value(get(request, "NORMALIZE"), "NORMALIZE", bool):
+                    target_text = _normalized(target_text)
                 prompt_text = text(get(request, "PROMPT_TEXT"), "PROMPT_TEXT", required=False)
                 target = self.tokenizer(target_text)
                 ids = self.tokenizer(prompt_text + target_text) if prompt_text is not None else target
@@ -37,3 +44,10 @@ class TokenizerModel:
             except Exception as e:
                 responses.append(error_response(e))
         return responses
+
+
+def _normalized(target_text: str) -> str:
+    try:
+        return normalize_target(target_text)
+    except NormalizationError as e:
+        raise InputError(f"NORMALIZE: {e}; send this TEXT with NORMALIZE off") from None

@@ -37,18 +37,18 @@ is split), and the added token ``龘靐`` whose characters are not
 in the vocabulary (the wrapper splits it into two characters that
 ``convert_tokens_to_ids`` maps to ``<unk>``).
 
-``tokenizer_config.json`` choices, checked against transformers 4.57
-``LlamaTokenizerFast.__init__``:
+``tokenizer_config.json`` choices, as transformers 5's ``LlamaTokenizer`` reads
+them (it keeps only the vocabulary, merges and post-processor of tokenizer.json
+and builds its own Metaspace pre-tokenizer, see ``formats/tokenizer.py``):
 
-* no ``add_prefix_space`` key: any non-null value sets ``from_slow=True``,
-  i.e. a rebuild from ``tokenizer.model`` with sentencepiece.
-* ``legacy: true``: only consulted when converting from the slow
-  sentencepiece tokenizer, which never happens here; ``true`` matches this
-  tokenizer.json's (legacy, Prepend-normalizer) layout and silences the
-  "default legacy behaviour" warning that ``legacy=None`` prints.
-* ``add_bos_token: true``/``add_eos_token: false``: only change the
-  post-processor, i.e. ``encode(add_special_tokens=True)``; ``tokenize()``
-  (which VoxCPM uses) never adds special tokens.
+* no ``add_prefix_space`` key: a "▁" is prepended to the text.
+* ``legacy: true``: that "▁" is also prepended to text following an added
+  token (prepend scheme ``always``), as this file's sentencepiece-style
+  Prepend normalizer does; ``false`` would prepend at the start only.
+* ``add_bos_token: true``/``add_eos_token: false``: dropped when a
+  tokenizer.json exists; its post-processor (``<s>`` first) serves
+  ``encode(add_special_tokens=True)``; ``tokenize()`` (which VoxCPM uses) never
+  adds special tokens.
 
 Only the ``tokenizers`` library is used, to check that the written file loads.
 The output is byte-identical from run to run.
