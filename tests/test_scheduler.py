@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from voxcpm_triton.engine import scheduler as scheduler_module
-from voxcpm_triton.engine.kv_cache import BlockAllocator
+from voxcpm_triton.engine.block_manager import BlockManager, chain_hashes
 from voxcpm_triton.engine.request import RequestState
 from voxcpm_triton.engine.scheduler import EngineBusy, Scheduler
 
@@ -30,15 +30,18 @@ def loop_bucket(timesteps):
 
 
 def make(num_blocks=64, max_batch_size=8, chunk_schedule=(1, 4, 16), max_waiting=None):
-    return Scheduler(BlockAllocator(num_blocks, first=1), BLOCK, max_batch_size, chunk_schedule, loop_bucket,
+    return Scheduler(BlockManager(num_blocks, first=1), BLOCK, max_batch_size, chunk_schedule, loop_bucket,
                      max_waiting)
 
 
-def request(s, rid, prompt_len=8, max_len=8, min_len=0, timesteps=10):
-    """A request as the engine's submit() builds it: worst case reserved = prompt + max_len positions."""
+def request(s, rid, prompt_len=8, max_len=8, min_len=0, timesteps=10, voice=None):
+    """A request as the engine's submit() builds it: worst case reserved = prompt + max_len positions.
+    voice: requests with the same voice share their prompts' leading blocks (the prefix cache's
+    hashes of the full blocks before the last prompt position); None: caching off."""
     req = SimpleNamespace(request_id=rid, prompt=FakePrompt(prompt_len), min_len=min_len,
                           inference_timesteps=timesteps)
-    return RequestState(req=req, sink=None, max_len=max_len, seed_key=0,
+    hashes = [] if voice is None else chain_hashes([voice.encode(), bytes([i])] for i in range((prompt_len - 1) // BLOCK))
+    return RequestState(req=req, sink=None, max_len=max_len, seed_key=0, block_hashes=hashes,
                         blocks_reserved=s.blocks_needed(rid, prompt_len, max_len))
 
 
@@ -52,6 +55,7 @@ def prefill(s, states):
     for st in states:
         st.prompt_len = len(st.req.prompt)
         s.grow_to(st, st.prompt_len)
+        s.cache_prompt(st)
 
 
 def admit(s):
@@ -146,6 +150,87 @@ def test_waiting_bound():
     s.cancel("b")
     s.check_room()
     assert make(max_waiting=None).check_room(queued_elsewhere=10 ** 6) is None
+
+
+# -- prefix caching
+
+def test_a_cached_prefix_starts_the_table_and_is_shared_read_only():
+    s = make(num_blocks=12)
+    a = request(s, "a", prompt_len=10, max_len=6, voice="v")  # 16 positions = 4 blocks; blocks 0-1 cacheable
+    assert len(a.block_hashes) == 2  # block 2 holds the last prompt position: never cached
+    add(s, a)
+    assert admit(s) == ["a"] and a.cached_blocks == 0 and s.blocks.cached == 2
+    b = request(s, "b", prompt_len=13, max_len=8, voice="v")  # same prefix, longer text: 3 cacheable blocks
+    add(s, b)
+    assert admit(s) == ["b"]
+    assert b.cached_blocks == 2 and b.block_table[:2] == a.block_table[:2]
+    assert set(b.block_table[2:]).isdisjoint(a.block_table)
+    assert (s.prefix_hits, s.prefix_hit_blocks) == (1, 2) and s.blocks.cached == 3  # b added its third block
+    # a pool of 12: a holds 3 and is promised 1 more, b holds the 2 shared + 2 of its own and is promised 2
+    assert s.blocks.free - s.blocks.reserved == 12 - (3 + 1) - (2 + 2)
+    run_to_end(s, a)
+    assert [s.blocks.refcount(x) for x in b.block_table[:2]] == [1, 1]
+    run_to_end(s, b)
+    assert s.blocks.free == 12 and s.blocks.idle == 3 and s.blocks.reserved == 0
+    c = request(s, "c", prompt_len=14, max_len=2, voice="v")  # after both ended: hits on idle blocks
+    add(s, c)
+    assert admit(s) == ["c"] and c.cached_blocks == 3 and (s.prefix_hits, s.prefix_hit_blocks) == (2, 5)
+    d = request(s, "d", prompt_len=14, max_len=2, voice="w")  # another voice: no hit
+    add(s, d)
+    assert admit(s) == ["d"] and d.cached_blocks == 0 and s.prefix_hits == 2
+
+
+def test_a_full_pool_admits_by_evicting_idle_cache_entries():
+    s = make(num_blocks=8)
+    for i, voice in enumerate("xy"):  # two voices' prompts cached, then idle: the pool is all cache
+        st = request(s, f"r{i}", prompt_len=13, max_len=3, voice=voice)
+        add(s, st)
+        assert admit(s) == [st.request_id]
+        run_to_end(s, st)
+    assert s.blocks.free == 8 and s.blocks.idle == 6
+    big = request(s, "big", prompt_len=20, max_len=12)  # needs the whole pool
+    add(s, big)
+    assert admit(s) == ["big"]  # promised all 8: the 2 free blocks first, then idle entries as it grows
+    assert len(big.block_table) == 5 and s.blocks.evictions == 3 and s.blocks.cached == 3
+    assert s.blocks.match(request(s, "probe", prompt_len=13, voice="x").block_hashes) == []  # x went first (LRU)
+    run_to_end(s, big)
+    assert s.blocks.evictions == 6 and s.blocks.cached == 0
+    again = request(s, "again", prompt_len=13, max_len=3, voice="x")
+    add(s, again)
+    assert admit(s) == ["again"] and again.cached_blocks == 0  # evicted: computed afresh, cached again
+    assert s.blocks.cached == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_cached_requests_under_pool_pressure_all_finish(seed):
+    """Random requests of three voices and no voice on a small pool, with the engine's overlap:
+    the books balance after every operation, and every request ends (nothing deadlocks)."""
+    rng = random.Random(seed)
+    s = make(num_blocks=14, max_batch_size=4, chunk_schedule=(2,))
+    pending = [request(s, f"r{i}", prompt_len=rng.randint(1, 30), max_len=rng.randint(1, 20), min_len=40,
+                       voice=rng.choice(["a", "b", "c", None])) for i in range(60)]
+    pending = [st for st in pending if st.blocks_reserved <= 14]
+    n, finished, in_flight = len(pending), set(), []
+    for _ in range(5000):
+        if pending and rng.random() < 0.3:
+            s.add(pending.pop())
+        admit(s)
+        batch = s.decode_candidates()
+        for st in batch:
+            s.grow_to(st, st.position + 1)
+            st.launched += 1
+        previous, in_flight = in_flight, batch
+        for st in previous:
+            if s.is_running(st) and s.on_patch(st, None, False).finish:
+                s.finish(st)
+                finished.add(st.request_id)
+        s.check_invariants()
+        s.blocks.check()
+        if not pending and not s.running and not s.waiting and not in_flight:
+            break
+    assert len(finished) == n
+    assert s.prefix_hits > 0 and s.blocks.evictions > 0
+    assert s.blocks.free == s.blocks.total and s.blocks.reserved == 0
 
 
 # -- cancels

@@ -217,3 +217,76 @@ def test_cuda_graph_capture_and_replay(B):
         graph.replay()
         torch.cuda.synchronize()
         check(s_out, s_q, kp, vp, s_bt, s_cl, dtype)
+
+
+@pytest.mark.parametrize("start,L,as_tensor", [(7, 6, False), (12, 1, True), (3, 17, True)])
+def test_prefill_after_a_cached_prefix(start, L, as_tensor):
+    """Queries of positions start .. start+L-1 over the prompt's blocks from position 0 (the prefix
+    cache's path): the PyTorch gather and the decode kernel run per query equal plain causal
+    attention over the contiguous keys. `start` as a device tensor is the prefill graphs' form."""
+    from voxcpm_triton.engine.attention import paged_prefill_attention, paged_prefill_attention_triton
+
+    Hq, Hkv, D, bs, T = 4, 2, 16, 4, start + L
+    g = torch.Generator().manual_seed(start * 100 + L)
+    k, v = torch.randn(T, Hkv, D, generator=g), torch.randn(T, Hkv, D, generator=g)
+    q = torch.randn(1, L, Hq, D, generator=g)
+    n = -(-T // bs)
+    table = torch.randperm(2 * n, generator=g)[:n] + 1
+    kp = torch.randn(2 * n + 1, bs, Hkv, D, generator=g)  # stale values everywhere else: the kernel must not read
+    vp = torch.randn_like(kp)
+    pos = torch.arange(T)
+    kp[table[pos // bs], pos % bs], vp[table[pos // bs], pos % bs] = k, v
+    mask = torch.arange(T)[None] <= (start + torch.arange(L))[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2), attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    s = torch.tensor([start], device=DEV) if as_tensor else start
+    got = paged_prefill_attention(q.to(DEV), kp.to(DEV), vp.to(DEV), table.to(DEV), s)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    # The kernel reads only the keys each query sees: a table padded with the scratch block 0, and
+    # every slot past the prompt poisoned with NaN, change nothing.
+    wide = torch.cat([table, torch.zeros(3, dtype=torch.int64)])
+    poisoned_k, poisoned_v = kp.clone(), vp.clone()
+    for t in range(T, n * bs):
+        poisoned_k[table[t // bs], t % bs] = poisoned_v[table[t // bs], t % bs] = float("nan")
+    poisoned_k[0] = poisoned_v[0] = float("nan")
+    got = paged_prefill_attention_triton(q.to(DEV), poisoned_k.to(DEV), poisoned_v.to(DEV), wide.to(DEV), s)
+    torch.testing.assert_close(got.cpu(), want, atol=TOL[torch.float32], rtol=TOL[torch.float32])
+
+
+def test_packed_prefill_as_decode_rows_equals_per_prompt_attention():
+    """The engine's packed prefill after cached prefixes on the GPU path: every new position of
+    every prompt is a row of the decode kernel (`PrefillRowsMetadata`), one launch per layer. Two
+    prompts, one after a cached prefix and one from position 0: each equals causal attention over
+    its own contiguous keys, and the new K/V land in their slots."""
+    from voxcpm_triton.engine.attention import PagedAttention, PrefillRowsMetadata
+
+    Hq, Hkv, D, bs = 4, 2, 16, 4
+    g = torch.Generator().manual_seed(7)
+    kp = torch.randn(16, bs, Hkv, D, generator=g)  # stale values in every block
+    vp = torch.randn_like(kp)
+    prompts = [(6, 5, [3, 9, 5]), (0, 7, [11, 2])]  # (cached positions, new positions, block table)
+    rows, ctx, slots, qs, ks, vs, wants = [], [], [], [], [], [], []
+    for start, n, table in prompts:
+        T = start + n
+        k_all, v_all = torch.randn(T, Hkv, D, generator=g), torch.randn(T, Hkv, D, generator=g)
+        pos = torch.arange(T)
+        kp[torch.tensor(table)[pos[:start] // bs], pos[:start] % bs] = k_all[:start]  # the cached prefix
+        vp[torch.tensor(table)[pos[:start] // bs], pos[:start] % bs] = v_all[:start]
+        q = torch.randn(n, Hq, D, generator=g)
+        mask = torch.arange(T)[None] <= (start + torch.arange(n))[:, None]
+        wants.append(torch.nn.functional.scaled_dot_product_attention(
+            q[None].transpose(1, 2), k_all[None].transpose(1, 2), v_all[None].transpose(1, 2), attn_mask=mask,
+            enable_gqa=True).transpose(1, 2)[0])
+        rows += [table + [0] * (3 - len(table))] * n
+        ctx += list(range(start + 1, T + 1))
+        slots += [table[p // bs] * bs + p % bs for p in range(start, T)]
+        qs.append(q), ks.append(k_all[start:]), vs.append(v_all[start:])
+    meta = PrefillRowsMetadata(torch.tensor(slots, device=DEV), torch.tensor(rows, device=DEV),
+                               torch.tensor(ctx, device=DEV))
+    kpd, vpd = kp[None].clone().to(DEV), vp[None].clone().to(DEV)  # one layer
+    got = PagedAttention(kpd, vpd, meta, use_triton=True)(0, torch.cat(qs)[None].to(DEV), torch.cat(ks)[None].to(DEV),
+                                                          torch.cat(vs)[None].to(DEV))
+    torch.testing.assert_close(got[0].cpu(), torch.cat(wants), atol=TOL[torch.float32], rtol=TOL[torch.float32])
+    flat = kpd[0].reshape(-1, Hkv, D).cpu()
+    torch.testing.assert_close(flat[torch.tensor(slots)], torch.cat(ks))

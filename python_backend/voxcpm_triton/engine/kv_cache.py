@@ -3,46 +3,15 @@
 Both LMs see the same positions, so a request's block i holds positions
 [i*block_size, (i+1)*block_size) in every layer of both pools.
 
-Admission reserves a request's worst case (prompt + max_len positions) as a
-count; physical blocks are taken only as the sequence grows. A running request
-can therefore always grow, and a full pool makes newcomers wait rather than
-deadlocking running ones.
+Which blocks are free, held or cached is `block_manager.BlockManager`'s business (no torch);
+this module holds the tensors.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
-
-class BlockAllocator:
-    def __init__(self, num_blocks: int, first: int = 0):
-        """Hands out blocks first .. first + num_blocks - 1."""
-        self.total = num_blocks
-        self._free = deque(range(first, first + num_blocks))
-        self.reserved = 0  # promised to admitted requests, not yet taken
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def can_reserve(self, n: int) -> bool:
-        return self.free - self.reserved >= n
-
-    def reserve(self, n: int):
-        assert self.can_reserve(n)
-        self.reserved += n
-
-    def take_reserved(self) -> int:
-        assert self.reserved > 0 and self._free
-        self.reserved -= 1
-        return self._free.popleft()
-
-    def release(self, blocks: list[int], unused_reservation: int):
-        self._free.extend(blocks)
-        self.reserved -= unused_reservation
-        assert 0 <= self.reserved and self.free <= self.total
+from .block_manager import BlockManager
 
 
 class PagedKVCache:
@@ -63,7 +32,7 @@ class PagedKVCache:
         self.base_v = torch.zeros_like(self.base_k)
         self.res_k = torch.zeros(residual_layers, *shape, dtype=dtype, device=device)
         self.res_v = torch.zeros_like(self.res_k)
-        self.allocator = BlockAllocator(num_blocks, first=1)
+        self.allocator = BlockManager(num_blocks, first=1)
 
     @staticmethod
     def bytes_per_block(base_layers, residual_layers, kv_heads, head_dim, block_size, dtype) -> int:

@@ -8,6 +8,11 @@ at the end: prefill attention is causal, so the real positions never see the
 padding, and the padding's K/V goes to the scratch block. Several prompts
 admitted together (a burst under load) and prompts longer than the largest
 bucket take the eager packed path.
+
+A prompt whose first c positions come from the prefix cache runs positions c..T-1 in the
+context graph of the smallest bucket >= T - c: the same body, its positions offset by a device
+scalar and its attention reading the cached prefix through a block-table buffer, so one graph
+per bucket serves every offset.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from .attention import PagedAttention, PrefillMetadata
 from .kv_cache import PagedKVCache
+from ..model.lora import LoraBatch, LoraTables
 
 log = logging.getLogger("voxcpm_triton.engine")
 
@@ -28,9 +34,15 @@ PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 
 
 class PrefillGraphs:
-    def __init__(self, model, kv: PagedKVCache, device, buckets=PREFILL_BUCKETS, pool=None):
+    def __init__(self, model, kv: PagedKVCache, device, buckets=PREFILL_BUCKETS, pool=None,
+                 max_blocks: int | None = None, use_triton: bool = False, lora: LoraTables | None = None):
+        """max_blocks: the widest block table (the engine's max_blocks_per_seq); with it, context
+        graphs (a prompt after a cached prefix) are captured too. use_triton: their attention on
+        the paged decode kernel (the engine's decode attention choice). lora: the adapters' slot
+        tables; a prompt then runs on its adapter's slot, a device scalar the graphs read."""
         self.model, self.kv, self.device = model, kv, torch.device(device)
         self.buckets = sorted(buckets)
+        self.use_triton = use_triton
         L, cfg = self.buckets[-1], model.cfg
         H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
         dev = self.device
@@ -48,53 +60,87 @@ class PrefillGraphs:
         # Padding positions write round-robin into the scratch block.
         self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L, device=dev) % bs
         self.graphs: dict = {}
+        # Context graphs: the prompt's blocks from position 0 (the rest scratch) and its first new position.
+        self.block_table = torch.zeros(max_blocks, dtype=torch.int64, device=dev) if max_blocks else None
+        self.start = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.rope_positions = cfg.lm_config.max_position_embeddings  # padded positions must index RoPE tables
+        self.context_graphs: dict = {}
+        self.lora = lora
+        self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
         self.pool = pool
 
-    def _body(self, n: int):
-        meta = PrefillMetadata(self.slots[:n], [0, n])
+    def _body(self, n: int, context: bool = False):
+        positions = self.positions[:, :n]
+        contexts = None
+        if context:
+            positions = positions + self.start
+            contexts = [(self.start, self.block_table)]
+        meta = PrefillMetadata(self.slots[:n], [0, n], contexts)
         lm, res = self.model.prefill(
             self.tokens[:, :n], self.text_mask[:, :n], self.audio_mask[:, :n], self.feats[:n][None],
-            self.positions[:, :n], self.last, PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-            PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+            positions, self.last, PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.use_triton),
+            PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.use_triton),
+            lora=None if self.lora is None else LoraBatch(self.lora, self.lora_slot, single=True))
         self.lm_out.copy_(lm)
         self.res_out.copy_(res)
 
     def capture_all(self):
         t0 = time.monotonic()
         self.slots.copy_(self.scratch)  # capture and its warm-up touch only the scratch block
-        for n in self.buckets:
-            try:
-                graph = capture_graph(lambda n=n: self._body(n), self.device, self.pool)
-                self.pool = graph.pool()
-                self.graphs[n] = graph
-            except Exception as e:  # noqa: BLE001 - that length runs eagerly
-                log.warning("prefill graph capture failed for %d positions (%s); eager for that length", n, e)
-                torch.cuda.synchronize(self.device)
-        log.warning("captured %d prefill graphs in %.1f s", len(self.graphs), time.monotonic() - t0)
+        self.start.zero_()
+        kinds = [(False, self.graphs)] + ([(True, self.context_graphs)] if self.block_table is not None else [])
+        for context, graphs in kinds:
+            for n in self.buckets:
+                try:
+                    graph = capture_graph(lambda n=n, c=context: self._body(n, c), self.device, self.pool)
+                    self.pool = graph.pool()
+                    graphs[n] = graph
+                except Exception as e:  # noqa: BLE001 - that length runs eagerly
+                    log.warning("prefill graph capture failed for %d positions%s (%s); eager for that length", n,
+                                " after a cached prefix" if context else "", e)
+                    torch.cuda.synchronize(self.device)
+        log.warning("captured %d prefill graphs (%d after a cached prefix) in %.1f s",
+                    len(self.graphs) + len(self.context_graphs), len(self.context_graphs), time.monotonic() - t0)
 
-    def fits(self, n_positions: int) -> bool:
-        return n_positions <= self.buckets[-1]
+    def fits(self, n_positions: int, start: int = 0) -> bool:
+        """Whether a prompt of n_positions, its first `start` cached, has a graph body (the padded
+        positions of a context graph stay within the RoPE tables)."""
+        n = smallest_at_least(self.buckets, n_positions - start)
+        if n is None:
+            return False
+        return start == 0 or (self.block_table is not None and start + n <= self.rope_positions)
 
-    def run(self, prompt, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """prompt: a Prompt of T positions; slots: its T KV slots -> (lm_hidden [1, H], residual_hidden [1, H]).
-        Replays the bucket's graph; runs the same padded body eagerly where there is none (CPU tests,
-        a failed capture)."""
+    def run(self, prompt, slots: list[int], start: int = 0, block_table: list[int] | None = None,
+            lora_slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """prompt: a Prompt of T positions whose first `start` are cached (their K/V in
+        block_table's blocks); slots: the KV slots of positions start..T-1 -> (lm_hidden [1, H],
+        residual_hidden [1, H]). lora_slot: its adapter's slot (0: the base model). Replays the
+        bucket's graph; runs the same padded body eagerly where there is none (CPU tests, a failed
+        capture)."""
         T = len(prompt)
-        n = smallest_at_least(self.buckets, T)
+        L = T - start
+        n = smallest_at_least(self.buckets, L)
         dev = self.device
-        self.tokens[0, :T] = prompt.tokens.to(dev, non_blocking=True)
-        self.text_mask[0, :T] = prompt.text_mask.to(dev, non_blocking=True)
-        self.audio_mask[0, :T] = prompt.audio_mask.to(dev, non_blocking=True)
-        self.feats[:T] = prompt.feats.to(dev, non_blocking=True)
+        self.tokens[0, :L] = prompt.tokens[start:].to(dev, non_blocking=True)
+        self.text_mask[0, :L] = prompt.text_mask[start:].to(dev, non_blocking=True)
+        self.audio_mask[0, :L] = prompt.audio_mask[start:].to(dev, non_blocking=True)
+        self.feats[:L] = prompt.feats[start:].to(dev, non_blocking=True)
         for buf in (self.tokens, self.text_mask, self.audio_mask):
-            buf[0, T:n] = 0
-        self.feats[T:n] = 0
-        self.slots[:T] = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
-        self.slots[T:n] = self.scratch[T:n]
-        self.last.fill_(T - 1)
-        graph = self.graphs.get(n)
+            buf[0, L:n] = 0
+        self.feats[L:n] = 0
+        self.slots[:L] = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
+        self.slots[L:n] = self.scratch[L:n]
+        self.last.fill_(L - 1)
+        if self.lora is not None:
+            self.lora_slot.fill_(lora_slot)
+        if start:
+            self.start.fill_(start)
+            table = torch.zeros_like(self.block_table, device="cpu")  # past the prompt: the scratch block
+            table[:len(block_table)] = torch.tensor(block_table, dtype=torch.int64)
+            self.block_table.copy_(table, non_blocking=True)
+        graph = (self.context_graphs if start else self.graphs).get(n)
         if graph is not None:
             graph.replay()
         else:
-            self._body(n)
+            self._body(n, context=bool(start))
         return self.lm_out.clone(), self.res_out.clone()

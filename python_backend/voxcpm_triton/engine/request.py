@@ -11,6 +11,7 @@ import torch
 
 from ..checks import draw_seed
 from ..model.prompt import Prompt
+from .block_manager import chain_hashes
 
 
 @dataclass
@@ -22,6 +23,7 @@ class EngineRequest:
     cfg_value: float = 2.0
     inference_timesteps: int = 10
     seed: int | None = None  # None: a random one
+    lora: str | None = None  # a LoRA adapter's name; None or "": the base model
 
 
 @dataclass
@@ -74,8 +76,11 @@ class RequestState:
     max_len: int
     seed_key: int  # 32-bit key derived from the seed (noise = f(key, step))
     blocks_reserved: int  # worst-case blocks promised at admission
+    block_hashes: list = field(default_factory=list)  # of the prompt's cacheable blocks (`prompt_block_hashes`)
     block_table: list[int] = field(default_factory=list)
+    cached_blocks: int = 0  # leading entries of block_table taken from the prefix cache (read only)
     slot: int | None = None  # row of the step runner's state buffers (LM hidden states, previous patch)
+    lora_slot: int = 0  # its adapter's slot in the LoRA tables, held until it ends (0: the base model)
     prompt_len: int = 0
     step: int = 0  # patches delivered so far
     launched: int = 0  # steps launched; one may be in flight, ahead of `step`
@@ -98,3 +103,17 @@ class RequestState:
 def resolve_seed(seed) -> int:
     return int(seed) if seed is not None else draw_seed()
 
+
+def prompt_block_hashes(prompt: Prompt, block_size: int, salt: bytes = b"") -> list[bytes]:
+    """Chained hashes of the prompt blocks another request may reuse: the full blocks before the
+    one holding the last prompt position (a prefill must compute that position, and decoding
+    writes after it). Each covers what sets its positions' K/V in both LMs: token ids, text and
+    audio masks, latent bytes, and (through the chain) every position before. salt: anything
+    else that changes them (an adapter's name)."""
+    n = (len(prompt) - 1) // block_size
+    if n <= 0:
+        return []
+    m = n * block_size
+    arrays = [t[:m].cpu().contiguous().numpy() for t in (prompt.tokens.to(torch.int64), prompt.text_mask.float(),
+                                                   prompt.audio_mask.float(), prompt.feats.float())]
+    return chain_hashes(([a[i * block_size:(i + 1) * block_size].tobytes() for a in arrays] for i in range(n)), salt)

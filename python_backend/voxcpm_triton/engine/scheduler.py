@@ -6,20 +6,27 @@ and tested alone. The engine's thread makes every call; the engine does the GPU 
 thread hand-off and the delivery to sinks.
 
 Requests are the engine's `RequestState` objects (duck-typed here). The scheduler reads
-`request_id`, `blocks_reserved`, `max_len`, `req.min_len`, `req.inference_timesteps`, and
-keeps `slot`, `block_table`, `step`, `pending`, `pending_from`, `chunks_sent`; the engine
-advances `launched` and `prompt_len`. Patches are opaque: they are only collected into lists.
+`request_id`, `blocks_reserved`, `block_hashes`, `max_len`, `req.min_len`, `req.inference_timesteps`,
+and keeps `slot`, `block_table`, `cached_blocks`, `step`, `pending`, `pending_from`, `chunks_sent`;
+the engine advances `launched` and `prompt_len`. Patches are opaque: they are only collected into lists.
 
 Blocks: admission reserves a request's worst case (prompt + max_len positions) as a count,
 and physical blocks are taken only as it grows, so a running request can always grow and a
 full pool makes newcomers wait instead of deadlocking running ones. Admission is FIFO and
 head-of-line: a request that does not fit yet is not overtaken, so it cannot starve.
+
+Prefix caching: a request's `block_hashes` (one per full prompt block that decoding never
+writes, empty with caching off) are looked up at admission; the longest cached prefix starts
+its block table (shared, read only) and it prefills only the positions after it. Once its
+prefill is launched, `cache_prompt` offers its own full prompt blocks as cache entries. The
+block pool (block_manager.BlockManager) counts idle cache entries as room, evicting them in
+least-recently-used order, so caching never makes admission wait longer than without it.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -29,17 +36,21 @@ class EngineBusy(RuntimeError):
 
 
 class BlockPool(Protocol):
-    """What the scheduler needs of the KV block allocator (kv_cache.BlockAllocator)."""
+    """What the scheduler needs of the KV block pool (block_manager.BlockManager)."""
 
     total: int
     reserved: int  # promised to admitted requests, not yet taken
 
     @property
-    def free(self) -> int: ...
-    def can_reserve(self, n: int) -> bool: ...
-    def reserve(self, n: int) -> None: ...
+    def free(self) -> int: ...  # blocks no request holds (idle cache entries included)
+    def refcount(self, block: int) -> int: ...
+    def is_cached(self, block: int) -> bool: ...
+    def match(self, hashes) -> list[int]: ...
+    def can_admit(self, need: int, hits=()) -> bool: ...
+    def admit(self, need: int, hits=()) -> None: ...
     def take_reserved(self) -> int: ...
     def release(self, blocks: list[int], unused_reservation: int) -> None: ...
+    def register(self, block: int, h) -> bool: ...
 
 
 @dataclass
@@ -64,6 +75,8 @@ class Scheduler:
         self.waiting: deque = deque()
         self.running: dict = {}  # request id -> state
         self._free_slots = list(range(max_batch_size))  # rows of the step runner's state buffers
+        self.prefix_hits = 0  # requests admitted with at least one cached block
+        self.prefix_hit_blocks = 0  # cached blocks they started from
 
     # ------------------------------------------------------------------ queueing
     def blocks_needed(self, request_id: str, prompt_len: int, max_len: int) -> int:
@@ -87,16 +100,31 @@ class Scheduler:
 
     def admit(self) -> list:
         """Move requests from the head of the queue to running while there is a free row and
-        their worst case can be reserved; the first that does not fit stops admission."""
+        their worst case fits (less the cached prefix they start from); the first that does not
+        fit stops admission."""
         admitted = []
-        while self.waiting and len(self.running) < self.max_batch_size \
-                and self.blocks.can_reserve(self.waiting[0].blocks_reserved):
-            st = self.waiting.popleft()
-            self.blocks.reserve(st.blocks_reserved)
+        while self.waiting and len(self.running) < self.max_batch_size:
+            st = self.waiting[0]
+            hits = self.blocks.match(st.block_hashes)
+            if not self.blocks.can_admit(st.blocks_reserved, hits):
+                break
+            self.waiting.popleft()
+            self.blocks.admit(st.blocks_reserved, hits)
+            st.block_table, st.cached_blocks = list(hits), len(hits)
+            if hits:
+                self.prefix_hits += 1
+                self.prefix_hit_blocks += len(hits)
             st.slot = self._free_slots.pop()
             self.running[st.request_id] = st
             admitted.append(st)
         return admitted
+
+    def cache_prompt(self, st):
+        """Offer the request's own full prompt blocks as cache entries. Call once its prefill has
+        been launched: a later reader's work is ordered after that write (one GPU stream)."""
+        n = len(st.block_hashes)
+        for block, h in zip(st.block_table[st.cached_blocks:n], st.block_hashes[st.cached_blocks:n]):
+            self.blocks.register(block, h)
 
     # ------------------------------------------------------------------ ending
     def is_running(self, st) -> bool:
@@ -126,6 +154,7 @@ class Scheduler:
             except ValueError:
                 pass
         st.block_table = []
+        st.cached_blocks = 0
         st.pending = []
 
     def all_requests(self) -> list:
@@ -178,8 +207,11 @@ class Scheduler:
         slots = [st.slot for st in running]
         assert all(s is not None for s in slots)
         assert sorted(slots + self._free_slots) == list(range(self.max_batch_size)), (slots, self._free_slots)
-        taken = [b for st in running for b in st.block_table]
-        assert len(set(taken)) == len(taken), "a block is in two tables"
+        taken = Counter(b for st in running for b in st.block_table)
+        for b, n in taken.items():  # only cache entries are shared, and each table holds its reference
+            assert self.blocks.refcount(b) == n, (b, n, self.blocks.refcount(b))
+            assert n == 1 or self.blocks.is_cached(b), f"block {b} is in {n} tables but no cache entry"
+        assert all(len(st.block_table) >= st.cached_blocks for st in running)
         assert self.blocks.free + len(taken) == self.blocks.total
         assert self.blocks.reserved == sum(st.blocks_reserved - len(st.block_table) for st in running)
         assert all(st.slot is None and not st.block_table for st in self.waiting)
