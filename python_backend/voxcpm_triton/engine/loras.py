@@ -1,0 +1,102 @@
+"""The engine's LoRA adapters while it runs: which name is in which slot (`LoraRegistry`, under the
+engine's lock), adapters added and removed without a restart, and the writes into the GPU slot
+tables, which only the engine thread makes, between steps, on the stream the steps run on: a slot
+is written only while no request holds it, and stream order puts the write after any step still
+in flight that read it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from .lora_registry import LoraFull, LoraRegistry  # noqa: F401 - LoraFull: callers catch it from here
+
+ADD_TIMEOUT_S = 120.0
+
+
+class EngineLoras:
+    def __init__(self, adapters, lock: threading.Condition):
+        """adapters: the model's `lora_adapters.AdapterSet` (tables written at load); lock: the engine's."""
+        self.adapters, self.tables, self.lock = adapters, adapters.tables, lock
+        self.registry = LoraRegistry(self.tables.max_loras, adapters.slots)
+        self._writes: deque = deque()  # (name, slot, adapter, done event, outcome) for the engine thread
+        self._closed: str | None = None
+
+    # -- callers (any thread)
+    def acquire(self, name: str) -> tuple[int, bytes]:
+        """A request on adapter `name` -> (slot, prefix-cache salt); ValueError if it is not loaded."""
+        with self.lock:
+            try:
+                slot, gen = self.registry.acquire(name)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        return slot, f"lora:{name}:{gen}".encode()
+
+    def names(self) -> list:
+        with self.lock:
+            return self.registry.names()
+
+    def add(self, name: str, timeout: float = ADD_TIMEOUT_S) -> list:
+        """Load adapter `name` from the LoRA directory into a free slot (replacing a loaded one of
+        that name: requests running on it finish with its old weights) -> the names loaded after.
+        LoraError (formats.lora) for a bad adapter, LoraFull when no slot is free."""
+        adapter = self.adapters.read(name)  # file reading and checks, here in the caller's thread
+        done, outcome = threading.Event(), {}
+        with self.lock:
+            if self._closed:
+                raise RuntimeError(self._closed)
+            slot = self.registry.take_free()
+            self._writes.append((name, slot, adapter, done, outcome))
+            self.lock.notify()
+        if not done.wait(timeout):
+            raise TimeoutError(f"adding LoRA adapter {name!r}: the engine did not write it within {timeout:.0f} s")
+        if "error" in outcome:
+            raise RuntimeError(f"adding LoRA adapter {name!r} failed: {outcome['error']}")
+        return self.names()
+
+    def remove(self, name: str) -> list:
+        """Take `name` away from new requests -> the names loaded after. Its slot is freed once the
+        requests holding it have ended. ValueError for an unknown name."""
+        with self.lock:
+            try:
+                self.registry.unpublish(name)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+            return self.registry.names()
+
+    # -- the engine (with its lock held where it says so)
+    def release(self, slot: int):
+        """A request holding `slot` has ended (lock held)."""
+        self.registry.release(slot)
+
+    def pending(self) -> bool:
+        """Writes waiting for the engine thread (lock held)."""
+        return bool(self._writes)
+
+    def apply(self):
+        """The engine thread, between steps: write the queued adapters and publish their names."""
+        while True:
+            with self.lock:
+                if not self._writes:
+                    return
+                name, slot, adapter, done, outcome = self._writes.popleft()
+            try:
+                self.tables.write(slot, adapter.weights, adapter.scale)
+            except Exception as e:  # noqa: BLE001 - reported to the caller; the slot goes back
+                with self.lock:
+                    self.registry.give_back(slot)
+                outcome["error"] = f"{type(e).__name__}: {e}"
+            else:
+                with self.lock:
+                    self.registry.publish(name, slot)
+            done.set()
+
+    def close(self, message: str):
+        """The engine has stopped: queued adds fail with `message`."""
+        with self.lock:
+            self._closed = message
+            writes, self._writes = list(self._writes), deque()
+        for _, _, _, done, outcome in writes:
+            outcome["error"] = message
+            done.set()

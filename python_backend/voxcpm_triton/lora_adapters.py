@@ -1,0 +1,83 @@
+"""The LoRA adapters a VoxCPM2 serves: read from a directory (formats/lora.py), written into the GPU
+slot tables (model/lora.py), and which name sits in which slot.
+
+The tables cover a fixed set of layers, chosen at load: the targets of the adapters found, plus
+(for a server that adds adapters at run time, `reserve_defaults`) the official default targets
+(LM and LocDiT attention). An adapter added later must fit in them and in `max_rank`; anything else
+would change the captured CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .formats.lora import DEFAULT_CONFIG, Adapter, LoraError, check_name, load_adapter, load_dir
+from .model.lora import LoraBatch, LoraTables, sites_for
+
+log = logging.getLogger("voxcpm_triton.lora")
+
+
+class AdapterSet:
+    def __init__(self, lora_dir: str, linears: dict, tables: LoraTables, slots: dict, errors: dict):
+        self.lora_dir, self.linears, self.tables = lora_dir, linears, tables
+        self.slots = slots  # name -> slot of the adapters loaded here (the engine keeps its own registry)
+        self.errors = errors  # name -> why it was left out
+
+    @classmethod
+    def load(cls, lora_dir: str, linears: dict, dtype, device, max_loras: int | None = None,
+             max_rank: int | None = None, reserve_defaults: bool = False) -> "AdapterSet":
+        """Every adapter under `lora_dir` into slots 1, 2, ... (by name). linears: the network's linear
+        layers (`model.lora.linear_shapes`). max_loras / max_rank: the tables' size (default: what the
+        adapters found need). A broken adapter, or one past max_loras, is logged, recorded in `errors`
+        and left out."""
+        adapters, errors = load_dir(lora_dir, linears, max_rank)
+        names = sorted(adapters)
+        if max_loras is not None and len(names) > max_loras:
+            for n in names[max_loras:]:
+                errors[n] = f"left out: all {max_loras} LoRA slots are taken (parameter max_loras)"
+                del adapters[n]
+            names = names[:max_loras]
+        for n, e in sorted(errors.items()):
+            log.warning("LoRA adapter %r not loaded: %s", n, e)
+        modules = {m for a in adapters.values() for m in a.modules}
+        if reserve_defaults or not modules:
+            modules |= {m for m in linears if DEFAULT_CONFIG.targets(m)}
+        max_loras = max_loras or max(1, len(names))
+        max_rank = max_rank or max([a.rank for a in adapters.values()], default=1)
+        tables = LoraTables(sites_for(linears, modules), max_loras, max_rank, dtype, device)
+        slots = {}
+        for slot, n in enumerate(names, start=1):
+            tables.write(slot, adapters[n].weights, adapters[n].scale)
+            slots[n] = slot
+        log.warning("LoRA: %d adapter(s) loaded from %s (%d slots of rank <= %d over %d layers, %.0f MiB)",
+                    len(slots), lora_dir, max_loras, max_rank, len(tables.sites), tables.nbytes() / 2**20)
+        return cls(lora_dir, linears, tables, slots, errors)
+
+    def read(self, name: str) -> Adapter:
+        """Adapter `name` from the directory, checked against these tables (rank, covered layers)."""
+        check_name(name)
+        ad = load_adapter(os.path.join(self.lora_dir, name), self.linears, self.tables.max_rank, name)
+        missing = self.tables.uncovered(ad.modules)
+        if missing:
+            raise LoraError(f"adapter {name!r} targets {', '.join(missing[:4])}"
+                            f"{f' ... ({len(missing)} in all)' if len(missing) > 4 else ''}, which this "
+                            "server's LoRA tables do not cover (they cover the targets of the adapters present "
+                            "at start-up and the official defaults); restart the server with it in the directory")
+        return ad
+
+    def slot(self, name: str) -> int:
+        """The slot of adapter `name` (the offline API's lookup); ValueError naming what is loaded."""
+        if name in self.slots:
+            return self.slots[name]
+        if name in self.errors:
+            raise ValueError(f"LoRA adapter {name!r} was not loaded: {self.errors[name]}")
+        raise ValueError(f"unknown LoRA adapter {name!r} (loaded: {', '.join(sorted(self.slots)) or 'none'})")
+
+    def batch(self, slots, single: bool = False) -> LoraBatch:
+        """A `LoraBatch` over `slots` (a device tensor, or a list of ints)."""
+        if not torch.is_tensor(slots):
+            slots = torch.tensor(slots, dtype=torch.int64, device=self.tables.device)
+        return LoraBatch(self.tables, slots, single)
