@@ -1,0 +1,29 @@
+"""python -m voxcpm_gateway [--triton-url 127.0.0.1:8001] [--host 127.0.0.1] [--port 9000] ..."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from .app import create_app
+from .config import parse_args
+
+
+def main(argv=None) -> int:
+    settings = parse_args(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="[gateway %(asctime)s] %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("voxcpm_gateway").info(
+        "OpenAI speech API on http://%s:%d/v1 -> Triton gRPC %s (model name%s %s; API key %s)", settings.host,
+        settings.port, settings.triton_url, "s" if len(settings.model_names) > 1 else "",
+        ", ".join(settings.model_names), "required" if settings.api_key else "not required")
+    # one process, one event loop: every request is a coroutine, the heavy encoders run in threads
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

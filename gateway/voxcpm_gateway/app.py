@@ -1,0 +1,234 @@
+"""The OpenAI speech API in front of Triton: routes and error handling.
+
+    POST   /v1/audio/speech          text -> audio (tts_stream), streamed
+    GET    /v1/audio/voices          registered voices (the `voices` model)
+    POST   /v1/audio/voices          register one (multipart: name, audio_sample, ref_text)
+    DELETE /v1/audio/voices/{name}   remove one
+    GET    /v1/models[/{model}]      the served model name(s)
+    GET    /health                   200 when Triton's tts_stream and voices are ready, else 503
+    GET    /metrics                  Prometheus text
+
+No model code runs here: every request becomes gRPC calls to Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from . import audio_decoding, audio_encoding, errors
+from .config import Settings
+from .guards import Guards
+from .metrics import Metrics
+from .speech_request import DEFAULT_VOICE, SpeechRequest
+from .speech_stream import SpeechResponse, error_for, send_error
+from .triton_backend import TritonBackend, TritonError
+
+log = logging.getLogger("voxcpm_gateway")
+
+# Triton input of `voices` -> form field of POST /v1/audio/voices, for naming it in errors.
+VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_sample", "TEXT": "ref_text"}
+VOICE_FORM_FIELDS = {"name", "audio_sample", "ref_text", "consent", "type"}
+
+
+class SpeechHTTPResponse(Response):
+    """A FastAPI Response (so the route may return it) that runs a SpeechResponse."""
+
+    def __init__(self, speech: SpeechResponse):
+        super().__init__()
+        self.speech = speech
+
+    async def __call__(self, scope, receive, send):
+        await self.speech(scope, receive, send)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = Metrics()
+    backend = TritonBackend(settings.triton_url, settings.stream_model, settings.voices_model,
+                            settings.request_timeout_s)
+    executor = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="voxcpm-gateway")
+    started = int(time.time())
+
+    unavailable = audio_encoding.unavailable_formats()
+    for fmt, why in unavailable.items():
+        log.warning("response_format %s is unavailable: %s", fmt, why)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await backend.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="VoxCPM2 OpenAI speech API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings, app.state.metrics, app.state.backend = settings, metrics, backend
+
+    def limit_for(scope) -> int:
+        upload = scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/audio/voices"
+        return settings.max_upload_bytes if upload else settings.max_json_bytes
+
+    app.add_middleware(Guards, api_key=settings.api_key, limit_for=limit_for, send_error=send_error)
+
+    # ------------------------------------------------------------------ errors
+    def error_response(err: errors.APIError, route: str | None = None) -> JSONResponse:
+        if route:
+            metrics.requests.labels(route, "", str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(errors.APIError)
+    async def _api_error(request: Request, err: errors.APIError):
+        return error_response(err, _route(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return error_response(_validation_error(exc), _route(request))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        return error_response(errors.APIError(exc.status_code, str(exc.detail), None, code, dict(exc.headers or {})),
+                              _route(request))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(errors.APIError(500, f"internal error of the gateway: {type(exc).__name__}: {exc}",
+                                              None, "gateway_error"), _route(request))
+
+    # ------------------------------------------------------------------ speech
+    @app.post("/v1/audio/speech")
+    async def speech(body: SpeechRequest):
+        t0 = time.perf_counter()
+        body.check(settings.model_names)
+        if body.response_format in unavailable:
+            raise errors.APIError(500, f"response_format {body.response_format!r} is unavailable on this server: "
+                                  f"{unavailable[body.response_format]}", "response_format", "format_unavailable")
+        arrays = body.triton_inputs()
+        request_id = "oai-" + secrets.token_hex(8)
+        return SpeechHTTPResponse(SpeechResponse(backend, body, arrays, metrics, executor, request_id, t0))
+
+    # ------------------------------------------------------------------ voices
+    async def call_voices(arrays: dict) -> list[str]:
+        try:
+            return await backend.voices(arrays, "oai-" + secrets.token_hex(8))
+        except TritonError as e:
+            raise error_for(e, backend, VOICE_PARAMS) from None
+
+    def voice_object(name: str, created: int | None = None) -> dict:
+        obj = {"id": name, "object": "audio.voice", "name": name, "type": "audio_sample"}
+        if created is not None:
+            obj["created_at"] = created
+        return obj
+
+    @app.get("/v1/audio/voices")
+    async def list_voices():
+        names = await call_voices({"ACTION": _bytes("list")})
+        metrics.requests.labels("voices", "", "200").inc()
+        return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
+
+    @app.post("/v1/audio/voices")
+    async def add_voice(request: Request):
+        form = await request.form(max_files=1, max_fields=len(VOICE_FORM_FIELDS))
+        try:
+            unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
+            if unknown:
+                raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
+                                         "ref_text (optional) and consent (optional, not checked)", unknown[0])
+            name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
+            kind = form.get("type")
+            if kind not in (None, "audio_sample"):
+                raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
+                                         "type")
+            if not isinstance(name, str) or not name:
+                raise errors.bad_request("name is required", "name")
+            if name == DEFAULT_VOICE:
+                raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
+            if not isinstance(upload, UploadFile):
+                raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
+                                         "audio_sample")
+            if ref_text is not None and not isinstance(ref_text, str):
+                raise errors.bad_request("ref_text must be text", "ref_text")
+            data = await upload.read()
+        finally:
+            await form.close()
+        audio, rate = await asyncio.get_running_loop().run_in_executor(
+            executor, audio_decoding.decode, data, settings.max_voice_seconds)
+        arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
+                  "SAMPLE_RATE": np.array([rate], np.int32)}
+        if ref_text:
+            arrays["TEXT"] = _bytes(ref_text)
+        await call_voices(arrays)
+        metrics.requests.labels("voices", "", "200").inc()
+        return voice_object(name, int(time.time()))
+
+    @app.delete("/v1/audio/voices/{name}")
+    async def delete_voice(name: str):
+        await call_voices({"ACTION": _bytes("remove"), "NAME": _bytes(name)})
+        metrics.requests.labels("voices", "", "200").inc()
+        return {"id": name, "object": "audio.voice.deleted", "deleted": True}
+
+    # ------------------------------------------------------------------ models, health, metrics
+    def model_object(name: str) -> dict:
+        return {"id": name, "object": "model", "created": started, "owned_by": "voxcpm"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_object(n) for n in settings.model_names]}
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        if model not in settings.model_names:
+            raise errors.APIError(404, f"The model '{model}' does not exist", "model", "model_not_found")
+        return model_object(model)
+
+    @app.get("/health")
+    async def health():
+        if await backend.ready():
+            return {"status": "ok", "triton": settings.triton_url}
+        return error_response(errors.APIError(503, f"Triton at {settings.triton_url} is not ready (models "
+                                              f"{settings.stream_model}, {settings.voices_model})", None,
+                                              "server_unavailable"))
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.array([text.encode("utf-8")], dtype=np.object_)
+
+
+def _route(request: Request) -> str | None:
+    path = request.url.path
+    if path.startswith("/v1/audio/speech"):
+        return "speech"
+    if path.startswith("/v1/audio/voices"):
+        return "voices"
+    return "other" if path.startswith("/v1/") else None
+
+
+def _validation_error(exc: RequestValidationError) -> errors.APIError:
+    """The first problem pydantic found, as OpenAI words it: message and the field (`param`)."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = loc[0] if loc else None
+    kind, msg = first.get("type", ""), first.get("msg", "invalid request")
+    if kind == "extra_forbidden":
+        return errors.bad_request(f"unknown field {field!r}", field, "unknown_parameter")
+    if kind == "missing":
+        return errors.bad_request(f"{field} is required", field, "missing_required_parameter")
+    if kind.startswith("json") or field is None:
+        return errors.bad_request(f"the request body is not valid JSON: {msg}", None, "invalid_json")
+    return errors.bad_request(f"{'.'.join(loc)}: {msg}", field)

@@ -1,0 +1,57 @@
+"""The gateway's settings: command-line flags, with defaults from the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+API_KEY_ENV = "VOXCPM_OPENAI_API_KEY"
+
+
+@dataclass
+class Settings:
+    triton_url: str = "127.0.0.1:8001"
+    host: str = "127.0.0.1"
+    port: int = 9000
+    model_names: tuple[str, ...] = ("voxcpm2",)  # the first is the one GET /v1/models lists first
+    api_key: str | None = None  # from the environment only: never on a command line (ps shows those)
+    max_upload_bytes: int = 32 << 20
+    max_json_bytes: int = 1 << 20
+    max_voice_seconds: float = 60.0  # the voices model's limit; uploads are decoded no further
+    request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
+    encode_threads: int = max(2, os.cpu_count() or 2)
+    stream_model: str = "tts_stream"
+    voices_model: str = "voices"
+    log_level: str = "info"
+
+
+def parse_args(argv=None) -> Settings:
+    env = os.environ.get
+    d = Settings()
+    ap = argparse.ArgumentParser(prog="python -m voxcpm_gateway",
+                                 description="OpenAI speech API (POST /v1/audio/speech, /v1/audio/voices, "
+                                             "/v1/models) in front of Triton's tts_stream and voices models.")
+    ap.add_argument("--triton-url", default=env("VOXCPM_TRITON_GRPC_URL", d.triton_url),
+                    help="Triton's gRPC endpoint host:port (env VOXCPM_TRITON_GRPC_URL)")
+    ap.add_argument("--host", default=env("OPENAI_API_HOST", d.host), help="address to bind (env OPENAI_API_HOST)")
+    ap.add_argument("--port", type=int, default=env("OPENAI_API_PORT", str(d.port)), help="env OPENAI_API_PORT")
+    ap.add_argument("--model-name", action="append", default=None,
+                    help="the model name clients send (repeat for aliases; env VOXCPM_OPENAI_MODEL_NAME, "
+                         "comma-separated; default voxcpm2)")
+    ap.add_argument("--max-upload-mb", type=float, default=env("VOXCPM_OPENAI_MAX_UPLOAD_MB", "32"),
+                    help="largest voice upload (multipart body), MiB; larger ones get 413")
+    ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", "3600"),
+                    help="seconds a request to Triton may take in all")
+    ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"))
+    a = ap.parse_args(argv)
+    names = a.model_name or [n.strip() for n in env("VOXCPM_OPENAI_MODEL_NAME", "voxcpm2").split(",") if n.strip()]
+    if not names:
+        ap.error("no model name")
+    if not 0 < a.port < 65536:
+        ap.error(f"--port must be 1..65535, got {a.port}")
+    if a.max_upload_mb <= 0 or a.request_timeout <= 0:
+        ap.error("--max-upload-mb and --request-timeout must be positive")
+    return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
+                    api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
+                    request_timeout_s=a.request_timeout, log_level=a.log_level)

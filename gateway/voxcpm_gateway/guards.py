@@ -1,0 +1,62 @@
+"""What is checked before a request reaches its route, as ASGI middleware: the API key, and
+the body size (413 before the body is read whole: by Content-Length when the client sends
+one, else while it arrives)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Callable
+
+from starlette.exceptions import HTTPException
+
+from . import errors
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` inside the app; FastAPI passes HTTPExceptions on to their handler."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, too_large(limit).message)
+
+
+def too_large(limit: int) -> errors.APIError:
+    return errors.APIError(413, f"the request body is larger than the limit of {limit} bytes", None,
+                           "request_too_large")
+
+
+class Guards:
+    def __init__(self, app, api_key: str | None, limit_for: Callable[[dict], int], send_error, protected="/v1/"):
+        """limit_for(scope) -> the largest body accepted; send_error(send, APIError) answers;
+        paths under `protected` need the API key (when one is set)."""
+        self.app, self.limit_for, self.send_error, self.protected = app, limit_for, send_error, protected
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.key is not None and scope["path"].startswith(self.protected) and not self._authorized(headers):
+            err = errors.APIError(401, "missing or incorrect API key: send the header 'Authorization: Bearer "
+                                  "<key>' with the key the server was given (VOXCPM_OPENAI_API_KEY)", None,
+                                  "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            return await self.send_error(send, err)
+        limit = self.limit_for(scope)
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await self.send_error(send, too_large(limit))
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _authorized(self, headers: dict) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)

@@ -1,0 +1,190 @@
+"""The response of `POST /v1/audio/speech`: Triton's audio chunks, encoded, as they arrive.
+
+Nothing is sent until the first audio chunk (or Triton's error) is back, so a refused request
+still gets its proper status (400, 404, 429, 503) and an OpenAI error body. From then on every
+chunk is encoded and sent at once, as raw bytes (`stream_format` "audio") or as OpenAI's
+server-sent events (`speech.audio.delta` with the base64 bytes, then `speech.audio.done`).
+
+A task watches the connection while the response runs: the moment the client hangs up, the
+response is cancelled and so is its Triton call, and the decoder frees the request's state.
+An error after the first bytes ends an SSE stream with an `error` event, and a raw stream by
+closing the connection before its end (so no client mistakes the part for the whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from concurrent.futures import Executor
+
+import anyio
+
+from . import errors
+from .audio_encoding import FORMATS, Encoder
+from .metrics import Metrics
+from .speech_request import PARAMS, SpeechRequest
+from .triton_backend import SynthesisStream, TritonBackend, TritonError
+
+log = logging.getLogger("voxcpm_gateway")
+
+
+def error_for(exc: TritonError, backend: TritonBackend, params: dict = PARAMS) -> errors.APIError:
+    if exc.timed_out:
+        return errors.timed_out(backend.timeout_s)
+    if exc.unreachable:
+        return errors.unreachable(backend.url, exc.message)
+    return errors.from_triton(exc.message, params)
+
+
+async def send_error(send, err: errors.APIError):
+    body = json.dumps(err.body(), separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def sse_event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class SpeechResponse:
+    def __init__(self, backend: TritonBackend, req: SpeechRequest, arrays: dict, metrics: Metrics,
+                 executor: Executor, request_id: str, t0: float):
+        self.backend, self.req, self.arrays, self.metrics = backend, req, arrays, metrics
+        self.executor, self.request_id, self.t0 = executor, request_id, t0
+        self.format = FORMATS[req.response_format]
+        self.sse = req.stream_format == "sse"
+        self.stream: SynthesisStream | None = None
+        self.encoder: Encoder | None = None
+        self._encoding = None  # the encoder's job in the executor, if one runs
+        self.status = 500
+        self.outcome = "error"
+        self.samples = 0
+        self.sample_rate = 0
+
+    async def __call__(self, scope, receive, send):
+        disconnected = False
+        async with anyio.create_task_group() as tg:
+            async def watch():
+                nonlocal disconnected
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                disconnected = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                await self._run(send)
+            except OSError:  # a server whose send fails once the client is gone
+                disconnected = True
+            finally:
+                tg.cancel_scope.cancel()
+                cancelled = self._close()
+        if disconnected and cancelled:
+            self.outcome = "client_disconnected"
+            log.info("request %s: the client hung up; its Triton request was cancelled", self.request_id)
+        if disconnected and self.status == 500 and self.outcome == "client_disconnected":
+            self.status = 499  # gone before an answer (nginx's "client closed request")
+        m = self.metrics
+        m.requests.labels("speech", self.req.response_format, str(self.status)).inc()
+        m.ended.labels(self.outcome).inc()
+        if self.samples and self.sample_rate:
+            m.audio_seconds.labels(self.req.response_format).inc(self.samples / self.sample_rate)
+
+    async def _run(self, send):
+        self.stream = self.backend.synthesize(self.arrays, self.request_id)
+        self.metrics.streams.inc()
+        try:
+            chunk = await self.stream.next_chunk()
+            if chunk is None:
+                raise errors.APIError(500, "Triton's stream ended without audio", None, "triton_error")
+            self.sample_rate = self.stream.sample_rate
+            self.encoder = await self._encode(self.format.make, self.sample_rate)
+            data = await self._encode(self.encoder.encode, chunk)
+        except TritonError as e:
+            return await self._refuse(send, error_for(e, self.backend))
+        except errors.APIError as e:
+            return await self._refuse(send, e)
+        except Exception as e:  # noqa: BLE001 - a bug here still gets an OpenAI-shaped answer
+            log.exception("request %s failed before its first audio", self.request_id)
+            return await self._refuse(send, errors.APIError(500, f"internal error of the gateway: {e}", None,
+                                                            "gateway_error"))
+        self.samples += chunk.size
+        self.status = 200
+        await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+        await self._send(send, data)
+        while chunk is not None:
+            try:
+                chunk = await self.stream.next_chunk()
+                if chunk is None:
+                    data = await self._encode(self.encoder.finish)
+                else:
+                    self.samples += chunk.size
+                    data = await self._encode(self.encoder.encode, chunk)
+            except Exception as e:  # noqa: BLE001 - Triton's error, or the gateway's own: the client must know
+                err = error_for(e, self.backend) if isinstance(e, TritonError) else errors.APIError(
+                    500, f"internal error of the gateway: {e}", None, "gateway_error")
+                log.warning("request %s failed after its first audio: %s", self.request_id, err.message,
+                            exc_info=not isinstance(e, TritonError))
+                if self.sse:
+                    await send({"type": "http.response.body", "body": sse_event({"type": "error", **err.body()}),
+                                "more_body": False})
+                # raw audio: no end of the chunked body; the server closes the connection
+                return
+            await self._send(send, data)
+        if self.sse:
+            await self._send(send, sse_event({"type": "speech.audio.done"}), raw=True)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.outcome = "complete"
+
+    async def _refuse(self, send, err: errors.APIError):
+        self.status = err.status
+        await send_error(send, err)
+
+    def _headers(self) -> list:
+        media = "text/event-stream" if self.sse else self.format.media_type
+        headers = {"content-type": media, "x-request-id": self.request_id, "cache-control": "no-cache",
+                   "x-accel-buffering": "no", "x-sample-rate": str(self.encoder.out_rate or self.sample_rate)}
+        return [(k.encode(), v.encode()) for k, v in headers.items()]
+
+    async def _send(self, send, data: bytes, raw: bool = False):
+        if not data:
+            return
+        if not raw and self.sse:
+            data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        if self.t0 is not None:
+            self.metrics.ttfb.labels(self.req.response_format, self.req.stream_format).observe(
+                time.perf_counter() - self.t0)
+            self.t0 = None
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _encode(self, fn, *args):
+        """fn(*args), in the executor for formats whose encoding takes real CPU time."""
+        if not self.format.cpu_heavy:
+            return fn(*args)
+        self._encoding = self.executor.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(self._encoding)
+        finally:
+            if self._encoding.done():
+                self._encoding = None
+
+    def _close(self) -> bool:
+        """Cancel the Triton call if it is still running (-> True) and free the encoder."""
+        cancelled = False
+        if self.stream is not None:
+            cancelled = self.stream.cancel()
+            self.metrics.streams.dec()
+            self.stream = None
+        encoder, self.encoder = self.encoder, None
+        if encoder is not None:
+            if self._encoding is not None and not self._encoding.done():
+                # an encode still runs in a worker thread: close after it, never beside it
+                self._encoding.add_done_callback(lambda _f: encoder.close())
+            else:
+                encoder.close()
+        return cancelled

@@ -1,0 +1,572 @@
+"""The OpenAI speech API gateway (gateway/voxcpm_gateway) in front of a real tritonserver on loopback
+(tiny checkpoint, CPU), driven by the official `openai` SDK: every response_format decoded back and
+compared with the `tts` model's audio, streaming (raw chunks and server-sent events), voices,
+instructions, errors and limits, a busy server, a client hanging up mid-stream, an unreachable
+Triton, metrics.
+
+The gateway runs as its own process (`python -m voxcpm_gateway`) with only gateway/ on its path,
+as scripts/serve.sh runs it.
+"""
+
+import base64
+import io
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_module, sine_wave
+
+openai = require_module("openai", "openai in requirements-test.txt")
+av = require_module("av", "av in requirements.txt")
+sf = require_module("soundfile", "soundfile in requirements.txt")
+require_module("tritonclient", "tritonclient[all] in requirements.txt")
+
+from tests.server import REPO, free_port, repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.test_server import _inputs, grpcclient, stream_infer, tts_http, wait_idle  # noqa: E402
+from tests.test_server import metrics as triton_metrics  # noqa: E402
+from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+
+KEY = "sk-test-" + secrets.token_hex(8)
+MODEL = "voxcpm2"
+TEXT = "The gateway speaks for Triton."
+TRANSCRIPT = "What the stored audio says."
+PATCH = TINY_CONFIG["patch_size"] * 1920  # samples per decode step at 48 kHz
+NO_RETRY = ("BOOL", np.array([False]))  # `tts` would retry bad cases; `tts_stream` never does
+GEN = {"seed": 7, "min_length": 6, "max_length": 6}
+LONG = {"seed": 3, "min_length": 24, "max_length": 24}  # chunks of 1, 4, 16, 3 patches
+UPLOAD_LIMIT_MB = 1
+
+
+def quantize16(audio):
+    """The documented rule: clip to [-1, 1], round(x * 32767)."""
+    return np.rint(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class Audio:
+    """What Triton makes of one request: `streamed` by tts_stream (what the gateway is sent) and
+    `whole` by tts (the public whole-utterance model), equal within 1e-4."""
+
+    def __init__(self, server, text, seed=7, length=6, whole=True, **inputs):
+        gen = dict(SEED=seed, MIN_LENGTH=length, MAX_LENGTH=length, **inputs)
+        self.streamed = np.concatenate(stream_infer(server, "tts_stream", _inputs(grpcclient, text, **gen)))
+        assert self.streamed.shape == (length * PATCH,) and np.abs(self.streamed).max() > 0
+        self.whole = None
+        if whole:
+            self.whole, rate = tts_http(server, text, RETRY_BADCASE=NO_RETRY, **gen)
+            assert rate == 48000
+            np.testing.assert_allclose(self.streamed, self.whole, atol=1e-4, rtol=0)
+
+    def check_pcm16(self, got: np.ndarray):
+        """The gateway's 16-bit samples are tts_stream's audio under the rule, and so tts's within its
+        1e-4 of tts_stream (4 steps of 1/32767). Two runs of one request on the CPU differ by ~1e-6
+        (float sums in another order), which moves the rare sample sitting on a rounding boundary by
+        one step; the rule itself is checked exactly in test_pcm_wav_flac_carry_the_quantized_samples."""
+        diff = np.abs(got.astype(np.int32) - quantize16(self.streamed))
+        assert got.shape == self.streamed.shape and diff.max() <= 1 and np.mean(diff != 0) < 0.01, (
+            diff.max(), np.mean(diff != 0))
+        if self.whole is not None:
+            assert np.abs(got.astype(np.int32) - quantize16(self.whole)).max() <= 4
+
+
+class Gateway:
+    """`python -m voxcpm_gateway` on a free loopback port; stop() ends it and checks it is gone."""
+
+    def __init__(self, triton_url: str, tmp: Path, env: dict | None = None, wait_healthy: bool = True,
+                 args: list[str] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"gateway-{self.port}.log"
+        cmd = [sys.executable, "-m", "voxcpm_gateway", "--triton-url", triton_url, "--host", "127.0.0.1",
+               "--port", str(self.port), "--model-name", MODEL, "--model-name", "tts-1",
+               "--max-upload-mb", str(UPLOAD_LIMIT_MB), "--log-level", "warning", *args]
+        # only gateway/ on its path: it must not need python_backend (no model code, no torch)
+        full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        full_env.update(PYTHONPATH=str(REPO / "gateway"), VOXCPM_OPENAI_API_KEY=KEY, **(env or {}))
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, f"the gateway exited: {self.log_path.read_text()}"
+            status = self.status("/health")
+            if status == 200 or (status == 503 and not wait_healthy):
+                break
+            assert time.monotonic() < deadline, f"gateway not healthy: {status}\n{self.log_path.read_text()}"
+            time.sleep(0.2)
+
+    def status(self, path: str) -> int | None:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
+
+    def get(self, path: str, key: str | None = KEY):
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.read()
+
+    def metrics(self) -> str:
+        return self.get("/metrics", key=None).decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        # uvicorn drains, then ends by the signal it was sent
+        assert self.proc.returncode in (0, -signal.SIGTERM), self.log_path.read_text()
+        assert not Path(f"/proc/{self.proc.pid}").exists(), "the gateway process is still there"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("gateway_ckpt")), TINY_CONFIG, seed=3, progress=None)
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
+    # one tts_stream instance taking one stream: a second concurrent stream is "server busy"
+    repo = repository_copy(tmp_path_factory.mktemp("gateway_repo") / "repo",
+                           parameters={"tts_stream": {"max_concurrent_streams": "1"}}, instances={"tts_stream": 1})
+    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+
+
+@pytest.fixture(scope="module")
+def gateway(server, tmp_path_factory):
+    gw = Gateway(server.grpc_url, tmp_path_factory.mktemp("gateway"))
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """Triton's audio for TEXT with GEN's seed and length."""
+    return Audio(server, TEXT)
+
+
+@pytest.fixture(scope="module")
+def other_seed(server):
+    return Audio(server, TEXT, seed=8, whole=False).streamed
+
+
+def speech(client, fmt="pcm", text=TEXT, gen=GEN, **kw):
+    return client.audio.speech.create(model=MODEL, input=text, voice=kw.pop("voice", "default"),
+                                      response_format=fmt, extra_body={**gen, **kw.pop("extra", {})}, **kw)
+
+
+def pcm16(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, "<i2")
+
+
+def decode_av(data: bytes):
+    with av.open(io.BytesIO(data)) as c:
+        rate = c.streams.audio[0].rate
+        audio = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)])
+    return audio.astype(np.float32), rate
+
+
+def best_alignment(decoded: np.ndarray, ref: np.ndarray, max_lag: int = 3000):
+    """(lag, correlation) of `ref` within `decoded`: lossy encoders add a delay at the start."""
+    n = len(ref) - max_lag
+    lag = max(range(max_lag), key=lambda k: float(np.dot(decoded[k:k + n], ref[:n])))
+    part = decoded[lag:lag + len(ref)]
+    return lag, float(np.corrcoef(part, ref[:len(part)])[0, 1])
+
+
+def error_body(exc: "openai.APIStatusError") -> dict:
+    body = exc.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+# --- the encoders, without a server ---------------------------------------------------------------------
+
+
+def test_pcm_wav_flac_carry_the_quantized_samples():
+    """pcm, wav and flac hold exactly clip(x, -1, 1) * 32767 rounded, whatever the chunking; the
+    lossy formats keep the waveform (a known delay, high correlation)."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway.audio_encoding import FORMATS
+
+    rng = np.random.default_rng(0)
+    x = (0.3 * rng.standard_normal(48000)).astype(np.float32)
+    x[:8] = [1.5, -1.5, 1.0, -1.0, 0.5 / 32767, 1.5 / 32767, -0.5 / 32767, 2.5 / 32767]  # clipping, ties
+    want = quantize16(x)
+    assert list(want[:8]) == [32767, -32767, 32767, -32767, 0, 2, 0, 2]
+    chunks = [x[:7680], x[7680:38400], x[38400:]]  # 1, 4 and the rest, as tts_stream sends them
+    for fmt in FORMATS:
+        enc = FORMATS[fmt].make(48000)
+        parts = [enc.encode(c) for c in chunks] + [enc.finish()]
+        data = b"".join(parts)
+        if fmt == "pcm":
+            np.testing.assert_array_equal(pcm16(data), want)
+        elif fmt in ("wav", "flac"):
+            got, rate = sf.read(io.BytesIO(data), dtype="int16")
+            assert rate == 48000
+            np.testing.assert_array_equal(got, want)
+        else:
+            got, rate = decode_av(data)
+            assert rate == 48000 and len(x) <= len(got) <= len(x) + 3500
+            assert best_alignment(got, x)[1] > 0.8, fmt
+        if fmt != "flac":  # flac is written whole at the end (its header holds the length)
+            assert parts[0], f"{fmt}: nothing to send after the first chunk"
+
+
+def test_opus_resamples_another_rate_to_48k():
+    """Opus is a 48 kHz codec: audio at another rate (a 22.05 kHz model) is resampled, not relabelled."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway.audio_encoding import FORMATS
+
+    t = np.arange(22050) / 22050
+    x = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    enc = FORMATS["opus"].make(22050)
+    assert enc.out_rate == 48000
+    got, rate = decode_av(enc.encode(x) + enc.finish())
+    assert rate == 48000 and abs(len(got) - 48000) < 2000  # one second
+    spectrum = np.abs(np.fft.rfft(got[4000:44000]))
+    assert abs(np.argmax(spectrum) * 48000 / 40000 - 440) < 3  # the same tone, not shifted in pitch
+
+
+# --- the API as OpenAI clients see it ---------------------------------------------------------------
+
+
+def test_models_lists_the_served_names(client):
+    assert [m.id for m in client.models.list().data] == [MODEL, "tts-1"]
+    assert client.models.retrieve("tts-1").id == "tts-1"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o-mini-tts")
+    assert error_body(info.value)["param"] == "model"
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus", "aac"])
+def test_every_format_decodes_to_the_tts_audio(client, reference, other_seed, fmt):
+    r = speech(client, fmt)
+    assert r.response.status_code == 200
+    assert r.response.headers["x-sample-rate"] == "48000"
+    data = r.content
+    if fmt == "pcm":
+        assert r.response.headers["content-type"] == "audio/pcm"
+        reference.check_pcm16(pcm16(data))
+    elif fmt in ("wav", "flac"):
+        got, rate = sf.read(io.BytesIO(data), dtype="int16")
+        assert rate == 48000 and sf.info(io.BytesIO(data)).format == fmt.upper()
+        reference.check_pcm16(got)
+    else:
+        got, rate = decode_av(data)
+        assert rate == 48000
+        want = reference.whole
+        # the encoder's delay and last-frame padding, at most a few frames
+        assert len(want) <= len(got) <= len(want) + 3500, len(got)
+        lag, corr = best_alignment(got, want)
+        assert corr > 0.6, (lag, corr)
+        assert abs(best_alignment(got, other_seed)[1]) < 0.3  # another seed's audio does not match
+
+
+def test_model_aliases_and_the_default_model(client, gateway, reference):
+    alias = client.audio.speech.create(model="tts-1", input=TEXT, voice="default", response_format="pcm",
+                                       extra_body=GEN)
+    reference.check_pcm16(pcm16(alias.content))
+    # plain HTTP, as curl sends it: no model (the served one), no voice (zero-shot)
+    req = urllib.request.Request(gateway.url + "/v1/audio/speech", method="POST",
+                                 data=json.dumps({"input": TEXT, "response_format": "pcm", **GEN}).encode(),
+                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        reference.check_pcm16(pcm16(r.read()))
+
+
+@pytest.mark.parametrize("stream_format,fmt", [("audio", "mp3"), ("sse", "wav")])
+def test_streamed_chunks_arrive_before_the_end_and_make_the_whole(client, stream_format, fmt):
+    t0 = time.perf_counter()
+    arrivals, parts = [], []
+    with client.audio.speech.with_streaming_response.create(
+            model=MODEL, input=TEXT, voice="default", response_format=fmt, stream_format=stream_format,
+            extra_body=LONG) as r:
+        assert r.status_code == 200
+        if stream_format == "audio":
+            assert r.headers["content-type"] == "audio/mpeg"
+            for b in r.iter_bytes():
+                arrivals.append(time.perf_counter() - t0)
+                parts.append(b)
+        else:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    arrivals.append(time.perf_counter() - t0)
+            assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+            assert events[-1] == {"type": "speech.audio.done"}
+            parts = [base64.b64decode(e["audio"]) for e in events[:-1]]
+            arrivals = arrivals[:-1]
+    whole = speech(client, fmt, gen=LONG).content
+    assert b"".join(parts) == whole
+    # the first audio left while the server was still making the rest (24 patches in 4 chunks): a
+    # response sent whole would arrive within milliseconds
+    assert len(parts) >= 3, len(parts)
+    assert arrivals[-1] - arrivals[0] > 0.1, arrivals
+    if fmt == "wav":
+        assert sf.info(io.BytesIO(whole)).frames == 24 * PATCH
+
+
+def test_instructions_are_the_description_prefix(client, server, reference):
+    desc = "A calm, deep voice, speaking slowly"
+    got = pcm16(speech(client, instructions=desc).content)
+    Audio(server, f"({desc}){TEXT}").check_pcm16(got)
+    assert np.abs(got.astype(np.int32) - quantize16(reference.whole)).max() > 100  # the description mattered
+    with pytest.raises(openai.BadRequestError) as info:
+        speech(client, instructions="calm (really)")
+    assert error_body(info.value)["param"] == "instructions"
+
+
+def test_voices_upload_list_use_delete(client, gateway, server, tmp_path):
+    audio = sine_wave(0.7, 16000, freq=190, seed=4)
+    wav = tmp_path / "ref.wav"
+    sf.write(str(wav), audio, 16000, subtype="FLOAT")
+    v = client.audio.voices.create(name="alice", audio_sample=wav.open("rb"), consent="recorded-consent",
+                                   extra_body={"ref_text": TRANSCRIPT})
+    assert (v.id, v.name, v.object, v.type) == ("alice", "alice", "audio.voice", "audio_sample")
+    listed = json.loads(gateway.get("/v1/audio/voices"))
+    assert [d["id"] for d in listed["data"]] == ["alice"] and listed["voices"] == ["default", "alice"]
+
+    zero_shot = pcm16(speech(client).content)
+    for mode in ("reference", "both"):  # (continuation: tests/test_voices.py)
+        voice = {"id": "alice"} if mode == "both" else "alice"  # OpenAI's custom-voice object too
+        got = pcm16(speech(client, voice=voice, extra={"voice_mode": mode}).content)
+        Audio(server, TEXT, whole=False, VOICE=("BYTES", np.array([b"alice"], dtype=object)),
+              VOICE_MODE=("BYTES", np.array([mode.encode()], dtype=object))).check_pcm16(got)
+        assert np.abs(got.astype(np.int32) - zero_shot).max() > 100, mode
+
+    # any common format: AAC in MP4 (m4a) goes through FFmpeg; stereo is averaged to mono
+    m4a = io.BytesIO()
+    with av.open(m4a, "w", format="mp4") as c:
+        s = c.add_stream("aac", rate=16000, layout="stereo")
+        frame = av.AudioFrame.from_ndarray(np.stack([audio, audio]), format="fltp", layout="stereo")
+        frame.sample_rate = 16000
+        for p in [*s.encode(frame), *s.encode(None)]:
+            c.mux(p)
+    client.audio.voices.create(name="bob", audio_sample=("bob.m4a", m4a.getvalue(), "audio/mp4"), consent="c")
+    got = pcm16(speech(client, voice="bob").content)
+    inline = Audio(server, TEXT, whole=False, REFERENCE_AUDIO=_mono(m4a.getvalue()), REFERENCE_SAMPLE_RATE=16000)
+    assert np.abs(got.astype(np.int32) - quantize16(inline.streamed)).max() <= 4  # stored == inline within 1e-4
+
+    assert client.audio.voices.delete("alice").deleted is True
+    client.audio.voices.delete("bob")
+    assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
+    with pytest.raises(openai.NotFoundError) as info:
+        speech(client, voice="alice")
+    assert error_body(info.value) == {"message": "unknown voice 'alice'", "type": "invalid_request_error",
+                                      "param": "voice", "code": "voice_not_found"}
+    with pytest.raises(openai.NotFoundError):
+        client.audio.voices.delete("alice")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.voices.create(name="../evil", audio_sample=wav.open("rb"), consent="c")
+    assert error_body(info.value)["param"] == "name" and "not a valid voice name" in str(info.value)
+
+
+def _mono(data: bytes) -> np.ndarray:
+    """Decoded with PyAV as float planar, the channels averaged: the gateway's decoding, by hand."""
+    with av.open(io.BytesIO(data)) as c:
+        blocks = [f.to_ndarray() for f in c.decode(audio=0)]
+    return np.concatenate([b.mean(axis=0, dtype=np.float32) for b in blocks]).astype(np.float32)
+
+
+# --- errors and limits --------------------------------------------------------------------------------
+
+
+def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
+    cases = [
+        (dict(text=""), openai.BadRequestError, "input", "input is empty"),
+        (dict(text="   "), openai.BadRequestError, "input", "input is empty"),
+        (dict(fmt="ogg"), openai.BadRequestError, "response_format", "response_format"),
+        (dict(speed=2.0), openai.BadRequestError, "speed", "speed must be 1.0"),
+        (dict(extra={"cfg_value": 100}), openai.BadRequestError, "cfg_value", "CFG_VALUE must be within"),
+        (dict(extra={"inference_timesteps": 0}), openai.BadRequestError, "inference_timesteps",
+         "INFERENCE_TIMESTEPS"),
+        (dict(extra={"seed": "7"}), openai.BadRequestError, "seed", "seed"),
+        (dict(extra={"seed": 2**63}), openai.BadRequestError, "seed", "seed"),
+        (dict(extra={"voice_mode": "both"}), openai.BadRequestError, "voice_mode", "VOICE_MODE was given without"),
+        (dict(extra={"cfg": 1.5}), openai.BadRequestError, "cfg", "unknown field 'cfg'"),
+        (dict(voice="../x"), openai.BadRequestError, "voice", "not a valid voice name"),
+        (dict(voice="nobody"), openai.NotFoundError, "voice", "unknown voice 'nobody'"),
+        (dict(text="x" * 5000), openai.BadRequestError, "input", "limit is 4096"),
+    ]
+    for kw, exc, param, message in cases:
+        kw = dict(kw)
+        with pytest.raises(exc) as info:
+            speech(client, kw.pop("fmt", "pcm"), text=kw.pop("text", TEXT), **kw)
+        err = error_body(info.value)
+        assert err["param"] == param and message in err["message"], (kw, err)
+        assert err["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.audio.speech.create(model="gpt-4o-mini-tts", input=TEXT, voice="default")
+    assert error_body(info.value)["code"] == "model_not_found"
+
+    # the API key: a wrong one, none at all
+    bad = openai.OpenAI(base_url=gateway.url + "/v1", api_key="wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.models.list()
+    assert error_body(info.value)["code"] == "invalid_api_key"
+    with pytest.raises(urllib.error.HTTPError) as info:
+        gateway.get("/v1/models", key=None)
+    assert info.value.code == 401 and json.loads(info.value.read())["error"]["code"] == "invalid_api_key"
+    assert gateway.status("/health") == 200 and gateway.status("/metrics") == 200  # open, like Triton's
+
+    # request size: an upload past --max-upload-mb, a JSON body past 1 MiB
+    big = tmp_path / "big.wav"
+    sf.write(str(big), np.zeros(UPLOAD_LIMIT_MB * 600_000, np.float32), 48000, subtype="FLOAT")
+    with pytest.raises(openai.APIStatusError) as info:
+        client.audio.voices.create(name="big", audio_sample=big.open("rb"), consent="c")
+    assert info.value.status_code == 413 and error_body(info.value)["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as info:
+        speech(client, text="y" * (2 << 20))
+    assert info.value.status_code == 413
+
+
+def _open_raw_stream(gateway, body: dict) -> tuple[socket.socket, bytes]:
+    """POST /v1/audio/speech on a plain socket; returns it once the first body bytes are in."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
+    s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    got = b""
+    while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < 100:
+        chunk = s.recv(65536)
+        assert chunk, got
+        got += chunk
+    return s, got
+
+
+def _gateway_metric(gateway, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$", gateway.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_busy_is_429_and_a_client_hanging_up_frees_the_decoder(client, gateway, server):
+    wait_idle(server)
+    hung_up_before = _gateway_metric(gateway, "voxcpm_gateway_streams_ended_total", '{outcome="client_disconnected"}')
+    sock, head = _open_raw_stream(gateway, {"input": "A long utterance nobody listens to.", "response_format": "pcm",
+                                            "seed": 1, "min_length": 2000, "max_length": 2000})
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    try:
+        assert _gateway_metric(gateway, "voxcpm_gateway_streams_in_flight") == 1
+        # the server's one tts_stream slot is taken: Triton says busy, the client gets 429
+        with pytest.raises(openai.RateLimitError) as info:
+            speech(client)
+        err = error_body(info.value)
+        assert err["code"] == "server_busy" and err["message"].startswith("server busy")
+        assert info.value.response.headers["retry-after"] == "1"
+        steps_before = triton_metrics(server)["voxcpm_engine_decode_steps_total"]
+    finally:
+        sock.close()  # hang up mid-stream
+    m = wait_idle(server)  # decoder: no request running, every KV block free; VAE: no stream
+    assert m["voxcpm_engine_decode_steps_total"] - steps_before < 1500, "decoding went on after the client left"
+    deadline = time.monotonic() + 30
+    while _gateway_metric(gateway, "voxcpm_gateway_streams_in_flight") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert _gateway_metric(gateway, "voxcpm_gateway_streams_ended_total",
+                           '{outcome="client_disconnected"}') == hung_up_before + 1
+    # the slot is free again once tts_stream has ended the cancelled stream
+    while True:
+        try:
+            assert len(pcm16(speech(client).content)) == 6 * PATCH
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "tts_stream kept the cancelled stream"
+            time.sleep(0.2)
+
+
+def test_unreachable_triton_is_503(tmp_path):
+    gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False)
+    try:
+        assert gw.status("/health") == 503
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        with pytest.raises(openai.InternalServerError) as info:
+            speech(c)
+        assert info.value.status_code == 503 and error_body(info.value)["code"] == "server_unavailable"
+        with pytest.raises(openai.InternalServerError) as info:
+            c.get("/audio/voices", cast_to=object)
+        assert info.value.status_code == 503
+    finally:
+        gw.stop()
+
+
+def test_normalize_reaches_tts_stream(client, server):
+    """`normalize` is sent as NORMALIZE: the same audio as `tts` with NORMALIZE. On a repository whose
+    tts_stream does not declare NORMALIZE yet, Triton's refusal comes back as a 400 naming the field."""
+    declared = "NORMALIZE" in (REPO / "model_repository" / "tts_stream" / "config.pbtxt").read_text()
+    if declared:
+        text = "It costs $5 on 3/4."
+        got = pcm16(speech(client, text=text, extra={"normalize": True}).content)
+        Audio(server, text, whole=False, NORMALIZE=("BOOL", np.array([True]))).check_pcm16(got)
+        plain = Audio(server, text, whole=False).streamed  # the normalized text made other audio
+        assert np.abs(got.astype(np.int32) - quantize16(plain)).max() > 100
+    else:
+        with pytest.raises(openai.BadRequestError) as info:
+            speech(client, extra={"normalize": True})
+        assert error_body(info.value)["param"] == "normalize" and "NORMALIZE" in str(info.value)
+
+
+def test_metrics_count_requests_by_status_and_format(gateway):
+    text = gateway.metrics()
+    for fmt in ("pcm", "wav", "flac", "mp3", "opus", "aac"):
+        assert re.search(rf'voxcpm_gateway_requests_total{{format="{fmt}",route="speech",status="200"}} [1-9]',
+                         text), fmt
+    for status in ("400", "404", "429"):
+        assert re.search(rf'voxcpm_gateway_requests_total{{format="[a-z0-9]*",route="speech",status="{status}"}} '
+                         r'[1-9]', text), status
+    count = re.search(r'voxcpm_gateway_time_to_first_byte_seconds_count{format="pcm",stream_format="audio"} '
+                      r'([0-9.]+)', text)
+    assert count and float(count.group(1)) >= 5
+    assert re.search(r"^voxcpm_gateway_streams_in_flight 0\.0$", text, re.M)
+
+
+def test_an_error_mid_stream_ends_the_response_visibly(server, tmp_path):
+    """A failure after the first audio (here the gateway's own request timeout): the SSE response,
+    already 200, ends with an OpenAI error event; a raw stream ends without the end of its chunked
+    body, so no client takes the part for the whole. Either way Triton's request is cancelled."""
+    gw = Gateway(server.grpc_url, tmp_path, args=["--request-timeout", "2"])
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        long = {"seed": 2, "min_length": 2000, "max_length": 2000}
+        with c.audio.speech.with_streaming_response.create(
+                model=MODEL, input="A long one, cut short.", voice="default", response_format="pcm",
+                stream_format="sse", extra_body=long) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert len(events) >= 2 and {e["type"] for e in events[:-1]} == {"speech.audio.delta"}, events[-1]
+        assert events[-1]["type"] == "error", events[-1]
+        assert events[-1]["error"]["code"] == "request_timeout" and "2 s" in events[-1]["error"]["message"]
+        wait_idle(server)
+
+        got = 0
+        with pytest.raises(Exception) as info:  # httpx's RemoteProtocolError: incomplete chunked read
+            with c.audio.speech.with_streaming_response.create(
+                    model=MODEL, input="A long one, cut short.", voice="default", response_format="pcm",
+                    extra_body=long) as r:
+                for b in r.iter_bytes():
+                    got += len(b)
+        assert type(info.value).__name__ == "RemoteProtocolError" and "incomplete" in str(info.value), info.value
+        assert got > 0
+        wait_idle(server)
+        assert 'voxcpm_gateway_streams_ended_total{outcome="error"} 2.0' in gw.metrics()
+    finally:
+        gw.stop()
