@@ -205,6 +205,7 @@ def engine_bench(vox, prompt, args) -> dict:
             torch._dynamo.reset()
             if vox.compiled:
                 vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype=vox.dtype,
+                                              precision=args.precision,
                                               attention=args.attention)
         t0 = time.perf_counter()
         eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
@@ -384,16 +385,18 @@ def main():
     ap.add_argument("--no-vae", action="store_true", help="skip the streaming VAE decode timing")
     ap.add_argument("--vae-only", action="store_true", help="only the streaming VAE decode timing")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"], help="linear weights (model.precision)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
 
     gpu = args.device == "cuda"
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
-              "torch": torch.__version__, "steps": args.steps, "text": TEXT}
+              "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision}
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
-                                  attention=args.attention, compile=gpu and not args.no_compile)
+                                  attention=args.attention, compile=gpu and not args.no_compile,
+                                  precision=args.precision)
     sync()
     result["load_s"] = time.perf_counter() - t0
     result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if gpu else 0.0

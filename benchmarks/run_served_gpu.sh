@@ -4,6 +4,12 @@
 # this model repository on the full-size random checkpoint, then benchmarks/bench_served.py.
 #   LEVELS (1,8,32,64)  REQUESTS (2 per worker)  CKPT (/tmp/full, made if missing)
 #   ARRIVALS (burst; "burst,poisson" runs both, poisson into served_poisson.json)  MEAN_GAP (2 s)
+#   PREFIX=1: benchmarks/bench_prefix_cache.py instead (TTFA of a 10 s voice cold vs cached, 32
+#   streams of that voice vs its audio inline), voices in a fresh directory: $OUT/prefix_cache.json.
+#   GATEWAY=1: benchmarks/bench_gateway.py instead: the OpenAI gateway (gateway/voxcpm_gateway, its
+#   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
+#   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
+#   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
 # Writes $OUT/served.json and $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
@@ -13,6 +19,10 @@ CKPT="${CKPT:-/tmp/full}"
 [[ -f $CKPT/config.json ]] || python3 scripts/make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json \
     --out "$CKPT" --device cuda 2>&1 | tail -1
 DEVICE_ENV_QUIET=1 source gpu_box/device_serve_env.sh
+if [[ ${PREFIX:-0} == 1 ]]; then
+    VOXCPM_VOICES_DIR="$(mktemp -d)/voices"
+    export VOXCPM_VOICES_DIR
+fi
 t0=$SECONDS
 if ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
@@ -21,6 +31,30 @@ echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, ca
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
 IFS=, read -ra modes <<<"${ARRIVALS:-burst}"
+[[ ${PREFIX:-0} == 1 || ${GATEWAY:-0} == 1 ]] && [[ -z ${ARRIVALS:-} ]] && modes=()  # those alone, unless asked
+if [[ ${PREFIX:-0} == 1 ]]; then
+    python3 benchmarks/bench_prefix_cache.py --url "127.0.0.1:$TRITON_GRPC_PORT" \
+        --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" --json-out "$OUT/prefix_cache.json" || rc=$?
+fi
+if [[ ${GATEWAY:-0} == 1 ]]; then
+    gw_py="$(mktemp -d)"
+    for w in .cache/gateway_wheels/*.whl; do python3 -m zipfile -e "$w" "$gw_py"; done
+    PYTHONPATH="$PWD/gateway:$gw_py:$PYTHONPATH" setsid python3 -m voxcpm_gateway --port "${OPENAI_API_PORT:-9000}" \
+        --triton-url "127.0.0.1:$TRITON_GRPC_PORT" --log-level warning >"$OUT/gateway.log" 2>&1 </dev/null &
+    gw_pid=$!
+    for _ in $(seq 120); do
+        python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+            "http://127.0.0.1:${OPENAI_API_PORT:-9000}/health" 2>/dev/null && break
+        kill -0 "$gw_pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    python3 benchmarks/bench_gateway.py --grpc-url "127.0.0.1:$TRITON_GRPC_PORT" \
+        --gateway-url "http://127.0.0.1:${OPENAI_API_PORT:-9000}" --requests "${GW_REQUESTS:-30}" \
+        --concurrency "${GW_STREAMS:-32}" --requests-per-stream 2 --min-length 100 --max-length 100 \
+        --json-out "$OUT/gateway.json" || rc=$?
+    kill -TERM "$gw_pid" 2>/dev/null; wait "$gw_pid" 2>/dev/null
+    tail -5 "$OUT/gateway.log"
+fi
 for mode in "${modes[@]}"; do
     name=served; [[ $mode == burst ]] || name="served_$mode"
     python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \

@@ -3,7 +3,8 @@
 # checkpoint (or $VOXCPM_CHECKPOINT), synthesize one sentence over gRPC
 # streaming and one over HTTP, print time to first audio and RTF, stop.
 #
-# Writes demo.wav (streamed) and demo_http.wav in the repository root. The tiny
+# Writes demo.wav (streamed), demo_http.wav and demo_openai.wav (through the OpenAI
+# speech API gateway) in the repository root. The tiny
 # checkpoint has random weights: expect noise, shaped like speech timing-wise
 # (--min-length 25: at least 4 s of audio, so the RTF means something).
 set -euo pipefail
@@ -14,16 +15,16 @@ cd "$REPO"
 bash scripts/setup.sh
 PY="$VENV/bin/python"
 # Free loopback ports unless the caller chose some.
-read -r HTTP GRPC METRICS < <("$PY" - <<'PYEOF'
+read -r HTTP GRPC METRICS OPENAI < <("$PY" - <<'PYEOF'
 import socket
-socks = [socket.socket() for _ in range(3)]
+socks = [socket.socket() for _ in range(4)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])
 PYEOF
 )
 export TRITON_HTTP_PORT="${TRITON_HTTP_PORT:-$HTTP}" TRITON_GRPC_PORT="${TRITON_GRPC_PORT:-$GRPC}"
-export TRITON_METRICS_PORT="${TRITON_METRICS_PORT:-$METRICS}"
+export TRITON_METRICS_PORT="${TRITON_METRICS_PORT:-$METRICS}" OPENAI_API_PORT="${OPENAI_API_PORT:-$OPENAI}"
 
 LOG="$(mktemp -t voxcpm-demo-server.XXXXXX.log)"
 echo "[demo] starting tritonserver (log: $LOG)"
@@ -65,4 +66,30 @@ echo "[demo] gRPC streaming (tts_stream):"
 echo "[demo] HTTP infer (tts):"
 "$PY" -m voxcpm_client "And this whole sentence came back in one HTTP response." \
     --protocol http --url "127.0.0.1:$TRITON_HTTP_PORT" --seed 2 --min-length 25 -o demo_http.wav
-echo "[demo] done: demo.wav, demo_http.wav"
+if [[ $OPENAI_API_PORT != 0 ]]; then
+    echo "[demo] OpenAI speech API (POST /v1/audio/speech on the gateway, wav streamed):"
+    "$PY" - "http://127.0.0.1:$OPENAI_API_PORT" <<'PYEOF'
+import json, sys, time, urllib.request
+url = sys.argv[1]
+deadline = time.monotonic() + 60
+while True:  # the gateway is healthy once it sees Triton's models ready
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("[demo] the OpenAI gateway did not become healthy")
+        time.sleep(0.5)
+body = {"model": "voxcpm2", "input": "And this one came through the OpenAI speech API.", "voice": "default",
+        "response_format": "wav", "seed": 3, "min_length": 25}
+req = urllib.request.Request(url + "/v1/audio/speech", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+t0 = time.perf_counter()
+with urllib.request.urlopen(req, timeout=300) as r, open("demo_openai.wav", "wb") as f:
+    f.write(r.read(1))
+    first = time.perf_counter() - t0
+    f.write(r.read())
+print(f"[demo] time to first byte {first * 1000:.0f} ms, whole response {time.perf_counter() - t0:.2f} s")
+PYEOF
+fi
+echo "[demo] done: demo.wav, demo_http.wav$([[ $OPENAI_API_PORT == 0 ]] || echo ", demo_openai.wav")"

@@ -20,7 +20,11 @@
 #   VOXCPM_ADMIN_KEY      value of the header voxcpm-admin-key that opens Triton's
 #                         shared-memory, model-repository, logging and trace APIs
 #                         (unset: a random key, they stay closed)
-#   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe)
+#   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe, no OpenAI gateway)
+#   OPENAI_API_PORT       port of the OpenAI speech API gateway (gateway/voxcpm_gateway), run
+#                         beside tritonserver on TRITON_BIND and supervised like it; default 9000,
+#                         0: no gateway
+#   VOXCPM_OPENAI_API_KEY the API key the gateway requires (Authorization: Bearer), unset: none
 #   VOXCPM_PROBE_INTERVAL seconds between liveness probes, default 10 (0: none)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first
@@ -80,4 +84,15 @@ echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     exec "${cmd[@]}"
 fi
-exec "$VENV/bin/python" "$REPO/scripts/supervise.py" -- "${cmd[@]}"
+supervise=()
+OPENAI_API_PORT="${OPENAI_API_PORT:-9000}"
+if [[ $OPENAI_API_PORT != 0 ]]; then
+    # the gateway reaches Triton's gRPC port on the loopback when Triton listens everywhere
+    triton_host="$BIND"
+    [[ $triton_host == 0.0.0.0 || -z $triton_host ]] && triton_host=127.0.0.1
+    gateway=(env "PYTHONPATH=$REPO/gateway" "$VENV/bin/python" -m voxcpm_gateway --host "$BIND"
+             --port "$OPENAI_API_PORT" --triton-url "$triton_host:${TRITON_GRPC_PORT:-8001}")
+    supervise+=(--companion "$(printf '%q ' "${gateway[@]}")")
+    echo "[serve] OpenAI speech API on http://$BIND:$OPENAI_API_PORT/v1" >&2
+fi
+exec "$VENV/bin/python" "$REPO/scripts/supervise.py" "${supervise[@]}" -- "${cmd[@]}"

@@ -17,6 +17,11 @@ them. Arguments that already restrict something are left as they are.
 
 SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group after
 its exit timeout) and exit; nothing the server started outlives it.
+
+`--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
+server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
+exits (backing off while it keeps failing), left running while the server restarts, and stopped
+with it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -78,9 +84,63 @@ def _die_with_supervisor():
         pass
 
 
+class Companion:
+    """A process run beside the server: restarted whenever it exits, on its own (the server is
+    not restarted for it, nor it for the server)."""
+
+    STOP_GRACE_S = 15.0  # for its in-flight requests (the gateway drains for 10 s)
+
+    def __init__(self, argv: list[str]):
+        self.argv = argv
+        self.name = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else os.path.basename(argv[0])
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+        self.due = 0.0  # when to start it next
+        self.backoff = 1.0
+
+    def tend(self):
+        """Start it when it is due; notice when it has exited."""
+        now = time.monotonic()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return
+            up = now - self.started
+            self.backoff = 1.0 if up > 60 else min(self.backoff * 2, 30.0)
+            log(f"{self.name} exited with code {self.proc.returncode}; restarting in {self.backoff:.0f} s")
+            self.proc, self.due = None, now + self.backoff
+        if now >= self.due:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_supervisor)
+            self.started = now
+            log(f"{self.name} started (pid {self.proc.pid})")
+
+    def terminate(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self):
+        """SIGTERM, a grace period, then SIGKILL to what is left of its process group."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} did not exit in time: SIGKILL")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log(f"{self.name} stopped (exit code {proc.returncode})")
+
+
 class Supervisor:
     def __init__(self, server_args: list[str], opts):
         self.opts = opts
+        self.companions = [Companion(shlex.split(c)) for c in getattr(opts, "companion", None) or []]
         self.args = list(server_args)
         if not any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.args):
             key = os.environ.get("VOXCPM_ADMIN_KEY") or secrets.token_hex(16)
@@ -151,6 +211,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         backoff = 1.0
+        for c in self.companions:
+            c.tend()
         while not self.stopping:
             self.start()
             reason = self.watch()
@@ -162,7 +224,11 @@ class Supervisor:
             backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
             log(f"restarting in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
+        for c in self.companions:  # both drain their requests at once
+            c.terminate()
         self.stop("asked to stop")
+        for c in self.companions:
+            c.stop()
         return 0
 
     def watch(self) -> str:
@@ -209,12 +275,19 @@ class Supervisor:
         t.start()
         while t.is_alive() and not self.stopping:
             t.join(0.1)
+            self._tend()
         return out[0] if out else None
 
     def _sleep(self, seconds: float):
         end = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < end:
-            time.sleep(min(0.1, end - time.monotonic()))
+            time.sleep(max(0.0, min(0.1, end - time.monotonic())))
+            self._tend()
+
+    def _tend(self):
+        if not self.stopping:
+            for c in self.companions:
+                c.tend()
 
     def _on_signal(self, signum, _frame):
         self.stopping = True
@@ -234,6 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-failures", type=int, default=int(env("VOXCPM_PROBE_FAILURES", "3")),
                     help="consecutive failed probes before a restart (a dead model process restarts at once)")
     ap.add_argument("--start-timeout", type=float, default=float(env("VOXCPM_START_TIMEOUT", "900")))
+    ap.add_argument("--companion", action="append", default=[], metavar="CMD",
+                    help="a command line (shell-quoted) to run beside the server and restart when it exits")
     opts = ap.parse_args(argv[:i])
     if not argv[i + 1:]:
         ap.error("no server command after --")

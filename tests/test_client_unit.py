@@ -39,8 +39,9 @@ CONTRACT = {
     "SEED": ("INT64", [1]),
     "VOICE": ("BYTES", [1]),
     "VOICE_MODE": ("BYTES", [1]),
+    "NORMALIZE": ("BOOL", [1]),
 }
-NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
+NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 ZH = "你好，欢迎使用语音合成。"
 
 
@@ -48,7 +49,7 @@ def all_params():
     return dict(reference_audio=np.linspace(-1, 1, 321).astype(np.float32), reference_sample_rate=16000,
                 prompt_audio=np.zeros(77, np.float64), prompt_sample_rate=44100, prompt_text=ZH,
                 cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3,
-                voice="alice", voice_mode="reference")
+                voice="alice", voice_mode="reference", normalize=True)
 
 
 # ---------------------------------------------------------------- inputs
@@ -74,6 +75,7 @@ def test_all_inputs_names_dtypes_shapes():
     assert arrays["SEED"][0] == 2**40 + 3
     assert arrays["CFG_VALUE"][0] == np.float32(2.5)
     assert arrays["PROMPT_TEXT"][0].decode("utf-8") == ZH
+    assert arrays["NORMALIZE"][0] is np.True_
 
 
 def test_none_params_are_left_out():
@@ -114,6 +116,15 @@ def test_input_validation():
         input_arrays("hi", reference_audio=np.zeros((10, 2), np.float32), reference_sample_rate=16000)
     with pytest.raises(ValueError, match="voice_mode needs voice"):
         input_arrays("hi", voice_mode="both")
+    with pytest.raises(TypeError, match="normalize must be True or False"):
+        input_arrays("hi", normalize="yes")
+
+
+def test_cli_normalize_flag():
+    from voxcpm_client.cli import parse_args
+
+    assert parse_args(["hi", "--normalize"]).normalize is True
+    assert parse_args(["hi"]).normalize is None  # not sent: the server's default (off)
 
 
 

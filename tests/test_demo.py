@@ -10,7 +10,7 @@ from tests.server import REPO
 
 
 def test_demo_script_synthesizes_and_writes_readable_wavs():
-    for f in ("demo.wav", "demo_http.wav"):
+    for f in ("demo.wav", "demo_http.wav", "demo_openai.wav"):
         if (REPO / f).exists():
             (REPO / f).unlink()
     out = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -18,7 +18,8 @@ def test_demo_script_synthesizes_and_writes_readable_wavs():
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
     assert "time to first audio" in log and "RTF" in log, log
-    for f in ("demo.wav", "demo_http.wav"):
+    assert "time to first byte" in log, log  # the OpenAI speech API gateway, beside tritonserver
+    for f in ("demo.wav", "demo_http.wav", "demo_openai.wav"):
         audio, rate = sf.read(REPO / f, dtype="float32")
         assert rate == 48000
         assert audio.ndim == 1 and audio.size >= 25 * 4 * 1920  # --min-length 25 patches

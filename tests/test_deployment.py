@@ -163,8 +163,8 @@ PROVIDED_BY = {"triton": "torch"}
 # Provided at run time by the server itself, not by pip.
 SERVER_PROVIDED = {"triton_python_backend_utils"}
 
-# The project's own packages (mounted into the container, on sys.path via model.py).
-OWN_PACKAGES = {"voxcpm_triton"}
+# The project's own packages (mounted into the container, on sys.path via model.py or PYTHONPATH).
+OWN_PACKAGES = {"voxcpm_triton", "voxcpm_gateway"}
 
 # Third-party modules that only test-fixture generators import, which the server never
 # needs: import name -> why. Keep it minimal; today nothing needs an exception
@@ -178,6 +178,8 @@ def served_python_files(repo: Path = REPO) -> list[Path]:
     files += sorted(repo.glob("model_repository/*/1/model.py"))
     # the container's supervisor and its healthcheck (docker-compose.yml)
     files += [p for p in (repo / "scripts" / "supervise.py", repo / "scripts" / "probe.py") if p.is_file()]
+    # the OpenAI gateway (docker-compose.yml's `openai` service, same image)
+    files += sorted((repo / "gateway" / "voxcpm_gateway").rglob("*.py"))
     return files
 
 
@@ -333,10 +335,11 @@ def test_dockerfile_default_image_has_the_security_fixes():
 # --- docker-compose.yml ------------------------------------------------------------------------
 
 _COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
-                 "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT")  # fmt: skip
+                 "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT", "OPENAI_API_PORT",
+                 "VOXCPM_OPENAI_API_KEY")  # fmt: skip
 
 
-def _compose_config(**env_vars: str) -> dict:
+def _compose_config(service: str = "triton", **env_vars: str) -> dict:
     exe = require_executable("docker-compose", "Debian's docker-compose, APT_PACKAGES")
     env = {k: v for k, v in os.environ.items() if k not in _COMPOSE_VARS and not k.startswith("COMPOSE_")}
     env.update(env_vars)
@@ -345,8 +348,9 @@ def _compose_config(**env_vars: str) -> dict:
     assert r.returncode == 0, r.stdout + r.stderr
     import yaml
 
-    (svc,) = yaml.safe_load(r.stdout)["services"].values()
-    return svc
+    services = yaml.safe_load(r.stdout)["services"]
+    assert set(services) == {"triton", "openai"}, services
+    return services[service]
 
 
 def _ports(svc: dict) -> dict[int, tuple[str, int]]:
@@ -449,3 +453,26 @@ def test_compose_keeps_voices_on_a_named_volume():
     kind, source, read_only = mounts[voices_dir]
     assert kind == "volume" and not read_only, mounts[voices_dir]
     assert source.split("_")[-1] == "voices", source  # compose may prefix the project name
+
+
+def test_compose_runs_the_openai_gateway_beside_triton():
+    """The `openai` service: the same image, the gateway pointed at triton's gRPC port, published on
+    the loopback by default, its healthcheck the gateway's /health, the API key passed through."""
+    svc = _compose_config("openai")
+    assert svc["image"] == _compose_config()["image"]
+    cmd = svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
+    assert cmd[:3] == ["python3", "-m", "voxcpm_gateway"] and "--triton-url=triton:8001" in cmd, cmd
+    assert "--port=9000" in cmd and "--host=0.0.0.0" in cmd, cmd
+    assert _env(svc)["PYTHONPATH"] == "/workspace/gateway"
+    assert (str(REPO / "gateway"), "/workspace/gateway", True) in [
+        (v["source"], v["target"], bool(v.get("read_only"))) if isinstance(v, dict) else tuple(v.split(":")[:2]) +
+        ("ro" in v.split(":")[2:],) for v in svc["volumes"]]
+    assert _ports(svc) == {9000: ("127.0.0.1", 9000)}
+    assert _ports(_compose_config("openai", TRITON_BIND="0.0.0.0", OPENAI_API_PORT="19000")) == {
+        9000: ("0.0.0.0", 19000)}
+    hc = svc["healthcheck"]
+    assert hc["test"][0] == "CMD" and "http://127.0.0.1:9000/health" in " ".join(hc["test"]), hc
+    assert _seconds(hc["start_period"]) >= 600
+    assert svc["restart"] == "unless-stopped" and "triton" in svc["depends_on"]
+    assert _env(svc)["VOXCPM_OPENAI_API_KEY"] is None
+    assert _env(_compose_config("openai", VOXCPM_OPENAI_API_KEY="sk-1"))["VOXCPM_OPENAI_API_KEY"] == "sk-1"

@@ -9,6 +9,7 @@ import torch
 from tests.conftest import sine_wave
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+from voxcpm_triton.engine.request import prompt_block_hashes
 from voxcpm_triton.engine.step_runner import check_timestep_buckets
 from voxcpm_triton.checks import TIMESTEPS_RANGE
 from voxcpm_triton.model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
@@ -137,7 +138,9 @@ def test_a_stopped_requests_slot_and_blocks_serve_the_next_while_its_extra_step_
 def test_small_pool_queues_and_completes_everyone(vox):
     prompt = prompt_for(vox, "zero_shot", "Pool pressure test.")
     need = -(-(len(prompt) + 12) // 4)  # blocks of 4 for prompt + 12 steps
-    eng = Engine(vox, EngineConfig(num_blocks=3 * need, block_size=4, max_batch_size=16))
+    # Without the prefix cache (the same prompt ten times would share blocks: see the prefix-cache tests).
+    eng = Engine(vox, EngineConfig(num_blocks=3 * need, block_size=4, max_batch_size=16,
+                                   enable_prefix_caching=False))
     try:
         total = eng.stats()["free_blocks"]
         peak = []
@@ -369,7 +372,7 @@ def test_a_slow_requests_timesteps_run_only_in_its_own_launch(vox):
 
     def spy(rows, bucket=None):
         step = launch(rows, bucket)
-        launches.append((eng._stats["steps"], step.loop, sorted(r[-1] for r in rows)))
+        launches.append((eng._stats["steps"], step.loop, sorted(r[8] for r in rows)))  # r[8]: timesteps
         return step
 
     eng.runner.launch = spy
@@ -436,3 +439,149 @@ def test_waiting_queue_bound_refuses_as_busy_and_a_crashed_loop_reports_why(vox)
         assert "engine thread crashed: boom" in eng.status()
     finally:
         eng.shutdown()
+
+
+# -- prefix caching: requests sharing a prompt prefix reuse its KV blocks; results as without
+
+def ref_prompt(vox, text, voice=3):
+    """Reference mode with a 2 s reference: [103] + 16 patches + [104] lead every prompt of a voice."""
+    rate = vox.encode_sample_rate
+    return vox.prepare_prompt(text, reference_audio=sine_wave(2.0, rate, 150.0 + 20 * voice, voice),
+                              reference_sample_rate=rate)
+
+
+def expected_hit_blocks(prompt, cached: list, bs: int) -> int:
+    """Full blocks of `prompt` equal to the same blocks of a prompt already prefilled (`cached`),
+    counted only before each one's last prompt position (those blocks are never cached)."""
+    best = 0
+    for q in cached:
+        n = min(len(prompt), len(q))
+        same = (prompt.tokens[:n] == q.tokens[:n]) & (prompt.audio_mask[:n] == q.audio_mask[:n]) \
+            & (prompt.feats[:n] == q.feats[:n]).flatten(1).all(1)
+        common = n if bool(same.all()) else int((~same).nonzero()[0, 0])
+        best = max(best, min(common // bs, (len(prompt) - 1) // bs, (len(q) - 1) // bs))
+    return best
+
+
+def test_prefix_cached_requests_equal_their_uncached_runs(vox):
+    """A voice's first request fills the cache (a lone prompt: the prefill graph body, run eagerly
+    here); four more, admitted together after it ended, start from its idle blocks (the packed
+    prefill after a cached prefix); one more joins while they run and shares their held blocks (a
+    lone prompt after a cached prefix: the context graph body). Every result equals its solo run
+    (the offline API, no cache) and the hit counters are exact."""
+    from voxcpm_triton.engine.prefill_runner import PrefillGraphs
+
+    bs = 4
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=bs, max_batch_size=8))
+    pg = eng.prefill_graphs = PrefillGraphs(eng.model, eng.kv, "cpu", buckets=(8, 128),
+                                            max_blocks=eng.max_blocks_per_seq)
+    graph_runs = []
+    run = pg.run
+    pg.run = lambda prompt, slots, start=0, block_table=None, **kw: graph_runs.append(start) or run(
+        prompt, slots, start, block_table, **kw)
+    texts = ["One.", "A somewhat longer sentence for the cache.", "你好世界", "Three words here."]
+    specs = [("first", ref_prompt(vox, texts[0]), dict(seed=1, max_len=6))]
+    specs += [(f"batch{i}", ref_prompt(vox, t), dict(seed=10 + i, max_len=[6, 40, 6, 6][i], min_len=0))
+              for i, t in enumerate(texts[1:])]
+    specs += [("same_text", ref_prompt(vox, texts[0]), dict(seed=5, max_len=6))]
+    late = ("late", ref_prompt(vox, texts[1]), dict(seed=6, max_len=6))
+    results, want_hits, prefilled = {}, {}, []
+    try:
+        rid, p, gen = specs[0]
+        results[rid] = eng.submit(EngineRequest(rid, p, **gen)).result(timeout=TIMEOUT)
+        want_hits[rid], prefilled = 0, [p]
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+        with eng._lock:  # one admission: they see the first's blocks, not each other's
+            handles = {rid: eng.submit(EngineRequest(rid, p, **gen)) for rid, p, gen in specs[1:]}
+        want_hits.update({rid: expected_hit_blocks(p, prefilled, bs) for rid, p, _ in specs[1:]})
+        prefilled += [p for _, p, _ in specs[1:]]
+        long_events = []
+        for ev in handles["batch0"].events(timeout=TIMEOUT):  # the 40-step one: still running after this
+            long_events.append(ev)
+            if isinstance(ev, LatentChunk):
+                break
+        rid, p, gen = late
+        handles[rid] = eng.submit(EngineRequest(rid, p, **gen))
+        want_hits[rid] = expected_hit_blocks(p, prefilled, bs)
+        results.update({rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()})
+        results["batch0"] = (torch.cat([long_events[0].patches, results["batch0"][0]]), results["batch0"][1])
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+        stats = eng.stats()
+    finally:
+        eng.shutdown()
+    n_cacheable = {h for _, p, _ in specs + [late] for h in prompt_block_hashes(p, bs)}
+    assert want_hits["same_text"] == (len(specs[0][1]) - 1) // bs  # everything before its last position
+    assert want_hits["late"] > want_hits["batch0"] > 0  # it also reuses batch0's own text blocks, still held
+    assert stats["prefix_cache_hits"] == sum(h > 0 for h in want_hits.values()) == 5
+    assert stats["prefix_cache_hit_blocks"] == sum(want_hits.values())
+    assert stats["cached_blocks"] == len(n_cacheable) and stats["prefix_cache_evictions"] == 0
+    assert stats["free_blocks"] == stats["total_blocks"]
+    assert graph_runs == [0, (want_hits["late"]) * bs], graph_runs  # the batch took the packed path
+    for rid, p, gen in specs + [late]:
+        got, fin = results[rid]
+        assert fin.error is None, fin
+        assert_same(got, solo(vox, p, **gen))
+
+
+def test_packed_prefill_after_cached_prefixes_on_the_triton_path(checkpoint_dirs):
+    """The GPU attention path (Triton kernels, interpreted here): two requests admitted together
+    after a voice's first one prefill in one packed pass whose attention is the decode kernel with
+    a row per new position (one of them from position 0 of a cached prefix's held blocks, the other
+    with no text in common); both equal their solo runs."""
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cpu", dtype="float32", attention="triton")
+    bs = 4
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=bs, max_batch_size=4))
+    assert eng.runner.use_triton
+    first = ref_prompt(vox, "One.")
+    pair = {"a": (ref_prompt(vox, "A somewhat longer sentence."), dict(seed=3, max_len=2)),
+            "b": (prompt_for(vox, "zero-shot", "No voice at all."), dict(seed=4, max_len=2))}
+    try:
+        eng.submit(EngineRequest("first", first, seed=1, max_len=2)).result(timeout=TIMEOUT)
+        with eng._lock:
+            handles = {rid: eng.submit(EngineRequest(rid, p, **gen)) for rid, (p, gen) in pair.items()}
+        results = {rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()}
+        stats = eng.stats()
+    finally:
+        eng.shutdown()
+    assert stats["prefix_cache_hits"] == 1 and stats["prefix_cache_hit_blocks"] == expected_hit_blocks(
+        pair["a"][0], [first], bs) > 0
+    for rid, (p, gen) in pair.items():
+        got, fin = results[rid]
+        assert fin.error is None, fin
+        assert_same(got, solo(vox, p, **gen))
+
+
+def test_prefix_cached_results_equal_uncached_ones_with_the_pool_under_pressure(vox):
+    """Two voices and a zero-shot prompt on a pool that holds two requests at a time: idle cache
+    entries are evicted for newcomers, hits still happen, nobody waits forever, and every result
+    equals the engine's own run with caching off."""
+    bs = 4
+    prompts = [ref_prompt(vox, "Voice three speaks.", 3), ref_prompt(vox, "Voice four speaks up.", 4),
+               prompt_for(vox, "zero_shot", "No voice at all."), ref_prompt(vox, "Voice three again.", 3),
+               ref_prompt(vox, "Voice four once more.", 4), ref_prompt(vox, "Voice three speaks.", 3)] * 2
+    gens = [dict(seed=100 + i, min_len=4, max_len=8) for i in range(len(prompts))]
+    need = max(-(-(len(p) + 8) // bs) for p in prompts)
+    results = {}
+    for caching in (False, True):
+        eng = Engine(vox, EngineConfig(num_blocks=2 * need + 2, block_size=bs, max_batch_size=8,
+                                       enable_prefix_caching=caching))
+        try:
+            handles = []
+            for i, (p, gen) in enumerate(zip(prompts, gens)):
+                handles.append(eng.submit(EngineRequest(f"r{i}", p, **gen)))
+                time.sleep(0.02)  # arrivals spread over steps: some find a voice cached, some evicted
+            results[caching] = [h.result(timeout=TIMEOUT) for h in handles]
+            wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+            stats = eng.stats()
+        finally:
+            eng.shutdown()
+        eng.scheduler.check_invariants()
+        eng.kv.allocator.check()
+        assert stats["free_blocks"] == stats["total_blocks"] and eng.kv.allocator.reserved == 0
+        if caching:
+            assert stats["prefix_cache_hits"] > 0 and stats["prefix_cache_evictions"] > 0, stats
+        else:
+            assert stats["prefix_cache_hits"] == stats["cached_blocks"] == 0
+    for (off, fin_off), (on, fin_on) in zip(results[False], results[True]):
+        assert fin_off.error is None and fin_on.error is None
+        assert_same(on, off)

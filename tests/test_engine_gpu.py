@@ -144,3 +144,53 @@ def test_graphs_compile_and_kernels_give_the_eager_engines_latents(checkpoint_di
         assert torch.isfinite(fast).all() and fast.abs().max() > 0.1, rid
         err = (fast - eager).abs().max().item()
         assert err <= 1e-3, (rid, gen, err)
+
+
+def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_dirs):
+    """As served (bf16, CUDA graphs, Triton attention): a voice's second request prefills after its
+    cached prefix in a context graph (positions offset on the device, attention through the block
+    table), two more admitted together take the packed eager path after it; each one's latents
+    match an engine without the cache (cosine >= 0.999), and nothing is captured while serving."""
+    # python -m pytest -q tests/test_engine_gpu.py -k prefix_cached   (on a GPU machine)
+    import torch.nn.functional as F
+
+    from tests.conftest import sine_wave
+
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
+    rate = vox.encode_sample_rate
+    ref = sine_wave(2.0, rate, 170.0, 3)
+    texts = {"first": "The voice's first words.", "lone": "Another sentence entirely, and a longer one.",
+             "pair_a": "Two at once.", "pair_b": "Two at once, the second."}
+    prompts = {rid: vox.prepare_prompt(t, reference_audio=ref, reference_sample_rate=rate) for rid, t in texts.items()}
+    gen = {rid: dict(seed=i, min_len=8, max_len=8) for i, rid in enumerate(texts)}
+    results = {}
+    for caching in (True, False):
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=4,
+                                       enable_prefix_caching=caching))
+        pg = eng.prefill_graphs
+        starts, run = [], pg.run
+        pg.run = lambda prompt, slots, start=0, block_table=None, **kw: starts.append(start) or run(
+            prompt, slots, start, block_table, **kw)
+        captured = (dict(pg.graphs), dict(pg.context_graphs), eng.runner.captures)
+        try:
+            out = {rid: eng.submit(EngineRequest(rid, prompts[rid], **gen[rid])).result(timeout=TIMEOUT)
+                   for rid in ("first", "lone")}
+            with eng._lock:
+                handles = {rid: eng.submit(EngineRequest(rid, prompts[rid], **gen[rid])) for rid in ("pair_a", "pair_b")}
+            out.update({rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()})
+            stats = eng.stats()
+        finally:
+            eng.shutdown()
+        assert (pg.graphs, pg.context_graphs, eng.runner.captures) == captured
+        assert len(pg.context_graphs) == (len(pg.buckets) if caching else 0)
+        if caching:
+            assert starts[0] == 0 and starts[1] > 0 and len(starts) == 2, starts  # the pair: packed path
+            assert stats["prefix_cache_hits"] == 3, stats
+        else:
+            assert starts == [0, 0] and stats["prefix_cache_hits"] == 0
+        results[caching] = out
+    for rid in texts:
+        (got, fin_c), (want, fin_u) = results[True][rid], results[False][rid]
+        assert fin_c.error is None and fin_u.error is None
+        cos = F.cosine_similarity(got.flatten(1), want.flatten(1), dim=1).min().item()
+        assert cos >= 0.999, (rid, cos)

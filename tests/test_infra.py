@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import require_executable
-from tests.server import REPO, TritonServer, _free_ports, _pids_in_group, triton_env
+from tests.server import REPO, TritonServer, _cmdline, _free_ports, _pids_in_group, triton_env
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
 ECHO_REPO = REPO / "tests" / "fixtures" / "echo_repo"
@@ -241,11 +241,12 @@ def _status(url: str, headers: dict | None = None) -> int:
 def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
     """scripts/serve.sh runs tritonserver under scripts/supervise.py: Triton's shared-memory,
     model-repository, logging and trace APIs answer only with the admin key; SIGTERM unloads the
-    models (finalize runs), everything exits 0 and no process of the server remains."""
+    models (finalize runs), everything exits 0 and no process of the server remains. The OpenAI
+    gateway runs beside it on OPENAI_API_PORT, is restarted when it dies, and stops with it."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics, openai_port = _free_ports(4)
     env = triton_env()
     env.update(
         SKIP_SETUP="1",
@@ -256,7 +257,9 @@ def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
         ECHO_MARKER_DIR=str(tmp_path),
         VOXCPM_ADMIN_KEY="let-me-in",
         VOXCPM_PROBE_INTERVAL="0",  # the echo repository has no tts_stream to probe
+        OPENAI_API_PORT=str(openai_port),
     )
+    env.pop("VOXCPM_OPENAI_API_KEY", None)
     log = tmp_path / "serve.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
@@ -264,6 +267,7 @@ def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
             env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     server_pid = None
+    gateways: list[int] = []
     try:
         deadline = time.monotonic() + 120
         ready = False
@@ -297,10 +301,19 @@ def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
         finally:
             c.close()
 
+        # the gateway: up (its /health says Triton has no tts_stream here), supervised
+        gateways.append(_gateway_pid(proc.pid, openai_port, log))
+        assert _status(f"http://127.0.0.1:{openai_port}/v1/models") == 200
+        assert _status(f"http://127.0.0.1:{openai_port}/health") == 503
+        os.kill(gateways[0], signal.SIGKILL)
+        gateways.append(_gateway_pid(proc.pid, openai_port, log, not_pid=gateways[0]))
+        assert "voxcpm_gateway exited" in log.read_text()
+
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
         text = log.read_text()
         assert rc == 0, text
+        assert not [p for p in gateways if Path(f"/proc/{p}").exists() and _pids_in_group(p)], "gateway left"
         assert "successfully unloaded 'echo'" in text and "successfully unloaded 'echo_stream'" in text
         deadline = time.monotonic() + 10
         while (_pids_in_group(server_pid) or _pids_in_group(proc.pid)) and time.monotonic() < deadline:
@@ -309,13 +322,24 @@ def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
         names = sorted(p.name.split(".")[0] + "." + p.name.split(".")[-1] for p in tmp_path.glob("echo*"))
         assert names == ["echo.finalized", "echo.initialized", "echo_stream.finalized", "echo_stream.initialized"]
     finally:
-        for pgid in (proc.pid, server_pid):
+        for pgid in (proc.pid, server_pid, *gateways):
             if pgid:
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         proc.wait()
+
+
+def _gateway_pid(supervisor_pid: int, port: int, log: Path, not_pid: int | None = None) -> int:
+    """The pid of the gateway the supervisor started (not `not_pid`), once it answers on `port`."""
+    deadline = time.monotonic() + 60
+    while True:
+        pids = [p for p in _children(supervisor_pid) if p != not_pid and "voxcpm_gateway" in _cmdline(p)]
+        if pids and _port_open(port):
+            return pids[0]
+        assert time.monotonic() < deadline, f"no gateway on port {port}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
 
 
 def _port_open(port: int) -> bool:
@@ -351,7 +375,8 @@ def test_docker_compose_config_valid():
     import yaml
 
     cfg = yaml.safe_load(r.stdout)
-    (name, svc), = cfg["services"].items()
+    assert set(cfg["services"]) == {"triton", "openai"}, cfg["services"]
+    svc = cfg["services"]["triton"]
     assert "tritonserver" in " ".join(svc["command"] if isinstance(svc["command"], list) else [svc["command"]])
     assert "/workspace/scripts/probe.py" in " ".join(svc["healthcheck"]["test"])
     devices = svc["deploy"]["resources"]["reservations"]["devices"]

@@ -121,3 +121,44 @@ def test_testing_reached_through_one_entry():
                 f"{TESTING_ENTRY} may be imported")
             sites.add(name)
     assert sites == TESTING_ENTRY_SITES, sites
+
+
+# --- the OpenAI gateway: a client of Triton, no model code ------------------------------------------
+
+GATEWAY = ROOT.parent.parent / "gateway" / "voxcpm_gateway"
+# what would put model code (or the server's internals) into the gateway process
+GATEWAY_FORBIDDEN = {"torch", "triton", PKG, "triton_python_backend_utils", "voxcpm_client", "safetensors",
+                     "tokenizers"}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_gateway_imports_no_model_code():
+    files = sorted(GATEWAY.rglob("*.py"))
+    assert len(files) >= 5, files
+    for path in files:
+        bad = top_level_imports(path) & GATEWAY_FORBIDDEN
+        assert not bad, f"{path.relative_to(GATEWAY.parent.parent)} imports {sorted(bad)}: the gateway only talks to Triton"
+
+
+def test_gateway_starts_without_torch():
+    """Its whole import graph (app, server entry point) loads with gateway/ alone on the path, and
+    torch is not among what it loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, voxcpm_gateway.__main__, voxcpm_gateway.app; "
+            "from voxcpm_gateway.config import parse_args; voxcpm_gateway.app.create_app(parse_args([])); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'voxcpm_triton'}); "
+            "assert not bad, bad")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(GATEWAY.parent)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -75,7 +75,7 @@ def test_only_the_documented_environment_variables_override(monkeypatch, tmp_pat
     v = parse_values("decoder", {"checkpoint": "/elsewhere", "device": "cuda", "dtype": ""})
     assert (v["checkpoint"], v["device"], v["dtype"]) == (str(tmp_path), "cpu", "bf16")
     assert {p.env for p in PARAMETERS} == {None, "VOXCPM_CHECKPOINT", "VOXCPM_DEVICE", "VOXCPM_DTYPE",
-                                           "VOXCPM_VOICES_DIR"}
+                                           "VOXCPM_VOICES_DIR", "VOXCPM_LORA_DIR"}
     monkeypatch.setenv("VOXCPM_DTYPE", "fp8")  # an override is checked like the value it replaces
     with pytest.raises(ValueError, match="parameter 'dtype' of model 'decoder' must be one of"):
         parse_values("decoder", {})

@@ -258,7 +258,7 @@ def test_killed_decoder_fails_its_streams_and_the_supervisor_restores_service(ck
     env = triton_env()
     env.update(SKIP_SETUP="1", VOXCPM_CHECKPOINT=ckpt, TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
                TRITON_METRICS_PORT=str(metrics_port), VOXCPM_PROBE_INTERVAL="2", VOXCPM_TEST_MARK=mark,
-               TRITON_EXIT_TIMEOUT="20")
+               TRITON_EXIT_TIMEOUT="20", OPENAI_API_PORT="0")  # no gateway: not what this is about
 
     class Srv:
         http_url, grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"

@@ -248,6 +248,12 @@ BAD = [
     ("MIN over MAX", dict(MIN_LENGTH=9, MAX_LENGTH=3), "MIN_LENGTH"),
     ("MAX beyond context", dict(MAX_LENGTH=1_000_000), "MAX_LENGTH"),
     ("MAX at INT32 max", dict(MAX_LENGTH=2**31 - 1), "MAX_LENGTH 2147483647 is more than the 4095 positions"),
+    ("NORMALIZE wrong dtype", dict(NORMALIZE=("INT32", np.array([1], np.int32))), "NORMALIZE"),
+    ("NORMALIZE two values", dict(NORMALIZE=("BOOL", np.array([True, False]))), "NORMALIZE"),
+    ("nothing left after NORMALIZE", dict(text="😀 😀", NORMALIZE=("BOOL", np.array([True]))),
+     "nothing is left to speak"),
+    ("NORMALIZE fails on the text", dict(text="x² and 3²", NORMALIZE=("BOOL", np.array([True]))),
+     "NORMALIZE: text normalisation failed"),
 ]
 
 
@@ -273,6 +279,25 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, proto
     c.close()
     audio, _ = tts_http(server, "Still working.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
     assert audio.shape == (2 * HOP,)
+
+
+def test_normalize_equals_sending_the_reference_normalised_text(server):
+    """NORMALIZE normalises TEXT in the tokenizer as the reference's generate(normalize=True) does:
+    the audio is that of the reference-normalised text sent as it is."""
+    from tests.reference import text_normalizer
+
+    text = "I paid $5 for 3 apples on 2024-01-05."
+    normalized = text_normalizer().normalize(text)
+    assert normalized == "I paid five dollars for three apples on the fifth of january twenty twenty four."
+    params = dict(SEED=4, MIN_LENGTH=3, MAX_LENGTH=3, INFERENCE_TIMESTEPS=2)
+    on = ("BOOL", np.array([True]))
+    want, _ = tts_http(server, normalized, **params)
+    got, _ = tts_http(server, text, NORMALIZE=on, **params)
+    assert got.shape == want.shape and np.abs(got - want).max() <= TOL
+    plain, _ = tts_http(server, text, NORMALIZE=("BOOL", np.array([False])), **params)
+    assert np.abs(plain - want).max() > TOL  # what the model read did change
+    streamed = np.concatenate(tts_stream(server, text, NORMALIZE=on, **params))
+    assert streamed.shape == want.shape and np.abs(streamed - want).max() <= TOL
 
 
 def test_internal_models_validate_calls_with_the_internal_key(server):

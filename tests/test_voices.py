@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -259,6 +260,38 @@ def test_library_voice_params(server):
                                         min_length=2, max_length=2)
     np.testing.assert_allclose(s.audio, r.audio, atol=TOL, rtol=0)
     assert voxcpm_client.remove_voice("lib", url=server.grpc_url, protocol="grpc") == []
+
+
+def test_a_second_request_with_the_same_voice_starts_from_the_decoders_prefix_cache(server):
+    """The decoder's metrics: a voice's first request fills the prefix cache, the next (another
+    seed) reuses its leading KV blocks instead of prefilling them."""
+    from tests.test_server import metrics
+
+    def hits():  # the metrics are published a few times a second
+        m = metrics(server)
+        return m["voxcpm_prefix_cache_hits_total"], m["voxcpm_prefix_cache_hit_blocks_total"]
+
+    def published(want_hits=None):
+        """Once earlier requests are in the metrics: two reads 0.6 s apart agree (and show want_hits)."""
+        deadline, prev = time.monotonic() + 10, hits()
+        while time.monotonic() < deadline:
+            time.sleep(0.6)
+            now = hits()
+            if now == prev and want_hits in (None, now[0]):
+                break
+            prev = now
+        return now
+
+    voices(server, "add", "cached", sine_wave(2.0, 16000, freq=210, seed=12), 16000)  # 2 s: full blocks of voice
+    try:
+        before = published()
+        tts_http(server, TEXT, VOICE=_b("cached"), **GEN)
+        assert published() == before, "a new voice's first request cannot hit"
+        tts_http(server, TEXT, VOICE=_b("cached"), SEED=12, MIN_LENGTH=2, MAX_LENGTH=2)
+        after = published(before[0] + 1)
+        assert after[0] == before[0] + 1 and after[1] > before[1], (before, after)
+    finally:
+        voices(server, "remove", "cached")
 
 
 def test_voices_survive_a_restart(server, triton_server_factory, env):  # noqa: F811  (keep last: stops `server`)

@@ -31,6 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--min-length", type=int, help="min decode steps")
     p.add_argument("--max-length", type=int, help="max decode steps")
     p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--normalize", action="store_true", default=None,
+                   help="write numbers, dates, currencies, units... in the text out as words first (server-side)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
     args = p.parse_args(argv)
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
     url, model = DEFAULTS[args.protocol]
     url, model = args.url or url, args.model or model
     params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed",
-                                            "voice", "voice_mode")}
+                                            "voice", "voice_mode", "normalize")}
     try:
         if args.reference:
             params["reference_audio"], params["reference_sample_rate"] = load_audio(args.reference)

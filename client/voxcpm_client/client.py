@@ -27,6 +27,7 @@ SCALAR_INPUTS = {
     "seed": ("SEED", np.int64),
     "voice": ("VOICE", np.object_),
     "voice_mode": ("VOICE_MODE", np.object_),
+    "normalize": ("NORMALIZE", np.bool_),
 }
 VOICE_MODES = ("reference", "continuation", "both")
 AUDIO_INPUTS = {
@@ -34,7 +35,7 @@ AUDIO_INPUTS = {
     "prompt_audio": "PROMPT_AUDIO",
 }
 PARAMS = frozenset(SCALAR_INPUTS) | frozenset(AUDIO_INPUTS)
-TRITON_DTYPES = {np.object_: "BYTES", np.float32: "FP32", np.int32: "INT32", np.int64: "INT64"}
+TRITON_DTYPES = {np.object_: "BYTES", np.float32: "FP32", np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL"}
 
 
 class VoxCPMClientError(Exception):
@@ -95,6 +96,8 @@ def input_arrays(text: str, **params) -> dict:
         raise ValueError("prompt_audio and prompt_text go together")
     if "voice_mode" in params and "voice" not in params:
         raise ValueError("voice_mode needs voice")
+    if "normalize" in params and not isinstance(params["normalize"], (bool, np.bool_)):
+        raise TypeError(f"normalize must be True or False, got {params['normalize']!r}")
 
     arrays = {"TEXT": _bytes_tensor(text)}
     for key, name in AUDIO_INPUTS.items():

@@ -23,8 +23,12 @@ from .model.local_modules import CfmSchedule
 from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
 from .model.noise import noise_for_steps
+from .model.precision import quantize_model_fp8, resolve_precision
 from .checks import check_waveform, clean_text, default_max_len, resample
 from .model.prompt import Prompt, build_prompt
+from .model.lora import linear_shapes
+from .lora_adapters import AdapterSet
+from .formats.text_normalize import normalize_target
 from .formats.tokenizer import TextTokenizer
 
 
@@ -137,27 +141,41 @@ def encode_patches(vae: AudioVAE, patch_size: int, waves: list[np.ndarray], pads
 
 class VoxCPM2:
     def __init__(self, cfg: VoxCPM2Config, model: VoxCPM2Model, vae: AudioVAE, tokenizer: TextTokenizer,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, precision: str = "bf16"):
         self.cfg, self.model, self.vae, self.tokenizer = cfg, model, vae, tokenizer
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.precision = device, dtype, precision
         # The backends the network was built with (`from_pretrained`); the engine follows them.
         self.attention, self.compiled = model.attention, model.compiled
         self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
+        self.loras: AdapterSet | None = None  # LoRA adapters (from_pretrained's lora_dir)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None,
-                        attention: str = "auto", compile: bool = False) -> "VoxCPM2":
+                        attention: str = "auto", compile: bool = False, precision: str = "bf16",
+                        lora_dir: str | None = None, max_loras: int | None = None,
+                        max_lora_rank: int | None = None, reserve_lora_defaults: bool = False) -> "VoxCPM2":
         """attention: the Triton kernels' pair (LocDiT/LocEnc attention here, paged decode attention in
         the engine) or PyTorch's: "auto" (Triton on CUDA where `kernels._triton.available()`, else
         PyTorch), "triton" (an error where they cannot run), "torch". compile (CUDA only):
         torch.compile what a decode step runs (`VoxCPM2Model`), ahead of the engine's graph capture.
-        Both are fixed here, for this object's life (`self.attention`, `self.compiled`)."""
+        precision (`model.precision`): "bf16", the linear weights in `dtype`; or "fp8", e4m3 weights with
+        per-channel scales and per-token activation scales (a CUDA GPU of compute capability >= 8.9,
+        dtype bfloat16; the VAE stays fp32). All three are fixed here, for this object's life
+        (`self.attention`, `self.compiled`, `self.precision`).
+
+        lora_dir: a directory of LoRA adapters in the official format, one subfolder each (its name is
+        the adapter's: `generate_latents(..., lora=NAME)`), loaded into `self.loras`
+        (`lora_adapters.AdapterSet`); a broken one is logged and left out (`self.loras.errors`).
+        max_loras, max_lora_rank: the slot tables' size (default: what the adapters found need);
+        reserve_lora_defaults: the tables also cover the official default targets (a server that
+        adds adapters later)."""
         files = checkpoint_files(path)
         cfg = VoxCPM2Config.from_file(files["config"])
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attention = resolve_attention(attention, dev)
+        precision = resolve_precision(precision, dev, dt)
         if compile and dev.type != "cuda":
             raise ValueError(f"compile=True needs a CUDA device (device is {dev})")
         # Built on the meta device: a 2B-parameter model is not randomly initialised first.
@@ -165,12 +183,18 @@ class VoxCPM2:
         load_model_weights(model, files["model"])
         model.eval().requires_grad_(False)
         fuse_projections(model)  # q/k/v and gate/up as single GEMMs, under the official names
+        linears = linear_shapes(model)  # what adapters are checked against, before any precision swap
+        if precision == "fp8":  # before anything is compiled: the compiled code sees the e4m3 weights
+            quantize_model_fp8(model)
         for m in model.modules():  # RoPE tables are plain fp32 attributes, which .to() leaves alone
             if isinstance(m, LongRoPE):
                 m.to_device_(dev)
         _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
         tokenizer = TextTokenizer.from_dir(path)
-        return cls(cfg, model, vae, tokenizer, dev, dt)
+        vox = cls(cfg, model, vae, tokenizer, dev, dt, precision)
+        if lora_dir:
+            vox.loras = AdapterSet.load(lora_dir, linears, dt, dev, max_loras, max_lora_rank, reserve_lora_defaults)
+        return vox
 
     @property
     def sample_rate(self) -> int:
@@ -188,12 +212,16 @@ class VoxCPM2:
         return encode_patches(self.vae, self.patch_size, [wav], [pad])[0]
 
     def prepare_prompt(self, text: str, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
-                       reference_audio=None, reference_sample_rate=None) -> Prompt:
+                       reference_audio=None, reference_sample_rate=None, normalize: bool = False) -> Prompt:
+        """normalize: numbers, dates, currencies, units... in `text` (not `prompt_text`) written out
+        as words first, as the reference's `generate(normalize=True)` (`formats.text_normalize`)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         text = clean_text(text)
         if not text.strip():
             raise ValueError("text is empty")
+        if normalize:
+            text = normalize_target(text)
         if (prompt_audio is None) != (prompt_text is None):
             raise ValueError("prompt_audio and prompt_text must be given together")
         if prompt_text is not None and not isinstance(prompt_text, str):
@@ -212,8 +240,9 @@ class VoxCPM2:
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
-    def prefill(self, prompt: Prompt, capacity: int):
-        """Run both LMs over the prompt into fresh batch-1 caches of `capacity` positions.
+    def prefill(self, prompt: Prompt, capacity: int, lora: str | None = None):
+        """Run both LMs over the prompt into fresh batch-1 caches of `capacity` positions, with LoRA
+        adapter `lora` (a name in `self.loras`; None: the base model).
 
         -> (lm_hidden [1, H], residual_hidden [1, H], base KV cache, residual KV cache)."""
         dev, dt = self.device, self.dtype
@@ -224,7 +253,7 @@ class VoxCPM2:
         lm_h, res_h = self.model.prefill(
             prompt.tokens[None].to(dev), prompt.text_mask[None].to(dev), prompt.audio_mask[None].to(dev),
             prompt.feats[None].to(dev), torch.arange(T, device=dev)[None], torch.tensor([T - 1], device=dev),
-            base_kv, res_kv)
+            base_kv, res_kv, lora=self._lora(lora, single=True))
         base_kv.advance(T)
         res_kv.advance(T)
         return lm_h, res_h, base_kv, res_kv
@@ -233,17 +262,25 @@ class VoxCPM2:
     def generate_latents(self, text, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
                          reference_audio=None, reference_sample_rate=None, min_len=2, max_len=None,
                          cfg_value=2.0, inference_timesteps=10, seed=None, noise=None,
-                         prompt: Prompt | None = None, retry_badcase: bool = False) -> torch.Tensor:
+                         prompt: Prompt | None = None, retry_badcase: bool = False,
+                         normalize: bool = False, lora: str | None = None) -> torch.Tensor:
         """Generated latent patches [steps, P, D] (the prompt's own patches excluded).
+
+        lora: the name of a LoRA adapter loaded from `from_pretrained`'s lora_dir (None or "": the base
+        model).
+
+        normalize (off, as in the reference): `text` normalised first (see `prepare_prompt`).
 
         retry_badcase (off here, as in the reference's VoxCPM2Model; `generate` turns it on, as
         VoxCPM.generate does): a result of >= 6 patches per target token is made again, up to
         3 tries in all (`checks.RETRY_MAX_TIMES`), the last kept. Try a uses the noise of seed
         `checks.retry_seed(seed, a)` (seed + a), or a fresh seed each when `seed` is None. With
         explicit `noise` there is nothing new to draw: no retry."""
+        lora = lora or None
+        self._lora(lora)  # an unknown adapter is an error before any work
         if prompt is None:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
-                                         reference_audio, reference_sample_rate)
+                                         reference_audio, reference_sample_rate, normalize)
         if max_len is None:
             max_len = default_max_len(prompt.n_target_tokens)
         checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,
@@ -253,30 +290,31 @@ class VoxCPM2:
             noise = torch.as_tensor(noise)
             if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
                 raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
-            return self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps, noise)
+            return self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps, noise, lora)
         if seed is not None:
             seed = checks.check_seed(seed)
         tries = checks.RETRY_MAX_TIMES if retry_badcase and checks.can_retry(min_len, prompt.n_target_tokens) else 1
         for attempt in range(tries):
             s = checks.retry_seed(seed, attempt) if seed is not None else checks.draw_seed()
             out = self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps,
-                                      noise_for_steps(s, max_len, shape))
+                                      noise_for_steps(s, max_len, shape), lora)
             if not checks.is_badcase(out.size(0), prompt.n_target_tokens):
                 break
         return out
 
-    def _generate_once(self, prompt: Prompt, min_len, max_len, cfg_value, inference_timesteps, noise):
+    def _generate_once(self, prompt: Prompt, min_len, max_len, cfg_value, inference_timesteps, noise, lora=None):
         """One try: patches until the stop head fires past min_len, or max_len of them."""
         m, dev, dt = self.model, self.device, self.dtype
         T = len(prompt)
-        lm_h, res_h, base_kv, res_kv = self.prefill(prompt, T + max_len)
+        lm_h, res_h, base_kv, res_kv = self.prefill(prompt, T + max_len, lora)
+        adapter = self._lora(lora)
         prev = prompt.feats[-1:].to(dev, dt)  # CFM condition: the last prompt position's patch
         schedule = CfmSchedule([int(inference_timesteps)], dt, dev)
         cfg_t = torch.tensor([float(cfg_value)], dtype=torch.float32, device=dev)  # the exact scale, any dtype
         patches = []
         for i in range(max_len):
             out = m.decode_step(lm_h, res_h, prev, noise[i:i + 1].to(dev), schedule, cfg_t,
-                                torch.tensor([T + i], device=dev), base_kv, res_kv)
+                                torch.tensor([T + i], device=dev), base_kv, res_kv, lora=adapter)
             base_kv.advance(1)
             res_kv.advance(1)
             patches.append(out.patch)
@@ -284,6 +322,18 @@ class VoxCPM2:
                 break
             lm_h, res_h, prev = out.lm_hidden, out.residual_hidden, out.patch
         return torch.cat(patches).float().cpu()
+
+    def _lora(self, name: str | None, single: bool = False):
+        """The network's `lora` argument for adapter `name`: None for the base model, else a
+        `LoraBatch` of one row. ValueError for an unknown name."""
+        if name is None:
+            return None
+        if not isinstance(name, str):
+            raise TypeError(f"lora must be a str (an adapter's name), got {type(name).__name__}")
+        if self.loras is None:
+            raise ValueError(f"LoRA adapter {name!r} requested but no adapters are loaded "
+                             "(from_pretrained's lora_dir)")
+        return self.loras.batch([self.loras.slot(name)], single)
 
     # ------------------------------------------------------------------ audio
     @torch.inference_mode()
@@ -306,8 +356,10 @@ class VoxCPM2:
 
     def generate(self, text: str, retry_badcase: bool = True, **kwargs) -> np.ndarray:
         """Text -> waveform, in one call (prompt context handled). retry_badcase is on, as in the
-        reference's VoxCPM.generate (see generate_latents)."""
-        names = ("prompt_text", "prompt_audio", "prompt_sample_rate", "reference_audio", "reference_sample_rate")
+        reference's VoxCPM.generate (see generate_latents); normalize=True normalises `text` first
+        (off by default, as there)."""
+        names = ("prompt_text", "prompt_audio", "prompt_sample_rate", "reference_audio", "reference_sample_rate",
+                 "normalize")
         prompt = self.prepare_prompt(text, **{k: kwargs.pop(k) for k in names if k in kwargs})
         lat = self.generate_latents(text, prompt=prompt, retry_badcase=retry_badcase, **kwargs)
         return self.decode(lat, context=prompt.context)

@@ -5,7 +5,8 @@ One background thread owns the model and the cache. Callers only `submit`,
 at step boundaries:
 
     take new requests and cancels  ->  admit waiting requests (FIFO, by free blocks)
-    ->  prefill the admitted ones together  ->  launch one decode step for everyone running
+    ->  prefill the admitted ones together (each after the longest prefix of its prompt already
+        in the prefix cache)  ->  launch one decode step for everyone running
         (one runner launch per CFM loop bucket, so a request's timesteps cost only its group)
     ->  read the previous step's result: hand out patches on the chunk schedule,
         finish and free who is done
@@ -34,11 +35,14 @@ import torch
 from .. import checks
 from ..model.noise import request_key
 from ..checks import default_max_len
-from .attention import PagedAttention, PrefillMetadata
+from .attention import PagedAttention, PrefillMetadata, PrefillRowsMetadata
 from .kv_cache import PagedKVCache
+from .loras import EngineLoras
+from ..model.lora import LoraBatch
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
-from .request import EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState, resolve_seed
+from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
+                      prompt_block_hashes, resolve_seed)
 from .scheduler import EngineBusy, Scheduler  # noqa: F401 - EngineBusy: callers import it from here
 
 log = logging.getLogger("voxcpm_triton.engine")
@@ -60,6 +64,9 @@ class EngineConfig:
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
     timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
     max_waiting: int | None = None  # requests queued for admission; one more is refused as busy (None: no bound)
+    # Requests whose prompts start alike (a voice, a reference) share the K/V blocks of that prefix
+    # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
         self.timestep_buckets = check_timestep_buckets(self.timestep_buckets)
@@ -93,7 +100,8 @@ class Engine:
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
-                                       timestep_buckets=self.cfg.timestep_buckets)
+                                       timestep_buckets=self.cfg.timestep_buckets,
+                                       lora=vox.loras.tables if vox.loras is not None else None)
         if self.runner.use_graphs:
             with self._torch_settings():
                 self._prepare_gpu()
@@ -102,6 +110,8 @@ class Engine:
                                    self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting)
 
         self._lock = threading.Condition()
+        # LoRA adapters (`vox.loras`): rows of a step run on their own; added and removed while serving.
+        self.loras = EngineLoras(vox.loras, self._lock) if vox.loras is not None else None
         self._inbox: deque = deque()  # submitted, not yet handed to the scheduler (the thread does that)
         self._cancels: set = set()
         self._ids: set = set()  # ids submitted and not yet finished
@@ -145,7 +155,9 @@ class Engine:
         self._warm_up_prefill()
         t2 = time.monotonic()
         if self.cfg.prefill_graphs:
-            self.prefill_graphs = PrefillGraphs(self.model, self.kv, self.device, pool=self.runner.graph_pool)
+            self.prefill_graphs = PrefillGraphs(
+                self.model, self.kv, self.device, pool=self.runner.graph_pool, use_triton=self.runner.use_triton,
+                max_blocks=self.max_blocks_per_seq if self.cfg.enable_prefix_caching else None, lora=self.runner.lora)
             self.prefill_graphs.capture_all()
         torch.cuda.synchronize(self.device)
         self.startup_s = {"decode_graphs": t1 - t0, "prefill_warm_up": t2 - t1,
@@ -168,20 +180,60 @@ class Engine:
                                 capacity=self.max_positions - len(p))
         seed = checks.check_seed(resolve_seed(request.seed))
         need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
-        handle = RequestHandle(request.request_id)
-        state = RequestState(
-            req=request, sink=sink or handle.queue.put, max_len=max_len,
-            seed_key=int(request_key(torch.tensor([seed]))[0]), blocks_reserved=need)
-        with self._lock:
-            if self._stop:
-                raise EngineShutdown("engine is shut down")
-            if request.request_id in self._ids:
-                raise ValueError(f"request id {request.request_id!r} is already in flight")
-            self.scheduler.check_room(queued_elsewhere=len(self._inbox))
-            self._ids.add(request.request_id)
-            self._inbox.append(state)
-            self._lock.notify()
+        lora_slot, salt = self._acquire_lora(request.lora)  # held until the request ends
+        try:
+            # Hashed here, in the caller's thread, not in the engine loop. Whatever else would change
+            # the prompt's K/V (an adapter) goes into the salt.
+            hashes = prompt_block_hashes(p, self.cfg.block_size, salt=salt) if self.cfg.enable_prefix_caching else []
+            handle = RequestHandle(request.request_id)
+            state = RequestState(
+                req=request, sink=sink or handle.queue.put, max_len=max_len,
+                seed_key=int(request_key(torch.tensor([seed]))[0]), blocks_reserved=need, block_hashes=hashes,
+                lora_slot=lora_slot)
+            with self._lock:
+                if self._stop:
+                    raise EngineShutdown("engine is shut down")
+                if request.request_id in self._ids:
+                    raise ValueError(f"request id {request.request_id!r} is already in flight")
+                self.scheduler.check_room(queued_elsewhere=len(self._inbox))
+                self._ids.add(request.request_id)
+                self._inbox.append(state)
+                self._lock.notify()
+        except BaseException:
+            if lora_slot:
+                with self._lock:
+                    self.loras.release(lora_slot)
+            raise
         return handle
+
+    def _acquire_lora(self, name) -> tuple[int, bytes]:
+        """A new request's adapter -> (its slot, the prefix-cache salt); (0, b"") for the base model."""
+        if name is None or name == "":
+            return 0, b""
+        if not isinstance(name, str):
+            raise ValueError(f"lora must be an adapter's name (a string), got {type(name).__name__}")
+        if self.loras is None:
+            raise ValueError(f"LoRA adapter {name!r} requested but this server loads no adapters "
+                             "(decoder parameter lora_dir)")
+        return self.loras.acquire(name)
+
+    # -- LoRA adapters while serving (any thread; the engine thread writes the tables)
+    def lora_names(self) -> list:
+        return self.loras.names() if self.loras is not None else []
+
+    def add_lora(self, name: str) -> list:
+        """Load adapter `name` from the LoRA directory into a free slot (or replace the loaded one)
+        -> the names loaded after. No graph is captured again."""
+        return self._lora_manager().add(name)
+
+    def remove_lora(self, name: str) -> list:
+        """Remove adapter `name` for new requests; the ones running on it finish with it."""
+        return self._lora_manager().remove(name)
+
+    def _lora_manager(self) -> EngineLoras:
+        if self.loras is None:
+            raise ValueError("this server loads no LoRA adapters (decoder parameter lora_dir)")
+        return self.loras
 
     def cancel(self, request_id: str):
         with self._lock:
@@ -201,9 +253,11 @@ class Engine:
         with self._lock:
             s = dict(self._stats)
             s["batch_sizes"] = dict(s["batch_sizes"])
+            blocks, sched = self.kv.allocator, self.scheduler
             s.update(running=len(self.running), waiting=len(self.waiting) + len(self._inbox),
-                     free_blocks=self.kv.allocator.free, total_blocks=self.kv.allocator.total,
-                     in_flight_ids=len(self._ids))
+                     free_blocks=blocks.free, total_blocks=blocks.total, in_flight_ids=len(self._ids),
+                     cached_blocks=blocks.cached, prefix_cache_hits=sched.prefix_hits,
+                     prefix_cache_hit_blocks=sched.prefix_hit_blocks, prefix_cache_evictions=blocks.evictions)
         return s
 
     def status(self) -> str | None:
@@ -234,7 +288,7 @@ class Engine:
                 self.heartbeat = time.monotonic()
                 with self._lock:
                     while not (self._stop or self._inbox or self._cancels or self.running or self.waiting
-                                 or self._in_flight):
+                                 or self._in_flight or (self.loras is not None and self.loras.pending())):
                         self._lock.wait(self.cfg.idle_wait_s)
                         self.heartbeat = time.monotonic()
                     if self._stop:
@@ -244,6 +298,8 @@ class Engine:
                     self._inbox.clear()
                     cancels, self._cancels = self._cancels, set()
                 self._apply_cancels(cancels)
+                if self.loras is not None:
+                    self.loras.apply()  # adapters added meanwhile: written between steps, on this stream
                 admitted = self._admit()
                 if admitted:
                     # A prefill is mostly host time spent launching kernels: hand out the step in
@@ -265,6 +321,8 @@ class Engine:
         self._fail_all("engine shut down")
 
     def _fail_all(self, message: str):
+        if self.loras is not None:
+            self.loras.close(message)
         with self._lock:
             self._stop = True
             for st in self._inbox:
@@ -298,8 +356,14 @@ class Engine:
                 ok.append(st)
             except Exception as e:
                 self._finish(st, "error", f"prefill failed: {e}")
-        if ok:
-            self._isolated(ok, self._run_prefill, "prefill")
+        by_adapter: dict = {}  # a prefill call runs one adapter (model.lora.LoraBatch, single)
+        for st in ok:
+            by_adapter.setdefault(st.lora_slot, []).append(st)
+        for group in by_adapter.values():
+            for st, _ in self._isolated(group, self._run_prefill, "prefill"):
+                # Its prefill is launched on the engine's one GPU stream: whatever reads these blocks
+                # later (another request's prefill or step) is queued after their writes.
+                self.scheduler.cache_prompt(st)
 
     def _isolated(self, states: list[RequestState], run, what: str) -> list:
         """run(states) -> one result per state. If the batch raises, each state is rerun alone so
@@ -322,29 +386,61 @@ class Engine:
         return survivors
 
     def _run_prefill(self, states: list[RequestState]):
-        dev = self.device
+        """Prefill each prompt's positions after its cached prefix (all of them without one)."""
+        dev, bs = self.device, self.cfg.block_size
         prompts = [st.req.prompt for st in states]
-        if len(states) == 1 and self.prefill_graphs is not None and self.prefill_graphs.fits(len(prompts[0])):
-            st = states[0]
-            lm_h, res_h = self.prefill_graphs.run(prompts[0], self._slots(st, 0, st.prompt_len))
+        starts = [st.cached_blocks * bs for st in states]
+        pg = self.prefill_graphs
+        if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
+            st, c = states[0], starts[0]
+            lm_h, res_h = pg.run(prompts[0], self._slots(st, c, st.prompt_len), c, st.block_table,
+                                 lora_slot=st.lora_slot)
         else:
-            starts = [0]
-            for p in prompts:
-                starts.append(starts[-1] + len(p))
-            slots = [s for st in states for s in self._slots(st, 0, st.prompt_len)]
-            meta = PrefillMetadata(torch.tensor(slots, device=dev), starts)
-            positions = torch.cat([torch.arange(len(p)) for p in prompts])[None].to(dev)
+            seq = [0]
+            for p, c in zip(prompts, starts):
+                seq.append(seq[-1] + len(p) - c)
+            slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
+            if any(starts) and self.runner.use_triton:
+                meta = self._prefill_rows(states, starts, slots)
+            else:
+                contexts = None
+                if any(starts):
+                    contexts = [(c, torch.tensor(st.block_table[:-(-st.prompt_len // bs)], device=dev)) if c else None
+                                for st, c in zip(states, starts)]
+                meta = PrefillMetadata(torch.tensor(slots, device=dev), seq, contexts)
+            positions = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])[None].to(dev)
+            new = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])[None].to(dev)  # noqa: E731
             lm_h, res_h = self.model.prefill(
-                torch.cat([p.tokens for p in prompts])[None].to(dev),
-                torch.cat([p.text_mask for p in prompts])[None].to(dev),
-                torch.cat([p.audio_mask for p in prompts])[None].to(dev),
-                torch.cat([p.feats for p in prompts])[None].to(dev),
-                positions, torch.tensor(starts[1:], device=dev) - 1,
-                PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-                PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+                new("tokens"), new("text_mask"), new("audio_mask"), new("feats"), positions,
+                torch.tensor(seq[1:], device=dev) - 1,
+                PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
+                PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
+                lora=self._prefill_lora(states[0].lora_slot))
         for i, st in enumerate(states):
             self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
         return [None] * len(states)
+
+    def _prefill_rows(self, states: list[RequestState], starts: list[int], slots: list[int]) -> PrefillRowsMetadata:
+        """A packed prefill after cached prefixes as rows of the paged decode kernel: one launch per
+        layer for all prompts, where a loop of per-prompt gathers and masked attentions would cost
+        a dozen launches per prompt and layer."""
+        bs = self.cfg.block_size
+        tables = [st.block_table[:-(-st.prompt_len // bs)] for st in states]
+        width = max(map(len, tables))
+        rows, ctx = [], []
+        for st, c, table in zip(states, starts, tables):
+            n = st.prompt_len - c
+            rows.extend([table + [PagedKVCache.SCRATCH_BLOCK] * (width - len(table))] * n)
+            ctx.extend(range(c + 1, st.prompt_len + 1))
+        dev = self.device
+        return PrefillRowsMetadata(torch.tensor(slots, device=dev), torch.tensor(rows, dtype=torch.int64, device=dev),
+                                   torch.tensor(ctx, dtype=torch.int64, device=dev))
+
+    def _prefill_lora(self, slot: int) -> LoraBatch | None:
+        """A prefill's adapter (all its prompts share it): None without LoRA tables."""
+        if self.runner.lora is None:
+            return None
+        return LoraBatch(self.runner.lora, torch.tensor([slot], device=self.device), single=True)
 
     def _warm_up_prefill(self):
         """One throwaway eager prefill (one block long) into the scratch block, so that the compiled
@@ -357,7 +453,7 @@ class Engine:
         self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, n, P, D, device=dev),
                            torch.arange(n, device=dev)[None], torch.tensor([n - 1], device=dev),
                            PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-                           PagedAttention(self.kv.res_k, self.kv.res_v, meta))
+                           PagedAttention(self.kv.res_k, self.kv.res_v, meta), lora=self._prefill_lora(0))
 
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step
@@ -401,7 +497,7 @@ class Engine:
         """Launch one model step for `batch` -> the runner's LaunchedStep."""
         rows = [(st.slot, int(st.seed_key), st.launched, st.position,
                  self._slots(st, st.position, st.position + 1)[0], st.position + 1,
-                 st.block_table, float(st.req.cfg_value), st.req.inference_timesteps) for st in batch]
+                 st.block_table, float(st.req.cfg_value), st.req.inference_timesteps, st.lora_slot) for st in batch]
         step = self.runner.launch(rows)
         for st in batch:
             st.launched += 1
@@ -454,4 +550,7 @@ class Engine:
             self._ids.discard(rid)
             self._cancels.discard(rid)
             self._stats["finished"] += 1
+            if st.lora_slot:
+                self.loras.release(st.lora_slot)
+                st.lora_slot = 0  # released once
         self._send(st, Finished(rid, reason, st.step, error))

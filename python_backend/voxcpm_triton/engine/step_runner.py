@@ -5,7 +5,8 @@ buffers, so a captured graph stays valid:
 
     per slot (one per running request):  lm_state, res_state, prev_state
     per row (the step's batch):          slot, seed key, step index, CFG, Euler tables,
-                                         KV position, slot mapping, block table, context length
+                                         KV position, slot mapping, block table, context length,
+                                         LoRA slot (with adapters: 0 is the base model)
     out:                                 patch + stop flag, one [rows, P*D + 1] fp32 buffer
 
 Inside: gather the rows' state -> noise from (seed, step) -> LocDiT CFM over all
@@ -37,6 +38,7 @@ import torch
 from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from ..model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
+from ..model.lora import LoraBatch, LoraTables
 from ..checks import TIMESTEPS_RANGE
 from ..model.noise import gaussian_noise
 from .attention import DecodeMetadata, PagedAttention
@@ -100,7 +102,9 @@ class LaunchedStep:
 class DecodeStepRunner:
     def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
                  use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "torch",
-                 timestep_buckets=DEFAULT_TIMESTEP_BUCKETS):
+                 timestep_buckets=DEFAULT_TIMESTEP_BUCKETS, lora: LoraTables | None = None):
+        """lora: the adapters' slot tables; each row then runs on its LoRA slot (the graphs index
+        the tables through a per-row buffer, so adapters written later need no new capture)."""
         self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
         cfg = model.cfg
         H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
@@ -118,6 +122,8 @@ class DecodeStepRunner:
         self.positions, self.slot_mapping = z(B, dt=torch.int64), z(B, dt=torch.int64)
         self.block_tables = z(B, max_blocks_per_seq, dt=torch.int64)
         self.context_lens = z(B, dt=torch.int64)
+        self.lora = lora
+        self.lora_slots = z(B, dt=torch.int64)  # padding rows: 0, the base model
         self.out = z(B, P * D + 1, dt=torch.float32)
         self._new_host = lambda: HostBuffers(B, N, max_blocks_per_seq, P * D + 1, dev)  # noqa: E731
         self.host = [self._new_host() for _ in range(2)]  # every set made; grows with uncollected launches
@@ -151,10 +157,11 @@ class DecodeStepRunner:
         sched = CfmSchedule.from_tables(self.t[:b], self.dt[:b], self.active[:b], first, n_steps)
         meta = DecodeMetadata(self.slot_mapping[:b], self.block_tables[:b], self.context_lens[:b])
         kv = self.kv
+        lora = None if self.lora is None else LoraBatch(self.lora, self.lora_slots[:b])
         out = self.model.decode_step(
             self.lm_state[idx], self.res_state[idx], self.prev_state[idx], noise, sched, self.cfg[:b],
             self.positions[:b], PagedAttention(kv.base_k, kv.base_v, meta, self.use_triton),
-            PagedAttention(kv.res_k, kv.res_v, meta, self.use_triton))
+            PagedAttention(kv.res_k, kv.res_v, meta, self.use_triton), lora=lora)
         self.lm_state[idx] = out.lm_hidden
         self.res_state[idx] = out.residual_hidden
         self.prev_state[idx] = out.patch
@@ -199,7 +206,8 @@ class DecodeStepRunner:
         return h
 
     def _fill(self, h: HostBuffers, rows: list, bucket: int, n_steps: int):
-        """rows: (slot, seed_key, step, position, slot_mapping, context_len, block_table, cfg, timesteps)."""
+        """rows: (slot, seed_key, step, position, slot_mapping, context_len, block_table, cfg, timesteps[,
+        lora_slot]): the LoRA slot is 0 (the base model) when left out."""
         hr, hb, ht, hc = h.rows, h.blocks, h.tables, h.cfg
         hr[:bucket] = 0
         hr[:bucket, 0] = self.spare_slot
@@ -209,6 +217,8 @@ class DecodeStepRunner:
         hc[:bucket] = 1.0
         if rows:
             hr[:len(rows), :6] = torch.tensor([r[:6] for r in rows], dtype=torch.int64)
+            if self.lora is not None:
+                hr[:len(rows), 6] = torch.tensor([r[9] if len(r) > 9 else 0 for r in rows], dtype=torch.int64)
             hc[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
         by_steps: dict = {}
         for i, r in enumerate(rows):
@@ -220,6 +230,8 @@ class DecodeStepRunner:
         self.slots[:bucket], self.seed_key[:bucket], self.step_idx[:bucket] = dev_rows[:, 0], dev_rows[:, 1], dev_rows[:, 2]
         self.positions[:bucket], self.slot_mapping[:bucket] = dev_rows[:, 3], dev_rows[:, 4]
         self.context_lens[:bucket] = dev_rows[:, 5]
+        if self.lora is not None:
+            self.lora_slots[:bucket] = dev_rows[:, 6]
         self.block_tables[:bucket] = hb[:bucket].to(self.device, non_blocking=True)
         self.cfg[:bucket] = hc[:bucket].to(self.device, non_blocking=True)
         tables = ht[:, :bucket].to(self.device, non_blocking=True)
@@ -244,8 +256,8 @@ class DecodeStepRunner:
         rows' largest timesteps: rows should share a loop bucket (the engine groups them), or the
         others pay for the widest."""
         b = len(rows)
-        loop = self.loop_bucket(max(r[-1] for r in rows))
-        first = min(self.loop_first[loop], *(zero_velocity_steps(r[-1]) for r in rows))
+        loop = self.loop_bucket(max(r[8] for r in rows))
+        first = min(self.loop_first[loop], *(zero_velocity_steps(r[8]) for r in rows))
         bucket = bucket or self.bucket(b)
         graph = None
         if self.use_graphs:

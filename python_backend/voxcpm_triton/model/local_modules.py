@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LMConfig
+from .lora import lora_linear
 from .minicpm import MiniCPM, local_attention
 
 
@@ -53,8 +54,9 @@ class TimestepMLP(nn.Module):
         self.linear_1 = nn.Linear(dim, dim)
         self.linear_2 = nn.Linear(dim, dim)
 
-    def forward(self, x):
-        return self.linear_2(F.silu(self.linear_1(x)))
+    def forward(self, x, lora=(None, None)):
+        """lora: the two linears' `LoraOp`s (model.lora), or None each."""
+        return lora_linear(self.linear_2, F.silu(lora_linear(self.linear_1, x, lora[0])), lora[1])
 
 
 class LocalDiT(nn.Module):
@@ -75,17 +77,24 @@ class LocalDiT(nn.Module):
         if compile:
             self.forward = torch.compile(self.forward, dynamic=None)
 
-    def forward(self, x, mu, t, cond, dt):
-        """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P]"""
-        xh = self.in_proj(x.transpose(1, 2))
-        ch = self.cond_proj(cond.transpose(1, 2))
-        te = self.time_mlp(timestep_embedding(t, self.hidden).to(xh.dtype))
-        te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype))
+    def forward(self, x, mu, t, cond, dt, lora=None):
+        """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P].
+        lora: this step's `DitLora` (model.lora: N holds each request twice, the CFG halves), or None."""
+        top = {} if lora is None else lora.top
+        xh = lora_linear(self.in_proj, x.transpose(1, 2), top.get("in_proj"))
+        ch = lora_linear(self.cond_proj, cond.transpose(1, 2), top.get("cond_proj"))
+        te = self.time_mlp(timestep_embedding(t, self.hidden).to(xh.dtype),
+                           (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
+        te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype),
+                                      (top.get("delta_time_mlp.linear_1"), top.get("delta_time_mlp.linear_2")))
         mu = mu.view(xh.size(0), -1, xh.size(-1))
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
-        out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention,
-                           keep=slice(mu.size(1) + 1 + ch.size(1), None))
-        return self.out_proj(out).transpose(1, 2)
+        keep = slice(mu.size(1) + 1 + ch.size(1), None)
+        if lora is None or lora.layers is None:
+            out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention, keep=keep)
+        else:
+            out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention, keep=keep, lora=lora.layers)
+        return lora_linear(self.out_proj, out, top.get("out_proj")).transpose(1, 2)
 
 
 def euler_schedule(n_steps: int, sway_coef: float = 1.0, dtype=torch.float32, device=None):
@@ -120,10 +129,11 @@ class CFMSolver(nn.Module):
         self.estimator = estimator
         self.mean_mode = mean_mode
 
-    def guided_velocity(self, x, mu, t, dt, cond, cfg_value):
+    def guided_velocity(self, x, mu, t, dt, cond, cfg_value, lora=None):
         """One CFG evaluation as a 2B batch (conditional, then mu=0), with CFG-zero-star scaling.
 
-        x: [B, D, P]; mu: [B, 2h]; t, dt: [B]; cond: [B, D, P']; cfg_value: [B] or float.
+        x: [B, D, P]; mu: [B, 2h]; t, dt: [B]; cond: [B, D, P']; cfg_value: [B] or float;
+        lora: the rows' `DitLora` (model.lora), or None.
         """
         B = x.size(0)
         x_in = torch.cat([x, x])
@@ -133,7 +143,13 @@ class CFMSolver(nn.Module):
         cond_in = torch.cat([cond, cond])
         for a in (x_in, mu_in, t_in, cond_in, dt_in):  # one compiled graph for every batch bucket
             torch._dynamo.maybe_mark_dynamic(a, 0)
-        v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in)
+        if lora is None:
+            v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in)
+        else:
+            for op in (*lora.top.values(), *(o for layer in lora.layers or () if layer for o in layer if o)):
+                for a in (op.a, op.b) if op.rows is None else (op.rows,):  # the per-row tensors
+                    torch._dynamo.maybe_mark_dynamic(a, 0)
+            v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in, lora)
         v_cond, v_uncond = v[:B], v[B:]
         pos, neg = v_cond.reshape(B, -1), v_uncond.reshape(B, -1)
         st = (pos * neg).sum(1, keepdim=True) / ((neg ** 2).sum(1, keepdim=True) + 1e-8)
@@ -146,15 +162,15 @@ class CFMSolver(nn.Module):
         diff = v_cond - v_uncond * st
         return v_uncond * st + (cfg_value * diff.float()).to(x.dtype)
 
-    def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value):
-        """z: [B, D, P] start noise -> sample [B, D, P].
+    def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value, lora=None):
+        """z: [B, D, P] start noise -> sample [B, D, P]. lora: the rows' `DitLora`, or None.
 
         Rows may use different step counts: a row's padded steps have dt = 0 and
         are masked out, so its result equals a solo run with its own count.
         """
         x = z
         for i in range(schedule.first_velocity_step, schedule.n_steps):
-            v = self.guided_velocity(x, mu, schedule.t[:, i], schedule.dt[:, i], cond, cfg_value)
+            v = self.guided_velocity(x, mu, schedule.t[:, i], schedule.dt[:, i], cond, cfg_value, lora)
             step = schedule.dt[:, i].view(-1, 1, 1) * v
             x = torch.where(schedule.active[:, i].view(-1, 1, 1), x - step, x)
         return x

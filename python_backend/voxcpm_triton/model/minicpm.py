@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.fp8 import linear
 from .config import LMConfig
+from .lora import lora_delta
 
 
 def rms_norm(x, weight, eps: float):
@@ -111,6 +113,10 @@ def local_attention(layer_idx, q, k, v):
     return out.reshape(B, Hkv, g, S, D).permute(0, 3, 1, 2, 4).reshape(B, S, Hq, D)
 
 
+def _plus_lora(y, x, op):
+    return y if op is None else y + lora_delta(x, op)
+
+
 def _as_non_views(fn):
     """Call `fn` with its tensor arguments detached. torch.compile guards on the base size of an
     input that is a view, and decode and prefill pass views of differently shaped bases (the
@@ -126,7 +132,8 @@ def _as_non_views(fn):
 class LayerMath:
     """The two halves of a decoder layer as functions of tensors only: `attention_inputs` and
     `attention_output_mlp`. Instances with the same shape constants behave identically, so
-    one compiled pair serves every such layer (see `compiled`)."""
+    one compiled pair serves every such layer (see `compiled`). A weight is a tensor or an e4m3
+    `kernels.fp8.FP8Weight` (`model.precision`): `linear` runs either."""
 
     _compiled: dict = {}
 
@@ -134,14 +141,17 @@ class LayerMath:
         self.key = (n_heads, n_kv, head_dim, eps, branch_scale)
         self.n_heads, self.n_kv, self.head_dim, self.eps, self.branch_scale = self.key
 
-    def normed_qkv(self, x, norm_w, qkv_w):
-        """x: [N, hidden] -> the packed projection [N, (Hq + 2 * Hkv) * D], before RoPE."""
-        return F.linear(rms_norm(x, norm_w, self.eps), qkv_w)
+    def normed_qkv(self, x, norm_w, qkv_w, lora=None):
+        """x: [N, hidden] -> the packed projection [N, (Hq + 2 * Hkv) * D], before RoPE.
+        lora: the fused projection's `LoraOp` (model.lora), or None."""
+        h = rms_norm(x, norm_w, self.eps)
+        y = linear(h, qkv_w)
+        return y if lora is None else y + lora_delta(h, lora)
 
-    def attention_inputs(self, x, norm_w, qkv_w, cos, sin):
+    def attention_inputs(self, x, norm_w, qkv_w, cos, sin, lora=None):
         """x: [N, hidden] -> q [N, Hq, D], k, v [N, Hkv, D]."""
         nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = self.normed_qkv(x, norm_w, qkv_w).split([nq, nk, nk], dim=-1)
+        q, k, v = self.normed_qkv(x, norm_w, qkv_w, lora).split([nq, nk, nk], dim=-1)
         q = q.reshape(-1, self.n_heads, self.head_dim)
         k = k.reshape(-1, self.n_kv, self.head_dim)
         v = v.reshape(-1, self.n_kv, self.head_dim)
@@ -153,11 +163,15 @@ class LayerMath:
         # muP depth scaling of each residual branch; None unless use_mup.
         return x + (h * self.branch_scale if self.branch_scale is not None else h)
 
-    def attention_output_mlp(self, x, attn, o_w, norm_w, gate_up_w, down_w):
-        """x: [N, hidden] (the layer input), attn: [N, Hq * D] -> the layer output."""
-        x = self._residual(x, F.linear(attn, o_w))
-        gate, up = F.linear(rms_norm(x, norm_w, self.eps), gate_up_w).chunk(2, dim=-1)
-        return self._residual(x, F.linear(F.silu(gate) * up, down_w))
+    def attention_output_mlp(self, x, attn, o_w, norm_w, gate_up_w, down_w, lora=None):
+        """x: [N, hidden] (the layer input), attn: [N, Hq * D] -> the layer output. lora: the layer's
+        `LayerLora` (model.lora), or None."""
+        o, gate_up, down = (None, None, None) if lora is None else (lora.o, lora.gate_up, lora.down)
+        x = self._residual(x, _plus_lora(linear(attn, o_w), attn, o))
+        h = rms_norm(x, norm_w, self.eps)
+        gate, up = _plus_lora(linear(h, gate_up_w), h, gate_up).chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        return self._residual(x, _plus_lora(linear(act, down_w), act, down))
 
     def compiled(self) -> "LayerMath":
         """A LayerMath whose two functions are torch.compile'd, one per distinct shape key."""
@@ -218,19 +232,22 @@ class DecoderLayer(nn.Module):
         if compiled:  # one compiled pair shared by every layer of the same shape (GPU)
             self.math = self.math.compiled()
 
-    def forward(self, x, batch_shape, rope, backend, keep: slice | None = None):
+    def forward(self, x, batch_shape, rope, backend, keep: slice | None = None, lora=None):
         """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
         [N, D] each, or [S, D] for a backend that takes the packed QKV (and applies RoPE itself).
         keep: the positions of each sequence whose output is wanted (all by default); the others
-        still serve as keys and values, but skip the output projection and the MLP."""
+        still serve as keys and values, but skip the output projection and the MLP.
+        lora: this layer's `LayerLora` (model.lora), or None: no adapter."""
         attn, mlp, m = self.self_attn, self.mlp, self.math
         B, S = batch_shape
+        # Without adapters the calls are exactly the plain ones (no extra argument for compiled code).
+        qkv_lora = () if lora is None else (lora.qkv,)
         if getattr(backend, "packed_qkv", False):
-            qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight())
+            qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight(), *qkv_lora)
             out = backend(self.layer_idx, qkv, S, rope, (m.n_heads, m.n_kv, m.head_dim))
         else:
             cos, sin = rope if rope is not None else (None, None)
-            q, k, v = m.attention_inputs(x, self.input_layernorm.weight, attn.qkv_weight(), cos, sin)
+            q, k, v = m.attention_inputs(x, self.input_layernorm.weight, attn.qkv_weight(), cos, sin, *qkv_lora)
             out = backend(self.layer_idx, q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
                           v.view(B, S, *v.shape[1:]))
         out = out.reshape(B * S, -1)
@@ -238,7 +255,7 @@ class DecoderLayer(nn.Module):
             x = x.view(B, S, -1)[:, keep].reshape(-1, x.size(-1))
             out = out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
         return m.attention_output_mlp(x, out, attn.o_proj.weight, self.post_attention_layernorm.weight,
-                                      mlp.gate_up_weight(), mlp.down_proj.weight)
+                                      mlp.gate_up_weight(), mlp.down_proj.weight, *(() if lora is None else (lora,)))
 
 
 class MiniCPM(nn.Module):
@@ -252,10 +269,11 @@ class MiniCPM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = None if cfg.no_rope else LongRoPE(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend, keep: slice | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend, keep: slice | None = None,
+                lora: list | None = None) -> torch.Tensor:
         """x: [B, S, hidden]; positions: [B or 1, S] int64 -> [B, S, hidden], or [B, len(keep), hidden]:
         with `keep`, the last layer computes only those positions' outputs (LocDiT reads 4 of its 11,
-        LocEnc 1 of 5)."""
+        LocEnc 1 of 5). lora: per layer its `LayerLora` or None (`model.lora.LoraBatch.layers`)."""
         B, S, H = x.shape
         rope = None
         if self.rope is not None:
@@ -268,7 +286,10 @@ class MiniCPM(nn.Module):
         h = x.reshape(B * S, H)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, (B, S), rope, backend, keep if i == last else None)
+            if lora is None or lora[i] is None:
+                h = layer(h, (B, S), rope, backend, keep if i == last else None)
+            else:
+                h = layer(h, (B, S), rope, backend, keep if i == last else None, lora[i])
         return self.norm(h).view(B, -1, H)
 
 

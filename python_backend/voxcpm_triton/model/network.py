@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import VoxCPM2Config
 from .local_modules import CFMSolver, CfmSchedule, LocalDiT, LocalEncoder
+from .lora import LoraBatch, lora_linear
 from .minicpm import MiniCPM
 
 
@@ -81,8 +82,9 @@ class VoxCPM2Model(nn.Module):
         self.stop_head = nn.Linear(h, 2, bias=False)
         self.text_scale = lm.scale_emb if lm.use_mup else 1.0
 
-    def embed_patches(self, feats: torch.Tensor) -> torch.Tensor:
-        """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space.
+    def embed_patches(self, feats: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        """[B, T, P, D] -> [B, T, H]: LocEnc then projection into the LM's space (with `lora`'s
+        adapter on the projection: a prefill's, or a decode step's, T = 1).
 
         LocEnc sees each patch on its own, so decode steps ([B, 1]) and prefills ([1, T]) both go
         in as [B * T, 1] patches: one dynamic dimension, one compiled graph for both (if compiled)."""
@@ -91,46 +93,74 @@ class VoxCPM2Model(nn.Module):
         # detach(): no view either, whose base size torch.compile would guard on (see minicpm._as_non_views).
         flat = feats.reshape(B * T, 1, *feats.shape[2:]).contiguous().detach()
         torch._dynamo.maybe_mark_dynamic(flat, 0)
-        return self.enc_to_lm_proj(self.feat_encoder(flat)).view(B, T, -1)
+        op = None if lora is None else lora.op("enc_to_lm_proj")
+        return lora_linear(self.enc_to_lm_proj, self.feat_encoder(flat), op).view(B, T, -1)
 
-    def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend):
+    def prefill(self, tokens, text_mask, audio_mask, feats, positions, last_index, base_backend, residual_backend,
+                lora: LoraBatch | None = None):
         """Run both LMs over prompt positions (one or several packed prompts).
 
         tokens/text_mask/audio_mask/positions: [1, S]; feats: [1, S, P, D]; last_index: [N]
         (the last position of each prompt) -> (lm_hidden [N, H], residual_hidden [N, H]).
+        lora: the prompts' adapter (`LoraBatch(..., single=True)`: one for all of them), or None.
         """
         dtype = self.fusion_concat_proj.weight.dtype
         tmask = text_mask.to(dtype)[..., None]
         amask = audio_mask.to(dtype)[..., None]
-        feat_embed = self.embed_patches(feats.to(dtype))
+        feat_embed = self.embed_patches(feats.to(dtype), lora)
         text_embed = self.base_lm.embed_tokens(tokens) * self.text_scale
         x = tmask * text_embed + amask * feat_embed
-        enc = self.base_lm(x, positions, base_backend)
+        if lora is None:
+            enc = self.base_lm(x, positions, base_backend)
+        else:
+            enc = self.base_lm(x, positions, base_backend, lora=lora.layers("base_lm", len(self.base_lm.layers)))
         enc = self.fsq_layer(enc) * amask + enc * tmask
-        res_in = self.fusion_concat_proj(torch.cat((enc, amask * feat_embed), dim=-1))
-        res = self.residual_lm(res_in, positions, residual_backend)
+        res_in = self._linear("fusion_concat_proj", torch.cat((enc, amask * feat_embed), dim=-1), lora)
+        if lora is None:
+            res = self.residual_lm(res_in, positions, residual_backend)
+        else:
+            res = self.residual_lm(res_in, positions, residual_backend,
+                                   lora=lora.layers("residual_lm", len(self.residual_lm.layers)))
         return enc[0, last_index], res[0, last_index]
 
-    def stop_logits(self, lm_hidden: torch.Tensor) -> torch.Tensor:
-        return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
+    def _linear(self, name: str, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        """The top-level projection `name` (the reference's), with `lora`'s adapter if it has one."""
+        if lora is None:
+            return getattr(self, name)(x)
+        return lora_linear(getattr(self, name), x, lora.op(name))
+
+    def stop_logits(self, lm_hidden: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        return self._linear("stop_head", F.silu(self._linear("stop_proj", lm_hidden, lora)), lora)
 
     def decode_step(self, lm_hidden, residual_hidden, prev_patch, noise, schedule: CfmSchedule, cfg_value,
-                    positions, base_backend, residual_backend, teacher_patch=None) -> StepOutput:
+                    positions, base_backend, residual_backend, teacher_patch=None,
+                    lora: LoraBatch | None = None) -> StepOutput:
         """One autoregressive step for a batch of requests.
 
         lm_hidden/residual_hidden: [B, H]; prev_patch: [B, P, D] (the CFM condition);
         noise: [B, D, P] CFM start sample; cfg_value: [B]; positions: [B] (where this step's
         token goes in each request's KV cache). teacher_patch: feed this patch to the LMs instead
-        of the sampled one (teacher forcing, for precision checks).
+        of the sampled one (teacher forcing, for precision checks). lora: each row's adapter
+        (`LoraBatch` over [B] slots), or None.
         """
-        mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
+        mu = torch.cat((self._linear("lm_to_dit_proj", lm_hidden, lora),
+                        self._linear("res_to_dit_proj", residual_hidden, lora)), dim=-1)
+        dit = None if lora is None else lora.dit(len(self.feat_decoder.estimator.decoder.layers))
         patch = self.feat_decoder.sample(noise.to(mu.dtype), mu, prev_patch.transpose(1, 2).to(mu.dtype),
-                                         schedule, cfg_value).transpose(1, 2)
+                                         schedule, cfg_value, *(() if dit is None else (dit,))).transpose(1, 2)
         fed = patch if teacher_patch is None else teacher_patch.to(patch.dtype)
-        emb = self.embed_patches(fed[:, None])  # [B, 1, H]
-        stop = self.stop_logits(lm_hidden).argmax(-1) == 1
+        emb = self.embed_patches(fed[:, None], lora)  # [B, 1, H]
+        stop = self.stop_logits(lm_hidden, lora).argmax(-1) == 1
         pos = positions[:, None]
-        new_lm = self.fsq_layer(self.base_lm(emb, pos, base_backend))
-        res_in = self.fusion_concat_proj(torch.cat((new_lm, emb), dim=-1))
-        new_res = self.residual_lm(res_in, pos, residual_backend)
+        if lora is None:
+            new_lm = self.fsq_layer(self.base_lm(emb, pos, base_backend))
+        else:
+            new_lm = self.fsq_layer(self.base_lm(emb, pos, base_backend,
+                                                 lora=lora.layers("base_lm", len(self.base_lm.layers))))
+        res_in = self._linear("fusion_concat_proj", torch.cat((new_lm, emb), dim=-1), lora)
+        if lora is None:
+            new_res = self.residual_lm(res_in, pos, residual_backend)
+        else:
+            new_res = self.residual_lm(res_in, pos, residual_backend,
+                                       lora=lora.layers("residual_lm", len(self.residual_lm.layers)))
         return StepOutput(patch, stop, new_lm[:, 0], new_res[:, 0])

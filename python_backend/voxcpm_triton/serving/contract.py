@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
+from ..formats import lora as lora_format
 from .triton_io import InputError
 from .voices import MODES, check_name
 
 MAX_AUDIO_SECONDS = 60.0
 INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE",
                "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED",
-               "VOICE", "VOICE_MODE", "RETRY_BADCASE")
+               "VOICE", "VOICE_MODE", "RETRY_BADCASE", "NORMALIZE", "LORA")
 
 
 @dataclass
@@ -39,6 +40,8 @@ class SynthesisRequest:
     retry_badcase: bool = True
     voice: str | None = None  # a stored voice (serving/voices.py), used as ...
     voice_mode: str | None = None  # ... reference, continuation or both; None without a voice
+    normalize: bool = False  # TEXT normalised (numbers, dates, units... as words) before tokenizing
+    lora: str | None = None  # a LoRA adapter loaded in the decoder; None: the base model
 
 
 def value(a, name: str, kind):
@@ -134,6 +137,8 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.seed = seed
     retry = value(inputs.get("RETRY_BADCASE"), "RETRY_BADCASE", bool)
     req.retry_badcase = req.retry_badcase if retry is None else retry
+    req.normalize = bool(value(inputs.get("NORMALIZE"), "NORMALIZE", bool))
+    req.lora = _lora(inputs)
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
         checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
@@ -160,6 +165,17 @@ def _voice(inputs: dict, req: SynthesisRequest):
     if req.prompt_audio is not None and req.voice_mode in ("continuation", "both"):
         raise InputError(f"VOICE with VOICE_MODE {req.voice_mode} is the prompt: leave out PROMPT_AUDIO "
                          "and PROMPT_TEXT")
+
+
+def _lora(inputs: dict) -> str | None:
+    """LORA: an adapter's name (whether it is loaded, the decoder knows); empty or absent: none."""
+    name = value(inputs.get("LORA"), "LORA", str)
+    if not name:
+        return None
+    try:
+        return lora_format.check_name(name)
+    except lora_format.LoraError as e:
+        raise InputError(f"LORA: {e}") from None
 
 
 def wire_names(message: str) -> str:

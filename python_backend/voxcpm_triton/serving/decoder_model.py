@@ -3,12 +3,15 @@
 `execute` only validates and enqueues; the engine thread streams LATENTS
 chunks back through each request's response sender and closes the stream with
 the final flag. A request carrying CANCEL_ID cancels that earlier request
-(the orchestrators use it when their client goes away).
+(the orchestrators use it when their client goes away). LORA names a request's adapter; a
+request carrying LORA_ACTION (from the `loras` model) adds, removes or lists adapters.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 
 import numpy as np
@@ -16,15 +19,19 @@ import torch
 
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
+from ..engine.loras import LoraFull
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2, resolve_device
 from . import runtime
 from .contract import value, wire_names
 from .metrics import EngineMetrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import IPC_LOCK, Busy, InputError, error_response, get, locked, pb, require_internal, tensor
+from .triton_io import (IPC_LOCK, Busy, InputError, error_response, get, internal_error_response, locked, pb,
+                        require_internal, tensor)
 
 log = logging.getLogger("voxcpm_triton.decoder")
+
+LORA_ACTIONS = ("add", "remove", "list")
 
 # An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle).
 ENGINE_STUCK_S = 60.0
@@ -46,9 +53,16 @@ class DecoderModel:
         t0 = time.monotonic()
         # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
         on_gpu = resolve_device(params["device"]).type == "cuda"
+        if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):
+            raise ValueError(f"decoder parameter 'lora_dir' (or VOXCPM_LORA_DIR): directory not found: "
+                             f"{params['lora_dir']}")
         self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=params["device"],
                                            dtype=params["dtype"], attention=params["attention"],
-                                           compile=params["compile"] and params["cuda_graphs"] and on_gpu)
+                                           precision=params["precision"],
+                                           compile=params["compile"] and params["cuda_graphs"] and on_gpu,
+                                           # Adapters added later must fit the tables: they also cover the defaults.
+                                           lora_dir=params["lora_dir"], max_loras=params["max_loras"],
+                                           max_lora_rank=params["max_lora_rank"], reserve_lora_defaults=True)
         kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
             block_size=params["block_size"],
@@ -59,6 +73,7 @@ class DecoderModel:
             chunk_schedule=params["chunk_schedule"],
             cuda_graphs=params["cuda_graphs"],
             timestep_buckets=params["timestep_buckets"],
+            enable_prefix_caching=params["enable_prefix_caching"],
         )
         t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)
@@ -112,6 +127,10 @@ class DecoderModel:
                     self.engine.cancel(bytes(cancel_id.reshape(-1)[0]).decode())
                     locked(sender.send, flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
+                action = _scalar(request, "LORA_ACTION", str)
+                if action is not None:
+                    self._lora_action(action, _scalar(request, "LORA", str), sender)
+                    continue
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
                     prompt=self._prompt(request),
@@ -119,16 +138,53 @@ class DecoderModel:
                     max_len=_scalar(request, "MAX_LENGTH", int),
                     cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
                     inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
-                    seed=_scalar(request, "SEED", int))
+                    seed=_scalar(request, "SEED", int),
+                    lora=_scalar(request, "LORA", str) or None)
                 self.engine.submit(req, sink=self._sink(sender))
             except EngineBusy as e:
-                locked(sender.send, error_response(Busy(str(e))), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                locked(sender.send, internal_error_response(Busy(str(e))),
+                       flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except ValueError as e:
-                locked(sender.send, error_response(InputError(wire_names(str(e)))),
+                locked(sender.send, internal_error_response(InputError(wire_names(str(e)))),
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:
                 locked(sender.send, error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+
+    def _lora_action(self, action: str, name: str | None, sender):
+        """`loras`'s add / remove / list: one response with LORAS, the names loaded after. An add
+        reads the adapter's files and waits for the engine thread to write it: in a thread of its
+        own, so other requests are not held up."""
+        p = pb()
+
+        def run():
+            try:
+                if action == "list":
+                    names = self.engine.lora_names()
+                elif action == "remove":
+                    names = self.engine.remove_lora(name)
+                else:
+                    names = self.engine.add_lora(name)
+                response = p.InferenceResponse(output_tensors=[
+                    tensor("LORAS", np.array([n.encode() for n in names], dtype=object))])
+            except LoraFull as e:
+                response = internal_error_response(Busy(str(e)))
+            except ValueError as e:
+                response = internal_error_response(InputError(str(e)))
+            except Exception as e:
+                log.exception("LoRA action %s %r failed", action, name)
+                response = error_response(e)
+            locked(sender.send, response, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        if action not in LORA_ACTIONS:
+            raise InputError(f"LORA_ACTION must be one of {', '.join(LORA_ACTIONS)}, got {action!r}")
+        if (action == "list") != (name is None):
+            raise InputError("LORA_ACTION list takes no LORA" if name is not None
+                             else f"LORA_ACTION {action} needs LORA (the adapter's name)")
+        if action == "add":
+            threading.Thread(target=run, name="lora-add", daemon=True).start()
+        else:
+            run()
 
     @staticmethod
     def _sink(sender):

@@ -32,11 +32,22 @@ class EngineMetrics:
             "waiting": metric("voxcpm_engine_waiting_requests", "Requests queued for admission", labels),
             "free_blocks": metric("voxcpm_kv_blocks_free", "Free KV cache blocks", labels),
             "total_blocks": metric("voxcpm_kv_blocks_total", "KV cache blocks in the pool", labels),
+            "cached_blocks": metric("voxcpm_prefix_cache_blocks", "KV blocks holding a prefix cache entry (in use "
+                                    "or idle; idle ones count as free)", labels),
             "steps_per_s": metric("voxcpm_engine_steps_per_second", "Decode steps per second (last second)", labels),
             "up": metric("voxcpm_engine_up", "1 while the engine can serve, 0 once its thread has died", labels),
         }
-        self.steps = metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER")
-        self._last_steps = 0
+        # Counters: engine stats key -> metric, each incremented by the stat's growth since the last update.
+        self.counters = {
+            "steps": metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER"),
+            "prefix_cache_hits": metric("voxcpm_prefix_cache_hits_total",
+                                        "Requests that started from at least one cached prompt block", labels,
+                                        "COUNTER"),
+            "prefix_cache_hit_blocks": metric("voxcpm_prefix_cache_hit_blocks_total",
+                                              "Prompt blocks taken from the prefix cache instead of prefilled",
+                                              labels, "COUNTER"),
+        }
+        self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
         self._thread.start()
@@ -53,8 +64,9 @@ class EngineMetrics:
         with IPC_LOCK:
             for k, m in self.gauges.items():
                 m.set(s[k])
-            self.steps.increment(s["steps"] - self._last_steps)
-        self._last_steps = s["steps"]
+            for k, m in self.counters.items():
+                m.increment(s[k] - self._last[k])
+        self._last = {k: s[k] for k in self.counters}
 
     def close(self):
         self._stop.set()

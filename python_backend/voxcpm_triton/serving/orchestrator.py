@@ -28,7 +28,7 @@ from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_
 from . import contract, runtime
 from .metrics import metric
 from .parameters import read, read_config, resolve_checkpoint
-from .triton_io import BLSError, Busy, InputError, Unhealthy, bls, error_response, get, outputs, pb, tensor
+from .triton_io import Busy, InputError, Unhealthy, bls, downstream_error, error_response, get, outputs, pb, tensor
 from .voices import VoiceStore
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
@@ -97,6 +97,22 @@ class InternalCalls:
         resp = await self.guard(bls(model, inputs, names, **kw).async_exec())
         return outputs(resp, names)
 
+    async def infer_decoupled(self, model: str, inputs: dict, names: list[str]) -> list:
+        """A decoupled model's one answer (the decoder's LoRA actions): its data response's outputs."""
+        it = await self.guard(bls(model, inputs, names).async_exec(decoupled=True))
+        queue = _ResponseQueue(it, asyncio.get_running_loop()).queue
+        result = None
+        while (resp := await self.guard(queue.get())) is not _ResponseQueue.END:
+            if isinstance(resp, Exception):
+                raise resp
+            if resp.has_error():
+                raise downstream_error(resp.error())  # sent with the final flag: nothing follows
+            if resp.output_tensors():
+                result = outputs(resp, names)
+        if result is None:
+            raise RuntimeError(f"model {model!r} ended without an answer")
+        return result
+
     async def encode(self, audio, rate, pad_left: bool) -> np.ndarray:
         """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's)."""
         return (await self.infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
@@ -153,6 +169,8 @@ class Orchestrator(InternalCalls):
         t0 = time.monotonic()
         voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
+        if req.normalize:
+            tok_in["NORMALIZE"] = np.array([True])
         prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
@@ -164,6 +182,8 @@ class Orchestrator(InternalCalls):
                   "SEED": np.array([req.seed if req.seed is not None else draw_seed()], np.int64)}
         if req.max_length is not None:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
+        if req.lora is not None:
+            dec_in["LORA"] = np.array([req.lora.encode()], dtype=object)
         audio_latents = []
         # A stored voice's latents are what vae_encoder made of its audio: the same as sending it inline.
         if voice is not None and req.voice_mode in ("reference", "both"):
@@ -203,7 +223,7 @@ class Orchestrator(InternalCalls):
                 if isinstance(resp, Exception):
                     raise resp
                 if resp.has_error():
-                    error = error or BLSError(resp.error().message())
+                    error = error or downstream_error(resp.error())
                     continue  # drain to the final response
                 if stopping or not resp.output_tensors():
                     continue

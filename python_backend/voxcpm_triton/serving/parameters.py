@@ -4,8 +4,8 @@ a key the table does not name, or a value it does not allow, stops the model wit
 naming the parameter.
 
 The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE,
-VOXCPM_DTYPE and VOXCPM_VOICES_DIR (one deployment points every model at its checkpoint without
-editing six files).
+VOXCPM_DTYPE, VOXCPM_VOICES_DIR and VOXCPM_LORA_DIR (one deployment points every model at its
+checkpoint without editing six files).
 
 Rules that tie models together (`INVARIANTS`) are checked at start-up against the sibling
 models' config.pbtxt, which lie next to the model's own directory.
@@ -105,8 +105,17 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
     Param("decoder", "compile", "bool", "true", "GPU: LocDiT/LocEnc and the LM layer math compiled"),
     Param("decoder", "attention", "choice", "auto", "decode attention kernels", ("auto", "triton", "torch")),
+    Param("decoder", "precision", "choice", "bf16",
+          "linear weights: bf16 (as loaded) or fp8 (e4m3; a GPU of compute capability >= 8.9, dtype bfloat16)",
+          ("bf16", "fp8")),
     Param("decoder", "timestep_buckets", "ints", "4,8,10,12,16,24,32,50,100",
           "CFM loop lengths with a decode graph each; the last must be 100"),
+    Param("decoder", "enable_prefix_caching", "bool", "true",
+          "requests whose prompts start alike (a voice, a reference) share that prefix's KV blocks"),
+    Param("decoder", "lora_dir", "path", "", "directory of LoRA adapters, one subfolder each; empty: none (LoRA off)",
+          env="VOXCPM_LORA_DIR"),
+    Param("decoder", "max_loras", "int", "8", "LoRA adapters held at once in the GPU slot tables (with lora_dir)"),
+    Param("decoder", "max_lora_rank", "int", "32", "largest LoRA rank an adapter may have (with lora_dir)"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
@@ -124,7 +133,7 @@ for _p in PARAMETERS:
 
 def parse_values(model: str, raw: dict[str, str], env: bool = True) -> dict:
     """name -> typed value for every parameter of `model`, from config.pbtxt's strings `raw`."""
-    params = TABLE[model]
+    params = TABLE.get(model, {})  # a model with no parameters takes none
     unknown = sorted(set(raw) - set(params))
     if unknown:
         raise ValueError(f"model {model!r} has no parameter(s) {', '.join(unknown)}; "

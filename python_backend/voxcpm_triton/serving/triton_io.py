@@ -106,3 +106,27 @@ def outputs(response, names: list[str]) -> list:
 
 class BLSError(RuntimeError):
     """A downstream model answered with an error; its message is passed on as is."""
+
+
+# Triton 2.51 passes a BLS response's error message on but not its code. An internal model whose
+# errors the orchestrator passes on (the decoder) marks the kind in the message
+# (`internal_error_response`); `downstream_error` reads it back and strips it.
+_KIND_TAGS = {"[invalid input] ": InputError, "[busy] ": Busy}
+
+
+def internal_error_response(exc: BaseException):
+    """`error_response` for a model that answers BLS calls: the error's kind survives the hop."""
+    tag = next((t for t, kind in _KIND_TAGS.items() if isinstance(exc, kind)), "")
+    p = pb()
+    return p.InferenceResponse(error=p.TritonError(tag + (str(exc) or type(exc).__name__), error_code(exc)))
+
+
+def downstream_error(error) -> Exception:
+    """An internal model's error response (a TritonError) as the exception to pass on: a client
+    mistake it found (e.g. an unknown LoRA adapter) stays one, and so does a bound it reached, with
+    its message."""
+    message = error.message()
+    for tag, kind in _KIND_TAGS.items():
+        if message.startswith(tag):
+            return kind(message[len(tag):])
+    return BLSError(message)
