@@ -122,7 +122,12 @@ def test_emulated_gemm_is_what_scaled_mm_computes():
     bias = torch.randn(32).to(torch.bfloat16)
     xq, sx = fp8.quantize_rows(x)
     got = fp8.emulated_scaled_mm(xq, w.data.t(), sx, w.scale, bias, torch.bfloat16)
-    want = torch._scaled_mm(xq, w.data.t(), scale_a=sx, scale_b=w.scale, bias=bias, out_dtype=torch.bfloat16)
+    try:
+        want = torch._scaled_mm(xq, w.data.t(), scale_a=sx, scale_b=w.scale, bias=bias, out_dtype=torch.bfloat16)
+    except RuntimeError as e:  # torch < 2.13 on the CPU: per-tensor scales only
+        if "per-tensor" not in str(e) or not torch.cuda.is_available():
+            raise
+        pytest.skip("this torch's CPU _scaled_mm has no row-wise scales; the GPU test below checks the kernel")
     # Same products, summed in another order: at most one bf16 rounding step apart.
     assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
     # A transposed scale layout would be caught: the per-channel scales differ by channel.
@@ -286,7 +291,14 @@ def test_scaled_mm_on_the_gpu_matches_the_emulation(M):
         got = fp8.fp8_linear(x, w, bias)
         xq, sx = fp8.quantize_rows(x)
         want = fp8.emulated_scaled_mm(xq, w.data.t(), sx, w.scale, bias, torch.bfloat16)
-        assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=2e-3), (M, N, K)
+        # Hopper's FP8 tensor cores accumulate with fewer mantissa bits than fp32, so a sum that
+        # cancels can be off by a small fraction of the magnitudes it summed, not of its result;
+        # plus the output's own bf16 rounding.
+        err = (got.float() - want.float()).abs()
+        summed = (xq.float().abs() @ w.data.float().abs().t()) * sx * w.scale
+        bound = 2 ** -10 * summed + 2 ** -7 * want.float().abs() + 2e-3
+        assert torch.all(err <= bound), (M, N, K, err.max().item(), (err / bound).max().item())
+        assert (err / summed.clamp_min(1e-6)).max() < 2 ** -10 and not torch.equal(got, torch.zeros_like(got))
         col_major = x.t().contiguous().t()  # _scaled_mm takes only a row-major first operand
         assert torch.equal(fp8.fp8_linear(col_major, w, bias), got)
     # Compiled and captured in a CUDA graph, as the decode step runs it.

@@ -58,6 +58,10 @@ def teacher_forced_cosines(ref, q, steps: int) -> list[float]:
 @pytest.mark.parametrize("attention,steps", [("torch", 12), ("triton", 1)])
 def test_fp8_network_stays_close_to_bf16_step_after_step(checkpoint_dirs, attention, steps):
     """Both attention paths: the Triton one takes the packed QKV projection (`normed_qkv`)."""
+    from voxcpm_triton.kernels import local_attention
+
+    if attention == "triton" and not local_attention._INTERPRETED:
+        pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (set where there is no GPU)")
     ref, q = pair(checkpoint_dirs["real_shaped"], attention)
     cos = teacher_forced_cosines(ref, q, steps)
     assert min(cos) >= 0.95 and sorted(cos)[len(cos) // 2] >= 0.99, cos

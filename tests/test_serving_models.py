@@ -48,6 +48,9 @@ class FakeMetric:
     def set(self, v):
         self.value = v
 
+    def increment(self, v):
+        self.value += v
+
 
 class FakeFamily:
     GAUGE, COUNTER = "GAUGE", "COUNTER"

@@ -21,8 +21,8 @@ from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
 from ..engine.loras import LoraFull
 from ..model.prompt import build_prompt
-from ..voxcpm2 import VoxCPM2, resolve_device
-from . import runtime
+from ..voxcpm2 import VoxCPM2
+from . import placement, runtime
 from .contract import value, wire_names
 from .metrics import EngineMetrics
 from .parameters import read, resolve_checkpoint
@@ -51,12 +51,13 @@ class DecoderModel:
         runtime.watch_parent()
         params = read(args, "decoder")
         t0 = time.monotonic()
+        device = placement.instance_device(args, params["device"])
         # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
-        on_gpu = resolve_device(params["device"]).type == "cuda"
+        on_gpu = device.type == "cuda"
         if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):
             raise ValueError(f"decoder parameter 'lora_dir' (or VOXCPM_LORA_DIR): directory not found: "
                              f"{params['lora_dir']}")
-        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=params["device"],
+        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=str(device),
                                            dtype=params["dtype"], attention=params["attention"],
                                            precision=params["precision"],
                                            compile=params["compile"] and params["cuda_graphs"] and on_gpu,
@@ -77,15 +78,15 @@ class DecoderModel:
         )
         t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)
-        self.metrics = EngineMetrics(self.engine, {"model": "decoder"})
+        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device))
         self.beacon = runtime.Beacon("decoder", self._status)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         memory = ""
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
         graphs = self.engine.capture_summary
-        log.warning("decoder ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
-                    "(captured in %.1f s)", time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
+        log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
+                    "(captured in %.1f s)", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
                     self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
 
     def _status(self) -> str | None:

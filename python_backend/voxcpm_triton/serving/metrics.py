@@ -23,7 +23,8 @@ class metric:
 
 
 class EngineMetrics:
-    """Publishes the decoder engine's state a few times a second from a background thread."""
+    """Publishes the decoder engine's state a few times a second from a background thread, labelled
+    with the instance and its device (each decoder instance is an engine of its own)."""
 
     def __init__(self, engine, labels: dict, period_s: float = 0.2):
         self.engine, self.period = engine, period_s
@@ -40,6 +41,8 @@ class EngineMetrics:
         # Counters: engine stats key -> metric, each incremented by the stat's growth since the last update.
         self.counters = {
             "steps": metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER"),
+            "finished": metric("voxcpm_engine_requests_finished_total",
+                               "Requests ended (done, failed or cancelled)", labels, "COUNTER"),
             "prefix_cache_hits": metric("voxcpm_prefix_cache_hits_total",
                                         "Requests that started from at least one cached prompt block", labels,
                                         "COUNTER"),

@@ -7,6 +7,7 @@ one tensor batch.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -15,12 +16,14 @@ import torch
 
 from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
-from ..voxcpm2 import encode_patches, load_audio_vae, resolve_device
-from . import runtime
+from ..voxcpm2 import encode_patches, load_audio_vae
+from . import placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric
 from .parameters import read, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor
+
+log = logging.getLogger("voxcpm_triton.vae")
 
 
 def _load(args, model: str, decoder_backends: bool = False):
@@ -28,7 +31,7 @@ def _load(args, model: str, decoder_backends: bool = False):
     its parameters ask for (GPU only; the kernels where they can run)."""
     runtime.watch_parent()
     params = read(args, model)
-    device = resolve_device(params["device"])
+    device = placement.instance_device(args, params["device"])
     triton_kernels = compile = False
     if decoder_backends and device.type == "cuda":
         if params["triton_kernels"]:
@@ -38,6 +41,7 @@ def _load(args, model: str, decoder_backends: bool = False):
         compile = params["compile"]
     cfg, vae = load_audio_vae(resolve_checkpoint(params["checkpoint"]), device, triton_kernels=triton_kernels,
                               compile=compile)
+    log.warning("%s instance %s loaded: device=%s", model, placement.instance_name(args), device)
     return params, cfg, vae
 
 
@@ -107,9 +111,11 @@ class VAEDecoderModel:
         self.idle_timeout = params["stream_idle_timeout_s"]
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
-        labels = {"model": "vae_decoder"}
+        labels = placement.labels(args, "vae_decoder", self.vae.device)
         self.m_streams = metric("voxcpm_vae_streams", "Open VAE decode streams (state held)", labels)
         self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
+        self.m_started = metric("voxcpm_vae_streams_started_total", "VAE decode streams opened (START)", labels,
+                                "COUNTER")
         self._stop = threading.Event()
         threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
         self.beacon = runtime.Beacon("vae_decoder")
@@ -156,6 +162,7 @@ class VAEDecoderModel:
     def execute(self, requests):
         responses: list = [None] * len(requests)
         work = []  # (index, corrid, z, end)
+        started = 0
         now = time.monotonic()
         with self.lock:
             for i, r in enumerate(requests):
@@ -170,6 +177,7 @@ class VAEDecoderModel:
                         raise ValueError(f"two chunks of sequence {corrid} in one batch")
                     if start:
                         self.streams.open(corrid, self._z(ctx) if ctx is not None and ctx.size else None)
+                        started += 1
                     elif corrid not in self.streams:
                         if end and lat.shape[0] == 0:  # closing a stream whose START failed: nothing to free
                             responses[i] = pb().InferenceResponse(output_tensors=[
@@ -197,4 +205,5 @@ class VAEDecoderModel:
                     self._close(c)
             self._drop_idle(now)
             self.m_streams.set(float(len(self.streams)))
+            self.m_started.increment(float(started))
         return responses
