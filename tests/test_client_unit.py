@@ -40,6 +40,7 @@ CONTRACT = {
     "VOICE": ("BYTES", [1]),
     "VOICE_MODE": ("BYTES", [1]),
     "NORMALIZE": ("BOOL", [1]),
+    "LORA": ("BYTES", [1]),
 }
 NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 ZH = "你好，欢迎使用语音合成。"
@@ -49,7 +50,7 @@ def all_params():
     return dict(reference_audio=np.linspace(-1, 1, 321).astype(np.float32), reference_sample_rate=16000,
                 prompt_audio=np.zeros(77, np.float64), prompt_sample_rate=44100, prompt_text=ZH,
                 cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3,
-                voice="alice", voice_mode="reference", normalize=True)
+                voice="alice", voice_mode="reference", normalize=True, lora="dialect")
 
 
 # ---------------------------------------------------------------- inputs
@@ -125,6 +126,7 @@ def test_cli_normalize_flag():
 
     assert parse_args(["hi", "--normalize"]).normalize is True
     assert parse_args(["hi"]).normalize is None  # not sent: the server's default (off)
+    assert parse_args(["hi", "--lora", "dialect"]).lora == "dialect" and parse_args(["hi"]).lora is None
 
 
 

@@ -411,6 +411,7 @@ def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
         (dict(voice="../x"), openai.BadRequestError, "voice", "not a valid voice name"),
         (dict(voice="nobody"), openai.NotFoundError, "voice", "unknown voice 'nobody'"),
         (dict(text="x" * 5000), openai.BadRequestError, "input", "limit is 4096"),
+        (dict(extra={"lora": "dialect"}), openai.BadRequestError, "lora", "LORA"),
     ]
     for kw, exc, param, message in cases:
         kw = dict(kw)

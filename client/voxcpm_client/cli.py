@@ -33,6 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--normalize", action="store_true", default=None,
                    help="write numbers, dates, currencies, units... in the text out as words first (server-side)")
+    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: none")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
     args = p.parse_args(argv)
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     url, model = DEFAULTS[args.protocol]
     url, model = args.url or url, args.model or model
     params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed",
-                                            "voice", "voice_mode", "normalize")}
+                                            "voice", "voice_mode", "normalize", "lora")}
     try:
         if args.reference:
             params["reference_audio"], params["reference_sample_rate"] = load_audio(args.reference)

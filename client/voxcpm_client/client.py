@@ -28,6 +28,7 @@ SCALAR_INPUTS = {
     "voice": ("VOICE", np.object_),
     "voice_mode": ("VOICE_MODE", np.object_),
     "normalize": ("NORMALIZE", np.bool_),
+    "lora": ("LORA", np.object_),
 }
 VOICE_MODES = ("reference", "continuation", "both")
 AUDIO_INPUTS = {

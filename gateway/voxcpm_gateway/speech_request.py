@@ -29,6 +29,7 @@ EXTENSIONS: dict[str, tuple[str, type]] = {
     "max_length": ("MAX_LENGTH", np.int32),
     "voice_mode": ("VOICE_MODE", np.object_),
     "normalize": ("NORMALIZE", np.bool_),
+    "lora": ("LORA", np.object_),
 }
 # Triton input -> request field, for naming the field an error is about.
 PARAMS = {"TEXT": "input", "VOICE": "voice", **{inp: name for name, (inp, _) in EXTENSIONS.items()}}
@@ -62,6 +63,7 @@ class SpeechRequest(BaseModel):
     max_length: Optional[StrictInt] = Int32
     voice_mode: Optional[StrictStr] = None
     normalize: Optional[StrictBool] = None
+    lora: Optional[StrictStr] = None
 
     @property
     def voice_name(self) -> str:

@@ -213,9 +213,12 @@ class Engine:
         if not isinstance(name, str):
             raise ValueError(f"lora must be an adapter's name (a string), got {type(name).__name__}")
         if self.loras is None:
-            raise ValueError(f"LoRA adapter {name!r} requested but this server loads no adapters "
+            raise ValueError(f"lora: LoRA adapter {name!r} requested but this server loads no adapters "
                              "(decoder parameter lora_dir)")
-        return self.loras.acquire(name)
+        try:
+            return self.loras.acquire(name)
+        except ValueError as e:
+            raise ValueError(f"lora: {e}") from None
 
     # -- LoRA adapters while serving (any thread; the engine thread writes the tables)
     def lora_names(self) -> list:
@@ -235,11 +238,14 @@ class Engine:
             raise ValueError("this server loads no LoRA adapters (decoder parameter lora_dir)")
         return self.loras
 
-    def cancel(self, request_id: str):
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request submitted here and not ended -> whether there was one (else nothing happens)."""
         with self._lock:
-            if request_id in self._ids:
-                self._cancels.add(request_id)
-                self._lock.notify()
+            if request_id not in self._ids:
+                return False
+            self._cancels.add(request_id)
+            self._lock.notify()
+            return True
 
     @property
     def waiting(self):

@@ -181,6 +181,6 @@ def _lora(inputs: dict) -> str | None:
 def wire_names(message: str) -> str:
     """The engine's parameter names as the client knows them."""
     for py, wire in (("min_len", "MIN_LENGTH"), ("max_len", "MAX_LENGTH"), ("cfg_value", "CFG_VALUE"),
-                     ("inference_timesteps", "INFERENCE_TIMESTEPS"), ("seed", "SEED")):
+                     ("inference_timesteps", "INFERENCE_TIMESTEPS"), ("seed", "SEED"), ("lora: ", "LORA: ")):
         message = message.replace(py, wire)
     return message
