@@ -1,9 +1,12 @@
 """Two CPU instances (KIND_CPU, count 2) of decoder and vae_decoder, as a multi-GPU machine runs
 one per GPU: Triton spreads the orchestrators' requests over both engines and the streams over
 both VAE instances, each instance logs its device and labels its metrics, and every result equals
-the same request run alone."""
+the same request run alone. A client's hang-up stops its request on whichever engine holds it, and
+a LoRA adapter added or removed through `loras` is added or removed on both engines."""
 
+import os
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -14,23 +17,41 @@ import pytest
 from tests.conftest import require_module
 
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
+from tests.lora_helpers import write_adapters  # noqa: E402
 from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.test_lora_served import loras  # noqa: E402
+from tests.test_resilience import Stream  # noqa: E402
 from tests.test_server import TOL, tts_http, tts_stream  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 INSTANCES = {"decoder": 2, "vae_decoder": 2}
 
 
+P = TINY_CONFIG["patch_size"]
+
+
 @pytest.fixture(scope="module")
-def server(triton_server_factory, tmp_path_factory):  # noqa: F811
-    ckpt = write_checkpoint(str(tmp_path_factory.mktemp("mi_ckpt")), TINY_CONFIG, seed=3, progress=None)
+def ckpt(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("mi_ckpt")), TINY_CONFIG, seed=3, progress=None)
+
+
+@pytest.fixture(scope="module")
+def lora_dir(ckpt, tmp_path_factory):
+    """No adapter at start; `.spare` holds one for the tests to add."""
+    d = str(tmp_path_factory.mktemp("mi_loras"))
+    write_adapters(ckpt, os.path.join(d, ".spare"), names=("lm_dit",), seed=1)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, tmp_path_factory, ckpt, lora_dir):  # noqa: F811
     repo = repository_copy(tmp_path_factory.mktemp("mi") / "model_repository", instances=INSTANCES)
     for model in INSTANCES:
         cfg = repo / model / "config.pbtxt"
         text = cfg.read_text()
         assert "kind: KIND_AUTO" in text, model
         cfg.write_text(text.replace("kind: KIND_AUTO", "kind: KIND_CPU"))
-    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_LORA_DIR": lora_dir})
 
 
 @pytest.fixture
@@ -152,3 +173,89 @@ def test_concurrent_requests_spread_over_both_instances_and_equal_their_solo_run
     # Every stream's state was dropped where it was held.
     assert wait_for(lambda: set(per_instance(server, "voxcpm_vae_streams").values()) == {0.0})
     assert wait_for(lambda: set(per_instance(server, "voxcpm_engine_running_requests").values()) == {0.0})
+
+
+def test_instance_count_reads_the_normalized_instance_group(gpus):
+    import json
+
+    from voxcpm_triton.serving.placement import instance_count
+
+    def args(*groups):
+        return {"model_config": json.dumps({"instance_group": list(groups)})}
+
+    gpus(4)
+    assert instance_count(args({"count": 1, "kind": "KIND_GPU", "gpus": [0, 1, 2]})) == 3
+    assert instance_count(args({"count": 2, "kind": "KIND_CPU"}, {"count": 1, "kind": "KIND_GPU", "gpus": [3]})) == 3
+    assert instance_count(args({"count": 1, "kind": "KIND_AUTO"})) == 4
+    gpus(0)
+    assert instance_count(args({"count": 1, "kind": "KIND_AUTO"})) == 1
+    assert instance_count({"model_config": "{}"}) == 1
+
+
+def test_a_client_hang_up_stops_its_request_on_whichever_instance_holds_it(server):
+    """The orchestrator's cancel reaches one decoder instance; the instance holding the request
+    stops it all the same, within a poll of the other's."""
+    n = 4
+    streams = [Stream(server, f"Stream number {i}, long enough to run for minutes.", SEED=300 + i,
+                      MIN_LENGTH=3000, MAX_LENGTH=3000, INFERENCE_TIMESTEPS=4) for i in range(n)]
+    try:
+        assert wait_for(lambda: all(len(s.chunks) >= 2 or s.done.is_set() for s in streams), 60)
+        assert not any(s.error for s in streams), [s.error for s in streams]
+        assert wait_for(lambda: sum(per_instance(server, "voxcpm_engine_running_requests").values()) == n)
+        running = per_instance(server, "voxcpm_engine_running_requests")
+        assert len(running) == 2 and min(running.values()) >= 1, running  # both instances hold some
+        # Patches per second of one stream: what the rest of its 3000 patches would take.
+        s = streams[0]
+        rate = sum(c.size for c in s.chunks) / (P * 1920) / max(s.times[-1] - s.times[0], 1e-3)
+    finally:
+        for s in streams:
+            s.close(cancel=True)
+    t0 = time.monotonic()
+    assert wait_for(lambda: set(per_instance(server, "voxcpm_engine_running_requests").values()) == {0.0}, 10), \
+        per_instance(server, "voxcpm_engine_running_requests")
+    stopped_s = time.monotonic() - t0
+    print(f"all {n} stopped {stopped_s:.1f} s after the hang-up; alone they had ~{3000 / rate:.0f} s to go")
+    assert stopped_s < 0.1 * 3000 / rate, (stopped_s, rate)
+    assert wait_for(lambda: set(per_instance(server, "voxcpm_kv_blocks_free").values())
+                    == set(per_instance(server, "voxcpm_kv_blocks_total").values()))
+
+
+def test_a_lora_adapter_added_or_removed_through_loras_reaches_both_instances(server, lora_dir):
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), os.path.join(lora_dir, "late"))
+    lora = ("BYTES", np.array([b"late"], dtype=object))
+    gen = dict(SEED=11, MIN_LENGTH=3, MAX_LENGTH=3, INFERENCE_TIMESTEPS=4, RETRY_BADCASE=("BOOL", np.array([False])))
+    try:
+        assert loras(server, "list") == []
+        assert loras(server, "add", "late") == ["late"]
+        before = per_instance(server, "voxcpm_engine_requests_finished_total")
+        results, errors = [], []
+
+        def one():
+            try:
+                results.append(tts_http(server, "An adapter on either engine.", LORA=lora, **gen)[0])
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and len(results) == 6, errors
+        assert all(np.abs(r - results[0]).max() <= TOL for r in results)
+
+        def served():
+            now = per_instance(server, "voxcpm_engine_requests_finished_total")
+            return {k: now[k] - before.get(k, 0) for k in now}
+
+        assert wait_for(lambda: sum(served().values()) == 6)
+        assert len(served()) == 2 and min(served().values()) >= 1, served()  # both engines ran it
+        for _ in range(4):  # whichever instance answers
+            assert loras(server, "list") == ["late"]
+        assert loras(server, "remove", "late") == []
+        for _ in range(4):
+            with pytest.raises(Exception, match="late"):
+                tts_http(server, "Gone from both engines.", LORA=lora, **gen)
+            assert loras(server, "list") == []
+    finally:
+        shutil.rmtree(os.path.join(lora_dir, "late"), ignore_errors=True)

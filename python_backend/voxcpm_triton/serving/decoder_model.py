@@ -24,6 +24,7 @@ from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from . import placement, runtime
 from .contract import value, wire_names
+from .instance_sync import Peers
 from .metrics import EngineMetrics
 from .parameters import read, resolve_checkpoint
 from .triton_io import (IPC_LOCK, Busy, InputError, error_response, get, internal_error_response, locked, pb,
@@ -80,6 +81,9 @@ class DecoderModel:
         self.engine = Engine(self.vox, cfg)
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device))
         self.beacon = runtime.Beacon("decoder", self._status)
+        # Several instances: cancels and LoRA changes reach one of them; they pass them on.
+        self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
+                      if placement.instance_count(args) > 1 else None)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         memory = ""
         if self.vox.device.type == "cuda":
@@ -125,13 +129,20 @@ class DecoderModel:
                 require_internal(request, "decoder")
                 cancel_id = get(request, "CANCEL_ID")
                 if cancel_id is not None:
-                    self.engine.cancel(bytes(cancel_id.reshape(-1)[0]).decode())
+                    rid = bytes(cancel_id.reshape(-1)[0]).decode()
+                    if self.peers is None:
+                        self.engine.cancel(rid)
+                    else:
+                        self.peers.cancel(rid)
                     locked(sender.send, flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 action = _scalar(request, "LORA_ACTION", str)
                 if action is not None:
                     self._lora_action(action, _scalar(request, "LORA", str), sender)
                     continue
+                lora = _scalar(request, "LORA", str) or None
+                if lora is not None and self.peers is not None:
+                    self.peers.sync_loras()  # a change made through another instance applies here too
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
                     prompt=self._prompt(request),
@@ -140,7 +151,7 @@ class DecoderModel:
                     cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
                     inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
                     seed=_scalar(request, "SEED", int),
-                    lora=_scalar(request, "LORA", str) or None)
+                    lora=lora)
                 self.engine.submit(req, sink=self._sink(sender))
             except EngineBusy as e:
                 locked(sender.send, internal_error_response(Busy(str(e))),
@@ -160,7 +171,14 @@ class DecoderModel:
 
         def run():
             try:
-                if action == "list":
+                if self.peers is not None and self.engine.loras is not None:
+                    # Several instances: converge first, and publish a change for the others.
+                    if action == "list":
+                        self.peers.sync_loras()
+                        names = self.engine.lora_names()
+                    else:
+                        names = self.peers.change_lora(action, name)
+                elif action == "list":
                     names = self.engine.lora_names()
                 elif action == "remove":
                     names = self.engine.remove_lora(name)
@@ -209,5 +227,7 @@ class DecoderModel:
     def finalize(self):
         """In-flight requests end with an error response (the engine fails them on shutdown)."""
         self.beacon.stop()
+        if self.peers is not None:
+            self.peers.stop()
         self.metrics.close()
         self.engine.shutdown(timeout=10.0)

@@ -146,7 +146,7 @@ class Peers:
         assert self.record is not None and action in ("add", "remove")
         with self._mutex, self.record.locked():
             current = self.record.read()
-            self._converge(current)
+            converged = self._converge(current)
             names = self.engine.add_lora(name) if action == "add" else self.engine.remove_lora(name)
             generation = (current or {}).get("generation", 0) + 1
             adapters = dict(current["adapters"]) if current else dict(self._applied)
@@ -155,7 +155,12 @@ class Peers:
             else:
                 adapters.pop(name, None)
             self.record.write({"generation": generation, "adapters": adapters})
-            self._applied, self._seen = dict(adapters), self.record.stamp()
+            if action == "add":
+                self._applied[name] = generation
+            else:
+                self._applied.pop(name, None)
+            if converged:  # else the next poll tries the rest again
+                self._seen = self.record.stamp()
         return names
 
     def _converge(self, record: dict | None) -> bool:

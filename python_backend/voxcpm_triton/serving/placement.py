@@ -10,6 +10,7 @@ index ("cuda:1") or "cpu" is taken as given by every instance.
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -25,6 +26,20 @@ def instance_index(args: dict) -> int:
     """k of `<group>_<k>`: the instance's number in its group (0 when the name has none)."""
     m = re.search(r"_(\d+)$", instance_name(args))
     return int(m.group(1)) if m else 0
+
+
+def instance_count(args: dict) -> int:
+    """How many instances of this model the server runs, from its (normalized) instance_group: a
+    KIND_GPU group's count is per GPU it lists (KIND_AUTO, if left unresolved, per visible GPU)."""
+    groups = json.loads(args.get("model_config") or "{}").get("instance_group") or [{}]
+    n = 0
+    for g in groups:
+        count = int(g.get("count", 1))
+        if g.get("kind", "KIND_AUTO") in ("KIND_GPU", "KIND_AUTO"):
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            count *= len(g.get("gpus") or ()) or max(gpus, 1)
+        n += count
+    return n
 
 
 def instance_device(args: dict, device: str | None) -> torch.device:
