@@ -15,34 +15,17 @@ from ..formats import lora as lora_format
 from . import contract, runtime
 from .orchestrator import InternalCalls
 from .parameters import read
-from .triton_io import InputError, error_response, get, pb, tensor
-
-ACTIONS = ("add", "remove", "list")
-INPUT_NAMES = ("ACTION", "NAME")
+from .registry_model import RegistryModel
+from .triton_io import InputError
 
 
-class LorasModel:
+class LorasModel(RegistryModel):
     def initialize(self, args):
         runtime.watch_parent()
         read(args, "loras")  # it takes no parameters: any in its config.pbtxt is an error naming it
         self.calls = InternalCalls()
 
-    async def execute(self, requests):
-        return [await self._one(r) for r in requests]
-
-    async def _one(self, request):
-        try:
-            inputs = {n: np.array(a) for n in INPUT_NAMES if (a := get(request, n)) is not None}
-            names = await self._act(inputs)
-            return pb().InferenceResponse(output_tensors=[
-                tensor("NAMES", np.array([n.encode() for n in names], dtype=object))])
-        except Exception as e:
-            return error_response(e)
-
-    async def _act(self, inputs: dict) -> list[str]:
-        action = contract.value(inputs.get("ACTION"), "ACTION", str)
-        if action not in ACTIONS:
-            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {action!r}")
+    async def _act(self, action: str, inputs: dict) -> list[str]:
         name = contract.value(inputs.get("NAME"), "NAME", str)
         dec_in = {"LORA_ACTION": np.array([action.encode()], dtype=object)}
         if action == "list":

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from . import contract, runtime
 from .orchestrator import InternalCalls
 from .parameters import read, read_config, resolve_checkpoint
-from .triton_io import InputError, error_response, get, pb, tensor
+from .registry_model import RegistryModel
+from .triton_io import InputError
 from .voices import VoiceStore, check_name
 
 log = logging.getLogger("voxcpm_triton.voices")
 
-ACTIONS = ("add", "remove", "list")
-INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT")
 
+class VoicesModel(RegistryModel):
+    INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT")
 
-class VoicesModel:
     def initialize(self, args):
         runtime.watch_parent()
         params = read(args, "voices")
@@ -39,22 +37,7 @@ class VoicesModel:
             log.warning("voices directory %s cannot be made: %s", self.store.root, e)
         self.calls = InternalCalls()
 
-    async def execute(self, requests):
-        return [await self._one(r) for r in requests]
-
-    async def _one(self, request):
-        try:
-            inputs = {n: np.array(a) for n in INPUT_NAMES if (a := get(request, n)) is not None}
-            names = await self._act(inputs)
-            return pb().InferenceResponse(output_tensors=[
-                tensor("NAMES", np.array([n.encode() for n in names], dtype=object))])
-        except Exception as e:
-            return error_response(e)
-
-    async def _act(self, inputs: dict) -> list[str]:
-        action = contract.value(inputs.get("ACTION"), "ACTION", str)
-        if action not in ACTIONS:
-            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {action!r}")
+    async def _act(self, action: str, inputs: dict) -> list[str]:
         given = sorted(set(inputs) - {"ACTION"})
         if action == "list":
             if given:

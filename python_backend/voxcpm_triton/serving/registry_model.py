@@ -1,0 +1,38 @@
+"""What the `voices` and `loras` models share: a request names an ACTION (add, remove or list),
+and the response is NAMES, the registered names after it. Each model supplies its inputs and
+`_act`, the action itself."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import contract
+from .triton_io import InputError, error_response, get, pb, tensor
+
+ACTIONS = ("add", "remove", "list")
+
+
+class RegistryModel:
+    INPUT_NAMES: tuple = ("ACTION", "NAME")
+
+    async def execute(self, requests):
+        return [await self._one(r) for r in requests]
+
+    async def _one(self, request):
+        try:
+            inputs = {n: np.array(a) for n in self.INPUT_NAMES if (a := get(request, n)) is not None}
+            names = await self._act(self._action(inputs), inputs)
+            return pb().InferenceResponse(output_tensors=[
+                tensor("NAMES", np.array([n.encode() for n in names], dtype=object))])
+        except Exception as e:
+            return error_response(e)
+
+    @staticmethod
+    def _action(inputs: dict) -> str:
+        action = contract.value(inputs.get("ACTION"), "ACTION", str)
+        if action not in ACTIONS:
+            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {action!r}")
+        return action
+
+    async def _act(self, action: str, inputs: dict) -> list[str]:
+        raise NotImplementedError
