@@ -40,16 +40,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.model import lora as lora_model  # noqa: E402
 
-TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from bench import TEXT, log, sync  # noqa: E402  (benchmarks/bench.py: the offline benchmark's text and helpers)
 
 
 @torch.no_grad()
