@@ -80,14 +80,20 @@ def _prompt(vox, i):
     return vox.prepare_prompt(texts[i], **kw)
 
 
-@pytest.mark.parametrize("dit_token_rows", [8, 0], ids=["dit_token", "dit_group"])
+@pytest.mark.parametrize("dit_token_rows", [8, 0, "kernel"], ids=["dit_token", "dit_group", "kernel"])
 def test_mixed_batch_of_three_adapters_and_the_base_equals_solo_runs(vox, monkeypatch, dit_token_rows):
     """Four requests decoding together, each row on its own adapter (or none): each equals its solo
-    offline run, with LocDiT's LoRA in either formulation (the solo runs use "token")."""
-    monkeypatch.setattr(lora_model, "DIT_TOKEN_MAX_ROWS", dit_token_rows)
+    offline run, with LocDiT's LoRA in either torch formulation (the solo runs use "token"), or every
+    decode op in the Triton kernel (`kernels.lora`, under the interpreter here), solo runs too."""
+    if dit_token_rows == "kernel":
+        monkeypatch.setattr(vox.loras.tables, "kernel", True)
+    else:
+        monkeypatch.setattr(lora_model, "DIT_TOKEN_MAX_ROWS", dit_token_rows)
     names = ["lm_dit", "everything", "lm_mlp_proj", None]
     prompts = [_prompt(vox, i) for i in range(4)]
     gen = dict(min_len=6, max_len=6, inference_timesteps=5)
+    if dit_token_rows == "kernel":  # the interpreter is slow: fewer steps
+        gen = dict(min_len=3, max_len=3, inference_timesteps=2)
     eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=8, enable_prefix_caching=False))
     try:
         handles = [eng.submit(EngineRequest(f"r{i}", p, seed=20 + i, lora=n, **gen))

@@ -25,6 +25,10 @@ the LMs in a decode step: one block of one token per request; a prefill: one row
   more kernels, but each weight read once per row whatever the token count (LocDiT at large
   batches, prefills).
 
+- "kernel" (CUDA with triton): `kernels.lora`, one launch per site that does the shrink, the expand
+  and the add for every row on its own slot, straight from the tables. Every decode op on the GPU
+  (the step is bound by kernel count at small batches); prefills stay "group".
+
 With no adapters (`lora=None` everywhere) none of this runs: the network is exactly the plain one.
 """
 
@@ -34,6 +38,8 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from ..kernels import lora as lora_kernel
 
 # Fused projections: (parent module kind) -> (their targets, in fused order; the site's name).
 FUSED = {"self_attn": (("q_proj", "k_proj", "v_proj"), "qkv"), "mlp": (("gate_proj", "up_proj"), "gate_up")}
@@ -131,12 +137,18 @@ def lora_delta(x: torch.Tensor, op: LoraOp) -> torch.Tensor:
     return y.reshape(G, h, -1, y.size(-1)).transpose(0, 1).reshape(x.size(0), y.size(-1))
 
 
-def lora_linear(linear, x: torch.Tensor, op: LoraOp | None) -> torch.Tensor:
-    """`linear(x)` plus its LoRA delta: x [..., in] -> [..., out]."""
-    y = linear(x)
+def lora_add(y: torch.Tensor, x: torch.Tensor, op: LoraOp | None) -> torch.Tensor:
+    """A projection's output y [..., out] plus the LoRA delta of its input x [..., in]."""
     if op is None:
         return y
+    if op.mode == "kernel":
+        return lora_kernel.lora_add(y, x, op.a, op.b, op.rows, op.splits, op.halves)
     return y + lora_delta(x.reshape(-1, x.size(-1)), op).view(y.shape)
+
+
+def lora_linear(linear, x: torch.Tensor, op: LoraOp | None) -> torch.Tensor:
+    """`linear(x)` plus its LoRA delta: x [..., in] -> [..., out]."""
+    return lora_add(linear(x), x, op)
 
 
 # LocDiT's formulation per decode graph: "token" up to this many rows (padding included), "group"
@@ -155,9 +167,13 @@ class LoraTables:
     """The slot tables of every site (slot 0: zeros, the base model; slots 1..max_loras: adapters).
     Writes go through `write`, between steps, on the stream the steps run on."""
 
-    def __init__(self, sites: list, max_loras: int, max_rank: int, dtype, device):
+    def __init__(self, sites: list, max_loras: int, max_rank: int, dtype, device, kernel: bool | None = None):
+        """kernel: decode ops in the "kernel" formulation (None: wherever `kernels.lora` runs compiled)."""
         if max_loras < 1 or max_rank < 1:
             raise ValueError(f"max_loras and max_lora_rank must be positive, got {max_loras}, {max_rank}")
+        if kernel is None:
+            kernel = lora_kernel.available() and torch.device(device).type == "cuda"
+        self.kernel = kernel and all(lora_kernel.supports(s.splits, max_rank) for s in sites)
         self.sites = {s.name: s for s in sites}
         self.max_loras, self.max_rank = max_loras, max_rank
         self.modules = {t for s in sites for t in s.targets}
@@ -220,8 +236,8 @@ class LoraBatch:
         t = self.tables
         if site not in t.sites:
             return None
-        return LoraOp("group" if self.single else "token", t.a[site], t.b[site], self.slots, t.seg.get(site),
-                      t.sites[site].splits)
+        mode = "group" if self.single else "kernel" if t.kernel else "token"
+        return LoraOp(mode, t.a[site], t.b[site], self.slots, t.seg.get(site), t.sites[site].splits)
 
     def layers(self, prefix: str, n: int) -> list | None:
         """Per layer of the transformer at `prefix` (e.g. "base_lm"), its ops; None if it has none."""
@@ -234,8 +250,8 @@ class LoraBatch:
         return None if all(o is None for o in out) else out
 
     def dit(self, n_layers: int) -> DitLora | None:
-        """LocDiT's ops for this decode step (its CFG batch holds every row twice: `halves` 2). Up to
-        DIT_TOKEN_MAX_ROWS rows, "token" ops on the tables; above, each row's A and B gathered here,
+        """LocDiT's ops for this decode step (its CFG batch holds every row twice: `halves` 2). The
+        kernel where the tables have it; otherwise up to DIT_TOKEN_MAX_ROWS rows, "token" ops on the tables; above, each row's A and B gathered here,
         once, for all the CFM evaluations ("group")."""
         t = self.tables
         per_token = self.slots.size(0) <= DIT_TOKEN_MAX_ROWS
@@ -243,6 +259,8 @@ class LoraBatch:
         def gathered(site):
             if site not in t.sites:
                 return None
+            if t.kernel:
+                return LoraOp("kernel", t.a[site], t.b[site], self.slots, None, t.sites[site].splits, 2)
             if per_token:
                 return LoraOp("token", t.a[site], t.b[site], self.slots, t.seg.get(site), t.sites[site].splits, 2)
             return LoraOp("group", t.a[site].index_select(0, self.slots), t.b[site].index_select(0, self.slots),

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..kernels.fp8 import linear
 from .config import LMConfig
-from .lora import lora_delta
+from .lora import lora_add
 
 
 def rms_norm(x, weight, eps: float):
@@ -113,10 +113,6 @@ def local_attention(layer_idx, q, k, v):
     return out.reshape(B, Hkv, g, S, D).permute(0, 3, 1, 2, 4).reshape(B, S, Hq, D)
 
 
-def _plus_lora(y, x, op):
-    return y if op is None else y + lora_delta(x, op)
-
-
 def _as_non_views(fn):
     """Call `fn` with its tensor arguments detached. torch.compile guards on the base size of an
     input that is a view, and decode and prefill pass views of differently shaped bases (the
@@ -146,7 +142,7 @@ class LayerMath:
         lora: the fused projection's `LoraOp` (model.lora), or None."""
         h = rms_norm(x, norm_w, self.eps)
         y = linear(h, qkv_w)
-        return y if lora is None else y + lora_delta(h, lora)
+        return lora_add(y, h, lora)
 
     def attention_inputs(self, x, norm_w, qkv_w, cos, sin, lora=None):
         """x: [N, hidden] -> q [N, Hq, D], k, v [N, Hkv, D]."""
@@ -167,11 +163,11 @@ class LayerMath:
         """x: [N, hidden] (the layer input), attn: [N, Hq * D] -> the layer output. lora: the layer's
         `LayerLora` (model.lora), or None."""
         o, gate_up, down = (None, None, None) if lora is None else (lora.o, lora.gate_up, lora.down)
-        x = self._residual(x, _plus_lora(linear(attn, o_w), attn, o))
+        x = self._residual(x, lora_add(linear(attn, o_w), attn, o))
         h = rms_norm(x, norm_w, self.eps)
-        gate, up = _plus_lora(linear(h, gate_up_w), h, gate_up).chunk(2, dim=-1)
+        gate, up = lora_add(linear(h, gate_up_w), h, gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
-        return self._residual(x, _plus_lora(linear(act, down_w), act, down))
+        return self._residual(x, lora_add(linear(act, down_w), act, down))
 
     def compiled(self) -> "LayerMath":
         """A LayerMath whose two functions are torch.compile'd, one per distinct shape key."""
