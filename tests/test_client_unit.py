@@ -129,6 +129,13 @@ def test_cli_normalize_flag():
     assert parse_args(["hi", "--lora", "dialect"]).lora == "dialect" and parse_args(["hi"]).lora is None
 
 
+def test_cli_voices_add_takes_a_default_adapter():
+    from voxcpm_client.cli import parse_voices_args
+
+    assert parse_voices_args(["add", "alice", "a.wav", "--lora", "dialect"]).lora == "dialect"
+    assert parse_voices_args(["add", "alice", "a.wav"]).lora is None
+
+
 
 # ---------------------------------------------------------------- audio files and Result
 
@@ -374,6 +381,9 @@ def test_voices_functions_send_the_registry_inputs(monkeypatch):
     assert sent["model"] == "voices" and sent["protocol"] == "grpc"
     assert set(arrays) == {"ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT"} and arrays["AUDIO"].dtype == np.float32
     assert arrays["ACTION"][0] == b"add" and arrays["SAMPLE_RATE"].dtype == np.int32
+    voxcpm_client.add_voice("a", np.zeros(5), 16000, lora="dialect")  # the voice's default adapter
+    assert set(sent["arrays"]) == {"ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "LORA"}
+    assert sent["arrays"]["LORA"].dtype == np.object_ and sent["arrays"]["LORA"][0] == b"dialect"
     voxcpm_client.remove_voice("a")
     assert set(sent["arrays"]) == {"ACTION", "NAME"} and sent["arrays"]["ACTION"][0] == b"remove"
     voxcpm_client.list_voices()

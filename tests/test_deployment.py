@@ -336,7 +336,7 @@ def test_dockerfile_default_image_has_the_security_fixes():
 
 _COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
                  "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT", "OPENAI_API_PORT",
-                 "VOXCPM_OPENAI_API_KEY")  # fmt: skip
+                 "VOXCPM_OPENAI_API_KEY", "VOXCPM_LORA_DIR")  # fmt: skip
 
 
 def _compose_config(service: str = "triton", **env_vars: str) -> dict:
@@ -453,6 +453,24 @@ def test_compose_keeps_voices_on_a_named_volume():
     kind, source, read_only = mounts[voices_dir]
     assert kind == "volume" and not read_only, mounts[voices_dir]
     assert source.split("_")[-1] == "voices", source  # compose may prefix the project name
+
+
+def test_compose_mounts_the_hosts_lora_dir_only_when_given(tmp_path):
+    """VOXCPM_LORA_DIR on the host: that folder, read-only at the same path, is the decoder's LoRA
+    directory. Unset: unset in the container too (LoRA off, the plain decode graphs)."""
+    def mounts(svc):
+        return {(v["target"] if isinstance(v, dict) else v.split(":")[1]):
+                (v.get("source", "") if isinstance(v, dict) else v.split(":")[0],
+                 bool(v.get("read_only")) if isinstance(v, dict) else "ro" in v.split(":")[2:])
+                for v in svc["volumes"]}
+
+    host = str(tmp_path / "loras")
+    svc = _compose_config(VOXCPM_LORA_DIR=host)
+    assert _env(svc)["VOXCPM_LORA_DIR"] == host
+    assert mounts(svc)[host] == (host, True), mounts(svc)
+    svc = _compose_config()
+    assert _env(svc).get("VOXCPM_LORA_DIR") is None
+    assert not [t for t, (src, _) in mounts(svc).items() if "lora" in src and src.startswith("/")], mounts(svc)
 
 
 def test_compose_runs_the_openai_gateway_beside_triton():

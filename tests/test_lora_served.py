@@ -4,19 +4,21 @@ and the `loras` model adds, lists and removes adapters while the server runs."""
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import require_module
+from tests.conftest import require_module, sine_wave
 
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.lora_helpers import write_adapters  # noqa: E402
-from tests.server import triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, triton_server_factory  # noqa: E402,F401
 from tests.test_server import tts_http, tts_stream  # noqa: E402
+from tests.test_voices import voices  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 TOL = 1e-4
@@ -131,3 +133,64 @@ def test_loras_model_errors_name_the_problem(server, action, name, message):
     with pytest.raises(InferenceServerException, match=message):
         loras(server, action, name)
     assert loras(server, "list") == ["everything", "lm_dit"]
+
+
+def _close(a, b):
+    return a.shape == b.shape and np.abs(a - b).max() <= TOL
+
+
+def test_a_voice_with_a_default_adapter(server, lora_dir):
+    """`voices` add with LORA: a request with the voice and no LORA (or an empty one) uses that
+    adapter; a request's own LORA wins; an adapter removed since is an error naming voice and adapter."""
+    audio = sine_wave(0.6, 16000, freq=200, seed=5)
+    assert voices(server, "add", "narr", audio, 16000, lora="lm_dit") == ["narr"]
+    voices(server, "add", "plain", audio, 16000)  # the same audio, no adapter
+    with_lm_dit, _ = tts_http(server, TEXT, VOICE=_b("plain"), LORA=_b("lm_dit"), **GEN)
+    base, _ = tts_http(server, TEXT, VOICE=_b("plain"), **GEN)
+    assert np.abs(with_lm_dit - base).max() > 100 * TOL
+    for lora in (None, ""):  # absent or empty: the voice's adapter
+        extra = {} if lora is None else {"LORA": _b(lora)}
+        got, _ = tts_http(server, TEXT, VOICE=_b("narr"), **extra, **GEN)
+        assert _close(got, with_lm_dit), lora
+        assert _close(np.concatenate(tts_stream(server, TEXT, VOICE=_b("narr"), **extra, **GEN)), with_lm_dit)
+    got, _ = tts_http(server, TEXT, VOICE=_b("narr"), LORA=_b("everything"), **GEN)
+    want, _ = tts_http(server, TEXT, VOICE=_b("plain"), LORA=_b("everything"), **GEN)
+    assert _close(got, want)  # the request's own adapter wins
+
+    # Registering checks the adapter now; a refused add stores nothing.
+    for lora, message in (("nope", r"LORA: unknown LoRA adapter 'nope' \(loaded: everything, lm_dit\); a voice's "
+                                   r"adapter must be loaded when the voice is added"),
+                          ("../x", r"LORA: '\.\./x' is not a valid LoRA adapter name")):
+        with pytest.raises(InferenceServerException, match=message) as e:
+            voices(server, "add", "typo", audio, 16000, lora=lora)
+        assert e.value.status() == "400"
+    with pytest.raises(InferenceServerException, match=r"ACTION remove takes only NAME, got \['LORA', 'NAME'\]"):
+        voices(server, "remove", "narr", lora="lm_dit")
+    assert voices(server, "list") == ["narr", "plain"]
+
+    # The voice's adapter removed later: requests that rely on it fail clearly, others still work.
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), os.path.join(lora_dir, "gone"))
+    try:
+        loras(server, "add", "gone")
+        voices(server, "add", "orphan", audio, 16000, lora="gone")
+        assert _close(tts_http(server, TEXT, VOICE=_b("orphan"), **GEN)[0], with_lm_dit)
+    finally:
+        loras(server, "remove", "gone")
+        shutil.rmtree(os.path.join(lora_dir, "gone"))
+    message = (r"VOICE 'orphan' has the default LoRA adapter 'gone', which cannot be used: unknown LoRA adapter "
+               r"'gone' \(loaded: everything, lm_dit\)")
+    for call in (tts_http, tts_stream):
+        with pytest.raises(InferenceServerException, match=message) as e:
+            call(server, TEXT, VOICE=_b("orphan"), **GEN)
+        if call is tts_http:
+            assert e.value.status() == "400"
+    # The OpenAI gateway maps it onto its `voice` field (the client sent no lora).
+    sys.path.insert(0, os.path.join(REPO, "gateway"))
+    from voxcpm_gateway import errors as gateway_errors
+    from voxcpm_gateway.speech_request import PARAMS
+
+    err = gateway_errors.from_triton(e.value.message(), PARAMS)
+    assert (err.status, err.param) == (400, "voice"), err
+    assert _close(tts_http(server, TEXT, VOICE=_b("orphan"), LORA=_b("lm_dit"), **GEN)[0], with_lm_dit)
+    for name in ("narr", "plain", "orphan"):
+        voices(server, "remove", name)

@@ -383,6 +383,13 @@ def test_voices_upload_list_use_delete(client, gateway, server, tmp_path):
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.voices.create(name="../evil", audio_sample=wav.open("rb"), consent="c")
     assert error_body(info.value)["param"] == "name" and "not a valid voice name" in str(info.value)
+    # `lora`, the voice's default adapter, must be one the server has loaded (this one has none)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.voices.create(name="carol", audio_sample=wav.open("rb"), consent="c",
+                                   extra_body={"lora": "dialect"})
+    err = error_body(info.value)
+    assert err["param"] == "lora" and "unknown LoRA adapter 'dialect' (loaded: none)" in err["message"], err
+    assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
 
 
 def _mono(data: bytes) -> np.ndarray:

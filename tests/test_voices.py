@@ -50,7 +50,7 @@ def server(triton_server_factory, env):  # noqa: F811
     return triton_server_factory("model_repository", env=env)
 
 
-def voices(server, action, name=None, audio=None, rate=None, text=None):
+def voices(server, action, name=None, audio=None, rate=None, text=None, lora=None):
     """The `voices` model over HTTP, as raw tensors (so malformed requests can be sent too)."""
     arrays = {"ACTION": np.array([action.encode()], dtype=object)}
     if name is not None:
@@ -61,6 +61,8 @@ def voices(server, action, name=None, audio=None, rate=None, text=None):
         arrays["SAMPLE_RATE"] = np.array([rate], np.int32)
     if text is not None:
         arrays["TEXT"] = np.array([text.encode()], dtype=object)
+    if lora is not None:
+        arrays["LORA"] = np.array([lora.encode()], dtype=object)
     inputs = []
     for k, a in arrays.items():
         t = httpclient.InferInput(k, list(a.shape), {np.float32: "FP32", np.int32: "INT32"}.get(a.dtype.type, "BYTES"))
@@ -325,3 +327,26 @@ def test_the_store_bounds_the_number_of_voices(tmp_path):
     assert store.add("c", lat, None, None, 16000, max_voices=2) == ["b", "c"]
     assert sorted(os.listdir(tmp_path / "voices" / ".store")) and not [
         n for n in os.listdir(tmp_path / "voices" / ".store") if n.startswith(".tmp")]
+
+
+def test_the_store_keeps_a_voices_default_adapter(tmp_path):
+    """A voice's LoRA adapter is in its voice.json, read back by another store (another process);
+    replacing the voice replaces it; a voice stored before adapters existed has none."""
+    import json
+
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    lat = np.zeros((3, 4, 16), np.float32)
+    VoiceStore(str(tmp_path)).add("n", lat, None, None, 16000, lora="narrator")
+    assert VoiceStore(str(tmp_path)).load("n").lora == "narrator"
+    VoiceStore(str(tmp_path)).add("n", lat, None, None, 16000)
+    assert VoiceStore(str(tmp_path)).load("n").lora is None
+    VoiceStore(str(tmp_path)).add("n", lat, None, None, 16000, lora="narrator")
+    meta_path = os.path.join(os.path.realpath(tmp_path / "n"), "voice.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    assert meta["lora"] == "narrator"
+    del meta["lora"]
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    assert VoiceStore(str(tmp_path)).load("n").lora is None

@@ -1,5 +1,5 @@
 """voxcpm-tts / python -m voxcpm_client: synthesize one text to a wav file; `voices ...` manages
-the server's stored voices (add NAME WAV [--text T], list, remove NAME)."""
+the server's stored voices (add NAME WAV [--text T] [--lora L], list, remove NAME)."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +61,8 @@ def parse_voices_args(argv):
     add.add_argument("name", help="1-64 characters of A-Z a-z 0-9 _ . -, not starting with '.'")
     add.add_argument("audio", metavar="WAV")
     add.add_argument("--text", help="transcript of the audio: lets the voice serve --voice-mode continuation/both")
+    add.add_argument("--lora", help="the voice's default LoRA adapter (loaded on the server): used when a request "
+                                    "with the voice names no --lora")
     sub.add_parser("list", parents=[shared], help="the stored voices' names")
     rm = sub.add_parser("remove", parents=[shared], help="remove a voice")
     rm.add_argument("name")
@@ -77,7 +79,7 @@ def voices_main(argv) -> int:
             except Exception as exc:  # unreadable audio file
                 print(f"error: cannot read audio: {exc}", file=sys.stderr)
                 return 2
-            names = add_voice(args.name, audio, rate, text=args.text, **kw)
+            names = add_voice(args.name, audio, rate, text=args.text, lora=args.lora, **kw)
         elif args.action == "remove":
             names = remove_voice(args.name, **kw)
         else:

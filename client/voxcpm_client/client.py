@@ -269,10 +269,11 @@ def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
 
 # ---------------------------------------------------------------- stored voices (model `voices`)
 def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, url: Optional[str] = None,
-              protocol: str = "http", timeout: Optional[float] = 120.0) -> List[str]:
+              protocol: str = "http", timeout: Optional[float] = 120.0, lora: Optional[str] = None) -> List[str]:
     """Store `audio` (mono float waveform at `sample_rate`) as voice `name`, replacing one of that
-    name; `text`, its transcript, lets the voice serve voice_mode continuation/both too. Returns
-    the registered names."""
+    name; `text`, its transcript, lets the voice serve voice_mode continuation/both too; `lora`, a
+    LoRA adapter the server has loaded, is used by requests with the voice and no lora of their
+    own. Returns the registered names."""
     audio = np.asarray(audio, dtype=np.float32)
     if audio.ndim != 1:
         raise ValueError(f"audio must be a 1-D mono waveform, got shape {audio.shape}")
@@ -280,6 +281,8 @@ def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, ur
               "SAMPLE_RATE": np.array([sample_rate], np.int32)}
     if text is not None:
         arrays["TEXT"] = _bytes_tensor(text)
+    if lora:
+        arrays["LORA"] = _bytes_tensor(lora)
     return _voices(arrays, url, protocol, timeout)
 
 

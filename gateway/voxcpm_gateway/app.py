@@ -2,7 +2,7 @@
 
     POST   /v1/audio/speech          text -> audio (tts_stream), streamed
     GET    /v1/audio/voices          registered voices (the `voices` model)
-    POST   /v1/audio/voices          register one (multipart: name, audio_sample, ref_text)
+    POST   /v1/audio/voices          register one (multipart: name, audio_sample, ref_text, lora)
     DELETE /v1/audio/voices/{name}   remove one
     GET    /v1/models[/{model}]      the served model name(s)
     GET    /health                   200 when Triton's tts_stream and voices are ready, else 503
@@ -38,8 +38,9 @@ from .triton_backend import TritonBackend, TritonError
 log = logging.getLogger("voxcpm_gateway")
 
 # Triton input of `voices` -> form field of POST /v1/audio/voices, for naming it in errors.
-VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_sample", "TEXT": "ref_text"}
-VOICE_FORM_FIELDS = {"name", "audio_sample", "ref_text", "consent", "type"}
+VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_sample", "TEXT": "ref_text",
+                "LORA": "lora"}
+VOICE_FORM_FIELDS = {"name", "audio_sample", "ref_text", "lora", "consent", "type"}
 
 
 class SpeechHTTPResponse(Response):
@@ -124,10 +125,12 @@ def create_app(settings: Settings) -> FastAPI:
         except TritonError as e:
             raise error_for(e, backend, VOICE_PARAMS) from None
 
-    def voice_object(name: str, created: int | None = None) -> dict:
+    def voice_object(name: str, created: int | None = None, lora: str | None = None) -> dict:
         obj = {"id": name, "object": "audio.voice", "name": name, "type": "audio_sample"}
         if created is not None:
             obj["created_at"] = created
+        if lora:
+            obj["lora"] = lora  # VoxCPM2 extension: the voice's default LoRA adapter
         return obj
 
     @app.get("/v1/audio/voices")
@@ -143,8 +146,10 @@ def create_app(settings: Settings) -> FastAPI:
             unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
             if unknown:
                 raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
-                                         "ref_text (optional) and consent (optional, not checked)", unknown[0])
+                                         "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
+                                         "and consent (optional, not checked)", unknown[0])
             name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
+            lora = form.get("lora")
             kind = form.get("type")
             if kind not in (None, "audio_sample"):
                 raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
@@ -158,6 +163,8 @@ def create_app(settings: Settings) -> FastAPI:
                                          "audio_sample")
             if ref_text is not None and not isinstance(ref_text, str):
                 raise errors.bad_request("ref_text must be text", "ref_text")
+            if lora is not None and not isinstance(lora, str):
+                raise errors.bad_request("lora must be text: the name of a LoRA adapter the server has loaded", "lora")
             data = await upload.read()
         finally:
             await form.close()
@@ -167,9 +174,11 @@ def create_app(settings: Settings) -> FastAPI:
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:
             arrays["TEXT"] = _bytes(ref_text)
+        if lora:
+            arrays["LORA"] = _bytes(lora)
         await call_voices(arrays)
         metrics.requests.labels("voices", "", "200").inc()
-        return voice_object(name, int(time.time()))
+        return voice_object(name, int(time.time()), lora)
 
     @app.delete("/v1/audio/voices/{name}")
     async def delete_voice(name: str):

@@ -138,7 +138,7 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     retry = value(inputs.get("RETRY_BADCASE"), "RETRY_BADCASE", bool)
     req.retry_badcase = req.retry_badcase if retry is None else retry
     req.normalize = bool(value(inputs.get("NORMALIZE"), "NORMALIZE", bool))
-    req.lora = _lora(inputs)
+    req.lora = lora_name(inputs)
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
         checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
@@ -167,8 +167,9 @@ def _voice(inputs: dict, req: SynthesisRequest):
                          "and PROMPT_TEXT")
 
 
-def _lora(inputs: dict) -> str | None:
-    """LORA: an adapter's name (whether it is loaded, the decoder knows); empty or absent: none."""
+def lora_name(inputs: dict) -> str | None:
+    """LORA: an adapter's name (whether it is loaded, the decoder knows); empty or absent: none (the
+    VOICE's default adapter, if it has one, else the base model). The `voices` model's LORA too."""
     name = value(inputs.get("LORA"), "LORA", str)
     if not name:
         return None

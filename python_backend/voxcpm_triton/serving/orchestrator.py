@@ -119,6 +119,25 @@ class InternalCalls:
                                                  "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
 
 
+def _adapter(req: contract.SynthesisRequest, voice) -> str | None:
+    """The request's LoRA adapter: its own LORA wins, else its voice's default, else none."""
+    if req.lora is not None:
+        return req.lora
+    return voice.lora if voice is not None else None
+
+
+def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseException:
+    """The decoder refusing the adapter a voice chose (removed since the voice was added), said in the
+    voice's terms: the client sent no LORA. (No input name but VOICE in it: clients map the message
+    to the field it names first.)"""
+    message = str(error)
+    if not isinstance(error, InputError) or not message.startswith("LORA: "):
+        return error
+    return InputError(f"VOICE {voice.name!r} has the default LoRA adapter {lora!r}, which cannot be used: "
+                      f"{message[len('LORA: '):]}; load the adapter again (model loras), name another one "
+                      "in the request, or add the voice again")
+
+
 class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
@@ -182,8 +201,9 @@ class Orchestrator(InternalCalls):
                   "SEED": np.array([req.seed if req.seed is not None else draw_seed()], np.int64)}
         if req.max_length is not None:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
-        if req.lora is not None:
-            dec_in["LORA"] = np.array([req.lora.encode()], dtype=object)
+        lora = _adapter(req, voice)
+        if lora is not None:
+            dec_in["LORA"] = np.array([lora.encode()], dtype=object)
         audio_latents = []
         # A stored voice's latents are what vae_encoder made of its audio: the same as sending it inline.
         if voice is not None and req.voice_mode in ("reference", "both"):
@@ -247,7 +267,7 @@ class Orchestrator(InternalCalls):
             if opened:
                 await self._close_vae(corrid)
         if error is not None and not stopping:
-            raise error
+            raise error if lora == req.lora else _voice_adapter_error(error, voice, lora)
         return generated, int(np.asarray(n_target).reshape(-1)[0])
 
     async def _close_vae(self, corrid: int):

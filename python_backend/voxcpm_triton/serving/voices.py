@@ -6,7 +6,7 @@ i.e. `~/.local/share/voxcpm/voices`: user data that survives restarts and checko
     .lock                           fcntl lock taken around every change
     .store/<name>.<hex>/            one version of a voice, written whole before it is visible
         latents.safetensors         "reference" [n, P, D] float32; "prompt" too with a transcript
-        voice.json                  name, transcript, sample rate, created, latent shape
+        voice.json                  name, transcript, sample rate, created, latent shape, lora
     <name> -> .store/<name>.<hex>   the visible voice: a symlink, swapped with one rename
 
 A version is written and fsynced under a name no reader looks at; the symlink is then replaced
@@ -62,6 +62,7 @@ class Voice:
     prompt: np.ndarray | None  # the PROMPT_AUDIO encoding; None without a transcript
     transcript: str | None
     sample_rate: int
+    lora: str | None = None  # the LoRA adapter a request with this voice and no LORA of its own uses
 
 
 def _fsync_dir(path: str):
@@ -112,9 +113,11 @@ class VoiceStore:
                       if NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
 
     def add(self, name: str, reference: np.ndarray, prompt: np.ndarray | None, transcript: str | None,
-            sample_rate: int, info: dict | None = None, max_voices: int | None = None) -> list[str]:
-        """Store (or replace) voice `name`; returns the names afterwards. A new name past `max_voices`
-        stored voices is refused (clients can reach `add`: the disk they may fill is bounded)."""
+            sample_rate: int, info: dict | None = None, max_voices: int | None = None,
+            lora: str | None = None) -> list[str]:
+        """Store (or replace) voice `name`, with `lora` its default adapter (None: the base model);
+        returns the names afterwards. A new name past `max_voices` stored voices is refused (clients
+        can reach `add`: the disk they may fill is bounded)."""
         check_name(name)
         self.ensure()
         version = f"{name}.{secrets.token_hex(8)}"
@@ -127,7 +130,7 @@ class VoiceStore:
             _write(os.path.join(tmp, "latents.safetensors"), st_save(tensors))
             meta = {"name": name, "transcript": transcript, "sample_rate": int(sample_rate),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "latent_shape": list(tensors["reference"].shape[1:]), **(info or {})}
+                    "latent_shape": list(tensors["reference"].shape[1:]), "lora": lora or None, **(info or {})}
             _write(os.path.join(tmp, "voice.json"), json.dumps(meta, ensure_ascii=False, indent=1).encode())
             _fsync_dir(tmp)
             with self._locked():
@@ -202,8 +205,9 @@ class VoiceStore:
                     tensors = st_load(f.read())
             except FileNotFoundError:
                 continue
+            # Voices stored before adapters existed have no "lora": the base model.
             voice = Voice(name, tensors["reference"], tensors.get("prompt"), meta.get("transcript"),
-                          int(meta["sample_rate"]))
+                          int(meta["sample_rate"]), meta.get("lora") or None)
             with self._cache_lock:
                 self._cache[name] = (stamp, voice)
                 self._cache.move_to_end(name)

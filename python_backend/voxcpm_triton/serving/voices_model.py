@@ -4,11 +4,17 @@
 the orchestrator's own call, in the roles `tts` would: the reference encoding always, the prompt
 encoding (left-padded) too when a transcript comes with it. So a request with VOICE hands the
 decoder exactly the latents that the same audio sent inline gives.
+
+`add` may record a default LoRA adapter (LORA): requests naming the voice without a LORA of their
+own use it. It must be loaded in the decoder when the voice is added; if it is removed later, those
+requests get an error naming the voice and the adapter from the orchestrator, as an unknown LORA does.
 """
 
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from . import contract, runtime
 from .orchestrator import InternalCalls
@@ -21,7 +27,7 @@ log = logging.getLogger("voxcpm_triton.voices")
 
 
 class VoicesModel(RegistryModel):
-    INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT")
+    INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT", "LORA")
 
     def initialize(self, args):
         runtime.watch_parent()
@@ -55,8 +61,21 @@ class VoicesModel(RegistryModel):
         transcript = contract.text(inputs.get("TEXT"), "TEXT", required=False)
         if transcript is not None and not transcript.strip():
             raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
+        lora = contract.lora_name(inputs)
         self.calls.health.check()
+        if lora is not None:
+            await self._check_loaded(lora)
         reference = await self.calls.encode(audio, rate, False)
         prompt = None if transcript is None else await self.calls.encode(audio, rate, True)
         return self.store.add(name, reference, prompt, transcript, rate, info={"checkpoint": self.checkpoint},
-                              max_voices=self.max_voices)
+                              max_voices=self.max_voices, lora=lora)
+
+    async def _check_loaded(self, lora: str):
+        """A voice may only name an adapter the decoder serves now (a typo is caught at `add`, not at
+        every request with the voice)."""
+        dec_in = {"LORA_ACTION": np.array([b"list"], dtype=object)}
+        (names,) = await self.calls.infer_decoupled("decoder", dec_in, ["LORAS"])
+        loaded = sorted(bytes(n).decode() for n in names.reshape(-1))
+        if lora not in loaded:
+            raise InputError(f"LORA: unknown LoRA adapter {lora!r} (loaded: {', '.join(loaded) or 'none'}); "
+                             "a voice's adapter must be loaded when the voice is added (model loras)")
