@@ -10,6 +10,10 @@
 #   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
+#   PERF_ANALYZER=1: benchmarks/bench_perf_analyzer.py instead: Triton's perf_analyzer 2.51 (from
+#   .cache/perf_analyzer_bundle, made by gpu_box/make_perf_analyzer_bundle.sh: carry it too) on
+#   tts_stream over gRPC streaming, PA_LENGTH (100)-step requests, at PA_LEVELS (1,8,32,64), windows of
+#   PA_INTERVAL_MS (6000; a level takes about 25 s): $OUT/perf_analyzer.{csv,log,json}.
 # Writes $OUT/served.json and $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
@@ -18,6 +22,18 @@ export PYTHONUNBUFFERED=1
 CKPT="${CKPT:-/tmp/full}"
 [[ -f $CKPT/config.json ]] || python3 scripts/make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json \
     --out "$CKPT" --device cuda 2>&1 | tail -1
+if [[ ${PERF_ANALYZER:-0} == 1 ]]; then  # before the server: a missing bundle costs no start-up
+    pa_tar=.cache/perf_analyzer_bundle/perf_analyzer.tar.xz
+    pa_dir="$(mktemp -d)"
+    if ! (cd "$(dirname "$pa_tar")" && sha256sum --quiet -c perf_analyzer.tar.xz.sha256) \
+        || ! tar -C "$pa_dir" -xJf "$pa_tar"; then
+        echo "[run_served_gpu] no usable $pa_tar: build it with gpu_box/make_perf_analyzer_bundle.sh, carry .cache/perf_analyzer_bundle"
+        rm -rf "$pa_dir"
+        exit 1
+    fi
+    PA_BIN="$pa_dir/perf_analyzer/bin/perf_analyzer"
+    "$PA_BIN" --version 2>&1 | grep "Perf Analyzer Version" || { echo "[run_served_gpu] $PA_BIN does not run"; exit 1; }
+fi
 DEVICE_ENV_QUIET=1 source gpu_box/device_serve_env.sh
 if [[ ${PREFIX:-0} == 1 ]]; then
     VOXCPM_VOICES_DIR="$(mktemp -d)/voices"
@@ -31,7 +47,8 @@ echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, ca
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
 IFS=, read -ra modes <<<"${ARRIVALS:-burst}"
-[[ ${PREFIX:-0} == 1 || ${GATEWAY:-0} == 1 ]] && [[ -z ${ARRIVALS:-} ]] && modes=()  # those alone, unless asked
+[[ ${PREFIX:-0} == 1 || ${GATEWAY:-0} == 1 || ${PERF_ANALYZER:-0} == 1 ]] && [[ -z ${ARRIVALS:-} ]] \
+    && modes=()  # those alone, unless asked
 if [[ ${PREFIX:-0} == 1 ]]; then
     python3 benchmarks/bench_prefix_cache.py --url "127.0.0.1:$TRITON_GRPC_PORT" \
         --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" --json-out "$OUT/prefix_cache.json" || rc=$?
@@ -54,6 +71,12 @@ if [[ ${GATEWAY:-0} == 1 ]]; then
         --json-out "$OUT/gateway.json" || rc=$?
     kill -TERM "$gw_pid" 2>/dev/null; wait "$gw_pid" 2>/dev/null
     tail -5 "$OUT/gateway.log"
+fi
+if [[ ${PERF_ANALYZER:-0} == 1 ]]; then
+    python3 benchmarks/bench_perf_analyzer.py --perf-analyzer "$PA_BIN" --url "127.0.0.1:$TRITON_GRPC_PORT" \
+        --levels "${PA_LEVELS:-1,8,32,64}" --min-length "${PA_LENGTH:-100}" --max-length "${PA_LENGTH:-100}" \
+        --interval-ms "${PA_INTERVAL_MS:-6000}" --out-dir "$OUT" || rc=$?
+    rm -rf "$pa_dir"
 fi
 for mode in "${modes[@]}"; do
     name=served; [[ $mode == burst ]] || name="served_$mode"

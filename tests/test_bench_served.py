@@ -10,10 +10,11 @@ from tests.conftest import require_module
 
 require_module("tritonclient.grpc", "tritonclient[all] in requirements.txt")
 
-from tests.server import REPO, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, triton_env, triton_server_factory  # noqa: E402,F401
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 BENCH = REPO / "benchmarks" / "bench_served.py"
+PA_BENCH = REPO / "benchmarks" / "bench_perf_analyzer.py"
 PATCHES = 8
 SAMPLES_PER_PATCH = TINY_CONFIG["patch_size"] * 1920  # at the tiny model's 48 kHz output
 
@@ -103,6 +104,46 @@ def test_bench_poisson_arrivals_are_staggered(server, tmp_path):
     starts = sorted(s["start_s"] for s in res["levels"][0]["streams"])
     assert len(starts) == 3 and starts[-1] - starts[0] > 0.01 and starts[0] > 0.0
     assert isinstance(res["capacity"], int) and "capacity (poisson):" in proc.stdout
+
+
+def test_perf_analyzer_streaming_mode(server, tmp_path):
+    """benchmarks/bench_perf_analyzer.py (run_served_gpu.sh PERF_ANALYZER=1) with the venv's
+    perf_analyzer on the decoupled tts_stream: its command line runs, the merged CSV parses back into
+    the same levels, and the latency it reports is the whole utterance, not the first chunk."""
+    patches = 24
+    proc = subprocess.run(
+        [sys.executable, str(PA_BENCH), "--perf-analyzer", triton_env()["PERF_ANALYZER_BIN"],
+         "--url", server.grpc_url, "--levels", "1,2", "--min-length", str(patches), "--max-length", str(patches),
+         "--interval-ms", "3000", "--max-trials", "5", "--stability", "60", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=str(REPO),
+    )
+    log = (tmp_path / "perf_analyzer.log").read_text()
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\nlog:\n{log[-4000:]}"
+    assert log.count(" --streaming ") == 2 and "Perf Analyzer Version 2.51.0" in log
+    res = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    assert res["failed_levels"] == [] and [lv["concurrency"] for lv in res["levels"]] == [1, 2]
+    probe = res["probe"]
+    assert probe["audio_s"] == pytest.approx(patches * SAMPLES_PER_PATCH / 48000) and probe["chunks"] >= 2
+    for lv in res["levels"]:
+        lat = lv["latency_ms"]
+        # time windows, or (a CPU too busy to settle) the one-window fallback, flagged
+        assert (lv["measurement"], lv["stable"]) in {("time_windows", True), ("request_count 8", False)}
+        assert lv["infer_per_s"] > 0 and 0 < lat["p50"] <= lat["p95"] <= lat["p99"]
+        # identical requests: each one's chunks, the flag-only final response not counted
+        assert lv["responses_per_request"] == pytest.approx(probe["chunks"], rel=1e-3)
+        # send -> last audio chunk (first audio comes after one patch of the 24)
+        assert 3 * probe["ttfa_s"] < lat["p50"] / 1000 < 3 * probe["total_s"]
+        assert lv["x_real_time"] == pytest.approx(lv["infer_per_s"] * probe["audio_s"])
+    csv_path = tmp_path / "perf_analyzer.csv"
+    assert csv_path.read_text().startswith("Concurrency,Inferences/Second,Response Throughput,")
+    again = tmp_path / "again.json"
+    proc = subprocess.run(
+        [sys.executable, str(PA_BENCH), "--summarize", str(csv_path), "--audio-s", str(probe["audio_s"]),
+         "--json-out", str(again)], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    run_only = ("measurement", "stable", "time_windows_failed")
+    assert json.loads(again.read_text())["levels"] == [
+        {k: v for k, v in lv.items() if k not in run_only} for lv in res["levels"]]
 
 
 def _level(c, errors=0, smooth=1.0, p95=100.0):
