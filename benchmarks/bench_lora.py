@@ -109,7 +109,7 @@ def e2e(eng, prompt, batch: int, steps: int, lora: bool, tag: str) -> dict:
     return {"wall_s": wall, "steps_per_s": steps / wall}
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def check(eng, vox, context: int) -> dict:
     """Rows on different adapters: graph replay == eager step of the batch; each row alone == its row."""
     r = eng.runner
@@ -189,7 +189,7 @@ def main():
         vox.loras = tables
         res = {"startup_s": time.monotonic() - t1, "graphs": eng.capture_summary}
         log(f"[{variant}] engine ready in {res['startup_s']:.1f} s ({eng.capture_summary})")
-        with torch.inference_mode():
+        with torch.no_grad():
             for b in batches:
                 rows = _rows(eng, vox, b, args.context, lora)
                 res[f"step_ms_b{b}"] = step_ms(eng, rows, args.reps)
