@@ -130,3 +130,4 @@ def test_chunks_and_overrides():
         got = lk._launch(y, x, t.a[site.name], t.b[site.name], rows, site.splits, 2, bn=bn, cols=cols)
         assert (got.cpu().double() - want).abs().max().item() <= (1e-4 if not CUDA else 2e-2), (bn, cols)
     assert lk.supports((2048, 256, 256), 32) and lk.supports((8, 4, 4), 4) and not lk.supports((1, 1, 1, 1), 4)
+    assert lk.supports((64,), lk.MAX_RANK) and not lk.supports((64,), lk.MAX_RANK + 1)

@@ -5,7 +5,8 @@
     a      [S, n*R, K]   the site's A slot table (`model.lora.LoraTables`: n fused targets, rank R)
     b      [S, N, R]     its B table (alpha / r folded in)
     slots  [G]           each row's slot (0: the base model, nothing added)
-    -> y + (x A[slot]^T) B[slot]^T, row by row, rounded once to y's dtype
+    -> y + (x A[slot]^T) B[slot]^T, row by row: fp32 accumulation, the shrink rounded to the
+       tables' dtype before the expand (as the reference's LoRALinear in bf16), the sum once
 
 Tokens come as `halves` blocks of G rows of T tokens each (`model.lora.LoraOp`): token (h, g, t) is
 at index (h * G + g) * T + t and belongs to row g. One program per (chunk of output columns, token
@@ -100,9 +101,12 @@ def chunk(programs_per_chunk: int, widths: tuple, sms: int = 132) -> int:
     return c
 
 
+MAX_RANK = 64  # the rank dimension sits whole in each tile (shared memory); larger: the torch paths
+
+
 def supports(splits: tuple, rank: int) -> bool:
-    """Whether a site fits the kernel: at most 3 fused targets."""
-    return 1 <= len(splits) <= 3 and rank >= 1
+    """Whether a site fits the kernel: at most 3 fused targets, rank up to MAX_RANK."""
+    return 1 <= len(splits) <= 3 and 1 <= rank <= MAX_RANK
 
 
 def _num_sms(device: torch.device) -> int:
@@ -139,11 +143,13 @@ def _launch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, 
     bounds = [sum(widths[:i + 1]) for i in range(len(widths))] + [N, N]
     upcast = _INTERPRETED and y.dtype != torch.float32
     precision = "ieee" if y.dtype == torch.float32 or upcast else "tf32"
+    r_pad = max(16, _next_pow2(R))
+    if block_k is None:  # long K tiles where K is long and the rank small (shared memory per stage)
+        block_k = 256 if K >= 2048 and r_pad <= 32 else 128 if K >= 128 else max(16, _next_pow2(K))
     _lora_add_kernel[(sum(counts), t_tiles, G)](
         y, x, a, b, slots, out, G, T, K, N, nR * K, N * R, bounds[0], bounds[1], counts[0], counts[1], cols,
-        HALVES=halves, R=R, R_PAD=max(16, _next_pow2(R)), BLOCK_T=block_t, BLOCK_N=bn or BLOCK_N,
-        BLOCK_K=block_k or (256 if K >= 2048 else 128 if K >= 128 else max(16, _next_pow2(K))), UPCAST=upcast, PRECISION=precision,
-        num_warps=num_warps,
+        HALVES=halves, R=R, R_PAD=r_pad, BLOCK_T=block_t, BLOCK_N=bn or BLOCK_N, BLOCK_K=block_k,
+        UPCAST=upcast, PRECISION=precision, num_warps=num_warps,
     )
     return out
 

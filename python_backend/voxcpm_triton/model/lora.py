@@ -12,7 +12,7 @@ freely, and since the tables never move, CUDA graphs captured over them stay val
 are written into free slots. The delta of a fused projection is the concatenation of its targets'
 deltas; a target an adapter does not have has zero weights.
 
-Two ways to apply them (`LoraOp.mode`), for tokens that come as `halves` blocks of G rows of T
+Three ways to apply them (`LoraOp.mode`), for tokens that come as `halves` blocks of G rows of T
 tokens each, row g on slot rows[g] (LocDiT: the CFG batch is [conditional rows; unconditional rows];
 the LMs in a decode step: one block of one token per request; a prefill: one row):
 
@@ -251,8 +251,8 @@ class LoraBatch:
 
     def dit(self, n_layers: int) -> DitLora | None:
         """LocDiT's ops for this decode step (its CFG batch holds every row twice: `halves` 2). The
-        kernel where the tables have it; otherwise up to DIT_TOKEN_MAX_ROWS rows, "token" ops on the tables; above, each row's A and B gathered here,
-        once, for all the CFM evaluations ("group")."""
+        kernel where the tables have it; otherwise up to DIT_TOKEN_MAX_ROWS rows, "token" ops on the
+        tables; above, each row's A and B gathered here, once, for all the CFM evaluations ("group")."""
         t = self.tables
         per_token = self.slots.size(0) <= DIT_TOKEN_MAX_ROWS
 
