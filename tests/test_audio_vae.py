@@ -515,3 +515,18 @@ def test_config_from_dict_round_trip():
     assert cfg.encoder_rates == [2, 3]
     assert AudioVAEConfig.from_dict(cfg.to_dict()) == cfg
     assert AudioVAE(cfg.to_dict()).config == cfg
+
+
+def test_vae_streams_cover_a_length_without_a_graph_with_graph_pieces():
+    """The decomposition a GPU uses for chunk lengths with no graph (tests/test_engine_gpu.py
+    decodes through it): graph lengths of the batch's bucket, longest first; eager (None) past the
+    longest or where they cannot cover it. Only the captured lengths' keys matter here."""
+    from voxcpm_triton.engine.vae_streams import VAEStreams
+
+    _, ours = _pair("realish")
+    streams = VAEStreams(ours, patch_size=2, max_streams=4)
+    streams.graphs = {(b, n): object() for b in (1, 2) for n in (2, 8, 32)}
+    assert streams._pieces(2, 30) == [8, 8, 8, 2, 2, 2] and streams._pieces(1, 32) == [32]
+    assert streams._pieces(2, 34) is None and streams._pieces(3, 8) is None
+    streams.graphs = {(1, 8): object()}
+    assert streams._pieces(1, 6) is None

@@ -194,3 +194,29 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
         assert fin_c.error is None and fin_u.error is None
         cos = F.cosine_similarity(got.flatten(1), want.flatten(1), dim=1).min().item()
         assert cos >= 0.999, (rid, cos)
+
+
+def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoint_dirs):
+    """A chunk length with no graph (a last chunk, a chunk sent early) replays graph-sized pieces,
+    longest first, and gives the eager decode's audio; past the longest graph it decodes eagerly."""
+    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.voxcpm2 import load_audio_vae
+
+    _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
+    P = 4
+    graphs = VAEStreams(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4))
+    eager = VAEStreams(vae, P, max_streams=4, cuda_graphs=False)
+    assert graphs._pieces(2, 3 * P) == [P, P, P] and graphs._pieces(2, 2 * P) == [P, P]
+    assert graphs._pieces(2, 4 * P) == [4 * P] and graphs._pieces(2, 6 * P) is None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    z = torch.randn(2, vae.latent_dim, 20 * P, device="cuda", generator=g)
+    for s in (graphs, eager):
+        s.open("a")
+        s.open("b")
+    start = 0
+    for n in (1, 3, 4, 2, 6):  # 3 and 2: pieces; 6: eager on both
+        chunk = z[..., start * P:(start + n) * P]
+        got, want = graphs.decode(["a", "b"], chunk), eager.decode(["a", "b"], chunk)
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), n
+        start += n

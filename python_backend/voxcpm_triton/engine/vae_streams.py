@@ -7,9 +7,11 @@ padding rows read and write.
 
 On a GPU the eager decode of a small chunk is launch-bound: a few hundred small
 kernels, the same time whatever the batch. So each (batch bucket, chunk length) in `graph_patches`
-is captured once as a CUDA graph, gather and scatter included, and replayed; larger
-work, where the GPU is busy anyway, and other lengths (a stream's last chunk) run
-eagerly on the same pool.
+is captured once as a CUDA graph, gather and scatter included, and replayed. A chunk of
+another length up to the longest graph (a stream's last chunk, a chunk sent early) is decoded
+as consecutive graph-sized pieces: the causal state carries across pieces as across chunks, and
+no new shape ever reaches the kernels (a new shape costs a compile or an autotune, a stall for
+every stream). Larger work, where the GPU is busy anyway, runs eagerly on the same pool.
 """
 
 from __future__ import annotations
@@ -84,16 +86,35 @@ class VAEStreams:
         if frames == 0:  # END's empty chunk: nothing to decode, the state stays as it is
             return torch.zeros(B, 0)
         bucket = smallest_at_least(self.buckets, B)
-        graph = self.graphs.get((bucket, frames)) if bucket is not None else None
-        if graph is None:
+        pieces = self._pieces(bucket, frames) if bucket is not None else None
+        if pieces is None:
             audio = self._body(torch.tensor(rows, device=self.device), z.to(self.device))
             return audio[:, 0].cpu()
-        g, idx, z_in, audio = graph
-        idx[:B].copy_(torch.tensor(rows))
-        idx[B:].zero_()
-        z_in[:B].copy_(z)
-        g.replay()
-        return audio[:B, 0].cpu()
+        out, start = [], 0
+        for n in pieces:
+            g, idx, z_in, audio = self.graphs[(bucket, n)]
+            idx[:B].copy_(torch.tensor(rows))
+            idx[B:].zero_()
+            z_in[:B].copy_(z[..., start:start + n])
+            g.replay()
+            out.append(audio[:B, 0].cpu())
+            start += n
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+    def _pieces(self, bucket: int, frames: int) -> list | None:
+        """`frames` as consecutive lengths with graphs at this batch bucket, longest first; None:
+        decode eagerly (past the longest graph, or the graphs cannot cover it)."""
+        if (bucket, frames) in self.graphs:
+            return [frames]
+        sizes = sorted((n for b, n in self.graphs if b == bucket), reverse=True)
+        if not sizes or frames > sizes[0]:
+            return None
+        pieces, left = [], frames
+        for n in sizes:
+            while left >= n:
+                pieces.append(n)
+                left -= n
+        return pieces if left == 0 else None
 
     def _body(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         state = [p.index_select(0, idx) for p in self.pools]
