@@ -73,6 +73,22 @@ def test_single_request_matches_offline_api(vox):
         eng.shutdown()
 
 
+def test_playback_margin_sends_every_patch_at_once_and_changes_nothing_else(vox):
+    """A margin no client can reach (1000 s): every patch goes out as soon as it is delivered, in
+    order, and the latents are exactly the offline run's; the engine counts the early chunks."""
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, playback_margin_s=1000.0))
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Hello there, engine.")
+        h = eng.submit(EngineRequest("r1", prompt, seed=42, min_len=12, max_len=12))
+        chunks = [e for e in h.events(timeout=TIMEOUT) if isinstance(e, LatentChunk)]
+        assert [c.patches.shape[0] for c in chunks] == [1] * 12
+        assert [c.first_step for c in chunks] == list(range(12))
+        assert_same(torch.cat([c.patches for c in chunks]), solo(vox, prompt, seed=42, min_len=12, max_len=12))
+        assert eng.stats()["early_chunks"] == 10  # the first and the last go out on their own account
+    finally:
+        eng.shutdown()
+
+
 def test_staggered_mixed_requests_each_equal_their_solo_run(vox):
     modes = ["zero_shot", "reference", "continuation", "combined"]
     texts = ["One.", "A somewhat longer sentence for the engine to chew on.", "你好世界", "Three words here.",

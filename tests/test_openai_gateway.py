@@ -140,9 +140,12 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
-    # one tts_stream instance taking one stream: a second concurrent stream is "server busy"
+    # One tts_stream instance taking one stream: a second concurrent stream is "server busy".
+    # Chunks by the schedule only (no playback margin): the tests compare two requests' 16-bit
+    # samples exactly, and the VAE's streaming decode of other chunk boundaries differs by ~1e-6.
     repo = repository_copy(tmp_path_factory.mktemp("gateway_repo") / "repo",
-                           parameters={"tts_stream": {"max_concurrent_streams": "1"}}, instances={"tts_stream": 1})
+                           parameters={"tts_stream": {"max_concurrent_streams": "1"},
+                                       "decoder": {"playback_margin_ms": "0"}}, instances={"tts_stream": 1})
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 

@@ -284,6 +284,82 @@ def test_chunk_patches_are_the_steps_in_order():
     assert [o.finish for o in outs] == [None] * 4 + ["max_len"]
 
 
+def _timed_chunks(s, st, step_times):
+    """Run `st` to its end, step i delivered at step_times(i) seconds: [(first step, patches, time
+    sent)]. Every chunk holds every patch made so far that was not sent (nothing held back)."""
+    chunks, i = [], 0
+    while True:
+        st.launched += 1
+        s.grow_to(st, st.position)
+        now = step_times(i)
+        out = s.on_patch(st, ("patch", st.request_id, st.step), False, now)
+        i += 1
+        if out.patches is not None:
+            assert [p[2] for p in out.patches] == list(range(out.first_step, out.first_step + len(out.patches)))
+            assert out.first_step + len(out.patches) == st.step and not st.pending
+            chunks.append((out.first_step, len(out.patches), round(now, 6)))
+        if out.finish:
+            s.finish(st)
+            return chunks
+
+
+def _margin_scheduler(margin):
+    return Scheduler(BlockManager(64, first=1), BLOCK, 8, (1, 4, 16), loop_bucket, None,
+                     playback_margin_s=margin, patch_seconds=0.16)
+
+
+def test_playback_margin_sends_early_when_the_client_runs_low():
+    """Slow steps (a 0.16 s patch every 0.1 s): after the first chunk the client would starve
+    waiting for 4 patches, so every pending patch goes out as soon as its buffer is below the
+    margin, until the stream is far enough ahead; then the schedule's sizes again."""
+    s = _margin_scheduler(0.25)
+    (st,) = add(s, request(s, "a", max_len=30))
+    admit(s)
+    chunks = _timed_chunks(s, st, lambda i: 0.1 * (i + 1))
+    assert [c[:2] for c in chunks[:5]] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
+    sent = 0
+    for k, (first, n, t) in enumerate(chunks):
+        buffered = sent * 0.16 - (t - chunks[0][2])
+        sent += n
+        if n < (1, 4, 16)[min(k, 2)] and first + n < 30:  # early: the client was below the margin
+            assert buffered < 0.25, (first, n, t, buffered)
+    assert sum(n for _, n, _ in chunks) == 30 and s.early_chunks > 0
+    assert not s.running and s.blocks.free == s.blocks.total
+
+
+def test_playback_margin_restarts_the_clock_of_a_client_that_ran_dry():
+    """A 1 s gap (the server was busy) empties the client's buffer: it waits, then plays on from
+    the next chunk. Counted from its first chunk it would look 1 s behind for good and get
+    one-patch chunks to the end; counted from the restart it is ahead again after a few steps."""
+    s = _margin_scheduler(0.1)
+    (st,) = add(s, request(s, "a", max_len=40))
+    admit(s)
+    chunks = _timed_chunks(s, st, lambda i: 0.01 * (i + 1) + (1.0 if i >= 3 else 0.0))
+    # the gap's chunk goes early; after it the schedule (16s) again, not one-patch chunks to the end
+    assert [n for _, n, _ in chunks] == [1, 3, 16, 16, 4] and s.early_chunks == 1
+
+
+def test_playback_margin_leaves_fast_streams_on_the_schedule():
+    """Fast steps keep the client ahead of a margin below the first chunk's audio: the chunks are
+    exactly the schedule's, as with no margin."""
+    s = _margin_scheduler(0.1)
+    (st,) = add(s, request(s, "a", max_len=40))
+    admit(s)
+    assert [c[:2] for c in _timed_chunks(s, st, lambda i: 0.01 * (i + 1))] == [(0, 1), (1, 4), (5, 16), (21, 16),
+                                                                             (37, 3)]
+    assert s.early_chunks == 0
+
+
+def test_no_early_chunks_where_nobody_plays_along():
+    """`tts` answers once at the end (req.playback false): the schedule only, however slow."""
+    s = _margin_scheduler(0.25)
+    (st,) = add(s, request(s, "a", max_len=30))
+    st.req.playback = False
+    admit(s)
+    assert [c[:2] for c in _timed_chunks(s, st, lambda i: 0.1 * (i + 1))] == [(0, 1), (1, 4), (5, 16), (21, 9)]
+    assert s.early_chunks == 0
+
+
 @pytest.mark.parametrize("min_len", [0, 1, 3])
 def test_the_stop_head_counts_only_after_min_len(min_len):
     s = make()

@@ -133,6 +133,28 @@ def test_stream_chunks_concatenate_to_the_whole_utterance_and_match_offline(serv
     assert np.abs(whole - want).max() <= TOL
 
 
+def test_playback_margin_sends_a_streams_patches_early_but_not_ttss(triton_server_factory, ckpt, tmp_path):  # noqa: F811
+    """A margin no client can reach: tts_stream gets every patch as its own chunk (the decoder's
+    early chunks counted), the same audio; tts, answered once at the end, sends PLAYBACK false and
+    gets the schedule's chunks (no early chunk counted)."""
+    from tests.server import repository_copy
+
+    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"playback_margin_ms": "1000000"}})
+    srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+    params = dict(SEED=11, MIN_LENGTH=12, MAX_LENGTH=12)
+    early = lambda: metrics(srv).get("voxcpm_early_chunks_total", 0)  # noqa: E731
+    whole, _ = tts_http(srv, "Early chunks, same audio.", **params)
+    time.sleep(0.6)  # metrics are published a few times a second
+    assert early() == 0
+    chunks = tts_stream(srv, "Early chunks, same audio.", **params)
+    assert [c.shape for c in chunks] == [(HOP,)] * 12
+    assert np.abs(np.concatenate(chunks) - whole).max() <= TOL
+    deadline = time.monotonic() + 10
+    while early() != 10:  # 12 chunks: the first and the last go by the schedule
+        assert time.monotonic() < deadline, early()
+        time.sleep(0.2)
+
+
 def test_http_generate_stream_sends_audio_events(server):
     """Triton's HTTP generate_stream (server-sent events) on the decoupled model, for clients without gRPC."""
     import json
@@ -143,7 +165,11 @@ def test_http_generate_stream_sends_audio_events(server):
     with urllib.request.urlopen(req, timeout=120) as r:
         events = [json.loads(line[5:]) for line in (x.decode().strip() for x in r) if line.startswith("data:")]
     chunks = [np.asarray(e["AUDIO"], np.float32) for e in events]
-    assert [c.size for c in chunks] == [HOP, 4 * HOP, HOP] and all(e["SAMPLE_RATE"] == 48000 for e in events)
+    # One patch first; the rest by the schedule (4, then the last 1), or sooner where a loaded CPU
+    # made the client run low (the playback margin): whole patches either way.
+    sizes = [c.size for c in chunks]
+    assert sizes[0] == HOP and sum(sizes) == 6 * HOP and all(n % HOP == 0 for n in sizes), sizes
+    assert all(e["SAMPLE_RATE"] == 48000 for e in events)
     whole, _ = tts_http(server, "Streaming over plain HTTP.", SEED=4, MIN_LENGTH=6, MAX_LENGTH=6)
     assert np.abs(np.concatenate(chunks) - whole).max() <= TOL
     bad = urllib.request.Request(f"http://{server.http_url}/v2/models/tts_stream/generate_stream",

@@ -204,6 +204,11 @@ class VoxCPM2:
     def encode_sample_rate(self) -> int:
         return self.vae.sample_rate
 
+    @property
+    def patch_seconds(self) -> float:
+        """The audio one generated patch decodes to."""
+        return self.patch_size * self.vae.chunk_size / self.vae.sample_rate
+
     # ------------------------------------------------------------------ prompts
     @torch.inference_mode()
     def encode_audio(self, audio, sample_rate, pad: str, name: str = "audio") -> torch.Tensor:

@@ -67,6 +67,9 @@ class EngineConfig:
     # Requests whose prompts start alike (a voice, a reference) share the K/V blocks of that prefix
     # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
     enable_prefix_caching: bool = True
+    # A request whose client has less audio than this left (played from its first chunk on) gets
+    # its pending patches at once instead of when its chunk fills (0: chunks only by the schedule).
+    playback_margin_s: float = 0.0
 
     def __post_init__(self):
         self.timestep_buckets = check_timestep_buckets(self.timestep_buckets)
@@ -107,7 +110,8 @@ class Engine:
                 self._prepare_gpu()
         self.capture_summary = dict(self.runner.capture_summary)  # decode graphs captured at start-up, seconds
         self.scheduler = Scheduler(self.kv.allocator, self.cfg.block_size, self.cfg.max_batch_size,
-                                   self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting)
+                                   self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting,
+                                   self.cfg.playback_margin_s, vox.patch_seconds)
 
         self._lock = threading.Condition()
         # LoRA adapters (`vox.loras`): rows of a step run on their own; added and removed while serving.
@@ -263,7 +267,8 @@ class Engine:
             s.update(running=len(self.running), waiting=len(self.waiting) + len(self._inbox),
                      free_blocks=blocks.free, total_blocks=blocks.total, in_flight_ids=len(self._ids),
                      cached_blocks=blocks.cached, prefix_cache_hits=sched.prefix_hits,
-                     prefix_cache_hit_blocks=sched.prefix_hit_blocks, prefix_cache_evictions=blocks.evictions)
+                     prefix_cache_hit_blocks=sched.prefix_hit_blocks, prefix_cache_evictions=blocks.evictions,
+                     early_chunks=sched.early_chunks)
         return s
 
     def status(self) -> str | None:
@@ -449,17 +454,21 @@ class Engine:
         return LoraBatch(self.runner.lora, torch.tensor([slot], device=self.device), single=True)
 
     def _warm_up_prefill(self):
-        """One throwaway eager prefill (one block long) into the scratch block, so that the compiled
-        code meets the packed prefill path's shapes at start-up, not in a request's first audio."""
+        """Throwaway eager prefills into the scratch block, of one prompt and of two packed
+        together (one block each), so that the compiled code meets the packed prefill path's
+        shapes at start-up, not in a request's first audio: torch.compile specializes a size of 1,
+        and the first burst of prompts would otherwise wait for a recompile."""
         dev, n = self.device, self.cfg.block_size
-        slots = torch.arange(n, device=dev) + PagedKVCache.SCRATCH_BLOCK * n
-        meta = PrefillMetadata(slots, [0, n])
-        zeros = torch.zeros(1, n, dtype=torch.int64, device=dev)
         P, D = self.vox.patch_size, self.vox.feat_dim
-        self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, n, P, D, device=dev),
-                           torch.arange(n, device=dev)[None], torch.tensor([n - 1], device=dev),
-                           PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-                           PagedAttention(self.kv.res_k, self.kv.res_v, meta), lora=self._prefill_lora(0))
+        for k in (1, 2):
+            slots = (torch.arange(n, device=dev) + PagedKVCache.SCRATCH_BLOCK * n).repeat(k)
+            meta = PrefillMetadata(slots, [i * n for i in range(k + 1)])
+            zeros = torch.zeros(1, k * n, dtype=torch.int64, device=dev)
+            self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, k * n, P, D, device=dev),
+                               torch.arange(n, device=dev).repeat(k)[None],
+                               torch.arange(1, k + 1, device=dev) * n - 1,
+                               PagedAttention(self.kv.base_k, self.kv.base_v, meta),
+                               PagedAttention(self.kv.res_k, self.kv.res_v, meta), lora=self._prefill_lora(0))
 
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step
@@ -527,7 +536,7 @@ class Engine:
 
     # -- output
     def _emit(self, st: RequestState, patch: torch.Tensor, stop: bool):
-        out = self.scheduler.on_patch(st, patch, stop)
+        out = self.scheduler.on_patch(st, patch, stop, time.monotonic())
         if out.patches is not None:
             if not self._send(st, LatentChunk(st.request_id, torch.stack(out.patches), out.first_step)):
                 return  # the request has ended with an error

@@ -24,6 +24,7 @@ class EngineRequest:
     inference_timesteps: int = 10
     seed: int | None = None  # None: a random one
     lora: str | None = None  # a LoRA adapter's name; None or "": the base model
+    playback: bool = True  # a client plays the chunks as they come (the playback margin applies)
 
 
 @dataclass
@@ -87,6 +88,8 @@ class RequestState:
     pending: list = field(default_factory=list)  # patches not yet sent
     pending_from: int = 0  # step index of pending[0]
     chunks_sent: int = 0
+    patches_sent: int = 0
+    first_sent_at: float | None = None  # monotonic time its first chunk went out
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
 

@@ -7,13 +7,21 @@ thread hand-off and the delivery to sinks.
 
 Requests are the engine's `RequestState` objects (duck-typed here). The scheduler reads
 `request_id`, `blocks_reserved`, `block_hashes`, `max_len`, `req.min_len`, `req.inference_timesteps`,
-and keeps `slot`, `block_table`, `cached_blocks`, `step`, `pending`, `pending_from`, `chunks_sent`;
+and keeps `slot`, `block_table`, `cached_blocks`, `step`, `pending`, `pending_from`, `chunks_sent`,
+`patches_sent`, `first_sent_at`; it reads `req.playback` where present;
 the engine advances `launched` and `prompt_len`. Patches are opaque: they are only collected into lists.
 
 Blocks: admission reserves a request's worst case (prompt + max_len positions) as a count,
 and physical blocks are taken only as it grows, so a running request can always grow and a
 full pool makes newcomers wait instead of deadlocking running ones. Admission is FIFO and
 head-of-line: a request that does not fit yet is not overtaken, so it cannot starve.
+
+Chunks: a request's patches go out in chunks of the sizes on `chunk_schedule` (small first, for
+time to first audio; large later, for the VAE's efficiency). With `playback_margin_s`, a request
+whose client plays as it receives (`req.playback`) and is about to run out of audio does not wait
+for its chunk to fill: every pending patch goes out at once. The client is taken to play from the
+moment its first chunk left, so what it still has buffered is the audio sent minus the time
+since; a client that ran dry waited for the next chunk, so its clock restarts there.
 
 Prefix caching: a request's `block_hashes` (one per full prompt block that decoding never
 writes, empty with caching off) are looked up at admission; the longest cached prefix starts
@@ -64,12 +72,17 @@ class StepOutput:
 
 class Scheduler:
     def __init__(self, blocks: BlockPool, block_size: int, max_batch_size: int, chunk_schedule,
-                 loop_bucket: Callable[[int], int], max_waiting: int | None = None):
-        """loop_bucket(timesteps) -> the CFM loop length those timesteps run in (the step runner's)."""
+                 loop_bucket: Callable[[int], int], max_waiting: int | None = None,
+                 playback_margin_s: float = 0.0, patch_seconds: float = 0.0):
+        """loop_bucket(timesteps) -> the CFM loop length those timesteps run in (the step runner's).
+        playback_margin_s: send early when a client has less audio than this left (0: never);
+        patch_seconds: the audio one patch holds."""
         self.blocks = blocks
         self.block_size = block_size
         self.max_batch_size = max_batch_size
         self.chunk_schedule = tuple(chunk_schedule)  # patches per chunk; the last repeats
+        self.playback_margin_s, self.patch_seconds = playback_margin_s, patch_seconds
+        self.early_chunks = 0  # chunks sent before they filled (playback margin)
         self.loop_bucket = loop_bucket
         self.max_waiting = max_waiting
         self.waiting: deque = deque()
@@ -184,10 +197,17 @@ class Scheduler:
         sched = self.chunk_schedule
         return sched[min(st.chunks_sent, len(sched) - 1)]
 
-    def on_patch(self, st, patch, stop: bool) -> StepOutput:
-        """Record the next step's patch. The stop head counts only after min_len steps; max_len
-        ends the request regardless. A chunk goes out when it reaches its size on the schedule,
-        or with the last step."""
+    def buffered_s(self, st, now: float) -> float | None:
+        """The audio the request's client still has to play at `now` (None before its first chunk)."""
+        if st.first_sent_at is None:
+            return None
+        return st.patches_sent * self.patch_seconds - (now - st.first_sent_at)
+
+    def on_patch(self, st, patch, stop: bool, now: float = 0.0) -> StepOutput:
+        """Record the next step's patch (delivered at `now`, monotonic seconds). The stop head
+        counts only after min_len steps; max_len ends the request regardless. A chunk goes out when
+        it reaches its size on the schedule, with the last step, or early when the client's buffer
+        is below the playback margin."""
         i = st.step
         st.step += 1
         if not st.pending:
@@ -195,9 +215,20 @@ class Scheduler:
         st.pending.append(patch)
         reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
         out = StepOutput(None, st.pending_from, reason)
-        if reason or len(st.pending) >= self.chunk_size(st):
+        send = bool(reason) or len(st.pending) >= self.chunk_size(st)
+        if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
+            left = self.buffered_s(st, now)
+            send = left is not None and left < self.playback_margin_s
+            self.early_chunks += send
+        if send:
+            left = self.buffered_s(st, now)
+            if left is not None and left < 0:  # the client ran dry and waited: it plays on from now
+                st.first_sent_at -= left
+            if st.first_sent_at is None:
+                st.first_sent_at = now
             out.patches, st.pending = st.pending, []
             st.chunks_sent += 1
+            st.patches_sent += len(out.patches)
         return out
 
     # ------------------------------------------------------------------ checks

@@ -73,6 +73,7 @@ class DecoderModel:
             max_batch_size=params["max_batch_size"],
             max_waiting=params["max_waiting_requests"],
             chunk_schedule=params["chunk_schedule"],
+            playback_margin_s=params["playback_margin_ms"] / 1000,
             cuda_graphs=params["cuda_graphs"],
             timestep_buckets=params["timestep_buckets"],
             enable_prefix_caching=params["enable_prefix_caching"],
@@ -151,7 +152,8 @@ class DecoderModel:
                     cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
                     inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
                     seed=_scalar(request, "SEED", int),
-                    lora=lora)
+                    lora=lora,
+                    playback=_scalar(request, "PLAYBACK", bool, True))
                 self.engine.submit(req, sink=self._sink(sender))
             except EngineBusy as e:
                 locked(sender.send, internal_error_response(Busy(str(e))),

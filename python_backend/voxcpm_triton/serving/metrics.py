@@ -49,6 +49,9 @@ class EngineMetrics:
             "prefix_cache_hit_blocks": metric("voxcpm_prefix_cache_hit_blocks_total",
                                               "Prompt blocks taken from the prefix cache instead of prefilled",
                                               labels, "COUNTER"),
+            "early_chunks": metric("voxcpm_early_chunks_total",
+                                   "Chunks sent before they filled: the client was low on audio "
+                                   "(parameter playback_margin_ms)", labels, "COUNTER"),
         }
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()

@@ -180,9 +180,10 @@ class Orchestrator(InternalCalls):
 
     # ------------------------------------------------------------------ pipeline
     async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
-                         cancelled: Callable[[], bool]) -> tuple[int, int] | None:
+                         cancelled: Callable[[], bool], playback: bool = True) -> tuple[int, int] | None:
         """Run one request; `emit(audio)` per chunk. Returns early (no error, None) when `cancelled()`;
-        else (patches generated, target text tokens), what `tts`'s bad-case rule looks at."""
+        else (patches generated, target text tokens), what `tts`'s bad-case rule looks at.
+        playback: a client plays the chunks as they come (the decoder may then send them early)."""
         self.health.check()
         p = pb()
         t0 = time.monotonic()
@@ -198,6 +199,7 @@ class Orchestrator(InternalCalls):
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
                   "INFERENCE_TIMESTEPS": np.array([req.inference_timesteps], np.int32),
+                  "PLAYBACK": np.array([playback]),
                   "SEED": np.array([req.seed if req.seed is not None else draw_seed()], np.int64)}
         if req.max_length is not None:
             dec_in["MAX_LENGTH"] = np.array([req.max_length], np.int32)
@@ -341,7 +343,8 @@ class TTSModel:
         for attempt in range(tries):
             chunks: list = []
             seed = retry_seed(req.seed, attempt) if req.seed is not None else None
-            result = await self.orch.synthesize(dataclasses.replace(req, seed=seed), chunks.append, cancelled)
+            result = await self.orch.synthesize(dataclasses.replace(req, seed=seed), chunks.append, cancelled,
+                                                playback=False)  # one response at the end: nobody plays along
             if result is None or cancelled():
                 break
             patches, target_tokens = result

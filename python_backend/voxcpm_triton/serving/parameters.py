@@ -34,14 +34,15 @@ IDLE_US = "sequence_batching.max_sequence_idle_microseconds"
 class Param:
     model: str
     name: str
-    kind: str  # int, float, bool, ints, choice, path, str
+    kind: str  # int, float, ms, bool, ints, choice, path, str
     default: str  # as config.pbtxt writes it; "": unset (the model decides)
     doc: str
     choices: tuple = ()
     env: str | None = None  # the documented environment variable that wins over config.pbtxt
 
     def allowed(self) -> str:
-        return {"int": "a positive integer", "float": "a positive number", "bool": "true or false",
+        return {"int": "a positive integer", "float": "a positive number", "ms": "milliseconds, 0 or more",
+                "bool": "true or false",
                 "ints": "positive integers separated by commas", "path": "a directory", "str": "a string",
                 "choice": "one of " + ", ".join(self.choices)}[self.kind]
 
@@ -69,6 +70,14 @@ def _float(_, text):
     return value if 0 < value < math.inf else None
 
 
+def _ms(_, text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < math.inf else None
+
+
 def _bool(_, text):
     text = text.lower()
     return True if text in TRUE else False if text in FALSE else None
@@ -80,7 +89,7 @@ def _ints(_, text):
 
 
 _PARSERS: dict[str, Callable] = {
-    "int": _int, "float": _float, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
+    "int": _int, "float": _float, "ms": _ms, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
     "choice": lambda p, t: t if t in p.choices else None,
 }
 
@@ -102,6 +111,9 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "num_blocks", "int", "", "KV cache size in blocks, instead of kv_cache_mb; empty: from kv_cache_mb"),
     Param("decoder", "block_size", "int", "16", "tokens per KV cache block"),
     Param("decoder", "chunk_schedule", "ints", "1,4,16", "patches per streamed chunk (the last repeats)"),
+    Param("decoder", "playback_margin_ms", "ms", "100",
+          "a stream whose client has less audio than this left (playing from its first chunk) gets its "
+          "pending patches at once, not when its chunk fills; 0: chunks by chunk_schedule only"),
     Param("decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
     Param("decoder", "compile", "bool", "true", "GPU: LocDiT/LocEnc and the LM layer math compiled"),
     Param("decoder", "attention", "choice", "auto", "decode attention kernels", ("auto", "triton", "torch")),
