@@ -638,8 +638,37 @@ def _playback_margin(res) -> list[str]:
            "pending patches filled and held the rest for the next step, a client's clock never restarted after it "
            "ran dry, and `tts` requests (answered once) had early chunks too. The committed policy, after review, "
            "sends every pending patch, restarts the clock of a client that ran dry and leaves `tts` alone; it was "
-           "not measured on the GPU again (this session's device time was spent).", ""]
+           "not measured on the GPU again (this session's device time was spent).", "",
+           "![smooth playback by playback margin](results_playback.png)", ""]
+    _plot_playback([("margin 0 (call A)", "served_margin0_call7.json", "s:"),
+                    ("margin 150 (call A)", "served_margin150_call7.json", "v--"),
+                    ("margin 100 (call B)", "served_margin100_call8.json", "o-"),
+                    ("margin 100 + VAE pieces, fresh machine", "served_ninth_final.json", "^-")])
     return md
+
+
+def _plot_playback(runs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, name, style in runs:
+        lv = _levels(name)
+        xs = [x for x in sorted(lv) if x >= 8]
+        a.plot(xs, [100 * lv[x]["smooth_playback_frac"] for x in xs], style, label=label)
+        b.plot(xs, [lv[x]["x_real_time"] for x in xs], style, label=label)
+    a.set_ylabel("streams that play without a gap, %")
+    b.set_ylabel("aggregate x real time")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams, all starting at once")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Served tts_stream on one H100, 2026-11-25: the decoder's playback margin")
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "results_playback.png"), dpi=110)
 
 
 if __name__ == "__main__":
