@@ -89,6 +89,23 @@ def test_playback_margin_sends_every_patch_at_once_and_changes_nothing_else(vox)
         eng.shutdown()
 
 
+def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox):
+    """The GPU start-up's throwaway prefills (one prompt, then two packed together, so that the
+    compiled code has seen a packed batch) run here too: no block is taken, and a request after
+    them equals its offline run."""
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+    try:
+        with torch.no_grad():
+            eng._warm_up_prefill()
+        assert eng.kv.allocator.free == eng.kv.allocator.total
+        prompt = prompt_for(vox, "zero_shot", "After the warm-up.")
+        got, fin = eng.submit(EngineRequest("w", prompt, seed=3, min_len=4, max_len=4)).result(timeout=TIMEOUT)
+        assert fin.error is None
+        assert_same(got, solo(vox, prompt, seed=3, min_len=4, max_len=4))
+    finally:
+        eng.shutdown()
+
+
 def test_staggered_mixed_requests_each_equal_their_solo_run(vox):
     modes = ["zero_shot", "reference", "continuation", "combined"]
     texts = ["One.", "A somewhat longer sentence for the engine to chew on.", "你好世界", "Three words here.",
