@@ -137,8 +137,9 @@ def test_perf_analyzer_streaming_mode(server, tmp_path):
         assert lv["infer_per_s"] > 0 and 0 < lat["p50"] <= lat["p95"] <= lat["p99"]
         # identical requests: each one's chunks, the flag-only final response not counted
         assert lv["responses_per_request"] == pytest.approx(probe["chunks"], rel=1e-3)
-        # send -> last audio chunk (first audio comes after one patch of the 24)
-        assert 3 * probe["ttfa_s"] < lat["p50"] / 1000 < 3 * probe["total_s"]
+        # send -> last audio chunk, not the first (one patch of the 24): nearer the probe's end than
+        # its first audio (a busy CI machine moves both by a few hundred ms)
+        assert (probe["ttfa_s"] + probe["total_s"]) / 2 < lat["p50"] / 1000 < 3 * probe["total_s"], (probe, lat)
         assert lv["x_real_time"] == pytest.approx(lv["infer_per_s"] * probe["audio_s"])
     csv_path = tmp_path / "perf_analyzer.csv"
     assert csv_path.read_text().startswith("Concurrency,Inferences/Second,Response Throughput,")
