@@ -24,6 +24,8 @@ grid and blocks depend on shapes only).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._triton import HAVE_TRITON as _HAVE_TRITON
@@ -109,6 +111,7 @@ def supports(splits: tuple, rank: int) -> bool:
     return 1 <= len(splits) <= 3 and 1 <= rank <= MAX_RANK
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
