@@ -506,12 +506,7 @@ def eighth_session(res) -> list[str]:
            f"min {fp8['fp8_patch_cosine_min']:.3f}; offline batch-1 RTF {fp8['single_stream_rtf_offline_fp8']:.3f}.",
            ""]
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = _stream_panels()
     for lv, style, label in ((burst, "o-", "burst"), (poisson, "s--", "Poisson arrivals")):
         xs = sorted(lv)
         a.plot(xs, [lv[x]["ttfa_ms"]["p95"] for x in xs], style, label=f"TTFA p95, {label}")
@@ -520,15 +515,31 @@ def eighth_session(res) -> list[str]:
     a.set_yscale("log")
     a.set_ylabel("ms")
     b.set_ylabel("smooth playback, % of streams")
-    for ax in (a, b):
+    _save_stream_panels(fig, (a, b), "concurrent streams",
+                        "Served tts_stream on one H100, 2026-11-24 (prefix caching on)", "results_serving.png")
+    return md
+
+
+def _stream_panels():
+    """A figure of two panels side by side (matplotlib, headless) -> (figure, axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(11, 4))
+
+
+def _save_stream_panels(fig, axes, xlabel: str, title: str, name: str):
+    """Streams on a log2 axis in every panel, then the figure written as benchmarks/<name>."""
+    for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams")
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Served tts_stream on one H100, 2026-11-24 (prefix caching on)")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "results_serving.png"), dpi=110)
-    return md
+    fig.savefig(os.path.join(HERE, name), dpi=110)
 
 
 def _lora_launch_key(row) -> str:
@@ -648,12 +659,7 @@ def _playback_margin(res) -> list[str]:
 
 
 def _plot_playback(runs):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = _stream_panels()
     for label, name, style in runs:
         lv = _levels(name)
         xs = [x for x in sorted(lv) if x >= 8]
@@ -661,14 +667,9 @@ def _plot_playback(runs):
         b.plot(xs, [lv[x]["x_real_time"] for x in xs], style, label=label)
     a.set_ylabel("streams that play without a gap, %")
     b.set_ylabel("aggregate x real time")
-    for ax in (a, b):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams, all starting at once")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Served tts_stream on one H100, 2026-11-25: the decoder's playback margin")
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "results_playback.png"), dpi=110)
+    _save_stream_panels(fig, (a, b), "concurrent streams, all starting at once",
+                        "Served tts_stream on one H100, 2026-11-25: the decoder's playback margin",
+                        "results_playback.png")
 
 
 if __name__ == "__main__":
