@@ -6,14 +6,12 @@ by conftest.py before triton is imported); fails where triton is not installed.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
-if importlib.util.find_spec("triton") is None:
-    pytest.fail("triton is not installed: scripts/setup.sh should have installed it (requirements-test.txt)",
-                pytrace=False)
+from tests.conftest import require_module
+
+require_module("triton", "requirements-test.txt")
 
 from voxcpm_triton.kernels import lora as lk  # noqa: E402
 from voxcpm_triton.model.lora import LoraBatch, LoraTables, lora_add, sites_for  # noqa: E402

@@ -7,14 +7,12 @@ against the official one in test_audio_vae.py.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
-if importlib.util.find_spec("triton") is None:
-    pytest.fail("triton is not installed: scripts/setup.sh should have installed it (requirements-test.txt)",
-                pytrace=False)
+from tests.conftest import require_module
+
+require_module("triton", "requirements-test.txt")
 
 from voxcpm_triton.model.audio_vae import (  # noqa: E402
     AudioVAE, AudioVAEConfig, CausalConvTranspose1d, ResidualUnit, _Stream, snake,
