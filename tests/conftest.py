@@ -1,7 +1,11 @@
+import ast
 import copy
 import importlib
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +69,24 @@ def require_module(name: str, source: str):
     except ImportError as e:
         pytest.fail(f"cannot import {name} ({e}): scripts/setup.sh should have installed it ({source}); "
                     "run scripts/setup.sh", pytrace=False)
+
+
+def assert_standalone_without_torch(module, use: str):
+    """`module` imports neither torch nor anything of the package (read from its source), and,
+    loaded alone from its file in a fresh interpreter as `m`, the Python in `use` runs and torch
+    stays unloaded."""
+    path = Path(module.__file__)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            assert all(a.name.split(".")[0] not in ("torch", "voxcpm_triton") for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module.split(".")[0] not in ("torch", "voxcpm_triton"), node.module
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('{path.stem}_alone', {str(path)!r})\n"
+            "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
+            f"{use}\n"
+            "assert 'torch' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def require_executable(name: str, source: str) -> str:

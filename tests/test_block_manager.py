@@ -1,13 +1,10 @@
 """The KV block pool with prefix caching (engine/block_manager.py) alone: no model, no torch."""
 
-import ast
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_standalone_without_torch
 from voxcpm_triton.engine import block_manager as bm_module
 from voxcpm_triton.engine.block_manager import BlockManager, chain_hashes
 
@@ -175,15 +172,4 @@ def test_random_admissions_keep_every_promise_and_never_deadlock(seed):
 
 
 def test_the_block_manager_imports_no_torch_and_nothing_of_the_package():
-    path = Path(bm_module.__file__)
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            assert all(a.name.split(".")[0] not in ("torch", "voxcpm_triton") for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module.split(".")[0] not in ("torch", "voxcpm_triton"), node.module
-    code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('bm_alone', {str(path)!r})\n"
-            "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
-            "b = m.BlockManager(4); b.admit(2); b.take_reserved()\n"
-            "assert 'torch' not in sys.modules, sorted(sys.modules)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert_standalone_without_torch(bm_module, "b = m.BlockManager(4); b.admit(2); b.take_reserved()")

@@ -1,14 +1,11 @@
 """The engine's Scheduler alone: no model, no tensors (prompts are only a length, patches any object)."""
 
-import ast
 import random
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.conftest import assert_standalone_without_torch
 from voxcpm_triton.engine import scheduler as scheduler_module
 from voxcpm_triton.engine.block_manager import BlockManager, chain_hashes
 from voxcpm_triton.engine.request import RequestState
@@ -456,17 +453,5 @@ def test_invariants_hold_over_random_operations(seed):
 # -- no torch
 
 def test_the_scheduler_module_imports_no_torch_and_nothing_of_the_package():
-    path = Path(scheduler_module.__file__)
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            assert all(a.name.split(".")[0] != "torch" for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module.split(".")[0] not in ("torch", "voxcpm_triton"), node.module
-    # Loaded alone, from its file, in a fresh interpreter: it runs and torch stays unloaded.
-    code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('scheduler_alone', {str(path)!r})\n"
-            "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
-            "s = m.Scheduler(None, 16, 2, (1, 2), lambda k: k)\n"
-            "assert s.admit() == [] and 'torch' not in sys.modules, sorted(sys.modules)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert_standalone_without_torch(scheduler_module,
+                                    "s = m.Scheduler(None, 16, 2, (1, 2), lambda k: k); assert s.admit() == []")
