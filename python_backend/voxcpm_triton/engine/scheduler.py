@@ -215,13 +215,12 @@ class Scheduler:
         st.pending.append(patch)
         reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
         out = StepOutput(None, st.pending_from, reason)
+        left = self.buffered_s(st, now)
         send = bool(reason) or len(st.pending) >= self.chunk_size(st)
         if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
-            left = self.buffered_s(st, now)
             send = left is not None and left < self.playback_margin_s
             self.early_chunks += send
         if send:
-            left = self.buffered_s(st, now)
             if left is not None and left < 0:  # the client ran dry and waited: it plays on from now
                 st.first_sent_at -= left
             if st.first_sent_at is None:
