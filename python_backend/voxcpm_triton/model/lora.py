@@ -24,7 +24,6 @@ the LMs in a decode step: one block of one token per request; a prefill: one row
   evaluations, or here from `rows`), the tokens regrouped by row, and batched matmuls do the rest:
   more kernels, but each weight read once per row whatever the token count (LocDiT at large
   batches, prefills).
-
 - "kernel" (CUDA with triton): `kernels.lora`, one launch per site that does the shrink, the expand
   and the add for every row on its own slot, straight from the tables. Every decode op on the GPU
   (the step is bound by kernel count at small batches); prefills stay "group".
@@ -57,9 +56,9 @@ class LoraSite(NamedTuple):
 
 
 class LoraOp(NamedTuple):
-    """One site's LoRA for one call, over `halves` blocks of G rows. mode "token": a, b are the
-    tables, rows [G] the rows' slots. mode "group": a [G, n*r, in], b [G, out, r] per row, or the
-    tables with rows [G] to gather."""
+    """One site's LoRA for one call, over `halves` blocks of G rows. mode "token" and "kernel": a, b
+    are the tables, rows [G] the rows' slots. mode "group": a [G, n*r, in], b [G, out, r] per row,
+    or the tables with rows [G] to gather."""
 
     mode: str
     a: torch.Tensor
