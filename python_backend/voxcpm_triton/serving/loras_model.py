@@ -9,8 +9,6 @@ ones. This model only checks the request and forwards it to the decoder, which o
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..formats import lora as lora_format
 from . import contract, runtime
 from .orchestrator import InternalCalls
@@ -27,7 +25,6 @@ class LorasModel(RegistryModel):
 
     async def _act(self, action: str, inputs: dict) -> list[str]:
         name = contract.value(inputs.get("NAME"), "NAME", str)
-        dec_in = {"LORA_ACTION": np.array([action.encode()], dtype=object)}
         if action == "list":
             if name is not None:
                 raise InputError("ACTION list takes no NAME")
@@ -38,7 +35,5 @@ class LorasModel(RegistryModel):
                 lora_format.check_name(name)
             except lora_format.LoraError as e:
                 raise InputError(f"NAME: {e}") from None
-            dec_in["LORA"] = np.array([name.encode()], dtype=object)
         self.calls.health.check()
-        (names,) = await self.calls.infer_decoupled("decoder", dec_in, ["LORAS"])
-        return sorted(bytes(n).decode() for n in names.reshape(-1))
+        return await self.calls.lora_action(action, name)

@@ -113,6 +113,15 @@ class InternalCalls:
             raise RuntimeError(f"model {model!r} ended without an answer")
         return result
 
+    async def lora_action(self, action: str, name: str | None = None) -> list[str]:
+        """The decoder's LoRA action (add, remove or list; `name` the adapter) -> the adapters
+        loaded after it, sorted."""
+        dec_in = {"LORA_ACTION": np.array([action.encode()], dtype=object)}
+        if name is not None:
+            dec_in["LORA"] = np.array([name.encode()], dtype=object)
+        (names,) = await self.infer_decoupled("decoder", dec_in, ["LORAS"])
+        return sorted(bytes(n).decode() for n in names.reshape(-1))
+
     async def encode(self, audio, rate, pad_left: bool) -> np.ndarray:
         """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's)."""
         return (await self.infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),

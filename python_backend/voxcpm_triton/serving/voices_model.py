@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from . import contract, runtime
 from .orchestrator import InternalCalls
 from .parameters import read, read_config, resolve_checkpoint
@@ -73,9 +71,7 @@ class VoicesModel(RegistryModel):
     async def _check_loaded(self, lora: str):
         """A voice may only name an adapter the decoder serves now (a typo is caught at `add`, not at
         every request with the voice)."""
-        dec_in = {"LORA_ACTION": np.array([b"list"], dtype=object)}
-        (names,) = await self.calls.infer_decoupled("decoder", dec_in, ["LORAS"])
-        loaded = sorted(bytes(n).decode() for n in names.reshape(-1))
+        loaded = await self.calls.lora_action("list")
         if lora not in loaded:
             raise InputError(f"LORA: unknown LoRA adapter {lora!r} (loaded: {', '.join(loaded) or 'none'}); "
                              "a voice's adapter must be loaded when the voice is added (model loras)")
