@@ -383,8 +383,12 @@ class TTSStreamModel:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def execute(self, requests):
+        """Each stream runs as a task of its own; execute returns once they have all ended. The
+        stub registers an execute's coroutine only after it has started it, and one that has
+        already finished by then makes it log an error (triton-inference-server/server#8537)."""
         p = pb()
         self.loop = asyncio.get_running_loop()
+        tasks = []
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -397,8 +401,14 @@ class TTSStreamModel:
             except Exception as e:
                 sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            task = asyncio.ensure_future(self._run(req, sender))
             with self.streams_lock:
-                self.streams[asyncio.ensure_future(self._run(req, sender))] = sender
+                self.streams[task] = sender
+            tasks.append(task)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:  # the loop is stopping: finalize() ends the streams
+            pass
         return None
 
     async def _run(self, req, sender):
