@@ -90,9 +90,9 @@ def test_playback_margin_sends_every_patch_at_once_and_changes_nothing_else(vox)
 
 
 def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox):
-    """The GPU start-up's throwaway prefills (one prompt, then two packed together, so that the
-    compiled code has seen a packed batch) run here too: no block is taken, and a request after
-    them equals its offline run."""
+    """The GPU start-up's throwaway prefills (`Engine.WARM_UP_PACKS`: one prompt, packs of two and
+    three, lengths that are and are not a block) run here too: no block is taken, and a request
+    after them equals its offline run."""
     eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
     try:
         with torch.no_grad():

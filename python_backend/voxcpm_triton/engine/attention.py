@@ -7,6 +7,7 @@ it writes the new tokens' K/V into their slots, then attends.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -99,12 +100,14 @@ class PagedAttention:
         """use_triton: decode (and prefill after a cached prefix) with the Triton-language paged
         decode kernel (GPU) instead of the PyTorch gather."""
         self.k_pool, self.v_pool, self.meta = k_pool, v_pool, meta
-        self.decode = paged_decode_attention
+        self.decode = self.prefill_rows = paged_decode_attention
         self.prefill_context = paged_prefill_attention
         if use_triton:
             from ..kernels.paged_attention import paged_decode_attention_triton
 
             self.decode = paged_decode_attention_triton
+            # one split whatever the rows: the kernel variant the start-up warm-up compiled
+            self.prefill_rows = functools.partial(paged_decode_attention_triton, num_splits=1)
             self.prefill_context = paged_prefill_attention_triton
 
     def __call__(self, layer, q, k, v):
@@ -113,7 +116,7 @@ class PagedAttention:
         if isinstance(m, DecodeMetadata):
             return self.decode(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens)
         if isinstance(m, PrefillRowsMetadata):
-            out = self.decode(q[0].unsqueeze(1), self.k_pool[layer], self.v_pool[layer], m.block_tables,
+            out = self.prefill_rows(q[0].unsqueeze(1), self.k_pool[layer], self.v_pool[layer], m.block_tables,
                               m.context_lens)
             return out.view(1, -1, *out.shape[2:])
         # Prefill: a prompt from position 0 attends causally to its own new tokens only; one after

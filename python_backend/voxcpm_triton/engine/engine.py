@@ -68,7 +68,8 @@ class EngineConfig:
     # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
     enable_prefix_caching: bool = True
     # A request whose client has less audio than this left (played from its first chunk on) gets
-    # its pending patches at once instead of when its chunk fills (0: chunks only by the schedule).
+    # its pending patches, as the largest schedule size they fill, before its chunk fills (0: chunks
+    # only by the schedule).
     playback_margin_s: float = 0.0
 
     def __post_init__(self):
@@ -453,22 +454,35 @@ class Engine:
             return None
         return LoraBatch(self.runner.lora, torch.tensor([slot], device=self.device), single=True)
 
+    # Prompt lengths of the start-up prefills, as fractions of a block: one prompt and packs of two
+    # and three, with totals that are and are not a multiple of 16. Triton compiles a kernel again
+    # for each new class of its integer arguments (== 1, divisible by 16, other) and torch.compile
+    # specializes a size of 1: a first burst of real prompts would otherwise wait for that (~0.5 s).
+    WARM_UP_PACKS = ((1.0,), (1.0, 1.0), (0.75,), (1.0, 0.875, 0.6875))
+
     def _warm_up_prefill(self):
-        """Throwaway eager prefills into the scratch block, of one prompt and of two packed
-        together (one block each), so that the compiled code meets the packed prefill path's
-        shapes at start-up, not in a request's first audio: torch.compile specializes a size of 1,
-        and the first burst of prompts would otherwise wait for a recompile."""
+        """Throwaway eager prefills into the scratch block (every prompt of a pack writes the same
+        slots), of the `WARM_UP_PACKS` lengths, so that the compiled code and the kernels meet the
+        packed prefill path's shape classes at start-up, not in a request's first audio."""
         dev, n = self.device, self.cfg.block_size
         P, D = self.vox.patch_size, self.vox.feat_dim
-        for k in (1, 2):
-            slots = (torch.arange(n, device=dev) + PagedKVCache.SCRATCH_BLOCK * n).repeat(k)
-            meta = PrefillMetadata(slots, [i * n for i in range(k + 1)])
-            zeros = torch.zeros(1, k * n, dtype=torch.int64, device=dev)
-            self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, k * n, P, D, device=dev),
-                               torch.arange(n, device=dev).repeat(k)[None],
-                               torch.arange(1, k + 1, device=dev) * n - 1,
-                               PagedAttention(self.kv.base_k, self.kv.base_v, meta),
-                               PagedAttention(self.kv.res_k, self.kv.res_v, meta), lora=self._prefill_lora(0))
+        for pack in self.WARM_UP_PACKS:
+            lens = [max(1, round(f * n)) for f in pack]
+            starts = [0]
+            for L in lens:
+                starts.append(starts[-1] + L)
+            S = starts[-1]
+            slots = torch.cat([torch.arange(L, device=dev) for L in lens]) + PagedKVCache.SCRATCH_BLOCK * n
+            positions = torch.cat([torch.arange(L, device=dev) for L in lens])[None]
+            zeros = torch.zeros(1, S, dtype=torch.int64, device=dev)
+            tables = torch.full((S, 1), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64, device=dev)
+            # from position 0, and as after a cached prefix (rows of the paged decode kernel on the GPU)
+            for meta in (PrefillMetadata(slots, starts), PrefillRowsMetadata(slots, tables, positions[0] + 1)):
+                self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, S, P, D, device=dev), positions,
+                                   torch.tensor(starts[1:], device=dev) - 1,
+                                   PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
+                                   PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
+                                   lora=self._prefill_lora(0))
 
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step

@@ -60,7 +60,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int, 
 
 if _HAVE_TRITON:
 
-    @triton.jit
+    # The table's width is not specialized (== 1, divisible by 16): a packed prefill's rows meet
+    # widths no start-up shape had, and each new class would compile under load.
+    @triton.jit(do_not_specialize=["stride_btb", "max_blocks"])
     def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
         stride_qb, stride_qh, stride_qd,
