@@ -283,8 +283,9 @@ def test_chunk_patches_are_the_steps_in_order():
 
 def _timed_chunks(s, st, step_times):
     """Run `st` to its end, step i delivered at step_times(i) seconds: [(first step, patches, time
-    sent)]. Every chunk holds every patch made so far that was not sent (nothing held back)."""
-    chunks, i = [], 0
+    sent)]. Chunks follow each other with no patch lost, repeated or reordered; the patches not
+    yet sent are the newest ones, and none is left at the end."""
+    chunks, i, sent = [], 0, 0
     while True:
         st.launched += 1
         s.grow_to(st, st.position)
@@ -292,10 +293,13 @@ def _timed_chunks(s, st, step_times):
         out = s.on_patch(st, ("patch", st.request_id, st.step), False, now)
         i += 1
         if out.patches is not None:
-            assert [p[2] for p in out.patches] == list(range(out.first_step, out.first_step + len(out.patches)))
-            assert out.first_step + len(out.patches) == st.step and not st.pending
+            assert out.first_step == sent
+            assert [p[2] for p in out.patches] == list(range(sent, sent + len(out.patches)))
+            sent += len(out.patches)
+            assert [p[2] for p in st.pending] == list(range(sent, st.step))
             chunks.append((out.first_step, len(out.patches), round(now, 6)))
         if out.finish:
+            assert sent == st.step and not st.pending
             s.finish(st)
             return chunks
 
@@ -307,8 +311,9 @@ def _margin_scheduler(margin):
 
 def test_playback_margin_sends_early_when_the_client_runs_low():
     """Slow steps (a 0.16 s patch every 0.1 s): after the first chunk the client would starve
-    waiting for 4 patches, so every pending patch goes out as soon as its buffer is below the
-    margin, until the stream is far enough ahead; then the schedule's sizes again."""
+    waiting for 4 patches, so its pending patches go out as soon as its buffer is below the margin,
+    as the largest schedule size they fill (the VAE's graph lengths), until the stream is far
+    enough ahead; then the schedule's sizes again."""
     s = _margin_scheduler(0.25)
     (st,) = add(s, request(s, "a", max_len=30))
     admit(s)
@@ -319,7 +324,7 @@ def test_playback_margin_sends_early_when_the_client_runs_low():
         buffered = sent * 0.16 - (t - chunks[0][2])
         sent += n
         if n < (1, 4, 16)[min(k, 2)] and first + n < 30:  # early: the client was below the margin
-            assert buffered < 0.25, (first, n, t, buffered)
+            assert buffered < 0.25 and n in (1, 4, 16), (first, n, t, buffered)
     assert sum(n for _, n, _ in chunks) == 30 and s.early_chunks > 0
     assert not s.running and s.blocks.free == s.blocks.total
 
@@ -332,8 +337,9 @@ def test_playback_margin_restarts_the_clock_of_a_client_that_ran_dry():
     (st,) = add(s, request(s, "a", max_len=40))
     admit(s)
     chunks = _timed_chunks(s, st, lambda i: 0.01 * (i + 1) + (1.0 if i >= 3 else 0.0))
-    # the gap's chunk goes early; after it the schedule (16s) again, not one-patch chunks to the end
-    assert [n for _, n, _ in chunks] == [1, 3, 16, 16, 4] and s.early_chunks == 1
+    # after the gap two early chunks of schedule sizes (1 of the 3 pending, then 4), then the
+    # schedule (16s) again, not one-patch chunks to the end
+    assert [n for _, n, _ in chunks] == [1, 1, 4, 16, 16, 2] and s.early_chunks == 2
 
 
 def test_playback_margin_leaves_fast_streams_on_the_schedule():

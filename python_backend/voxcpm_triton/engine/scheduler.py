@@ -19,9 +19,12 @@ head-of-line: a request that does not fit yet is not overtaken, so it cannot sta
 Chunks: a request's patches go out in chunks of the sizes on `chunk_schedule` (small first, for
 time to first audio; large later, for the VAE's efficiency). With `playback_margin_s`, a request
 whose client plays as it receives (`req.playback`) and is about to run out of audio does not wait
-for its chunk to fill: every pending patch goes out at once. The client is taken to play from the
-moment its first chunk left, so what it still has buffered is the audio sent minus the time
-since; a client that ran dry waited for the next chunk, so its clock restarts there.
+for its chunk to fill: its pending patches go out at once as the largest schedule size they fill
+(the rest with its next chunk). Schedule sizes are the chunk lengths the VAE has graphs for; any
+other length costs it several replays, and sending every pending patch instead played worse under
+load (benchmarks/results.md). The client is taken to play from the moment its first chunk left,
+so what it still has buffered is the audio sent minus the time since; a client that ran dry
+waited for the next chunk, so its clock restarts there.
 
 Prefix caching: a request's `block_hashes` (one per full prompt block that decoding never
 writes, empty with caching off) are looked up at admission; the longest cached prefix starts
@@ -206,8 +209,8 @@ class Scheduler:
     def on_patch(self, st, patch, stop: bool, now: float = 0.0) -> StepOutput:
         """Record the next step's patch (delivered at `now`, monotonic seconds). The stop head
         counts only after min_len steps; max_len ends the request regardless. A chunk goes out when
-        it reaches its size on the schedule, with the last step, or early when the client's buffer
-        is below the playback margin."""
+        it reaches its size on the schedule, with the last step, or early (a schedule size, the
+        rest held) when the client's buffer is below the playback margin."""
         i = st.step
         st.step += 1
         if not st.pending:
@@ -217,15 +220,18 @@ class Scheduler:
         out = StepOutput(None, st.pending_from, reason)
         left = self.buffered_s(st, now)
         send = bool(reason) or len(st.pending) >= self.chunk_size(st)
+        n = len(st.pending)  # patches this chunk takes
         if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
             send = left is not None and left < self.playback_margin_s
             self.early_chunks += send
+            n = max((k for k in self.chunk_schedule if k <= n), default=n)
         if send:
             if left is not None and left < 0:  # the client ran dry and waited: it plays on from now
                 st.first_sent_at -= left
             if st.first_sent_at is None:
                 st.first_sent_at = now
-            out.patches, st.pending = st.pending, []
+            out.patches, st.pending = st.pending[:n], st.pending[n:]
+            st.pending_from += n
             st.chunks_sent += 1
             st.patches_sent += len(out.patches)
         return out
