@@ -138,10 +138,11 @@ def summarize_profile(prof, per: int, kinds=KERNEL_KINDS) -> dict:
     for e in events:
         k = next((kind for kind, keys in kinds if any(f in e.key for f in keys)), "other (copies, indexing, ...)")
         by_kind[k] = by_kind.get(k, 0.0) + e.device_time_total / 1000 / per
-    top = [{"kernel": e.key[:90], "calls": e.count / per, "cuda_ms": e.device_time_total / 1000 / per}
-           for e in sorted(events, key=lambda e: -e.device_time_total)[:12]]
+    every = [{"kernel": e.key[:120], "calls": e.count / per, "cuda_ms": e.device_time_total / 1000 / per}
+             for e in sorted(events, key=lambda e: -e.device_time_total)]
     return {"gpu_ms": sum(by_kind.values()), "kernels": sum(e.count for e in events) / per,
-            "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "top": top}
+            "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "top": every[:12],
+            "all": [k for k in every if k["cuda_ms"] >= 0.005]}  # what "other" holds, per kernel
 
 
 def top_ops(fn, reps: int = 3, n: int = 15) -> list:
@@ -387,12 +388,19 @@ def main():
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"], help="linear weights (model.precision)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
+    ap.add_argument("--max-autotune", action="store_true",
+                    help="experiment: inductor autotunes its GEMMs (Triton templates against cuBLAS, epilogues fused)")
     args = ap.parse_args()
+    if args.max_autotune:
+        import torch._inductor.config as inductor_config
+        inductor_config.max_autotune_gemm = True
+        inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
     args.batches = [int(x) for x in args.batches.split(",")]
 
     gpu = args.device == "cuda"
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
-              "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision}
+              "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision,
+              "max_autotune": args.max_autotune}
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
                                   attention=args.attention, compile=gpu and not args.no_compile,

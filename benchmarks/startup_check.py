@@ -4,15 +4,19 @@
 
 prints load time, each start-up phase (`Engine.startup_s`) and peak GPU memory; with
 TORCH_LOGS=recompiles torch also says what made a compiled function compile again (any
-recompile after the decode graphs' first compile is start-up time spent twice).
+recompile after the decode graphs' first compile is start-up time spent twice). --bursts 1,7,16
+then submits waves of that many requests at once, each after the last has finished, and prints
+each wave's first-patch latency: a wave that meets a shape start-up did not compile stalls.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +25,39 @@ sys.path.insert(0, os.path.join(REPO, "python_backend"))
 import torch  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
-from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
+
+
+def compiled_kernels() -> set:
+    """The Triton kernels compiled so far (their cache entries, Triton's own and inductor's)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    roots = [os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache")), cache_dir()]
+    return {p for r in roots for p in glob.glob(os.path.join(r, "**", "*.json"), recursive=True)}
+
+
+def wave(eng, prompt, n: int, tag: str, steps: int = 20) -> dict:
+    """Submit n requests at once; ms from the submit to each one's first latent patch, and the
+    kernels compiled meanwhile."""
+    before = compiled_kernels()
+    first, done = {}, threading.Semaphore(0)
+    t0 = time.monotonic()
+
+    def sink(ev):
+        if isinstance(ev, LatentChunk) and ev.request_id not in first:
+            first[ev.request_id] = (time.monotonic() - t0) * 1000
+        elif isinstance(ev, Finished):
+            done.release()
+
+    for i in range(n):
+        eng.submit(EngineRequest(f"{tag}-{i}", prompt, seed=i, min_len=steps, max_len=steps), sink=sink)
+    for _ in range(n):
+        done.acquire(timeout=600)
+    ms = sorted(first.values())
+    new = sorted(os.path.basename(p) for p in compiled_kernels() - before)
+    return {"requests": n, "first_patch_ms_p50": ms[len(ms) // 2], "first_patch_ms_max": ms[-1], "compiled": new}
 
 
 def main():
@@ -29,6 +65,7 @@ def main():
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-batch", type=int, default=64, help="the decoder's max_batch_size (config.pbtxt: 64)")
     ap.add_argument("--out", help="write the phases as JSON here")
+    ap.add_argument("--bursts", default="", help="after start-up, waves of this many requests at once (e.g. 1,7,16)")
     a = ap.parse_args()
     t0 = time.monotonic()
     vox = VoxCPM2.from_pretrained(a.checkpoint, device="cuda", dtype="bfloat16", compile=True)  # as served
@@ -36,6 +73,12 @@ def main():
     eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, chunk_schedule=(1, 4, 16)))
     res = {"device": torch.cuda.get_device_name(), "load_s": load, **{f"{k}_s": v for k, v in eng.startup_s.items()},
            "total_s": time.monotonic() - t0, "gpu_mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    if a.bursts:
+        prompt = vox.prepare_prompt(TEXT)
+        res["bursts"] = [wave(eng, prompt, int(n), f"w{k}") for k, n in enumerate(a.bursts.split(","))]
+        for w in res["bursts"]:
+            print(f"[burst] {w['requests']} at once: first patch p50 {w['first_patch_ms_p50']:.0f} ms, "
+                  f"max {w['first_patch_ms_max']:.0f} ms; compiled meanwhile: {w['compiled']}", flush=True)
     eng.shutdown()
     print(json.dumps(res, indent=1))
     if a.out:
