@@ -30,6 +30,8 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
+from kernel_kinds import KERNEL_KINDS, VAE_KERNEL_KINDS  # noqa: E402
+
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
 
 
@@ -112,23 +114,6 @@ def first_audio_latency(engine, vox, prompt, reps: int = 7) -> dict:
         f"{len(prompt)} positions: eager {res['prefill_eager_ms_p50']:.1f} ms, graph "
         f"{res.get('prefill_graph_ms_p50', float('nan')):.1f} ms")
     return res
-
-
-KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first match wins
-    ("GEMM (cuBLAS)", ("nvjet", "gemm", "cublas", "splitKreduce", "cutlass")),
-    ("LocDiT/LocEnc attention (Triton)", ("_local_attention_kernel",)),
-    ("paged decode attention (Triton)", ("_paged_decode_kernel", "_merge_splits_kernel")),
-    ("fused pointwise/norm (inductor)", ("triton_",)),
-    ("flash attention (prefill)", ("flash",)),
-)
-
-
-VAE_KERNEL_KINDS = (
-    ("Triton kernels (vae_kernels)",  # before "conv"
-     ("_dwconv_snake_kernel", "_snake_extend_kernel", "_skip_add_kernel", "_phase_interleave_kernel")),
-    ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
-    ("snake (compiled)", ("triton_",)),
-)
 
 
 def summarize_profile(prof, per: int, kinds=KERNEL_KINDS) -> dict:
