@@ -206,8 +206,8 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
     P = 4
     graphs = VAEStreams(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4))
     eager = VAEStreams(vae, P, max_streams=4, cuda_graphs=False)
-    assert graphs._pieces(2, 3 * P) == [P, P, P] and graphs._pieces(2, 2 * P) == [P, P]
-    assert graphs._pieces(2, 4 * P) == [4 * P] and graphs._pieces(2, 6 * P) is None
+    assert graphs.pieces(2, 3 * P) == [P, P, P] and graphs.pieces(2, 2 * P) == [P, P]
+    assert graphs.pieces(2, 4 * P) == [4 * P] and graphs.pieces(2, 6 * P) is None
     g = torch.Generator(device="cuda").manual_seed(0)
     z = torch.randn(2, vae.latent_dim, 20 * P, device="cuda", generator=g)
     for s in (graphs, eager):

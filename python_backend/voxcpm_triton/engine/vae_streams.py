@@ -86,7 +86,7 @@ class VAEStreams:
         if frames == 0:  # END's empty chunk: nothing to decode, the state stays as it is
             return torch.zeros(B, 0)
         bucket = smallest_at_least(self.buckets, B)
-        pieces = self._pieces(bucket, frames) if bucket is not None else None
+        pieces = self.pieces(B, frames)
         if pieces is None:
             audio = self._body(torch.tensor(rows, device=self.device), z.to(self.device))
             return audio[:, 0].cpu()
@@ -101,9 +101,13 @@ class VAEStreams:
             start += n
         return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
-    def _pieces(self, bucket: int, frames: int) -> list | None:
-        """`frames` as consecutive lengths with graphs at this batch bucket, longest first; None:
-        decode eagerly (past the longest graph, or the graphs cannot cover it)."""
+    def pieces(self, streams: int, frames: int) -> list | None:
+        """How `decode` runs `frames` for `streams` streams: consecutive lengths with graphs at their
+        batch bucket, longest first; None: eagerly, in one go (past the longest graph, or the
+        graphs cannot cover it)."""
+        bucket = smallest_at_least(self.buckets, streams)
+        if bucket is None:
+            return None
         if (bucket, frames) in self.graphs:
             return [frames]
         sizes = sorted((n for b, n in self.graphs if b == bucket), reverse=True)
