@@ -20,9 +20,9 @@ Chunks: a request's patches go out in chunks of the sizes on `chunk_schedule` (s
 time to first audio; large later, for the VAE's efficiency). With `playback_margin_s`, a request
 whose client plays as it receives (`req.playback`) and is about to run out of audio does not wait
 for its chunk to fill: its pending patches go out at once as the largest schedule size they fill
-(the rest with its next chunk). Schedule sizes are the chunk lengths the VAE has graphs for; any
-other length costs it several replays, and sending every pending patch instead played worse under
-load (benchmarks/results.md). The client is taken to play from the moment its first chunk left,
+(the rest with its next chunk). Schedule sizes are chunk lengths the VAE has graphs for (a
+check across the models' parameters warns otherwise); any other length costs it several replays,
+and sending every pending patch instead played worse under load (benchmarks/results.md). The client is taken to play from the moment its first chunk left,
 so what it still has buffered is the audio sent minus the time since; a client that ran dry
 waited for the next chunk, so its clock restarts there.
 
