@@ -701,7 +701,10 @@ def tenth_session(res) -> list[str]:
         lv = _levels(f"served_early_chunks_{v}.json")
         md.append(f"| {v} | {_row(lv[64])} | {_row(lv[128])} |")
     md += ["", "Lengths off the schedule have no VAE graph of their own and decode as several graph-sized "
-           "replays, which the VAE, busy 50-90% at these loads, cannot spare. B is the default now.", "",
+           "replays, which the VAE, busy 50-90% at these loads, cannot spare. B is the default now, with one "
+           "addition after review that the A/B did not include: a client that has already run dry gets every "
+           "pending patch (B alone could hold 2 of them back for the rest of an overloaded stream; "
+           "tests/test_scheduler.py).", "",
            "The first burst: the 8-stream level stalled 0.5-0.8 s on every fresh server. `startup_check.py "
            "--bursts 2,1,1,7,7,16` (waves of requests after start-up) reproduced it offline: the first wave of 7 "
            "waited 668 ms with the ninth session's warm-up, 510 ms with a wider one (`raw/startup_bursts_before.json`: "

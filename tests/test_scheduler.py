@@ -337,9 +337,26 @@ def test_playback_margin_restarts_the_clock_of_a_client_that_ran_dry():
     (st,) = add(s, request(s, "a", max_len=40))
     admit(s)
     chunks = _timed_chunks(s, st, lambda i: 0.01 * (i + 1) + (1.0 if i >= 3 else 0.0))
-    # after the gap two early chunks of schedule sizes (1 of the 3 pending, then 4), then the
-    # schedule (16s) again, not one-patch chunks to the end
-    assert [n for _, n, _ in chunks] == [1, 1, 4, 16, 16, 2] and s.early_chunks == 2
+    # the client ran dry in the gap: its 3 pending patches go at once (not a schedule size); then
+    # the schedule (16s) again, not one-patch chunks to the end
+    assert [n for _, n, _ in chunks] == [1, 3, 16, 16, 4] and s.early_chunks == 1
+
+
+def test_a_client_that_ran_dry_is_never_left_waiting_for_patches_already_made():
+    """A gap, then steps slower than real time (0.2 s per 0.16 s patch): the client keeps running
+    dry. Early chunks of schedule sizes alone would send 1 of every 2-3 pending patches and hold
+    the rest to the end; a client that is waiting gets every pending patch, so none waits more than
+    the steps a 4-patch chunk takes to fill."""
+    s = _margin_scheduler(0.1)
+    (st,) = add(s, request(s, "a", max_len=40))
+    admit(s)
+    times = lambda i: 0.01 * (i + 1) if i < 3 else 1.0 + 0.01 * (i - 2) if i < 6 else 1.03 + 0.2 * (i - 5)  # noqa: E731
+    chunks = _timed_chunks(s, st, times)
+    sent_at = {}  # step -> the step at which its chunk went out
+    step_of = {round(times(i), 6): i for i in range(40)}
+    for first, n, t in chunks:
+        sent_at.update({k: step_of[t] for k in range(first, first + n)})
+    assert max(sent_at[k] - k for k in range(40)) <= 3, chunks
 
 
 def test_playback_margin_leaves_fast_streams_on_the_schedule():

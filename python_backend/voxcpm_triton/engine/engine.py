@@ -68,8 +68,8 @@ class EngineConfig:
     # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
     enable_prefix_caching: bool = True
     # A request whose client has less audio than this left (played from its first chunk on) gets
-    # its pending patches, as the largest schedule size they fill, before its chunk fills (0: chunks
-    # only by the schedule).
+    # its pending patches, as the largest schedule size they fill (all once it ran dry), before its
+    # chunk fills (0: chunks only by the schedule).
     playback_margin_s: float = 0.0
 
     def __post_init__(self):

@@ -20,11 +20,12 @@ Chunks: a request's patches go out in chunks of the sizes on `chunk_schedule` (s
 time to first audio; large later, for the VAE's efficiency). With `playback_margin_s`, a request
 whose client plays as it receives (`req.playback`) and is about to run out of audio does not wait
 for its chunk to fill: its pending patches go out at once as the largest schedule size they fill
-(the rest with its next chunk). Schedule sizes are chunk lengths the VAE has graphs for (a
-check across the models' parameters warns otherwise); any other length costs it several replays,
-and sending every pending patch instead played worse under load (benchmarks/results.md). The client is taken to play from the moment its first chunk left,
-so what it still has buffered is the audio sent minus the time since; a client that ran dry
-waited for the next chunk, so its clock restarts there.
+(the rest with its next chunk), or all of them if it has already run dry. Schedule sizes are
+chunk lengths the VAE has graphs for (a check across the models' parameters warns otherwise); any
+other length costs it several replays, and sending every pending patch at every early chunk
+played worse under load (benchmarks/results.md). The client is taken to play from the moment its
+first chunk left, so what it still has buffered is the audio sent minus the time since; a client
+that ran dry waited for the next chunk, so its clock restarts there.
 
 Prefix caching: a request's `block_hashes` (one per full prompt block that decoding never
 writes, empty with caching off) are looked up at admission; the longest cached prefix starts
@@ -68,7 +69,7 @@ class BlockPool(Protocol):
 class StepOutput:
     """What one delivered step means for its request: patches to send now, and whether it ends."""
 
-    patches: list | None  # every patch not yet sent, in step order; None: keep collecting
+    patches: list | None  # the oldest patches not yet sent, in step order; None: keep collecting
     first_step: int  # step index of patches[0]
     finish: str | None  # "stop" | "max_len": end the request after sending
 
@@ -210,7 +211,7 @@ class Scheduler:
         """Record the next step's patch (delivered at `now`, monotonic seconds). The stop head
         counts only after min_len steps; max_len ends the request regardless. A chunk goes out when
         it reaches its size on the schedule, with the last step, or early (a schedule size, the
-        rest held) when the client's buffer is below the playback margin."""
+        rest held, unless the client has run dry) when its buffer is below the playback margin."""
         i = st.step
         st.step += 1
         if not st.pending:
@@ -224,7 +225,8 @@ class Scheduler:
         if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
             send = left is not None and left < self.playback_margin_s
             self.early_chunks += send
-            n = max((k for k in self.chunk_schedule if k <= n), default=n)
+            if left is None or left >= 0:  # a client that is waiting now gets everything there is
+                n = max((k for k in self.chunk_schedule if k <= n), default=n)
         if send:
             if left is not None and left < 0:  # the client ran dry and waited: it plays on from now
                 st.first_sent_at -= left

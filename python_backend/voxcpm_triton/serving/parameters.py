@@ -113,8 +113,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "chunk_schedule", "ints", "1,4,16", "patches per streamed chunk (the last repeats)"),
     Param("decoder", "playback_margin_ms", "ms", "100",
           "a tts_stream client with less audio than this left (playing from its first chunk) gets its "
-          "pending patches at once, as the largest chunk_schedule size they fill, not when its chunk "
-          "fills; 0: chunks by chunk_schedule only"),
+          "pending patches at once, as the largest chunk_schedule size they fill (all once it ran dry), "
+          "not when its chunk fills; 0: chunks by chunk_schedule only"),
     Param("decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
     Param("decoder", "compile", "bool", "true", "GPU: LocDiT/LocEnc and the LM layer math compiled"),
     Param("decoder", "attention", "choice", "auto", "decode attention kernels", ("auto", "triton", "torch")),
