@@ -54,8 +54,9 @@ def wave(eng, prompt, n: int, tag: str, steps: int = 20) -> dict:
     for i in range(n):
         eng.submit(EngineRequest(f"{tag}-{i}", prompt, seed=i, min_len=steps, max_len=steps), sink=sink)
     for _ in range(n):
-        done.acquire(timeout=600)
-    ms = sorted(first.values())
+        if not done.acquire(timeout=600):
+            raise RuntimeError(f"wave {tag}: a request did not finish within 600 s")
+    ms = sorted(first.values()) or [float("nan")]
     new = sorted(os.path.basename(p) for p in compiled_kernels() - before)
     return {"requests": n, "first_patch_ms_p50": ms[len(ms) // 2], "first_patch_ms_max": ms[-1], "compiled": new}
 

@@ -117,7 +117,7 @@ class PagedAttention:
             return self.decode(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens)
         if isinstance(m, PrefillRowsMetadata):
             out = self.prefill_rows(q[0].unsqueeze(1), self.k_pool[layer], self.v_pool[layer], m.block_tables,
-                              m.context_lens)
+                                    m.context_lens)
             return out.view(1, -1, *out.shape[2:])
         # Prefill: a prompt from position 0 attends causally to its own new tokens only; one after
         # a cached prefix also to the prefix, through its block table (its new K/V are written above).

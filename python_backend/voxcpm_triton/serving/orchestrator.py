@@ -406,7 +406,10 @@ class TTSStreamModel:
                 self.streams[task] = sender
             tasks.append(task)
         try:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            else:  # every request refused (answered above): outlast the stub's registration all the same
+                await asyncio.sleep(0.01)
         except asyncio.CancelledError:  # the loop is stopping: finalize() ends the streams
             pass
         return None
