@@ -225,7 +225,7 @@ class Scheduler:
         if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
             send = left is not None and left < self.playback_margin_s
             self.early_chunks += send
-            if left is None or left >= 0:  # a client that is waiting now gets everything there is
+            if left is None or left >= 0:  # not dry yet: a schedule size (a waiting client gets all)
                 n = max((k for k in self.chunk_schedule if k <= n), default=n)
         if send:
             if left is not None and left < 0:  # the client ran dry and waited: it plays on from now
