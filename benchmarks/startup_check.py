@@ -16,7 +16,6 @@ import glob
 import json
 import os
 import sys
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,9 +24,9 @@ sys.path.insert(0, os.path.join(REPO, "python_backend"))
 import torch  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
-from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
+from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
 
-TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
+from bench import TEXT, run_batch  # noqa: E402  (benchmarks/bench.py: the offline benchmark's text and waves)
 
 
 def compiled_kernels() -> set:
@@ -38,27 +37,14 @@ def compiled_kernels() -> set:
     return {p for r in roots for p in glob.glob(os.path.join(r, "**", "*.json"), recursive=True)}
 
 
-def wave(eng, prompt, n: int, tag: str, steps: int = 20) -> dict:
-    """Submit n requests at once; ms from the submit to each one's first latent patch, and the
-    kernels compiled meanwhile."""
+def wave(eng, vox, prompt, n: int, tag: str, steps: int = 20) -> dict:
+    """Submit n requests at once (bench.run_batch); ms from the submit to their first latent
+    patches, and the kernels compiled meanwhile."""
     before = compiled_kernels()
-    first, done = {}, threading.Semaphore(0)
-    t0 = time.monotonic()
-
-    def sink(ev):
-        if isinstance(ev, LatentChunk) and ev.request_id not in first:
-            first[ev.request_id] = (time.monotonic() - t0) * 1000
-        elif isinstance(ev, Finished):
-            done.release()
-
-    for i in range(n):
-        eng.submit(EngineRequest(f"{tag}-{i}", prompt, seed=i, min_len=steps, max_len=steps), sink=sink)
-    for _ in range(n):
-        if not done.acquire(timeout=600):
-            raise RuntimeError(f"wave {tag}: a request did not finish within 600 s")
-    ms = sorted(first.values()) or [float("nan")]
+    r = run_batch(eng, vox, prompt, n, steps, tag)
     new = sorted(os.path.basename(p) for p in compiled_kernels() - before)
-    return {"requests": n, "first_patch_ms_p50": ms[len(ms) // 2], "first_patch_ms_max": ms[-1], "compiled": new}
+    return {"requests": n, "first_patch_ms_p50": r["ttfa_ms_p50"], "first_patch_ms_max": r["ttfa_ms_max"],
+            "compiled": new}
 
 
 def main():
@@ -76,7 +62,7 @@ def main():
            "total_s": time.monotonic() - t0, "gpu_mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     if a.bursts:
         prompt = vox.prepare_prompt(TEXT)
-        res["bursts"] = [wave(eng, prompt, int(n), f"w{k}") for k, n in enumerate(a.bursts.split(","))]
+        res["bursts"] = [wave(eng, vox, prompt, int(n), f"w{k}") for k, n in enumerate(a.bursts.split(","))]
         for w in res["bursts"]:
             print(f"[burst] {w['requests']} at once: first patch p50 {w['first_patch_ms_p50']:.0f} ms, "
                   f"max {w['first_patch_ms_max']:.0f} ms; compiled meanwhile: {w['compiled']}", flush=True)
