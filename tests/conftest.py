@@ -71,6 +71,14 @@ def require_module(name: str, source: str):
                     "run scripts/setup.sh", pytrace=False)
 
 
+def skip_unless_kernels_run(kernels):
+    """Module level: skip unless the Triton kernels of module `kernels` can run here, on a GPU or
+    under Triton's CPU interpreter (set above, which works only if triton was not imported first)."""
+    if not torch.cuda.is_available() and not kernels._INTERPRETED:
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run with TRITON_INTERPRET=1",
+                    allow_module_level=True)
+
+
 def assert_standalone_without_torch(module, use: str):
     """`module` imports neither torch nor anything of the package (read from its source), and,
     loaded alone from its file in a fresh interpreter as `m`, the Python in `use` runs and torch

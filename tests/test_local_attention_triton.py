@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import require_module
+from tests.conftest import require_module, skip_unless_kernels_run
 
 require_module("triton", "requirements-test.txt")
 
@@ -18,9 +18,7 @@ from voxcpm_triton.kernels import local_attention as lat  # noqa: E402
 from voxcpm_triton.model.minicpm import apply_rope, local_attention  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-if not CUDA and not lat._INTERPRETED:
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run with TRITON_INTERPRET=1",
-                allow_module_level=True)
+skip_unless_kernels_run(lat)
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 DEV = torch.device("cuda" if CUDA else "cpu")
