@@ -413,6 +413,7 @@ def main():
     md += eighth_session(res)
     md += ninth_session(res)
     md += tenth_session(res)
+    md += eleventh_session()
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -759,6 +760,127 @@ def tenth_session(res) -> list[str]:
                    "Served tts_stream on one H100, 2026-11-25 (tenth session), all streams at once",
                    "results_tenth.png")
     return md
+
+
+
+def _steps_per_s(name: str) -> dict:
+    """batch -> decode steps per second of an offline `bench.py --graphs-only` run."""
+    return {r["batch"]: r["steps_per_s"] for r in load(name)["engine"]["graphs"]["runs"]}
+
+
+def _gemm_sweep_rows() -> list[dict]:
+    """The experimental few-token GEMM against cuBLAS: the LM shapes from the printed rows of a run cut
+    short (`raw/kernel_skinny_gemm_lm.log`), LocEnc/LocDiT's from its re-run."""
+    import re
+
+    rows = []
+    pat = re.compile(r"^(\w+)\s+M=\s*(\d+) cublas\s+([\d.]+) us \(([\d.]+) TB/s\)\s+best\s+([\d.]+) us")
+    with open(os.path.join(HERE, "raw", "kernel_skinny_gemm_lm.log")) as f:
+        for line in f:
+            m = pat.match(line)
+            if m and m.group(1).startswith("lm_"):
+                rows.append({"shape": m.group(1), "M": int(m.group(2)), "cublas_us": float(m.group(3)),
+                             "cublas_tb_s": float(m.group(4)), "best_us": float(m.group(5))})
+    for r in load("kernel_skinny_gemm_loc.json")["rows"]:
+        rows.append({"shape": r["shape"], "M": r["M"], "cublas_us": r["cublas_us"], "cublas_tb_s": r["cublas_tb_s"],
+                     "best_us": r["best"]["us"]})
+    return rows
+
+
+def eleventh_session() -> list[str]:
+    """2026-11-25, third session: two levers tried for issues 17 and 18, both measured and dropped."""
+    gemm = _gemm_sweep_rows()
+    lora_sites = load("kernel_skinny_gemm_lora.json")["rows"]
+    fused = load("lora_fused.json")
+    plain = [_steps_per_s(f"offline_eleventh_{n}.json") for n in ("plain", "plain2")]
+    pdl = _steps_per_s("offline_eleventh_inductor_pdl.json")
+    untuned = (_steps_per_s("offline_eleventh_cublas_call1.json"), _steps_per_s("offline_eleventh_skinny_untuned.json"))
+    md = ["", "## Eleventh session (2026-11-25, H100): a few-token Triton GEMM, LoRA inside it, PDL: measured, "
+          "dropped", "",
+          "Three levers, none of which beat what runs; the product code is unchanged. The kernel is kept as an "
+          "experiment with its sweep and tests (`benchmarks/experiments/skinny_gemm.py`, "
+          "`benchmarks/kernel_skinny_gemm.py`, `tests/test_skinny_gemm.py`) so the results can be re-measured.", "",
+          "1. A few-token GEMM (split-K with a last-arriving-program reduction, one kernel per call) against cuBLAS "
+          "at the decode shapes, each call reading a different copy of the weight (copies past 128 MB, so "
+          "nothing is served from L2, as in a step that reads 7.5 GB), best of 30-60 launch configs per shape "
+          "(`raw/kernel_skinny_gemm_lm.log`, `raw/kernel_skinny_gemm_loc.json`):", "",
+          "| weight | tokens | cuBLAS us | cuBLAS TB/s | best Triton us | ratio |", "|---|---|---|---|---|---|"]
+    for r in gemm:
+        if r["M"] in (2, 44) or (r["shape"].startswith("loc") and r["M"] == 10):
+            md.append(f"| {r['shape']} | {r['M']} | {r['cublas_us']:.2f} | {r['cublas_tb_s']:.2f} | "
+                      f"{r['best_us']:.2f} | {r['cublas_us'] / r['best_us']:.2f}x |")
+    ratios = [r["cublas_us"] / r["best_us"] for r in gemm]
+    md += ["", f"Across all {len(gemm)} (shape, tokens) pairs the best config is {min(ratios):.2f}x to "
+           f"{max(ratios):.2f}x cuBLAS's speed. Both sit at 1-2.4 TB/s: at 5-50 MB a call is bound by the "
+           "kernel's ramp and tail, not by bandwidth, so no GEMM kernel alone gets the batch-1 step to 4 ms; it "
+           "takes fewer, larger kernels (a fused layer, a megakernel) or overlapped ones. End to end "
+           "(`bench.py --graphs-only`, batch-1 steps/s): the base linears through the kernel with a first untuned "
+           f"launch heuristic gave {untuned[1][1]:.1f} against cuBLAS's {untuned[0][1]:.1f} in the same call "
+           "(`raw/offline_eleventh_skinny_untuned.json`; these engine runs went through a dispatch in "
+           "`kernels.fp8.linear` and options of `bench.py` that were not kept); with the tuned table "
+           f"{_steps_per_s('offline_eleventh_skinny_tuned.json')[1]:.1f}, and with programmatic dependent launch "
+           "added to it and to inductor's kernels 120.3 (`raw/offline_eleventh_skinny_tuned*`, later calls, no "
+           "cuBLAS run beside them).", "",
+           "2. Programmatic dependent launch for inductor's kernels alone (`TORCHINDUCTOR_ENABLE_PDL=1`), cuBLAS "
+           "GEMMs, one call, runs in the order plain, PDL, plain (`raw/offline_eleventh_*.json`): batch 1 "
+           f"{plain[0][1]:.1f} / {pdl[1]:.1f} / {plain[1][1]:.1f} steps/s, batch 64 {plain[0][64]:.1f} / "
+           f"{pdl[64]:.1f} / {plain[1][64]:.1f}: no difference beyond run-to-run spread. Most kernels of a step "
+           "follow a cuBLAS GEMM, which does not take part in PDL.", "",
+           "3. Issue 18: the LoRA delta inside the GEMM (the same kernel: the shrink x A^T in its K loop, "
+           "the expand as its epilogue) for calls of at most 2 batch rows, to save the separate `kernels.lora` "
+           "launch per adapted projection. Per site, rank 32, batch 1 in its bucket of 2 rows "
+           "(`kernel_skinny_gemm.py --lora`, `raw/kernel_skinny_gemm_lora.json`):", "",
+           "| site | tokens | cuBLAS alone us | cuBLAS + kernels.lora us | fused, best config us |", "|---|---|---|---|---|"]
+    for r in lora_sites:
+        md.append(f"| {r['site']} | {r['M']} | {r['cublas_us']:.2f} | {r['unfused_us']:.2f} | {r['best']['us']:.2f} |")
+    md += ["", "Every program re-reads its target's A rows (as many programs as column tiles, 32-160), where "
+           "`kernels.lora` reads them once per chunk of 128-512 columns; that costs what the saved launch "
+           "saves. In the engine (`bench_lora.py` with the kernel wired into `model.lora` for the layers' "
+           "projections and a variant that turned it off, neither kept; an untuned launch for LocDiT's "
+           "shapes; `raw/lora_fused.json`), LoRA over plain step time:", "",
+           "| batch | fused where it applies | unfused (what runs) |", "|---|---|---|"]
+    for b in (1, 8, 64):
+        md.append(f"| {b} | {fused[f'kernel_over_base_step_b{b}']:.2f}x | "
+                  f"{fused[f'kernel:unfused_over_base_step_b{b}']:.2f}x |")
+    md += ["", "(At batches 8 and 64 the fused kernel does not apply: both columns run the same kernels.) The "
+           "graph-vs-eager and solo-vs-batched checks passed for both. Issue 18's 1.10x stays missed: "
+           "1.22-1.26x.", "", "![eleventh session: GEMM and LoRA per call](results_eleventh.png)", ""]
+    _plot_eleventh(gemm, lora_sites)
+    return md
+
+
+def _plot_eleventh(gemm, lora_sites):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    for shape in dict.fromkeys(r["shape"] for r in gemm):
+        rs = [r for r in gemm if r["shape"] == shape]
+        line, = a.plot([r["M"] for r in rs], [r["cublas_us"] for r in rs], "o-", label=f"{shape} cuBLAS")
+        a.plot([r["M"] for r in rs], [r["best_us"] for r in rs], "x--", color=line.get_color(),
+               label=f"{shape} Triton (best)")
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("tokens in the call")
+    a.set_ylabel("us per call (weights from HBM)")
+    a.set_title("Few-token GEMM: cuBLAS vs the best Triton config")
+    a.legend(fontsize=6, ncol=2)
+    a.grid(alpha=0.3)
+    xs = range(len(lora_sites))
+    w = 0.27
+    for i, (key, label) in enumerate((("cublas_us", "cuBLAS alone"), ("unfused_us", "cuBLAS + kernels.lora"),
+                                      ("best", "LoRA inside the GEMM"))):
+        vals = [r[key]["us"] if key == "best" else r[key] for r in lora_sites]
+        b.bar([x + (i - 1) * w for x in xs], vals, w, label=label)
+    b.set_xticks(list(xs), [f"{r['site']} ({r['M']} tok)" for r in lora_sites])
+    b.set_ylabel("us per call")
+    b.set_title("LoRA sites at batch 1, rank 32")
+    b.legend(fontsize=8)
+    fig.suptitle("Eleventh session, H100, 2026-11-25: levers measured and dropped")
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "results_eleventh.png"), dpi=110)
 
 
 if __name__ == "__main__":
