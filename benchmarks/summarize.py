@@ -844,7 +844,19 @@ def eleventh_session() -> list[str]:
                   f"{fused[f'kernel:unfused_over_base_step_b{b}']:.2f}x |")
     md += ["", "(At batches 8 and 64 the fused kernel does not apply: both columns run the same kernels.) The "
            "graph-vs-eager and solo-vs-batched checks passed for both. Issue 18's 1.10x stays missed: "
-           "1.22-1.26x.", "", "![eleventh session: GEMM and LoRA per call](results_eleventh.png)", ""]
+           "1.22-1.26x.", ""]
+    head, tenth = _levels("served_eleventh_head.json"), _levels("served_tenth_final.json")
+    md += ["4. The served path on this session's head (the product code of the tenth session's last commit: "
+           "its served runs predate one rule added after review, that a client already run dry gets every "
+           "pending patch). Fresh machine, `ARRIVALS=burst LEVELS=8,64,128 bash benchmarks/run_served_gpu.sh` "
+           "(`raw/served_eleventh_head.json`; no error lines in the tritonserver log); smooth / x real time / "
+           "TTFA p95 ms:", "", "| streams | tenth session's final run | now |", "|---|---|---|"]
+    for c in (8, 64, 128):
+        md.append(f"| {c} | {_row(tenth[c])} | {_row(head[c])} |")
+    md += ["", "One call each; earlier calls of one policy varied by tens of points at 64 and 128 streams, so "
+           "this shows the rule costs nothing measurable, not that it gains. (This run's capacity figure covers "
+           "only the levels it ran: the recorded capacity stays the tenth session's.)", "",
+           "![eleventh session: GEMM and LoRA per call](results_eleventh.png)", ""]
     _plot_eleventh(gemm, lora_sites)
     return md
 
