@@ -1,6 +1,6 @@
 """The experimental few-token linear kernel (benchmarks/experiments/skinny_gemm.py) against cuBLAS
 (`F.linear`) at VoxCPM2's decode shapes, on a CUDA machine: a sweep of launch configs per (weight,
-token count), which `skinny_gemm.TUNED` was read from; with --lora, the kernel with the LoRA delta
+token count), whose rows `skinny_gemm.TUNED` was picked from by hand; with --lora, the kernel with the LoRA delta
 inside against cuBLAS followed by `voxcpm_triton.kernels.lora`, at the default LoRA sites.
 
     python3 benchmarks/kernel_skinny_gemm.py --out $OUT/kernel_skinny_gemm.json
@@ -192,7 +192,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_skinny_gemm.json"))
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--table-out", help="also write the table alone (skinny_gemm's VOXCPM_SKINNY_TABLE reads it)")
+    ap.add_argument("--table-out", help="also write `table()` alone: the best launch per NxKxBLOCK_M (None: cuBLAS)")
     ap.add_argument("--lora", action="store_true", help="the fused LoRA kernel at the LoRA sites instead")
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--no-refine", action="store_true", help="skip the warps/stages pass over the best three")

@@ -779,50 +779,64 @@ def _gemm_sweep_rows() -> list[dict]:
         for line in f:
             m = pat.match(line)
             if m and m.group(1).startswith("lm_"):
-                rows.append({"shape": m.group(1), "M": int(m.group(2)), "cublas_us": float(m.group(3)),
+                n, k = {"lm_qkv": (2560, 2048), "lm_o": (2048, 2048), "lm_gate_up": (12288, 2048),
+                        "lm_down": (2048, 6144)}[m.group(1)]
+                rows.append({"shape": m.group(1), "M": int(m.group(2)), "N": n, "K": k, "cublas_us": float(m.group(3)),
                              "cublas_tb_s": float(m.group(4)), "best_us": float(m.group(5))})
     for r in load("kernel_skinny_gemm_loc.json")["rows"]:
-        rows.append({"shape": r["shape"], "M": r["M"], "cublas_us": r["cublas_us"], "cublas_tb_s": r["cublas_tb_s"],
+        rows.append({"shape": r["shape"], "M": r["M"], "N": r["N"], "K": r["K"], "cublas_us": r["cublas_us"],
+                     "cublas_tb_s": r["cublas_tb_s"],
                      "best_us": r["best"]["us"]})
     return rows
 
 
 def eleventh_session() -> list[str]:
-    """2026-11-25, third session: two levers tried for issues 17 and 18, both measured and dropped."""
+    """2026-11-25, third session of the day: three levers for issues 17 and 18, measured and dropped, and
+    the served path re-run on the head."""
     gemm = _gemm_sweep_rows()
     lora_sites = load("kernel_skinny_gemm_lora.json")["rows"]
     fused = load("lora_fused.json")
     plain = [_steps_per_s(f"offline_eleventh_{n}.json") for n in ("plain", "plain2")]
     pdl = _steps_per_s("offline_eleventh_inductor_pdl.json")
-    untuned = (_steps_per_s("offline_eleventh_cublas_call1.json"), _steps_per_s("offline_eleventh_skinny_untuned.json"))
+    cublas1, untuned = _steps_per_s("offline_eleventh_cublas_call1.json"), _steps_per_s("offline_eleventh_skinny_untuned.json")
+    tuned = _steps_per_s("offline_eleventh_skinny_tuned.json")
+    ratios = [r["cublas_us"] / r["best_us"] for r in gemm]
+    tbs = [r["cublas_tb_s"] for r in gemm]
+    mb = [r["N"] * r["K"] * 2 / 1e6 for r in gemm]
+    tried = [r["tried"] for r in load("kernel_skinny_gemm_loc.json")["rows"]]
     md = ["", "## Eleventh session (2026-11-25, H100): a few-token Triton GEMM, LoRA inside it, PDL: measured, "
           "dropped", "",
-          "Three levers, none of which beat what runs; the product code is unchanged. The kernel is kept as an "
+          "Three levers; none is worth its code, and the product code is unchanged. The kernel is kept as an "
           "experiment with its sweep and tests (`benchmarks/experiments/skinny_gemm.py`, "
-          "`benchmarks/kernel_skinny_gemm.py`, `tests/test_skinny_gemm.py`) so the results can be re-measured.", "",
-          "1. A few-token GEMM (split-K with a last-arriving-program reduction, one kernel per call) against cuBLAS "
-          "at the decode shapes, each call reading a different copy of the weight (copies past 128 MB, so "
-          "nothing is served from L2, as in a step that reads 7.5 GB), best of 30-60 launch configs per shape "
-          "(`raw/kernel_skinny_gemm_lm.log`, `raw/kernel_skinny_gemm_loc.json`):", "",
+          "`benchmarks/kernel_skinny_gemm.py`, `tests/test_skinny_gemm.py`) so the results can be re-measured; "
+          "the engine-level wiring used for items 1 and 3 was not kept.", "",
+          "1. A few-token GEMM (split-K with a last-arriving-program reduction, one kernel per call) against cuBLAS, "
+          "each call reading a different copy of the weight (copies past 128 MB, so nothing is served from L2, "
+          f"as in a step that reads 7.5 GB), best of {min(tried)}-{max(tried)} launch configs per pair (the "
+          "LocDiT/LocEnc rows; the LM rows' run swept the same candidates). Both sweep runs stopped at their time limit: measured are the four LM "
+          "shapes at 1-64 tokens (`raw/kernel_skinny_gemm_lm.log`, printed rows) and LocDiT/LocEnc's q/k/v at "
+          "10/22/44 tokens and o at 10 (`raw/kernel_skinny_gemm_loc.json`); their o at 22/44, gate/up and down "
+          "were not.", "",
           "| weight | tokens | cuBLAS us | cuBLAS TB/s | best Triton us | ratio |", "|---|---|---|---|---|---|"]
     for r in gemm:
         if r["M"] in (2, 44) or (r["shape"].startswith("loc") and r["M"] == 10):
             md.append(f"| {r['shape']} | {r['M']} | {r['cublas_us']:.2f} | {r['cublas_tb_s']:.2f} | "
                       f"{r['best_us']:.2f} | {r['cublas_us'] / r['best_us']:.2f}x |")
-    ratios = [r["cublas_us"] / r["best_us"] for r in gemm]
-    md += ["", f"Across all {len(gemm)} (shape, tokens) pairs the best config is {min(ratios):.2f}x to "
-           f"{max(ratios):.2f}x cuBLAS's speed. Both sit at 1-2.4 TB/s: at 5-50 MB a call is bound by the "
-           "kernel's ramp and tail, not by bandwidth, so no GEMM kernel alone gets the batch-1 step to 4 ms; it "
-           "takes fewer, larger kernels (a fused layer, a megakernel) or overlapped ones. End to end "
-           "(`bench.py --graphs-only`, batch-1 steps/s): the base linears through the kernel with a first untuned "
-           f"launch heuristic gave {untuned[1][1]:.1f} against cuBLAS's {untuned[0][1]:.1f} in the same call "
-           "(`raw/offline_eleventh_skinny_untuned.json`; these engine runs went through a dispatch in "
-           "`kernels.fp8.linear` and options of `bench.py` that were not kept); with the tuned table "
-           f"{_steps_per_s('offline_eleventh_skinny_tuned.json')[1]:.1f}, and with programmatic dependent launch "
-           "added to it and to inductor's kernels 120.3 (`raw/offline_eleventh_skinny_tuned*`, later calls, no "
-           "cuBLAS run beside them).", "",
+    md += ["", f"Across the {len(gemm)} measured pairs the best config runs at {min(ratios):.2f}x to "
+           f"{max(ratios):.2f}x cuBLAS's speed, and cuBLAS moves {min(tbs):.1f}-{max(tbs):.1f} TB/s on "
+           f"{min(mb):.0f}-{max(mb):.0f} MB weights: a call of this size is bound by the kernel's ramp and tail, "
+           "not by bandwidth, so no GEMM kernel alone gets the batch-1 step to 4 ms; that takes fewer, larger "
+           "kernels (a fused layer, a megakernel) or overlapped ones. In the engine (`bench.py --graphs-only`, "
+           "steps/s, with a dispatch in `kernels.fp8.linear` and a `bench.py --gemm cublas|auto` option, neither "
+           f"kept): a first untuned launch heuristic gave {untuned[1]:.1f} at batch 1 against cuBLAS's "
+           f"{cublas1[1]:.1f} in the same call; the tuned table {tuned[1]:.1f} at batch 1 and {tuned[64]:.1f} at "
+           "batch 64, and with programmatic dependent launch wired into it (not kept) and inductor's kernels 120.3 "
+           "and 50.6, in later calls (`raw/offline_eleventh_skinny_tuned*`), against 116.3-116.8 and 50.3-51.5 "
+           "for cuBLAS across this session's calls: +1-3% at batch 1, not A/B-confirmed in one call, and about "
+           "-4% at batch 64.", "",
            "2. Programmatic dependent launch for inductor's kernels alone (`TORCHINDUCTOR_ENABLE_PDL=1`), cuBLAS "
-           "GEMMs, one call, runs in the order plain, PDL, plain (`raw/offline_eleventh_*.json`): batch 1 "
+           "GEMMs, one call, runs in the order plain, PDL, plain (`raw/offline_eleventh_plain.json`, "
+           "`_inductor_pdl.json`, `_plain2.json`): batch 1 "
            f"{plain[0][1]:.1f} / {pdl[1]:.1f} / {plain[1][1]:.1f} steps/s, batch 64 {plain[0][64]:.1f} / "
            f"{pdl[64]:.1f} / {plain[1][64]:.1f}: no difference beyond run-to-run spread. Most kernels of a step "
            "follow a cuBLAS GEMM, which does not take part in PDL.", "",
@@ -831,20 +845,23 @@ def eleventh_session() -> list[str]:
            "launch per adapted projection. Per site, rank 32, batch 1 in its bucket of 2 rows "
            "(`kernel_skinny_gemm.py --lora`, `raw/kernel_skinny_gemm_lora.json`):", "",
            "| site | tokens | cuBLAS alone us | cuBLAS + kernels.lora us | fused, best config us |", "|---|---|---|---|---|"]
+    tiles = [r["N"] // r["best"]["cfg"][1] for r in lora_sites]
     for r in lora_sites:
         md.append(f"| {r['site']} | {r['M']} | {r['cublas_us']:.2f} | {r['unfused_us']:.2f} | {r['best']['us']:.2f} |")
-    md += ["", "Every program re-reads its target's A rows (as many programs as column tiles, 32-160), where "
-           "`kernels.lora` reads them once per chunk of 128-512 columns; that costs what the saved launch "
-           "saves. In the engine (`bench_lora.py` with the kernel wired into `model.lora` for the layers' "
-           "projections and a variant that turned it off, neither kept; an untuned launch for LocDiT's "
-           "shapes; `raw/lora_fused.json`), LoRA over plain step time:", "",
-           "| batch | fused where it applies | unfused (what runs) |", "|---|---|---|"]
+    steps = [fused[f"kernel:unfused_over_base_step_b{b}"] for b in (1, 8, 64)]
+    md += ["", f"Every program re-reads its target's A rows (the best configs run {min(tiles)}-{max(tiles)} "
+           "column tiles, each with its own pass over A), where `kernels.lora` reads them once per chunk of "
+           "128-512 columns: that costs what the saved launch saves. In the engine (`raw/lora_fused.json`, from "
+           "`bench_lora.py` with the kernel wired into `model.lora` for the layers' projections, not kept: its "
+           "variant `kernel` there is that wiring, with an untuned launch for LocDiT's o, and `kernel:unfused` "
+           "is what `--variants kernel` runs today), LoRA over plain step time:", "",
+           "| batch | fused where it applies | what runs |", "|---|---|---|"]
     for b in (1, 8, 64):
         md.append(f"| {b} | {fused[f'kernel_over_base_step_b{b}']:.2f}x | "
                   f"{fused[f'kernel:unfused_over_base_step_b{b}']:.2f}x |")
     md += ["", "(At batches 8 and 64 the fused kernel does not apply: both columns run the same kernels.) The "
            "graph-vs-eager and solo-vs-batched checks passed for both. Issue 18's 1.10x stays missed: "
-           "1.22-1.26x.", ""]
+           f"{min(steps):.2f}-{max(steps):.2f}x.", ""]
     head, tenth = _levels("served_eleventh_head.json"), _levels("served_tenth_final.json")
     md += ["4. The served path on this session's head (the product code of the tenth session's last commit: "
            "its served runs predate one rule added after review, that a client already run dry gets every "

@@ -2,8 +2,8 @@
 the few tokens of a small batch. Measured on an H100 (benchmarks/results.md, "Eleventh session"):
 as a plain GEMM it is within a few percent of cuBLAS at the decode shapes (both are bound by
 per-kernel latency there, not by bandwidth), and with the LoRA inside it is no faster than cuBLAS
-followed by `voxcpm_triton.kernels.lora`, at batch 1 slower end to end (1.58x the plain step
-against 1.22x). Kept with its sweep (benchmarks/kernel_skinny_gemm.py) and its tests so that the
+followed by `voxcpm_triton.kernels.lora`, at batch 1 slower in the engine (1.58x the plain step
+against 1.23x). Kept with its sweep (benchmarks/kernel_skinny_gemm.py) and its tests so that the
 result can be re-measured.
 
     x      [M, K]        the layer's input (M tokens), bf16 on the GPU
@@ -11,7 +11,8 @@ result can be re-measured.
     a, b, slots, splits, halves: the site's LoRA, as `kernels.lora` takes it (A and B slot tables,
                          each row's slot, the fused targets' widths, the CFG blocks)
     -> x W^T + (x A[slot]^T) B[slot]^T, fp32 accumulation, the shrink rounded to the tables' dtype
-       before the expand (as the reference's LoRALinear), the output rounded once
+       before the expand (as the reference's LoRALinear), the output rounded once (the served path
+       rounds cuBLAS's output, then again after `kernels.lora` adds the delta)
 
 Each program multiplies its rows by a BLOCK_N x K slice of W and, in the same K loop, by its
 target's rows of A for each batch row's slot; the expand is the epilogue. A program covers all of
@@ -27,7 +28,6 @@ graph can replay it. Registered as the custom op `voxcpm_experiments::linear_lor
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -149,24 +149,23 @@ class Lora(NamedTuple):
     halves: int
 
 
-MAX_M = 64  # tokens per call the kernel takes; above, cuBLAS's tiles are as good (kernel_skinny_gemm.py)
+MAX_M = 64  # tokens per call the kernel takes (the sweep measured up to 64)
 MAX_ROWS = 2  # batch rows with their own slot: each costs every program a pass over its A rows
 _MAX_TILES = 1 << 16  # split-K counters kept per device
 
-# (N, K, block_m) -> the plain GEMM's launch at VoxCPM2's decode shapes, measured on an H100
-# (benchmarks/kernel_skinny_gemm.py); other shapes take `_DEFAULT`.
-C = Config
+# (N, K, block_m) -> the plain GEMM's launch at VoxCPM2's decode shapes, picked by hand from the rows of
+# benchmarks/kernel_skinny_gemm.py on an H100; other shapes take `_DEFAULT`.
 TUNED: dict = {
-    (2560, 2048, 16): C(16, 32, 128, 1, 4, 5), (2560, 2048, 32): C(32, 32, 256, 1, 2, 4),
-    (2560, 2048, 64): C(64, 32, 128, 1, 4, 5),
-    (2048, 2048, 16): C(16, 16, 128, 1, 4, 5), (2048, 2048, 32): C(32, 16, 256, 1, 2, 4),
-    (2048, 2048, 64): C(64, 16, 128, 1, 4, 5),
-    (12288, 2048, 16): C(16, 32, 128, 1, 4, 5), (12288, 2048, 32): C(32, 32, 128, 1, 4, 3),
-    (12288, 2048, 64): C(64, 128, 128, 1, 8, 3),
-    (2048, 6144, 16): C(16, 32, 128, 4, 4, 5), (2048, 6144, 32): C(32, 32, 128, 4, 2, 4),
-    (2048, 6144, 64): C(64, 16, 256, 1, 4, 5),
-    (2560, 1024, 16): C(16, 16, 128, 1, 2, 4), (2560, 1024, 32): C(32, 32, 128, 1, 4, 4),
-    (2560, 1024, 64): C(64, 32, 128, 1, 4, 5), (1024, 2048, 16): C(16, 32, 128, 4, 4, 4),
+    (2560, 2048, 16): Config(16, 32, 128, 1, 4, 5), (2560, 2048, 32): Config(32, 32, 256, 1, 2, 4),
+    (2560, 2048, 64): Config(64, 32, 128, 1, 4, 5),
+    (2048, 2048, 16): Config(16, 16, 128, 1, 4, 5), (2048, 2048, 32): Config(32, 16, 256, 1, 2, 4),
+    (2048, 2048, 64): Config(64, 16, 128, 1, 4, 5),
+    (12288, 2048, 16): Config(16, 32, 128, 1, 4, 5), (12288, 2048, 32): Config(32, 32, 128, 1, 4, 3),
+    (12288, 2048, 64): Config(64, 128, 128, 1, 8, 3),
+    (2048, 6144, 16): Config(16, 32, 128, 4, 4, 5), (2048, 6144, 32): Config(32, 32, 128, 4, 2, 4),
+    (2048, 6144, 64): Config(64, 16, 256, 1, 4, 5),
+    (2560, 1024, 16): Config(16, 16, 128, 1, 2, 4), (2560, 1024, 32): Config(32, 32, 128, 1, 4, 4),
+    (2560, 1024, 64): Config(64, 32, 128, 1, 4, 5), (1024, 2048, 16): Config(16, 32, 128, 4, 4, 4),
 }
 _DEFAULT = (32, 128, 1, 4, 4)  # block_n, block_k, split_k, warps, stages
 
@@ -195,11 +194,18 @@ def fused_config(M: int, N: int, K: int, lora: Lora) -> Config | None:
     return cfg._replace(block_n=block_n)
 
 
-@functools.lru_cache(maxsize=None)
+_COUNTERS: dict = {}
+
+
 def _counters(device: torch.device) -> torch.Tensor:
-    # Zero at rest: each tile's last program resets its counter. Launches on one device share them;
-    # a decoder runs its steps on one stream, so they never overlap.
-    return torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    """Zero at rest: each tile's last program resets its counter. Launches on one device share them,
+    so split-K launches must not run concurrently (one stream, as a decoder's steps)."""
+    if device not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # zeros made during a capture are filled only when the graph replays
+            raise RuntimeError("skinny_gemm: make a split-K call once before capturing a CUDA graph")
+        _COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, cfg: Config, lora: Lora | None = None) -> torch.Tensor:
@@ -220,6 +226,9 @@ def launch(x: torch.Tensor, w: torch.Tensor, cfg: Config, lora: Lora | None = No
         a, b, slots = lora.a.contiguous(), lora.b.contiguous(), lora.slots
         G, R = slots.size(0), b.size(-1)
         assert a.shape[1:] == (len(lora.splits) * R, K) and b.shape[1:] == (N, R) and sum(lora.splits) == N
+        assert 1 <= len(lora.splits) <= 3 and not any(w % cfg.block_n for w in lora.splits), \
+            (lora.splits, cfg.block_n)  # a column tile inside one target
+        assert slots.device == x.device and slots.dim() == 1, (slots.device, slots.shape)
         assert M % (lora.halves * G) == 0, (M, lora.halves, G)
         T = M // (lora.halves * G)
         bounds = [sum(lora.splits[:i + 1]) for i in range(len(lora.splits))] + [N, N]
