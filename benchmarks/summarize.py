@@ -456,17 +456,13 @@ def main():
     print("\n".join(md))
 
 
-def _levels(name):
-    return {lv["concurrency"]: lv for lv in load(name)["levels"]}
-
-
 def eighth_session(res) -> list[str]:
     """Issues 15-19 (2026-11-24): staggered arrivals and capacity, prefix caching, the OpenAI gateway,
     LoRA, FP8, two GPUs. Adds their keys to `res`, returns the markdown, draws results_serving.png."""
-    burst, poisson = _levels("served_issue17_burst.json"), _levels("served_issue17_poisson.json")
+    burst, poisson = served_levels("served_issue17_burst.json"), served_levels("served_issue17_poisson.json")
     pc, gw, lora, fp8 = (load(n) for n in ("prefix_cache.json", "gateway.json", "lora_torch_formulations.json",
                                            "fp8_quality.json"))
-    one, two = _levels("served_h200_1gpu.json"), _levels("served_h200_2gpu.json")
+    one, two = served_levels("served_h200_1gpu.json"), served_levels("served_h200_2gpu.json")
     cap = {"burst": load("served_issue17_burst.json")["capacity"], "poisson": load("served_issue17_poisson.json")["capacity"]}
     res.update({
         "ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],
@@ -600,7 +596,7 @@ def ninth_session(res) -> list[str]:
     for lv in pa["levels"]:
         md.append(f"| {lv['concurrency']} | {lv['infer_per_s']:.2f} | {lv['latency_ms']['p50']:.0f} "
                   f"| {lv['latency_ms']['p95']:.0f} | {lv.get('x_real_time') or 0:.1f} |")
-    a, b = _levels("served_chunks_1_4_16.json"), _levels("served_chunks_1_2_4_16.json")
+    a, b = served_levels("served_chunks_1_4_16.json"), served_levels("served_chunks_1_2_4_16.json")
     md += ["", "Chunk schedule, one call, burst arrivals (`chunk_schedule` and `graph_patches` 1,4,16 vs 1,2,4,16):",
            "", "| streams | 1,4,16: smooth / x real time / TTFA p95 | 1,2,4,16 |", "|---|---|---|"]
     for c in sorted(a):
@@ -628,14 +624,14 @@ def _playback_margin(res) -> list[str]:
           "TTFA p95 ms:", "", "| call | margin ms | 32 streams | 64 | 96 | 128 |", "|---|---|---|---|---|---|"]
     for call, runs in calls:
         for margin, name in runs:
-            lv = _levels(name)
+            lv = served_levels(name)
             md.append(f"| {call} | {margin} | " + " | ".join(_row(lv[c]) if c in lv else "" for c in (32, 64, 96, 128))
                       + " |")
-    big = _levels("served_margin100_batch128.json")
+    big = served_levels("served_margin100_batch128.json")
     md += ["", "With `max_batch_size` 128 as well (margin 100): 64 streams " + _row(big[64]) + ", 128 streams "
            + _row(big[128]) + ": the TTFA of queued streams falls but more rows per step leave less slack; the "
            "default stays 64.", ""]
-    burst, poisson = _levels("served_ninth_final.json"), _levels("served_ninth_final_poisson.json")
+    burst, poisson = served_levels("served_ninth_final.json"), served_levels("served_ninth_final_poisson.json")
     cap = {"burst": load("served_ninth_final.json")["capacity"], "poisson": load("served_ninth_final_poisson.json")["capacity"]}
     res["playback_margin_ms"] = 100  # the served keys are the tenth session's final run (tenth_session)
     md += ["Final code (margin 100 ms, the VAE's graph pieces), a fresh machine, "
@@ -667,7 +663,7 @@ def _plot_playback(runs, title="Served tts_stream on one H100, 2026-11-25: the d
                    out="results_playback.png"):
     fig, (a, b) = _stream_panels()
     for label, raw, style in runs:
-        lv = _levels(raw)
+        lv = served_levels(raw)
         xs = [x for x in sorted(lv) if x >= 8]
         a.plot(xs, [100 * lv[x]["smooth_playback_frac"] for x in xs], style, label=label)
         b.plot(xs, [lv[x]["x_real_time"] for x in xs], style, label=label)
@@ -679,11 +675,11 @@ def _plot_playback(runs, title="Served tts_stream on one H100, 2026-11-25: the d
 def tenth_session(res) -> list[str]:
     """2026-11-25, second session: schedule-sized early chunks, no compile in a first burst, FP8
     served, the batch-1 profile kernel by kernel. Sets the final served keys of `res`."""
-    burst, poisson = _levels("served_tenth_final.json"), _levels("served_tenth_final_poisson.json")
-    before, before_p = _levels("served_tenth_before_fixes.json"), _levels("served_tenth_before_fixes_poisson.json")
+    burst, poisson = served_levels("served_tenth_final.json"), served_levels("served_tenth_final_poisson.json")
+    before, before_p = served_levels("served_tenth_before_fixes.json"), served_levels("served_tenth_before_fixes_poisson.json")
     cap = {"burst": load("served_tenth_final.json")["capacity"],
            "poisson": load("served_tenth_final_poisson.json")["capacity"]}
-    fp8 = _levels("served_fp8.json")[1]
+    fp8 = served_levels("served_fp8.json")[1]
     res.update({"ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],
                 "aggregate_xrt_c64": burst[64]["x_real_time"], "aggregate_xrt_c128": burst[128]["x_real_time"],
                 "capacity_streams": cap, "single_stream_rtf_triton": burst[1]["rtf"]["p50"],
@@ -696,7 +692,7 @@ def tenth_session(res) -> list[str]:
           "`chunk_schedule` size the pending patches fill, the rest with the next chunk "
           "(`raw/served_early_chunks_*.json`):", "", "| server | 64 streams | 128 streams |", "|---|---|---|"]
     for v in ("A1", "B1", "A2", "B2"):
-        lv = _levels(f"served_early_chunks_{v}.json")
+        lv = served_levels(f"served_early_chunks_{v}.json")
         md.append(f"| {v} | {_row(lv[64])} | {_row(lv[128])} |")
     md += ["", "Lengths off the schedule have no VAE graph of their own and decode as several graph-sized "
            "replays, which the VAE, busy 50-90% at these loads, cannot spare. B is the default now, with one "
@@ -763,11 +759,6 @@ def tenth_session(res) -> list[str]:
 
 
 
-def _steps_per_s(name: str) -> dict:
-    """batch -> decode steps per second of an offline `bench.py --graphs-only` run."""
-    return {r["batch"]: r["steps_per_s"] for r in load(name)["engine"]["graphs"]["runs"]}
-
-
 def _gemm_sweep_rows() -> list[dict]:
     """The experimental few-token GEMM against cuBLAS: the LM shapes from the printed rows of a run cut
     short (`raw/kernel_skinny_gemm_lm.log`), LocEnc/LocDiT's from its re-run."""
@@ -796,10 +787,11 @@ def eleventh_session() -> list[str]:
     gemm = _gemm_sweep_rows()
     lora_sites = load("kernel_skinny_gemm_lora.json")["rows"]
     fused = load("lora_fused.json")
-    plain = [_steps_per_s(f"offline_eleventh_{n}.json") for n in ("plain", "plain2")]
-    pdl = _steps_per_s("offline_eleventh_inductor_pdl.json")
-    cublas1, untuned = _steps_per_s("offline_eleventh_cublas_call1.json"), _steps_per_s("offline_eleventh_skinny_untuned.json")
-    tuned = _steps_per_s("offline_eleventh_skinny_tuned.json")
+    plain = [engine_runs(f"offline_eleventh_{n}.json", "steps_per_s") for n in ("plain", "plain2")]
+    pdl = engine_runs("offline_eleventh_inductor_pdl.json", "steps_per_s")
+    cublas1 = engine_runs("offline_eleventh_cublas_call1.json", "steps_per_s")
+    untuned = engine_runs("offline_eleventh_skinny_untuned.json", "steps_per_s")
+    tuned = engine_runs("offline_eleventh_skinny_tuned.json", "steps_per_s")
     ratios = [r["cublas_us"] / r["best_us"] for r in gemm]
     tbs = [r["cublas_tb_s"] for r in gemm]
     mb = [r["N"] * r["K"] * 2 / 1e6 for r in gemm]
@@ -862,7 +854,7 @@ def eleventh_session() -> list[str]:
     md += ["", "(At batches 8 and 64 the fused kernel does not apply: both columns run the same kernels.) The "
            "graph-vs-eager and solo-vs-batched checks passed for both. Issue 18's 1.10x stays missed: "
            f"{min(steps):.2f}-{max(steps):.2f}x.", ""]
-    head, tenth = _levels("served_eleventh_head.json"), _levels("served_tenth_final.json")
+    head, tenth = served_levels("served_eleventh_head.json"), served_levels("served_tenth_final.json")
     md += ["4. The served path on this session's head (the product code of the tenth session's last commit: "
            "its served runs predate one rule added after review, that a client already run dry gets every "
            "pending patch). Fresh machine, `ARRIVALS=burst LEVELS=8,64,128 bash benchmarks/run_served_gpu.sh` "
