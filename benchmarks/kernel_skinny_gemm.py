@@ -192,7 +192,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_skinny_gemm.json"))
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--table-out", help="also write `table()` alone: the best launch per NxKxBLOCK_M (None: cuBLAS)")
     ap.add_argument("--lora", action="store_true", help="the fused LoRA kernel at the LoRA sites instead")
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--no-refine", action="store_true", help="skip the warps/stages pass over the best three")
@@ -207,9 +206,6 @@ def main():
             out["table"] = table(rows)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
-        if args.table_out and not args.lora:
-            with open(args.table_out, "w") as f:
-                json.dump(out["table"], f)
 
     if args.lora:
         lora_sweep(args.rank, save)
