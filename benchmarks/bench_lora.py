@@ -16,6 +16,12 @@ Triton kernel (kernels.lora, what the GPU runs); and `lora:N`, the torch formula
 
 And a check on the LoRA engine: a graph replay of rows on different adapters against the same
 step run eagerly, and each row alone (eagerly) against its row of the batch.
+
+With `kernel`, the same engine also runs every row on one adapter, which it merges into the weights
+(EngineConfig.lora_merge, model.lora_merge) and runs through the plain graphs: `merged_step_ms_b*`
+(the step, adapter 1 merged), `e2e_one_adapter_b*` (requests all on adapter a1: the engine merges
+by itself), `merge_ms` (GPU time of merging an adapter and restoring the weights, and the host time
+of the calls), and `check_merged` (the merged plain graph against the LoRA-op graph, same rows).
 The target (issue 18): the LoRA step at most 10% slower than the plain one; `best_*` says which
 variant gets closest at each batch.
 """
@@ -55,8 +61,9 @@ def fill_random(loras, seed: int = 0):
     loras.slots = {f"a{i}": i for i in range(1, t.max_loras + 1)}
 
 
-def _rows(eng, vox, b: int, context: int, lora: bool):
-    """b rows with state of their own, KV blocks for `context` positions, row i on adapter i + 1."""
+def _rows(eng, vox, b: int, context: int, lora: bool, one: bool = False):
+    """b rows with state of their own, KV blocks for `context` positions, row i on adapter i + 1
+    (one: every row on adapter 1)."""
     r, bs, H = eng.runner, eng.cfg.block_size, vox.cfg.lm_config.hidden_size
     dev = eng.device
     g = torch.Generator(device=dev).manual_seed(b)
@@ -67,27 +74,27 @@ def _rows(eng, vox, b: int, context: int, lora: bool):
         blocks = [eng.kv.allocator.take_reserved() for _ in range(n_blocks)]
         r.write_state(i, torch.randn(H, device=dev, generator=g) * 0.1, torch.randn(H, device=dev, generator=g) * 0.1,
                       torch.randn(vox.patch_size, vox.feat_dim, device=dev, generator=g))
-        slot = (i % r.lora.max_loras) + 1 if lora else 0
+        slot = (0 if one else i % r.lora.max_loras) + 1 if lora else 0
         rows.append((i, 1000 + i, i, context, blocks[context // bs] * bs + context % bs, context + 1, blocks, 2.0, 10,
                      slot))
     return rows
 
 
-def step_ms(eng, rows, reps: int) -> float:
+def step_ms(eng, rows, reps: int, plain: bool = False) -> float:
     """GPU time per decode step: `reps` graph replays launched back to back, then collected."""
     r = eng.runner
     for _ in range(3):
-        r.collect(r.launch(rows))
+        r.collect(r.launch(rows, plain=plain))
     sync()
     t0 = time.perf_counter()
-    launched = [r.launch(rows) for _ in range(reps)]
+    launched = [r.launch(rows, plain=plain) for _ in range(reps)]
     for s in launched:
         r.collect(s)
     sync()
     return (time.perf_counter() - t0) * 1000 / reps
 
 
-def e2e(eng, prompt, batch: int, steps: int, lora: bool, tag: str) -> dict:
+def e2e(eng, prompt, batch: int, steps: int, lora: bool, tag: str, one: bool = False) -> dict:
     done = threading.Semaphore(0)
     errors = []
 
@@ -99,7 +106,7 @@ def e2e(eng, prompt, batch: int, steps: int, lora: bool, tag: str) -> dict:
 
     t0 = time.perf_counter()
     for i in range(batch):
-        name = f"a{i % eng.loras.registry.max_loras + 1}" if lora else None
+        name = f"a{(0 if one else i % eng.loras.registry.max_loras) + 1}" if lora else None
         eng.submit(EngineRequest(f"{tag}-{batch}-{i}", prompt, seed=i, min_len=steps, max_len=steps, lora=name),
                    sink=sink)
     for _ in range(batch):
@@ -144,6 +151,51 @@ def check(eng, vox, context: int) -> dict:
     return out
 
 
+@torch.no_grad()
+def merge_ms(eng, reps: int = 5) -> dict:
+    """Merging adapter 1 into the weights and restoring them: GPU ms (events), host ms of the calls."""
+    m = eng.merged
+    out = {"sites": len(m.sites), "copy_mib": m.nbytes() / 2**20}
+    for what, slot in (("merge", 1), ("restore", 0)):
+        gpu, host = [], []
+        for _ in range(reps):
+            m.hold(0 if slot else 1)
+            sync()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            t0 = time.perf_counter()
+            m.hold(slot)
+            host.append((time.perf_counter() - t0) * 1000)
+            e1.record()
+            sync()
+            gpu.append(e0.elapsed_time(e1))
+        out[f"{what}_gpu_ms"], out[f"{what}_host_ms"] = sorted(gpu)[reps // 2], sorted(host)[reps // 2]
+    m.hold(0)
+    return out
+
+
+@torch.no_grad()
+def check_merged(eng, vox, context: int) -> dict:
+    """Rows all on adapter 1: its LoRA ops over the weights as loaded (graph) against the plain graph
+    over the merged weights."""
+    r = eng.runner
+    rows = _rows(eng, vox, 4, context, lora=True, one=True)
+    snap = [t.clone() for t in (r.lm_state, r.res_state, r.prev_state)]
+    eng.merged.hold(0)
+    ops, _ = r.collect(r.launch(rows))
+    for t, s in zip((r.lm_state, r.res_state, r.prev_state), snap):
+        t.copy_(s)
+    eng.merged.hold(1)
+    merged, _ = r.collect(r.launch(rows, plain=True))
+    eng.merged.hold(0)
+    for row in rows:
+        eng.kv.allocator.release(row[6], 0)
+    cos = torch.nn.functional.cosine_similarity(ops.flatten(1), merged.flatten(1), dim=1).min().item()
+    out = {"max_abs": (ops - merged).abs().max().item(), "cosine_min": cos, "ops_max_abs": ops.abs().max().item()}
+    out["pass"] = cos >= 0.99
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
@@ -175,7 +227,7 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     result = {"config": vars(args), "gpu": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
               "lora_tables_gib": tables.tables.nbytes() / 2**30, "lora_sites": len(tables.tables.sites)}
-    cfg = EngineConfig(max_batch_size=max(max(batches), 4),  # check() runs 4 rows kv_memory_bytes=int(args.kv_gb * 2**30),
+    cfg = EngineConfig(max_batch_size=max(max(batches), 4), kv_memory_bytes=int(args.kv_gb * 2**30),  # check(): 4 rows
                        timestep_buckets=(10, 100), enable_prefix_caching=False)
     variants = args.variants.split(",")
     for variant in variants:
@@ -196,12 +248,27 @@ def main():
                 for row in rows:
                     eng.kv.allocator.release(row[6], 0)
                 log(f"[{variant}] batch {b}: {res[f'step_ms_b{b}']:.2f} ms per step")
+                if eng.merged is not None:
+                    rows = _rows(eng, vox, b, args.context, lora, one=True)
+                    eng.merged.hold(1)
+                    res[f"merged_step_ms_b{b}"] = step_ms(eng, rows, args.reps, plain=True)
+                    eng.merged.hold(0)
+                    for row in rows:
+                        eng.kv.allocator.release(row[6], 0)
+                    log(f"[{variant}] batch {b}, one adapter merged: {res[f'merged_step_ms_b{b}']:.2f} ms per step")
         for b in batches:
             res[f"e2e_b{b}"] = e2e(eng, prompt, b, args.steps, lora, variant)
             log(f"[{variant}] batch {b}: {res[f'e2e_b{b}']['steps_per_s']:.1f} steps/s end to end")
+            if eng.merged is not None:
+                res[f"e2e_one_adapter_b{b}"] = e2e(eng, prompt, b, args.steps, lora, variant + "-one", one=True)
+                log(f"[{variant}] batch {b}, one adapter: {res[f'e2e_one_adapter_b{b}']['steps_per_s']:.1f} steps/s")
         if lora:
             res["check"] = check(eng, vox, args.context)
             log(f"[{variant}] check: {res['check']}")
+        if eng.merged is not None:
+            res["check_merged"] = check_merged(eng, vox, args.context)
+            res["merge_ms"] = merge_ms(eng) if gpu else None
+            log(f"[{variant}] merged check: {res['check_merged']}; merge: {res['merge_ms']}")
         eng.shutdown()
         del eng
         if gpu:
@@ -217,6 +284,11 @@ def main():
                 result[f"{v}_over_base_step_b{b}"], result[f"{v}_over_base_e2e_b{b}"] = ratios[v], e2e_ratio
                 log(f"batch {b}: {v} step {result[v][f'step_ms_b{b}']:.2f} ms vs {base:.2f} ms plain: "
                     f"x{ratios[v]:.3f} (target <= 1.10); end to end x{e2e_ratio:.3f}")
+                if f"merged_step_ms_b{b}" in result[v]:
+                    m = result[v][f"merged_step_ms_b{b}"] / base
+                    m_e2e = result["base"][f"e2e_b{b}"]["steps_per_s"] / result[v][f"e2e_one_adapter_b{b}"]["steps_per_s"]
+                    result[f"{v}_merged_over_base_step_b{b}"], result[f"{v}_merged_over_base_e2e_b{b}"] = m, m_e2e
+                    log(f"batch {b}: {v}, one adapter merged: x{m:.3f} step, x{m_e2e:.3f} end to end")
             if ratios:
                 best = min(ratios, key=ratios.get)
                 result[f"best_b{b}"] = {"variant": best, "step_ratio": ratios[best], "target_met": ratios[best] <= 1.10}

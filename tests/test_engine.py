@@ -288,10 +288,10 @@ def test_a_batched_step_failing_for_one_request_is_rerun_without_it(vox):
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4))
     orig = eng._launch_decode
 
-    def flaky(batch):  # the model step itself raises whenever "bad" is in the batch at step 2
+    def flaky(batch, *args):  # the model step itself raises whenever "bad" is in the batch at step 2
         if any(st.request_id == "bad" and st.launched == 2 for st in batch):
             raise RuntimeError("kernel exploded")
-        return orig(batch)
+        return orig(batch, *args)
 
     eng._launch_decode = flaky
     try:
@@ -403,8 +403,8 @@ def test_a_slow_requests_timesteps_run_only_in_its_own_launch(vox):
     launches = []  # (engine step, loop run, timesteps of its rows)
     launch = eng.runner.launch
 
-    def spy(rows, bucket=None):
-        step = launch(rows, bucket)
+    def spy(rows, bucket=None, plain=False):
+        step = launch(rows, bucket, plain)
         launches.append((eng._stats["steps"], step.loop, sorted(r[8] for r in rows)))  # r[8]: timesteps
         return step
 

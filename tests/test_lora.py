@@ -5,6 +5,8 @@ is strict, and adapters come and go at run time without disturbing running reque
 import json
 import os
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from safetensors.torch import save_file
 from tests.lora_helpers import ADAPTERS, write_adapters
 from tests.test_model_parity import TOL, _mode_inputs, _run_reference, maxdiff
 from voxcpm_triton import VoxCPM2
-from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished
 from voxcpm_triton.engine.lora_registry import LoraFull, LoraRegistry
 from voxcpm_triton.formats.lora import LoraError, load_adapter, load_dir
 from voxcpm_triton.model import lora as lora_model
@@ -106,6 +108,80 @@ def test_mixed_batch_of_three_adapters_and_the_base_equals_solo_runs(vox, monkey
         assert fin.error is None, fin.error
         want = vox.generate_latents(None, prompt=p, seed=20 + i, lora=n, **gen)
         assert got.shape == want.shape and maxdiff(got, want) <= TOL, n
+
+
+def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
+    """Steps whose rows all run on one adapter run the plain network over it merged into the
+    weights (EngineConfig.lora_merge); a base request joining takes it out (each row's LoRA ops for
+    the mixed steps), and it goes back in once that one has ended. Every request equals its offline
+    run, and the weights are exactly as loaded whenever the engine has nothing to run, shutdown
+    included."""
+    p_a, p_b = _prompt(vox, 0), _prompt(vox, 2)
+    long = dict(min_len=12, max_len=12, inference_timesteps=3)
+    short = dict(min_len=3, max_len=3, inference_timesteps=3)
+    want_a = vox.generate_latents(None, prompt=p_a, seed=1, lora="lm_dit", **long)
+    want_b = vox.generate_latents(None, prompt=p_b, seed=2, **short)
+    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
+    slot = vox.loras.slots["lm_dit"]
+    loaded = [w.clone() for _, w, _, _ in eng.merged.sites]
+    states, launch = [], eng.runner.launch
+
+    def spy(rows, bucket=None, plain=False):  # (rows' slots, plain, merged adapter) per launch
+        state = (frozenset(r[9] for r in rows), plain, eng.merged.slot)
+        if not states or states[-1] != state:
+            states.append(state)
+        return launch(rows, bucket, plain)
+
+    eng.runner.launch = spy
+    try:
+        gate = threading.Event()
+        sink = _gated(gate)  # holds the engine at a's first chunk: b is submitted meanwhile
+        eng.submit(EngineRequest("a", p_a, seed=1, lora="lm_dit", **long), sink=sink)
+        assert sink.entered.wait(TIMEOUT)
+        handle_b = eng.submit(EngineRequest("b", p_b, seed=2, **short))
+        gate.set()
+        got_b, fin_b = handle_b.result(timeout=TIMEOUT)
+        got_a, fin_a = _collect(sink)
+        assert fin_a.error is None and fin_b.error is None
+        assert maxdiff(got_a, want_a) <= TOL and maxdiff(got_b, want_b) <= TOL
+        assert states == [({slot}, True, slot), ({slot, 0}, False, 0), ({slot}, True, slot)]
+        assert eng.merged.slot == 0 and all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+
+        # base rows alone: the plain network, nothing merged
+        states.clear()
+        got_b, _ = eng.submit(EngineRequest("b2", p_b, seed=2, **short)).result(timeout=TIMEOUT)
+        assert maxdiff(got_b, want_b) <= TOL and states == [({0}, True, 0)]
+
+        # shut down with the adapter merged and a request running on it
+        gate2 = threading.Event()
+        sink2 = _gated(gate2)
+        eng.submit(EngineRequest("c", p_a, seed=1, lora="lm_dit", min_len=200, max_len=200), sink=sink2)
+        for _ in range(int(TIMEOUT / 0.01)):
+            if eng.merged.slot == slot:
+                break
+            time.sleep(0.01)
+        assert eng.merged.slot == slot
+        gate2.set()
+        eng.shutdown()
+        events = [sink2.queue.get(timeout=TIMEOUT) for _ in range(sink2.queue.qsize())]
+        assert isinstance(events[-1], Finished) and events[-1].reason == "error" and not eng._thread.is_alive()
+        assert eng.merged.slot == 0 and all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+    finally:
+        gate.set()
+        eng.shutdown()
+
+
+def test_lora_merge_off_runs_every_step_with_lora_ops(vox):
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, lora_merge=False))
+    try:
+        assert eng.merged is None and eng.runner.plain_graphs is None
+        got, fin = eng.submit(EngineRequest("a", _prompt(vox, 0), seed=1, lora="lm_dit", min_len=3, max_len=3,
+                                            inference_timesteps=3)).result(timeout=TIMEOUT)
+        want = vox.generate_latents(None, prompt=_prompt(vox, 0), seed=1, lora="lm_dit", min_len=3, max_len=3,
+                                    inference_timesteps=3)
+        assert fin.error is None and maxdiff(got, want) <= TOL
+    finally:
+        eng.shutdown()
 
 
 def test_token_and_group_formulations_agree():
@@ -323,7 +399,7 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
 
         # Removed while a request runs on it: that request finishes with its weights.
         slot = eng.loras.registry.published["lm_dit"][0]
-        gate = __import__("threading").Event()
+        gate = threading.Event()
         long = dict(min_len=12, max_len=12, inference_timesteps=4)
         want_long = vox.generate_latents(None, prompt=p, seed=6, lora="lm_dit", **long)
         sink = _gated(gate)
@@ -351,19 +427,18 @@ def _gated(gate):
     """A sink that holds the engine thread at the request's first chunk until `gate` is set."""
     import queue
 
-    q = queue.Queue()
+    q, entered = queue.Queue(), threading.Event()
 
     def sink(ev):
+        entered.set()
         gate.wait(TIMEOUT)
         q.put(ev)
 
-    sink.queue = q
+    sink.queue, sink.entered = q, entered
     return sink
 
 
 def _collect(sink):
-    from voxcpm_triton.engine import Finished
-
     q = sink.queue
     chunks = []
     while True:

@@ -22,6 +22,7 @@ blocks) is the `Scheduler`'s (scheduler.py, no torch); this class runs the model
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -37,8 +38,9 @@ from ..model.noise import request_key
 from ..checks import default_max_len
 from .attention import PagedAttention, PrefillMetadata, PrefillRowsMetadata
 from .kv_cache import PagedKVCache
-from .loras import EngineLoras
+from .loras import EngineLoras, merge_target
 from ..model.lora import LoraBatch
+from ..model.lora_merge import MergedWeights
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
@@ -71,6 +73,10 @@ class EngineConfig:
     # its pending patches, as the largest schedule size they fill (all once it ran dry), before its
     # chunk fills (0: chunks only by the schedule).
     playback_margin_s: float = 0.0
+    # With LoRA adapters: a step whose rows all run on one adapter (or none) runs the plain network,
+    # that adapter merged into the weights (model.lora_merge), instead of a LoRA op per projection.
+    # Costs a copy of the adapted weights and a second set of decode graphs (captured at start-up).
+    lora_merge: bool = True
 
     def __post_init__(self):
         self.timestep_buckets = check_timestep_buckets(self.timestep_buckets)
@@ -83,8 +89,9 @@ class EngineShutdown(RuntimeError):
 class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None):
-        """vox: a loaded `VoxCPM2`, used as built and never modified (the paged decode attention
-        follows `vox.attention`; a compiled vox compiles on its first calls here). fault_hook(state,
+        """vox: a loaded `VoxCPM2`, used as built (the paged decode attention follows `vox.attention`;
+        a compiled vox compiles on its first calls here). Its weights are modified only while requests
+        run with `lora_merge`, and are as loaded again whenever none is left. fault_hook(state,
         stage) is called per request at each stage ('prefill', and 'step' before each step's
         launch); whatever it raises fails that request only (tests use it)."""
         self.vox, self.model = vox, vox.model
@@ -92,6 +99,8 @@ class Engine:
         self.device, self.dtype = vox.device, vox.dtype
         self.fault_hook = fault_hook
         lm, res = vox.cfg.lm_config, vox.cfg.residual_lm()
+        # Before the KV cache takes its share of the free memory: the copies of the adapted weights.
+        self.merged = self._merged_weights() if vox.loras is not None and self.cfg.lora_merge else None
         assert (lm.num_key_value_heads, lm.head_dim) == (res.num_key_value_heads, res.head_dim)
         per_block = PagedKVCache.bytes_per_block(lm.num_hidden_layers, res.num_hidden_layers,
                                                  lm.num_key_value_heads, lm.head_dim, self.cfg.block_size, self.dtype)
@@ -105,7 +114,8 @@ class Engine:
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
                                        timestep_buckets=self.cfg.timestep_buckets,
-                                       lora=vox.loras.tables if vox.loras is not None else None)
+                                       lora=vox.loras.tables if vox.loras is not None else None,
+                                       plain_graphs=self.merged is not None)
         if self.runner.use_graphs:
             with self._torch_settings():
                 self._prepare_gpu()
@@ -129,6 +139,16 @@ class Engine:
         self.failure: str | None = None  # why the loop ended, if it did not end by shutdown()
         self._thread = threading.Thread(target=self._loop, name="voxcpm-engine", daemon=True)
         self._thread.start()
+
+    def _merged_weights(self) -> MergedWeights | None:
+        try:
+            merged = MergedWeights(self.model, self.vox.loras.tables)
+        except ValueError as e:  # FP8 weights: per-row LoRA ops only
+            log.warning("LoRA: adapters are not merged into the weights: %s", e)
+            return None
+        log.warning("LoRA: steps on a single adapter run it merged (a copy of %d adapted weights, %.0f MiB)",
+                    len(merged.sites), merged.nbytes() / 2**20)
+        return merged
 
     def _torch_settings(self) -> contextlib.ExitStack:
         """The torch settings the engine's GPU work runs under, scoped to its start-up and to its
@@ -291,7 +311,10 @@ class Engine:
     def _loop(self):
         torch.set_grad_enabled(False)
         with self._torch_settings():
-            self._run_loop()
+            try:
+                self._run_loop()
+            finally:
+                self._unmerge()
 
     def _run_loop(self):
         t_last, steps_window = time.monotonic(), 0
@@ -310,8 +333,8 @@ class Engine:
                     self._inbox.clear()
                     cancels, self._cancels = self._cancels, set()
                 self._apply_cancels(cancels)
-                if self.loras is not None:
-                    self.loras.apply()  # adapters added meanwhile: written between steps, on this stream
+                if self.loras is not None:  # adapters added meanwhile: written between steps, on this stream
+                    self.loras.apply(before_write=self._unmerge)
                 admitted = self._admit()
                 if admitted:
                     # A prefill is mostly host time spent launching kernels: hand out the step in
@@ -371,8 +394,9 @@ class Engine:
         by_adapter: dict = {}  # a prefill call runs one adapter (model.lora.LoraBatch, single)
         for st in ok:
             by_adapter.setdefault(st.lora_slot, []).append(st)
-        for group in by_adapter.values():
-            for st, _ in self._isolated(group, self._run_prefill, "prefill"):
+        for slot, group in by_adapter.items():
+            run = functools.partial(self._run_prefill, lora_slot=self._prefill_slot(slot))
+            for st, _ in self._isolated(group, run, "prefill"):
                 # Its prefill is launched on the engine's one GPU stream: whatever reads these blocks
                 # later (another request's prefill or step) is queued after their writes.
                 self.scheduler.cache_prompt(st)
@@ -397,8 +421,9 @@ class Engine:
                 self._finish(st, "error", f"{what} failed: {e}")
         return survivors
 
-    def _run_prefill(self, states: list[RequestState]):
-        """Prefill each prompt's positions after its cached prefix (all of them without one)."""
+    def _run_prefill(self, states: list[RequestState], lora_slot: int = 0):
+        """Prefill each prompt's positions after its cached prefix (all of them without one), with
+        the LoRA ops of `lora_slot` (`_prefill_slot`)."""
         dev, bs = self.device, self.cfg.block_size
         prompts = [st.req.prompt for st in states]
         starts = [st.cached_blocks * bs for st in states]
@@ -406,7 +431,7 @@ class Engine:
         if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
             st, c = states[0], starts[0]
             lm_h, res_h = pg.run(prompts[0], self._slots(st, c, st.prompt_len), c, st.block_table,
-                                 lora_slot=st.lora_slot)
+                                 lora_slot=lora_slot)
         else:
             seq = [0]
             for p, c in zip(prompts, starts):
@@ -427,7 +452,7 @@ class Engine:
                 torch.tensor(seq[1:], device=dev) - 1,
                 PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
                 PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
-                lora=self._prefill_lora(states[0].lora_slot))
+                lora=self._prefill_lora(lora_slot))
         for i, st in enumerate(states):
             self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
         return [None] * len(states)
@@ -447,6 +472,33 @@ class Engine:
         dev = self.device
         return PrefillRowsMetadata(torch.tensor(slots, device=dev), torch.tensor(rows, dtype=torch.int64, device=dev),
                                    torch.tensor(ctx, dtype=torch.int64, device=dev))
+
+    # -- LoRA: the one adapter of every row merged into the weights (model.lora_merge)
+    def _prefill_slot(self, slot: int) -> int:
+        """The LoRA slot whose ops a prefill of prompts on adapter `slot` runs: 0 where the weights
+        hold that adapter merged; any other merged adapter is taken out first. A prefill never
+        merges (the decode step decides, for all its rows)."""
+        if self.merged is None:
+            return slot
+        if self.merged.slot != slot:
+            self.merged.hold(0)
+        return slot if self.merged.slot == 0 else 0
+
+    def _step_weights(self, batch: list[RequestState]) -> bool:
+        """Before a decode step's launches: the weights as its rows need them -> whether it runs
+        the plain network (no LoRA ops)."""
+        if self.runner.lora is None:
+            return True
+        if self.merged is None:
+            return False
+        target = merge_target(st.lora_slot for st in batch)
+        self.merged.hold(target or 0)
+        return target is not None
+
+    def _unmerge(self, slot: int | None = None):
+        """The weights as loaded (if `slot`: only if that adapter is merged, as before its table is written)."""
+        if self.merged is not None and (slot is None or self.merged.slot == slot):
+            self.merged.hold(0)
 
     def _prefill_lora(self, slot: int) -> LoraBatch | None:
         """A prefill's adapter (all its prompts share it): None without LoRA tables."""
@@ -501,9 +553,10 @@ class Engine:
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
         launched, failed = [], []
+        plain = self._step_weights(batch) if batch else True
         for group in self.scheduler.launch_groups(batch):
             try:
-                launched.append((group, self._launch_decode(group)))
+                launched.append((group, self._launch_decode(group, plain)))
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
                 failed.append(group)
         if batch:
@@ -515,19 +568,19 @@ class Engine:
         # switch interval, which delays first audio under bursts of submits.
         time.sleep(0)
         self._deliver(previous)
-        run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b))))  # noqa: E731
+        run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b, plain))))  # noqa: E731
         for group in failed:
             still = [st for st in group if self.scheduler.is_running(st)]
             for st, (patch, stop) in self._isolated(still, run, "decode step"):
                 self._emit(st, patch, bool(stop))
         return bool(batch)
 
-    def _launch_decode(self, batch: list[RequestState]):
-        """Launch one model step for `batch` -> the runner's LaunchedStep."""
+    def _launch_decode(self, batch: list[RequestState], plain: bool = False):
+        """Launch one model step for `batch` -> the runner's LaunchedStep (plain: `_step_weights`)."""
         rows = [(st.slot, int(st.seed_key), st.launched, st.position,
                  self._slots(st, st.position, st.position + 1)[0], st.position + 1,
                  st.block_table, float(st.req.cfg_value), st.req.inference_timesteps, st.lora_slot) for st in batch]
-        step = self.runner.launch(rows)
+        step = self.runner.launch(rows, plain=plain)
         for st in batch:
             st.launched += 1
         with self._lock:
@@ -582,4 +635,7 @@ class Engine:
             if st.lora_slot:
                 self.loras.release(st.lora_slot)
                 st.lora_slot = 0  # released once
+            idle = not self._ids
+        if idle:  # nothing left to run: the weights as loaded, before anyone hears of the end
+            self._unmerge()
         self._send(st, Finished(rid, reason, st.step, error))

@@ -15,6 +15,14 @@ from .lora_registry import LoraFull, LoraRegistry  # noqa: F401 - LoraFull: call
 ADD_TIMEOUT_S = 120.0
 
 
+def merge_target(slots) -> int | None:
+    """Policy for a step's rows on LoRA `slots`: the one slot they share, whose adapter the weights
+    should then hold merged (0: the base model, the weights as loaded); None for a mix, which runs
+    each row's LoRA ops over the weights as loaded."""
+    distinct = set(slots)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
 class EngineLoras:
     def __init__(self, adapters, lock: threading.Condition):
         """adapters: the model's `lora_adapters.AdapterSet` (tables written at load); lock: the engine's."""
@@ -74,14 +82,17 @@ class EngineLoras:
         """Writes waiting for the engine thread (lock held)."""
         return bool(self._writes)
 
-    def apply(self):
-        """The engine thread, between steps: write the queued adapters and publish their names."""
+    def apply(self, before_write=None):
+        """The engine thread, between steps: write the queued adapters and publish their names.
+        before_write(slot) is called before a slot's tables are written."""
         while True:
             with self.lock:
                 if not self._writes:
                     return
                 name, slot, adapter, done, outcome = self._writes.popleft()
             try:
+                if before_write is not None:
+                    before_write(slot)
                 self.tables.write(slot, adapter.weights, adapter.scale)
             except Exception as e:  # noqa: BLE001 - reported to the caller; the slot goes back
                 with self.lock:

@@ -102,9 +102,12 @@ class LaunchedStep:
 class DecodeStepRunner:
     def __init__(self, model, kv: PagedKVCache, max_batch: int, max_blocks_per_seq: int, dtype, device,
                  use_cuda_graphs: bool, buckets=DEFAULT_BUCKETS, attention: str = "torch",
-                 timestep_buckets=DEFAULT_TIMESTEP_BUCKETS, lora: LoraTables | None = None):
+                 timestep_buckets=DEFAULT_TIMESTEP_BUCKETS, lora: LoraTables | None = None,
+                 plain_graphs: bool = False):
         """lora: the adapters' slot tables; each row then runs on its LoRA slot (the graphs index
-        the tables through a per-row buffer, so adapters written later need no new capture)."""
+        the tables through a per-row buffer, so adapters written later need no new capture).
+        plain_graphs: with tables, also capture the plain network's graphs, for steps that need no
+        LoRA op (`launch(plain=True)`: base rows only, or one adapter merged into the weights)."""
         self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
         cfg = model.cfg
         H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
@@ -138,6 +141,8 @@ class DecodeStepRunner:
                            for lo, loop in zip((0,) + self.loop_buckets[:-1], self.loop_buckets)}
         self.use_graphs = use_cuda_graphs and dev.type == "cuda"
         self.graphs: dict = {}  # (batch bucket, loop bucket) -> graph (None: capture failed, eager)
+        # the same keys, without LoRA ops (only with tables: without, `graphs` are the plain ones)
+        self.plain_graphs: dict | None = {} if plain_graphs and lora is not None else None
         self.captures = 0  # capture attempts: only `capture_all` makes them
         self.capture_seconds: dict = {}  # batch bucket -> seconds for all its loop buckets (warm-up + capture)
         self.capture_summary = {"graphs": 0, "seconds": 0.0}
@@ -151,13 +156,13 @@ class DecodeStepRunner:
         self.use_triton = attention == "triton"
 
     # ------------------------------------------------------------------ the step body
-    def _step(self, b: int, n_steps: int, first: int):
+    def _step(self, b: int, n_steps: int, first: int, plain: bool = False):
         idx = self.slots[:b]
         noise = gaussian_noise(self.seed_key[:b], self.step_idx[:b], (self.D, self.P), self.dtype)
         sched = CfmSchedule.from_tables(self.t[:b], self.dt[:b], self.active[:b], first, n_steps)
         meta = DecodeMetadata(self.slot_mapping[:b], self.block_tables[:b], self.context_lens[:b])
         kv = self.kv
-        lora = None if self.lora is None else LoraBatch(self.lora, self.lora_slots[:b])
+        lora = None if self.lora is None or plain else LoraBatch(self.lora, self.lora_slots[:b])
         out = self.model.decode_step(
             self.lm_state[idx], self.res_state[idx], self.prev_state[idx], noise, sched, self.cfg[:b],
             self.positions[:b], PagedAttention(kv.base_k, kv.base_v, meta, self.use_triton),
@@ -247,29 +252,35 @@ class DecodeStepRunner:
             self._tables[key] = torch.stack([t.float(), dt.float(), act.float()])
         return self._tables[key]
 
-    def launch(self, rows: list, bucket: int | None = None) -> LaunchedStep:
+    def launch(self, rows: list, bucket: int | None = None, plain: bool = False) -> LaunchedStep:
         """Start one step for `rows`; returns without waiting for the GPU. Every launch must be
         collected (that frees its host buffers); any number may be uncollected at a time.
 
         bucket: run this many rows (padding the rest); default: the smallest captured bucket
         that fits (graphs) or exactly len(rows) (eager). The CFM loop runs the loop bucket of the
         rows' largest timesteps: rows should share a loop bucket (the engine groups them), or the
-        others pay for the widest."""
+        others pay for the widest.
+
+        plain: run the network without its LoRA ops (the rows' LoRA slots are ignored): for rows on
+        the base model only, or on the one adapter merged into the weights (`model.lora_merge`)."""
         b = len(rows)
+        if plain and self.lora is not None and self.use_graphs and self.plain_graphs is None:
+            raise ValueError("plain launch: this runner has LoRA tables and no plain graphs (plain_graphs)")
         loop = self.loop_bucket(max(r[8] for r in rows))
         first = min(self.loop_first[loop], *(zero_velocity_steps(r[8]) for r in rows))
         bucket = bucket or self.bucket(b)
         graph = None
         if self.use_graphs:
             # A mix of loop buckets can need a velocity step before the graph's first: eager then.
-            graph = self._graph(bucket, loop) if first == self.loop_first[loop] else self._no_graph((bucket, loop))
+            graph = (self._graph(bucket, loop, plain) if first == self.loop_first[loop]
+                     else self._no_graph((bucket, loop)))
         h = self._take_host_buffers()
         # A launch that raises drops its buffers, not back to the free list: a copy from them may be queued.
         self._fill(h, rows, bucket, loop)
         if graph is not None:
             graph.replay()
         else:
-            self._step(bucket, loop, first)
+            self._step(bucket, loop, first, plain and self.lora is not None)
         h.out[:b].copy_(self.out[:b], non_blocking=True)  # the step's one device-to-host transfer
         if h.free is not None:
             h.free.record()
@@ -287,13 +298,14 @@ class DecodeStepRunner:
         return result
 
     # ------------------------------------------------------------------ CUDA graphs
-    def _graph(self, bucket: int, loop: int):
+    def _graph(self, bucket: int, loop: int, plain: bool = False):
         """The graph of a key, or None (eager). Never captures: a capture while serving would stall
         every request and grow GPU memory with each new key."""
         key = (bucket, loop)
-        if key not in self.graphs:
+        graphs = self.plain_graphs if plain and self.plain_graphs is not None else self.graphs
+        if key not in graphs:
             return self._no_graph(key)
-        return self.graphs[key]
+        return graphs[key]
 
     def _no_graph(self, key):
         if key not in self._warned:
@@ -302,31 +314,35 @@ class DecodeStepRunner:
         return None
 
     def capture_all(self):
-        """Capture the graph of every (batch bucket, loop bucket) (at start-up)."""
+        """Capture the graph of every (batch bucket, loop bucket) (at start-up), and its plain twin."""
         t0 = time.monotonic()
+        sets = [(self.graphs, False)] + ([(self.plain_graphs, True)] if self.plain_graphs is not None else [])
         for b in self.buckets:
             tb = time.monotonic()
-            for i, loop in enumerate(self.loop_buckets):
-                if (b, loop) not in self.graphs:
-                    # Loop lengths change no shapes: once the batch bucket's first graph has warmed up
-                    # (compiled, autotuned), one eager run before each further capture is enough.
-                    self.graphs[(b, loop)] = self._capture(b, loop, self.loop_first[loop],
-                                                           warm_up=2 if i == 0 else 1)
+            for graphs, plain in sets:
+                for i, loop in enumerate(self.loop_buckets):
+                    if (b, loop) not in graphs:
+                        # Loop lengths change no shapes: once the batch bucket's first graph has warmed up
+                        # (compiled, autotuned), one eager run before each further capture is enough.
+                        graphs[(b, loop)] = self._capture(b, loop, self.loop_first[loop],
+                                                          warm_up=2 if i == 0 else 1, plain=plain)
             self.capture_seconds[b] = round(time.monotonic() - tb, 2)
         seconds = time.monotonic() - t0
-        ok = sum(g is not None for g in self.graphs.values())
+        every = [g for graphs, _ in sets for g in graphs.values()]
+        ok = sum(g is not None for g in every)
         self.capture_summary = {"graphs": ok, "seconds": round(seconds, 2)}
-        log.warning("captured %d/%d decode-step graphs (%d batch x %d loop buckets) in %.1f s", ok,
-                    len(self.graphs), len(self.buckets), len(self.loop_buckets), seconds)
+        log.warning("captured %d/%d decode-step graphs (%d batch x %d loop buckets%s) in %.1f s", ok,
+                    len(every), len(self.buckets), len(self.loop_buckets),
+                    ", with and without LoRA ops" if len(sets) > 1 else "", seconds)
 
-    def _capture(self, bucket: int, n_steps: int, first: int, warm_up: int = 2):
+    def _capture(self, bucket: int, n_steps: int, first: int, warm_up: int = 2, plain: bool = False):
         """Capture with every row pointing at the spare slot and scratch KV, so warm-up runs
         touch no live request. Returns None (eager for this key) if capture fails."""
         self.captures += 1
         try:
             self._fill(self.capture_host, [], bucket, n_steps)
             self.t[:bucket], self.dt[:bucket] = 0.5, 0.1  # plausible times for the warm-up
-            graph = capture_graph(lambda: self._step(bucket, n_steps, first), self.device, self.graph_pool,
+            graph = capture_graph(lambda: self._step(bucket, n_steps, first, plain), self.device, self.graph_pool,
                                   warm_up=warm_up)
             self.graph_pool = graph.pool()
             return graph

@@ -77,6 +77,7 @@ class DecoderModel:
             cuda_graphs=params["cuda_graphs"],
             timestep_buckets=params["timestep_buckets"],
             enable_prefix_caching=params["enable_prefix_caching"],
+            lora_merge=params["lora_merge"],
         )
         t1 = time.monotonic()
         self.engine = Engine(self.vox, cfg)

@@ -1,0 +1,83 @@
+"""One adapter merged into the network's weights: W + B A (alpha / r in B), in place.
+
+A step whose rows all run on one adapter then needs no LoRA op at all: it runs the plain network
+(the plain decode graphs) over the merged weights, at the plain network's speed. The per-row LoRA
+ops (`model.lora`) cost a kernel per adapted projection, and at small batches the step is bound by
+kernel count.
+
+`MergedWeights` keeps a copy of every adapted site's weight as loaded, so `restore` is a copy back,
+exact, whatever was merged before. A site's weight is its fused tensor (q/k/v, gate/up: the
+targets' weights are views of it, `minicpm.fuse_projections`); its delta is one matmul, B laid out
+block-diagonally by target against the site's stacked A. Merge and restore read the slot tables
+and write the weights on the current stream, so they fall in order between the steps around them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .lora import FUSED, LoraTables
+
+
+def site_weight(model: nn.Module, site) -> torch.Tensor | None:
+    """The tensor holding a site's weight [out, in] (the fused one for several targets), or None
+    where it is not one plain tensor (FP8 weights, unfused projections)."""
+    weights = [getattr(model.get_submodule(t), "weight", None) for t in site.targets]
+    if not all(isinstance(w, torch.Tensor) and w.is_floating_point() and w.element_size() >= 2 for w in weights):
+        return None
+    if len(weights) == 1:
+        return weights[0].data
+    parent = site.targets[0].rpartition(".")[0]
+    fused = getattr(model.get_submodule(parent), FUSED[parent.rpartition(".")[2]][1], None)
+    if not isinstance(fused, torch.Tensor) or fused.shape != (sum(site.splits), site.in_features):
+        return None
+    row = fused.stride(0) * fused.element_size()
+    offsets = [sum(site.splits[:i]) * row for i in range(len(weights))]
+    if any(w.data_ptr() != fused.data_ptr() + o for w, o in zip(weights, offsets)):
+        return None  # the targets' weights are not views of it
+    return fused
+
+
+class MergedWeights:
+    def __init__(self, model: nn.Module, tables: LoraTables):
+        """Copies of the weights of every site `tables` covers (GPU memory: their size)."""
+        self.tables = tables
+        self.sites = []  # (site name, weight tensor, its copy as loaded, block layout of B or None)
+        for name, s in tables.sites.items():
+            w = site_weight(model, s)
+            if w is None:
+                raise ValueError(f"LoRA merge: {name} has no plain weight tensor (FP8 or unfused weights)")
+            layout = None
+            if len(s.targets) > 1:  # [out, n]: which target's rank block each output row uses
+                seg = torch.repeat_interleave(torch.arange(len(s.targets)), torch.tensor(s.splits))
+                layout = nn.functional.one_hot(seg, len(s.targets)).to(device=w.device, dtype=w.dtype)
+            self.sites.append((name, w, w.detach().clone(), layout))
+        self.slot = 0  # the adapter merged now (0: none, the weights as loaded)
+
+    def nbytes(self) -> int:
+        return sum(c.numel() * c.element_size() for _, _, c, _ in self.sites)
+
+    @torch.no_grad()
+    def hold(self, slot: int):
+        """The weights <- as loaded plus adapter `slot`'s delta (0: as loaded)."""
+        if slot == self.slot:
+            return
+        self.restore()
+        if slot == 0:
+            return
+        t = self.tables
+        for name, w, loaded, layout in self.sites:
+            a, b = t.a[name][slot], t.b[name][slot]  # [n * r, in], [out, r]
+            if layout is not None:  # [out, n * r]: row j's B in its target's block, zeros elsewhere
+                b = (layout[:, :, None] * b[:, None, :]).reshape(b.size(0), -1)
+            torch.addmm(loaded, b, a, out=w)  # one GEMM: fp32 accumulation, the sum rounded once
+        self.slot = slot
+
+    @torch.no_grad()
+    def restore(self):
+        """The weights as loaded."""
+        if self.slot == 0:
+            return
+        torch._foreach_copy_([w for _, w, _, _ in self.sites], [c for _, _, c, _ in self.sites])
+        self.slot = 0
