@@ -220,3 +220,59 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
         assert got.shape == want.shape
         assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), n
         start += n
+
+
+def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dirs, tmp_path):
+    """LoRA on the GPU with CUDA graphs, the merge captured as a graph too: a request on an adapter
+    runs merged (plain graphs) while alone, and through each row's LoRA ops while a base request
+    runs beside it. Both requests equal their runs with `lora_merge` off (every step the LoRA
+    graphs; fp32 and PyTorch attention, so they compare closely), and the weights are exactly as
+    loaded once the engine is idle."""
+    # python -m pytest -q tests/test_engine_gpu.py -k merged   (on a GPU machine)
+    import threading
+
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="float32", attention="torch",
+                                  lora_dir=str(tmp_path), max_loras=2, max_lora_rank=8, reserve_lora_defaults=True)
+    t = vox.loras.tables
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name in t.sites:  # random adapters in both slots (stable: small B)
+        t.a[name][1:].normal_(0, t.a[name].size(-1) ** -0.5, generator=g)
+        t.b[name][1:].normal_(0, 0.1 * t.b[name].size(-1) ** -0.5, generator=g)
+    vox.loras.slots = {"a1": 1, "a2": 2}
+    prompt = vox.prepare_prompt("One adapter merged, then a base request beside it.")
+    specs = {"A": dict(seed=1, min_len=24, max_len=24, lora="a1"), "B": dict(seed=2, min_len=6, max_len=6)}
+
+    def run(merge: bool):
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, timestep_buckets=(10, 100),
+                                       lora_merge=merge))
+        try:
+            if merge:
+                assert eng.merged.merge != eng.merged.merge_body  # the captured graph's replay
+                loaded = [w.clone() for _, w, _, _ in eng.merged.sites]
+            events, started = {rid: [] for rid in specs}, threading.Event()
+
+            def sink_a(ev):
+                events["A"].append(ev)
+                started.set()
+
+            eng.submit(EngineRequest("A", prompt, **specs["A"]), sink=sink_a)
+            assert started.wait(TIMEOUT)  # A runs (merged, with merge on) before B joins
+            eng.submit(EngineRequest("B", prompt, **specs["B"]), sink=events["B"].append)
+            wait_finished(events)
+            steps = eng.stats()["batch_sizes"]
+            if merge:
+                assert eng.merged.slot == 0
+                assert all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+        finally:
+            eng.shutdown()
+        assert steps.get(2, 0) >= specs["B"]["max_len"] and steps.get(1, 0) >= 2, steps  # alone, together, alone
+        out = {}
+        for rid, ev in events.items():
+            assert ev[-1].error is None, ev[-1]
+            out[rid] = torch.cat([e.patches for e in ev if isinstance(e, LatentChunk)])
+        return out
+
+    merged, ops = run(True), run(False)
+    for rid in specs:
+        err = (merged[rid] - ops[rid]).abs().max().item()
+        assert merged[rid].shape[0] == specs[rid]["max_len"] and err <= 1e-3, (rid, err)

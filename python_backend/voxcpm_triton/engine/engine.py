@@ -41,6 +41,7 @@ from .kv_cache import PagedKVCache
 from .loras import EngineLoras, merge_target
 from ..model.lora import LoraBatch
 from ..model.lora_merge import MergedWeights
+from .cuda_graph import capture_graph
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
@@ -179,6 +180,12 @@ class Engine:
         t1 = time.monotonic()
         self._warm_up_prefill()
         t2 = time.monotonic()
+        if self.merged is not None:  # slot 0 merges nothing: capturing leaves the weights as loaded
+            try:
+                self.merged.merge = capture_graph(self.merged.merge_body, self.device, None).replay
+            except Exception as e:  # noqa: BLE001 - merges then run eagerly
+                log.warning("CUDA graph capture failed for the LoRA merge (%s); merging eagerly", e)
+                torch.cuda.synchronize(self.device)
         if self.cfg.prefill_graphs:
             self.prefill_graphs = PrefillGraphs(
                 self.model, self.kv, self.device, pool=self.runner.graph_pool, use_triton=self.runner.use_triton,

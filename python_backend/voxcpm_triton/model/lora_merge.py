@@ -10,6 +10,9 @@ exact, whatever was merged before. A site's weight is its fused tensor (q/k/v, g
 targets' weights are views of it, `minicpm.fuse_projections`); its delta is one matmul, B laid out
 block-diagonally by target against the site's stacked A. Merge and restore read the slot tables
 and write the weights on the current stream, so they fall in order between the steps around them.
+The merge reads its slot from a device buffer, so it can be captured once as a CUDA graph
+(`merge` is what runs it: the engine swaps in the graph's replay), costing the engine thread one
+launch instead of one per layer.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class MergedWeights:
                 layout = nn.functional.one_hot(seg, len(s.targets)).to(device=w.device, dtype=w.dtype)
             self.sites.append((name, w, w.detach().clone(), layout))
         self.slot = 0  # the adapter merged now (0: none, the weights as loaded)
+        self.slot_id = torch.zeros(1, dtype=torch.int64, device=tables.device)  # what `merge_body` merges
+        self.merge = self.merge_body
 
     def nbytes(self) -> int:
         return sum(c.numel() * c.element_size() for _, _, c, _ in self.sites)
@@ -66,13 +71,21 @@ class MergedWeights:
         self.restore()
         if slot == 0:
             return
+        self.slot_id.fill_(slot)
+        self.merge()
+        self.slot = slot
+
+    @torch.no_grad()
+    def merge_body(self):
+        """The weights <- as loaded plus the delta of the adapter in slot `slot_id` (a device read:
+        capturable)."""
         t = self.tables
         for name, w, loaded, layout in self.sites:
-            a, b = t.a[name][slot], t.b[name][slot]  # [n * r, in], [out, r]
+            a = t.a[name].index_select(0, self.slot_id)[0]  # [n * r, in]
+            b = t.b[name].index_select(0, self.slot_id)[0]  # [out, r]
             if layout is not None:  # [out, n * r]: row j's B in its target's block, zeros elsewhere
                 b = (layout[:, :, None] * b[:, None, :]).reshape(b.size(0), -1)
             torch.addmm(loaded, b, a, out=w)  # one GEMM: fp32 accumulation, the sum rounded once
-        self.slot = slot
 
     @torch.no_grad()
     def restore(self):
