@@ -358,6 +358,43 @@ def model_stats(url: str) -> dict:
     return out
 
 
+FIRST_AUDIO = "voxcpm_time_to_first_audio_seconds"
+PHASES = "voxcpm_time_to_first_audio_phase_seconds_sum"
+
+
+def first_audio_sums(metrics_url: str, model: str) -> dict:
+    """The orchestrator's cumulative first-audio metrics for `model` from Triton's /metrics:
+    {"count": requests, "total": seconds, phase: seconds, ...} (best effort: {} on failure)."""
+    import re
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    except Exception:  # noqa: BLE001
+        return {}
+    out = {}
+    for name, labels, value in re.findall(r'^(voxcpm_\w+)\{([^}]*)\} (\S+)$', text, re.M):
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if lab.get("model") != model:
+            continue
+        if name == FIRST_AUDIO + "_count":
+            out["count"] = float(value)
+        elif name == FIRST_AUDIO + "_sum":
+            out["total"] = float(value)
+        elif name == PHASES:
+            out[lab["phase"]] = float(value)
+    return out
+
+
+def first_audio_phases(before: dict, after: dict) -> dict | None:
+    """Mean ms per request of first audio and of each of its phases over one level (None without
+    the metrics): where the time to first audio goes, as the server measures it."""
+    n = after.get("count", 0) - before.get("count", 0)
+    if n <= 0:
+        return None
+    return {k: (after[k] - before.get(k, 0.0)) * 1000 / n for k in after if k != "count"}
+
+
 def stats_delta(before: dict, after: dict, wall_s: float) -> dict:
     """Per model, over one level: executions, requests per execution, mean ms a request spent
     queued, mean ms per execute() and the share of the wall time spent in execute() (for one
@@ -425,6 +462,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit, seconds")
     p.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for the model to be ready")
     p.add_argument("--json-out", default=None, help="write the full results (per-stream records included) here")
+    p.add_argument("--metrics-url", default=None,
+                   help="Triton's metrics endpoint (http://host:8002/metrics): also record where first audio's time "
+                        "goes per level (the orchestrator's phase metrics)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
     try:
@@ -464,12 +504,18 @@ def main(argv=None) -> int:
         log(f"[bench] concurrency {c}: "
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
         before = model_stats(args.url)
+        fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
+        if args.metrics_url:
+            lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
             f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
             + (f", errors: {lv['error_messages'][:3]}" if lv["errors"] else ""))
+        if lv.get("first_audio_phases_ms"):
+            log("[bench]   first audio, mean ms in the server: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in lv["first_audio_phases_ms"].items()))
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

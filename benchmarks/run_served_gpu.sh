@@ -82,7 +82,8 @@ for mode in "${modes[@]}"; do
     name=served; [[ $mode == burst ]] || name="served_$mode"
     python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
         --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
-        --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" || rc=$?
+        --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" \
+        --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" || rc=$?
 done
 device_triton_stop
 echo "[run_served_gpu] done after $((SECONDS - t0)) s"

@@ -34,7 +34,8 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--url", server.grpc_url, "--concurrency", "1,2",
          "--requests-per-worker", "2", "--min-length", str(PATCHES), "--max-length", str(PATCHES),
-         "--seed", "0", "--warmup", "1", "--timeout", "60", "--json-out", str(out)],
+         "--seed", "0", "--warmup", "1", "--timeout", "60", "--json-out", str(out),
+         "--metrics-url", server.metrics_url],
         capture_output=True, text=True, timeout=120, cwd=str(REPO),
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -67,6 +68,12 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         vae = lv["server_models"]["vae_decoder"]
         assert vae["inferences"] >= 2 * c * 2 and vae["executions"] <= vae["inferences"]
         assert 0 < vae["infer_ms_per_execution"] and 0 < vae["busy_frac"] <= 1.05
+        # where first audio goes, from the orchestrator's metrics: its phases sum to the server's TTFA,
+        # which is within the client's
+        fa = lv["first_audio_phases_ms"]
+        assert set(fa) == {"total", "prepare", "decoder", "vae"} and min(fa.values()) > 0, fa
+        assert fa["prepare"] + fa["decoder"] + fa["vae"] == pytest.approx(fa["total"], rel=1e-3)
+        assert fa["total"] <= lv["ttfa_ms"]["mean"] + 1.0, (fa, lv["ttfa_ms"])
         # a worker's requests run one after the other on its stream
         for w in range(c):
             mine = sorted((s for s in lv["streams"] if s["worker"] == w), key=lambda s: s["index"])

@@ -253,6 +253,38 @@ def test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state(server):
     assert m["voxcpm_engine_decode_steps_total"] - steps_before < 1500, "decoding went on after the client left"
 
 
+def labelled(server, name: str) -> dict:
+    """{frozenset of label pairs: value} of metric `name`."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(rf'^{name}\{{([^}}]*)\}} ([0-9.eE+-]+)$', line)
+        if m:
+            out[frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(1)))] = float(m.group(2))
+    return out
+
+
+def test_first_audio_phases_add_up_to_the_time_to_first_audio(server):
+    """The orchestrator's first-audio metrics: the phases (prepare, decoder, vae) of each request
+    sum to its time to first audio."""
+    stream = ("model", "tts_stream")
+    names = ("voxcpm_time_to_first_audio_seconds_sum", "voxcpm_time_to_first_audio_seconds_count",
+             "voxcpm_time_to_first_audio_phase_seconds_sum")
+
+    def read():
+        return {n: {k: v for k, v in labelled(server, n).items() if stream in k} for n in names}
+
+    before = read()
+    tts_stream(server, "Where does first audio go?", SEED=3, MIN_LENGTH=3, MAX_LENGTH=3)
+    after = read()
+    delta = {n: {k: after[n][k] - before[n].get(k, 0.0) for k in after[n]} for n in names}
+    assert list(delta[names[1]].values()) == [1.0]
+    phases = {dict(k)["phase"]: v for k, v in delta[names[2]].items()}
+    assert set(phases) == {"prepare", "decoder", "vae"} and all(v > 0 for v in phases.values()), phases
+    total = list(delta[names[0]].values())[0]
+    assert abs(sum(phases.values()) - total) <= 1e-3 * total, (phases, total)
+
+
 BAD = [
     ("empty TEXT", dict(text=""), "TEXT is empty"),
     ("blank TEXT", dict(text="   "), "TEXT is empty"),

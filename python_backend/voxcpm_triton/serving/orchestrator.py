@@ -147,6 +147,12 @@ def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseExceptio
                       "in the request, or add the voice again")
 
 
+FIRST_AUDIO_PHASES = ("prepare", "decoder", "vae")
+FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (tokenizer, stored voice, reference "
+                          "encoding), decoder (request to first latents: admission, prefill, first steps), vae "
+                          "(first latents to first audio)")
+
+
 class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
@@ -163,6 +169,9 @@ class Orchestrator(InternalCalls):
                                    "Requests that produced audio", labels, "COUNTER")
         self.m_ttfa_last = metric("voxcpm_time_to_first_audio_seconds_last",
                                   "Time to first audio of the latest request", labels)
+        # Where first audio's time goes: their sum over requests adds up to the one above.
+        self.m_ttfa_phases = {ph: metric("voxcpm_time_to_first_audio_phase_seconds_sum", FIRST_AUDIO_PHASES_DOC,
+                                         {**labels, "phase": ph}, "COUNTER") for ph in FIRST_AUDIO_PHASES}
 
     def parse(self, request) -> contract.SynthesisRequest:
         return contract.parse(_inputs(request), max_positions=self.max_positions)
@@ -236,6 +245,7 @@ class Orchestrator(InternalCalls):
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
         loop = asyncio.get_running_loop()
+        t_decoder = time.monotonic()
         # Waits for the decoder's first response (admission, prefill, a step) without blocking the loop.
         iterator = await self.guard(bls("decoder", dec_in, ["LATENTS"], request_id=request_id)
                                      .async_exec(decoupled=True), cancelled)
@@ -263,9 +273,10 @@ class Orchestrator(InternalCalls):
                 flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
                 # Set before the call: whatever its outcome, a START sent is followed by an END.
                 first, opened = not opened, True
+                t_latents = time.monotonic()
                 audio = await self._vae_decode(corrid, lat, flags, context if first else None)
                 if first:
-                    self._record_ttfa(time.monotonic() - t0)
+                    self._record_ttfa(t0, t_decoder, t_latents, time.monotonic())
                 emit(audio)
                 if cancelled():
                     stopping = True
@@ -291,10 +302,14 @@ class Orchestrator(InternalCalls):
         except BaseException:  # noqa: BLE001 - the stream is over either way; its state times out
             log.exception("closing VAE stream %s failed", corrid)
 
-    def _record_ttfa(self, seconds: float):
-        self.m_ttfa_sum.increment(seconds)
+    def _record_ttfa(self, t0: float, t_decoder: float, t_latents: float, t_audio: float):
+        """First audio at t_audio of a request received at t0, sent to the decoder at t_decoder, its
+        first latents back at t_latents."""
+        self.m_ttfa_sum.increment(t_audio - t0)
         self.m_ttfa_count.increment(1.0)
-        self.m_ttfa_last.set(seconds)
+        self.m_ttfa_last.set(t_audio - t0)
+        for phase, (a, b) in zip(FIRST_AUDIO_PHASES, ((t0, t_decoder), (t_decoder, t_latents), (t_latents, t_audio))):
+            self.m_ttfa_phases[phase].increment(b - a)
 
     async def _cancel_decoder(self, request_id: str):
         try:
