@@ -915,6 +915,10 @@ def twelfth_session(res) -> list[str]:
     res["lora_merged_over_base_e2e"] = {b: m[f"kernel_merged_over_base_e2e_b{b}"] for b in batches}
     res["lora_merge_ms"] = k["merge_ms"]
     mg, ck = k["merge_ms"], k["check_merged"]
+    m2 = load("lora_merge_check.json")
+    chk2 = m2["kernel"]["check_merged"]
+    chk2_ratio = ", ".join(f"{m2[f'kernel_merged_over_base_step_b{b}']:.2f}x at batch {b}"
+                           for b in str(m2["config"]["batches"]).split(","))
     md = ["", "## Twelfth session (2026-11-25, H100): one adapter merged into the weights (issue 18)", "",
           "A decode step whose rows all use one adapter now runs the plain decode graphs over that adapter "
           "merged into the weights (`model/lora_merge.py`, `EngineConfig.lora_merge`, decoder parameter "
@@ -958,7 +962,10 @@ def twelfth_session(res) -> list[str]:
            f"Numerics: the merged step against the same rows through their LoRA ops (graph, bf16): cosine "
            f"{ck['cosine_min']:.5f}, max abs {ck['max_abs']:.3f} on values up to {ck['ops_max_abs']:.2f}; the rows "
            f"on different adapters, solo against batched: cosine {k['check']['solo_vs_batched_cosine_min']:.5f}, "
-           f"max abs {k['check']['solo_vs_batched_max_abs']:.3f}. In fp32 on the CPU the merged engine equals the "
+           f"max abs {k['check']['solo_vs_batched_max_abs']:.3f}. A later call on the final code "
+           f"(`raw/lora_merge_check.json`, batches 1 and 64) also ran the base model on those rows: the adapter moves "
+           f"the step by up to {chk2['base_vs_ops_max_abs']:.2f}, the merged step stays within "
+           f"{chk2['max_abs']:.3f} of the LoRA ops (merged steps {chk2_ratio}). In fp32 on the CPU the merged engine equals the "
            "offline API within the parity tolerance (`tests/test_lora.py`); on the H100, in fp32, a request on an "
            "adapter that runs merged, then beside a base request, then merged again, gives the latents of the "
            "same run with `lora_merge` off within 1e-3, and the weights are exactly as loaded after "

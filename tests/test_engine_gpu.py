@@ -241,14 +241,26 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
     vox.loras.slots = {"a1": 1, "a2": 2}
     prompt = vox.prepare_prompt("One adapter merged, then a base request beside it.")
     specs = {"A": dict(seed=1, min_len=24, max_len=24, lora="a1"), "B": dict(seed=2, min_len=6, max_len=6)}
+    loaded = {k: v.clone() for k, v in vox.model.state_dict().items()}
 
     def run(merge: bool):
         eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, timestep_buckets=(10, 100),
                                        lora_merge=merge))
+        r, states = eng.runner, []
+        launch = r.launch
+
+        def spy(rows, bucket=None, plain=False):  # (rows' slots, plain, merged adapter) per launch
+            state = (frozenset(x[9] for x in rows), plain, eng.merged.slot if merge else None)
+            if not states or states[-1] != state:
+                states.append(state)
+            return launch(rows, bucket, plain)
+
+        r.launch = spy
         try:
+            # every key captured, with and without LoRA ops where merging, and the merge as a graph
+            assert eng.capture_summary["graphs"] == len(r.graph_keys()) * (2 if merge else 1)
             if merge:
-                assert eng.merged.merge != eng.merged.merge_body  # the captured graph's replay
-                loaded = [w.clone() for _, w, _, _ in eng.merged.sites]
+                assert eng.merged.merge != eng.merged.merge_body
             events, started = {rid: [] for rid in specs}, threading.Event()
 
             def sink_a(ev):
@@ -261,8 +273,10 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
             wait_finished(events)
             steps = eng.stats()["batch_sizes"]
             if merge:
-                assert eng.merged.slot == 0
-                assert all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+                assert states == [({1}, True, 1), ({0, 1}, False, 0), ({1}, True, 1)], states
+            else:
+                assert {p for _, p, _ in states} == {False}, states
+            assert all(torch.equal(v, loaded[k]) for k, v in vox.model.state_dict().items())
         finally:
             eng.shutdown()
         assert steps.get(2, 0) >= specs["B"]["max_len"] and steps.get(1, 0) >= 2, steps  # alone, together, alone

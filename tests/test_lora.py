@@ -112,19 +112,25 @@ def test_mixed_batch_of_three_adapters_and_the_base_equals_solo_runs(vox, monkey
 
 def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
     """Steps whose rows all run on one adapter run the plain network over it merged into the
-    weights (EngineConfig.lora_merge); a base request joining takes it out (each row's LoRA ops for
-    the mixed steps), and it goes back in once that one has ended. Every request equals its offline
-    run, and the weights are exactly as loaded whenever the engine has nothing to run, shutdown
-    included."""
+    weights (EngineConfig.lora_merge). A request on that adapter arriving meanwhile is prefilled on
+    the merged weights without its LoRA ops; a base request arriving takes the adapter out (each
+    row's LoRA ops for the mixed steps), and it goes back in once that one has ended. Every request
+    equals its offline run, and the weights are exactly as loaded whenever the engine has nothing to
+    run, shutdown included."""
     p_a, p_b = _prompt(vox, 0), _prompt(vox, 2)
     long = dict(min_len=12, max_len=12, inference_timesteps=3)
     short = dict(min_len=3, max_len=3, inference_timesteps=3)
     want_a = vox.generate_latents(None, prompt=p_a, seed=1, lora="lm_dit", **long)
+    want_a2 = vox.generate_latents(None, prompt=p_b, seed=3, lora="lm_dit", **long)
     want_b = vox.generate_latents(None, prompt=p_b, seed=2, **short)
+    loaded = {k: v.clone() for k, v in vox.model.state_dict().items()}
+
+    def as_loaded():
+        return all(torch.equal(v, loaded[k]) for k, v in vox.model.state_dict().items())
+
     eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
     slot = vox.loras.slots["lm_dit"]
-    loaded = [w.clone() for _, w, _, _ in eng.merged.sites]
-    states, launch = [], eng.runner.launch
+    states, prefills, launch, for_prefill = [], [], eng.runner.launch, eng.lora_weights.for_prefill
 
     def spy(rows, bucket=None, plain=False):  # (rows' slots, plain, merged adapter) per launch
         state = (frozenset(r[9] for r in rows), plain, eng.merged.slot)
@@ -132,20 +138,29 @@ def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
             states.append(state)
         return launch(rows, bucket, plain)
 
-    eng.runner.launch = spy
+    def spy_prefill(s):  # (the prompts' adapter, merged before, the LoRA slot the prefill runs)
+        merged = eng.merged.slot
+        prefills.append((s, merged, for_prefill(s)))
+        return prefills[-1][2]
+
+    eng.runner.launch, eng.lora_weights.for_prefill = spy, spy_prefill
     try:
         gate = threading.Event()
-        sink = _gated(gate)  # holds the engine at a's first chunk: b is submitted meanwhile
+        sink = _gated(gate)  # holds the engine at a's first chunk: a2 and b are submitted meanwhile
         eng.submit(EngineRequest("a", p_a, seed=1, lora="lm_dit", **long), sink=sink)
         assert sink.entered.wait(TIMEOUT)
+        handle_a2 = eng.submit(EngineRequest("a2", p_b, seed=3, lora="lm_dit", **long))
         handle_b = eng.submit(EngineRequest("b", p_b, seed=2, **short))
         gate.set()
         got_b, fin_b = handle_b.result(timeout=TIMEOUT)
+        got_a2, fin_a2 = handle_a2.result(timeout=TIMEOUT)
         got_a, fin_a = _collect(sink)
-        assert fin_a.error is None and fin_b.error is None
-        assert maxdiff(got_a, want_a) <= TOL and maxdiff(got_b, want_b) <= TOL
+        assert fin_a.error is None and fin_a2.error is None and fin_b.error is None
+        assert maxdiff(got_a, want_a) <= TOL and maxdiff(got_a2, want_a2) <= TOL and maxdiff(got_b, want_b) <= TOL
+        # a: prefilled with its ops; a2: on the merged weights, without; b: the adapter taken out first
+        assert prefills == [(slot, 0, slot), (slot, slot, 0), (0, slot, 0)]
         assert states == [({slot}, True, slot), ({slot, 0}, False, 0), ({slot}, True, slot)]
-        assert eng.merged.slot == 0 and all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+        assert eng.merged.slot == 0 and as_loaded() and eng.stats()["lora_merges"] == 2
 
         # base rows alone: the plain network, nothing merged
         states.clear()
@@ -165,7 +180,7 @@ def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
         eng.shutdown()
         events = [sink2.queue.get(timeout=TIMEOUT) for _ in range(sink2.queue.qsize())]
         assert isinstance(events[-1], Finished) and events[-1].reason == "error" and not eng._thread.is_alive()
-        assert eng.merged.slot == 0 and all(torch.equal(w, c) for (_, w, _, _), c in zip(eng.merged.sites, loaded))
+        assert eng.merged.slot == 0 and as_loaded()
     finally:
         gate.set()
         eng.shutdown()

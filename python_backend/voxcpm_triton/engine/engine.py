@@ -38,7 +38,8 @@ from ..model.noise import request_key
 from ..checks import default_max_len
 from .attention import PagedAttention, PrefillMetadata, PrefillRowsMetadata
 from .kv_cache import PagedKVCache
-from .loras import EngineLoras, merge_target
+from .lora_merging import LoraMerging
+from .loras import EngineLoras
 from ..model.lora import LoraBatch
 from ..model.lora_merge import MergedWeights
 from .cuda_graph import capture_graph
@@ -91,8 +92,9 @@ class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None):
         """vox: a loaded `VoxCPM2`, used as built (the paged decode attention follows `vox.attention`;
-        a compiled vox compiles on its first calls here). Its weights are modified only while requests
-        run with `lora_merge`, and are as loaded again whenever none is left. fault_hook(state,
+        a compiled vox compiles on its first calls here). With `lora_merge` its weights hold an adapter
+        while requests on it run, and are as loaded again once none is left and when the engine thread
+        ends: do not run vox's offline API meanwhile. fault_hook(state,
         stage) is called per request at each stage ('prefill', and 'step' before each step's
         launch); whatever it raises fails that request only (tests use it)."""
         self.vox, self.model = vox, vox.model
@@ -117,6 +119,7 @@ class Engine:
                                        timestep_buckets=self.cfg.timestep_buckets,
                                        lora=vox.loras.tables if vox.loras is not None else None,
                                        plain_graphs=self.merged is not None)
+        self.lora_weights = LoraMerging(self.merged, self.runner.lora is not None)
         if self.runner.use_graphs:
             with self._torch_settings():
                 self._prepare_gpu()
@@ -296,7 +299,8 @@ class Engine:
                      free_blocks=blocks.free, total_blocks=blocks.total, in_flight_ids=len(self._ids),
                      cached_blocks=blocks.cached, prefix_cache_hits=sched.prefix_hits,
                      prefix_cache_hit_blocks=sched.prefix_hit_blocks, prefix_cache_evictions=blocks.evictions,
-                     early_chunks=sched.early_chunks)
+                     early_chunks=sched.early_chunks,
+                     lora_merges=self.lora_weights.merges)
         return s
 
     def status(self) -> str | None:
@@ -321,7 +325,7 @@ class Engine:
             try:
                 self._run_loop()
             finally:
-                self._unmerge()
+                self.lora_weights.unmerge_safely()
 
     def _run_loop(self):
         t_last, steps_window = time.monotonic(), 0
@@ -341,7 +345,7 @@ class Engine:
                     cancels, self._cancels = self._cancels, set()
                 self._apply_cancels(cancels)
                 if self.loras is not None:  # adapters added meanwhile: written between steps, on this stream
-                    self.loras.apply(before_write=self._unmerge)
+                    self.loras.apply(before_write=self.lora_weights.unmerge)
                 admitted = self._admit()
                 if admitted:
                     # A prefill is mostly host time spent launching kernels: hand out the step in
@@ -402,7 +406,7 @@ class Engine:
         for st in ok:
             by_adapter.setdefault(st.lora_slot, []).append(st)
         for slot, group in by_adapter.items():
-            run = functools.partial(self._run_prefill, lora_slot=self._prefill_slot(slot))
+            run = functools.partial(self._run_prefill, lora_slot=self.lora_weights.for_prefill(slot))
             for st, _ in self._isolated(group, run, "prefill"):
                 # Its prefill is launched on the engine's one GPU stream: whatever reads these blocks
                 # later (another request's prefill or step) is queued after their writes.
@@ -428,9 +432,9 @@ class Engine:
                 self._finish(st, "error", f"{what} failed: {e}")
         return survivors
 
-    def _run_prefill(self, states: list[RequestState], lora_slot: int = 0):
+    def _run_prefill(self, states: list[RequestState], lora_slot: int):
         """Prefill each prompt's positions after its cached prefix (all of them without one), with
-        the LoRA ops of `lora_slot` (`_prefill_slot`)."""
+        the LoRA ops of `lora_slot` (`LoraMerging.for_prefill`)."""
         dev, bs = self.device, self.cfg.block_size
         prompts = [st.req.prompt for st in states]
         starts = [st.cached_blocks * bs for st in states]
@@ -479,33 +483,6 @@ class Engine:
         dev = self.device
         return PrefillRowsMetadata(torch.tensor(slots, device=dev), torch.tensor(rows, dtype=torch.int64, device=dev),
                                    torch.tensor(ctx, dtype=torch.int64, device=dev))
-
-    # -- LoRA: the one adapter of every row merged into the weights (model.lora_merge)
-    def _prefill_slot(self, slot: int) -> int:
-        """The LoRA slot whose ops a prefill of prompts on adapter `slot` runs: 0 where the weights
-        hold that adapter merged; any other merged adapter is taken out first. A prefill never
-        merges (the decode step decides, for all its rows)."""
-        if self.merged is None:
-            return slot
-        if self.merged.slot != slot:
-            self.merged.hold(0)
-        return slot if self.merged.slot == 0 else 0
-
-    def _step_weights(self, batch: list[RequestState]) -> bool:
-        """Before a decode step's launches: the weights as its rows need them -> whether it runs
-        the plain network (no LoRA ops)."""
-        if self.runner.lora is None:
-            return True
-        if self.merged is None:
-            return False
-        target = merge_target(st.lora_slot for st in batch)
-        self.merged.hold(target or 0)
-        return target is not None
-
-    def _unmerge(self, slot: int | None = None):
-        """The weights as loaded (if `slot`: only if that adapter is merged, as before its table is written)."""
-        if self.merged is not None and (slot is None or self.merged.slot == slot):
-            self.merged.hold(0)
 
     def _prefill_lora(self, slot: int) -> LoraBatch | None:
         """A prefill's adapter (all its prompts share it): None without LoRA tables."""
@@ -560,7 +537,7 @@ class Engine:
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
         launched, failed = [], []
-        plain = self._step_weights(batch) if batch else True
+        plain = self.lora_weights.for_step([st.lora_slot for st in batch]) if batch else True
         for group in self.scheduler.launch_groups(batch):
             try:
                 launched.append((group, self._launch_decode(group, plain)))
@@ -582,8 +559,8 @@ class Engine:
                 self._emit(st, patch, bool(stop))
         return bool(batch)
 
-    def _launch_decode(self, batch: list[RequestState], plain: bool = False):
-        """Launch one model step for `batch` -> the runner's LaunchedStep (plain: `_step_weights`)."""
+    def _launch_decode(self, batch: list[RequestState], plain: bool):
+        """Launch one model step for `batch` -> the runner's LaunchedStep (plain: `LoraMerging.for_step`)."""
         rows = [(st.slot, int(st.seed_key), st.launched, st.position,
                  self._slots(st, st.position, st.position + 1)[0], st.position + 1,
                  st.block_table, float(st.req.cfg_value), st.req.inference_timesteps, st.lora_slot) for st in batch]
@@ -644,5 +621,5 @@ class Engine:
                 st.lora_slot = 0  # released once
             idle = not self._ids
         if idle:  # nothing left to run: the weights as loaded, before anyone hears of the end
-            self._unmerge()
+            self.lora_weights.unmerge_safely()
         self._send(st, Finished(rid, reason, st.step, error))

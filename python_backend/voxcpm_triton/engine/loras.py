@@ -15,14 +15,6 @@ from .lora_registry import LoraFull, LoraRegistry  # noqa: F401 - LoraFull: call
 ADD_TIMEOUT_S = 120.0
 
 
-def merge_target(slots) -> int | None:
-    """Policy for a step's rows on LoRA `slots`: the one slot they share, whose adapter the weights
-    should then hold merged (0: the base model, the weights as loaded); None for a mix, which runs
-    each row's LoRA ops over the weights as loaded."""
-    distinct = set(slots)
-    return distinct.pop() if len(distinct) == 1 else None
-
-
 class EngineLoras:
     def __init__(self, adapters, lock: threading.Condition):
         """adapters: the model's `lora_adapters.AdapterSet` (tables written at load); lock: the engine's."""

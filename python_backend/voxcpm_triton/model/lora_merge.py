@@ -17,6 +17,8 @@ launch instead of one per layer.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -42,26 +44,37 @@ def site_weight(model: nn.Module, site) -> torch.Tensor | None:
     return fused
 
 
+class MergeSite(NamedTuple):
+    name: str  # the LoRA site (model.lora.LoraSite.name)
+    weight: torch.Tensor  # the network's weight [out, in], written in place
+    loaded: torch.Tensor  # its copy as loaded
+    layout: torch.Tensor | None  # fused sites: [out, n] one-hot, the target of each output row
+
+
 class MergedWeights:
     def __init__(self, model: nn.Module, tables: LoraTables):
-        """Copies of the weights of every site `tables` covers (GPU memory: their size)."""
+        """Copies of the weights of every site `tables` covers (GPU memory: their size). ValueError
+        where a site's weight cannot take a merge (FP8, unfused, another dtype or device)."""
         self.tables = tables
-        self.sites = []  # (site name, weight tensor, its copy as loaded, block layout of B or None)
+        self.sites: list[MergeSite] = []
         for name, s in tables.sites.items():
-            w = site_weight(model, s)
-            if w is None:
-                raise ValueError(f"LoRA merge: {name} has no plain weight tensor (FP8 or unfused weights)")
+            w, table = site_weight(model, s), tables.a[name]
+            if w is None or w.dtype != table.dtype or w.device != table.device:
+                raise ValueError(f"{name} has no plain {table.dtype} weight tensor on {table.device} "
+                                 "(FP8 or unfused weights)")
             layout = None
-            if len(s.targets) > 1:  # [out, n]: which target's rank block each output row uses
+            if len(s.targets) > 1:
                 seg = torch.repeat_interleave(torch.arange(len(s.targets)), torch.tensor(s.splits))
                 layout = nn.functional.one_hot(seg, len(s.targets)).to(device=w.device, dtype=w.dtype)
-            self.sites.append((name, w, w.detach().clone(), layout))
-        self.slot = 0  # the adapter merged now (0: none, the weights as loaded)
+            self.sites.append(MergeSite(name, w, w.detach().clone(), layout))
+        # the adapter merged now: 0 none (the weights as loaded), -1 unknown (a merge that failed)
+        self.slot = 0
         self.slot_id = torch.zeros(1, dtype=torch.int64, device=tables.device)  # what `merge_body` merges
         self.merge = self.merge_body
+        self.merges = 0  # merges made (a count for the engine's stats)
 
     def nbytes(self) -> int:
-        return sum(c.numel() * c.element_size() for _, _, c, _ in self.sites)
+        return sum(c.loaded.numel() * c.loaded.element_size() for c in self.sites)
 
     @torch.no_grad()
     def hold(self, slot: int):
@@ -71,9 +84,11 @@ class MergedWeights:
         self.restore()
         if slot == 0:
             return
+        self.slot = -1  # until it has all gone through: a restore then copies every weight back
         self.slot_id.fill_(slot)
         self.merge()
         self.slot = slot
+        self.merges += 1
 
     @torch.no_grad()
     def merge_body(self):
@@ -83,7 +98,7 @@ class MergedWeights:
         for name, w, loaded, layout in self.sites:
             a = t.a[name].index_select(0, self.slot_id)[0]  # [n * r, in]
             b = t.b[name].index_select(0, self.slot_id)[0]  # [out, r]
-            if layout is not None:  # [out, n * r]: row j's B in its target's block, zeros elsewhere
+            if layout is not None:  # [out, n * r]: row j's B in its target's rank block, zeros elsewhere
                 b = (layout[:, :, None] * b[:, None, :]).reshape(b.size(0), -1)
             torch.addmm(loaded, b, a, out=w)  # one GEMM: fp32 accumulation, the sum rounded once
 
@@ -92,5 +107,5 @@ class MergedWeights:
         """The weights as loaded."""
         if self.slot == 0:
             return
-        torch._foreach_copy_([w for _, w, _, _ in self.sites], [c for _, _, c, _ in self.sites])
+        torch._foreach_copy_([c.weight for c in self.sites], [c.loaded for c in self.sites])
         self.slot = 0

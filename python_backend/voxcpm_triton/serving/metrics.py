@@ -52,6 +52,9 @@ class EngineMetrics:
             "early_chunks": metric("voxcpm_early_chunks_total",
                                    "Chunks sent before they filled: the client was low on audio "
                                    "(parameter playback_margin_ms)", labels, "COUNTER"),
+            "lora_merges": metric("voxcpm_lora_merges_total",
+                                  "LoRA adapters merged into the weights, for steps whose requests all use "
+                                  "one (parameter lora_merge)", labels, "COUNTER"),
         }
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()

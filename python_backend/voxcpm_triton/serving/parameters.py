@@ -132,7 +132,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "lora_merge", "bool", "true",
           "a step whose requests all use one adapter (or none) runs it merged into the weights, at the "
           "plain network's speed (with lora_dir; costs a copy of the adapted weights and a second set "
-          "of decode graphs)"),
+          "of decode graphs; a LoRA request's rounding then depends on its neighbours; off with fp8)"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
