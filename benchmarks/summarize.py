@@ -969,7 +969,8 @@ def twelfth_session(res) -> list[str]:
            "offline API within the parity tolerance (`tests/test_lora.py`); on the H100, in fp32, a request on an "
            "adapter that runs merged, then beside a base request, then merged again, gives the latents of the "
            "same run with `lora_merge` off within 1e-3, and the weights are exactly as loaded after "
-           "(`tests/test_engine_gpu.py`, 6 passed: `raw/engine_gpu_tests_twelfth.txt`).", "",
+           "(`tests/test_engine_gpu.py`; with `tests/test_lora_kernel.py`, 13 passed on the final code: "
+           "`raw/engine_gpu_tests_twelfth.txt`).", "",
            "![twelfth session: LoRA step time](results_twelfth.png)", ""]
     _plot_twelfth(m, batches)
     return md + _first_audio_phases(res)
