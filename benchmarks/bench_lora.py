@@ -116,17 +116,25 @@ def e2e(eng, prompt, batch: int, steps: int, lora: bool, tag: str, one: bool = F
     return {"wall_s": wall, "steps_per_s": steps / wall}
 
 
+def _state_snapshot(r):
+    """The runner's per-slot decode state now -> a function that puts it back (a check's runs of
+    the same rows each start from it)."""
+    bufs = (r.lm_state, r.res_state, r.prev_state)
+    snap = [t.clone() for t in bufs]
+
+    def restore():
+        for t, s in zip(bufs, snap):
+            t.copy_(s)
+
+    return restore
+
+
 @torch.no_grad()
 def check(eng, vox, context: int) -> dict:
     """Rows on different adapters: graph replay == eager step of the batch; each row alone == its row."""
     r = eng.runner
     rows = _rows(eng, vox, 4, context, lora=True)
-    snap = [t.clone() for t in (r.lm_state, r.res_state, r.prev_state)]
-
-    def restore():
-        for t, s in zip((r.lm_state, r.res_state, r.prev_state), snap):
-            t.copy_(s)
-
+    restore = _state_snapshot(r)
     graph, _ = r.collect(r.launch(rows))
     restore()
     r.use_graphs = False
@@ -181,11 +189,10 @@ def check_merged(eng, vox, context: int) -> dict:
     how far the adapter moves the step, which the merged step must follow)."""
     r = eng.runner
     rows = _rows(eng, vox, 4, context, lora=True, one=True)
-    snap = [t.clone() for t in (r.lm_state, r.res_state, r.prev_state)]
+    restore = _state_snapshot(r)
     out = {}
     for name, slot, plain in (("ops", 0, False), ("merged", 1, True), ("base", 0, True)):
-        for t, s in zip((r.lm_state, r.res_state, r.prev_state), snap):
-            t.copy_(s)
+        restore()
         eng.merged.hold(slot)
         out[name], _ = r.collect(r.launch(rows, plain=plain))
     eng.merged.hold(0)

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import threading
 import time
-import urllib.request
 from datetime import datetime, timezone
 
 import numpy as np
 
-from bench_served import DEFAULT_TEXT, StreamWorker, _fmt, _stats, _strip_scheme, build_inputs, wait_ready
+from bench_served import (DEFAULT_TEXT, StreamWorker, _fmt, _stats, _strip_scheme, build_inputs, metric_samples,
+                          wait_ready)
 
 RATE = 16000
 COUNTERS = ("voxcpm_prefix_cache_hits_total", "voxcpm_prefix_cache_hit_blocks_total", "voxcpm_prefix_cache_blocks")
@@ -70,11 +69,10 @@ def voices_call(url: str, action: str, name: str | None = None, audio=None) -> l
 
 
 def decoder_counters(metrics_url: str) -> dict:
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    out = {}
-    for name in COUNTERS:
-        m = re.search(rf'^{name}\{{[^}}]*model="decoder"[^}}]*\}} ([0-9.eE+-]+)$', text, re.M)
-        out[name] = float(m.group(1)) if m else None
+    out = dict.fromkeys(COUNTERS)
+    for name, labels, value in metric_samples(metrics_url):
+        if name in out and out[name] is None and labels.get("model") == "decoder":
+            out[name] = value
     return out
 
 

@@ -362,27 +362,33 @@ FIRST_AUDIO = "voxcpm_time_to_first_audio_seconds"
 PHASES = "voxcpm_time_to_first_audio_phase_seconds_sum"
 
 
-def first_audio_sums(metrics_url: str, model: str) -> dict:
-    """The orchestrator's cumulative first-audio metrics for `model` from Triton's /metrics:
-    {"count": requests, "total": seconds, phase: seconds, ...} (best effort: {} on failure)."""
+def metric_samples(metrics_url: str) -> list[tuple[str, dict, float]]:
+    """Every labelled sample on Triton's metrics endpoint: (name, labels, value)."""
     import re
     import urllib.request
 
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return [(name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(v))
+            for name, labels, v in re.findall(r'^(\w+)\{([^}]*)\} ([0-9.eE+-]+)$', text, re.M)]
+
+
+def first_audio_sums(metrics_url: str, model: str) -> dict:
+    """The orchestrator's cumulative first-audio metrics for `model` from Triton's /metrics:
+    {"count": requests, "total": seconds, phase: seconds, ...} (best effort: {} on failure)."""
     try:
-        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        samples = metric_samples(metrics_url)
     except Exception:  # noqa: BLE001
         return {}
     out = {}
-    for name, labels, value in re.findall(r'^(voxcpm_\w+)\{([^}]*)\} (\S+)$', text, re.M):
-        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if lab.get("model") != model:
+    for name, labels, value in samples:
+        if labels.get("model") != model:
             continue
         if name == FIRST_AUDIO + "_count":
-            out["count"] = float(value)
+            out["count"] = value
         elif name == FIRST_AUDIO + "_sum":
-            out["total"] = float(value)
+            out["total"] = value
         elif name == PHASES:
-            out[lab["phase"]] = float(value)
+            out[labels["phase"]] = value
     return out
 
 

@@ -9,7 +9,6 @@ import re
 import shutil
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from tests.lora_helpers import write_adapters  # noqa: E402
 from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_lora_served import loras  # noqa: E402
 from tests.test_resilience import Stream  # noqa: E402
-from tests.test_server import TOL, tts_http, tts_stream  # noqa: E402
+from tests.test_server import TOL, metric_samples, tts_http, tts_stream  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 INSTANCES = {"decoder": 2, "vae_decoder": 2}
@@ -99,11 +98,7 @@ def test_without_a_gpu_every_instance_runs_on_the_cpu(gpus):
 
 def per_instance(server, name: str) -> dict[str, float]:
     """instance label -> value of metric `name`."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    out = {}
-    for labels, v in re.findall(rf"^{name}\{{([^}}]*)\}} ([0-9.eE+-]+)$", text, re.M):
-        out[re.search(r'instance="([^"]*)"', labels).group(1)] = float(v)
-    return out
+    return {labels["instance"]: v for n, labels, v in metric_samples(server) if n == name}
 
 
 def wait_for(cond, timeout=10.0):

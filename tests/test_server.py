@@ -103,14 +103,16 @@ def stream_infer(server, model, inputs, stop_after=None, output="AUDIO", paramet
     return chunks
 
 
-def metrics(server) -> dict:
+def metric_samples(server) -> list[tuple[str, dict, float]]:
+    """Every labelled sample on the server's metrics endpoint: (name, labels, value)."""
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^(voxcpm_\w+)\{[^}]*\} ([0-9.eE+-]+)$', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return [(name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(v))
+            for name, labels, v in re.findall(r'^(\w+)\{([^}]*)\} ([0-9.eE+-]+)$', text, re.M)]
+
+
+def metrics(server) -> dict:
+    """name -> value of the voxcpm_ metrics (one series each here: a single instance per model)."""
+    return {name: v for name, _, v in metric_samples(server) if name.startswith("voxcpm_")}
 
 
 def test_http_infer_returns_audio_of_the_expected_length(server):
@@ -253,26 +255,18 @@ def test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state(server):
     assert m["voxcpm_engine_decode_steps_total"] - steps_before < 1500, "decoding went on after the client left"
 
 
-def labelled(server, name: str) -> dict:
-    """{frozenset of label pairs: value} of metric `name`."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(rf'^{name}\{{([^}}]*)\}} ([0-9.eE+-]+)$', line)
-        if m:
-            out[frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(1)))] = float(m.group(2))
-    return out
-
-
 def test_first_audio_phases_add_up_to_the_time_to_first_audio(server):
     """The orchestrator's first-audio metrics: the phases (prepare, decoder, vae) of each request
     sum to its time to first audio."""
-    stream = ("model", "tts_stream")
     names = ("voxcpm_time_to_first_audio_seconds_sum", "voxcpm_time_to_first_audio_seconds_count",
              "voxcpm_time_to_first_audio_phase_seconds_sum")
 
-    def read():
-        return {n: {k: v for k, v in labelled(server, n).items() if stream in k} for n in names}
+    def read():  # per metric: {frozenset of its labels: value}, tts_stream's series
+        out = {n: {} for n in names}
+        for name, labels, v in metric_samples(server):
+            if name in out and labels.get("model") == "tts_stream":
+                out[name][frozenset(labels.items())] = v
+        return out
 
     before = read()
     tts_stream(server, "Where does first audio go?", SEED=3, MIN_LENGTH=3, MAX_LENGTH=3)

@@ -280,7 +280,7 @@ class DecodeStepRunner:
         if graph is not None:
             graph.replay()
         else:
-            self._step(bucket, loop, first, plain and self.lora is not None)
+            self._step(bucket, loop, first, plain)
         h.out[:b].copy_(self.out[:b], non_blocking=True)  # the step's one device-to-host transfer
         if h.free is not None:
             h.free.record()
