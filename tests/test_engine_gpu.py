@@ -198,7 +198,8 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
 
 def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoint_dirs):
     """A chunk length with no graph (a last chunk, a chunk sent early) replays graph-sized pieces,
-    longest first, and gives the eager decode's audio; past the longest graph it decodes eagerly."""
+    longest first, and gives the eager decode's audio; past the longest graph it decodes eagerly.
+    Decodes queued together give the same audio."""
     from voxcpm_triton.engine.vae_streams import VAEStreams
     from voxcpm_triton.voxcpm2 import load_audio_vae
 
@@ -220,6 +221,18 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
         assert got.shape == want.shape
         assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), n
         start += n
+    # As vae_decoder runs a batch: every decode queued (latents from the CPU, copies through pinned
+    # buffers) before the first wait. Both replay the same graph three times: each piece's audio
+    # must be copied out before the next replay overwrites the graph's output.
+    for s in (graphs, eager):
+        s.open("c")
+        s.open("d")
+    zc, zd = z[:1, :, :3 * P].cpu(), z[1:, :, 5 * P:8 * P].cpu()
+    queued = [graphs.decode_async(["c"], zc), graphs.decode_async(["d"], zd)]
+    for q, key, chunk in zip(queued, "cd", (zc, zd)):
+        got, want = q.result(), eager.decode([key], chunk)
+        assert got.device.type == "cpu" and got.shape == want.shape
+        assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), key
 
 
 def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dirs, tmp_path):

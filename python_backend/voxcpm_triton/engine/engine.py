@@ -43,6 +43,7 @@ from .loras import EngineLoras
 from ..model.lora import LoraBatch
 from ..model.lora_merge import MergedWeights
 from .cuda_graph import capture_graph
+from .host_copies import to_device
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
@@ -465,7 +466,7 @@ class Engine:
                 PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
                 lora=self._prefill_lora(lora_slot))
         for i, st in enumerate(states):
-            self.runner.write_state(st.slot, lm_h[i], res_h[i], st.req.prompt.feats[-1].to(dev, self.dtype))
+            self.runner.write_state(st.slot, lm_h[i], res_h[i], to_device(st.req.prompt.feats[-1], dev).to(self.dtype))
         return [None] * len(states)
 
     def _prefill_rows(self, states: list[RequestState], starts: list[int], slots: list[int]) -> PrefillRowsMetadata:

@@ -25,6 +25,7 @@ import torch
 from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from .attention import PagedAttention, PrefillMetadata
+from .host_copies import to_device
 from .kv_cache import PagedKVCache
 from ..model.lora import LoraBatch, LoraTables
 
@@ -121,14 +122,14 @@ class PrefillGraphs:
         L = T - start
         n = smallest_at_least(self.buckets, L)
         dev = self.device
-        self.tokens[0, :L] = prompt.tokens[start:].to(dev, non_blocking=True)
-        self.text_mask[0, :L] = prompt.text_mask[start:].to(dev, non_blocking=True)
-        self.audio_mask[0, :L] = prompt.audio_mask[start:].to(dev, non_blocking=True)
-        self.feats[:L] = prompt.feats[start:].to(dev, non_blocking=True)
+        self.tokens[0, :L] = to_device(prompt.tokens[start:], dev)
+        self.text_mask[0, :L] = to_device(prompt.text_mask[start:], dev)
+        self.audio_mask[0, :L] = to_device(prompt.audio_mask[start:], dev)
+        self.feats[:L] = to_device(prompt.feats[start:], dev)
         for buf in (self.tokens, self.text_mask, self.audio_mask):
             buf[0, L:n] = 0
         self.feats[L:n] = 0
-        self.slots[:L] = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
+        self.slots[:L] = to_device(torch.tensor(slots, dtype=torch.int64), dev)
         self.slots[L:n] = self.scratch[L:n]
         self.last.fill_(L - 1)
         if self.lora is not None:
@@ -137,7 +138,7 @@ class PrefillGraphs:
             self.start.fill_(start)
             table = torch.zeros_like(self.block_table, device="cpu")  # past the prompt: the scratch block
             table[:len(block_table)] = torch.tensor(block_table, dtype=torch.int64)
-            self.block_table.copy_(table, non_blocking=True)
+            self.block_table.copy_(to_device(table, dev))
         graph = (self.context_graphs if start else self.graphs).get(n)
         if graph is not None:
             graph.replay()

@@ -23,6 +23,7 @@ import torch
 from ..model.audio_vae import AudioVAE
 from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
+from .host_copies import to_device, to_host
 
 log = logging.getLogger("voxcpm_triton.vae_streams")
 
@@ -34,6 +35,18 @@ MAX_GRAPH_PATCHES = 256
 
 class StreamSlotsFull(RuntimeError):
     pass
+
+
+class DecodedAudio:
+    """A queued decode's audio: `result()` waits for the GPU -> [B, t * hop] on the CPU."""
+
+    def __init__(self, parts: list, done):
+        self.parts, self.done = parts, done
+
+    def result(self) -> torch.Tensor:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts, dim=-1)
 
 
 class VAEStreams:
@@ -76,30 +89,43 @@ class VAEStreams:
         if row is not None:
             self.free.append(row)
 
-    @torch.no_grad()
     def decode(self, keys, z: torch.Tensor) -> torch.Tensor:
         """Next chunk of distinct open streams `keys`: z [B, D, t] -> audio [B, t * hop] on the CPU."""
+        return self.decode_async(keys, z).result()
+
+    @torch.no_grad()
+    def decode_async(self, keys, z: torch.Tensor) -> "DecodedAudio":
+        """`decode`, queued: the copies in, the decode and the copy out go to the GPU without a wait,
+        and the handle's `result()` waits for them (`host_copies`). Batches queued before the first
+        wait reach the GPU together."""
         if len(set(keys)) != len(keys):
             raise ValueError("a batch holds each stream at most once")
         rows = [self.slot[k] for k in keys]
         B, frames = len(rows), z.shape[-1]
         if frames == 0:  # END's empty chunk: nothing to decode, the state stays as it is
-            return torch.zeros(B, 0)
+            return DecodedAudio([torch.zeros(B, 0)], None)
         bucket = smallest_at_least(self.buckets, B)
         pieces = self.pieces(B, frames)
+        idx_in, z = to_device(torch.tensor(rows), self.device), to_device(z, self.device)
         if pieces is None:
-            audio = self._body(torch.tensor(rows, device=self.device), z.to(self.device))
-            return audio[:, 0].cpu()
+            return self._queued([to_host(self._body(idx_in, z)[:, 0])])
         out, start = [], 0
         for n in pieces:
             g, idx, z_in, audio = self.graphs[(bucket, n)]
-            idx[:B].copy_(torch.tensor(rows))
+            idx[:B].copy_(idx_in)
             idx[B:].zero_()
             z_in[:B].copy_(z[..., start:start + n])
             g.replay()
-            out.append(audio[:B, 0].cpu())
+            out.append(to_host(audio[:B, 0]))  # before the next replay of g overwrites it
             start += n
-        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+        return self._queued(out)
+
+    def _queued(self, parts: list) -> "DecodedAudio":
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return DecodedAudio(parts, done)
 
     def pieces(self, streams: int, frames: int) -> list | None:
         """How `decode` runs `frames` for `streams` streams: consecutive lengths with graphs at their

@@ -189,12 +189,20 @@ class VAEDecoderModel:
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
                     responses[i] = error_response(e)
-            # Streams whose chunks have the same length decode as one batch.
+            # Streams whose chunks have the same length decode as one batch; every batch is queued
+            # on the GPU before the first wait for one (`VAEStreams.decode_async`).
+            queued = []
             for n in sorted({w[2].size(-1) for w in work}):
                 group = [w for w in work if w[2].size(-1) == n]
                 try:
-                    audio = self.streams.decode([c for _, c, _, _ in group], torch.cat([z for *_, z, _ in group]))
-                    for (i, *_), a in zip(group, audio.numpy()):
+                    queued.append((group, self.streams.decode_async([c for _, c, _, _ in group],
+                                                                    torch.cat([z for *_, z, _ in group]))))
+                except Exception as e:
+                    for i, *_ in group:
+                        responses[i] = error_response(e)
+            for group, pending in queued:
+                try:
+                    for (i, *_), a in zip(group, pending.result().numpy()):
                         responses[i] = pb().InferenceResponse(output_tensors=[tensor("AUDIO", a[None])])
                     self.m_batches.set(float(len(group)))
                 except Exception as e:

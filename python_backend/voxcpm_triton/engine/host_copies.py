@@ -1,0 +1,26 @@
+"""Copies between host and GPU that do not wait for the GPU.
+
+A copy from pageable host memory first waits for the work queued on its stream, and `.cpu()`
+waits for the copy: each is a round trip to the GPU. The decoder and the VAE decoder run in two
+processes, between which the GPU is time-sliced, so each round trip can cost the other process's
+turn. Through pinned buffers both copies are queued like kernels; one event then waits for all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """t on `device`; from the CPU to a GPU through a pinned buffer, without waiting."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """t on the CPU; from a GPU into a pinned buffer, queued: valid once the stream has run it."""
+    if t.device.type != "cuda":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
