@@ -166,11 +166,15 @@ class StreamWorker:
             sr = rec["sample_rate"]
             rec["audio_s"] = rec["samples"] / sr
             # playback starts at the first chunk; chunk k is due when the audio before it has played
-            played, worst = 0, 0.0
+            played, worst, late = 0, 0.0, []
             for t, n in arrivals:
-                worst = max(worst, t - (arrivals[0][0] + played / sr))
+                late.append(t - (arrivals[0][0] + played / sr))
+                worst = max(worst, late[-1])
                 played += n
             rec["underrun_s"] = worst
+            # where a stream fell behind: each chunk's arrival (ms after the send) and audio (ms)
+            rec["chunk_ms"] = [[round(t * 1e3, 1), round(n / sr * 1e3, 1)] for t, n in arrivals]
+            rec["underrun_chunk"] = late.index(worst) if worst > 0 else None
         if rec["error"] is None and rec["samples"] and not rec["sample_rate"]:
             rec["error"] = "no SAMPLE_RATE in the responses"
         if rec["error"] is None and rec["audio_s"] <= 0:

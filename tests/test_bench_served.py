@@ -58,6 +58,9 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
             assert 0 < s["ttfa_s"] <= s["total_s"] < 60
             assert s["rtf"] == pytest.approx(s["total_s"] / s["audio_s"])
             assert s["chunks"] >= 1 and s["underrun_s"] >= 0
+            assert len(s["chunk_ms"]) == s["chunks"] and s["chunk_ms"][0][0] == pytest.approx(s["ttfa_s"] * 1e3, abs=0.1)
+            assert sum(ms for _, ms in s["chunk_ms"]) == pytest.approx(s["audio_s"] * 1e3, abs=0.1 * s["chunks"])
+            assert (s["underrun_chunk"] is None) == (s["underrun_s"] == 0)
             assert 0 <= s["start_s"] < s["end_s"] <= lv["wall_s"] + 1e-6
         assert lv["ttfa_ms"]["p50"] > 0 and lv["ttfa_ms"]["p95"] >= lv["ttfa_ms"]["p50"]
         assert lv["rtf"]["p95"] >= lv["rtf"]["p50"] > 0
