@@ -470,9 +470,9 @@ def test_vae_streams_slot_pool_matches_one_shot():
 
     # Batches of other streams queued before either result (as vae_decoder runs its batches).
     a, b = streams.decode_async([4], zs[1][..., 3:5]), streams.decode_async([2], zs[2][..., 3:9])
-    for got, z in ((a.result(), zs[1]), (b.result(), zs[2])):
-        want = ours.decode(z[..., :3 + got.shape[-1] // hop])[0, 0, 3 * hop:]
-        assert (got[0] - want).abs().max().item() <= 1e-5
+    for audio, z in ((a.result(), zs[1]), (b.result(), zs[2])):
+        want = ours.decode(z[..., :3 + audio.shape[-1] // hop])[0, 0, 3 * hop:]
+        assert (audio[0] - want).abs().max().item() <= 1e-5
 
 
 def test_state_batch_mismatch_raises():

@@ -60,7 +60,15 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
             assert s["chunks"] >= 1 and s["underrun_s"] >= 0
             assert len(s["chunk_ms"]) == s["chunks"] and s["chunk_ms"][0][0] == pytest.approx(s["ttfa_s"] * 1e3, abs=0.1)
             assert sum(ms for _, ms in s["chunk_ms"]) == pytest.approx(s["audio_s"] * 1e3, abs=0.1 * s["chunks"])
-            assert (s["underrun_chunk"] is None) == (s["underrun_s"] == 0)
+            played, late = 0.0, []  # each chunk's lateness, from its arrival and the audio before it
+            for t_ms, audio_ms in s["chunk_ms"]:
+                late.append(t_ms - (s["chunk_ms"][0][0] + played))
+                played += audio_ms
+            assert max(late) == pytest.approx(s["underrun_s"] * 1e3, abs=0.1 * s["chunks"])
+            if s["underrun_chunk"] is None:
+                assert s["underrun_s"] == 0
+            else:
+                assert late[s["underrun_chunk"]] == pytest.approx(max(late), abs=0.1 * s["chunks"])
             assert 0 <= s["start_s"] < s["end_s"] <= lv["wall_s"] + 1e-6
         assert lv["ttfa_ms"]["p50"] > 0 and lv["ttfa_ms"]["p95"] >= lv["ttfa_ms"]["p50"]
         assert lv["rtf"]["p95"] >= lv["rtf"]["p50"] > 0

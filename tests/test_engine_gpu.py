@@ -222,17 +222,22 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
         assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), n
         start += n
     # As vae_decoder runs a batch: every decode queued (latents from the CPU, copies through pinned
-    # buffers) before the first wait. Both replay the same graph three times: each piece's audio
-    # must be copied out before the next replay overwrites the graph's output.
+    # buffers) before the first wait. c and d replay the same graph three times each: each piece's
+    # audio must be copied out before the next replay overwrites the graph's output; e is one
+    # replay. Each result is copied as soon as it is returned, before anything else waits for the
+    # GPU: a result() that did not wait would show up as audio not yet written.
     for s in (graphs, eager):
-        s.open("c")
-        s.open("d")
-    zc, zd = z[:1, :, :3 * P].cpu(), z[1:, :, 5 * P:8 * P].cpu()
-    queued = [graphs.decode_async(["c"], zc), graphs.decode_async(["d"], zd)]
-    for q, key, chunk in zip(queued, "cd", (zc, zd)):
-        got, want = q.result(), eager.decode([key], chunk)
-        assert got.device.type == "cpu" and got.shape == want.shape
-        assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), key
+        s.close("a")
+        s.close("b")
+        for key in "cde":
+            s.open(key)
+    chunks = {"c": z[:1, :, :3 * P].cpu(), "d": z[1:, :, 5 * P:8 * P].cpu(), "e": z[1:, :, 8 * P:12 * P].cpu()}
+    queued = {key: graphs.decode_async([key], chunk) for key, chunk in chunks.items()}
+    got = {key: q.result().clone() for key, q in queued.items()}
+    for key, chunk in chunks.items():
+        want = eager.decode([key], chunk)
+        assert got[key].device.type == "cpu" and got[key].shape == want.shape
+        assert (got[key] - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), key
 
 
 def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dirs, tmp_path):

@@ -454,14 +454,16 @@ class Engine:
             else:
                 contexts = None
                 if any(starts):
-                    contexts = [(c, torch.tensor(st.block_table[:-(-st.prompt_len // bs)], device=dev)) if c else None
+                    contexts = [(c, to_device(torch.tensor(st.block_table[:-(-st.prompt_len // bs)]), dev))
+                                if c else None
                                 for st, c in zip(states, starts)]
-                meta = PrefillMetadata(torch.tensor(slots, device=dev), seq, contexts)
-            positions = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])[None].to(dev)
-            new = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])[None].to(dev)  # noqa: E731
+                meta = PrefillMetadata(to_device(torch.tensor(slots), dev), seq, contexts)
+            positions = to_device(torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])[None], dev)
+            new = lambda name: to_device(  # noqa: E731
+                torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])[None], dev)
             lm_h, res_h = self.model.prefill(
                 new("tokens"), new("text_mask"), new("audio_mask"), new("feats"), positions,
-                torch.tensor(seq[1:], device=dev) - 1,
+                to_device(torch.tensor(seq[1:]), dev) - 1,
                 PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
                 PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
                 lora=self._prefill_lora(lora_slot))
@@ -482,14 +484,15 @@ class Engine:
             rows.extend([table + [PagedKVCache.SCRATCH_BLOCK] * (width - len(table))] * n)
             ctx.extend(range(c + 1, st.prompt_len + 1))
         dev = self.device
-        return PrefillRowsMetadata(torch.tensor(slots, device=dev), torch.tensor(rows, dtype=torch.int64, device=dev),
-                                   torch.tensor(ctx, dtype=torch.int64, device=dev))
+        return PrefillRowsMetadata(to_device(torch.tensor(slots), dev),
+                                   to_device(torch.tensor(rows, dtype=torch.int64), dev),
+                                   to_device(torch.tensor(ctx, dtype=torch.int64), dev))
 
     def _prefill_lora(self, slot: int) -> LoraBatch | None:
         """A prefill's adapter (all its prompts share it): None without LoRA tables."""
         if self.runner.lora is None:
             return None
-        return LoraBatch(self.runner.lora, torch.tensor([slot], device=self.device), single=True)
+        return LoraBatch(self.runner.lora, to_device(torch.tensor([slot]), self.device), single=True)
 
     # Prompt lengths of the start-up prefills, as fractions of a block: one prompt and packs of two
     # and three, with totals that are and are not a multiple of 16. Triton compiles a kernel again

@@ -82,7 +82,7 @@ class VAEStreams:
         for p in self.pools:
             p[row].zero_()
         if context is not None and context.shape[-1]:
-            self._body(torch.tensor([row], device=self.device), context.to(self.device))
+            self._body(to_device(torch.tensor([row]), self.device), to_device(context, self.device))
 
     def close(self, key) -> None:
         row = self.slot.pop(key, None)
@@ -124,7 +124,7 @@ class VAEStreams:
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
-            done.record()
+            done.record(torch.cuda.current_stream(self.device))
         return DecodedAudio(parts, done)
 
     def pieces(self, streams: int, frames: int) -> list | None:
