@@ -63,9 +63,8 @@ class MergedWeights:
                 raise ValueError(f"{name} has no plain {table.dtype} weight tensor on {table.device} "
                                  "(FP8 or unfused weights)")
             layout = None
-            if len(s.targets) > 1:
-                seg = torch.repeat_interleave(torch.arange(len(s.targets)), torch.tensor(s.splits))
-                layout = nn.functional.one_hot(seg, len(s.targets)).to(device=w.device, dtype=w.dtype)
+            if len(s.targets) > 1:  # the tables' own map of output row -> target
+                layout = nn.functional.one_hot(tables.seg[name].detach(), len(s.targets)).to(dtype=w.dtype)
             self.sites.append(MergeSite(name, w, w.detach().clone(), layout))
         # the adapter merged now: 0 none (the weights as loaded), -1 unknown (a merge that failed)
         self.slot = 0
