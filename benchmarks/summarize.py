@@ -49,6 +49,7 @@ raw/vae_stream_decode_overlap_session.json: the fifth session's final runs (step
 """
 
 import json
+import statistics
 import os
 import sys
 
@@ -1253,8 +1254,8 @@ def fourteenth_session(res) -> list[str]:
           "weight and adds its [tokens, hidden] share into an fp32 accumulator with atomics; the last program to "
           "arrive adds the residual and writes the output. Against the compiled path it would replace (cuBLAS gate/up, "
           "inductor's SiLU product, cuBLAS down, the residual add) per call, from a CUDA graph of calls that each read "
-          f"another copy of the weights (`kernel_small_mlp.py`, best of {mlp['rows'][0]['tried']} launch configs, "
-          "`raw/kernel_small_mlp_fourteenth.json`), us:", "",
+          f"another copy of the weights (`kernel_small_mlp.py`, the fastest of {mlp['rows'][0]['tried']} launch configs "
+          "whose outputs were checked, `raw/kernel_small_mlp_fourteenth.json`), us:", "",
           "| weights | tokens | compiled path | cuBLAS GEMMs alone | fused | speed-up |", "|---|---|---|---|---|---|"]
     names = {"loc": "LocDiT/LocEnc 1024 x 4096", "lm": "LM 2048 x 6144"}
     for r in mlp["rows"]:
@@ -1266,30 +1267,37 @@ def fourteenth_session(res) -> list[str]:
            "batch-1 step would gain (the LMs' 36 layers at one token, LocEnc's 12 at five, LocDiT's last layer at "
            "eight) is about 0.2 ms of 8.6, ~2%, for a second code path under the compiled layers: not adopted. "
            "The first two sweeps (`raw/kernel_small_mlp_fourteenth_run{1,2}.json`) returned wrong outputs for "
-           "most configs: on the GPU, rows of the output were missing the MLP (`raw/small_mlp_debug_fourteenth.json`: "
-           "the atomics alone were right to 1e-6, the output equalled the residual on those elements). The last "
+           "most configs, and ranked them by time alone: on the GPU, rows of the output were missing the MLP (a "
+           "one-off diagnostic, not kept: the atomics alone were right to 1e-6, the output equalled the residual "
+           "on those elements). The last "
            "program zeroed the accumulator in the loop that read it, and the zeros' register layout need not "
            "match the loads', so a thread could clear elements another had not read yet. Reading everything "
            "first, then a barrier, then zeroing fixed it; `tests/test_small_mlp.py` passes on the H100 (23 cases, "
            "the decode shapes at 1-22 tokens, five launches each) and fails 16 of them with the first version "
-           "(`raw/gpu_tests_fourteenth.txt`).", "",
+           "(`raw/gpu_tests_fourteenth.txt`). A third sweep of the fixed kernel (`run3`) did not check its "
+           "num_stages variants; the sweep now checks every launch it times and ranks only the right ones.", "",
            "2. Two decode engines in one process, each with its own stream, KV cache, graphs and thread, sharing the "
            "weights: at small batches each kernel of a step leaves most of the GPU idle during its start and tail, "
            "and two independent groups of requests could fill each other's gaps. Aggregate x real time, 100-step "
-           "requests, b/2 on each engine against b on one, median of two runs each in alternating order "
+           "requests, b/2 on each engine against b on one, mean of two runs each in alternating order "
            "(`two_engines.py`, `raw/two_engines_fourteenth.json`):", "",
            "| requests | one engine | two engines | two / one |", "|---|---|---|---|"]
-    import statistics
     for r in two["rows"]:
         md.append(f"| {r['batch']} | {statistics.median(r['one_engine_xrt']):.1f} | "
                   f"{statistics.median(r['two_engines_xrt']):.1f} | {r['ratio_median']:.2f} |")
-    md += ["", "Slower at every batch (0.72-0.78x): the GEMMs already spread over every SM, so a second stream's "
-           "kernels wait for free SMs instead of filling gaps, and each engine's half batch reads all the "
-           "weights again. (One engine alone made 552x at batch 64 here, with two loop buckets captured.)", "",
-           "3. Holding the decoder back after a step that makes only first chunks (every request in it new): hand "
-           "the chunks out, then wait 5 ms before the next step, so that their audio decode in `vae_decoder` (a "
-           "process of its own, time-sliced with the decoder on one GPU) finds the GPU free. A `decoder` parameter "
-           "`first_chunk_yield_ms` was built with engine and scheduler tests, measured, and removed. Served, one "
+    lo, hi = min(res["two_engines_over_one"].values()), max(res["two_engines_over_one"].values())
+    one64 = statistics.median(next(r for r in two["rows"] if r["batch"] == 64)["one_engine_xrt"])
+    md += ["", f"Slower at every batch ({lo:.2f}-{hi:.2f}x). Likely why: the GEMMs already spread over every SM, so "
+           "a second stream's kernels wait for free SMs instead of filling gaps, and each engine's half batch "
+           f"reads all the weights again. (One engine alone made {one64:.0f}x at batch 64 here, with two loop "
+           "buckets captured.)", "",
+           "3. Holding the decoder back after a step that makes only first chunks (every request in it new), so "
+           "that their audio decode in `vae_decoder` (a process of its own, time-sliced with the decoder on one "
+           "GPU) finds the GPU free: at the start of `Engine._decode_step`, before the next step is launched, "
+           "the step in flight (the first chunks' step, the only one queued) was collected and handed out, then "
+           "the engine thread slept 5 ms with no decoder work on the GPU, then launched the next step. A "
+           "`decoder` parameter `first_chunk_yield_ms` was built with engine and scheduler tests, measured, and "
+           "removed (never committed). Served, one "
            "call per order (`LEVELS=1,64 REQUESTS=6 ARRIVALS=burst,poisson`, "
            "`raw/served_fourteenth_{yield0_call1,yield5_call2,yield0_call2}{,_poisson}.json`), one stream: TTFA "
            "p50 ms / the orchestrator's decoder and vae phases ms; 64 streams: smooth / x real time:", "",
@@ -1303,11 +1311,21 @@ def fourteenth_session(res) -> list[str]:
         for lv in (calls[k], calls_p[k]):
             cells.append(f"{lv[64]['smooth_playback_frac']:.0%} / {lv[64]['x_real_time']:.0f}")
         md.append(f"| {label} | " + " | ".join(cells) + " |")
-    md += ["", "The first VAE call hardly shortens (5.0-7.5 ms with the hold, 6.3-6.7 without), and the decoder "
-           "phase grows: most of that call's 5 ms beyond its 1.2 ms of GPU work is the hops between the models, "
-           "not the decoder's kernels. TTFA did not improve (37.5 and 30.3 ms against 30.0-30.9): removed. The "
-           "64-stream burst played 70%, 87% and 99% smooth on three servers of identical decode code: that level "
-           "still varies more between servers than any of these levers moves it.", "",
+    held, free = calls["yield5_call2"], [calls[k] for k in ("yield0_call1", "yield0_call2")]
+    held_p, free_p = calls_p["yield5_call2"], [calls_p[k] for k in ("yield0_call1", "yield0_call2")]
+    vae = lambda lv: lv[1]["first_audio_phases_ms"]["vae"]  # noqa: E731
+    ttfa = lambda lv: lv[1]["ttfa_ms"]["p50"]  # noqa: E731
+    md += ["", f"The first VAE call hardly shortens ({min(vae(held), vae(held_p)):.1f}-{max(vae(held), vae(held_p)):.1f} "
+           f"ms with the hold, {min(map(vae, free + free_p)):.1f}-{max(map(vae, free + free_p)):.1f} without; its "
+           "decode alone is about 1 ms), and the decoder phase grows, for reasons not found. So either most of "
+           "that call's time is the hops between the models, or the call reaches the GPU only after the hold "
+           "has ended; these runs do not tell the two apart (CUDA MPS, twelfth session, did halve it). TTFA did "
+           f"not improve ({ttfa(held):.1f} and {ttfa(held_p):.1f} ms against {min(map(ttfa, free + free_p)):.1f}-"
+           f"{max(map(ttfa, free + free_p)):.1f}): removed. At 64 streams all starting at once the three servers "
+           f"played {free[0][64]['smooth_playback_frac']:.0%} and {free[1][64]['smooth_playback_frac']:.0%} smooth "
+           f"without the hold and {held[64]['smooth_playback_frac']:.0%} with it (the burst's first step is all "
+           "first chunks, so the hold acted there): that level varies more between servers than these levers "
+           "move it.", "",
            "GPU tests on the final code (`raw/gpu_tests_fourteenth.txt`): `tests/test_engine_gpu.py` 6 passed "
            "(the LoRA merge test among them, not re-run after the thirteenth session's last commit until now), "
            "`tests/test_small_mlp.py` 23 passed.", "",

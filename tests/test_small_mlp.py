@@ -61,7 +61,7 @@ if CUDA:
 def test_equals_float64_on_every_launch_and_leaves_the_workspace_at_rest(M, K, I, cfg):
     ops = _operands(M, K, I)
     want = _expected(*ops)
-    acc, count = sm._workspace(DEV, K)
+    acc, count = sm._workspace(ops[0].device, K)  # the launches' own (cuda:0 where DEV is "cuda")
     for _ in range(5 if CUDA else 2):
         got = sm.launch(*ops, cfg)
         err = (got.double() - want).abs().max().item()

@@ -1,9 +1,10 @@
 """EXPERIMENT, not used by the server: a decoder layer's MLP for a few tokens as one Triton kernel,
 gate/up, SiLU, down and the residual. Measured on an H100 (benchmarks/results.md, "Fourteenth
-session"): 1.18x the compiled PyTorch path at one token of LocDiT's shapes and 1.09x of the LM's,
-slower from 22 tokens (LocDiT) and 8 (LM) on (the fp32 atomics below cost 0.3-0.7 us per token), so
-about 2% of a batch-1 decode step. Kept with
-its sweep (benchmarks/kernel_small_mlp.py) and its tests so that the result can be re-measured.
+session"), its best checked launch per shape against the compiled PyTorch path: 1.14x at one token
+of LocDiT's shapes and 1.09x of the LM's, slower from 22 tokens (LocDiT) and 8 (LM) on, where the
+fp32 atomics below cost 0.3-0.7 us per token. In a batch-1 decode step that would gain about 2%.
+Kept with its sweep (benchmarks/kernel_small_mlp.py) and its tests so that the result can be
+re-measured.
 
     x     [M, K]        the post-attention RMSNorm's output (M tokens, M <= MAX_M)
     res   [M, H]        the residual stream it came from
@@ -24,7 +25,7 @@ the output and zeroes the accumulator: four kernels (two GEMMs, the SiLU product
 become one, and the intermediate activations never leave the chip.
 
 The accumulator and arrival counter are per device and zero at rest, so calls on one device must
-not run concurrently.
+not run concurrently: not from two streams, nor from CUDA graphs replayed on two streams.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Config(NamedTuple):
     num_stages: int = 3
 
 
-DEFAULT = Config(32, 128, 128, 4, 3)
+DEFAULT = Config(64, 128, 256, 8, 3)  # the sweep's best checked launch for the LM at 1-8 tokens
 
 
 def supports(M: int, K: int, I: int, H: int, cfg: Config = DEFAULT) -> bool:
@@ -127,6 +128,8 @@ _WORKSPACE: dict = {}
 def _workspace(device: torch.device, H: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(accumulator [MAX_M * H] fp32, counter [1] int32), zero at rest: each call's last program
     resets them."""
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one workspace
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (device, H)
     if key not in _WORKSPACE:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

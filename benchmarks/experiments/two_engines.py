@@ -7,6 +7,8 @@ before). Two independent groups of requests can: engine B's kernels fill the SMs
 leave idle. This measures that bound before any engine work: both engines share one `VoxCPM2`
 (the weights), each has its own KV cache, graphs and thread; the requests of a batch of b are split
 b/2 + b/2 over them and submitted at once, against b on engine A alone, in alternating order.
+Throughput only: the outputs are not compared (the two engines share no buffers but the weights and
+the compiled code).
 
     python3 benchmarks/experiments/two_engines.py --checkpoint /tmp/full --out $OUT/two_engines.json
 """
