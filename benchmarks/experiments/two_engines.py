@@ -1,9 +1,10 @@
 """EXPERIMENT, not used by the server: do two decode engines in one process, each on its own CUDA
-stream, make more audio per second than one engine running the same requests as one batch?
+stream, make more audio per second than one engine running the same requests as one batch? On an
+H100 they do not: 0.72-0.78x at 2-64 requests (benchmarks/results.md, "Fourteenth session").
 
 At small batches a decode step is a chain of ~2000 kernels each bound by its start and tail, not by
 the GPU's bandwidth or FLOPs, and nothing inside one step can overlap (each stage needs the one
-before). Two independent groups of requests can: engine B's kernels fill the SMs that engine A's
+before). Two independent groups of requests could: engine B's kernels might fill the SMs that engine A's
 leave idle. This measures that bound before any engine work: both engines share one `VoxCPM2`
 (the weights), each has its own KV cache, graphs and thread; the requests of a batch of b are split
 b/2 + b/2 over them and submitted at once, against b on engine A alone, in alternating order.
