@@ -95,18 +95,25 @@ def test_rejects_what_it_cannot_do():
         lat.local_attention_op(qkv[:, :-1], None, None, 65, 2, 2, 16)
 
 
-@pytest.mark.parametrize("name", ["real_shaped", "variant"])
-def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name):
-    """The whole LocDiT velocity and LocEnc embedding, PyTorch path vs the fused kernel (fp32)."""
+@pytest.mark.parametrize("name,B,fused_layers", [("real_shaped", 2, 4), ("real_shaped", 6, 2), ("variant", 2, 0)])
+def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name, B, fused_layers, monkeypatch):
+    """The whole LocDiT velocity and LocEnc embedding, PyTorch path vs the fused kernels (fp32). The
+    fused backend also takes whole layers (`kernels.persistent_layer`) of at most 64 tokens without muP:
+    LocDiT's (B x 11 tokens) and LocEnc's (B x 2 x 5) at B = 2, only LocEnc's at B = 6, none in the
+    variant (muP)."""
+    from voxcpm_triton.kernels import persistent_layer
     from voxcpm_triton.voxcpm2 import VoxCPM2
 
+    calls = []
+    layer = persistent_layer.layer
+    monkeypatch.setattr(persistent_layer, "layer", lambda *a: calls.append(a[0].shape) or layer(*a))
     m = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="torch").model
     fused = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="triton").model
-    assert fused.feat_decoder.estimator.attention is lat.fused_local_attention
-    assert fused.feat_encoder.attention is lat.fused_local_attention
+    assert fused.feat_decoder.estimator.attention is persistent_layer.fused_local_layers
+    assert fused.feat_encoder.attention is persistent_layer.fused_local_layers
     assert m.feat_decoder.estimator.attention is local_attention
     g = torch.Generator().manual_seed(3)
-    P, D, B = m.patch_size, m.feat_dim, 3
+    P, D = m.patch_size, m.feat_dim
     hdit = m.feat_decoder.estimator.hidden
     x, cond = torch.randn(B, D, P, generator=g), torch.randn(B, D, P, generator=g)
     mu, t = torch.randn(B, 2 * hdit, generator=g), torch.rand(B, generator=g)
@@ -117,6 +124,7 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name):
         out_v, out_e = fused.feat_decoder.estimator(*args), fused.feat_encoder(feats.to(DEV))
     assert (out_v - ref_v).abs().max().item() <= 1e-4
     assert (out_e - ref_e).abs().max().item() <= 1e-4
+    assert len(calls) == (0 if CUDA else fused_layers), calls  # fp32: fused on the GPU only at 16 bits
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")

@@ -52,8 +52,17 @@ if _HAVE_TRITON:
         S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr, DOT_UPCAST: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        b = tl.program_id(0)
-        h0 = tl.program_id(1) * HEADS  # first query head of this program
+        attend(qkv_ptr, cos_ptr, sin_ptr, out_ptr, stride_tok, stride_out, S, qk_scale,
+               tl.program_id(0), tl.program_id(1) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE,
+               DOT_UPCAST, PRECISION, "")
+
+    @triton.jit
+    def attend(qkv_ptr, cos_ptr, sin_ptr, out_ptr, stride_tok, stride_out, S, qk_scale, b, h0,
+               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+               S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+               PRECISION: tl.constexpr, CACHE: tl.constexpr):
+        """Sequence b's query heads h0 .. h0 + HEADS - 1 (the kernel's program; also a phase of
+        `kernels.fused_layer`'s, which reads qkv that other programs wrote: CACHE ".cg", past L1)."""
         kvh = h0 // (HQ // HKV)
         dtype = qkv_ptr.dtype.element_ty
 
@@ -64,10 +73,10 @@ if _HAVE_TRITON:
         kv_rows = qkv_ptr + (b * S + tok)[:, None] * stride_tok
         k_col = (HQ + kvh) * D
         v_col = (HQ + HKV + kvh) * D
-        k1 = tl.load(kv_rows + k_col + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        k2 = tl.load(kv_rows + k_col + HALF + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v1 = tl.load(kv_rows + v_col + d[None, :], mask=kv_mask, other=0.0)
-        v2 = tl.load(kv_rows + v_col + HALF + d[None, :], mask=kv_mask, other=0.0)
+        k1 = tl.load(kv_rows + k_col + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        k2 = tl.load(kv_rows + k_col + HALF + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        v1 = tl.load(kv_rows + v_col + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE)
+        v2 = tl.load(kv_rows + v_col + HALF + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE)
 
         # Query rows: HEADS heads x S_PAD tokens, row r = head (h0 + r // S_PAD), token r % S_PAD.
         r = tl.arange(0, HEADS * S_PAD)
@@ -75,8 +84,8 @@ if _HAVE_TRITON:
         q_head = h0 + r // S_PAD
         q_mask = (q_tok < S)[:, None] & d_ok[None, :]
         q_ptrs = qkv_ptr + (b * S + q_tok)[:, None] * stride_tok + q_head[:, None] * D + d[None, :]
-        q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(tl.float32)
-        q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0).to(tl.float32)
+        q1 = tl.load(q_ptrs, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
 
         if HAS_ROPE:
             k1, k2 = _rope_half(k1, k2, cos_ptr, sin_ptr, tok, d, kv_mask, HALF, D)

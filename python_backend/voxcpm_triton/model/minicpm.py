@@ -5,7 +5,8 @@ caller: plain full attention (LocEnc, LocDiT), a contiguous KV cache (offline
 generation) and the engine's paged KV cache. A backend is called as
 ``backend(layer_idx, q, k, v)`` with ``q: [B, S, Hq, D]``, ``k, v: [B, S, Hkv, D]``
 (RoPE already applied) and returns ``[B, S, Hq, D]``; one whose ``packed_qkv`` is true
-(the fused LocDiT/LocEnc kernel) gets the QKV projection itself and the RoPE tables instead.
+(the fused LocDiT/LocEnc kernel) gets the QKV projection itself and the RoPE tables instead; one
+with a ``layer`` method is offered each whole layer first (`kernels.fused_layer`).
 
 Inside the stack, activations are a flat ``[tokens, hidden]`` matrix, and a
 layer is two pure functions around the backend call (``LayerMath``): norm, QKV
@@ -238,6 +239,12 @@ class DecoderLayer(nn.Module):
         B, S = batch_shape
         # Without adapters the calls are exactly the plain ones (no extra argument for compiled code).
         qkv_lora = () if lora is None else (lora.qkv,)
+        if lora is None and m.branch_scale is None and hasattr(backend, "layer"):  # the whole layer fused
+            out = backend.layer(x, S, rope, (m.n_heads, m.n_kv, m.head_dim), self.input_layernorm.weight,
+                                attn.qkv_weight(), attn.o_proj.weight, self.post_attention_layernorm.weight,
+                                mlp.gate_up_weight(), mlp.down_proj.weight, m.eps)
+            if out is not None:
+                return out if keep is None else out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
         if getattr(backend, "packed_qkv", False):
             qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight(), *qkv_lora)
             out = backend(self.layer_idx, qkv, S, rope, (m.n_heads, m.n_kv, m.head_dim))

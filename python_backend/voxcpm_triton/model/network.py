@@ -65,7 +65,7 @@ class VoxCPM2Model(nn.Module):
         h = lm.hidden_size
         self.patch_size, self.feat_dim = cfg.patch_size, cfg.feat_dim
         if attention == "triton":
-            from ..kernels.local_attention import fused_local_attention as local_attn
+            from ..kernels.persistent_layer import fused_local_layers as local_attn
         else:
             from .minicpm import local_attention as local_attn
         self.base_lm = MiniCPM(lm, compile_layers=compile)

@@ -1,0 +1,381 @@
+"""A LocDiT/LocEnc decoder layer over a few tokens as one persistent kernel.
+
+The layer's kernels at batch 1 are each latency-bound (launch, ramp, tail: ~37 us per layer even
+with every weight already in L2, benchmarks/kernel_fused_layer.py). Here one launch of about one
+program per SM runs the layer's eight phases, with a grid-wide barrier between them:
+
+    0  h    = rms_norm(x)                          rows over programs
+    1  qkv  = h Wqkv^T                             column tiles over programs
+    2  attn = local attention over qkv             (sequence, head block) over programs
+    3  part = attn Wo^T, in K splits (fp32)        (column tile, split) over programs
+    4  x1   = x + sum(part);  h = rms_norm(x1)     rows
+    5  act  = silu(h Wg^T) * (h Wu^T)              column tiles
+    6  part = act Wd^T, in K splits                (column tile, split)
+    7  out  = x1 + sum(part)                       rows
+
+The output and down projections split K because every program of a column tile reads all of its
+input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
+
+The barrier spins on a counter in global memory, so every program must be resident at once: the
+grid is at most the SM count, one program per SM. Under Triton's CPU interpreter (tests), which
+runs programs one after another, each phase is a launch of its own instead (same code).
+
+Same roundings as `model.minicpm.LayerMath` run eagerly: each GEMM's output rounded to the
+activation dtype before it is used (split-K partials summed in fp32, in split order, then rounded),
+the norm as `rms_norm`, SiLU rounded before the product. Every work item covers all tokens, so a
+token's result does not depend on how many share the call.
+
+Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
+compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
+on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
+that offers it whole layers. VOXCPM_FUSED_LOCAL_LAYERS=0 turns it off: do that where another
+process's kernels could hold SMs indefinitely (persistent kernels of two processes under CUDA MPS).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+import torch
+
+from . import local_attention
+from ._triton import HAVE_TRITON, interpreted, tl, triton
+from ._triton import next_pow2 as _next_pow2
+
+MAX_TOKENS = 64  # every program holds all tokens' rows
+PHASES = 8
+ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _clock():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+
+    @triton.jit
+    def _grid_sync(sync_ptr, target, tim_ptr, slot, TIMING: tl.constexpr):
+        """Wait until `target` arrivals have been counted, this program's included. TIMING: record the
+        arrival and the exit (ns) at tim_ptr[2 * slot], [2 * slot + 1] (a profile of the phases)."""
+        tl.debug_barrier()  # every thread's writes before the arrival
+        if TIMING:
+            tl.store(tim_ptr + 2 * slot, _clock())
+        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        if TIMING:
+            tl.store(tim_ptr + 2 * slot + 1, _clock())
+
+    @triton.jit
+    def _norm_rows(src_ptr, w_ptr, dst_ptr, M, eps, pid, P, H: tl.constexpr, H_PAD: tl.constexpr):
+        dtype = dst_ptr.dtype.element_ty
+        cols = tl.arange(0, H_PAD)
+        cm = cols < H
+        w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+        for r in range(pid, M, P):
+            x = tl.load(src_ptr + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)
+            scale = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+            h = (x * scale).to(dtype).to(tl.float32) * w
+            tl.store(dst_ptr + r * H + cols, h.to(dtype), mask=cm)
+
+    @triton.jit
+    def _tile(a_ptr, w_ptr, res_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
+              RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+        """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product (gated: W is [2N, K], gate then up),
+        rounded, then SiLU-times-up and/or plus the residual, as `kernels.fused_layer._finish`."""
+        dtype = out_ptr.dtype.element_ty
+        rm = tl.arange(0, BLOCK_M)
+        rn = n0 + tl.arange(0, BLOCK_N)
+        m_mask, n_mask = rm < M, rn < N
+        a_rows = a_ptr + rm[:, None] * K
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            if UPCAST:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+            if GATED:
+                u = tl.load(w_rows + N * K + kk[None, :], mask=n_mask[:, None], other=0.0)
+                if UPCAST:
+                    u = u.to(tl.float32)
+                acc_up += tl.dot(a, tl.trans(u), input_precision=PRECISION)
+        y = acc.to(dtype).to(tl.float32)
+        if GATED:
+            y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
+        offs = rm[:, None] * N + rn[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        if RESIDUAL:
+            y += tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + offs, y.to(dtype), mask=mask)
+
+    @triton.jit
+    def _partial_tile(a_ptr, w_ptr, part_ptr, M, N, n0, split, K: tl.constexpr, K_SPLIT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+        """Split `split` of a [M, K] x [K, N] product's columns n0 .. n0 + BLOCK_N, to part[split] (fp32)."""
+        rm = tl.arange(0, BLOCK_M)
+        rn = n0 + tl.arange(0, BLOCK_N)
+        m_mask, n_mask = rm < M, rn < N
+        a_rows = a_ptr + rm[:, None] * K + split * K_SPLIT
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K_SPLIT, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            if UPCAST:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+        tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+    @triton.jit
+    def _finish_rows(part_ptr, res_ptr, dst_ptr, nw_ptr, h_ptr, M, eps, pid, P, SPLIT: tl.constexpr,
+                     NORM: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr):
+        """Rows over programs: dst = res + (the split partials summed in order, rounded); NORM: also
+        h = rms_norm(dst) (the next phase's input)."""
+        dtype = dst_ptr.dtype.element_ty
+        cols = tl.arange(0, H_PAD)
+        cm = cols < H
+        if NORM:
+            w = tl.load(nw_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+        for r in range(pid, M, P):
+            acc = tl.zeros((H_PAD,), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                acc += tl.load(part_ptr + (s * M + r) * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
+            y = acc.to(dtype).to(tl.float32) + tl.load(res_ptr + r * H + cols, mask=cm, other=0.0,
+                                                        cache_modifier=".cg").to(tl.float32)
+            y = y.to(dtype)
+            tl.store(dst_ptr + r * H + cols, y, mask=cm)
+            if NORM:
+                yf = y.to(tl.float32)
+                scale = tl.rsqrt(tl.sum(yf * yf, axis=0) / H + eps)
+                tl.store(h_ptr + r * H + cols, ((yf * scale).to(dtype).to(tl.float32) * w).to(dtype), mask=cm)
+
+    @triton.jit
+    def _layer_kernel(
+        x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, out_ptr,
+        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr,
+        M, S, eps, qk_scale,
+        H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr,
+        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+        S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+        BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr,
+        UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr,
+    ):
+        pid, P = tl.program_id(0), tl.num_programs(0)
+        tim = tim_ptr + pid * 16
+        if TIMING:
+            tl.store(tim + 14, _clock())
+        NQKV: tl.constexpr = (HQ + 2 * HKV) * D
+        HO: tl.constexpr = HQ * D
+        if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
+            _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 1 * P, tim, 0, TIMING)
+        if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
+            for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
+                _tile(h_ptr, qkv_w, h_ptr, qkv_ptr, M, NQKV, t * BN_QKV, H, False, False,
+                      BLOCK_M, BN_QKV, BLOCK_K, UPCAST, PRECISION)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 2 * P, tim, 1, TIMING)
+        if FIRST <= 2 and 2 <= LAST:  # attention
+            blocks = HQ // HEADS
+            for u in range(pid, (M // S) * blocks, P):
+                local_attention.attend(qkv_ptr, cos_ptr, sin_ptr, attn_ptr, NQKV, HO, S, qk_scale,
+                                       u // blocks, (u % blocks) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD,
+                                       HEADS, HAS_ROPE, UPCAST, PRECISION, ".cg")
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 3 * P, tim, 2, TIMING)
+        if FIRST <= 3 and 3 <= LAST:  # attn Wo^T, split K
+            n_o: tl.constexpr = (H + BN_O - 1) // BN_O
+            for u in range(pid, n_o * SPLIT_O, P):
+                _partial_tile(attn_ptr, o_w, part_ptr, M, H, (u % n_o) * BN_O, u // n_o, HO, HO // SPLIT_O,
+                              BLOCK_M, BN_O, BLOCK_K, UPCAST, PRECISION)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
+        if FIRST <= 4 and 4 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
+            _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 5 * P, tim, 4, TIMING)
+        if FIRST <= 5 and 5 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
+            for t in range(pid, tl.cdiv(I, BN_GU), P):
+                _tile(h_ptr, gu_w, h_ptr, act_ptr, M, I, t * BN_GU, H, True, False,
+                      BLOCK_M, BN_GU, BLOCK_K, UPCAST, PRECISION)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 6 * P, tim, 5, TIMING)
+        if FIRST <= 6 and 6 <= LAST:  # act Wd^T, split K
+            n_d: tl.constexpr = (H + BN_D - 1) // BN_D
+            for u in range(pid, n_d * SPLIT_D, P):
+                _partial_tile(act_ptr, d_w, part_ptr, M, H, (u % n_d) * BN_D, u // n_d, I, I // SPLIT_D,
+                              BLOCK_M, BN_D, BLOCK_K, UPCAST, PRECISION)
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 7 * P, tim, 6, TIMING)
+        if FIRST <= 7 and 7 <= LAST:  # out = x1 + (sum)
+            _finish_rows(part_ptr, x1_ptr, out_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_D, False, H, H_PAD)
+        if TIMING:
+            tl.debug_barrier()
+            tl.store(tim + 15, _clock())
+        if GRID_SYNC:  # the last program out resets the counters for the next launch
+            gone = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+            if gone == P - 1:
+                tl.atomic_xchg(sync_ptr, 0)
+                tl.atomic_xchg(sync_ptr + 1, 0)
+
+    _INTERPRETED = interpreted(_layer_kernel)
+else:
+    _INTERPRETED = False
+
+
+_SYNC: dict = {}
+
+
+def _sync(device: torch.device) -> torch.Tensor:
+    """The barrier's two counters, zero at rest. Launches on one device share them: they must not
+    run concurrently (one stream, as a decoder's steps)."""
+    key = torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None \
+        else device
+    if key not in _SYNC:
+        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("persistent_layer: make a call once before capturing a CUDA graph")
+        _SYNC[key] = torch.zeros(2, dtype=torch.int32, device=key)
+    return _SYNC[key]
+
+
+_SM_COUNT: dict = {}
+
+
+def _programs(device: torch.device, work: int) -> int:
+    """Programs for `work` items: at most one per SM, so that all are resident at once."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return max(1, min(work, _SM_COUNT[idx]))
+
+
+class Launch(NamedTuple):
+    blocks: tuple = (32, 32, 32, 32)  # column tiles: QKV, output, gate/up, down projections
+    splits: tuple = (4, 4)  # K splits: output, down projections
+    block_k: int = 128
+    attn_heads: int = 1  # query heads per attention work item
+    num_warps: int = 4
+
+
+def launch_for(H: int, HO: int, I: int) -> Launch | None:
+    """The launch for a layer of hidden size H, attention width HO and FFN width I: the measured
+    one (benchmarks/kernel_fused_layer.py, LocDiT/LocEnc's 1024 / 2048 / 4096 on an H100), with
+    splits and K tiles cut down until they divide other sizes; None if none does."""
+    split_o = next((s for s in (4, 2, 1) if HO % (16 * s) == 0), None)
+    split_d = next((s for s in (4, 2, 1) if I % (16 * s) == 0), None)
+    if split_o is None or split_d is None:
+        return None
+    block_k = next((k for k in (128, 64, 32, 16) if H % k == 0 and HO % (split_o * k) == 0
+                    and I % (split_d * k) == 0), None)
+    return None if block_k is None else Launch(splits=(split_o, split_d), block_k=block_k)
+
+
+def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
+          eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoder layer over x [T, hidden] (T = sequences x seq_len <= MAX_TOKENS); cos, sin:
+    [seq_len, head_dim] fp32 RoPE tables, or None; heads: (Hq, Hkv, head_dim).
+
+    launch: tiles and splits (`Launch`), by default `launch_for` the sizes. timings: an int64 CUDA
+    tensor of [programs, 16] that gets each program's start (14), end (15), and per barrier k its
+    arrival (2k) and exit (2k + 1), in ns of the GPU's global timer (benchmarks/kernel_fused_layer.py)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    n_heads, n_kv, head_dim = heads
+    T, H = x.shape
+    I = down_w.size(1)
+    HO = n_heads * head_dim
+    launch = launch or launch_for(H, HO, I)
+    assert launch is not None, f"no persistent_layer launch for hidden {H}, attention {HO}, FFN {I}"
+    bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
+    split_o, split_d = launch.splits
+    block_k, attn_heads = launch.block_k, launch.attn_heads
+    assert 1 <= T <= MAX_TOKENS and T % seq_len == 0, (T, seq_len)
+    assert seq_len <= local_attention.MAX_SEQ and head_dim % 2 == 0 and n_heads % n_kv == 0
+    assert (n_heads // n_kv) % attn_heads == 0, (n_heads, n_kv, attn_heads)
+    nqkv = (n_heads + 2 * n_kv) * head_dim
+    assert qkv_w.shape == (nqkv, H) and o_w.shape == (H, HO), (qkv_w.shape, o_w.shape)
+    assert gate_up_w.shape == (2 * I, H) and down_w.shape == (H, I), (gate_up_w.shape, down_w.shape)
+    assert H % block_k == 0 and HO % (split_o * block_k) == 0 and I % (split_d * block_k) == 0, \
+        (H, HO, I, launch)
+    has_rope = cos is not None
+    if has_rope:
+        assert cos.shape == sin.shape == (seq_len, head_dim) and cos.dtype == sin.dtype == torch.float32
+        cos, sin = cos.contiguous(), sin.contiguous()
+    x = x.contiguous()
+    dev, dt = x.device, x.dtype
+    empty = lambda *s: torch.empty(*s, device=dev, dtype=dt)  # noqa: E731
+    out, h, qkv, attn, x1, act = empty(T, H), empty(T, H), empty(T, nqkv), empty(T, HO), empty(T, H), empty(T, I)
+    part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
+    work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T,
+               (T // seq_len) * (n_heads // attn_heads))
+    upcast = _INTERPRETED or dt == torch.float32
+    common = dict(
+        H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
+        HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
+        HAS_ROPE=has_rope, BLOCK_M=max(16, _next_pow2(T)), BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d,
+        SPLIT_O=split_o, SPLIT_D=split_d, BLOCK_K=block_k, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
+        TIMING=timings is not None and not _INTERPRETED, num_warps=launch.num_warps)
+    args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
+            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x,
+            T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim))
+    if _INTERPRETED:  # programs run one after another: a launch per phase
+        for phase in range(PHASES):
+            _layer_kernel[(work,)](*args, FIRST=phase, LAST=phase, GRID_SYNC=False, **common)
+    else:
+        _layer_kernel[(_programs(dev, work),)](*args, FIRST=0, LAST=PHASES - 1, GRID_SYNC=True, **common)
+    return out
+
+
+def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights) -> bool:
+    """Whether `layer` takes this call: enabled, triton able to run here (on a GPU: 16-bit
+    activations), few enough tokens, plain weight tensors of the activations' dtype (not e4m3
+    `kernels.fp8.FP8Weight`s), and a launch for the sizes."""
+    n_heads, n_kv, head_dim = heads
+    return (ENABLED and HAVE_TRITON and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
+            and x.size(0) <= MAX_TOKENS and seq_len <= local_attention.MAX_SEQ
+            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype for w in weights)
+            and launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1)) is not None)
+
+
+@torch.library.custom_op("voxcpm::local_layer", mutates_args=())
+def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, cos: torch.Tensor | None,
+                   sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
+                   o_w: torch.Tensor, norm2_w: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    return layer(x, norm1_w, qkv_w, cos, sin, seq_len, (n_heads, n_kv, head_dim), o_w, norm2_w, gate_up_w,
+                 down_w, eps)
+
+
+@local_layer_op.register_fake
+def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_w, gate_up_w, down_w, eps):
+    return torch.empty_like(x)
+
+
+class FusedLocalLayers(local_attention.FusedLocalAttention):
+    """The fused attention backend (`kernels.local_attention`) that also takes whole layers: a
+    `minicpm.DecoderLayer` offers each layer to `layer` first, which runs it here and returns the
+    output, or returns None (`runs` says no): the layer then runs as before."""
+
+    def layer(self, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps):
+        if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
+            return None
+        cos, sin = rope if rope is not None else (None, None)
+        return local_layer_op(x, norm1_w, qkv_w, cos, sin, seq_len, *heads, o_w, norm2_w, gate_up_w, down_w, eps)
+
+
+fused_local_layers = FusedLocalLayers()

@@ -1,0 +1,126 @@
+"""The persistent decoder-layer kernel (`kernels.persistent_layer`) against the PyTorch path it
+replaces (`LayerMath` around `minicpm.local_attention`, run eagerly), its launch choice, when the
+model hands it a layer, and its barrier's bookkeeping across launches and CUDA-graph replays.
+
+Runs compiled on a CUDA machine, one launch whose programs meet at grid-wide barriers; elsewhere
+under Triton's CPU interpreter (TRITON_INTERPRET=1, set by conftest.py before triton is imported),
+a launch per phase; fails where triton is not installed (setup.sh installs it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import require_module, skip_unless_kernels_run
+
+require_module("triton", "requirements-test.txt")
+
+from tests.layer_helpers import DEV, EPS, layer_weights, rand, reference_layer, rope, tol  # noqa: E402
+from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+skip_unless_kernels_run(pl)
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+# (sequences, S tokens, hidden, Hq, Hkv, D, FFN): the interpreter's share (small launches: one head per
+# attention item, two K splits); the GPU adds LocDiT's and LocEnc's full-size layers at batch 1 and 2
+SHAPES = [(2, 11, 128, 4, 2, 32, 256), (2, 5, 64, 4, 1, 16, 128), (4, 11, 96, 3, 1, 32, 192), (1, 64, 64, 2, 2, 16, 64)]
+if CUDA:
+    SHAPES += [(2, 11, 1024, 16, 2, 128, 4096), (4, 11, 1024, 16, 2, 128, 4096), (2, 5, 1024, 16, 2, 128, 4096)]
+# fp32 on the GPU: the kernel is launched with 16-bit tiles in mind (`runs` keeps the model's fp32 off it)
+DTYPES = [torch.bfloat16] if CUDA else [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
+@pytest.mark.parametrize("with_rope", [True, False], ids=["rope", "norope"])
+@pytest.mark.parametrize("B,S,H,Hq,Hkv,D,I", SHAPES)
+def test_layer_matches_layer_math(B, S, H, Hq, Hkv, D, I, with_rope, dtype):
+    weights = layer_weights(H, Hq, Hkv, D, I, dtype, seed=B * S + H)
+    x = rand(B * S, H, g=torch.Generator().manual_seed(1), dtype=dtype)
+    cos, sin = rope(S, D) if with_rope else (None, None)
+    ref = reference_layer(x, weights, cos, sin, B, S, (Hq, Hkv, D))
+    for launch in range(2):  # a second launch finds the barrier's counters back at zero
+        out = pl.local_layer_op(x, weights[0], weights[1], cos, sin, S, Hq, Hkv, D, *weights[2:], EPS)
+        assert out.shape == ref.shape and out.dtype == dtype
+        err = (out.float() - ref.float()).abs().max().item()
+        assert err <= tol(dtype, ref), f"launch {launch}: max abs err {err:.3g}"
+    assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("launch", [pl.Launch(blocks=(16, 16, 16, 16), splits=(1, 2), block_k=16, attn_heads=2),
+                                    pl.Launch(blocks=(64, 16, 32, 16), splits=(2, 1), block_k=32, attn_heads=1)])
+def test_every_launch_gives_the_same_layer(launch):
+    """Tiles, K splits and attention items change who computes what, not the result (beyond fp32
+    summation order)."""
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    weights = layer_weights(128, 4, 2, 32, 256, dtype, seed=5)
+    x = rand(22, 128, g=torch.Generator().manual_seed(4), dtype=dtype)
+    cos, sin = rope(11, 32)
+    ref = reference_layer(x, weights, cos, sin, 2, 11, (4, 2, 32))
+    out = pl.layer(x, weights[0], weights[1], cos, sin, 11, (4, 2, 32), *weights[2:], EPS, launch=launch)
+    assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+
+
+def test_launch_for_fits_the_sizes():
+    assert pl.launch_for(1024, 2048, 4096) == pl.Launch()  # LocDiT/LocEnc: the measured launch
+    small = pl.launch_for(32, 64, 64)  # the tiny test checkpoint's LocDiT
+    assert small.splits == (4, 4) and small.block_k == 16
+    assert pl.launch_for(96, 96, 192).splits == (2, 4)
+    assert pl.launch_for(24, 64, 64) is None  # no K tile of 16 divides 24
+
+
+def test_runs_only_where_it_should():
+    dt = torch.bfloat16
+    x = torch.zeros(pl.MAX_TOKENS, 128, device=DEV, dtype=dt)
+    n = torch.zeros(128, device=DEV, dtype=dt)
+    qkv, o = torch.zeros(256, 128, device=DEV, dtype=dt), torch.zeros(128, 128, device=DEV, dtype=dt)
+    gu, d = torch.zeros(512, 128, device=DEV, dtype=dt), torch.zeros(128, 256, device=DEV, dtype=dt)
+    heads = (4, 2, 32)
+    assert pl.runs(x, 11, heads, n, qkv, o, n, gu, d)
+    assert not pl.runs(torch.zeros(pl.MAX_TOKENS + 1, 128, device=DEV, dtype=dt), 11, heads, n, qkv, o, n, gu, d)
+    assert not pl.runs(x, 65, heads, n, qkv, o, n, gu, d)  # past the attention's longest sequence
+    assert not pl.runs(x, 11, heads, n, qkv, o, n, gu, d.float())  # a weight of another dtype
+    assert not pl.runs(x, 11, heads, n, qkv, o, n, gu, object())  # not a tensor (an e4m3 FP8Weight)
+    assert not pl.runs(x[:, :24], 11, heads, n, qkv, o, n, gu, d[:24])  # no launch for hidden 24
+    # fp32 runs on the GPU the PyTorch way, interpreted in tests
+    f = [t.float() for t in (n, qkv, o, n, gu, d)]
+    assert pl.runs(x.float(), 11, heads, *f) == (not CUDA)
+
+
+def test_too_many_tokens_is_refused():
+    weights = layer_weights(64, 4, 1, 16, 128, torch.float32, seed=0)
+    x = torch.zeros(pl.MAX_TOKENS + 5, 64, device=DEV)
+    with pytest.raises(AssertionError):
+        pl.layer(x, weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
+def test_compiles_captures_and_replays():
+    """As the engine runs it: inside torch.compile'd code, then replayed from a CUDA graph many times
+    (each replay's barrier finds its counters at zero), with new inputs."""
+    weights = layer_weights(1024, 16, 2, 128, 4096, torch.bfloat16, seed=7)
+    cos, sin = rope(11, 128)
+
+    def body(h):
+        for _ in range(3):
+            h = pl.local_layer_op(h * 1.0, weights[0], weights[1], cos, sin, 11, 16, 2, 128, *weights[2:], EPS)
+        return h
+
+    f = torch.compile(body, dynamic=True)
+    static = rand(44, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
+    f(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(static)
+    for seed in range(1, 4):
+        static.copy_(rand(44, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+        ref = static
+        for _ in range(3):
+            ref = reference_layer(ref, weights, cos, sin, 4, 11, (16, 2, 128))
+        assert (out.float() - ref.float()).abs().max().item() <= 3 * tol(torch.bfloat16, ref)
+    assert int(pl._sync(static.device).abs().sum()) == 0
