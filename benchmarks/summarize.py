@@ -1382,9 +1382,11 @@ def fifteenth_session(res) -> list[str]:
                     if isinstance(v, dict) and "us_per_layer" in v:
                         layers.setdefault(r["M"], {}).setdefault(k, []).append(v["us_per_layer"])
     med = statistics.median
-    row = lambda M, k: med(layers[M][k])  # noqa: E731
-    res["persistent_layer_us"] = {M: row(M, "persistent_attn1") for M in layers}
-    res["persistent_layer_speedup"] = {M: row(M, "compiled_torch") / row(M, "persistent_attn1") for M in layers}
+    # the server's launch: "persistent_attn1" in these runs, "persistent" in kernel_fused_layer.py since
+    server = lambda M: "persistent_attn1" if "persistent_attn1" in layers[M] else "persistent"  # noqa: E731
+    row = lambda M, k: med(layers[M][server(M) if k == "server" else k])  # noqa: E731
+    res["persistent_layer_us"] = {M: row(M, "server") for M in layers}
+    res["persistent_layer_speedup"] = {M: row(M, "compiled_torch") / row(M, "server") for M in layers}
     g_on, g_off = on["engine"]["graphs"], off["engine"]["graphs"]
     p_on, p_off = g_on["profile_batch1"], g_off["profile_batch1"]
     res["step_ms_b1_profiled"] = {"persistent": p_on["wall_ms_per_step"], "before": p_off["wall_ms_per_step"]}
@@ -1401,15 +1403,25 @@ def fifteenth_session(res) -> list[str]:
     for M in sorted(layers, reverse=True):
         five = row(M, "fused_tuned")
         l2p = f"{row(M, 'persistent_l2_resident'):.1f}" if "persistent_l2_resident" in layers[M] else "-"
-        md.append(f"| {M} | {row(M, 'compiled_torch'):.1f} | {five:.1f} | {row(M, 'persistent_attn1'):.1f} | "
+        md.append(f"| {M}{' (one run)' if len(layers[M]['compiled_torch']) == 1 else ''} | "
+                  f"{row(M, 'compiled_torch'):.1f} | {five:.1f} | {row(M, 'server'):.1f} | "
                   f"{res['persistent_layer_speedup'][M]:.2f}x | {row(M, 'compiled_torch_l2_resident'):.1f} | {l2p} |")
-    prof = next(p for p in runs[1]["persistent_profiles"] if p["M"] == 44 and p["launch"] == {"attn_heads": 1})
+    server_launch = ({"attn_heads": 1}, {"blocks": [32, 32, 32, 32], "splits": [4, 4], "block_k": 128, "attn_heads": 1,
+                                         "num_warps": 4})
+    prof = next(p for p in runs[1]["persistent_profiles"] if p["M"] == 44 and p["launch"] in server_launch)
+    pf = [row(M, k) for M in (44, 22) for k in layers[M] if k.startswith("persistent_attn1_pf")]
+    pf_ratio = [row(M, "server") / row(M, k) for M in (44, 22) for k in layers[M] if k.startswith("persistent_attn1_pf")]
+    assert pf
     md += ["", "1. **Five kernels** (`benchmarks/experiments/five_kernel_layer.py`, not kept): the norms in the "
            "prologue of the GEMM that reads them, SiLU-times-up and the residuals in the epilogues, split-K sums "
            "by the tile's last program. Its GEMMs are slower than cuBLAS's: every program normalises all "
-           "tokens' rows again, and re-reads them from L2 (the sweep of 117 launches per token count, "
-           "`raw/kernel_fused_layer_sweep_fifteenth.json`: QKV with its norm 11.0 us at 44 tokens where cuBLAS "
-           "takes ~5.5). A win only at LocEnc's 10 tokens.",
+           "tokens' rows again, and re-reads them from L2 (the sweep of "
+           f"{sum(r['tried'] for r in sweep['linears'] if r['M'] == 44)} launches per token count over its four "
+           "linears, `raw/kernel_fused_layer_sweep_fifteenth.json`: QKV with its norm "
+           f"{next(r['best']['us'] for r in sweep['linears'] if r['M'] == 44 and r['linear'] == 'qkv'):.1f} us at "
+           "44 tokens, where cuBLAS "
+           "alone took 5.5 in the eleventh session's sweep, `raw/kernel_skinny_gemm_loc.json`). A win only at "
+           "LocEnc's 10 tokens.",
            "2. **L2 prefetch** (`benchmarks/experiments/l2_prefetch.py`, not kept): `cp.async.bulk.prefetch.L2` holds "
            "its program until the bytes arrive (one layer's 35 MB in "
            f"{runs[0]['layers'][-1]['us']:.1f} us from 132 programs, {runs[0]['layers'][-3]['us']:.1f} from 4), "
@@ -1436,7 +1448,8 @@ def fifteenth_session(res) -> list[str]:
            "[tokens, 4096] activations; splitting K four ways (partials summed in order by rows, fused with the next "
            "norm) and one query head per attention item made the launch above. Asking for the weights in L2 from "
            "inside the kernel did not pay either way: from the worker programs at their start (they then wait for "
-           "the bytes), or from 4-16 extra prefetching programs (0.95-1.09x of the launch without). The GEMM phases "
+           f"the bytes), or from 4-16 extra prefetching programs ({min(pf_ratio):.2f}-{max(pf_ratio):.2f}x of the launch "
+           "without, `raw/kernel_fused_layer_prefetchers_fifteenth.json`). The GEMM phases "
            "still run at 1-2 TB/s: each program walks its K loop with little in flight.", "",
            "The engine, same call, `bench.py --batches 1,8,64 --reference none --no-vae` with the kernel and with "
            "`VOXCPM_FUSED_LOCAL_LAYERS=0` (`raw/offline_fifteenth_persistent_{on,off}.json`):", "",
@@ -1459,17 +1472,27 @@ def fifteenth_session(res) -> list[str]:
            f"{1000 / g_on['runs'][0]['steps_per_s']:.2f} ms per step against {p_on['wall_ms_per_step']:.2f} ms of "
            "step on the GPU, the loop's host side now shows (not investigated: no device time was left). Batches "
            "8 and 64 do not run the kernel for LocDiT (88 tokens and more; LocEnc's 40 at batch 8 do): their "
-           "differences here (-3%) are between-run spread, not measured twice. Start-up grows by the kernel's "
-           "Triton compiles (one per token-count bucket and layer shape; Triton caches them on disk for the next "
-           "start). GPU correctness with it (`benchmarks/gpu_check.py`, `raw/gpu_check_fifteenth.json`): bf16 vs "
+           "differences here (-3%) are between-run spread, not measured twice. Start-up grows because the 64-token "
+           "bound is a branch in the compiled LocDiT and LocEnc: torch.compile builds each twice (capture of the "
+           f"batch buckets 4 and 16, where LocDiT and LocEnc first pass 64 tokens: "
+           f"{g_on['capture_s_per_bucket']['4']:.1f} and {g_on['capture_s_per_bucket']['16']:.1f} s against "
+           f"{g_off['capture_s_per_bucket']['4']:.1f} and {g_off['capture_s_per_bucket']['16']:.1f}; the compile "
+           "cache keeps them for the next start). GPU correctness with it (`benchmarks/gpu_check.py`, `raw/gpu_check_fifteenth.json`): bf16 vs "
            f"fp32 teacher-forced cosine min {gpu['teacher_forced']['cosine_min']:.5f}, every graph-vs-eager check "
            "PASS. GPU tests (`raw/gpu_tests_fifteenth.txt`): `tests/test_persistent_layer.py` and "
            "`tests/test_local_attention_triton.py` 58 passed (compiled, captured, replayed 60 times with new inputs). "
            f"The profile counts {p_on['top'][0]['calls']:.0f} launches of the kernel per step, where LocDiT's 9 x 12 "
            "layers and LocEnc's 12 make 120; the run without it counted the attention kernel, which every one of "
            f"those layers calls once, {next(t['calls'] for t in p_off['top'] if t['kernel'] == '_local_attention_kernel'):.0f} "
-           "times, so the profile's per-step counts run ~10% low in both. On the CPU, a spy on the kernel's entry "
-           "sees the engine's step hand it LocDiT's and LocEnc's layers, compiled or not.",
+           "times, so the profile's per-step counts run ~10% low in both. On the CPU the engine's step hands the "
+           "kernel LocDiT's and LocEnc's layers (`tests/test_persistent_layer.py`, eager), and a torch.compile'd "
+           "LocEnc first compiled at a prompt's size still does at a decode step's (checked by hand, not a test). "
+           "On the GPU, `gpu_check.py`'s compiled step (bf16, the kernel in LocDiT at batch buckets 2 and LocEnc at "
+           "2 and 8) against the plain eager PyTorch step is the model-level check above. After these measurements "
+           "a review's fixes changed the kernel module's host side (barrier counters per thread, so that two "
+           "engines on two streams in one process cannot share them; contiguous weights required; the timings "
+           "buffer's shape checked; the fake op's strides) and dropped a branch the kernel never took: tested on "
+           "the CPU, not re-run on the GPU (no device time left).",
            "", "![fifteenth session: per-layer time and the persistent kernel's phases](results_fifteenth.png)", ""]
     _plot_fifteenth(layers, prof)
     return md

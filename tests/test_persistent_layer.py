@@ -48,18 +48,30 @@ def test_layer_matches_layer_math(B, S, H, Hq, Hkv, D, I, with_rope, dtype):
     assert int(pl._sync(x.device).abs().sum()) == 0
 
 
-@pytest.mark.parametrize("launch", [pl.Launch(blocks=(16, 16, 16, 16), splits=(1, 2), block_k=16, attn_heads=2),
-                                    pl.Launch(blocks=(64, 16, 32, 16), splits=(2, 1), block_k=32, attn_heads=1)])
-def test_every_launch_gives_the_same_layer(launch):
-    """Tiles, K splits and attention items change who computes what, not the result (beyond fp32
-    summation order)."""
+LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
+    ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 16, 16, 16), splits=(1, 2), block_k=16, attn_heads=2), None),
+    ((128, 4, 2, 32, 256), pl.Launch(blocks=(64, 16, 32, 16), splits=(2, 1), block_k=32, attn_heads=1), None),
+    # last column tiles part full (QKV 160 of 192, output 96 of 128, gate/up 192 of 256, down 96 of 128)
+    ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, attn_heads=1), None),
+    # fewer programs than work items: each takes several, in every phase
+    ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 16, 16, 16), splits=(2, 2), block_k=16, attn_heads=1), 3),
+]
+
+
+@pytest.mark.parametrize("shape,launch,programs", LAUNCHES)
+def test_every_launch_gives_the_same_layer(shape, launch, programs):
+    """Tiles, K splits, attention items and the program count change who computes what, not the
+    result (beyond fp32 summation order)."""
+    H, Hq, Hkv, D, I = shape
     dtype = torch.bfloat16 if CUDA else torch.float32
-    weights = layer_weights(128, 4, 2, 32, 256, dtype, seed=5)
-    x = rand(22, 128, g=torch.Generator().manual_seed(4), dtype=dtype)
-    cos, sin = rope(11, 32)
-    ref = reference_layer(x, weights, cos, sin, 2, 11, (4, 2, 32))
-    out = pl.layer(x, weights[0], weights[1], cos, sin, 11, (4, 2, 32), *weights[2:], EPS, launch=launch)
+    weights = layer_weights(H, Hq, Hkv, D, I, dtype, seed=5)
+    x = rand(22, H, g=torch.Generator().manual_seed(4), dtype=dtype)
+    cos, sin = rope(11, D)
+    ref = reference_layer(x, weights, cos, sin, 2, 11, (Hq, Hkv, D))
+    out = pl.layer(x, weights[0], weights[1], cos, sin, 11, (Hq, Hkv, D), *weights[2:], EPS, launch=launch,
+                   programs=programs)
     assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    assert int(pl._sync(x.device).abs().sum()) == 0
 
 
 def test_launch_for_fits_the_sizes():
@@ -90,9 +102,43 @@ def test_runs_only_where_it_should():
 
 def test_too_many_tokens_is_refused():
     weights = layer_weights(64, 4, 1, 16, 128, torch.float32, seed=0)
-    x = torch.zeros(pl.MAX_TOKENS + 5, 64, device=DEV)
-    with pytest.raises(AssertionError):
+    x = torch.zeros(70, 64, device=DEV)  # whole sequences of 5, past MAX_TOKENS
+    with pytest.raises(AssertionError, match="over 70 tokens"):
         pl.layer(x, weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)
+    with pytest.raises(AssertionError, match="not whole sequences"):
+        pl.layer(x[:22], weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)
+
+
+def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch):
+    """In the engine's decode step, LocDiT's layers (a lone request: 2 x 11 tokens, the CFG halves)
+    and LocEnc's (5 tokens) run in the kernel: per step, LocDiT's layers once per CFM evaluation and
+    LocEnc's once."""
+    import threading
+
+    from voxcpm_triton import VoxCPM2
+    from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished
+    from voxcpm_triton.model.local_modules import zero_velocity_steps
+
+    calls = []
+    layer = pl.layer
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(tuple(a[0].shape)) or layer(*a, **k))
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device=DEV.type, dtype="float32",
+                                  attention="triton")
+    cfg = vox.model.cfg
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, cuda_graphs=False))
+    done = threading.Event()
+    steps, timesteps = 3, 10
+    try:
+        eng.submit(EngineRequest("r", vox.prepare_prompt("Hello."), seed=1, min_len=steps, max_len=steps,
+                                 inference_timesteps=timesteps),
+                   sink=lambda ev: isinstance(ev, Finished) and done.set())
+        assert done.wait(300)
+    finally:
+        eng.shutdown()
+    dit_tokens = 2 * (3 + 2 * cfg.patch_size)  # [mu_lm, mu_res, time, cond patch, x patch], twice
+    evals = timesteps - zero_velocity_steps(timesteps)
+    assert calls.count((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * cfg.dit_config.num_layers
+    assert calls.count((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * cfg.encoder_config.num_layers
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")

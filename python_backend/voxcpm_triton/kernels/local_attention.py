@@ -62,7 +62,7 @@ if _HAVE_TRITON:
                S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr, DOT_UPCAST: tl.constexpr,
                PRECISION: tl.constexpr, CACHE: tl.constexpr):
         """Sequence b's query heads h0 .. h0 + HEADS - 1 (the kernel's program; also a phase of
-        `kernels.fused_layer`'s, which reads qkv that other programs wrote: CACHE ".cg", past L1)."""
+        `kernels.persistent_layer`'s, which reads qkv that other programs wrote: CACHE ".cg", past L1)."""
         kvh = h0 // (HQ // HKV)
         dtype = qkv_ptr.dtype.element_ty
 

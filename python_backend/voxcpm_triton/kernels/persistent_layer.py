@@ -22,8 +22,7 @@ runs programs one after another, each phase is a launch of its own instead (same
 
 Same roundings as `model.minicpm.LayerMath` run eagerly: each GEMM's output rounded to the
 activation dtype before it is used (split-K partials summed in fp32, in split order, then rounded),
-the norm as `rms_norm`, SiLU rounded before the product. Every work item covers all tokens, so a
-token's result does not depend on how many share the call.
+the norm as `rms_norm`, SiLU rounded before the product. Every work item covers all tokens.
 
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
@@ -36,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import NamedTuple
 
 import torch
@@ -83,11 +83,11 @@ if HAVE_TRITON:
             tl.store(dst_ptr + r * H + cols, h.to(dtype), mask=cm)
 
     @triton.jit
-    def _tile(a_ptr, w_ptr, res_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
-              RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    def _tile(a_ptr, w_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-        """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product (gated: W is [2N, K], gate then up),
-        rounded, then SiLU-times-up and/or plus the residual, as `kernels.fused_layer._finish`."""
+        """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
+        then up rows, and out = silu(gate) * up, SiLU rounded before the product)."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = n0 + tl.arange(0, BLOCK_N)
@@ -111,11 +111,7 @@ if HAVE_TRITON:
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
-        offs = rm[:, None] * N + rn[None, :]
-        mask = m_mask[:, None] & n_mask[None, :]
-        if RESIDUAL:
-            y += tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + offs, y.to(dtype), mask=mask)
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
 
     @triton.jit
     def _partial_tile(a_ptr, w_ptr, part_ptr, M, N, n0, split, K: tl.constexpr, K_SPLIT: tl.constexpr,
@@ -186,8 +182,8 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, 1 * P, tim, 0, TIMING)
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
-                _tile(h_ptr, qkv_w, h_ptr, qkv_ptr, M, NQKV, t * BN_QKV, H, False, False,
-                      BLOCK_M, BN_QKV, BLOCK_K, UPCAST, PRECISION)
+                _tile(h_ptr, qkv_w, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K, UPCAST,
+                      PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 2 * P, tim, 1, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
@@ -211,8 +207,7 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, 5 * P, tim, 4, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
-                _tile(h_ptr, gu_w, h_ptr, act_ptr, M, I, t * BN_GU, H, True, False,
-                      BLOCK_M, BN_GU, BLOCK_K, UPCAST, PRECISION)
+                _tile(h_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, UPCAST, PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 6 * P, tim, 5, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act Wd^T, split K
@@ -238,19 +233,25 @@ else:
     _INTERPRETED = False
 
 
-_SYNC: dict = {}
+_SYNC = threading.local()
 
 
 def _sync(device: torch.device) -> torch.Tensor:
-    """The barrier's two counters, zero at rest. Launches on one device share them: they must not
-    run concurrently (one stream, as a decoder's steps)."""
+    """The barrier's two counters, zero at rest (each launch's last program resets them), one pair per
+    thread and device: launches that share a pair must not run at once, and a thread launches on one
+    stream at a time (an engine's thread: its steps, prefills and graph replays in order; two engines
+    in one process each have their own thread). Made on a thread's first call, which must not be
+    inside a CUDA-graph capture (zeros made there are filled only when the graph replays)."""
     key = torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None \
         else device
-    if key not in _SYNC:
+    pairs = getattr(_SYNC, "pairs", None)
+    if pairs is None:
+        pairs = _SYNC.pairs = {}
+    if key not in pairs:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("persistent_layer: make a call once before capturing a CUDA graph")
-        _SYNC[key] = torch.zeros(2, dtype=torch.int32, device=key)
-    return _SYNC[key]
+            raise RuntimeError("persistent_layer: make a call on this thread before capturing a CUDA graph")
+        pairs[key] = torch.zeros(2, dtype=torch.int32, device=key)
+    return pairs[key]
 
 
 _SM_COUNT: dict = {}
@@ -286,13 +287,15 @@ def launch_for(H: int, HO: int, I: int) -> Launch | None:
 
 
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
-          eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None) -> torch.Tensor:
+          eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None,
+          programs: int | None = None) -> torch.Tensor:
     """One decoder layer over x [T, hidden] (T = sequences x seq_len <= MAX_TOKENS); cos, sin:
     [seq_len, head_dim] fp32 RoPE tables, or None; heads: (Hq, Hkv, head_dim).
 
     launch: tiles and splits (`Launch`), by default `launch_for` the sizes. timings: an int64 CUDA
     tensor of [programs, 16] that gets each program's start (14), end (15), and per barrier k its
-    arrival (2k) and exit (2k + 1), in ns of the GPU's global timer (benchmarks/kernel_fused_layer.py)."""
+    arrival (2k) and exit (2k + 1), in ns of the GPU's global timer (benchmarks/kernel_fused_layer.py).
+    programs: fewer programs than work items (tests: each program then takes several)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
@@ -304,7 +307,8 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
     split_o, split_d = launch.splits
     block_k, attn_heads = launch.block_k, launch.attn_heads
-    assert 1 <= T <= MAX_TOKENS and T % seq_len == 0, (T, seq_len)
+    assert 1 <= T <= MAX_TOKENS, f"persistent_layer over {T} tokens (1..{MAX_TOKENS})"
+    assert T % seq_len == 0, f"{T} tokens are not whole sequences of {seq_len}"
     assert seq_len <= local_attention.MAX_SEQ and head_dim % 2 == 0 and n_heads % n_kv == 0
     assert (n_heads // n_kv) % attn_heads == 0, (n_heads, n_kv, attn_heads)
     nqkv = (n_heads + 2 * n_kv) * head_dim
@@ -333,22 +337,29 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x,
             T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim))
+    if programs is not None:
+        assert 1 <= programs, programs
+        work = min(work, programs)
     if _INTERPRETED:  # programs run one after another: a launch per phase
         for phase in range(PHASES):
             _layer_kernel[(work,)](*args, FIRST=phase, LAST=phase, GRID_SYNC=False, **common)
     else:
-        _layer_kernel[(_programs(dev, work),)](*args, FIRST=0, LAST=PHASES - 1, GRID_SYNC=True, **common)
+        grid = _programs(dev, work)
+        assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
+                                   and timings.shape[0] >= grid and timings.shape[1] == 16), \
+            f"timings must be int64 [>= {grid}, 16]"
+        _layer_kernel[(grid,)](*args, FIRST=0, LAST=PHASES - 1, GRID_SYNC=True, **common)
     return out
 
 
 def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights) -> bool:
     """Whether `layer` takes this call: enabled, triton able to run here (on a GPU: 16-bit
-    activations), few enough tokens, plain weight tensors of the activations' dtype (not e4m3
-    `kernels.fp8.FP8Weight`s), and a launch for the sizes."""
+    activations), few enough tokens, plain contiguous weight tensors of the activations' dtype (not
+    e4m3 `kernels.fp8.FP8Weight`s), and a launch for the sizes."""
     n_heads, n_kv, head_dim = heads
     return (ENABLED and HAVE_TRITON and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
             and x.size(0) <= MAX_TOKENS and seq_len <= local_attention.MAX_SEQ
-            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype for w in weights)
+            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)
             and launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1)) is not None)
 
 
@@ -363,7 +374,7 @@ def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, 
 
 @local_layer_op.register_fake
 def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_w, gate_up_w, down_w, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 class FusedLocalLayers(local_attention.FusedLocalAttention):

@@ -6,7 +6,7 @@ generation) and the engine's paged KV cache. A backend is called as
 ``backend(layer_idx, q, k, v)`` with ``q: [B, S, Hq, D]``, ``k, v: [B, S, Hkv, D]``
 (RoPE already applied) and returns ``[B, S, Hq, D]``; one whose ``packed_qkv`` is true
 (the fused LocDiT/LocEnc kernel) gets the QKV projection itself and the RoPE tables instead; one
-with a ``layer`` method is offered each whole layer first (`kernels.fused_layer`).
+with a ``layer`` method is offered each whole layer first (`kernels.persistent_layer`).
 
 Inside the stack, activations are a flat ``[tokens, hidden]`` matrix, and a
 layer is two pure functions around the backend call (``LayerMath``): norm, QKV
@@ -104,7 +104,8 @@ def local_attention(layer_idx, q, k, v):
     against [B, Hkv, S, D]: the same result as grouped-query SDPA (every query sees every
     key), as a few long problems instead of many 11x11 ones: much faster at large batch, a
     little slower at tiny ones (benchmarks/attention_shapes.py). One formulation for every batch
-    keeps the compiled LocDiT to one dynamic graph (a batch-dependent branch costs recompiles).
+    keeps the compiled LocDiT's graphs few (a batch-dependent branch costs a recompile; the one
+    there is: layers of at most 64 tokens go to `kernels.persistent_layer`).
     """
     B, S, Hq, D = q.shape
     Hkv = k.size(2)
