@@ -424,10 +424,7 @@ def main():
     with open(os.path.join(HERE, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for key, style, label in (("graphs_only_run1", "s:", "engine, graphs only"),
@@ -529,12 +526,19 @@ def eighth_session(res) -> list[str]:
     return md
 
 
-def _stream_panels():
-    """A figure of two panels side by side (matplotlib, headless) -> (figure, axes)."""
+def _pyplot():
+    """matplotlib.pyplot, headless (imported on first use: the tables need no matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _stream_panels():
+    """A figure of two panels side by side (matplotlib, headless) -> (figure, axes)."""
+    plt = _pyplot()
 
     return plt.subplots(1, 2, figsize=(11, 4))
 
@@ -876,10 +880,7 @@ def eleventh_session() -> list[str]:
 
 
 def _plot_eleventh(gemm, lora_sites):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     for shape in dict.fromkeys(r["shape"] for r in gemm):
@@ -1047,10 +1048,7 @@ def _lora_floor(m, base_ms: float, lora_ms: float, batch: int) -> str:
 
 
 def _plot_twelfth(m, batches):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.27
@@ -1207,10 +1205,7 @@ def thirteenth_session(res) -> list[str]:
 
 
 def _plot_thirteenth(ab):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     panels = (("one stream (Poisson): TTFA p50, ms", 1, lambda lv: lv["ttfa_ms"]["p50"]),
@@ -1336,10 +1331,7 @@ def fourteenth_session(res) -> list[str]:
 
 
 def _plot_fourteenth(mlp, two):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for shape, label in (("loc", "LocDiT/LocEnc MLP"), ("lm", "LM MLP")):
@@ -1499,10 +1491,7 @@ def fifteenth_session(res) -> list[str]:
 
 
 def _plot_fifteenth(layers, prof):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     Ms = sorted(layers)

@@ -20,10 +20,9 @@ itself (its last program to arrive adds the partials):
 
 Same roundings as `model.minicpm.LayerMath` run eagerly: each GEMM's output is rounded to the
 activation dtype before it is used, the norm as `rms_norm` (fp32 variance, rounded, then times the
-weight), SiLU rounded before the product. Every program covers all tokens (at most `MAX_TOKENS`),
-so a token's result does not depend on how many share the call.
+weight), SiLU rounded before the product. Every program covers all tokens (at most `MAX_TOKENS`).
 
-The split-K counters are zero at rest and made before any CUDA-graph capture.
+The split-K counters (`skinny_gemm`'s, shared) are zero at rest and made before any CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 
+from experiments.skinny_gemm import _MAX_TILES, _counters
 from voxcpm_triton.kernels import local_attention
 from voxcpm_triton.kernels._triton import HAVE_TRITON, interpreted, tl, triton
 from voxcpm_triton.kernels._triton import next_pow2 as _next_pow2
@@ -159,23 +159,6 @@ def default_config(N: int, K: int, gated: bool) -> Config:
 def config(M: int, N: int, K: int, gated: bool) -> Config:
     block_m = max(16, _next_pow2(M))
     return TUNED.get((N, K, gated, block_m)) or default_config(N, K, gated)
-
-
-_MAX_TILES = 4096
-_COUNTERS: dict = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """Split-K arrival counters, zero at rest (each tile's last program resets its own). Launches on
-    one device share them, so split-K launches must not run concurrently (one stream: a decoder's)."""
-    key = torch.device(device.type, device.index if device.index is not None or device.type != "cuda"
-                       else torch.cuda.current_device())
-    if key not in _COUNTERS:
-        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # zeros made during a capture are filled only when the graph replays
-            raise RuntimeError("five_kernel_layer: make a call once before capturing a CUDA graph")
-        _COUNTERS[key] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=key)
-    return _COUNTERS[key]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0,

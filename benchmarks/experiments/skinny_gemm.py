@@ -198,14 +198,17 @@ _COUNTERS: dict = {}
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """Zero at rest: each tile's last program resets its counter. Launches on one device share them,
-    so split-K launches must not run concurrently (one stream, as a decoder's steps)."""
-    if device not in _COUNTERS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    """Split-K arrival counters, zero at rest: each tile's last program resets its counter. Launches
+    on one device share them (this experiment's and five_kernel_layer's), so split-K launches must not
+    run concurrently (one stream, as a decoder's steps)."""
+    key = torch.device(device.type, device.index if device.index is not None or device.type != "cuda"
+                       else torch.cuda.current_device())
+    if key not in _COUNTERS:
+        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # zeros made during a capture are filled only when the graph replays
-            raise RuntimeError("skinny_gemm: make a split-K call once before capturing a CUDA graph")
-        _COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
+            raise RuntimeError("split-K counters: make a split-K call once before capturing a CUDA graph")
+        _COUNTERS[key] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=key)
+    return _COUNTERS[key]
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, cfg: Config, lora: Lora | None = None) -> torch.Tensor:

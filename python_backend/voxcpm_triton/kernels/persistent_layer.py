@@ -71,16 +71,43 @@ if HAVE_TRITON:
             tl.store(tim_ptr + 2 * slot + 1, _clock())
 
     @triton.jit
-    def _norm_rows(src_ptr, w_ptr, dst_ptr, M, eps, pid, P, H: tl.constexpr, H_PAD: tl.constexpr):
+    def _rms_norm_row(x, w, eps, dst_ptr, H: tl.constexpr):
+        """One row (fp32, padding zero) as `minicpm.rms_norm`, in dst_ptr's dtype: fp32 variance,
+        rounded, then times w."""
         dtype = dst_ptr.dtype.element_ty
+        scale = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+        return ((x * scale).to(dtype).to(tl.float32) * w).to(dtype)
+
+    @triton.jit
+    def _norm_rows(src_ptr, w_ptr, dst_ptr, M, eps, pid, P, H: tl.constexpr, H_PAD: tl.constexpr):
         cols = tl.arange(0, H_PAD)
         cm = cols < H
         w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
         for r in range(pid, M, P):
             x = tl.load(src_ptr + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)
-            scale = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-            h = (x * scale).to(dtype).to(tl.float32) * w
-            tl.store(dst_ptr + r * H + cols, h.to(dtype), mask=cm)
+            tl.store(dst_ptr + r * H + cols, _rms_norm_row(x, w, eps, dst_ptr, H), mask=cm)
+
+    @triton.jit
+    def _k_loop(a_rows, w_rows, up_rows, m_mask, n_mask, K_LEN: tl.constexpr, GATED: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                PRECISION: tl.constexpr):
+        """fp32 sums over K_LEN columns of [BLOCK_M] activation rows times [BLOCK_N] weight rows (and,
+        GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K_LEN, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            if UPCAST:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+            if GATED:
+                u = tl.load(up_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+                if UPCAST:
+                    u = u.to(tl.float32)
+                acc_up += tl.dot(a, tl.trans(u), input_precision=PRECISION)
+        return acc, acc_up
 
     @triton.jit
     def _tile(a_ptr, w_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
@@ -92,47 +119,33 @@ if HAVE_TRITON:
         rm = tl.arange(0, BLOCK_M)
         rn = n0 + tl.arange(0, BLOCK_N)
         m_mask, n_mask = rm < M, rn < N
-        a_rows = a_ptr + rm[:, None] * K
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            if UPCAST:
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
-            if GATED:
-                u = tl.load(w_rows + N * K + kk[None, :], mask=n_mask[:, None], other=0.0)
-                if UPCAST:
-                    u = u.to(tl.float32)
-                acc_up += tl.dot(a, tl.trans(u), input_precision=PRECISION)
+        acc, acc_up = _k_loop(a_ptr + rm[:, None] * K, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED,
+                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
 
     @triton.jit
-    def _partial_tile(a_ptr, w_ptr, part_ptr, M, N, n0, split, K: tl.constexpr, K_SPLIT: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-        """Split `split` of a [M, K] x [K, N] product's columns n0 .. n0 + BLOCK_N, to part[split] (fp32)."""
+    def _split_k(a_ptr, w_ptr, part_ptr, M, N, pid, P, K: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr):
+        """A [M, K] x [K, N] product's (column tile, K split) items over programs, each to its split's
+        fp32 partials, part[split]."""
+        n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        K_SPLIT: tl.constexpr = K // SPLIT
         rm = tl.arange(0, BLOCK_M)
-        rn = n0 + tl.arange(0, BLOCK_N)
-        m_mask, n_mask = rm < M, rn < N
-        a_rows = a_ptr + rm[:, None] * K + split * K_SPLIT
-        w_rows = w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K_SPLIT, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            if UPCAST:
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
-        tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
-                 mask=m_mask[:, None] & n_mask[None, :])
+        m_mask = rm < M
+        for u in range(pid, n_tiles * SPLIT, P):
+            split = u // n_tiles
+            rn = (u % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_mask = rn < N
+            acc, _ = _k_loop(a_ptr + rm[:, None] * K + split * K_SPLIT,
+                             w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT, w_ptr, m_mask, n_mask,
+                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+            tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
+                     mask=m_mask[:, None] & n_mask[None, :])
 
     @triton.jit
     def _finish_rows(part_ptr, res_ptr, dst_ptr, nw_ptr, h_ptr, M, eps, pid, P, SPLIT: tl.constexpr,
@@ -153,9 +166,7 @@ if HAVE_TRITON:
             y = y.to(dtype)
             tl.store(dst_ptr + r * H + cols, y, mask=cm)
             if NORM:
-                yf = y.to(tl.float32)
-                scale = tl.rsqrt(tl.sum(yf * yf, axis=0) / H + eps)
-                tl.store(h_ptr + r * H + cols, ((yf * scale).to(dtype).to(tl.float32) * w).to(dtype), mask=cm)
+                tl.store(h_ptr + r * H + cols, _rms_norm_row(y.to(tl.float32), w, eps, h_ptr, H), mask=cm)
 
     @triton.jit
     def _layer_kernel(
@@ -195,10 +206,7 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 3 * P, tim, 2, TIMING)
         if FIRST <= 3 and 3 <= LAST:  # attn Wo^T, split K
-            n_o: tl.constexpr = (H + BN_O - 1) // BN_O
-            for u in range(pid, n_o * SPLIT_O, P):
-                _partial_tile(attn_ptr, o_w, part_ptr, M, H, (u % n_o) * BN_O, u // n_o, HO, HO // SPLIT_O,
-                              BLOCK_M, BN_O, BLOCK_K, UPCAST, PRECISION)
+            _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, UPCAST, PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
@@ -211,10 +219,7 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 6 * P, tim, 5, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act Wd^T, split K
-            n_d: tl.constexpr = (H + BN_D - 1) // BN_D
-            for u in range(pid, n_d * SPLIT_D, P):
-                _partial_tile(act_ptr, d_w, part_ptr, M, H, (u % n_d) * BN_D, u // n_d, I, I // SPLIT_D,
-                              BLOCK_M, BN_D, BLOCK_K, UPCAST, PRECISION)
+            _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, UPCAST, PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 7 * P, tim, 6, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # out = x1 + (sum)
