@@ -88,11 +88,14 @@ def persistent(launch=None):
 L = pl.Launch()
 PERSISTENT = {  # name -> launch (the server's default: pl.Launch())
     "persistent": L,
+    "persistent_stages3": L._replace(stages=3),
+    "persistent_stages_all": L._replace(stages=0),
     "persistent_bk256": L._replace(block_k=256),
-    "persistent_attn4": L._replace(attn_heads=4),
-    "persistent_qkv64": L._replace(blocks=(64, 32, 32, 32)),
+    "persistent_bk64": L._replace(block_k=64),
+    "persistent_qkv16": L._replace(blocks=(16, 32, 32, 32)),
+    "persistent_qkv16_o16": L._replace(blocks=(16, 16, 32, 32)),
     "persistent_o64_d64_split8": L._replace(blocks=(32, 64, 32, 64), splits=(8, 8)),
-    "persistent_split2_4": L._replace(splits=(2, 4)),
+    "persistent_split2_2": L._replace(splits=(2, 2)),
     "persistent_w8": L._replace(num_warps=8),
 }
 

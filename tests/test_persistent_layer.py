@@ -122,8 +122,8 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
     calls = []
     layer = pl.layer
     monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(tuple(a[0].shape)) or layer(*a, **k))
-    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device=DEV.type, dtype="float32",
-                                  attention="triton")
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device=DEV.type,
+                                  dtype="bfloat16" if CUDA else "float32", attention="triton")  # runs(): 16-bit on GPUs
     cfg = vox.model.cfg
     eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, cuda_graphs=False))
     done = threading.Event()

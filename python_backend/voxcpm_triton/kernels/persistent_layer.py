@@ -89,13 +89,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def _k_loop(a_rows, w_rows, up_rows, m_mask, n_mask, K_LEN: tl.constexpr, GATED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                PRECISION: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
         """fp32 sums over K_LEN columns of [BLOCK_M] activation rows times [BLOCK_N] weight rows (and,
-        GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up)."""
+        GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up). STAGES: shared
+        memory buffers of the loop's software pipeline (STAGES - 1 K tiles in flight)."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K_LEN, BLOCK_K):
+        for k0 in tl.range(0, K_LEN, BLOCK_K, num_stages=STAGES):
             kk = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
@@ -111,7 +112,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _tile(a_ptr, w_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr):
         """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
         then up rows, and out = silu(gate) * up, SiLU rounded before the product)."""
@@ -121,7 +122,7 @@ if HAVE_TRITON:
         m_mask, n_mask = rm < M, rn < N
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
         acc, acc_up = _k_loop(a_ptr + rm[:, None] * K, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED,
-                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+                              BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION)
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
@@ -129,8 +130,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _split_k(a_ptr, w_ptr, part_ptr, M, N, pid, P, K: tl.constexpr, SPLIT: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
         """A [M, K] x [K, N] product's (column tile, K split) items over programs, each to its split's
         fp32 partials, part[split]."""
         n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -143,7 +144,7 @@ if HAVE_TRITON:
             n_mask = rn < N
             acc, _ = _k_loop(a_ptr + rm[:, None] * K + split * K_SPLIT,
                              w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT, w_ptr, m_mask, n_mask,
-                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION)
             tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
                      mask=m_mask[:, None] & n_mask[None, :])
 
@@ -178,6 +179,7 @@ if HAVE_TRITON:
         S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr,
         BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
+        ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr,
     ):
@@ -193,8 +195,8 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, 1 * P, tim, 0, TIMING)
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
-                _tile(h_ptr, qkv_w, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K, UPCAST,
-                      PRECISION)
+                _tile(h_ptr, qkv_w, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K, ST_QKV,
+                      UPCAST, PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 2 * P, tim, 1, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
@@ -206,7 +208,8 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 3 * P, tim, 2, TIMING)
         if FIRST <= 3 and 3 <= LAST:  # attn Wo^T, split K
-            _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, UPCAST, PRECISION)
+            _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O, UPCAST,
+                     PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
@@ -215,11 +218,13 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, 5 * P, tim, 4, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
-                _tile(h_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, UPCAST, PRECISION)
+                _tile(h_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU, UPCAST,
+                      PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 6 * P, tim, 5, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act Wd^T, split K
-            _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, UPCAST, PRECISION)
+            _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D, UPCAST,
+                     PRECISION)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 7 * P, tim, 6, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # out = x1 + (sum)
@@ -276,6 +281,33 @@ class Launch(NamedTuple):
     block_k: int = 128
     attn_heads: int = 1  # query heads per attention work item
     num_warps: int = 4
+    stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
+
+
+_SMEM: dict = {}
+SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
+
+
+def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool) -> int:
+    """Pipeline buffers for one GEMM's K loop: launch.stages (stages - 1 K tiles in flight: a program
+    has one or two tiles per phase, so a deep pipeline is what keeps its loads from waiting on each
+    other), fewer where the loop has fewer K tiles or shared memory is short."""
+    per_stage = 2 * launch.block_k * (block_m + bn * (2 if gated else 1))
+    want = k_len // launch.block_k + 1
+    if launch.stages:
+        want = min(want, launch.stages)
+    return max(2, min(want, (smem - SMEM_RESERVE) // per_stage))
+
+
+def _smem(device: torch.device) -> int:
+    """Shared memory one program may use (bytes); the interpreter's is unbounded."""
+    if device.type != "cuda":
+        return 1 << 30
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMEM:
+        props = torch.cuda.get_device_properties(idx)
+        _SMEM[idx] = getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block
+    return _SMEM[idx]
 
 
 def launch_for(H: int, HO: int, I: int) -> Launch | None:
@@ -333,10 +365,15 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T,
                (T // seq_len) * (n_heads // attn_heads))
     upcast = _INTERPRETED or dt == torch.float32
+    block_m, smem = max(16, _next_pow2(T)), _smem(dev)
     common = dict(
+        ST_QKV=_stages(launch, smem, block_m, bn_qkv, H, False), ST_O=_stages(launch, smem, block_m, bn_o,
+                                                                             HO // split_o, False),
+        ST_GU=_stages(launch, smem, block_m, bn_gu, H, True), ST_D=_stages(launch, smem, block_m, bn_d,
+                                                                          I // split_d, False),
         H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
         HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
-        HAS_ROPE=has_rope, BLOCK_M=max(16, _next_pow2(T)), BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d,
+        HAS_ROPE=has_rope, BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d,
         SPLIT_O=split_o, SPLIT_D=split_d, BLOCK_K=block_k, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
