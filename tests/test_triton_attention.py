@@ -168,6 +168,38 @@ def test_empty_context_gives_zeros_like_reference():
         assert (out[0] == 0).all()
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_new_kv_written_and_attended(splits, dtype):
+    """new_kv: the kernel writes each row's new K/V into its slot and attends to them, where the slot
+    is still unwritten (NaN) when it starts: pools and output as `write_kv` then the kernel. K and V
+    are views into a fused projection; one context is past the table's width (written, not seen)."""
+    from voxcpm_triton.engine.attention import write_kv
+
+    B, Hq, Hkv, D, bs = 4, 16, 2, 128, 16
+    ctx = [1, 17, 64, 300]
+    q, kp, vp, full, cl = make_case(B, Hq, Hkv, D, bs, ctx, dtype, seed=5)
+    pos = cl - 1
+    slots = full.gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+    bt = full[:, :12]  # 192 positions: the last row's new one is past it
+    kp.view(-1, Hkv, D)[slots] = float("nan")  # not written yet
+    vp.view(-1, Hkv, D)[slots] = float("nan")
+    fused = torch.randn(B, 1, Hq + 2 * Hkv, D, device=DEV).to(dtype)
+    k_new, v_new = fused[:, :, Hq:Hq + Hkv], fused[:, :, Hq + Hkv:]
+    assert not k_new.is_contiguous()
+    want_k, want_v = kp.clone(), vp.clone()
+    write_kv(want_k[None], want_v[None], 0, slots, k_new, v_new)
+    # Written elsewhere (block 0, never in a table): the new token's own slot is never read.
+    kp2, vp2 = kp.clone(), vp.clone()
+    out = ta.paged_decode_attention_triton(q, kp2, vp2, bt, cl, num_splits=splits,
+                                           new_kv=(k_new, v_new, torch.zeros_like(slots)))
+    check(out, q, want_k, want_v, bt, cl, dtype)
+    out = ta.paged_decode_attention_triton(q, kp, vp, bt, cl, num_splits=splits, new_kv=(k_new, v_new, slots))
+    assert torch.equal(kp.nan_to_num(7.0), want_k.nan_to_num(7.0))
+    assert torch.equal(vp.nan_to_num(7.0), want_v.nan_to_num(7.0))
+    check(out, q, want_k, want_v, bt, cl, dtype)
+
+
 def test_bf16_matches_bf16_reference():
     q, kp, vp, bt, cl = make_case(4, 16, 2, 128, 16, [1, 40, 129, 250], torch.bfloat16, seed=7)
     z = lambda t: t.nan_to_num(0.0)  # noqa: E731

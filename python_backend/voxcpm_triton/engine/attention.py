@@ -102,16 +102,20 @@ class PagedAttention:
         self.k_pool, self.v_pool, self.meta = k_pool, v_pool, meta
         self.decode = self.prefill_rows = paged_decode_attention
         self.prefill_context = paged_prefill_attention
+        self.decode_writes_kv = False
         if use_triton:
             from ..kernels.paged_attention import paged_decode_attention_triton
 
-            self.decode = paged_decode_attention_triton
+            self.decode, self.decode_writes_kv = paged_decode_attention_triton, True
             # one split whatever the rows: the kernel variant the start-up warm-up compiled
             self.prefill_rows = functools.partial(paged_decode_attention_triton, num_splits=1)
             self.prefill_context = paged_prefill_attention_triton
 
     def __call__(self, layer, q, k, v):
         m = self.meta
+        if isinstance(m, DecodeMetadata) and self.decode_writes_kv:  # the kernel writes them
+            return self.decode(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens,
+                               new_kv=(k, v, m.slot_mapping))
         write_kv(self.k_pool, self.v_pool, layer, m.slot_mapping, k, v)
         if isinstance(m, DecodeMetadata):
             return self.decode(q, self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens)

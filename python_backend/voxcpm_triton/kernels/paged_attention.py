@@ -14,6 +14,12 @@ works, including 4 and 8, which are below tl.dot's minimum), with an online soft
 at or past the context are never loaded. When B * Hkv is too small to fill the GPU the context is
 split over several programs (split-K) and a second small kernel merges their partial softmaxes.
 
+new_kv=(k, v, slot_mapping) ([B, 1, Hkv, D] twice, [B] flat slots): the step's new token, written
+into the pools here (by each (request, kv head)'s first split) and used in place of the pool's slot
+for position context_len - 1 (so no program waits for the write): `engine.attention.write_kv` and the
+attention in one launch, where they were two scatters and the kernel. Only for rows that attend to no
+other row's new token (decode: one token per request; not a packed prefill's rows).
+
 CUDA graphs: the launch grid and every allocation depend only on shapes (B, Hq, Hkv, D, the block
 table's width) and the split count, which is chosen on the host from those shapes alone; loop bounds
 come from context_lens, read inside the kernel. No host sync. Compile once (call it eagerly with the
@@ -64,8 +70,8 @@ if _HAVE_TRITON:
     # widths no start-up shape had, and each new class would compile under load.
     @triton.jit(do_not_specialize=["stride_btb", "max_blocks"])
     def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-        stride_qb, stride_qh, stride_qd,
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, kn_ptr, vn_ptr, slot_ptr,
+        stride_qb, stride_qh, stride_qd, stride_knb, stride_knh, stride_vnb, stride_vnh,
         stride_kb, stride_kt, stride_kh, stride_kd,
         stride_vb, stride_vt, stride_vh, stride_vd,
         stride_btb, stride_btn,
@@ -73,7 +79,7 @@ if _HAVE_TRITON:
         max_blocks, qk_scale,  # qk_scale = log2(e) / sqrt(D)
         Hq: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, NEW_KV: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -89,8 +95,18 @@ if _HAVE_TRITON:
         q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
+        ctx_in = tl.load(ctx_ptr + b).to(tl.int32)
+        if NEW_KV:  # the new token (its last dimension contiguous), written once: by the first split
+            k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + offs_d, mask=d_mask, other=0.0)
+            v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
+            if split == 0:
+                slot_new = tl.load(slot_ptr + b).to(tl.int64)
+                dst = (slot_new // BLOCK_SIZE) * stride_kb + (slot_new % BLOCK_SIZE) * stride_kt + kvh * stride_kh
+                tl.store(k_ptr + dst + offs_d * stride_kd, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
+                dst = (slot_new // BLOCK_SIZE) * stride_vb + (slot_new % BLOCK_SIZE) * stride_vt + kvh * stride_vh
+                tl.store(v_ptr + dst + offs_d * stride_vd, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
         # Tokens past the table's width do not exist in the reference either.
-        ctx = tl.minimum(tl.load(ctx_ptr + b).to(tl.int32), max_blocks * BLOCK_SIZE)
+        ctx = tl.minimum(ctx_in, max_blocks * BLOCK_SIZE)
         n_tiles = tl.cdiv(ctx, BLOCK_N)
         tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
         tile_lo = split * tiles_per_split
@@ -113,6 +129,10 @@ if _HAVE_TRITON:
                         mask=kv_mask, other=0.0)
             v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                         mask=kv_mask, other=0.0)
+            if NEW_KV:  # its slot may not be written yet: the value itself
+                is_new = (tok == ctx_in - 1)[:, None]
+                k = tl.where(is_new, k_new[None, :].to(k.dtype), k)
+                v = tl.where(is_new, v_new[None, :].to(v.dtype), v)
 
             qd = q.to(k.dtype)
             if DOT_UPCAST:  # interpreter: its tl.dot multiplies bf16 as raw uint16, so go through fp32
@@ -172,12 +192,14 @@ else:
 
 def paged_decode_attention_triton(q, k_pool_layer, v_pool_layer, block_tables, context_lens, *,
                                   num_splits: int | None = None, block_n: int | None = None,
-                                  num_warps: int = 4, out: torch.Tensor | None = None):
+                                  num_warps: int = 4, out: torch.Tensor | None = None, new_kv: tuple | None = None):
     """q: [B, 1, Hq, D]; pools: [blocks, block_size, Hkv, D] -> [B, 1, Hq, D] (see the module doc).
 
     num_splits: split-K count (power of 2); None picks it from the shapes (1 off CUDA).
     block_n: tokens per inner step (power of 2 >= 16); None = 64 (32 for D > 128).
-    out: optional preallocated [B, 1, Hq, D] result (any strides)."""
+    out: optional preallocated [B, 1, Hq, D] result (any strides).
+    new_kv: (k, v, slot_mapping), the new token's [B, 1, Hkv, D] K and V and [B] flat slots, written into
+    the pools by the kernel (see the module doc); None: they are in the pools already."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     B, one, Hq, D = q.shape
@@ -212,15 +234,23 @@ def paged_decode_attention_triton(q, k_pool_layer, v_pool_layer, block_tables, c
     else:
         m_part = l_part = acc_part = out  # unused
 
+    if new_kv is not None:
+        k_new, v_new, slots = new_kv
+        assert k_new.shape == v_new.shape == (B, 1, Hkv, D) and slots.shape == (B,), (k_new.shape, slots.shape)
+        assert k_new.dtype == v_new.dtype == q.dtype and k_new.stride(3) == v_new.stride(3) == 1
+        new_args = (k_new, v_new, slots, k_new.stride(0), k_new.stride(2), v_new.stride(0), v_new.stride(2))
+    else:
+        new_args = (q, q, context_lens, 0, 0, 0, 0)
     _paged_decode_kernel[(B, Hkv, num_splits)](
-        q, k_pool_layer, v_pool_layer, block_tables, context_lens, out, m_part, l_part, acc_part,
-        q.stride(0), q.stride(2), q.stride(3),
+        q, k_pool_layer, v_pool_layer, block_tables, context_lens, out, m_part, l_part, acc_part, *new_args[:3],
+        q.stride(0), q.stride(2), q.stride(3), *new_args[3:],
         *k_pool_layer.stride(), *v_pool_layer.stride(),
         block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(2), out.stride(3),
         max_blocks, qk_scale,
         Hq=Hq, G=G, D=D, BLOCK_SIZE=bs, G_PAD=G_PAD, D_PAD=D_PAD, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, PRECISION=precision, DOT_UPCAST=dot_upcast, num_warps=num_warps,
+        NUM_SPLITS=num_splits, PRECISION=precision, DOT_UPCAST=dot_upcast, NEW_KV=new_kv is not None,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         _merge_splits_kernel[(B * Hq,)](
