@@ -250,7 +250,7 @@ def phase_profile(dev, dt, M, launch=None):
     x = torch.randn(M, H, device=dev, dtype=dt)
     spans, waits, totals = [[] for _ in range(NP)], [[] for _ in range(NP - 1)], []
     for rep in range(6):
-        bufs = [torch.zeros(160, 16, dtype=torch.int64, device=dev) for _ in layers]
+        bufs = [torch.zeros(160, pl.TIM_COLS, dtype=torch.int64, device=dev) for _ in layers]
         h = x
         for w, buf in zip(layers, bufs):
             h = pl.layer(h, w["n1"], w["qkv"], cos, sin, S, (HQ, HKV, D), w["o"], w["n2"], w["gate_up"], w["down"],
@@ -259,15 +259,15 @@ def phase_profile(dev, dt, M, launch=None):
         if rep == 0:
             continue  # compiles
         for buf in bufs:
-            t = buf[(buf[:, 14] > 0)].double()
-            prev_exit = t[:, 14].min()
+            t = buf[(buf[:, pl.TIM_START] > 0)].double()
+            prev_exit = t[:, pl.TIM_START].min()
             for k in range(NP - 1):
                 arrive, leave = t[:, 2 * k], t[:, 2 * k + 1]
                 spans[k].append((arrive.max() - prev_exit).item() / 1e3)
                 waits[k].append((leave.max() - arrive.max()).item() / 1e3)
                 prev_exit = leave.min()
-            spans[NP - 1].append((t[:, 15].max() - prev_exit).item() / 1e3)
-            totals.append((t[:, 15].max() - t[:, 14].min()).item() / 1e3)
+            spans[NP - 1].append((t[:, pl.TIM_END].max() - prev_exit).item() / 1e3)
+            totals.append((t[:, pl.TIM_END].max() - t[:, pl.TIM_START].min()).item() / 1e3)
     med = statistics.median
     res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I))._asdict(),
            "total_us": med(totals),

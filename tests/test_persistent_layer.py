@@ -109,10 +109,98 @@ def test_too_many_tokens_is_refused():
         pl.layer(x[:22], weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)
 
 
+def paged_case(H, Hq, Hkv, D, I, bs, ctx, dtype, seed):
+    """Decode rows with contexts `ctx` over shuffled blocks of a random cache (block 0 never handed
+    out), each row's new token at position ctx - 1 (its slot not written yet), RoPE rows at the
+    positions -> weights, x, cos, sin, (k_pool, v_pool, block_tables, context_lens, slot_mapping)."""
+    g = torch.Generator().manual_seed(seed)
+    T = len(ctx)
+    need = [-(-c // bs) for c in ctx]
+    ids = (torch.randperm(sum(need) + 2, generator=g) + 1).tolist()
+    bt = torch.zeros(T, max(need) + 1, dtype=torch.int64)  # one spare column: the table is wider than any context
+    for b in range(T):
+        bt[b, :need[b]] = torch.tensor([ids.pop() for _ in range(need[b])])
+    pools = [rand(sum(need) + 3, bs, Hkv, D, g=g, dtype=dtype) for _ in range(2)]
+    cl = torch.tensor(ctx)
+    pos = cl - 1
+    slots = bt.gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+    table_cos, table_sin = rope(max(ctx), D)
+    weights = layer_weights(H, Hq, Hkv, D, I, dtype, seed=seed)
+    x = rand(T, H, g=g, dtype=dtype)
+    return weights, x, table_cos[pos.to(DEV)], table_sin[pos.to(DEV)], (*pools, bt.to(DEV), cl.to(DEV), slots.to(DEV))
+
+
+def reference_paged_layer(x, weights, cos, sin, heads, cache):
+    """The PyTorch path of an LM decode step's layer, eagerly: `LayerMath` around `write_kv` and
+    `paged_decode_attention` (on copies of the pools) -> (out, k_pool, v_pool)."""
+    from voxcpm_triton.engine.attention import paged_decode_attention, write_kv
+    from voxcpm_triton.model.minicpm import LayerMath
+
+    n1, qkv_w, o_w, n2, gu_w, d_w = weights
+    Hq, Hkv, D = heads
+    kp, vp, bt, cl, slots = cache
+    kp, vp, T = kp.clone(), vp.clone(), x.size(0)
+    m = LayerMath(Hq, Hkv, D, EPS, None)
+    q, k, v = m.attention_inputs(x, n1, qkv_w, cos, sin)
+    write_kv(kp[None], vp[None], 0, slots, k.view(T, 1, Hkv, D), v.view(T, 1, Hkv, D))
+    attn = paged_decode_attention(q.view(T, 1, Hq, D), kp, vp, bt, cl)
+    return m.attention_output_mlp(x, attn.reshape(T, -1), o_w, n2, gu_w, d_w), kp, vp
+
+
+# (hidden, Hq, Hkv, D, FFN, block size, contexts): the LM's decode rows (the GPU adds VoxCPM2's LM)
+PAGED_SHAPES = [(128, 4, 2, 32, 256, 4, [1, 9, 40]), (64, 4, 1, 16, 128, 8, [17, 3])]
+if CUDA:
+    PAGED_SHAPES += [(2048, 16, 2, 128, 6144, 16, [40]), (2048, 16, 2, 128, 6144, 16, [1, 700, 95, 2000])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("with_rope", [True, False], ids=["rope", "norope"])
+@pytest.mark.parametrize("H,Hq,Hkv,D,I,bs,ctx", PAGED_SHAPES)
+def test_paged_layer_matches_layer_math(H, Hq, Hkv, D, I, bs, ctx, with_rope, splits, dtype):
+    """An LM decode layer: RoPE at each row's position, its new K/V written into the cache and
+    attended to with the rest of its context (in context splits, merged), then the output
+    projection and the MLP: output and cache as the PyTorch path."""
+    weights, x, cos, sin, cache = paged_case(H, Hq, Hkv, D, I, bs, ctx, dtype, seed=len(ctx) + H)
+    if not with_rope:
+        cos = sin = None
+    ref, ref_k, ref_v = reference_paged_layer(x, weights, cos, sin, (Hq, Hkv, D), cache)
+    out = pl.layer(x, weights[0], weights[1], cos, sin, 1, (Hq, Hkv, D), *weights[2:], EPS,
+                   paged=pl.Paged(*cache, num_splits=splits))
+    assert out.shape == ref.shape and out.dtype == dtype
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol(dtype, ref), f"max abs err {err:.3g}"
+    for got, want in ((cache[0], ref_k), (cache[1], ref_v)):  # the new K/V in their slots, nothing else touched
+        assert (got.float() - want.float()).abs().max().item() <= tol(dtype, want)
+    assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):
+    """`PagedAttention.layer` (the LM's backend in a decode step) runs a whole layer in the kernel
+    with the Triton paged attention, and declines prefill metadata and the PyTorch attention."""
+    from voxcpm_triton.engine.attention import DecodeMetadata, PagedAttention, PrefillMetadata
+
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    weights, x, cos, sin, cache = paged_case(128, 4, 2, 32, 256, 4, [5, 12], dtype, seed=3)
+    kp, vp, bt, cl, slots = cache
+    calls = []
+    layer = pl.layer
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(k["paged"]) or layer(*a, **k))
+    meta = DecodeMetadata(slots, bt, cl)
+    args = (x, 1, (cos, sin), (4, 2, 32), *weights, EPS)
+    assert PagedAttention(kp[None], vp[None], meta, use_triton=False).layer(0, *args) is None
+    assert PagedAttention(kp[None], vp[None], PrefillMetadata(slots, [0, 2]), use_triton=True).layer(0, *args) is None
+    assert not calls
+    ref, _, _ = reference_paged_layer(x, weights, cos, sin, (4, 2, 32), cache)
+    out = PagedAttention(kp[None], vp[None], meta, use_triton=True).layer(0, *args)
+    assert len(calls) == 1 and calls[0].k_pool.data_ptr() == kp.data_ptr()
+    assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+
+
 def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch):
-    """In the engine's decode step, LocDiT's layers (a lone request: 2 x 11 tokens, the CFG halves)
-    and LocEnc's (5 tokens) run in the kernel: per step, LocDiT's layers once per CFM evaluation and
-    LocEnc's once."""
+    """In the engine's decode step, LocDiT's layers (a lone request: 2 x 11 tokens, the CFG halves),
+    LocEnc's (5 tokens) and the two LMs' (one row, paged) run in the kernel: per step, LocDiT's
+    layers once per CFM evaluation, LocEnc's and the LMs' once."""
     import threading
 
     from voxcpm_triton import VoxCPM2
@@ -139,6 +227,8 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
     evals = timesteps - zero_velocity_steps(timesteps)
     assert calls.count((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * cfg.dit_config.num_layers
     assert calls.count((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * cfg.encoder_config.num_layers
+    lm_layers = cfg.lm_config.num_hidden_layers + cfg.residual_lm_num_layers
+    assert calls.count((1, cfg.lm_config.hidden_size)) == steps * lm_layers
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")

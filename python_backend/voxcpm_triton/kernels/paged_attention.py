@@ -66,25 +66,31 @@ def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int, 
 
 if _HAVE_TRITON:
 
-    # The table's width is not specialized (== 1, divisible by 16): a packed prefill's rows meet
-    # widths no start-up shape had, and each new class would compile under load.
-    @triton.jit(do_not_specialize=["stride_btb", "max_blocks"])
-    def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, kn_ptr, vn_ptr, slot_ptr,
-        stride_qb, stride_qh, stride_qd, stride_knb, stride_knh, stride_vnb, stride_vnh,
-        stride_kb, stride_kt, stride_kh, stride_kd,
-        stride_vb, stride_vt, stride_vh, stride_vd,
-        stride_btb, stride_btn,
-        stride_ob, stride_oh, stride_od,
-        max_blocks, qk_scale,  # qk_scale = log2(e) / sqrt(D)
-        Hq: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, NEW_KV: tl.constexpr,
-    ):
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        split = tl.program_id(2)
+    @triton.jit
+    def write_new_kv(k_new, v_new, k_ptr, v_ptr, slot_ptr, b, kvh, offs_d, d_mask,
+                     stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+                     BLOCK_SIZE: tl.constexpr):
+        """Row b's new K/V ([D_PAD] each) of kv head kvh into its flat slot slot_ptr[b]."""
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        tl.store(k_ptr + blk * stride_kb + off * stride_kt + kvh * stride_kh + offs_d * stride_kd,
+                 k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(v_ptr + blk * stride_vb + off * stride_vt + kvh * stride_vh + offs_d * stride_vd,
+                 v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
 
+    @triton.jit
+    def attend_split(q, k_new, v_new, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+                     b, kvh, split, stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh,
+                     stride_vd, stride_btb, stride_btn, stride_ob, stride_oh, stride_od, max_blocks, qk_scale,
+                     Hq: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                     PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, NEW_KV: tl.constexpr,
+                     CACHE: tl.constexpr):
+        """Request b's query group of kv head kvh (q: [G_PAD, D_PAD]) over its split of the context:
+        the output (one split), or the split's partial softmax (m, l, acc) for `merge_split_row`.
+        NEW_KV: position context_len - 1 is k_new/v_new ([D_PAD]), whatever its slot holds. Also a
+        phase of `kernels.persistent_layer`'s, where the pools were written by the same launch:
+        CACHE ".cg", past L1."""
         offs_g = tl.arange(0, G_PAD)
         offs_d = tl.arange(0, D_PAD)
         offs_n = tl.arange(0, BLOCK_N)
@@ -92,19 +98,7 @@ if _HAVE_TRITON:
         d_mask = offs_d < D
         heads = kvh * G + offs_g  # query heads of this group
 
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-
         ctx_in = tl.load(ctx_ptr + b).to(tl.int32)
-        if NEW_KV:  # the new token (its last dimension contiguous), written once: by the first split
-            k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + offs_d, mask=d_mask, other=0.0)
-            v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
-            if split == 0:
-                slot_new = tl.load(slot_ptr + b).to(tl.int64)
-                dst = (slot_new // BLOCK_SIZE) * stride_kb + (slot_new % BLOCK_SIZE) * stride_kt + kvh * stride_kh
-                tl.store(k_ptr + dst + offs_d * stride_kd, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
-                dst = (slot_new // BLOCK_SIZE) * stride_vb + (slot_new % BLOCK_SIZE) * stride_vt + kvh * stride_vh
-                tl.store(v_ptr + dst + offs_d * stride_vd, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
         # Tokens past the table's width do not exist in the reference either.
         ctx = tl.minimum(ctx_in, max_blocks * BLOCK_SIZE)
         n_tiles = tl.cdiv(ctx, BLOCK_N)
@@ -126,9 +120,9 @@ if _HAVE_TRITON:
             slot = tok % BLOCK_SIZE
             kv_mask = t_mask[:, None] & d_mask[None, :]
             k = tl.load(k_head + blk[:, None] * stride_kb + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                        mask=kv_mask, other=0.0)
+                        mask=kv_mask, other=0.0, cache_modifier=CACHE)
             v = tl.load(v_head + blk[:, None] * stride_vb + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                        mask=kv_mask, other=0.0)
+                        mask=kv_mask, other=0.0, cache_modifier=CACHE)
             if NEW_KV:  # its slot may not be written yet: the value itself
                 is_new = (tok == ctx_in - 1)[:, None]
                 k = tl.where(is_new, k_new[None, :].to(k.dtype), k)
@@ -164,19 +158,17 @@ if _HAVE_TRITON:
             tl.store(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
 
     @triton.jit
-    def _merge_splits_kernel(
-        m_ptr, l_ptr, acc_ptr, out_ptr,
-        stride_ob, stride_oh, stride_od,
-        Hq: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    ):
-        bh = tl.program_id(0)  # b * Hq + h
+    def merge_split_row(m_ptr, l_ptr, acc_ptr, out_ptr, bh, stride_ob, stride_oh, stride_od,
+                        Hq: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                        CACHE: tl.constexpr):
+        """Query head bh % Hq of request bh // Hq: its splits' partial softmaxes merged, to out."""
         b = bh // Hq
         h = bh % Hq
         offs_s = tl.arange(0, NUM_SPLITS)
         offs_d = tl.arange(0, D_PAD)
-        m = tl.load(m_ptr + bh * NUM_SPLITS + offs_s)
-        l = tl.load(l_ptr + bh * NUM_SPLITS + offs_s)
-        acc = tl.load(acc_ptr + (bh * NUM_SPLITS + offs_s)[:, None] * D_PAD + offs_d[None, :])
+        m = tl.load(m_ptr + bh * NUM_SPLITS + offs_s, cache_modifier=CACHE)
+        l = tl.load(l_ptr + bh * NUM_SPLITS + offs_s, cache_modifier=CACHE)
+        acc = tl.load(acc_ptr + (bh * NUM_SPLITS + offs_s)[:, None] * D_PAD + offs_d[None, :], cache_modifier=CACHE)
         m_max = tl.max(m, axis=0)
         m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (context 0)
         w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
@@ -184,6 +176,94 @@ if _HAVE_TRITON:
         out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_tot > 0, l_tot, 1.0)
         tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
                  out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+
+    @triton.jit
+    def qkv_row_attend(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, slot_ptr, out_ptr, m_ptr, l_ptr,
+                       acc_ptr, b, kvh, split, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks, qk_scale,
+                       Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                       G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                       HAS_ROPE: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+        """`attend_split` for decode row b straight from its packed QKV projection ([Hq + 2 Hkv] x D,
+        contiguous): RoPE on the query group and the new key (cos/sin: [rows, D] fp32, row b's
+        position; fp32, rounded to the input dtype, as `minicpm.apply_rope`), the new K/V written
+        into their slot (first split), out [rows, Hq * D]. The pools' last dimension is contiguous
+        and V's strides are K's. A phase of `kernels.persistent_layer`'s: loads skip L1 (".cg")."""
+        G: tl.constexpr = Hq // Hkv
+        HALF: tl.constexpr = D // 2
+        dtype = qkv_ptr.dtype.element_ty
+        offs_g = tl.arange(0, G_PAD)
+        offs_d = tl.arange(0, D_PAD)
+        d_mask = offs_d < D
+        q_mask = (offs_g < G)[:, None] & d_mask[None, :]
+        row = qkv_ptr + b * ((Hq + 2 * Hkv) * D)
+        q_cols = (kvh * G + offs_g)[:, None] * D
+        k_col = (Hq + kvh) * D
+        q = tl.load(row + q_cols + offs_d[None, :], mask=q_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        k = tl.load(row + k_col + offs_d, mask=d_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        v = tl.load(row + (Hq + Hkv + kvh) * D + offs_d, mask=d_mask, other=0.0, cache_modifier=".cg")
+        if HAS_ROPE:  # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+            partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+            sign = tl.where(offs_d < HALF, -1.0, 1.0)
+            cos = tl.load(cos_ptr + b * D + offs_d, mask=d_mask, other=0.0)
+            sin = tl.load(sin_ptr + b * D + offs_d, mask=d_mask, other=0.0)
+            qp = tl.load(row + q_cols + partner[None, :], mask=q_mask, other=0.0, cache_modifier=".cg")
+            kp = tl.load(row + k_col + partner, mask=d_mask, other=0.0, cache_modifier=".cg")
+            q = q * cos[None, :] + (qp.to(tl.float32) * sign[None, :]) * sin[None, :]
+            k = k * cos + (kp.to(tl.float32) * sign) * sin
+        q, k = q.to(dtype), k.to(dtype)
+        if split == 0:
+            write_new_kv(k, v, k_ptr, v_ptr, slot_ptr, b, kvh, offs_d, d_mask, stride_kb, stride_kt, stride_kh, 1,
+                         stride_kb, stride_kt, stride_kh, 1, BLOCK_SIZE)
+        attend_split(q, k, v, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, b, kvh, split,
+                     stride_kb, stride_kt, stride_kh, 1, stride_kb, stride_kt, stride_kh, 1, stride_btb, 1,
+                     Hq * D, D, 1, max_blocks, qk_scale, Hq, G, D, BLOCK_SIZE, G_PAD, D_PAD, BLOCK_N, NUM_SPLITS,
+                     PRECISION, DOT_UPCAST, True, ".cg")
+
+    # The table's width is not specialized (== 1, divisible by 16): a packed prefill's rows meet
+    # widths no start-up shape had, and each new class would compile under load.
+    @triton.jit(do_not_specialize=["stride_btb", "max_blocks"])
+    def _paged_decode_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, kn_ptr, vn_ptr, slot_ptr,
+        stride_qb, stride_qh, stride_qd, stride_knb, stride_knh, stride_vnb, stride_vnh,
+        stride_kb, stride_kt, stride_kh, stride_kd,
+        stride_vb, stride_vt, stride_vh, stride_vd,
+        stride_btb, stride_btn,
+        stride_ob, stride_oh, stride_od,
+        max_blocks, qk_scale,  # qk_scale = log2(e) / sqrt(D)
+        Hq: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, NEW_KV: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        offs_g = tl.arange(0, G_PAD)
+        offs_d = tl.arange(0, D_PAD)
+        d_mask = offs_d < D
+        heads = kvh * G + offs_g
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                    mask=(offs_g < G)[:, None] & d_mask[None, :], other=0.0)
+        k_new = tl.zeros([D_PAD], dtype=q.dtype)  # unused without NEW_KV
+        v_new = tl.zeros([D_PAD], dtype=q.dtype)
+        if NEW_KV:  # the new token (its last dimension contiguous), written once: by the first split
+            k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + offs_d, mask=d_mask, other=0.0)
+            v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
+            if split == 0:
+                write_new_kv(k_new, v_new, k_ptr, v_ptr, slot_ptr, b, kvh, offs_d, d_mask, stride_kb, stride_kt,
+                             stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE)
+        attend_split(q, k_new, v_new, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, b, kvh, split,
+                     stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+                     stride_btb, stride_btn, stride_ob, stride_oh, stride_od, max_blocks, qk_scale,
+                     Hq, G, D, BLOCK_SIZE, G_PAD, D_PAD, BLOCK_N, NUM_SPLITS, PRECISION, DOT_UPCAST, NEW_KV, "")
+
+    @triton.jit
+    def _merge_splits_kernel(
+        m_ptr, l_ptr, acc_ptr, out_ptr,
+        stride_ob, stride_oh, stride_od,
+        Hq: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):
+        merge_split_row(m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0), stride_ob, stride_oh, stride_od,
+                        Hq, D, D_PAD, NUM_SPLITS, "")
 
     _INTERPRETED = interpreted(_paged_decode_kernel)
 else:

@@ -40,15 +40,19 @@ from typing import NamedTuple
 
 import torch
 
-from . import local_attention
+from . import local_attention, paged_attention
 from ._triton import HAVE_TRITON, interpreted, tl, triton
 from ._triton import next_pow2 as _next_pow2
 
 MAX_TOKENS = 64  # every program holds all tokens' rows
-PHASES = 8
+PHASES = 9  # the fourth (merging a paged attention's context splits) runs only for those
+TIM_COLS, TIM_START, TIM_END = 18, 16, 17  # timings: per program, 2 per barrier (at most 8), start, end
 ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
+MAX_ROWS = 16  # LM decode rows: batch buckets up to 16 (larger batches keep cuBLAS's GEMMs)
+ENABLED_LM = os.environ.get("VOXCPM_FUSED_LM_LAYERS", "1") != "0"
 
 if HAVE_TRITON:
+    _TIM_COLS, _TIM_START, _TIM_END = tl.constexpr(TIM_COLS), tl.constexpr(TIM_START), tl.constexpr(TIM_END)
 
     @triton.jit
     def _clock():
@@ -173,10 +177,13 @@ if HAVE_TRITON:
     def _layer_kernel(
         x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, out_ptr,
         h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr,
-        M, S, eps, qk_scale,
+        kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
+        M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
         H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr,
         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
         S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr,
+        PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, ATT_N: tl.constexpr, G_PAD: tl.constexpr,
+        D_PAD: tl.constexpr, ATT_SPLITS: tl.constexpr,
         BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
@@ -184,11 +191,12 @@ if HAVE_TRITON:
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
-        tim = tim_ptr + pid * 16
+        tim = tim_ptr + pid * _TIM_COLS
         if TIMING:
-            tl.store(tim + 14, _clock())
+            tl.store(tim + _TIM_START, _clock())
         NQKV: tl.constexpr = (HQ + 2 * HKV) * D
         HO: tl.constexpr = HQ * D
+        MERGE: tl.constexpr = 1 if PAGED and ATT_SPLITS > 1 else 0  # the merge phase and its barrier
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
@@ -200,38 +208,53 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 2 * P, tim, 1, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
-            blocks = HQ // HEADS
-            for u in range(pid, (M // S) * blocks, P):
-                local_attention.attend(qkv_ptr, cos_ptr, sin_ptr, attn_ptr, NQKV, HO, S, qk_scale,
-                                       u // blocks, (u % blocks) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD,
-                                       HEADS, HAS_ROPE, UPCAST, PRECISION, ".cg")
+            if PAGED:  # (row, kv head, context split); the new K/V into the cache
+                for u in range(pid, M * HKV * ATT_SPLITS, P):
+                    bk = u // ATT_SPLITS
+                    paged_attention.qkv_row_attend(
+                        qkv_ptr, cos_ptr, sin_ptr, kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, attn_ptr, pm_ptr, pl_ptr,
+                        pacc_ptr, bk // HKV, bk % HKV, u % ATT_SPLITS, stride_kb, stride_kt, stride_kh, stride_btb,
+                        max_blocks, qk_scale, HQ, HKV, D, BLOCK_SIZE, G_PAD, D_PAD, ATT_N, ATT_SPLITS, HAS_ROPE,
+                        PRECISION, UPCAST)
+            else:  # (sequence, head block)
+                blocks = HQ // HEADS
+                for u in range(pid, (M // S) * blocks, P):
+                    local_attention.attend(qkv_ptr, cos_ptr, sin_ptr, attn_ptr, NQKV, HO, S, qk_scale,
+                                           u // blocks, (u % blocks) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD,
+                                           HEADS, HAS_ROPE, UPCAST, PRECISION, ".cg")
             if GRID_SYNC:
                 _grid_sync(sync_ptr, 3 * P, tim, 2, TIMING)
-        if FIRST <= 3 and 3 <= LAST:  # attn Wo^T, split K
+        if MERGE and FIRST <= 3 and 3 <= LAST:  # the context splits' partial softmaxes
+            for bh in range(pid, M * HQ, P):
+                paged_attention.merge_split_row(pm_ptr, pl_ptr, pacc_ptr, attn_ptr, bh, HO, D, 1, HQ, D, D_PAD,
+                                                ATT_SPLITS, ".cg")
+            if GRID_SYNC:
+                _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
+        if FIRST <= 4 and 4 <= LAST:  # attn Wo^T, split K
             _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O, UPCAST,
                      PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
-        if FIRST <= 4 and 4 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
+                _grid_sync(sync_ptr, (4 + MERGE) * P, tim, 3 + MERGE, TIMING)
+        if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
             _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 5 * P, tim, 4, TIMING)
-        if FIRST <= 5 and 5 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
+                _grid_sync(sync_ptr, (5 + MERGE) * P, tim, 4 + MERGE, TIMING)
+        if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
                 _tile(h_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU, UPCAST,
                       PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 6 * P, tim, 5, TIMING)
-        if FIRST <= 6 and 6 <= LAST:  # act Wd^T, split K
+                _grid_sync(sync_ptr, (6 + MERGE) * P, tim, 5 + MERGE, TIMING)
+        if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
             _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D, UPCAST,
                      PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 7 * P, tim, 6, TIMING)
-        if FIRST <= 7 and 7 <= LAST:  # out = x1 + (sum)
+                _grid_sync(sync_ptr, (7 + MERGE) * P, tim, 6 + MERGE, TIMING)
+        if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
             _finish_rows(part_ptr, x1_ptr, out_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_D, False, H, H_PAD)
         if TIMING:
             tl.debug_barrier()
-            tl.store(tim + 15, _clock())
+            tl.store(tim + _TIM_END, _clock())
         if GRID_SYNC:  # the last program out resets the counters for the next launch
             gone = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
             if gone == P - 1:
@@ -323,16 +346,33 @@ def launch_for(H: int, HO: int, I: int) -> Launch | None:
     return None if block_k is None else Launch(splits=(split_o, split_d), block_k=block_k)
 
 
+class Paged(NamedTuple):
+    """A decode step's paged KV cache for `layer`: one layer's pools [blocks, block_size, Hkv, D] (V's
+    strides K's, the last dimension contiguous), block_tables [T, max_blocks] (rows contiguous),
+    context_lens [T] (the new token included) and slot_mapping [T] (the new token's flat slot)."""
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_splits: int | None = None  # context splits of the attention; None: `paged_attention.choose_num_splits`
+
+
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
           eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None,
-          programs: int | None = None) -> torch.Tensor:
-    """One decoder layer over x [T, hidden] (T = sequences x seq_len <= MAX_TOKENS); cos, sin:
-    [seq_len, head_dim] fp32 RoPE tables, or None; heads: (Hq, Hkv, head_dim).
+          programs: int | None = None, paged: Paged | None = None) -> torch.Tensor:
+    """One decoder layer over x [T, hidden] (T <= MAX_TOKENS); heads: (Hq, Hkv, head_dim).
+
+    Local (paged None): T tokens are sequences of seq_len, attending within their sequence; cos, sin:
+    [seq_len, head_dim] fp32 RoPE tables, or None.
+    Paged: T decode rows (seq_len 1), each its request's new token, attending to its cache, where
+    the layer writes its K/V (`Paged`); cos, sin: [T, head_dim], each row's position, or None.
 
     launch: tiles and splits (`Launch`), by default `launch_for` the sizes. timings: an int64 CUDA
-    tensor of [programs, 16] that gets each program's start (14), end (15), and per barrier k its
-    arrival (2k) and exit (2k + 1), in ns of the GPU's global timer (benchmarks/kernel_fused_layer.py).
-    programs: fewer programs than work items (tests: each program then takes several)."""
+    tensor of [programs, TIM_COLS] that gets each program's start (TIM_START), end (TIM_END), and per
+    barrier k its arrival (2k) and exit (2k + 1), in ns of the GPU's global timer
+    (benchmarks/kernel_fused_layer.py). programs: fewer programs than work items (tests: each program
+    then takes several)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
@@ -345,40 +385,58 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     split_o, split_d = launch.splits
     block_k, attn_heads = launch.block_k, launch.attn_heads
     assert 1 <= T <= MAX_TOKENS, f"persistent_layer over {T} tokens (1..{MAX_TOKENS})"
-    assert T % seq_len == 0, f"{T} tokens are not whole sequences of {seq_len}"
-    assert seq_len <= local_attention.MAX_SEQ and head_dim % 2 == 0 and n_heads % n_kv == 0
-    assert (n_heads // n_kv) % attn_heads == 0, (n_heads, n_kv, attn_heads)
+    assert head_dim % 2 == 0 and n_heads % n_kv == 0
     nqkv = (n_heads + 2 * n_kv) * head_dim
     assert qkv_w.shape == (nqkv, H) and o_w.shape == (H, HO), (qkv_w.shape, o_w.shape)
     assert gate_up_w.shape == (2 * I, H) and down_w.shape == (H, I), (gate_up_w.shape, down_w.shape)
     assert H % block_k == 0 and HO % (split_o * block_k) == 0 and I % (split_d * block_k) == 0, \
         (H, HO, I, launch)
-    has_rope = cos is not None
-    if has_rope:
-        assert cos.shape == sin.shape == (seq_len, head_dim) and cos.dtype == sin.dtype == torch.float32
-        cos, sin = cos.contiguous(), sin.contiguous()
     x = x.contiguous()
     dev, dt = x.device, x.dtype
+    has_rope = cos is not None
+    if paged is None:
+        assert T % seq_len == 0, f"{T} tokens are not whole sequences of {seq_len}"
+        assert seq_len <= local_attention.MAX_SEQ and (n_heads // n_kv) % attn_heads == 0, (seq_len, attn_heads)
+        rope_rows, attn_items, splits, block_size, att_n = seq_len, (T // seq_len) * (n_heads // attn_heads), 1, 1, 16
+        cache = (x,) * 8 + (0, 0, 0, 0, 1)  # no cache
+    else:
+        assert seq_len == 1, "paged: one new token per row"
+        kp, vp, bt, ctx, slots = paged.k_pool, paged.v_pool, paged.block_tables, paged.context_lens, paged.slot_mapping
+        assert kp.shape == vp.shape and kp.dim() == 4 and kp.shape[2:] == (n_kv, head_dim), (kp.shape, vp.shape)
+        assert kp.stride() == vp.stride() and kp.stride(3) == 1 and kp.dtype == vp.dtype == dt
+        assert bt.shape[0] == ctx.shape[0] == slots.shape[0] == T and bt.stride(1) == 1, (bt.shape, ctx.shape)
+        block_size, att_n = kp.size(1), 64 if head_dim <= 128 else 32
+        splits = paged.num_splits or paged_attention.choose_num_splits(T, n_kv, bt.size(1) * block_size, att_n, dev)
+        assert splits >= 1 and splits & (splits - 1) == 0, splits
+        rope_rows, attn_items = T, T * n_kv * splits
+        d_pad = _next_pow2(head_dim)
+        part_m = torch.empty(T * n_heads * splits, device=dev, dtype=torch.float32)
+        cache = (kp, vp, bt, ctx, slots, part_m, torch.empty_like(part_m),
+                 torch.empty(T * n_heads * splits * d_pad, device=dev, dtype=torch.float32), *kp.stride()[:3],
+                 bt.stride(0), bt.size(1))
+    if has_rope:
+        assert cos.shape == sin.shape == (rope_rows, head_dim) and cos.dtype == sin.dtype == torch.float32
+        cos, sin = cos.contiguous(), sin.contiguous()
     empty = lambda *s: torch.empty(*s, device=dev, dtype=dt)  # noqa: E731
     out, h, qkv, attn, x1, act = empty(T, H), empty(T, H), empty(T, nqkv), empty(T, HO), empty(T, H), empty(T, I)
     part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
-    work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T,
-               (T // seq_len) * (n_heads // attn_heads))
+    work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T, attn_items,
+               T * n_heads if splits > 1 else 1)
     upcast = _INTERPRETED or dt == torch.float32
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
+    stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated)  # noqa: E731
     common = dict(
-        ST_QKV=_stages(launch, smem, block_m, bn_qkv, H, False), ST_O=_stages(launch, smem, block_m, bn_o,
-                                                                             HO // split_o, False),
-        ST_GU=_stages(launch, smem, block_m, bn_gu, H, True), ST_D=_stages(launch, smem, block_m, bn_d,
-                                                                          I // split_d, False),
         H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
         HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
-        HAS_ROPE=has_rope, BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d,
-        SPLIT_O=split_o, SPLIT_D=split_d, BLOCK_K=block_k, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
+        HAS_ROPE=has_rope, PAGED=paged is not None, BLOCK_SIZE=block_size, ATT_N=att_n,
+        G_PAD=max(16, _next_pow2(n_heads // n_kv)), D_PAD=max(16, _next_pow2(head_dim)), ATT_SPLITS=splits,
+        BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d, SPLIT_O=split_o, SPLIT_D=split_d,
+        BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
+        ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
-            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x,
-            T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim))
+            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, *cache[:8],
+            T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
     if programs is not None:
         assert 1 <= programs, programs
         work = min(work, programs)
@@ -388,19 +446,22 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     else:
         grid = _programs(dev, work)
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
-                                   and timings.shape[0] >= grid and timings.shape[1] == 16), \
-            f"timings must be int64 [>= {grid}, 16]"
+                                   and timings.shape[0] >= grid and timings.shape[1] == TIM_COLS), \
+            f"timings must be int64 [>= {grid}, {TIM_COLS}]"
         _layer_kernel[(grid,)](*args, FIRST=0, LAST=PHASES - 1, GRID_SYNC=True, **common)
     return out
 
 
-def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights) -> bool:
-    """Whether `layer` takes this call: enabled, triton able to run here (on a GPU: 16-bit
-    activations), few enough tokens, plain contiguous weight tensors of the activations' dtype (not
-    e4m3 `kernels.fp8.FP8Weight`s), and a launch for the sizes."""
+def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = False) -> bool:
+    """Whether `layer` takes this call: enabled (local layers, or with paged, LM decode layers),
+    triton able to run here (on a GPU: 16-bit activations), few enough tokens, plain contiguous
+    weight tensors of the activations' dtype (not e4m3 `kernels.fp8.FP8Weight`s), and a launch for
+    the sizes."""
     n_heads, n_kv, head_dim = heads
-    return (ENABLED and HAVE_TRITON and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
-            and x.size(0) <= MAX_TOKENS and seq_len <= local_attention.MAX_SEQ
+    return ((ENABLED_LM if paged else ENABLED) and HAVE_TRITON
+            and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
+            and x.size(0) <= (MAX_ROWS if paged else MAX_TOKENS)
+            and (seq_len == 1 if paged else seq_len <= local_attention.MAX_SEQ)
             and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)
             and launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1)) is not None)
 
@@ -424,7 +485,7 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
     `minicpm.DecoderLayer` offers each layer to `layer` first, which runs it here and returns the
     output, or returns None (`runs` says no): the layer then runs as before."""
 
-    def layer(self, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps):
+    def layer(self, layer_idx, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps):
         if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
             return None
         cos, sin = rope if rope is not None else (None, None)

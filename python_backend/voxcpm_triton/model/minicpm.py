@@ -241,9 +241,9 @@ class DecoderLayer(nn.Module):
         # Without adapters the calls are exactly the plain ones (no extra argument for compiled code).
         qkv_lora = () if lora is None else (lora.qkv,)
         if lora is None and m.branch_scale is None and hasattr(backend, "layer"):  # the whole layer fused
-            out = backend.layer(x, S, rope, (m.n_heads, m.n_kv, m.head_dim), self.input_layernorm.weight,
-                                attn.qkv_weight(), attn.o_proj.weight, self.post_attention_layernorm.weight,
-                                mlp.gate_up_weight(), mlp.down_proj.weight, m.eps)
+            out = backend.layer(self.layer_idx, x, S, rope, (m.n_heads, m.n_kv, m.head_dim),
+                                self.input_layernorm.weight, attn.qkv_weight(), attn.o_proj.weight,
+                                self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight, m.eps)
             if out is not None:
                 return out if keep is None else out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
         if getattr(backend, "packed_qkv", False):

@@ -1,0 +1,139 @@
+"""An LM decode layer (VoxCPM2's base LM: hidden 2048, 16/2 heads of 128, FFN 6144) at a few rows,
+two ways, on a CUDA machine:
+
+- as the engine ran it before: `LayerMath`'s two halves torch.compile'd (cuBLAS GEMMs, inductor's
+  norms, RoPE and SiLU) around the Triton paged decode kernel (which writes the new K/V);
+- the persistent kernel (`voxcpm_triton.kernels.persistent_layer.layer(paged=...)`): the whole layer
+  in one launch, and where its time goes (per phase, from the GPU's global timer in every program).
+
+The LM's 28 layers run in a row, each with its own weights (2.6 GB: the L2 cache does not hold them),
+every row at a context of CONTEXT tokens over the engine's table width:
+
+    python3 benchmarks/kernel_lm_layer.py --out $OUT/kernel_lm_layer.json
+
+Microseconds per layer, median of replays of a CUDA graph of the 28.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
+from kernel_skinny_gemm import time_calls  # noqa: E402
+from voxcpm_triton.engine.attention import DecodeMetadata, PagedAttention  # noqa: E402
+from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from voxcpm_triton.model.minicpm import LayerMath  # noqa: E402
+
+H, HQ, HKV, D, I, EPS = 2048, 16, 2, 128, 6144, 1e-5
+DEPTH, BLOCK, WIDTH = 28, 16, 512  # layers; the engine's block size and table width (8192 positions)
+PHASES = ["norm", "qkv", "attention (context splits)", "merge splits", "o (split K)", "sum+residual+norm",
+          "gate/up+silu", "down (split K)", "sum+residual"]
+
+
+def weights(dev, seed):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    r = lambda *s, scale: (torch.randn(*s, device=dev, generator=g) * scale).to(torch.bfloat16)  # noqa: E731
+    return [(1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(torch.bfloat16),
+            r((HQ + 2 * HKV) * D, H, scale=H ** -0.5), r(H, HQ * D, scale=(HQ * D) ** -0.5),
+            (1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(torch.bfloat16),
+            r(2 * I, H, scale=H ** -0.5), r(H, I, scale=I ** -0.5)]
+
+
+def case(dev, rows, context):
+    """Per row: CONTEXT positions over blocks of its own; one pool per layer -> backends, rope rows."""
+    need = -(-context // BLOCK)
+    pools = torch.randn(2, DEPTH, 1 + rows * need, BLOCK, HKV, D, device=dev).to(torch.bfloat16)
+    bt = torch.zeros(rows, WIDTH, dtype=torch.int64, device=dev)
+    bt[:, :need] = 1 + torch.arange(rows * need, device=dev).view(rows, need)
+    ctx = torch.full((rows,), context, dtype=torch.int64, device=dev)
+    pos = ctx - 1
+    slots = bt.gather(1, (pos // BLOCK)[:, None])[:, 0] * BLOCK + pos % BLOCK
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+    ang = torch.cat([pos[:, None].float() * inv] * 2, dim=-1)
+    return PagedAttention(pools[0], pools[1], DecodeMetadata(slots, bt, ctx), use_triton=True), (ang.cos(), ang.sin())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--out", default="kernel_lm_layer.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    t0 = time.time()
+    layers = [weights(dev, s) for s in range(DEPTH)]
+    math_c = LayerMath(HQ, HKV, D, EPS, None).compiled()
+    res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+           "context": args.context, "rows": []}
+    for rows in (int(r) for r in args.rows.split(",")):
+        backend, rope = case(dev, rows, args.context)
+        x = torch.randn(rows, H, device=dev).to(torch.bfloat16)
+
+        def compiled():
+            h = x
+            for i, (n1, qkv, o, n2, gu, d) in enumerate(layers):
+                q, k, v = math_c.attention_inputs(h, n1, qkv, *rope)
+                attn = backend(i, q.view(rows, 1, HQ, D), k.view(rows, 1, HKV, D), v.view(rows, 1, HKV, D))
+                h = math_c.attention_output_mlp(h, attn.reshape(rows, -1), o, n2, gu, d)
+            return h
+
+        def fused():
+            h = x
+            for i, w in enumerate(layers):
+                h = backend.layer(i, h, 1, rope, (HQ, HKV, D), *w, EPS)
+            return h
+
+        assert fused() is not None, "the persistent kernel declined the layer"
+        err = (fused().float() - compiled().float()).abs().max().item()
+        row = {"rows": rows, "max_abs_diff": err,
+               "compiled_us": time_calls([compiled], 1, reps=20) / DEPTH,
+               "persistent_us": time_calls([fused], 1, reps=20) / DEPTH}
+        row["speedup"] = row["compiled_us"] / row["persistent_us"]
+        # phases, from the global timer (one layer's launch at a time, eagerly)
+        spans, waits, totals = [], [], []
+        for rep in range(6):
+            bufs = [torch.zeros(160, pl.TIM_COLS, dtype=torch.int64, device=dev) for _ in layers]
+            h = x
+            for i, (w, buf) in enumerate(zip(layers, bufs)):
+                kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
+                              backend.meta.context_lens, backend.meta.slot_mapping)
+                h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, timings=buf, paged=kv)
+            torch.cuda.synchronize()
+            if rep == 0:
+                continue
+            for buf in bufs:
+                t = buf[buf[:, pl.TIM_START] > 0].double()
+                n_barriers = int((t[0, :2 * 8:2] > 0).sum())
+                prev, s, w_ = t[:, pl.TIM_START].min(), [], []
+                for k in range(n_barriers):
+                    s.append((t[:, 2 * k].max() - prev).item() / 1e3)
+                    w_.append((t[:, 2 * k + 1].max() - t[:, 2 * k].max()).item() / 1e3)
+                    prev = t[:, 2 * k + 1].min()
+                s.append((t[:, pl.TIM_END].max() - prev).item() / 1e3)
+                spans.append(s)
+                waits.append(w_)
+                totals.append((t[:, pl.TIM_END].max() - t[:, pl.TIM_START].min()).item() / 1e3)
+        names = PHASES if len(spans[0]) == len(PHASES) else [p for p in PHASES if p != "merge splits"]
+        med = statistics.median
+        row["profile"] = {"total_us": med(totals),
+                          "phases": [{"phase": n, "span_us": med(s[k] for s in spans),
+                                      "barrier_us": med(w[k] for w in waits) if k < len(waits[0]) else None}
+                                     for k, n in enumerate(names)]}
+        res["rows"].append(row)
+        print(f"[lm layer] rows {rows:3d}: compiled {row['compiled_us']:6.2f} us, persistent "
+              f"{row['persistent_us']:6.2f} us (x{row['speedup']:.2f}), max abs diff {err:.3g}; profile total {row['profile']['total_us']:.2f} us: "
+              + ", ".join(f"{p['phase']} {p['span_us']:.2f}" for p in row["profile"]["phases"]), flush=True)
+    res["seconds"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
