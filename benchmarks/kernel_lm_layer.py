@@ -33,6 +33,18 @@ from voxcpm_triton.model.minicpm import LayerMath  # noqa: E402
 
 H, HQ, HKV, D, I, EPS = 2048, 16, 2, 128, 6144, 1e-5
 DEPTH, BLOCK, WIDTH = 28, 16, 512  # layers; the engine's block size and table width (8192 positions)
+L = pl.Launch()
+VARIANTS = {  # name -> launch: pl.launch_for's choice at the LM's sizes, and others
+    "default": pl.launch_for(H, HQ * D, I), "launch_local": L, "gu16": L._replace(blocks=(32, 32, 16, 32)),
+    "qkv16_gu16": L._replace(blocks=(16, 32, 16, 32)), "stages8": L._replace(stages=8),
+    "gu16_stages8": L._replace(blocks=(32, 32, 16, 32), stages=8), "bk256": L._replace(block_k=256),
+    "gu16_split8": L._replace(blocks=(32, 32, 16, 32), splits=(8, 8)), "w8": L._replace(num_warps=8),
+    "gu64": L._replace(blocks=(32, 32, 64, 32)), "gu64_d64": L._replace(blocks=(32, 32, 64, 64)),
+    "gu64_stages4": L._replace(blocks=(32, 32, 64, 32), stages=4), "gu64_bk64": L._replace(blocks=(32, 32, 64, 32),
+                                                                                           block_k=64),
+    "o64_gu64_d64": L._replace(blocks=(32, 64, 64, 64)), "qkv64_gu64": L._replace(blocks=(64, 32, 64, 32)),
+}
+ONLY: set = set()
 PHASES = ["norm", "qkv", "attention (context splits)", "merge splits", "o (split K)", "sum+residual+norm",
           "gate/up+silu", "down (split K)", "sum+residual"]
 
@@ -65,7 +77,11 @@ def main():
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--out", default="kernel_lm_layer.json")
+    ap.add_argument("--variants", default="", help="only these of VARIANTS (names, comma-separated)")
+    ap.add_argument("--sweep", default="", help="rows (of --rows) at which to time the launch variants too")
     args = ap.parse_args()
+    sweep_rows = {int(r) for r in args.sweep.split(",") if r}
+    ONLY.update(v for v in args.variants.split(",") if v)
     dev = torch.device("cuda")
     t0 = time.time()
     layers = [weights(dev, s) for s in range(DEPTH)]
@@ -96,6 +112,24 @@ def main():
                "compiled_us": time_calls([compiled], 1, reps=20) / DEPTH,
                "persistent_us": time_calls([fused], 1, reps=20) / DEPTH}
         row["speedup"] = row["compiled_us"] / row["persistent_us"]
+        if rows in sweep_rows:
+            row["launches"] = {}
+            for name, launch in VARIANTS.items():
+                if ONLY and name not in ONLY:
+                    continue
+                def variant(launch=launch):
+                    h = x
+                    for i, w in enumerate(layers):
+                        kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
+                                      backend.meta.context_lens, backend.meta.slot_mapping)
+                        h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, launch=launch, paged=kv)
+                    return h
+                try:
+                    diff = (variant().float() - fused().float()).abs().max().item()
+                    row["launches"][name] = {"us": time_calls([variant], 1, reps=20) / DEPTH, "max_abs_diff": diff}
+                except Exception as e:  # out of shared memory and the like
+                    row["launches"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                print(f"[lm layer] rows {rows:3d} launch {name:22s} {row['launches'][name]}", flush=True)
         # phases, from the global timer (one layer's launch at a time, eagerly)
         spans, waits, totals = [], [], []
         for rep in range(6):

@@ -76,6 +76,7 @@ def test_every_launch_gives_the_same_layer(shape, launch, programs):
 
 def test_launch_for_fits_the_sizes():
     assert pl.launch_for(1024, 2048, 4096) == pl.Launch()  # LocDiT/LocEnc: the measured launch
+    assert pl.launch_for(2048, 2048, 6144) == pl.Launch(blocks=(32, 64, 64, 64))  # the LM's
     small = pl.launch_for(32, 64, 64)  # the tiny test checkpoint's LocDiT
     assert small.splits == (4, 4) and small.block_k == 16
     assert pl.launch_for(96, 96, 192).splits == (2, 4)

@@ -335,15 +335,20 @@ def _smem(device: torch.device) -> int:
 
 def launch_for(H: int, HO: int, I: int) -> Launch | None:
     """The launch for a layer of hidden size H, attention width HO and FFN width I: the measured
-    one (benchmarks/kernel_fused_layer.py, LocDiT/LocEnc's 1024 / 2048 / 4096 on an H100), with
-    splits and K tiles cut down until they divide other sizes; None if none does."""
+    one on an H100 (LocDiT/LocEnc's 1024 / 2048 / 4096: benchmarks/kernel_fused_layer.py; from
+    hidden 2048 on, the LM's 2048 / 2048 / 6144, wider output, gate/up and down tiles:
+    benchmarks/kernel_lm_layer.py), with splits and K tiles cut down until they divide other sizes;
+    None if none does."""
     split_o = next((s for s in (4, 2, 1) if HO % (16 * s) == 0), None)
     split_d = next((s for s in (4, 2, 1) if I % (16 * s) == 0), None)
     if split_o is None or split_d is None:
         return None
     block_k = next((k for k in (128, 64, 32, 16) if H % k == 0 and HO % (split_o * k) == 0
                     and I % (split_d * k) == 0), None)
-    return None if block_k is None else Launch(splits=(split_o, split_d), block_k=block_k)
+    if block_k is None:
+        return None
+    launch = Launch(splits=(split_o, split_d), block_k=block_k)
+    return launch._replace(blocks=(32, 64, 64, 64)) if H >= 2048 else launch
 
 
 class Paged(NamedTuple):
