@@ -1,17 +1,21 @@
-"""A LocDiT/LocEnc decoder layer over a few tokens as one persistent kernel.
+"""A decoder layer over a few tokens as one persistent kernel: LocDiT/LocEnc's (local attention), and
+an LM's in a decode step (paged attention over each row's cache).
 
-The layer's kernels at batch 1 are each latency-bound (launch, ramp, tail: ~37 us per layer even
-with every weight already in L2, benchmarks/kernel_fused_layer.py). Here one launch of about one
-program per SM runs the layer's eight phases, with a grid-wide barrier between them:
+The layer's kernels at batch 1 are each latency-bound (launch, ramp, tail: ~37 us per LocDiT layer
+even with every weight already in L2, benchmarks/kernel_fused_layer.py). Here one launch of about one
+program per SM runs the layer's phases, with a grid-wide barrier between them:
 
     0  h    = rms_norm(x)                          rows over programs
     1  qkv  = h Wqkv^T                             column tiles over programs
-    2  attn = local attention over qkv             (sequence, head block) over programs
-    3  part = attn Wo^T, in K splits (fp32)        (column tile, split) over programs
-    4  x1   = x + sum(part);  h = rms_norm(x1)     rows
-    5  act  = silu(h Wg^T) * (h Wu^T)              column tiles
-    6  part = act Wd^T, in K splits                (column tile, split)
-    7  out  = x1 + sum(part)                       rows
+    2  attn = attention over qkv                   local: (sequence, head block); paged: (row, kv head,
+                                                   context split), RoPE at the row's position, the new
+                                                   K/V written into the cache (`paged_attention`)
+    3  attn = the context splits merged            (row, head); paged with several splits only
+    4  part = attn Wo^T, in K splits (fp32)        (column tile, split) over programs
+    5  x1   = x + sum(part);  h = rms_norm(x1)     rows
+    6  act  = silu(h Wg^T) * (h Wu^T)              column tiles
+    7  part = act Wd^T, in K splits                (column tile, split)
+    8  out  = x1 + sum(part)                       rows
 
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
@@ -27,8 +31,10 @@ the norm as `rms_norm`, SiLU rounded before the product. Every work item covers 
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
 on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
-that offers it whole layers. VOXCPM_FUSED_LOCAL_LAYERS=0 turns it off: do that where another
-process's kernels could hold SMs indefinitely (persistent kernels of two processes under CUDA MPS).
+that offers it whole layers; `engine.attention.PagedAttention.layer` offers it an LM's decode-step
+layers (called directly: the LM's layer loop is not compiled). VOXCPM_FUSED_LOCAL_LAYERS=0 and
+VOXCPM_FUSED_LM_LAYERS=0 turn them off: do that where another process's kernels could hold SMs
+indefinitely (persistent kernels of two processes under CUDA MPS).
 """
 
 from __future__ import annotations
