@@ -1599,6 +1599,13 @@ def sixteenth_session(res) -> list[str]:
           if "us" in v}
     md[-1] += (f"{sw['o64_gu64_d64']:.1f} us at one row against {sw['default']:.1f} (narrower gate/up tiles "
                f"{sw['gu16']:.1f}, 8 stages {sw['stages8']:.1f}, K tiles of 256 {sw['bk256']:.1f}, 8 warps {sw['w8']:.1f}).")
+    big = {r["rows"]: r for r in load("kernel_lm_layer_rows_sixteenth.json")["rows"]}
+    md[-1] += (" With that launch, at more rows (`raw/kernel_lm_layer_rows_sixteenth.json`, another call): "
+               + ", ".join(f"{n} rows {big[n]['persistent_us']:.1f} against {big[n]['compiled_us']:.1f} us "
+                           f"({big[n]['speedup']:.2f}x)" for n in sorted(big))
+               + f". The attention phase grows with the rows ({big[64]['profile']['phases'][2]['span_us']:.1f} us at 64, "
+               "every program of one SM working through several (row, kv head, split) items where the standalone "
+               "kernel's many small programs share the SMs), so the kernel takes at most 16 rows (`MAX_ROWS`).")
     md += ["", "The engine, one call, `benchmarks/engine_loop.py` with `VOXCPM_FUSED_LM_LAYERS=1` and `0` "
            "(`raw/engine_loop_sixteenth_lm_{on,off}.json`, before the launch sweep): GPU step "
            f"{loops['lm_on']['gpu_step_ms']:.2f} ms against {loops['lm_off']['gpu_step_ms']:.2f} "
