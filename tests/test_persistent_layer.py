@@ -149,29 +149,37 @@ def reference_paged_layer(x, weights, cos, sin, heads, cache):
 
 
 # (hidden, Hq, Hkv, D, FFN, block size, contexts): the LM's decode rows (the GPU adds VoxCPM2's LM)
-PAGED_SHAPES = [(128, 4, 2, 32, 256, 4, [1, 9, 40]), (64, 4, 1, 16, 128, 8, [17, 3])]
+# (200: its new token in the last of 4 splits)
+PAGED_SHAPES = [(128, 4, 2, 32, 256, 4, [1, 9, 40, 200]), (64, 4, 1, 16, 128, 8, [17, 3])]
 if CUDA:
     PAGED_SHAPES += [(2048, 16, 2, 128, 6144, 16, [40]), (2048, 16, 2, 128, 6144, 16, [1, 700, 95, 2000])]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits", [1, 4] + ([None] if CUDA else []))  # None: the engine's choice (1 off CUDA)
 @pytest.mark.parametrize("with_rope", [True, False], ids=["rope", "norope"])
 @pytest.mark.parametrize("H,Hq,Hkv,D,I,bs,ctx", PAGED_SHAPES)
 def test_paged_layer_matches_layer_math(H, Hq, Hkv, D, I, bs, ctx, with_rope, splits, dtype):
     """An LM decode layer: RoPE at each row's position, its new K/V written into the cache and
     attended to with the rest of its context (in context splits, merged), then the output
-    projection and the MLP: output and cache as the PyTorch path."""
+    projection and the MLP: output and cache as the PyTorch path. Then again with the new K/V
+    written elsewhere (block 0, in no table) and their own slots NaN: the attention takes the new
+    token's values themselves, whichever program writes them and when."""
     weights, x, cos, sin, cache = paged_case(H, Hq, Hkv, D, I, bs, ctx, dtype, seed=len(ctx) + H)
     if not with_rope:
         cos = sin = None
     ref, ref_k, ref_v = reference_paged_layer(x, weights, cos, sin, (Hq, Hkv, D), cache)
-    out = pl.layer(x, weights[0], weights[1], cos, sin, 1, (Hq, Hkv, D), *weights[2:], EPS,
-                   paged=pl.Paged(*cache, num_splits=splits))
-    assert out.shape == ref.shape and out.dtype == dtype
-    err = (out.float() - ref.float()).abs().max().item()
-    assert err <= tol(dtype, ref), f"max abs err {err:.3g}"
-    for got, want in ((cache[0], ref_k), (cache[1], ref_v)):  # the new K/V in their slots, nothing else touched
+    kp, vp, bt, cl, slots = cache
+    poisoned = [p.clone() for p in (kp, vp)]
+    for p in poisoned:
+        p.view(-1, Hkv, D)[slots] = float("nan")
+    for pools, where in ((cache[:2], slots), (poisoned, torch.zeros_like(slots))):
+        out = pl.layer(x, weights[0], weights[1], cos, sin, 1, (Hq, Hkv, D), *weights[2:], EPS,
+                       paged=pl.Paged(*pools, bt, cl, where, num_splits=splits))
+        assert out.shape == ref.shape and out.dtype == dtype
+        err = (out.float() - ref.float()).abs().max().item()
+        assert err <= tol(dtype, ref), f"max abs err {err:.3g}"
+    for got, want in ((kp, ref_k), (vp, ref_v)):  # the new K/V in their slots, nothing else touched
         assert (got.float() - want.float()).abs().max().item() <= tol(dtype, want)
     assert int(pl._sync(x.device).abs().sum()) == 0
 

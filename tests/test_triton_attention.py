@@ -176,8 +176,8 @@ def test_new_kv_written_and_attended(splits, dtype):
     are views into a fused projection; one context is past the table's width (written, not seen)."""
     from voxcpm_triton.engine.attention import write_kv
 
-    B, Hq, Hkv, D, bs = 4, 16, 2, 128, 16
-    ctx = [1, 17, 64, 300]
+    B, Hq, Hkv, D, bs = 5, 16, 2, 128, 16
+    ctx = [1, 17, 64, 150, 300]  # 150: its new token in the third of 4 splits
     q, kp, vp, full, cl = make_case(B, Hq, Hkv, D, bs, ctx, dtype, seed=5)
     pos = cl - 1
     slots = full.gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs

@@ -33,8 +33,8 @@ compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are z
 on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
 that offers it whole layers; `engine.attention.PagedAttention.layer` offers it an LM's decode-step
 layers (called directly: the LM's layer loop is not compiled). VOXCPM_FUSED_LOCAL_LAYERS=0 and
-VOXCPM_FUSED_LM_LAYERS=0 turn them off: do that where another process's kernels could hold SMs
-indefinitely (persistent kernels of two processes under CUDA MPS).
+VOXCPM_FUSED_LM_LAYERS=0 turn them off: do that where other kernels could hold SMs indefinitely
+(persistent kernels of two processes under CUDA MPS, or of two engines on two streams of one process).
 """
 
 from __future__ import annotations
@@ -317,11 +317,11 @@ _SMEM: dict = {}
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
 
 
-def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool) -> int:
-    """Pipeline buffers for one GEMM's K loop: launch.stages (stages - 1 K tiles in flight: a program
-    has one or two tiles per phase, so a deep pipeline is what keeps its loads from waiting on each
-    other), fewer where the loop has fewer K tiles or shared memory is short."""
-    per_stage = 2 * launch.block_k * (block_m + bn * (2 if gated else 1))
+def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool, elem: int = 2) -> int:
+    """Pipeline buffers for one GEMM's K loop of elem-byte elements: launch.stages (stages - 1 K tiles
+    in flight: a program has one or two tiles per phase, so a deep pipeline is what keeps its loads
+    from waiting on each other), fewer where the loop has fewer K tiles or shared memory is short."""
+    per_stage = elem * launch.block_k * (block_m + bn * (2 if gated else 1))
     want = k_len // launch.block_k + 1
     if launch.stages:
         want = min(want, launch.stages)
@@ -405,6 +405,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     x = x.contiguous()
     dev, dt = x.device, x.dtype
     has_rope = cos is not None
+    d_pad = max(16, _next_pow2(head_dim))  # D_PAD: the attention's head tiles
     if paged is None:
         assert T % seq_len == 0, f"{T} tokens are not whole sequences of {seq_len}"
         assert seq_len <= local_attention.MAX_SEQ and (n_heads // n_kv) % attn_heads == 0, (seq_len, attn_heads)
@@ -417,14 +418,15 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         assert kp.stride() == vp.stride() and kp.stride(3) == 1 and kp.dtype == vp.dtype == dt
         assert bt.shape[0] == ctx.shape[0] == slots.shape[0] == T and bt.stride(1) == 1, (bt.shape, ctx.shape)
         block_size, att_n = kp.size(1), 64 if head_dim <= 128 else 32
+        # The standalone kernel's split count (the same work items; measured in benchmarks/kernel_lm_layer.py)
         splits = paged.num_splits or paged_attention.choose_num_splits(T, n_kv, bt.size(1) * block_size, att_n, dev)
         assert splits >= 1 and splits & (splits - 1) == 0, splits
         rope_rows, attn_items = T, T * n_kv * splits
-        d_pad = _next_pow2(head_dim)
-        part_m = torch.empty(T * n_heads * splits, device=dev, dtype=torch.float32)
-        cache = (kp, vp, bt, ctx, slots, part_m, torch.empty_like(part_m),
-                 torch.empty(T * n_heads * splits * d_pad, device=dev, dtype=torch.float32), *kp.stride()[:3],
-                 bt.stride(0), bt.size(1))
+        parts = (x, x, x)  # the splits' partial softmaxes, merged in phase 3
+        if splits > 1:
+            m = torch.empty(T * n_heads * splits, device=dev, dtype=torch.float32)
+            parts = (m, torch.empty_like(m), torch.empty(m.numel() * d_pad, device=dev, dtype=torch.float32))
+        cache = (kp, vp, bt, ctx, slots, *parts, *kp.stride()[:3], bt.stride(0), bt.size(1))
     if has_rope:
         assert cos.shape == sin.shape == (rope_rows, head_dim) and cos.dtype == sin.dtype == torch.float32
         cos, sin = cos.contiguous(), sin.contiguous()
@@ -435,12 +437,13 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
                T * n_heads if splits > 1 else 1)
     upcast = _INTERPRETED or dt == torch.float32
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
-    stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated)  # noqa: E731
+    elem = x.element_size()
+    stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated, elem)  # noqa: E731
     common = dict(
         H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
         HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
         HAS_ROPE=has_rope, PAGED=paged is not None, BLOCK_SIZE=block_size, ATT_N=att_n,
-        G_PAD=max(16, _next_pow2(n_heads // n_kv)), D_PAD=max(16, _next_pow2(head_dim)), ATT_SPLITS=splits,
+        G_PAD=max(16, _next_pow2(n_heads // n_kv)), D_PAD=d_pad, ATT_SPLITS=splits,
         BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d, SPLIT_O=split_o, SPLIT_D=split_d,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
