@@ -2,7 +2,9 @@
 
 A backend is bound to one pool (K and V tensors of one LM) and one batch's
 metadata, and is called per layer as ``backend(layer, q, k, v)`` by MiniCPM:
-it writes the new tokens' K/V into their slots, then attends.
+it writes the new tokens' K/V into their slots, then attends. On the Triton path
+a decode step's layers are first offered whole (``backend.layer``) to the
+persistent layer kernel (`kernels.persistent_layer`).
 """
 
 from __future__ import annotations
