@@ -20,6 +20,10 @@ for position context_len - 1 (so no program waits for the write): `engine.attent
 attention in one launch, where they were two scatters and the kernel. Only for rows that attend to no
 other row's new token (decode: one token per request; not a packed prefill's rows).
 
+The kernels' bodies are jit functions (`write_new_kv`, `attend_split`, `merge_split_row`, and
+`qkv_row_attend`, which also applies RoPE from a packed QKV row) that `kernels.persistent_layer` runs
+as the attention phases of an LM decode layer.
+
 CUDA graphs: the launch grid and every allocation depend only on shapes (B, Hq, Hkv, D, the block
 table's width) and the split count, which is chosen on the host from those shapes alone; loop bounds
 come from context_lens, read inside the kernel. No host sync. Compile once (call it eagerly with the
