@@ -101,6 +101,22 @@ def test_runs_only_where_it_should():
     assert pl.runs(x.float(), 11, heads, *f) == (not CUDA)
 
 
+def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):
+    """A GPU with less shared memory than two pipeline buffers of the widest tile need (plus the
+    reserve) keeps the compiled path: 64 tokens of LocDiT need 2 x 2 x 128 x (64 + 64) bytes."""
+    dt = torch.bfloat16
+    x = torch.zeros(pl.MAX_TOKENS, 1024, device=DEV, dtype=dt)
+    n = torch.zeros(1024, device=DEV, dtype=dt)
+    w = [torch.zeros(*s, device=DEV, dtype=dt) for s in ((2560, 1024), (1024, 2048), (8192, 1024), (1024, 4096))]
+    args = (x, 11, (16, 2, 128), n, w[0], w[1], n, w[2], w[3])
+    need = 2 * 2 * 128 * (64 + 64) + pl.SMEM_RESERVE
+    monkeypatch.setattr(pl, "_smem", lambda device: need)
+    assert pl.runs(*args)
+    monkeypatch.setattr(pl, "_smem", lambda device: need - 1)
+    assert not pl.runs(*args)
+    assert pl.runs(x[:16], 1, (16, 2, 128), n, w[0], w[1], n, w[2], w[3], paged=True)  # 16 rows: smaller tiles
+
+
 def test_too_many_tokens_is_refused():
     weights = layer_weights(64, 4, 1, 16, 128, torch.float32, seed=0)
     x = torch.zeros(70, 64, device=DEV)  # whole sequences of 5, past MAX_TOKENS

@@ -470,14 +470,24 @@ def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = Fa
     """Whether `layer` takes this call: enabled (local layers, or with paged, LM decode layers),
     triton able to run here (on a GPU: 16-bit activations), few enough tokens, plain contiguous
     weight tensors of the activations' dtype (not e4m3 `kernels.fp8.FP8Weight`s), and a launch for
-    the sizes."""
+    the sizes whose GEMM pipelines fit this GPU's shared memory."""
     n_heads, n_kv, head_dim = heads
-    return ((ENABLED_LM if paged else ENABLED) and HAVE_TRITON
+    if not ((ENABLED_LM if paged else ENABLED) and HAVE_TRITON
             and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
             and x.size(0) <= (MAX_ROWS if paged else MAX_TOKENS)
             and (seq_len == 1 if paged else seq_len <= local_attention.MAX_SEQ)
-            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)
-            and launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1)) is not None)
+            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)):
+        return False
+    launch = launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1))
+    return launch is not None and _fits(launch, _smem(x.device), max(16, _next_pow2(x.size(0))), x.element_size())
+
+
+def _fits(launch: Launch, smem: int, block_m: int, elem: int) -> bool:
+    """Whether two pipeline buffers (the fewest `_stages` gives) of the widest GEMM tile fit in shared
+    memory beside the reserve: on GPUs with less of it than an H100, a kernel that does not fit
+    would fail at its first launch, so `runs` leaves such layers to the compiled path."""
+    bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
+    return 2 * elem * launch.block_k * (block_m + max(bn_qkv, bn_o, 2 * bn_gu, bn_d)) + SMEM_RESERVE <= smem
 
 
 @torch.library.custom_op("voxcpm::local_layer", mutates_args=())
