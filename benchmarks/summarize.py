@@ -556,6 +556,16 @@ def _save_stream_panels(fig, axes, xlabel: str, title: str, name: str):
     fig.savefig(os.path.join(HERE, name), dpi=110)
 
 
+def _save_panels(fig, axes, title: str, name: str):
+    """A grid in every panel and the title, then the figure written as benchmarks/<name> and closed."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, name), dpi=110)
+    _pyplot().close(fig)
+
+
 def _lora_launch_key(row) -> str:
     """kernel_lora.json's key for the tiles `kernels.lora` picks today at this row's shape."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_backend"))
@@ -1350,12 +1360,7 @@ def _plot_fourteenth(mlp, two):
     axes[1].set_ylim(0.5, 1.2)
     axes[1].set_xlabel("requests (split over two engines)")
     axes[1].set_title("two engines on two streams / one engine (x real time)", fontsize=9)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle("Fourteenth session, H100, 2026-11-25: above 1 would be a gain", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "results_fourteenth.png"), dpi=110)
-    plt.close(fig)
+    _save_panels(fig, axes, "Fourteenth session, H100, 2026-11-25: above 1 would be a gain", "results_fourteenth.png")
 
 
 def fifteenth_session(res) -> list[str]:
@@ -1518,19 +1523,13 @@ def _plot_fifteenth(layers, prof):
     axes[1].set_xlabel("us (grey: barriers)")
     axes[1].set_title("persistent kernel at 44 tokens: phases in order", fontsize=9)
     axes[1].legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle("Fifteenth session, H100, 2026-11-25", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "results_fifteenth.png"), dpi=110)
-    plt.close(fig)
+    _save_panels(fig, axes, "Fifteenth session, H100, 2026-11-25", "results_fifteenth.png")
 
 
 def sixteenth_session(res) -> list[str]:
     """2026-11-25, eighth session of the day (issue 17): a deeper pipeline in the persistent layer's
     GEMMs, the new K/V written by the paged decode kernel, and the LM's decode layers as persistent
     kernels too. Adds its keys to `res`, returns the markdown, draws results_sixteenth.png."""
-    med = statistics.median
     kfl = load("kernel_fused_layer_stages_sixteenth.json")
     loc = {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
            for r in kfl["layers"] if "M" in r}
@@ -1678,12 +1677,7 @@ def _plot_sixteenth(lm, loops):
     axes[1].set_title("batch-1 decode step", fontsize=9)
     for i, v in enumerate(vals):
         axes[1].text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle("Sixteenth session, H100, 2026-11-25", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "results_sixteenth.png"), dpi=110)
-    plt.close(fig)
+    _save_panels(fig, axes, "Sixteenth session, H100, 2026-11-25", "results_sixteenth.png")
 
 
 if __name__ == "__main__":
