@@ -239,6 +239,18 @@ PHASE_NAMES = ["norm", "qkv", "attention", "o (split K)", "sum+residual+norm", "
 NP = len(PHASE_NAMES)
 
 
+def phase_summary(times: list, names: list) -> dict:
+    """`persistent_layer.phase_times` of many launches -> medians: total_us, and per phase (names) its
+    span_us and its barrier's barrier_us (None after the last phase)."""
+    med = statistics.median
+    spans, waits, totals = zip(*times)
+    assert all(len(s) == len(names) for s in spans), (len(spans[0]), names)
+    return {"total_us": med(totals),
+            "phases": [{"phase": n, "span_us": med(s[k] for s in spans),
+                        "barrier_us": med(w[k] for w in waits) if k < len(names) - 1 else None}
+                       for k, n in enumerate(names)]}
+
+
 def phase_profile(dev, dt, M, launch=None):
     """Where a persistent layer's time goes: per phase, from the GPU's global timer in every program
     (`persistent_layer.layer(timings=)`), median over 12 layers x 5 runs: the phase's span (the
@@ -248,7 +260,7 @@ def phase_profile(dev, dt, M, launch=None):
     S = TOKENS[M]
     cos, sin = rope(S, dev)
     x = torch.randn(M, H, device=dev, dtype=dt)
-    spans, waits, totals = [[] for _ in range(NP)], [[] for _ in range(NP - 1)], []
+    times = []
     for rep in range(6):
         bufs = [torch.zeros(160, pl.TIM_COLS, dtype=torch.int64, device=dev) for _ in layers]
         h = x
@@ -258,21 +270,8 @@ def phase_profile(dev, dt, M, launch=None):
         torch.cuda.synchronize()
         if rep == 0:
             continue  # compiles
-        for buf in bufs:
-            t = buf[(buf[:, pl.TIM_START] > 0)].double()
-            prev_exit = t[:, pl.TIM_START].min()
-            for k in range(NP - 1):
-                arrive, leave = t[:, 2 * k], t[:, 2 * k + 1]
-                spans[k].append((arrive.max() - prev_exit).item() / 1e3)
-                waits[k].append((leave.max() - arrive.max()).item() / 1e3)
-                prev_exit = leave.min()
-            spans[NP - 1].append((t[:, pl.TIM_END].max() - prev_exit).item() / 1e3)
-            totals.append((t[:, pl.TIM_END].max() - t[:, pl.TIM_START].min()).item() / 1e3)
-    med = statistics.median
-    res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I))._asdict(),
-           "total_us": med(totals),
-           "phases": [{"phase": PHASE_NAMES[k], "span_us": med(spans[k]),
-                       "barrier_us": med(waits[k]) if k < NP - 1 else None} for k in range(NP)]}
+        times += [pl.phase_times(buf) for buf in bufs]
+    res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I))._asdict(), **phase_summary(times, PHASE_NAMES)}
     print(f"persistent M={M} {res['launch']}: total {res['total_us']:.2f} us (start of first program to end of last)", flush=True)
     for p in res["phases"]:
         print(f"   {p['phase']:15s} span {p['span_us']:6.2f} us  barrier {p['barrier_us'] or 0:5.2f} us", flush=True)

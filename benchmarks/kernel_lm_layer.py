@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
+from kernel_fused_layer import phase_summary  # noqa: E402
 from kernel_skinny_gemm import time_calls  # noqa: E402
 from voxcpm_triton.engine.attention import DecodeMetadata, PagedAttention  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
@@ -128,7 +128,7 @@ def main():
                     row["launches"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
                 print(f"[lm layer] rows {rows:3d} launch {name:22s} {row['launches'][name]}", flush=True)
         # phases, from the global timer (one layer's launch at a time, eagerly)
-        spans, waits, totals = [], [], []
+        times = []
         for rep in range(6):
             bufs = [torch.zeros(160, pl.TIM_COLS, dtype=torch.int64, device=dev) for _ in layers]
             h = x
@@ -139,24 +139,9 @@ def main():
             torch.cuda.synchronize()
             if rep == 0:
                 continue
-            for buf in bufs:
-                t = buf[buf[:, pl.TIM_START] > 0].double()
-                n_barriers = int((t[0, :2 * 8:2] > 0).sum())
-                prev, s, w_ = t[:, pl.TIM_START].min(), [], []
-                for k in range(n_barriers):
-                    s.append((t[:, 2 * k].max() - prev).item() / 1e3)
-                    w_.append((t[:, 2 * k + 1].max() - t[:, 2 * k].max()).item() / 1e3)
-                    prev = t[:, 2 * k + 1].min()
-                s.append((t[:, pl.TIM_END].max() - prev).item() / 1e3)
-                spans.append(s)
-                waits.append(w_)
-                totals.append((t[:, pl.TIM_END].max() - t[:, pl.TIM_START].min()).item() / 1e3)
-        names = PHASES if len(spans[0]) == len(PHASES) else [p for p in PHASES if p != "merge splits"]
-        med = statistics.median
-        row["profile"] = {"total_us": med(totals),
-                          "phases": [{"phase": n, "span_us": med(s[k] for s in spans),
-                                      "barrier_us": med(w[k] for w in waits) if k < len(waits[0]) else None}
-                                     for k, n in enumerate(names)]}
+            times += [pl.phase_times(buf) for buf in bufs]
+        merge = len(times[0][0]) == len(PHASES)
+        row["profile"] = phase_summary(times, PHASES if merge else [p for p in PHASES if p != "merge splits"])
         res["rows"].append(row)
         print(f"[lm layer] rows {rows:3d}: compiled {row['compiled_us']:6.2f} us, persistent "
               f"{row['persistent_us']:6.2f} us (x{row['speedup']:.2f}), max abs diff {err:.3g}; profile total {row['profile']['total_us']:.2f} us: "

@@ -117,6 +117,17 @@ def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):
     assert pl.runs(x[:16], 1, (16, 2, 128), n, w[0], w[1], n, w[2], w[3], paged=True)  # 16 rows: smaller tiles
 
 
+def test_phase_times_reads_the_timings_layout():
+    """Two programs, two barriers (the rest of the row zero, as a launch with fewer barriers leaves
+    it): spans from the previous barrier's first exit (or the first start) to the last arrival,
+    waits from the last arrival to the last exit, the total from the first start to the last end."""
+    t = torch.zeros(3, pl.TIM_COLS, dtype=torch.int64)  # the third program never ran
+    t[0, [pl.TIM_START, 0, 1, 2, 3, pl.TIM_END]] = torch.tensor([1000, 3000, 4000, 9000, 9500, 12000])
+    t[1, [pl.TIM_START, 0, 1, 2, 3, pl.TIM_END]] = torch.tensor([2000, 3500, 4200, 8000, 9600, 11000])
+    spans, waits, total = pl.phase_times(t)
+    assert spans == [2.5, 5.0, 2.5] and waits == [0.7, 0.6] and total == 11.0
+
+
 def test_too_many_tokens_is_refused():
     weights = layer_weights(64, 4, 1, 16, 128, torch.float32, seed=0)
     x = torch.zeros(70, 64, device=DEV)  # whole sequences of 5, past MAX_TOKENS

@@ -466,6 +466,23 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     return out
 
 
+def phase_times(timings: torch.Tensor) -> tuple[list, list, float]:
+    """A `layer(timings=)` buffer read back -> (spans, waits, total), us: per phase its span (the
+    previous barrier's first exit, or the first start, to this barrier's last arrival; the last phase
+    to the last end), per barrier its wait (last arrival to last exit), and the first start to the last
+    end. Only programs that ran count; barriers are those the first of them arrived at."""
+    t = timings[timings[:, TIM_START] > 0].double().cpu()
+    barriers = int((t[0, :TIM_START:2] > 0).sum())
+    spans, waits, prev = [], [], t[:, TIM_START].min()
+    for k in range(barriers):
+        arrive, leave = t[:, 2 * k], t[:, 2 * k + 1]
+        spans.append((arrive.max() - prev).item() / 1e3)
+        waits.append((leave.max() - arrive.max()).item() / 1e3)
+        prev = leave.min()
+    spans.append((t[:, TIM_END].max() - prev).item() / 1e3)
+    return spans, waits, (t[:, TIM_END].max() - t[:, TIM_START].min()).item() / 1e3
+
+
 def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = False) -> bool:
     """Whether `layer` takes this call: enabled (local layers, or with paged, LM decode layers),
     triton able to run here (on a GPU: 16-bit activations), few enough tokens, plain contiguous
