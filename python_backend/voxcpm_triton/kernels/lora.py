@@ -24,12 +24,10 @@ grid and blocks depend on shapes only).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ._triton import HAVE_TRITON as _HAVE_TRITON
-from ._triton import available, interpreted, tl, triton  # noqa: F401 - available: callers ask it here
+from ._triton import available, interpreted, sm_count, tl, triton  # noqa: F401 - available: callers ask it here
 from ._triton import next_pow2 as _next_pow2
 
 if _HAVE_TRITON:
@@ -111,11 +109,8 @@ def supports(splits: tuple, rank: int) -> bool:
     return 1 <= len(splits) <= 3 and 1 <= rank <= MAX_RANK
 
 
-@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device) if device.type == "cuda" else 132
 
 
 def _launch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,

@@ -34,23 +34,17 @@ same shapes and dtypes) before capturing.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from ._triton import HAVE_TRITON as _HAVE_TRITON
-from ._triton import available, interpreted, tl, triton
+from ._triton import available, interpreted, sm_count, tl, triton
 from ._triton import next_pow2 as _next_pow2
 
 __all__ = ["available", "paged_decode_attention_triton", "choose_num_splits"]
 
 _MAX_SPLITS = 16
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int, device: torch.device) -> int:
@@ -61,7 +55,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int, 
     if device.type != "cuda":
         return 1
     programs = batch * kv_heads
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     if programs >= sms:
         return 1
     max_tiles = max(1, -(-max_tokens // block_n))

@@ -47,7 +47,7 @@ from typing import NamedTuple
 import torch
 
 from . import local_attention, paged_attention
-from ._triton import HAVE_TRITON, interpreted, tl, triton
+from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton
 from ._triton import next_pow2 as _next_pow2
 
 MAX_TOKENS = 64  # every program holds all tokens' rows
@@ -293,15 +293,9 @@ def _sync(device: torch.device) -> torch.Tensor:
     return pairs[key]
 
 
-_SM_COUNT: dict = {}
-
-
 def _programs(device: torch.device, work: int) -> int:
     """Programs for `work` items: at most one per SM, so that all are resident at once."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(1, min(work, _SM_COUNT[idx]))
+    return max(1, min(work, sm_count(device)))
 
 
 class Launch(NamedTuple):
@@ -313,7 +307,6 @@ class Launch(NamedTuple):
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
 
 
-_SMEM: dict = {}
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
 
 
@@ -330,13 +323,7 @@ def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated:
 
 def _smem(device: torch.device) -> int:
     """Shared memory one program may use (bytes); the interpreter's is unbounded."""
-    if device.type != "cuda":
-        return 1 << 30
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMEM:
-        props = torch.cuda.get_device_properties(idx)
-        _SMEM[idx] = getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block
-    return _SMEM[idx]
+    return shared_memory(device) if device.type == "cuda" else 1 << 30
 
 
 def launch_for(H: int, HO: int, I: int) -> Launch | None:
