@@ -281,8 +281,11 @@ class TritonServer:
                     f"tritonserver exited with {rc} before it was ready; log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
+                # Triton starts its metrics endpoint after the HTTP one: a test that reads metrics
+                # right after "ready" could otherwise find its port closed.
+                with urllib.request.urlopen(url, timeout=2) as r, \
+                        urllib.request.urlopen(self.metrics_url, timeout=2) as m:
+                    if r.status == 200 and m.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
