@@ -16,6 +16,7 @@ Medians over the steady steps (the first WARM steps left out).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -87,7 +88,14 @@ def main():
     ap.add_argument("--steps", default="100,400")
     ap.add_argument("--attention", default="triton")
     ap.add_argument("--out", default="engine_loop.json")
+    ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
+                    help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
     args = ap.parse_args()
+    if args.launch:
+        from voxcpm_triton.kernels import persistent_layer as pl
+        changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
+        chosen = pl.launch_for
+        pl.launch_for = lambda *a: (lambda L: L and L._replace(**changes))(chosen(*a))
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)
@@ -95,7 +103,8 @@ def main():
     print(f"[engine_loop] ready after {time.perf_counter() - t0:.1f} s", flush=True)
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "runs": []}
+           "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
+           "runs": []}
     try:
         trace(eng, prompt, 40)  # warm
         for steps in (int(s) for s in args.steps.split(",")):

@@ -98,6 +98,7 @@ PERSISTENT = {  # name -> launch (the server's default: pl.Launch())
     "persistent_split2_2": L._replace(splits=(2, 2)),
     "persistent_w8": L._replace(num_warps=8),
 }
+ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 
 
 def linear_reference(kind, x, w, norm, res):
@@ -201,6 +202,8 @@ def time_layers(dev, dt, token_counts, tuned):
                     "persistent_l2_resident": stack(persistent(), resident=True)}
         if tuned:
             variants["fused_tuned"] = stack(fused_layer)
+        if ONLY:
+            variants = {k: v for k, v in variants.items() if k in ONLY or k == "compiled_torch"}
         for name, run in variants.items():
             saved = dict(fl.TUNED)
             if not name.startswith("fused") or name == "fused_default":
@@ -236,7 +239,6 @@ def time_layers(dev, dt, token_counts, tuned):
 
 PHASE_NAMES = ["norm", "qkv", "attention", "o (split K)", "sum+residual+norm", "gate/up+silu", "down (split K)",
                "sum+residual"]
-NP = len(PHASE_NAMES)
 
 
 def phase_summary(times: list, names: list) -> dict:
@@ -287,12 +289,17 @@ def main():
     ap.add_argument("--profile-only", action="store_true", help="only the persistent layer's phase profile")
     ap.add_argument("--max-tokens", type=int, default=pl.MAX_TOKENS,
                     help="the persistent layer's token bound for this run (88, 176: past the server's)")
+    ap.add_argument("--variants", default="", help="only these layer variants (names, comma-separated)")
+    ap.add_argument("--profile-launch", default="", help="the phase profile with this PERSISTENT launch")
     args = ap.parse_args()
     pl.MAX_TOKENS = args.max_tokens
+    ONLY.update(v for v in args.variants.split(",") if v)
     dev, dt = torch.device("cuda"), torch.bfloat16
     tokens = [int(t) for t in args.tokens.split(",")]
     t0 = time.time()
     profiles = [phase_profile(dev, dt, M) for M in tokens]
+    if args.profile_launch:
+        profiles += [phase_profile(dev, dt, M, PERSISTENT[args.profile_launch]) for M in tokens]
     if args.profile_only:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
@@ -307,7 +314,7 @@ def main():
            "tuned": [[list(k), list(v)] for k, v in tuned.items()],
            # the five-kernel experiment's; it fails past 64 tokens (those rows hold its error)
            "layer_median_speedup": statistics.median(
-               [v["speedup"] for r in layers if "M" in r for v in [r.get("fused_tuned", r["fused_default"])]
+               [v["speedup"] for r in layers if "M" in r for v in [r.get("fused_tuned", r.get("fused_default", {}))]
                 if "speedup" in v] or [float("nan")])}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
