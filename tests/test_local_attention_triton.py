@@ -106,7 +106,7 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name, B, fused
 
     calls = []
     layer = persistent_layer.layer
-    monkeypatch.setattr(persistent_layer, "layer", lambda *a: calls.append(a[0].shape) or layer(*a))
+    monkeypatch.setattr(persistent_layer, "layer", lambda *a, **k: calls.append(a[0].shape) or layer(*a, **k))
     m = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="torch").model
     fused = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="triton").model
     assert fused.feat_decoder.estimator.attention is persistent_layer.fused_local_layers

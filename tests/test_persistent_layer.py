@@ -41,10 +41,48 @@ def test_layer_matches_layer_math(B, S, H, Hq, Hkv, D, I, with_rope, dtype):
     cos, sin = rope(S, D) if with_rope else (None, None)
     ref = reference_layer(x, weights, cos, sin, B, S, (Hq, Hkv, D))
     for launch in range(2):  # a second launch finds the barrier's counters back at zero
-        out = pl.local_layer_op(x, weights[0], weights[1], cos, sin, S, Hq, Hkv, D, *weights[2:], EPS)
-        assert out.shape == ref.shape and out.dtype == dtype
+        out, none = pl.local_layer_op(x, weights[0], weights[1], cos, sin, S, Hq, Hkv, D, *weights[2:], EPS)
+        assert out.shape == ref.shape and out.dtype == dtype and none.numel() == 0
         err = (out.float() - ref.float()).abs().max().item()
         assert err <= tol(dtype, ref), f"launch {launch}: max abs err {err:.3g}"
+    assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+def test_stacked_layers_hand_on_the_input_norm():
+    """A layer given the next layer's norm weight also returns that norm of its output, which the
+    next layer takes instead of computing it (its phase 0): three stacked layers as the PyTorch path,
+    and each chained output as the unchained one (exactly, where the interpreter runs the same
+    arithmetic in both places)."""
+    B, S, H, Hq, Hkv, D, I = 2, 11, 128, 4, 2, 32, 256
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    stack = [layer_weights(H, Hq, Hkv, D, I, dtype, seed=20 + i) for i in range(3)]
+    x = rand(B * S, H, g=torch.Generator().manual_seed(2), dtype=dtype)
+    cos, sin = rope(S, D)
+    ref, h, normed = x, x, None
+    for i, w in enumerate(stack):
+        ref = reference_layer(ref, w, cos, sin, B, S, (Hq, Hkv, D))
+        nxt = stack[i + 1][0] if i + 1 < len(stack) else None
+        plain = pl.layer(h, w[0], w[1], cos, sin, S, (Hq, Hkv, D), *w[2:], EPS)
+        res = pl.local_layer_op(h, w[0], w[1], cos, sin, S, Hq, Hkv, D, *w[2:], EPS, normed, nxt)
+        h, normed = res[0], (res[1] if nxt is not None else None)
+        assert (normed is None) == (nxt is None) and res[1].numel() == (0 if nxt is None else h.numel())
+        if CUDA:
+            assert (h.float() - plain.float()).abs().max().item() <= tol(dtype, plain)
+        else:
+            assert torch.equal(h, plain), f"layer {i}: chained != unchained"
+        assert (h.float() - ref.float()).abs().max().item() <= tol(dtype, ref), f"layer {i}"
+    # h_in is what the layer attends from, not a hint: another norm's output gives that norm's layer,
+    # and the kernel only reads it
+    w = stack[0]
+    other = (1 + 0.5 * rand(H, g=torch.Generator().manual_seed(9))).to(dtype)
+    h_in = reference_layer_norm(x, other)
+    kept = h_in.clone()
+    out, _ = pl.local_layer_op(x, w[0], w[1], cos, sin, S, Hq, Hkv, D, *w[2:], EPS, h_in, None)
+    want = reference_layer(x, (other, *w[1:]), cos, sin, B, S, (Hq, Hkv, D))
+    assert (out.float() - want.float()).abs().max().item() <= tol(dtype, want)
+    plain = reference_layer(x, w, cos, sin, B, S, (Hq, Hkv, D))  # what recomputing the norm from x gives
+    assert (out.float() - plain.float()).abs().max().item() > 10 * tol(dtype, want)
+    assert torch.equal(h_in, kept)
     assert int(pl._sync(x.device).abs().sum()) == 0
 
 
@@ -208,7 +246,21 @@ def test_paged_layer_matches_layer_math(H, Hq, Hkv, D, I, bs, ctx, with_rope, sp
         assert err <= tol(dtype, ref), f"max abs err {err:.3g}"
     for got, want in ((kp, ref_k), (vp, ref_v)):  # the new K/V in their slots, nothing else touched
         assert (got.float() - want.float()).abs().max().item() <= tol(dtype, want)
+    # chained as the LM's layers are: given its input norm (the previous layer's), and handing on the next
+    normed = reference_layer_norm(x, weights[0])
+    out, nxt = pl.layer(x, weights[0], weights[1], cos, sin, 1, (Hq, Hkv, D), *weights[2:], EPS,
+                        paged=pl.Paged(*poisoned, bt, cl, torch.zeros_like(slots), num_splits=splits), h_in=normed,
+                        next_norm=weights[3])
+    assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    want = reference_layer_norm(out, weights[3])
+    assert (nxt.float() - want.float()).abs().max().item() <= tol(dtype, want)
     assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+def reference_layer_norm(x, w):
+    from voxcpm_triton.model.minicpm import rms_norm
+
+    return rms_norm(x, w, EPS)
 
 
 def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):
@@ -236,47 +288,67 @@ def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):
 def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch):
     """In the engine's decode step, LocDiT's layers (a lone request: 2 x 11 tokens, the CFG halves),
     LocEnc's (5 tokens) and the two LMs' (one row, paged) run in the kernel: per step, LocDiT's
-    layers once per CFM evaluation, LocEnc's and the LMs' once."""
-    import threading
-
+    layers once per CFM evaluation, LocEnc's and the LMs' once, every layer of a stack but the first
+    taking its input norm from the one before; and the latents are the PyTorch path's."""
     from voxcpm_triton import VoxCPM2
-    from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished
+    from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest
     from voxcpm_triton.model.local_modules import zero_velocity_steps
 
-    calls = []
+    calls, chained = [], []
     layer = pl.layer
-    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(tuple(a[0].shape)) or layer(*a, **k))
-    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device=DEV.type,
-                                  dtype="bfloat16" if CUDA else "float32", attention="triton")  # runs(): 16-bit on GPUs
-    cfg = vox.model.cfg
-    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, cuda_graphs=False))
-    done = threading.Event()
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(tuple(a[0].shape))
+                        or chained.append(k.get("h_in") is not None) or layer(*a, **k))
     steps, timesteps = 3, 10
-    try:
-        eng.submit(EngineRequest("r", vox.prepare_prompt("Hello."), seed=1, min_len=steps, max_len=steps,
-                                 inference_timesteps=timesteps),
-                   sink=lambda ev: isinstance(ev, Finished) and done.set())
-        assert done.wait(300)
-    finally:
-        eng.shutdown()
+
+    def latents(attention):
+        vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device=DEV.type,
+                                      dtype="bfloat16" if CUDA else "float32",  # runs(): 16-bit on GPUs
+                                      attention=attention)
+        eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, cuda_graphs=False))
+        try:
+            got, fin = eng.submit(EngineRequest("r", vox.prepare_prompt("Hello."), seed=1, min_len=steps,
+                                                max_len=steps, inference_timesteps=timesteps)).result(timeout=300)
+            assert fin.error is None
+            return vox.model.cfg, got.float()
+        finally:
+            eng.shutdown()
+
+    _, want = latents("torch")
+    assert not calls
+    cfg, got = latents("triton")
+    if CUDA:  # bf16: the kernel's and PyTorch's roundings part over the steps
+        assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() >= 0.99
+    else:
+        assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item())
     dit_tokens = 2 * (3 + 2 * cfg.patch_size)  # [mu_lm, mu_res, time, cond patch, x patch], twice
     evals = timesteps - zero_velocity_steps(timesteps)
     assert calls.count((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * cfg.dit_config.num_layers
     assert calls.count((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * cfg.encoder_config.num_layers
     lm_layers = cfg.lm_config.num_hidden_layers + cfg.residual_lm_num_layers
     assert calls.count((1, cfg.lm_config.hidden_size)) == steps * lm_layers
+    # every layer after a stack's first takes its input norm from the layer before
+    def handed(shape):
+        return sum(c for s, c in zip(calls, chained) if s == shape)
+    assert handed((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * (cfg.dit_config.num_layers - 1)
+    assert handed((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * (cfg.encoder_config.num_layers - 1)
+    assert handed((1, cfg.lm_config.hidden_size)) == steps * (lm_layers - 2)
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
 def test_compiles_captures_and_replays():
-    """As the engine runs it: inside torch.compile'd code, then replayed from a CUDA graph many times
-    (each replay's barrier finds its counters at zero), with new inputs."""
+    """As the engine runs it: inside torch.compile'd code, each layer handing the next its input norm,
+    then replayed from a CUDA graph many times (each replay's barrier finds its counters at zero),
+    with new inputs."""
     weights = layer_weights(1024, 16, 2, 128, 4096, torch.bfloat16, seed=7)
     cos, sin = rope(11, 128)
 
     def body(h):
-        for _ in range(3):
-            h = pl.local_layer_op(h * 1.0, weights[0], weights[1], cos, sin, 11, 16, 2, 128, *weights[2:], EPS)
+        normed = None
+        for i in range(3):
+            nxt = weights[0] if i < 2 else None
+            h, hn = pl.local_layer_op(h * 1.0, weights[0], weights[1], cos, sin, 11, 16, 2, 128, *weights[2:], EPS,
+                                      normed, nxt)
+            normed = hn if nxt is not None else None
         return h
 
     f = torch.compile(body, dynamic=True)

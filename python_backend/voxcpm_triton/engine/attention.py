@@ -113,9 +113,11 @@ class PagedAttention:
             self.prefill_rows = functools.partial(paged_decode_attention_triton, num_splits=1)
             self.prefill_context = paged_prefill_attention_triton
 
-    def layer(self, layer, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps):
+    def layer(self, layer, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps,
+              h_in=None, next_norm=None):
         """A whole decoder layer of a decode step in one kernel (`kernels.persistent_layer`, which also
-        writes the new K/V), or None: the layer runs op by op (`minicpm.DecoderLayer.forward`)."""
+        writes the new K/V; h_in, next_norm: as there), or None: the layer runs op by op
+        (`minicpm.DecoderLayer.forward`)."""
         m = self.meta
         if not (self.decode_writes_kv and isinstance(m, DecodeMetadata)):
             return None
@@ -127,7 +129,7 @@ class PagedAttention:
         paged = persistent_layer.Paged(self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens,
                                        m.slot_mapping)
         return persistent_layer.layer(x, norm1_w, qkv_w, cos, sin, 1, heads, o_w, norm2_w, gate_up_w, down_w, eps,
-                                      paged=paged)
+                                      paged=paged, h_in=h_in, next_norm=next_norm)
 
     def __call__(self, layer, q, k, v):
         m = self.meta

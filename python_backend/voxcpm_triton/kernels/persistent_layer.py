@@ -16,6 +16,10 @@ program per SM runs the layer's phases, with a grid-wide barrier between them:
     6  act  = silu(h Wg^T) * (h Wu^T)              column tiles
     7  part = act Wd^T, in K splits                (column tile, split)
     8  out  = x1 + sum(part)                       rows
+             (next_norm: also h' = rms_norm(out), the next layer's phase 0 done here)
+
+A layer given h_in (the previous layer's h') starts at phase 1: stacked layers save a phase and a
+barrier each.
 
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
@@ -182,7 +186,7 @@ if HAVE_TRITON:
     @triton.jit
     def _layer_kernel(
         x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, out_ptr,
-        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr,
+        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr, h2_ptr, nn_ptr, hn_ptr,
         kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
         M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
         H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr,
@@ -193,7 +197,7 @@ if HAVE_TRITON:
         BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
-        FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
@@ -206,13 +210,13 @@ if HAVE_TRITON:
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 1 * P, tim, 0, TIMING)
+                _grid_sync(sync_ptr, (1 - FIRST) * P, tim, 0 - FIRST, TIMING)
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
                 _tile(h_ptr, qkv_w, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K, ST_QKV,
                       UPCAST, PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 2 * P, tim, 1, TIMING)
+                _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
             if PAGED:  # (row, kv head, context split); the new K/V into the cache
                 for u in range(pid, M * HKV * ATT_SPLITS, P):
@@ -229,35 +233,35 @@ if HAVE_TRITON:
                                            u // blocks, (u % blocks) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD,
                                            HEADS, HAS_ROPE, UPCAST, PRECISION, ".cg")
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 3 * P, tim, 2, TIMING)
+                _grid_sync(sync_ptr, (3 - FIRST) * P, tim, 2 - FIRST, TIMING)
         if MERGE and FIRST <= 3 and 3 <= LAST:  # the context splits' partial softmaxes
             for bh in range(pid, M * HQ, P):
                 paged_attention.merge_split_row(pm_ptr, pl_ptr, pacc_ptr, attn_ptr, bh, HO, D, 1, HQ, D, D_PAD,
                                                 ATT_SPLITS, ".cg")
             if GRID_SYNC:
-                _grid_sync(sync_ptr, 4 * P, tim, 3, TIMING)
+                _grid_sync(sync_ptr, (4 - FIRST) * P, tim, 3 - FIRST, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # attn Wo^T, split K
             _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O, UPCAST,
                      PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (4 + MERGE) * P, tim, 3 + MERGE, TIMING)
+                _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
-            _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
+            _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (5 + MERGE) * P, tim, 4 + MERGE, TIMING)
+                _grid_sync(sync_ptr, (5 + MERGE - FIRST) * P, tim, 4 + MERGE - FIRST, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
-                _tile(h_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU, UPCAST,
+                _tile(h2_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU, UPCAST,
                       PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (6 + MERGE) * P, tim, 5 + MERGE, TIMING)
+                _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
             _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D, UPCAST,
                      PRECISION)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (7 + MERGE) * P, tim, 6 + MERGE, TIMING)
+                _grid_sync(sync_ptr, (7 + MERGE - FIRST) * P, tim, 6 + MERGE - FIRST, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
-            _finish_rows(part_ptr, x1_ptr, out_ptr, n2_ptr, h_ptr, M, eps, pid, P, SPLIT_D, False, H, H_PAD)
+            _finish_rows(part_ptr, x1_ptr, out_ptr, nn_ptr, hn_ptr, M, eps, pid, P, SPLIT_D, NEXT_NORM, H, H_PAD)
         if TIMING:
             tl.debug_barrier()
             tl.store(tim + _TIM_END, _clock())
@@ -358,7 +362,8 @@ class Paged(NamedTuple):
 
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
           eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None,
-          programs: int | None = None, paged: Paged | None = None) -> torch.Tensor:
+          programs: int | None = None, paged: Paged | None = None, h_in: torch.Tensor | None = None,
+          next_norm: torch.Tensor | None = None):
     """One decoder layer over x [T, hidden] (T <= MAX_TOKENS); heads: (Hq, Hkv, head_dim).
 
     Local (paged None): T tokens are sequences of seq_len, attending within their sequence; cos, sin:
@@ -370,7 +375,11 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     tensor of [programs, TIM_COLS] that gets each program's start (TIM_START), end (TIM_END), and per
     barrier k its arrival (2k) and exit (2k + 1), in ns of the GPU's global timer
     (benchmarks/kernel_fused_layer.py). programs: fewer programs than work items (tests: each program
-    then takes several)."""
+    then takes several).
+
+    h_in: rms_norm(x) with norm1_w, as a previous call's next_norm made it (phase 0 is skipped).
+    next_norm: the next layer's input norm weight: returns (out, rms_norm(out) with it), the next
+    call's h_in; otherwise out."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
@@ -418,7 +427,18 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         assert cos.shape == sin.shape == (rope_rows, head_dim) and cos.dtype == sin.dtype == torch.float32
         cos, sin = cos.contiguous(), sin.contiguous()
     empty = lambda *s: torch.empty(*s, device=dev, dtype=dt)  # noqa: E731
-    out, h, qkv, attn, x1, act = empty(T, H), empty(T, H), empty(T, nqkv), empty(T, HO), empty(T, H), empty(T, I)
+    out, qkv, attn, x1, act = empty(T, H), empty(T, nqkv), empty(T, HO), empty(T, H), empty(T, I)
+    h2 = empty(T, H)  # the second norm's (h_in, when given, is only read)
+    if h_in is not None:
+        assert h_in.shape == x.shape and h_in.dtype == dt, (h_in.shape, x.shape)
+        h = h_in.contiguous()
+    else:
+        h = empty(T, H)
+    if next_norm is not None:
+        assert next_norm.shape == norm1_w.shape and next_norm.dtype == norm1_w.dtype, next_norm.shape
+        next_norm = next_norm.contiguous()
+    hn = empty(T, H) if next_norm is not None else h2
+    first = 0 if h_in is None else 1
     part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
     work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T, attn_items,
                T * n_heads if splits > 1 else 1)
@@ -434,23 +454,25 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d, SPLIT_O=split_o, SPLIT_D=split_d,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
-        TIMING=timings is not None and not _INTERPRETED, num_warps=launch.num_warps)
+        TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None,
+        num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
-            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, *cache[:8],
+            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, h2,
+            next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
             T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
     if programs is not None:
         assert 1 <= programs, programs
         work = min(work, programs)
     if _INTERPRETED:  # programs run one after another: a launch per phase
-        for phase in range(PHASES):
+        for phase in range(first, PHASES):
             _layer_kernel[(work,)](*args, FIRST=phase, LAST=phase, GRID_SYNC=False, **common)
     else:
         grid = _programs(dev, work)
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
                                    and timings.shape[0] >= grid and timings.shape[1] == TIM_COLS), \
             f"timings must be int64 [>= {grid}, {TIM_COLS}]"
-        _layer_kernel[(grid,)](*args, FIRST=0, LAST=PHASES - 1, GRID_SYNC=True, **common)
-    return out
+        _layer_kernel[(grid,)](*args, FIRST=first, LAST=PHASES - 1, GRID_SYNC=True, **common)
+    return (out, hn) if next_norm is not None else out
 
 
 def phase_times(timings: torch.Tensor) -> tuple[list, list, float]:
@@ -498,14 +520,18 @@ def _fits(launch: Launch, smem: int, block_m: int, elem: int) -> bool:
 def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, cos: torch.Tensor | None,
                    sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
                    o_w: torch.Tensor, norm2_w: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor,
-                   eps: float) -> torch.Tensor:
-    return layer(x, norm1_w, qkv_w, cos, sin, seq_len, (n_heads, n_kv, head_dim), o_w, norm2_w, gate_up_w,
-                 down_w, eps)
+                   eps: float, h_in: torch.Tensor | None = None,
+                   next_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, the next layer's h_in; empty without next_norm)."""
+    res = layer(x, norm1_w, qkv_w, cos, sin, seq_len, (n_heads, n_kv, head_dim), o_w, norm2_w, gate_up_w,
+                down_w, eps, h_in=h_in, next_norm=next_norm)
+    return res if next_norm is not None else (res, x.new_empty(0))
 
 
 @local_layer_op.register_fake
-def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_w, gate_up_w, down_w, eps):
-    return x.new_empty(x.shape)
+def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_w, gate_up_w, down_w, eps, h_in=None,
+      next_norm=None):
+    return x.new_empty(x.shape), x.new_empty(x.shape if next_norm is not None else (0,))
 
 
 class FusedLocalLayers(local_attention.FusedLocalAttention):
@@ -513,11 +539,15 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
     `minicpm.DecoderLayer` offers each layer to `layer` first, which runs it here and returns the
     output, or returns None (`runs` says no): the layer then runs as before."""
 
-    def layer(self, layer_idx, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps):
+    def layer(self, layer_idx, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps,
+              h_in=None, next_norm=None):
+        """`layer`'s result (h_in, next_norm: as there), or None."""
         if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
             return None
         cos, sin = rope if rope is not None else (None, None)
-        return local_layer_op(x, norm1_w, qkv_w, cos, sin, seq_len, *heads, o_w, norm2_w, gate_up_w, down_w, eps)
+        out, hn = local_layer_op(x, norm1_w, qkv_w, cos, sin, seq_len, *heads, o_w, norm2_w, gate_up_w, down_w, eps,
+                                 h_in, next_norm)
+        return (out, hn) if next_norm is not None else out
 
 
 fused_local_layers = FusedLocalLayers()

@@ -230,22 +230,28 @@ class DecoderLayer(nn.Module):
         if compiled:  # one compiled pair shared by every layer of the same shape (GPU)
             self.math = self.math.compiled()
 
-    def forward(self, x, batch_shape, rope, backend, keep: slice | None = None, lora=None):
+    def forward(self, x, batch_shape, rope, backend, keep: slice | None = None, lora=None, normed=None,
+                next_norm=None):
         """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
         [N, D] each, or [S, D] for a backend that takes the packed QKV (and applies RoPE itself).
         keep: the positions of each sequence whose output is wanted (all by default); the others
         still serve as keys and values, but skip the output projection and the MLP.
-        lora: this layer's `LayerLora` (model.lora), or None: no adapter."""
+        lora: this layer's `LayerLora` (model.lora), or None: no adapter.
+        normed, next_norm: where the backend runs whole layers, this layer's input norm of x as the
+        previous layer made it (or None), and the next layer's input norm weight (or None) ->
+        (output, the next layer's `normed` or None)."""
         attn, mlp, m = self.self_attn, self.mlp, self.math
         B, S = batch_shape
         # Without adapters the calls are exactly the plain ones (no extra argument for compiled code).
         qkv_lora = () if lora is None else (lora.qkv,)
         if lora is None and m.branch_scale is None and hasattr(backend, "layer"):  # the whole layer fused
-            out = backend.layer(self.layer_idx, x, S, rope, (m.n_heads, m.n_kv, m.head_dim),
+            res = backend.layer(self.layer_idx, x, S, rope, (m.n_heads, m.n_kv, m.head_dim),
                                 self.input_layernorm.weight, attn.qkv_weight(), attn.o_proj.weight,
-                                self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight, m.eps)
-            if out is not None:
-                return out if keep is None else out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
+                                self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight, m.eps,
+                                h_in=normed, next_norm=None if keep is not None else next_norm)
+            if res is not None:
+                out, nxt = res if isinstance(res, tuple) else (res, None)
+                return (out if keep is None else out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))), nxt
         if getattr(backend, "packed_qkv", False):
             qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight(), *qkv_lora)
             out = backend(self.layer_idx, qkv, S, rope, (m.n_heads, m.n_kv, m.head_dim))
@@ -259,7 +265,8 @@ class DecoderLayer(nn.Module):
             x = x.view(B, S, -1)[:, keep].reshape(-1, x.size(-1))
             out = out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))
         return m.attention_output_mlp(x, out, attn.o_proj.weight, self.post_attention_layernorm.weight,
-                                      mlp.gate_up_weight(), mlp.down_proj.weight, *(() if lora is None else (lora,)))
+                                      mlp.gate_up_weight(), mlp.down_proj.weight,
+                                      *(() if lora is None else (lora,))), None
 
 
 class MiniCPM(nn.Module):
@@ -287,13 +294,15 @@ class MiniCPM(nn.Module):
                 rope = (cos[0], sin[0])
             else:
                 rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
-        h = x.reshape(B * S, H)
+        h, normed = x.reshape(B * S, H), None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            if lora is None or lora[i] is None:
-                h = layer(h, (B, S), rope, backend, keep if i == last else None)
+            args = (h, (B, S), rope, backend, keep if i == last else None)
+            if lora is None:  # a fused layer may hand the next one its input norm (persistent_layer)
+                h, normed = layer(*args, normed=normed,
+                                  next_norm=self.layers[i + 1].input_layernorm.weight if i < last else None)
             else:
-                h = layer(h, (B, S), rope, backend, keep if i == last else None, lora[i])
+                h, _ = layer(*args) if lora[i] is None else layer(*args, lora[i])
         return self.norm(h).view(B, -1, H)
 
 
