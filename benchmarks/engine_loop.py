@@ -90,7 +90,13 @@ def main():
     ap.add_argument("--out", default="engine_loop.json")
     ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
+    ap.add_argument("--no-chain", action="store_true",
+                    help="stacked persistent layers each compute their own input norm (an A/B of the hand-on)")
     args = ap.parse_args()
+    if args.no_chain:
+        from voxcpm_triton.model import minicpm
+        forward = minicpm.DecoderLayer.forward
+        minicpm.DecoderLayer.forward = lambda self, *a, next_norm=None, **k: forward(self, *a, **k)
     if args.launch:
         from voxcpm_triton.kernels import persistent_layer as pl
         changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
@@ -104,7 +110,7 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
-           "runs": []}
+           "no_chain": args.no_chain, "runs": []}
     try:
         trace(eng, prompt, 40)  # warm
         for steps in (int(s) for s in args.steps.split(",")):

@@ -85,6 +85,20 @@ def persistent(launch=None):
     return run
 
 
+def persistent_chained(layers, x, cos, sin, S):
+    """The persistent kernel as `minicpm.MiniCPM` stacks it: each layer hands the next its input norm
+    (h_in / next_norm), so every layer but the first skips its norm phase and a barrier."""
+    def run():
+        h, normed = x, None
+        for i, w in enumerate(layers):
+            nxt = layers[i + 1]["n1"] if i + 1 < len(layers) else None
+            res = pl.layer(h, w["n1"], w["qkv"], cos, sin, S, (HQ, HKV, D), w["o"], w["n2"], w["gate_up"],
+                           w["down"], EPS, h_in=normed, next_norm=nxt)
+            h, normed = res if nxt is not None else (res, None)
+        return h
+    return run
+
+
 L = pl.Launch()
 PERSISTENT = {  # name -> launch (the server's default: pl.Launch())
     "persistent": L,
@@ -199,7 +213,8 @@ def time_layers(dev, dt, token_counts, tuned):
                     "fused_prefetch_rest": stack(fused_layer, "rest"),
                     "fused_prefetch_side4": stack(fused_layer, "side", programs=4),
                     **{name: stack(persistent(launch)) for name, launch in PERSISTENT.items()},
-                    "persistent_l2_resident": stack(persistent(), resident=True)}
+                    "persistent_l2_resident": stack(persistent(), resident=True),
+                    "persistent_chained": persistent_chained(layers, x, cos, sin, S)}
         if tuned:
             variants["fused_tuned"] = stack(fused_layer)
         if ONLY:

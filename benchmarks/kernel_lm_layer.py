@@ -108,13 +108,27 @@ def main():
                 h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, launch=launch, paged=kv)
             return h
 
+        def chained():  # as `minicpm.MiniCPM` stacks them: each layer hands the next its input norm
+            h, normed = x, None
+            for i, w in enumerate(layers):
+                kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
+                              backend.meta.context_lens, backend.meta.slot_mapping)
+                nxt = layers[i + 1][0] if i + 1 < DEPTH else None
+                res = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, paged=kv, h_in=normed,
+                               next_norm=nxt)
+                h, normed = res if nxt is not None else (res, None)
+            return h
+
         if rows <= pl.MAX_ROWS:
             assert backend.layer(0, x, 1, rope, (HQ, HKV, D), *layers[0], EPS) is not None, "declined"
         err = (fused().float() - compiled().float()).abs().max().item()
         row = {"rows": rows, "max_abs_diff": err,
                "compiled_us": time_calls([compiled], 1, reps=20) / DEPTH,
-               "persistent_us": time_calls([fused], 1, reps=20) / DEPTH}
+               "persistent_us": time_calls([fused], 1, reps=20) / DEPTH,
+               "chained_max_abs_diff": (chained().float() - fused().float()).abs().max().item(),
+               "chained_us": time_calls([chained], 1, reps=20) / DEPTH}
         row["speedup"] = row["compiled_us"] / row["persistent_us"]
+        row["chained_speedup"] = row["persistent_us"] / row["chained_us"]
         if rows in sweep_rows:
             row["launches"] = {}
             for name, launch in VARIANTS.items():
@@ -144,7 +158,8 @@ def main():
         row["profile"] = phase_summary(times, PHASES if merge else [p for p in PHASES if p != "merge splits"])
         res["rows"].append(row)
         print(f"[lm layer] rows {rows:3d}: compiled {row['compiled_us']:6.2f} us, persistent "
-              f"{row['persistent_us']:6.2f} us (x{row['speedup']:.2f}), max abs diff {err:.3g}; profile total {row['profile']['total_us']:.2f} us: "
+              f"{row['persistent_us']:6.2f} us (x{row['speedup']:.2f}), max abs diff {err:.3g}; chained "
+              f"{row['chained_us']:6.2f} us (x{row['chained_speedup']:.3f}); profile total {row['profile']['total_us']:.2f} us: "
               + ", ".join(f"{p['phase']} {p['span_us']:.2f}" for p in row["profile"]["phases"]), flush=True)
     res["seconds"] = time.time() - t0
     with open(args.out, "w") as f:
