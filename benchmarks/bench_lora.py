@@ -229,7 +229,7 @@ def main():
         gpu = args.device == "cuda"
         vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
                                       compile=gpu, lora_dir=empty, max_loras=args.max_loras, max_lora_rank=args.rank,
-                                      reserve_lora_defaults=True)
+                                      reserve_lora_targets="default")
     fill_random(vox.loras)
     tables = vox.loras
     log(f"loaded in {time.monotonic() - t0:.1f} s; LoRA tables {tables.tables.nbytes() / 2**30:.2f} GiB over "

@@ -250,7 +250,7 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
     import threading
 
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="float32", attention="torch",
-                                  lora_dir=str(tmp_path), max_loras=2, max_lora_rank=8, reserve_lora_defaults=True)
+                                  lora_dir=str(tmp_path), max_loras=2, max_lora_rank=8, reserve_lora_targets="default")
     t = vox.loras.tables
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in t.sites:  # random adapters in both slots (stable: small B)

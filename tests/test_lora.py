@@ -17,6 +17,7 @@ from tests.test_model_parity import TOL, _mode_inputs, _run_reference, maxdiff
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished
 from voxcpm_triton.engine.lora_registry import LoraFull, LoraRegistry
+from voxcpm_triton.formats import lora as lora_format
 from voxcpm_triton.formats.lora import LoraError, load_adapter, load_dir
 from voxcpm_triton.model import lora as lora_model
 from voxcpm_triton.model.lora import LoraOp, LoraTables, lora_delta, linear_shapes, sites_for
@@ -377,11 +378,13 @@ def test_registry_defers_removal_and_replacement_until_requests_end():
     assert reg.retired == set() and 2 in reg.free
 
 
-def _engine_vox(ckpt, lora_dir, tmp_path, names, **kw):
+def _engine_vox(ckpt, lora_dir, tmp_path, names, reserve="default", **kw):
     d = str(tmp_path / "served_loras")
+    os.makedirs(d)
     for n in names:
         shutil.copytree(os.path.join(lora_dir, n), os.path.join(d, n))
-    return d, VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32", lora_dir=d, reserve_lora_defaults=True, **kw)
+    return d, VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32", lora_dir=d, reserve_lora_targets=reserve,
+                                      **kw)
 
 
 def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path):
@@ -436,6 +439,37 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
         assert eng.stats()["in_flight_ids"] == 0 and eng.loras.registry.refs == {}
     finally:
         eng.shutdown()
+
+
+def test_tables_reserving_every_target_take_any_adapter_while_serving(ckpt, lora_dir, vox, tmp_path):
+    """lora_targets=all: a server started with no adapter (or only default-target ones) adds, while
+    serving, adapters on the LMs' MLPs, LocDiT's outer layers and the top-level projections, which
+    then equal the offline API loaded with them from the start; the tables cover every layer an
+    adapter may target and nothing else."""
+    d, v = _engine_vox(ckpt, lora_dir[0], tmp_path, [], reserve="all", max_loras=2, max_lora_rank=16)
+    covered = v.loras.tables.modules
+    assert covered == {m for m in v.loras.linears if lora_format.adaptable(m)}
+    assert any(".mlp." in m for m in covered) and "stop_head" in covered and "enc_to_lm_proj" in covered
+    assert not any(m.startswith("feat_encoder.") for m in covered)  # LocEnc: no LoRAConfig reaches it
+    gen = dict(min_len=4, max_len=4, inference_timesteps=4)
+    p = _prompt(v, 1)
+    eng = Engine(v, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
+    try:
+        assert eng.lora_names() == []
+        for name in ("lm_mlp_proj", "everything"):
+            shutil.copytree(os.path.join(lora_dir[0], name), os.path.join(d, name))
+            eng.add_lora(name)
+        assert eng.lora_names() == ["everything", "lm_mlp_proj"]
+        futures = {n: eng.submit(EngineRequest(n, p, seed=9, lora=n, **gen)) for n in ("lm_mlp_proj", "everything")}
+        for n, f in futures.items():
+            got, fin = f.result(timeout=TIMEOUT)
+            want = vox.generate_latents(None, prompt=p, seed=9, lora=n, **gen)
+            assert fin.error is None and maxdiff(got, want) <= TOL, n
+        assert eng.stats()["in_flight_ids"] == 0
+    finally:
+        eng.shutdown()
+    with pytest.raises(ValueError, match=r"reserve must be None or one of default, all, got 'some'"):
+        _engine_vox(ckpt, lora_dir[0], tmp_path / "x", [], reserve="some")
 
 
 def _gated(gate):

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.lora_helpers import write_adapters  # noqa: E402
-from tests.server import REPO, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_server import tts_http, tts_stream  # noqa: E402
 from tests.test_voices import voices  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -35,7 +35,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lora_dir(ckpt, tmp_path_factory):
     d = str(tmp_path_factory.mktemp("served_loras"))
-    write_adapters(ckpt, os.path.join(d, ".spare"), names=("lm_dit", "everything"), seed=1)
+    write_adapters(ckpt, os.path.join(d, ".spare"), names=("lm_dit", "everything", "lm_mlp_proj"), seed=1)
     for n in ("lm_dit", "everything"):
         shutil.copytree(os.path.join(d, ".spare", n), os.path.join(d, n))
     # A broken adapter: reported at start-up and left out; the server serves the others.
@@ -194,3 +194,46 @@ def test_a_voice_with_a_default_adapter(server, lora_dir):
     assert _close(tts_http(server, TEXT, VOICE=_b("orphan"), LORA=_b("lm_dit"), **GEN)[0], with_lm_dit)
     for name in ("narr", "plain", "orphan"):
         voices(server, "remove", name)
+
+
+@pytest.fixture(scope="module")
+def all_targets(triton_server_factory, ckpt, lora_dir, tmp_path_factory):  # noqa: F811
+    """A server with lora_targets=all, started with one adapter on the default targets only."""
+    d = str(tmp_path_factory.mktemp("few_loras"))
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), os.path.join(d, "lm_dit"))
+    # chunks by the schedule only, so that the gateway's samples compare with tts_stream's (as there)
+    repo = repository_copy(tmp_path_factory.mktemp("all_targets") / "repo",
+                           parameters={"decoder": {"lora_targets": "all", "playback_margin_ms": "0"}})
+    return d, triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_LORA_DIR": d})
+
+
+def test_lora_targets_all_takes_an_adapter_on_other_layers_while_serving(all_targets, ckpt, lora_dir, tmp_path):
+    """With lora_targets=all, an adapter on the LMs' MLPs and the projections (layers no adapter
+    present at start-up targets) is added while serving; over tts it equals the offline API loaded
+    with it, and through the OpenAI gateway's `lora` field it is tts_stream's audio."""
+    from tests.test_openai_gateway import KEY, MODEL, Gateway, openai, quantize16
+    from voxcpm_triton import VoxCPM2
+
+    d, srv = all_targets
+    assert loras(srv, "list") == ["lm_dit"]
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_mlp_proj"), os.path.join(d, "mlp"))
+    assert loras(srv, "add", "mlp") == ["lm_dit", "mlp"]
+    whole, _ = tts_http(srv, TEXT, LORA=_b("mlp"), RETRY_BADCASE=("BOOL", np.array([False])), **GEN)
+    offline = VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32", lora_dir=d)
+    want = offline.generate(TEXT, lora="mlp", retry_badcase=False, **OFFLINE_GEN)
+    assert _close(whole, want)
+    assert np.abs(whole - offline.generate(TEXT, **OFFLINE_GEN)).max() > 100 * TOL  # the adapter acts
+
+    streamed = np.concatenate(tts_stream(srv, TEXT, LORA=_b("mlp"), **GEN))
+    assert _close(streamed, whole)
+    gw = Gateway(srv.grpc_url, tmp_path)
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        got = client.audio.speech.create(model=MODEL, input=TEXT, voice="default", response_format="pcm",
+                                         extra_body={"seed": 7, "min_length": 3, "max_length": 3,
+                                                     "inference_timesteps": 4, "lora": "mlp"})
+        pcm = np.frombuffer(got.content, "<i2").astype(np.int32)
+        assert pcm.shape == streamed.shape and np.abs(pcm - quantize16(streamed)).max() <= 4  # within 1e-4
+    finally:
+        gw.stop()
+    assert loras(srv, "remove", "mlp") == ["lm_dit"]

@@ -2,9 +2,9 @@
 slot tables (model/lora.py), and which name sits in which slot.
 
 The tables cover a fixed set of layers, chosen at load: the targets of the adapters found, plus
-(for a server that adds adapters at run time, `reserve_defaults`) the official default targets
-(LM and LocDiT attention). An adapter added later must fit in them and in `max_rank`; anything else
-would change the captured CUDA graphs.
+(for a server that adds adapters at run time, `reserve`) the official default targets (LM and
+LocDiT attention) or every layer an adapter may target. An adapter added later must fit in them and
+in `max_rank`; anything else would change the captured CUDA graphs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from .formats.lora import DEFAULT_CONFIG, Adapter, LoraError, check_name, load_adapter, load_dir
+from .formats.lora import DEFAULT_CONFIG, RESERVE, Adapter, LoraError, check_name, load_adapter, load_dir
 from .model.lora import LoraBatch, LoraTables, sites_for
 
 log = logging.getLogger("voxcpm_triton.lora")
@@ -28,11 +28,15 @@ class AdapterSet:
 
     @classmethod
     def load(cls, lora_dir: str, linears: dict, dtype, device, max_loras: int | None = None,
-             max_rank: int | None = None, reserve_defaults: bool = False) -> "AdapterSet":
+             max_rank: int | None = None, reserve: str | None = None) -> "AdapterSet":
         """Every adapter under `lora_dir` into slots 1, 2, ... (by name). linears: the network's linear
         layers (`model.lora.linear_shapes`). max_loras / max_rank: the tables' size (default: what the
-        adapters found need). A broken adapter, or one past max_loras, is logged, recorded in `errors`
+        adapters found need). reserve: None, or what the tables cover beyond the adapters found
+        (`formats.lora.RESERVE`: "default", the official default targets; "all", every linear an
+        adapter may target). A broken adapter, or one past max_loras, is logged, recorded in `errors`
         and left out."""
+        if reserve is not None and reserve not in RESERVE:
+            raise ValueError(f"reserve must be None or one of {', '.join(RESERVE)}, got {reserve!r}")
         adapters, errors = load_dir(lora_dir, linears, max_rank)
         names = sorted(adapters)
         if max_loras is not None and len(names) > max_loras:
@@ -43,8 +47,10 @@ class AdapterSet:
         for n, e in sorted(errors.items()):
             log.warning("LoRA adapter %r not loaded: %s", n, e)
         modules = {m for a in adapters.values() for m in a.modules}
-        if reserve_defaults or not modules:
-            modules |= {m for m in linears if DEFAULT_CONFIG.targets(m)}
+        if reserve is not None:
+            modules |= {m for m in linears if RESERVE[reserve](m)}
+        if not modules:
+            modules = {m for m in linears if DEFAULT_CONFIG.targets(m)}
         max_loras = max_loras or max(1, len(names))
         max_rank = max_rank or max([a.rank for a in adapters.values()], default=1)
         tables = LoraTables(sites_for(linears, modules), max_loras, max_rank, dtype, device)
@@ -65,7 +71,8 @@ class AdapterSet:
             raise LoraError(f"adapter {name!r} targets {', '.join(missing[:4])}"
                             f"{f' ... ({len(missing)} in all)' if len(missing) > 4 else ''}, which this "
                             "server's LoRA tables do not cover (they cover the targets of the adapters present "
-                            "at start-up and the official defaults); restart the server with it in the directory")
+                            "at start-up and the official defaults, or every target with the decoder parameter "
+                            "lora_targets=all); restart the server with it in the directory")
         return ad
 
     def slot(self, name: str) -> int:

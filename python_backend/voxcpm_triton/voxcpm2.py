@@ -154,7 +154,7 @@ class VoxCPM2:
     def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None,
                         attention: str = "auto", compile: bool = False, precision: str = "bf16",
                         lora_dir: str | None = None, max_loras: int | None = None,
-                        max_lora_rank: int | None = None, reserve_lora_defaults: bool = False) -> "VoxCPM2":
+                        max_lora_rank: int | None = None, reserve_lora_targets: str | None = None) -> "VoxCPM2":
         """attention: the Triton kernels' pair (LocDiT/LocEnc attention here, paged decode attention in
         the engine) or PyTorch's: "auto" (Triton on CUDA where `kernels._triton.available()`, else
         PyTorch), "triton" (an error where they cannot run), "torch". compile (CUDA only):
@@ -168,8 +168,8 @@ class VoxCPM2:
         the adapter's: `generate_latents(..., lora=NAME)`), loaded into `self.loras`
         (`lora_adapters.AdapterSet`); a broken one is logged and left out (`self.loras.errors`).
         max_loras, max_lora_rank: the slot tables' size (default: what the adapters found need);
-        reserve_lora_defaults: the tables also cover the official default targets (a server that
-        adds adapters later)."""
+        reserve_lora_targets: None, or what the tables also cover, for adapters added later (a
+        server): "default", the official default targets; "all", every layer an adapter may target."""
         files = checkpoint_files(path)
         cfg = VoxCPM2Config.from_file(files["config"])
         dev = resolve_device(device)
@@ -193,7 +193,7 @@ class VoxCPM2:
         tokenizer = TextTokenizer.from_dir(path)
         vox = cls(cfg, model, vae, tokenizer, dev, dt, precision)
         if lora_dir:
-            vox.loras = AdapterSet.load(lora_dir, linears, dt, dev, max_loras, max_lora_rank, reserve_lora_defaults)
+            vox.loras = AdapterSet.load(lora_dir, linears, dt, dev, max_loras, max_lora_rank, reserve_lora_targets)
         return vox
 
     @property

@@ -114,6 +114,17 @@ class LoraConfig:
 DEFAULT_CONFIG = LoraConfig(enable_lm=True, enable_dit=True)
 
 
+def adaptable(module: str) -> bool:
+    """Whether some LoRAConfig puts a LoRA on linear `module`: the reference adapts the LMs' and
+    LocDiT's linears by their short names, and the model's own (top-level) linears by attribute."""
+    return module.startswith(LM_ROOTS) or module.startswith(DIT_ROOT) or "." not in module
+
+
+# What slot tables reserve beyond the adapters found at load, for adapters added later (the decoder
+# parameter lora_targets): the official defaults' targets, or every linear an adapter may target.
+RESERVE = {"default": DEFAULT_CONFIG.targets, "all": adaptable}
+
+
 @dataclass
 class AdapterSpec:
     """What an adapter holds, once checked: modules -> (A key, B key), its rank and scale."""

@@ -62,9 +62,10 @@ class DecoderModel:
                                            dtype=params["dtype"], attention=params["attention"],
                                            precision=params["precision"],
                                            compile=params["compile"] and params["cuda_graphs"] and on_gpu,
-                                           # Adapters added later must fit the tables: they also cover the defaults.
+                                           # Adapters added later must fit the tables: they reserve lora_targets.
                                            lora_dir=params["lora_dir"], max_loras=params["max_loras"],
-                                           max_lora_rank=params["max_lora_rank"], reserve_lora_defaults=True)
+                                           max_lora_rank=params["max_lora_rank"],
+                                           reserve_lora_targets=params["lora_targets"])
         kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
             block_size=params["block_size"],

@@ -129,6 +129,11 @@ PARAMETERS: tuple[Param, ...] = (
           env="VOXCPM_LORA_DIR"),
     Param("decoder", "max_loras", "int", "8", "LoRA adapters held at once in the GPU slot tables (with lora_dir)"),
     Param("decoder", "max_lora_rank", "int", "32", "largest LoRA rank an adapter may have (with lora_dir)"),
+    Param("decoder", "lora_targets", "choice", "default",
+          "layers the slot tables cover besides the targets of the adapters found at start-up, for adapters "
+          "added later: default (LM and LocDiT attention, the official defaults) or all (every layer an "
+          "adapter may target: more GPU memory, and steps mixing adapters run LoRA ops on every one)",
+          ("default", "all")),
     Param("decoder", "lora_merge", "bool", "true",
           "a step whose requests all use one adapter (or none) runs it merged into the weights, at the "
           "plain network's speed (with lora_dir; costs a copy of the adapted weights and a second set "
