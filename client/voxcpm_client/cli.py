@@ -33,7 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--normalize", action="store_true", default=None,
                    help="write numbers, dates, currencies, units... in the text out as words first (server-side)")
-    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: none")
+    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: the "
+                                  "--voice's default adapter, if it has one; '': the base model")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
     args = p.parse_args(argv)

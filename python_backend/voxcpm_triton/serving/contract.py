@@ -168,11 +168,12 @@ def _voice(inputs: dict, req: SynthesisRequest):
 
 
 def lora_name(inputs: dict) -> str | None:
-    """LORA: an adapter's name (whether it is loaded, the decoder knows); empty or absent: none (the
-    VOICE's default adapter, if it has one, else the base model). The `voices` model's LORA too."""
+    """LORA: an adapter's name (whether it is loaded, the decoder knows); "" where it is empty (the
+    base model, even with a VOICE that has a default adapter); None where it is absent (the VOICE's
+    default adapter, if it has one, else the base model). The `voices` model's LORA too."""
     name = value(inputs.get("LORA"), "LORA", str)
     if not name:
-        return None
+        return None if name is None else ""
     try:
         return lora_format.check_name(name)
     except lora_format.LoraError as e:

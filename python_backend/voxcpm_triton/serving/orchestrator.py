@@ -129,9 +129,9 @@ class InternalCalls:
 
 
 def _adapter(req: contract.SynthesisRequest, voice) -> str | None:
-    """The request's LoRA adapter: its own LORA wins, else its voice's default, else none."""
+    """The request's LoRA adapter: its own LORA wins (empty: none), else its voice's default, else none."""
     if req.lora is not None:
-        return req.lora
+        return req.lora or None
     return voice.lora if voice is not None else None
 
 

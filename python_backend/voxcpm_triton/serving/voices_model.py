@@ -59,7 +59,7 @@ class VoicesModel(RegistryModel):
         transcript = contract.text(inputs.get("TEXT"), "TEXT", required=False)
         if transcript is not None and not transcript.strip():
             raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
-        lora = contract.lora_name(inputs)
+        lora = contract.lora_name(inputs) or None  # empty: no default adapter
         self.calls.health.check()
         if lora is not None:
             await self._check_loaded(lora)
