@@ -1857,7 +1857,9 @@ def eighteenth_session(res) -> list[str]:
            "session's device time was spent; `benchmarks/engine_loop.py --no-chain` is the A/B for a later "
            "call). Kept: it removes work and a barrier, the outputs are bit-identical, and the GPU tests of the "
            "chained and paged layers pass on the H100 (`raw/gpu_tests_eighteenth.txt`: "
-           "`tests/test_persistent_layer.py -k 'stacked or paged_layer'`, 25 passed).", "",
+           "`tests/test_persistent_layer.py -k 'stacked or paged_layer'`, 25 passed; two checks added after that call, "
+           "a layer given another norm's output as `h_in` and the engine step's latents against the PyTorch path, "
+           "have run on the CPU only).", "",
            "![eighteenth session: chained persistent layers](results_eighteenth.png)", ""]
     _plot_eighteenth(pairs)
     return md
