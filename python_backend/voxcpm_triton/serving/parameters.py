@@ -132,7 +132,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "lora_targets", "choice", "default",
           "layers the slot tables cover besides the targets of the adapters found at start-up, for adapters "
           "added later: default (LM and LocDiT attention, the official defaults) or all (every layer an "
-          "adapter may target: more GPU memory, and steps mixing adapters run LoRA ops on every one)",
+          "adapter may target: more GPU memory, lora_merge's copy of the covered weights included, and steps "
+          "mixing adapters run LoRA ops on every one)",
           ("default", "all")),
     Param("decoder", "lora_merge", "bool", "true",
           "a step whose requests all use one adapter (or none) runs it merged into the weights, at the "
