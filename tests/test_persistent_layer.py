@@ -280,7 +280,8 @@ def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):
     assert PagedAttention(kp[None], vp[None], PrefillMetadata(slots, [0, 2]), use_triton=True).layer(0, *args) is None
     assert not calls
     ref, _, _ = reference_paged_layer(x, weights, cos, sin, (4, 2, 32), cache)
-    out = PagedAttention(kp[None], vp[None], meta, use_triton=True).layer(0, *args)
+    out, nxt = PagedAttention(kp[None], vp[None], meta, use_triton=True).layer(0, *args)
+    assert nxt is None
     assert len(calls) == 1 and calls[0].k_pool.data_ptr() == kp.data_ptr()
     assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
 

@@ -116,8 +116,8 @@ class PagedAttention:
     def layer(self, layer, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps,
               h_in=None, next_norm=None):
         """A whole decoder layer of a decode step in one kernel (`kernels.persistent_layer`, which also
-        writes the new K/V; h_in, next_norm: as there), or None: the layer runs op by op
-        (`minicpm.DecoderLayer.forward`)."""
+        writes the new K/V; h_in, next_norm: as there) -> (output, the next layer's h_in or None); or
+        None: the layer runs op by op (`minicpm.DecoderLayer.forward`)."""
         m = self.meta
         if not (self.decode_writes_kv and isinstance(m, DecodeMetadata)):
             return None
@@ -128,8 +128,9 @@ class PagedAttention:
         cos, sin = rope if rope is not None else (None, None)
         paged = persistent_layer.Paged(self.k_pool[layer], self.v_pool[layer], m.block_tables, m.context_lens,
                                        m.slot_mapping)
-        return persistent_layer.layer(x, norm1_w, qkv_w, cos, sin, 1, heads, o_w, norm2_w, gate_up_w, down_w, eps,
-                                      paged=paged, h_in=h_in, next_norm=next_norm)
+        res = persistent_layer.layer(x, norm1_w, qkv_w, cos, sin, 1, heads, o_w, norm2_w, gate_up_w, down_w, eps,
+                                     paged=paged, h_in=h_in, next_norm=next_norm)
+        return res if next_norm is not None else (res, None)
 
     def __call__(self, layer, q, k, v):
         m = self.meta

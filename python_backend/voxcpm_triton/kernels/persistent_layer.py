@@ -537,17 +537,18 @@ def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_
 class FusedLocalLayers(local_attention.FusedLocalAttention):
     """The fused attention backend (`kernels.local_attention`) that also takes whole layers: a
     `minicpm.DecoderLayer` offers each layer to `layer` first, which runs it here and returns the
-    output, or returns None (`runs` says no): the layer then runs as before."""
+    output and the next layer's h_in (or None), or returns None (`runs` says no): the layer then
+    runs as before."""
 
     def layer(self, layer_idx, x, seq_len, rope, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w, eps,
               h_in=None, next_norm=None):
-        """`layer`'s result (h_in, next_norm: as there), or None."""
+        """(output, the next layer's h_in or None) as `layer` makes them (h_in, next_norm: as there), or None."""
         if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
             return None
         cos, sin = rope if rope is not None else (None, None)
         out, hn = local_layer_op(x, norm1_w, qkv_w, cos, sin, seq_len, *heads, o_w, norm2_w, gate_up_w, down_w, eps,
                                  h_in, next_norm)
-        return (out, hn) if next_norm is not None else out
+        return out, (hn if next_norm is not None else None)
 
 
 fused_local_layers = FusedLocalLayers()

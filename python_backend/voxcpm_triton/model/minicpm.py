@@ -250,7 +250,7 @@ class DecoderLayer(nn.Module):
                                 self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight, m.eps,
                                 h_in=normed, next_norm=None if keep is not None else next_norm)
             if res is not None:
-                out, nxt = res if isinstance(res, tuple) else (res, None)
+                out, nxt = res
                 return (out if keep is None else out.view(B, S, -1)[:, keep].reshape(-1, out.size(-1))), nxt
         if getattr(backend, "packed_qkv", False):
             qkv = m.normed_qkv(x, self.input_layernorm.weight, attn.qkv_weight(), *qkv_lora)
