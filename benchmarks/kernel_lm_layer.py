@@ -72,6 +72,12 @@ def case(dev, rows, context):
     return PagedAttention(pools[0], pools[1], DecodeMetadata(slots, bt, ctx), use_triton=True), (ang.cos(), ang.sin())
 
 
+def paged(backend, i):
+    """Layer i's cache and the rows' tables, as `PagedAttention.layer` hands them to the kernel."""
+    m = backend.meta
+    return pl.Paged(backend.k_pool[i], backend.v_pool[i], m.block_tables, m.context_lens, m.slot_mapping)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16")
@@ -103,19 +109,16 @@ def main():
         def fused(launch=None):  # as PagedAttention.layer runs it (which takes at most pl.MAX_ROWS rows)
             h = x
             for i, w in enumerate(layers):
-                kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
-                              backend.meta.context_lens, backend.meta.slot_mapping)
-                h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, launch=launch, paged=kv)
+                h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, launch=launch,
+                             paged=paged(backend, i))
             return h
 
         def chained():  # as `minicpm.MiniCPM` stacks them: each layer hands the next its input norm
             h, normed = x, None
             for i, w in enumerate(layers):
-                kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
-                              backend.meta.context_lens, backend.meta.slot_mapping)
                 nxt = layers[i + 1][0] if i + 1 < DEPTH else None
-                res = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, paged=kv, h_in=normed,
-                               next_norm=nxt)
+                res = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, paged=paged(backend, i),
+                               h_in=normed, next_norm=nxt)
                 h, normed = res if nxt is not None else (res, None)
             return h
 
@@ -147,9 +150,8 @@ def main():
             bufs = [torch.zeros(160, pl.TIM_COLS, dtype=torch.int64, device=dev) for _ in layers]
             h = x
             for i, (w, buf) in enumerate(zip(layers, bufs)):
-                kv = pl.Paged(backend.k_pool[i], backend.v_pool[i], backend.meta.block_tables,
-                              backend.meta.context_lens, backend.meta.slot_mapping)
-                h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, timings=buf, paged=kv)
+                h = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, timings=buf,
+                             paged=paged(backend, i))
             torch.cuda.synchronize()
             if rep == 0:
                 continue
