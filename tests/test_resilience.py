@@ -194,15 +194,31 @@ def test_vae_stream_lifecycle(tight):
         _vae(tight, 103, 1)
     assert _vae(tight, 103, 0, end=True).shape == (1, 0)
     assert metrics(tight)["voxcpm_vae_streams"] == 2
-    # Both held slots make a synthesis fail cleanly (its START is refused) ...
-    with pytest.raises(InferenceServerException, match="VAE stream slots are in use"):
-        tts_stream(tight, "No room.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    # With every vae_decoder slot held, synthesis still works: the decoder makes the audio
+    # (decode_audio, the default) and frees its own stream state.
+    assert sum(c.size for c in tts_stream(tight, "Room anyway.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)) == 2 * P * 1920
+    wait_for(lambda: metrics(tight)["voxcpm_decoder_audio_streams"] == 0, what="the decoder's audio state released")
     for corrid in (101, 102):
         _vae(tight, corrid, 0, end=True)
     assert metrics(tight)["voxcpm_vae_streams"] == 0
-    # ... and, once they are free, synthesis works again and leaves no state behind.
-    assert sum(c.size for c in tts_stream(tight, "Room again.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)) == 2 * P * 1920
-    wait_for(lambda: metrics(tight)["voxcpm_vae_streams"] == 0, what="VAE state released")
+
+
+def test_full_vae_decoder_fails_a_synthesis_cleanly(triton_server_factory, ckpt, tmp_path):  # noqa: F811
+    """The pipeline through vae_decoder (decode_audio false): with both of its slots held, a synthesis
+    fails cleanly (its START is refused); once they are free, synthesis works again and leaves no
+    state behind."""
+    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"decode_audio": "false"},
+                                                          "vae_decoder": {"max_streams": "2"}})
+    srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+    for corrid in (101, 102):
+        _vae(srv, corrid, 1, start=True)
+    with pytest.raises(InferenceServerException, match="VAE stream slots are in use"):
+        tts_stream(srv, "No room.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    for corrid in (101, 102):
+        _vae(srv, corrid, 0, end=True)
+    assert metrics(srv)["voxcpm_vae_streams"] == 0
+    assert sum(c.size for c in tts_stream(srv, "Room again.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)) == 2 * P * 1920
+    wait_for(lambda: metrics(srv)["voxcpm_vae_streams"] == 0, what="VAE state released")
 
 
 def test_a_cancelled_tts_request_stops_decoding(tight):

@@ -2,13 +2,16 @@
 
 `execute` only validates and enqueues; the engine thread streams LATENTS
 chunks back through each request's response sender and closes the stream with
-the final flag. A request carrying CANCEL_ID cancels that earlier request
-(the orchestrators use it when their client goes away). LORA names a request's adapter; a
+the final flag. With `decode_audio` each chunk also carries its AUDIO, decoded in this
+process (`engine.stream_audio`), and the orchestrators skip `vae_decoder`. A request
+carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their
+client goes away). LORA names a request's adapter; a
 request carrying LORA_ACTION (from the `loras` model) adds, removes or lists adapters.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -17,9 +20,11 @@ import time
 import numpy as np
 import torch
 
+from ..checks import CONTEXT_PATCHES
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
 from ..engine.loras import LoraFull
+from ..engine.stream_audio import StreamAudio
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from . import placement, runtime
@@ -29,6 +34,7 @@ from .metrics import EngineMetrics
 from .parameters import read, resolve_checkpoint
 from .triton_io import (IPC_LOCK, Busy, InputError, error_response, get, internal_error_response, locked, pb,
                         require_internal, tensor)
+from .vae_models import decoding_vae
 
 log = logging.getLogger("voxcpm_triton.decoder")
 
@@ -81,8 +87,11 @@ class DecoderModel:
             lora_merge=params["lora_merge"],
         )
         t1 = time.monotonic()
+        # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.
+        self.audio = self._stream_audio(params, device) if params["decode_audio"] else None
+        self.keys = itertools.count()
         self.engine = Engine(self.vox, cfg)
-        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device))
+        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
@@ -96,10 +105,23 @@ class DecoderModel:
                     "(captured in %.1f s)", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
                     self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
 
+    def _stream_audio(self, params: dict, device) -> StreamAudio:
+        """The VAE decoding this instance's chunks: built as vae_decoder builds it, with a CUDA graph
+        per chunk_schedule length and a stream slot for every request that can run, and as many
+        again for those ending while new ones start."""
+        _, vae = decoding_vae(resolve_checkpoint(params["checkpoint"]), device, triton_kernels=True,
+                              compile=params["compile"] and params["cuda_graphs"])
+        return StreamAudio(vae, self.vox.patch_size, 2 * params["max_batch_size"],
+                           cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
+                           graph_patches=sorted(set(params["chunk_schedule"])),
+                           on_failure=lambda key, error: self.engine.cancel(key[0]))
+
     def _status(self) -> str | None:
         stuck = time.monotonic() - self.engine.heartbeat
         if stuck > ENGINE_STUCK_S:
             return f"the engine loop has not come round for {stuck:.0f} s"
+        if self.audio is not None and not self.audio.thread.is_alive():
+            return "the decoder's audio thread has stopped"
         return self.engine.status()
 
     def _prompt(self, request):
@@ -123,7 +145,9 @@ class DecoderModel:
         prompt = build_prompt(ids, n_target, feats[0], feats[1], P, D)
         if len(prompt) >= self.vox.cfg.max_length:
             raise InputError(f"the prompt is {len(prompt)} positions; the model's limit is {self.vox.cfg.max_length}")
-        return prompt
+        # Continuation (a prompt's audio): the VAE starts from the last audio patches, as the reference does.
+        context = torch.cat([f for f in feats if f is not None])[-CONTEXT_PATCHES:] if feats[1] is not None else None
+        return prompt, context
 
     def execute(self, requests):
         for request in requests:
@@ -146,9 +170,10 @@ class DecoderModel:
                 lora = _scalar(request, "LORA", str) or None
                 if lora is not None and self.peers is not None:
                     self.peers.sync_loras()  # a change made through another instance applies here too
+                prompt, context = self._prompt(request)
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
-                    prompt=self._prompt(request),
+                    prompt=prompt,
                     min_len=_scalar(request, "MIN_LENGTH", int, 2),
                     max_len=_scalar(request, "MAX_LENGTH", int),
                     cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
@@ -156,7 +181,7 @@ class DecoderModel:
                     seed=_scalar(request, "SEED", int),
                     lora=lora,
                     playback=_scalar(request, "PLAYBACK", bool, True))
-                self.engine.submit(req, sink=self._sink(sender))
+                self._submit(req, sender, context)
             except EngineBusy as e:
                 locked(sender.send, internal_error_response(Busy(str(e))),
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -209,6 +234,53 @@ class DecoderModel:
         else:
             run()
 
+    def _submit(self, req: EngineRequest, sender, context):
+        if self.audio is None:
+            self.engine.submit(req, sink=self._sink(sender))
+            return
+        key = (req.request_id, next(self.keys))  # an id may come back while its audio is still queued
+        self.audio.open(key, self._audio_sink(sender), context)
+        try:
+            self.engine.submit(req, sink=self._chunks_to_audio(sender, key))
+        except BaseException:
+            self.audio.forget(key)
+            raise
+
+    def _chunks_to_audio(self, sender, key):
+        """The engine thread's sink with decode_audio: chunks and the end go to the audio thread."""
+
+        def deliver(event):
+            if isinstance(event, Finished):
+                self.audio.end(key, event)
+                return
+            if locked(sender.is_cancelled):
+                raise ClientGone("request cancelled by its client")
+            self.audio.chunk(key, event.patches)
+
+        return deliver
+
+    @staticmethod
+    def _audio_sink(sender):
+        """The audio thread's: each chunk's LATENTS with its AUDIO, then the final flag (with the
+        error if the request failed, or its audio could not be decoded)."""
+        p = pb()
+
+        def deliver(patches, payload):
+            if patches is None:
+                error = payload.error if isinstance(payload, Finished) else f"decoding audio failed: {payload}"
+                if error is not None:
+                    locked(sender.send, p.InferenceResponse(error=p.TritonError(error)),
+                           flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            with IPC_LOCK:
+                if not sender.is_cancelled():  # the engine stops at its next chunk
+                    sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
+                                                                    tensor("AUDIO", payload)]))
+
+        return deliver
+
     @staticmethod
     def _sink(sender):
         p = pb()
@@ -235,3 +307,5 @@ class DecoderModel:
             self.peers.stop()
         self.metrics.close()
         self.engine.shutdown(timeout=10.0)
+        if self.audio is not None:  # after the engine: the ends of its last requests are queued
+            self.audio.stop()

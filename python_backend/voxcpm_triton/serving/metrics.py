@@ -26,8 +26,9 @@ class EngineMetrics:
     """Publishes the decoder engine's state a few times a second from a background thread, labelled
     with the instance and its device (each decoder instance is an engine of its own)."""
 
-    def __init__(self, engine, labels: dict, period_s: float = 0.2):
-        self.engine, self.period = engine, period_s
+    def __init__(self, engine, labels: dict, audio=None, period_s: float = 0.2):
+        """audio: the instance's `StreamAudio` (decoder parameter decode_audio), if any."""
+        self.engine, self.audio, self.period = engine, audio, period_s
         self.gauges = {
             "running": metric("voxcpm_engine_running_requests", "Requests decoding now", labels),
             "waiting": metric("voxcpm_engine_waiting_requests", "Requests queued for admission", labels),
@@ -38,6 +39,13 @@ class EngineMetrics:
             "steps_per_s": metric("voxcpm_engine_steps_per_second", "Decode steps per second (last second)", labels),
             "up": metric("voxcpm_engine_up", "1 while the engine can serve, 0 once its thread has died", labels),
         }
+        if audio is not None:
+            self.gauges["audio_streams"] = metric("voxcpm_decoder_audio_streams",
+                                                  "Requests whose audio the decoder makes (decode_audio), "
+                                                  "from submit to their last response", labels)
+            self.gauges["audio_batch"] = metric("voxcpm_decoder_audio_batch_requests",
+                                                "Requests decoded together in the decoder's latest VAE batch",
+                                                labels)
         # Counters: engine stats key -> metric, each incremented by the stat's growth since the last update.
         self.counters = {
             "steps": metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER"),
@@ -70,6 +78,8 @@ class EngineMetrics:
         s["up"] = float(self.engine.status() is None)
         if not s["up"]:  # a dead engine runs nothing: don't leave it looking busy
             s.update(running=0, waiting=0, steps_per_s=0.0)
+        if self.audio is not None:
+            s.update(audio_streams=len(self.audio), audio_batch=self.audio.last_batch)
         with IPC_LOCK:
             for k, m in self.gauges.items():
                 m.set(s[k])

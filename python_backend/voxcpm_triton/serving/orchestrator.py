@@ -3,6 +3,8 @@
     TEXT ─ tokenizer ─┐
     audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
 
+(A decoder with `decode_audio` sends each chunk's AUDIO itself: vae_decoder is skipped.)
+
 One `Orchestrator.synthesize` coroutine serves one request and hands audio chunks to
 `emit` as they are made. `tts` collects them into one response; `tts_stream` sends
 each as a response. Both run on Triton's `async def execute`: every BLS call is
@@ -149,7 +151,8 @@ def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseExceptio
 
 FIRST_AUDIO_PHASES = ("prepare", "decoder", "vae")
 FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (tokenizer, stored voice, reference "
-                          "encoding), decoder (request to first latents: admission, prefill, first steps), vae "
+                          "encoding), decoder (request to first latents: admission, prefill, first steps; with the decoder's "
+                          "decode_audio, its audio too), vae "
                           "(first latents to first audio)")
 
 
@@ -247,13 +250,13 @@ class Orchestrator(InternalCalls):
         loop = asyncio.get_running_loop()
         t_decoder = time.monotonic()
         # Waits for the decoder's first response (admission, prefill, a step) without blocking the loop.
-        iterator = await self.guard(bls("decoder", dec_in, ["LATENTS"], request_id=request_id)
+        iterator = await self.guard(bls("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
                                      .async_exec(decoupled=True), cancelled)
         if iterator is None:  # the client left while the request was queued
             await self._cancel_decoder(request_id)
             return
         responses = _ResponseQueue(iterator, loop)
-        opened = stopping = False
+        opened = stopping = emitted = False
         error = None
         generated = 0
         try:
@@ -270,13 +273,20 @@ class Orchestrator(InternalCalls):
                     continue
                 lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
                 generated += lat.shape[0]
-                flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-                # Set before the call: whatever its outcome, a START sent is followed by an END.
-                first, opened = not opened, True
                 t_latents = time.monotonic()
-                audio = await self._vae_decode(corrid, lat, flags, context if first else None)
-                if first:
-                    self._record_ttfa(t0, t_decoder, t_latents, time.monotonic())
+                decoded = p.get_output_tensor_by_name(resp, "AUDIO")
+                if decoded is not None:  # the decoder's own (decode_audio)
+                    audio = decoded.as_numpy()
+                    if not emitted:
+                        self._record_ttfa(t0, t_decoder, t_latents, t_latents)
+                else:
+                    flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                    # Set before the call: whatever its outcome, a START sent is followed by an END.
+                    first, opened = not opened, True
+                    audio = await self._vae_decode(corrid, lat, flags, context if first else None)
+                    if first:
+                        self._record_ttfa(t0, t_decoder, t_latents, time.monotonic())
+                emitted = True
                 emit(audio)
                 if cancelled():
                     stopping = True

@@ -139,6 +139,9 @@ PARAMETERS: tuple[Param, ...] = (
           "a step whose requests all use one adapter (or none) runs it merged into the weights, at the "
           "plain network's speed (with lora_dir; costs a copy of the adapted weights and a second set "
           "of decode graphs; a LoRA request's rounding then depends on its neighbours; off with fp8)"),
+    Param("decoder", "decode_audio", "bool", "true",
+          "the decoder decodes its chunks to audio itself (the VAE in its process, on a CUDA stream of the "
+          "highest priority) and tts/tts_stream skip vae_decoder; false: vae_decoder decodes them"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),

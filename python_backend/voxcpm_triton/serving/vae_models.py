@@ -32,17 +32,25 @@ def _load(args, model: str, decoder_backends: bool = False):
     runtime.watch_parent()
     params = read(args, model)
     device = placement.instance_device(args, params["device"])
-    triton_kernels = compile = False
-    if decoder_backends and device.type == "cuda":
-        if params["triton_kernels"]:
-            from ..kernels import vae as vae_kernels  # imports triton: only where it can run
-
-            triton_kernels = vae_kernels.available()
-        compile = params["compile"]
-    cfg, vae = load_audio_vae(resolve_checkpoint(params["checkpoint"]), device, triton_kernels=triton_kernels,
-                              compile=compile)
+    path = resolve_checkpoint(params["checkpoint"])
+    if decoder_backends:
+        cfg, vae = decoding_vae(path, device, params["triton_kernels"], params["compile"])
+    else:
+        cfg, vae = load_audio_vae(path, device)
     log.warning("%s instance %s loaded: device=%s", model, placement.instance_name(args), device)
     return params, cfg, vae
+
+
+def decoding_vae(path: str, device, triton_kernels: bool, compile: bool):
+    """The checkpoint's AudioVAE for decoding chunks: on a GPU with the Triton kernels (where they
+    can run) and the compiled snakes asked for; plain on the CPU -> (config, vae)."""
+    if device.type != "cuda":
+        return load_audio_vae(path, device)
+    if triton_kernels:
+        from ..kernels import vae as vae_kernels  # imports triton: only where it can run
+
+        triton_kernels = vae_kernels.available()
+    return load_audio_vae(path, device, triton_kernels=triton_kernels, compile=compile)
 
 
 def _one(request, name: str) -> np.ndarray:

@@ -1,0 +1,209 @@
+"""Audio for the engine's latent chunks, decoded in the engine's own process (decoder parameter
+`decode_audio`).
+
+As a model of its own (`vae_decoder`) the VAE runs in another process, and a GPU shared by two
+processes runs them in time slices: a chunk's decode waits for the decoder's slice, the decoder's
+steps wait for the VAE's, and every chunk takes two more hops between models. Here the engine
+thread only queues a request's chunks (`chunk`) and its end (`end`). One thread takes whatever is
+queued, decodes every request's pending chunks at once, in batches by length (`VAEStreams`), on a
+CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
+hands each request its audio chunk by chunk, in order, then its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..model.audio_vae import AudioVAE
+from .vae_streams import StreamSlotsFull, VAEStreams
+
+log = logging.getLogger("voxcpm_triton.stream_audio")
+
+# Out-of-range priorities are clamped: this asks for the highest the device has.
+HIGHEST_PRIORITY = -100
+
+_NO_END = object()
+
+
+@dataclass
+class _Request:
+    # deliver(patches [n, P, D], audio [n * P * hop]) per chunk, then deliver(None, end) once.
+    deliver: Callable[[Any, Any], None]
+    context: torch.Tensor | None  # [1, D, frames]: latents the VAE is primed with (continuation)
+    pending: list = field(default_factory=list)  # chunks [n, P, D] queued, not decoded yet
+    end: Any = _NO_END
+    end_seen: bool = False  # its end has been queued
+    opened: bool = False
+    failed: bool = False
+    done: bool = False  # its end (or its failure) has been delivered
+
+
+class StreamAudio:
+    """`open` a request, queue its `chunk`s and its `end` (any thread); its `deliver` is called from
+    this object's thread. A request whose decode fails gets `deliver(None, error)` at once and
+    nothing after; `on_failure(key, error)` is told so that its generation stops too."""
+
+    def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
+                 graph_patches, on_failure: Callable[[Any, Exception], None]):
+        self.P, self.D = patch_size, vae.latent_dim
+        self.streams = VAEStreams(vae, patch_size, max_streams, cuda_graphs=cuda_graphs,
+                                  graph_patches=graph_patches)
+        self.device = vae.device
+        self.cuda_stream = (torch.cuda.Stream(self.device, priority=HIGHEST_PRIORITY)
+                            if self.device.type == "cuda" else None)
+        self.on_failure = on_failure
+        self.requests: dict = {}  # key -> _Request, from open to its end's delivery
+        self.queued: dict = {}  # key -> _Request with work queued, in arrival order
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.last_batch = 0  # requests decoded together in the latest round
+        self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
+        self.thread.start()
+
+    def __len__(self) -> int:
+        """Requests opened and not yet ended."""
+        with self.cond:
+            return len(self.requests)
+
+    def open(self, key, deliver: Callable[[Any, Any], None], context=None) -> None:
+        """Register request `key`; `context` [n, P, D] latent patches prime its VAE stream."""
+        if context is not None and len(context):
+            context = torch.as_tensor(context, dtype=torch.float32).reshape(-1, self.D).T[None]
+        else:
+            context = None
+        with self.cond:
+            if self.stopping:
+                raise RuntimeError("the audio decoder is shut down")
+            if key in self.requests:
+                raise ValueError(f"audio stream {key!r} is already open")
+            self.requests[key] = _Request(deliver, context)
+
+    def forget(self, key) -> None:
+        """Drop a request opened here that never ran (nothing is delivered to it)."""
+        with self.cond:
+            self.requests.pop(key, None)
+
+    def chunk(self, key, patches: torch.Tensor) -> None:
+        self._queue(key, patches)
+
+    def end(self, key, end) -> None:
+        """The request's end (whatever `deliver` takes as one), delivered after its last chunk."""
+        self._queue(key, None, end)
+
+    def _queue(self, key, patches, end=_NO_END):
+        with self.cond:
+            r = self.requests.get(key)
+            if r is None or r.failed:
+                if r is not None and end is not _NO_END:
+                    r.end_seen = True
+                    del self.requests[key]  # its failure was its end
+                return
+            if patches is not None:
+                r.pending.append(patches)
+            if end is not _NO_END:
+                r.end, r.end_seen = end, True
+            self.queued[key] = r
+            self.cond.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Decode and deliver what is queued, then end the thread."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout)
+
+    # ------------------------------------------------------------------ its thread
+    def _run(self):
+        torch.set_grad_enabled(False)
+        while True:
+            with self.cond:
+                while not self.queued and not self.stopping:
+                    self.cond.wait()
+                if not self.queued:
+                    return
+                work = []
+                for key, r in self.queued.items():
+                    work.append((key, r, r.pending, r.end))
+                    r.pending, r.end = [], _NO_END
+                self.queued = {}
+            try:
+                if self.cuda_stream is not None:
+                    with torch.cuda.stream(self.cuda_stream):
+                        self._round(work)
+                else:
+                    self._round(work)
+            except Exception as e:  # noqa: BLE001 - a bug here fails this round's requests, not the thread
+                log.exception("audio decoding round failed")
+                self._fail([(key, r) for key, r, *_ in work if not r.done], e)
+
+    def _round(self, work: list):
+        """Decode each request's pending chunks as one piece: requests with the same number of
+        frames in one batch, every batch queued before the first wait."""
+        decodes = []
+        for key, r, chunks, _ in work:
+            if not chunks or r.failed:
+                continue
+            if not r.opened:
+                try:
+                    self.streams.open(key, r.context)
+                except StreamSlotsFull:
+                    self._fail([(key, r)], RuntimeError(
+                        f"no free VAE stream slot in the decoder (all {self.streams.max_streams} are in use)"))
+                    continue
+                except Exception as e:  # noqa: BLE001 - this request fails, the rest go on
+                    self._fail([(key, r)], e)
+                    continue
+                r.opened = True
+            decodes.append((key, r, chunks))
+        batches = []
+        for frames in sorted({sum(len(c) for c in chunks) * self.P for _, _, chunks in decodes}):
+            group = [d for d in decodes if sum(len(c) for c in d[2]) * self.P == frames]
+            try:
+                z = torch.cat([torch.cat(chunks).reshape(1, -1, self.D).transpose(1, 2) for _, _, chunks in group])
+                batches.append((group, frames, self.streams.decode_async([key for key, _, _ in group], z)))
+            except Exception as e:  # noqa: BLE001 - these requests fail, the rest go on
+                self._fail([(key, r) for key, r, _ in group], e)
+        self.last_batch = len(decodes)
+        for group, frames, pending in batches:
+            try:
+                audio = pending.result()
+            except Exception as e:  # noqa: BLE001
+                self._fail([(key, r) for key, r, _ in group], e)
+                continue
+            per_patch = audio.shape[-1] // frames * self.P  # samples
+            for (key, r, chunks), a in zip(group, audio.numpy()):
+                start = 0
+                for c in chunks:
+                    self._deliver(key, r, c, a[start:start + len(c) * per_patch])
+                    start += len(c) * per_patch
+        for key, r, _, end in work:
+            if end is not _NO_END and not r.failed:
+                self.streams.close(key)
+                with self.cond:
+                    self.requests.pop(key, None)
+                r.done = True
+                self._deliver(key, r, None, end)
+
+    def _deliver(self, key, r: _Request, patches, payload):
+        try:
+            r.deliver(patches, payload)
+        except Exception:  # noqa: BLE001 - a broken receiver is the request's, not the thread's
+            log.exception("delivering audio of request %r failed", key)
+
+    def _fail(self, failed: list, error: Exception):
+        """(key, request) pairs whose audio cannot be made: each gets `error` as its end."""
+        log.error("decoding audio of %d request(s) failed: %s", len(failed), error)
+        for key, r in failed:
+            self.streams.close(key)
+            with self.cond:
+                r.failed, r.pending, r.done = True, [], True
+                if r.end_seen:  # else its end, still to come, is dropped (`_queue`)
+                    self.requests.pop(key, None)
+            self._deliver(key, r, None, error)
+            if not r.end_seen:
+                self.on_failure(key, error)

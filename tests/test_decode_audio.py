@@ -1,0 +1,213 @@
+"""The decoder's `decode_audio` (the default): the decoder makes each chunk's audio in its own
+process and the orchestrators skip vae_decoder. Served (real tritonserver, tiny checkpoint, CPU),
+the audio is the offline API's with the schedule's chunks and vae_decoder is never called (the
+parity and release checks of tests/test_server.py run on this pipeline, a client leaving included;
+tests/test_vae_decoder_pipeline.py runs them on the other). And
+`engine.stream_audio` itself, with a real VAE, keeps each request's chunks in order, equal to one
+decode of the whole, and fails one request, not the others, when its decode fails."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import require_module
+
+require_module("tritonclient", "tritonclient[all] in requirements.txt")
+
+from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.test_server import HOP, TOL, ckpt, offline, tts_stream  # noqa: E402,F401
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
+    repo = repository_copy(tmp_path_factory.mktemp("decode_audio") / "repo",
+                           # chunks by the schedule only: a loaded machine sends none early
+                           parameters={"decoder": {"decode_audio": "true", "playback_margin_ms": "0"}})
+    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+
+
+def executions(server, model: str) -> int:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"]
+    return sum(int(s["execution_count"]) for s in stats)
+
+
+def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, offline):
+    params = dict(SEED=21, MIN_LENGTH=9, MAX_LENGTH=9, INFERENCE_TIMESTEPS=4)
+    chunks = tts_stream(server, "The decoder speaks for itself.", **params)
+    # The chunk schedule as without decode_audio: 1, 4, then what is left.
+    assert [c.shape for c in chunks] == [(HOP,), (4 * HOP,), (4 * HOP,)]
+    want = offline.generate("The decoder speaks for itself.", seed=21, min_len=9, max_len=9, inference_timesteps=4)
+    assert np.abs(np.concatenate(chunks) - want).max() <= TOL
+    assert executions(server, "vae_decoder") == 0
+    assert executions(server, "decoder") > 0
+
+
+# ---------------------------------------------------------------------- engine.stream_audio itself
+@pytest.fixture(scope="module")
+def vae(ckpt):
+    from voxcpm_triton.voxcpm2 import load_audio_vae
+
+    cfg, vae = load_audio_vae(ckpt, torch.device("cpu"))
+    return cfg, vae
+
+
+class _Receiver:
+    """A request's deliveries: chunks (patches, audio), then its end."""
+
+    def __init__(self):
+        self.chunks, self.end, self.done = [], None, threading.Event()
+
+    def __call__(self, patches, payload):
+        assert not self.done.is_set(), "delivery after the end"
+        if patches is None:
+            self.end = payload
+            self.done.set()
+        else:
+            self.chunks.append((patches.clone(), np.array(payload)))
+
+
+def _latents(seed: int, n: int, P: int, D: int) -> torch.Tensor:
+    return torch.randn(n, P, D, generator=torch.Generator().manual_seed(seed)) * 0.5
+
+
+def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
+    """The reference: the whole latent sequence decoded at once (the context's audio dropped)."""
+    D = lat.shape[-1]
+    z = lat.reshape(-1, D).T[None]
+    n_ctx = 0
+    if context is not None:
+        n_ctx = context.shape[0] * context.shape[1]
+        z = torch.cat([context.reshape(-1, D).T[None], z], dim=-1)
+    with torch.no_grad():
+        audio = vae.decode(z)[0, 0].numpy()
+    return audio[n_ctx * vae.decode_chunk_size:]
+
+
+def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decode(vae):
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    failures = []
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: failures.append(key))
+    try:
+        lats = [_latents(i, 9, P, D) for i in range(3)]
+        context = _latents(7, 3, P, D)
+        recv = [_Receiver() for _ in lats]
+        for i, r in enumerate(recv):
+            audio.open(("r", i), r, context if i == 2 else None)
+        # Interleaved as the engine thread sends them: chunks of 1, 4, 4 patches, then the ends.
+        for a, b in ((0, 1), (1, 5), (5, 9)):
+            for i, lat in enumerate(lats):
+                audio.chunk(("r", i), lat[a:b])
+        for i, r in enumerate(recv):
+            audio.end(("r", i), f"end {i}")
+        for i, r in enumerate(recv):
+            assert r.done.wait(60)
+            assert r.end == f"end {i}"
+            assert [len(p) for p, _ in r.chunks] == [1, 4, 4]
+            assert all(a.shape == (len(p) * P * vae.decode_chunk_size,) for p, a in r.chunks)
+            got = np.concatenate([a for _, a in r.chunks])
+            want = _whole(vae, lats[i], context if i == 2 else None)
+            assert np.abs(got - want).max() <= 1e-4, i
+            assert torch.equal(torch.cat([p for p, _ in r.chunks]), lats[i])
+        assert len(audio) == 0 and not failures and len(audio.streams) == 0
+    finally:
+        audio.stop()
+    assert not audio.thread.is_alive()
+
+
+def test_stream_audio_fails_the_request_whose_decode_fails_and_serves_the_others(vae):
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    failures = []
+    audio = StreamAudio(vae, P, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: failures.append(key))
+    decode_async = audio.streams.decode_async
+
+    def faulty(keys, z):  # a decode that fails for one request's batch
+        if "bad" in keys:
+            raise RuntimeError("injected VAE fault")
+        return decode_async(keys, z)
+
+    audio.streams.decode_async = faulty
+    try:
+        recv = {k: _Receiver() for k in ("ok", "bad", "filler", "late")}
+        for k, r in recv.items():
+            audio.open(k, r)
+        audio.chunk("ok", _latents(1, 2, P, D))
+        audio.chunk("bad", _latents(2, 3, P, D))  # another length: a batch of its own
+        assert recv["bad"].done.wait(60)
+        assert "injected VAE fault" in str(recv["bad"].end) and recv["bad"].chunks == []
+        audio.chunk("filler", _latents(3, 1, P, D))  # takes the slot "bad" gave back: both are in use
+        deadline = time.monotonic() + 60
+        while not (recv["ok"].chunks and recv["filler"].chunks):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        audio.chunk("late", _latents(4, 1, P, D))  # no slot left for it
+        assert recv["late"].done.wait(60)
+        assert "no free VAE stream slot" in str(recv["late"].end), recv["late"].end
+        assert failures == ["bad", "late"]  # told, so that their generation stops
+        # What the engine still sends a failed request is dropped; its end clears it.
+        audio.chunk("bad", _latents(5, 1, P, D))
+        for k in ("bad", "late", "filler"):
+            audio.end(k, "end")
+        audio.chunk("ok", _latents(6, 1, P, D))
+        audio.end("ok", "end ok")
+        ok = recv["ok"]
+        assert ok.done.wait(60) and ok.end == "end ok" and [len(p) for p, _ in ok.chunks] == [2, 1]
+        assert recv["filler"].done.wait(60) and recv["filler"].end == "end"
+        deadline = time.monotonic() + 10
+        while len(audio) or len(audio.streams):
+            assert time.monotonic() < deadline, audio.requests
+            time.sleep(0.05)
+        audio.open("x", _Receiver())
+        with pytest.raises(ValueError, match="already open"):
+            audio.open("x", _Receiver())
+        audio.forget("x")
+        assert len(audio) == 0
+    finally:
+        audio.stop()
+
+
+def test_stream_audio_fails_a_broken_rounds_requests_and_serves_on(vae):
+    """A fault outside any one decode (a bug in a round) ends that round's requests with the error;
+    the thread lives on and serves the next."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    failures = []
+    audio = StreamAudio(vae, P, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: failures.append(key))
+    real, broken_once = audio._round, []
+
+    def round_(work):
+        if not broken_once:
+            broken_once.append(True)
+            raise RuntimeError("injected bug")
+        return real(work)
+
+    audio._round = round_
+    try:
+        first, second = _Receiver(), _Receiver()
+        audio.open("first", first)
+        audio.chunk("first", _latents(1, 1, P, D))
+        assert first.done.wait(60) and "injected bug" in str(first.end) and failures == ["first"]
+        audio.end("first", "end")  # the engine's end, after its cancel: dropped
+        audio.open("second", second)
+        audio.chunk("second", _latents(2, 1, P, D))
+        audio.end("second", "end 2")
+        assert second.done.wait(60) and second.end == "end 2" and len(second.chunks) == 1
+        assert audio.thread.is_alive() and len(audio) == 0
+    finally:
+        audio.stop()
