@@ -10,6 +10,10 @@
 #   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
+#   SET="model.key=value ...": those model parameters changed, in a copy of model_repository (e.g.
+#   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
+#   first, together ($OUT/audio.npz) and one at a time ($OUT/audio_seq.npz), to compare two
+#   configurations' audio (--compare).
 #   PERF_ANALYZER=1: benchmarks/bench_perf_analyzer.py instead: Triton's perf_analyzer 2.51 (from
 #   .cache/perf_analyzer_bundle, made by gpu_box/make_perf_analyzer_bundle.sh: carry it too) on
 #   tts_stream over gRPC streaming, PA_LENGTH (100)-step requests, at PA_LEVELS (1,8,32,64), windows of
@@ -39,8 +43,25 @@ if [[ ${PREFIX:-0} == 1 ]]; then
     VOXCPM_VOICES_DIR="$(mktemp -d)/voices"
     export VOXCPM_VOICES_DIR
 fi
+repo_arg=()
+if [[ -n ${SET:-} ]]; then
+    repo_copy="$(mktemp -d)/model_repository"
+    cp -r model_repository "$repo_copy"
+    read -ra sets <<<"$SET"
+    for kv in "${sets[@]}"; do
+        model=${kv%%.*}; rest=${kv#*.}; key=${rest%%=*}; value=${rest#*=}
+        cfg="$repo_copy/$model/config.pbtxt"
+        if grep -q "key: \"$key\"" "$cfg"; then
+            sed -i "s|\(key: \"$key\" value { string_value: \)\"[^\"]*\"|\1\"$value\"|" "$cfg"
+        else
+            echo "parameters { key: \"$key\" value { string_value: \"$value\" } }" >>"$cfg"
+        fi
+        grep "key: \"$key\"" "$cfg"
+    done
+    repo_arg=("$repo_copy")
+fi
 t0=$SECONDS
-if ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start; then
+if ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start "${repo_arg[@]}"; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"
@@ -77,6 +98,11 @@ if [[ ${PERF_ANALYZER:-0} == 1 ]]; then
         --levels "${PA_LEVELS:-1,8,32,64}" --min-length "${PA_LENGTH:-100}" --max-length "${PA_LENGTH:-100}" \
         --interval-ms "${PA_INTERVAL_MS:-6000}" --out-dir "$OUT" || rc=$?
     rm -rf "$pa_dir"
+fi
+if [[ ${AUDIO:-0} == 1 ]]; then
+    python3 benchmarks/served_audio.py --url "127.0.0.1:$TRITON_GRPC_PORT" --out "$OUT/audio.npz" || rc=$?
+    python3 benchmarks/served_audio.py --url "127.0.0.1:$TRITON_GRPC_PORT" --out "$OUT/audio_seq.npz" \
+        --sequential || rc=$?
 fi
 for mode in "${modes[@]}"; do
     name=served; [[ $mode == burst ]] || name="served_$mode"
