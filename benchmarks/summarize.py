@@ -1929,9 +1929,9 @@ def nineteenth_session(res) -> list[str]:
            "2.8 ms (its first chunk's decode still waits behind the step in flight: the decoder phase grows by 3-5 "
            "ms where the vae phase's ~6 ms goes) and its RTF stays 0.042-0.043. Capacity (every stream smooth and "
            "TTFA p95 <= 500 ms at each level up to it) came out alike for both servers in each call: 8 in call 1 "
-           "(a stream or two of the 64 underran on both), 64 in call 2. The served runs used the code before two "
-           "later robustness changes (a broken decode round fails its requests; the decoder's health names a "
-           "dead audio thread), which do not touch the decode path.", "",
+           "(a stream or two of the 64 underran on both), 64 in call 2. The served runs used the first version of "
+           "the decoder's audio thread; the changes since (below) bound and order its work, and leave the decode "
+           "itself as it was.", "",
           "Audio: `benchmarks/served_audio.py` recorded 4 fixed-seed 100-step streams, all at once, on each "
           "server. In call 1 two of them got the same latents on both servers (bf16 rounding depends on the "
           "batches the timing made): their 16 s of audio, decoded in the decoder's process against "
@@ -1942,9 +1942,14 @@ def nineteenth_session(res) -> list[str]:
            "so they do not compare the VAE. On the CPU, in fp32, the two paths agree within 2e-6 "
            "(`tests/test_decode_audio.py`, which also runs test_server's parity checks on both pipelines).", "",
            "On the GPU the decoder's audio thread is also tested alone (`tests/test_engine_gpu.py -k stream_audio`, "
-           "passed on the H200 on the final code: `raw/gpu_tests_nineteenth.txt`): three requests' chunks of 1, 4, "
-           "3 (graph pieces) and 1 patches replayed on the high-priority stream while matrix products keep the "
-           "default stream busy, each request's audio within 1e-3 of the eager decode, chunk by chunk.", "",
+           "passed on the H200: `raw/gpu_tests_nineteenth.txt`): three requests' chunks of 1, 4, 3 and 1 patches "
+           "decoded on the high-priority stream while matrix products keep the default stream busy, each "
+           "request's audio within 1e-3 of the eager decode, chunk by chunk. In the version that ran, all chunks "
+           "were queued at once, so timing decided how rounds merged them; after a review the test waits for each "
+           "step's chunks (graph replays and 1 + 1 + 1 pieces every time) and checks the stream's priority, and "
+           "the decoder's thread now decodes at most the longest graph's length per request and round and waits "
+           "for a stream slot instead of failing: those versions have run on the CPU only (no device time was "
+           "left).", "",
            "Start-up, not explained: with 16 decode graphs (`timestep_buckets` 10,100) the decoder took 142-153 s "
            "on a machine's first server (cold inductor cache; both pipelines alike) and, on the second server of "
            "a call, 33 s for `vae_decoder` (call 1) but 91 s for `decode_audio` (call 2), 73 s of it in the decode "

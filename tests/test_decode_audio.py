@@ -90,34 +90,48 @@ def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
 
 
 def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decode(vae):
+    """Chunks queued faster than they are decoded merge, up to the longest graph's length (4
+    patches here) per request and round, and come back split chunk by chunk, in order, equal to one
+    decode of the whole (continuation context included), then the request's end."""
     from voxcpm_triton.engine.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
-    failures = []
+    failures, decoded = [], []
     audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
                         on_failure=lambda key, e: failures.append(key))
+    decode_async = audio.streams.decode_async
+
+    def spy(keys, z):  # each decode: (requests, patches each)
+        decoded.append((len(keys), z.shape[-1] // P))
+        return decode_async(keys, z)
+
+    audio.streams.decode_async = spy
     try:
         lats = [_latents(i, 9, P, D) for i in range(3)]
         context = _latents(7, 3, P, D)
         recv = [_Receiver() for _ in lats]
         for i, r in enumerate(recv):
             audio.open(("r", i), r, context if i == 2 else None)
-        # Interleaved as the engine thread sends them: chunks of 1, 4, 4 patches, then the ends.
-        for a, b in ((0, 1), (1, 5), (5, 9)):
-            for i, lat in enumerate(lats):
-                audio.chunk(("r", i), lat[a:b])
-        for i, r in enumerate(recv):
-            audio.end(("r", i), f"end {i}")
+        # Interleaved as the engine thread sends them: chunks of 1, 1, 1, 2, 4 patches, then the
+        # ends, all queued before the thread can take any (it takes them under this lock).
+        with audio.cond:
+            for a, b in ((0, 1), (1, 2), (2, 3), (3, 5), (5, 9)):
+                for i, lat in enumerate(lats):
+                    audio.chunk(("r", i), lat[a:b])
+            for i, r in enumerate(recv):
+                audio.end(("r", i), f"end {i}")
         for i, r in enumerate(recv):
             assert r.done.wait(60)
             assert r.end == f"end {i}"
-            assert [len(p) for p, _ in r.chunks] == [1, 4, 4]
+            assert [len(p) for p, _ in r.chunks] == [1, 1, 1, 2, 4]
             assert all(a.shape == (len(p) * P * vae.decode_chunk_size,) for p, a in r.chunks)
             got = np.concatenate([a for _, a in r.chunks])
             want = _whole(vae, lats[i], context if i == 2 else None)
             assert np.abs(got - want).max() <= 1e-4, i
             assert torch.equal(torch.cat([p for p, _ in r.chunks]), lats[i])
+        # Three rounds, each one batch of the three requests: 1 + 1 + 1 merged, then 2, then 4.
+        assert decoded == [(3, 3), (3, 2), (3, 4)], decoded
         assert len(audio) == 0 and not failures and len(audio.streams) == 0
     finally:
         audio.stop()
@@ -153,19 +167,26 @@ def test_stream_audio_fails_the_request_whose_decode_fails_and_serves_the_others
         while not (recv["ok"].chunks and recv["filler"].chunks):
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        audio.chunk("late", _latents(4, 1, P, D))  # no slot left for it
-        assert recv["late"].done.wait(60)
-        assert "no free VAE stream slot" in str(recv["late"].end), recv["late"].end
-        assert failures == ["bad", "late"]  # told, so that their generation stops
+        audio.chunk("late", _latents(4, 1, P, D))  # no slot left for it: it waits for one
+        time.sleep(0.5)
+        assert not recv["late"].chunks and not recv["late"].done.is_set()
+        assert failures == ["bad"]  # told before its error was delivered, so that its generation stops
         # What the engine still sends a failed request is dropped; its end clears it.
         audio.chunk("bad", _latents(5, 1, P, D))
-        for k in ("bad", "late", "filler"):
-            audio.end(k, "end")
+        audio.end("bad", "end")
+        audio.end("filler", "end")  # frees a slot: "late" decodes
+        assert recv["late"].done.wait(0.01) is False
+        deadline = time.monotonic() + 60
+        while not recv["late"].chunks:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        audio.end("late", "end late")
         audio.chunk("ok", _latents(6, 1, P, D))
         audio.end("ok", "end ok")
         ok = recv["ok"]
         assert ok.done.wait(60) and ok.end == "end ok" and [len(p) for p, _ in ok.chunks] == [2, 1]
         assert recv["filler"].done.wait(60) and recv["filler"].end == "end"
+        assert recv["late"].done.wait(60) and recv["late"].end == "end late" and len(recv["late"].chunks) == 1
         deadline = time.monotonic() + 10
         while len(audio) or len(audio.streams):
             assert time.monotonic() < deadline, audio.requests

@@ -241,9 +241,10 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
 
 
 def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_work(checkpoint_dirs):
-    """The decoder's own audio (`decode_audio`): its thread replays the VAE graphs (and graph pieces)
-    on its high-priority stream while other work keeps the default stream busy, and each request's
-    chunks come back in order with the eager decode's audio."""
+    """The decoder's own audio (`decode_audio`): its thread replays the VAE graphs (and graph pieces:
+    3 patches as 1 + 1 + 1) on its high-priority stream while other work keeps the default stream
+    busy, and each request's chunks come back in order with the eager decode's audio. Each step's
+    chunks are delivered before the next are queued, so no round merges them past the graphs."""
     # python -m pytest -q tests/test_engine_gpu.py -k stream_audio   (on a GPU machine)
     import threading
 
@@ -253,40 +254,47 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
     P, D = 4, vae.latent_dim
-    got, done = {}, {k: threading.Event() for k in "abc"}
+    got, ends, done = {}, {}, {k: threading.Event() for k in "abc"}
 
     def receiver(key):
         def deliver(patches, payload):
             if patches is None:
+                ends[key] = payload
                 done[key].set()
             else:
                 got.setdefault(key, []).append((len(patches), torch.as_tensor(payload).clone()))
         return deliver
 
     audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4),
-                        on_failure=lambda key, e: pytest.fail(f"{key}: {e}"))
-    assert audio.cuda_stream is not None and audio.streams.graphs
+                        on_failure=lambda key, e: None)
+    assert audio.cuda_stream is not None and audio.cuda_stream.priority < 0
+    assert audio.streams.pieces(3, 3 * P) == [P, P, P] and audio.streams.pieces(3, 4 * P) == [4 * P]
     g = torch.Generator().manual_seed(0)
     lat = {k: torch.randn(9, P, D, generator=g) * 0.5 for k in "abc"}
     busy = torch.randn(4096, 4096, device="cuda")
     try:
         for k in "abc":
             audio.open(k, receiver(k))
-        for a, b in ((0, 1), (1, 5), (5, 8), (8, 9)):  # 3 patches: graph pieces
+        for step, (a, b) in enumerate(((0, 1), (1, 5), (5, 8), (8, 9))):
             for _ in range(20):  # the default stream stays busy while the chunks decode
                 busy = torch.tanh(busy @ busy * 1e-3)
             for k in "abc":
                 audio.chunk(k, lat[k][a:b])
+            deadline = time.monotonic() + TIMEOUT
+            while not all(len(got.get(k, [])) > step for k in "abc"):
+                assert time.monotonic() < deadline and not ends, ends
+                time.sleep(0.001)
         for k in "abc":
             audio.end(k, None)
         assert all(e.wait(TIMEOUT) for e in done.values())
     finally:
         audio.stop()
+    assert ends == dict.fromkeys("abc"), ends  # no request failed
     eager = VAEStreams(vae, P, max_streams=4, cuda_graphs=False)
     for k in "abc":
         eager.open(k)
         want = eager.decode([k], lat[k].reshape(-1, D).T[None])[0]
-        assert [n for n, _ in got[k]] == [1, 4, 3, 1]  # chunk by chunk, whatever the rounds merged
+        assert [n for n, _ in got[k]] == [1, 4, 3, 1]
         out = torch.cat([a for _, a in got[k]])
         assert out.shape == want.shape
         assert (out - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), k

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -51,6 +52,9 @@ class StreamAudio:
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
                  graph_patches, on_failure: Callable[[Any, Exception], None]):
         self.P, self.D = patch_size, vae.latent_dim
+        # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
+        # behind decodes in pieces, not as one ever larger decode.
+        self.max_patches = max(graph_patches)
         self.streams = VAEStreams(vae, patch_size, max_streams, cuda_graphs=cuda_graphs,
                                   graph_patches=graph_patches)
         self.device = vae.device
@@ -103,12 +107,23 @@ class StreamAudio:
                     r.end_seen = True
                     del self.requests[key]  # its failure was its end
                 return
-            if patches is not None:
-                r.pending.append(patches)
-            if end is not _NO_END:
-                r.end, r.end_seen = end, True
-            self.queued[key] = r
-            self.cond.notify()
+            if self.stopping and not self.thread.is_alive():  # too late to decode: only its end goes
+                if end is not _NO_END:
+                    del self.requests[key]
+                    r.done = True
+                    late = r
+                else:
+                    return
+            else:
+                late = None
+                if patches is not None:
+                    r.pending.append(patches)
+                if end is not _NO_END:
+                    r.end, r.end_seen = end, True
+                self.queued[key] = r
+                self.cond.notify()
+        if late is not None:
+            self._deliver(key, late, None, end)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Decode and deliver what is queued, then end the thread."""
@@ -126,34 +141,61 @@ class StreamAudio:
                     self.cond.wait()
                 if not self.queued:
                     return
-                work = []
-                for key, r in self.queued.items():
-                    work.append((key, r, r.pending, r.end))
-                    r.pending, r.end = [], _NO_END
-                self.queued = {}
+                work = self._take()
             try:
                 if self.cuda_stream is not None:
                     with torch.cuda.stream(self.cuda_stream):
-                        self._round(work)
+                        waiting = self._round(work)
                 else:
-                    self._round(work)
+                    waiting = self._round(work)
+                if waiting:  # no slot for some: rounds come again at once, but not in a hot loop
+                    time.sleep(0.002)
             except Exception as e:  # noqa: BLE001 - a bug here fails this round's requests, not the thread
                 log.exception("audio decoding round failed")
                 self._fail([(key, r) for key, r, *_ in work if not r.done], e)
 
-    def _round(self, work: list):
-        """Decode each request's pending chunks as one piece: requests with the same number of
-        frames in one batch, every batch queued before the first wait."""
-        decodes = []
-        for key, r, chunks, _ in work:
+    def _take(self) -> list:
+        """This round's work, under the lock: (key, request, chunks, end) for each request queued,
+        its pending chunks up to max_patches (at least one), and its end once no chunk is left."""
+        work, later = [], {}
+        for key, r in self.queued.items():
+            take, n = 0, 0
+            while take < len(r.pending) and (take == 0 or n + len(r.pending[take]) <= self.max_patches):
+                n += len(r.pending[take])
+                take += 1
+            chunks, r.pending = r.pending[:take], r.pending[take:]
+            end = _NO_END
+            if r.pending:
+                later[key] = r
+            else:
+                end, r.end = r.end, _NO_END
+            work.append((key, r, chunks, end))
+        self.queued = later
+        return work
+
+    def _put_back(self, key, r: _Request, chunks: list, end):
+        """A request's chunks (and end) taken this round, queued again, ahead of what came since."""
+        with self.cond:
+            r.pending = chunks + r.pending
+            if end is not _NO_END:
+                r.end = end
+            self.queued[key] = r
+
+    def _round(self, work: list) -> set:
+        """Decode each request's chunks of this round as one piece: requests with the same number of
+        frames in one batch, every batch queued before the first wait. -> the keys put back for
+        want of a stream slot."""
+        decodes, waiting = [], set()
+        for key, r, chunks, end in work:
             if not chunks or r.failed:
                 continue
             if not r.opened:
                 try:
                     self.streams.open(key, r.context)
                 except StreamSlotsFull:
-                    self._fail([(key, r)], RuntimeError(
-                        f"no free VAE stream slot in the decoder (all {self.streams.max_streams} are in use)"))
+                    # Requests that ended this round hold their slots until its end: next round.
+                    self._put_back(key, r, chunks, end)
+                    waiting.add(key)
                     continue
                 except Exception as e:  # noqa: BLE001 - this request fails, the rest go on
                     self._fail([(key, r)], e)
@@ -182,12 +224,13 @@ class StreamAudio:
                     self._deliver(key, r, c, a[start:start + len(c) * per_patch])
                     start += len(c) * per_patch
         for key, r, _, end in work:
-            if end is not _NO_END and not r.failed:
+            if end is not _NO_END and not r.failed and key not in waiting:
                 self.streams.close(key)
                 with self.cond:
                     self.requests.pop(key, None)
                 r.done = True
                 self._deliver(key, r, None, end)
+        return waiting
 
     def _deliver(self, key, r: _Request, patches, payload):
         try:
@@ -204,6 +247,9 @@ class StreamAudio:
                 r.failed, r.pending, r.done = True, [], True
                 if r.end_seen:  # else its end, still to come, is dropped (`_queue`)
                     self.requests.pop(key, None)
-            self._deliver(key, r, None, error)
-            if not r.end_seen:
+                    ended = True
+                else:
+                    ended = False
+            if not ended:  # first: its generation stops before its client hears of the error
                 self.on_failure(key, error)
+            self._deliver(key, r, None, error)
