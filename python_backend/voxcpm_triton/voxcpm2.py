@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checks
-from .model.audio_vae import AudioVAE, compile_snakes
+from .model.audio_vae import AudioVAE, compile_snakes, patch_frames
 from .formats.checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
 from .model.config import TORCH_DTYPES, VoxCPM2Config
 from .model.local_modules import CfmSchedule
@@ -154,7 +154,8 @@ class VoxCPM2:
     def from_pretrained(cls, path: str, device: str | None = None, dtype: str | None = None,
                         attention: str = "auto", compile: bool = False, precision: str = "bf16",
                         lora_dir: str | None = None, max_loras: int | None = None,
-                        max_lora_rank: int | None = None, reserve_lora_targets: str | None = None) -> "VoxCPM2":
+                        max_lora_rank: int | None = None, reserve_lora_targets: str | None = None,
+                        vae: AudioVAE | None = None) -> "VoxCPM2":
         """attention: the Triton kernels' pair (LocDiT/LocEnc attention here, paged decode attention in
         the engine) or PyTorch's: "auto" (Triton on CUDA where `kernels._triton.available()`, else
         PyTorch), "triton" (an error where they cannot run), "torch". compile (CUDA only):
@@ -169,7 +170,10 @@ class VoxCPM2:
         (`lora_adapters.AdapterSet`); a broken one is logged and left out (`self.loras.errors`).
         max_loras, max_lora_rank: the slot tables' size (default: what the adapters found need);
         reserve_lora_targets: None, or what the tables also cover, for adapters added later (a
-        server): "default", the official default targets; "all", every layer an adapter may target."""
+        server): "default", the official default targets; "all", every layer an adapter may target.
+
+        vae: this checkpoint's AudioVAE, already built (`load_audio_vae` with decoding backends, as the
+        served decoder uses it); default: loaded here, plain."""
         files = checkpoint_files(path)
         cfg = VoxCPM2Config.from_file(files["config"])
         dev = resolve_device(device)
@@ -189,7 +193,8 @@ class VoxCPM2:
         for m in model.modules():  # RoPE tables are plain fp32 attributes, which .to() leaves alone
             if isinstance(m, LongRoPE):
                 m.to_device_(dev)
-        _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
+        if vae is None:
+            _, vae = load_audio_vae(path, dev)  # the VAE stays fp32
         tokenizer = TextTokenizer.from_dir(path)
         vox = cls(cfg, model, vae, tokenizer, dev, dt, precision)
         if lora_dir:
@@ -355,7 +360,7 @@ class VoxCPM2:
         if context is not None and len(context):
             n_ctx = context.size(0)
             lat = torch.cat([torch.as_tensor(context).float(), lat])
-        z = lat.reshape(-1, self.feat_dim).T[None].to(self.device)  # [1, D, frames]
+        z = patch_frames(lat).to(self.device)
         wav = self.vae.decode(z)[0, 0]
         return wav[n_ctx * self.patch_size * self.vae.decode_chunk_size:].float().cpu().numpy()
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..model.audio_vae import AudioVAE
+from ..model.audio_vae import AudioVAE, patch_frames
 from .vae_streams import StreamSlotsFull, VAEStreams
 
 log = logging.getLogger("voxcpm_triton.stream_audio")
@@ -51,7 +51,7 @@ class StreamAudio:
 
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
                  graph_patches, on_failure: Callable[[Any, Exception], None]):
-        self.P, self.D = patch_size, vae.latent_dim
+        self.P = patch_size
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
         # behind decodes in pieces, not as one ever larger decode.
         self.max_patches = max(graph_patches)
@@ -77,7 +77,7 @@ class StreamAudio:
     def open(self, key, deliver: Callable[[Any, Any], None], context=None) -> None:
         """Register request `key`; `context` [n, P, D] latent patches prime its VAE stream."""
         if context is not None and len(context):
-            context = torch.as_tensor(context, dtype=torch.float32).reshape(-1, self.D).T[None]
+            context = patch_frames(torch.as_tensor(context, dtype=torch.float32))
         else:
             context = None
         with self.cond:
@@ -201,24 +201,24 @@ class StreamAudio:
                     self._fail([(key, r)], e)
                     continue
                 r.opened = True
-            decodes.append((key, r, chunks))
+            decodes.append((key, r, chunks, sum(len(c) for c in chunks) * self.P))
         batches = []
-        for frames in sorted({sum(len(c) for c in chunks) * self.P for _, _, chunks in decodes}):
-            group = [d for d in decodes if sum(len(c) for c in d[2]) * self.P == frames]
+        for frames in sorted({f for *_, f in decodes}):
+            group = [d for d in decodes if d[3] == frames]
             try:
-                z = torch.cat([torch.cat(chunks).reshape(1, -1, self.D).transpose(1, 2) for _, _, chunks in group])
-                batches.append((group, frames, self.streams.decode_async([key for key, _, _ in group], z)))
+                z = torch.cat([patch_frames(torch.cat(chunks)) for _, _, chunks, _ in group])
+                batches.append((group, frames, self.streams.decode_async([key for key, *_ in group], z)))
             except Exception as e:  # noqa: BLE001 - these requests fail, the rest go on
-                self._fail([(key, r) for key, r, _ in group], e)
+                self._fail([(key, r) for key, r, *_ in group], e)
         self.last_batch = len(decodes)
         for group, frames, pending in batches:
             try:
                 audio = pending.result()
             except Exception as e:  # noqa: BLE001
-                self._fail([(key, r) for key, r, _ in group], e)
+                self._fail([(key, r) for key, r, *_ in group], e)
                 continue
             per_patch = audio.shape[-1] // frames * self.P  # samples
-            for (key, r, chunks), a in zip(group, audio.numpy()):
+            for (key, r, chunks, _), a in zip(group, audio.numpy()):
                 start = 0
                 for c in chunks:
                     self._deliver(key, r, c, a[start:start + len(c) * per_patch])

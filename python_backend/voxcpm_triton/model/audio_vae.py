@@ -701,6 +701,11 @@ def vae_state_dict_official(vae: AudioVAE) -> dict:
     return out
 
 
+def patch_frames(patches: Tensor) -> Tensor:
+    """Latent patches [n, P, D] -> the frames [1, D, n * P] the VAE decodes."""
+    return patches.reshape(-1, patches.shape[-1]).T[None]
+
+
 def compile_snakes(vae: AudioVAE, warm_up: bool = True) -> AudioVAE:
     """GPU: each decoder snake activation of `vae` as one fused kernel instead of seven elementwise
     passes over the activations (most of the decoder's memory traffic). One dynamic graph serves

@@ -64,7 +64,11 @@ class DecoderModel:
         if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):
             raise ValueError(f"decoder parameter 'lora_dir' (or VOXCPM_LORA_DIR): directory not found: "
                              f"{params['lora_dir']}")
-        self.vox = VoxCPM2.from_pretrained(resolve_checkpoint(params["checkpoint"]), device=str(device),
+        path = resolve_checkpoint(params["checkpoint"])
+        # decode_audio: the model's one VAE is built for decoding chunks, as vae_decoder builds its own.
+        vae = (decoding_vae(path, device, triton_kernels=True, compile=params["compile"] and params["cuda_graphs"])[1]
+               if params["decode_audio"] else None)
+        self.vox = VoxCPM2.from_pretrained(path, device=str(device), vae=vae,
                                            dtype=params["dtype"], attention=params["attention"],
                                            precision=params["precision"],
                                            compile=params["compile"] and params["cuda_graphs"] and on_gpu,
@@ -106,12 +110,10 @@ class DecoderModel:
                     self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
 
     def _stream_audio(self, params: dict, device) -> StreamAudio:
-        """The VAE decoding this instance's chunks: built as vae_decoder builds it, with a CUDA graph
-        per chunk_schedule length and a stream slot for every request that can run, and as many
-        again for those ending while new ones start."""
-        _, vae = decoding_vae(resolve_checkpoint(params["checkpoint"]), device, triton_kernels=True,
-                              compile=params["compile"] and params["cuda_graphs"])
-        return StreamAudio(vae, self.vox.patch_size, 2 * params["max_batch_size"],
+        """The model's VAE decoding this instance's chunks, with a CUDA graph per chunk_schedule
+        length and a stream slot for every request that can run, and as many again for those
+        ending while new ones start."""
+        return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_batch_size"],
                            cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
                            graph_patches=sorted(set(params["chunk_schedule"])),
                            on_failure=lambda key, error: self.engine.cancel(key[0]))

@@ -16,6 +16,7 @@ import torch
 
 from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
+from ..model.audio_vae import patch_frames
 from ..voxcpm2 import encode_patches, load_audio_vae
 from . import placement, runtime
 from .contract import MAX_AUDIO_SECONDS
@@ -163,8 +164,7 @@ class VAEDecoderModel:
 
     def _z(self, lat: np.ndarray) -> torch.Tensor:
         """[n, P, D] patches -> [1, D, n*P] frames."""
-        lat = torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32))
-        return lat.reshape(-1, self.cfg.feat_dim).T[None]
+        return patch_frames(torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32)))
 
     @torch.inference_mode()
     def execute(self, requests):
