@@ -20,7 +20,7 @@ from tests.conftest import require_module
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
 from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
-from tests.test_server import HOP, TOL, ckpt, offline, tts_stream  # noqa: E402,F401
+from tests.test_server import HOP, TOL, ckpt, metrics, offline, tts_stream  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,11 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
     assert np.abs(np.concatenate(chunks) - want).max() <= TOL
     assert executions(server, "vae_decoder") == 0
     assert executions(server, "decoder") > 0
+    # first_audio_priority (default): the step that filled the stream's first chunk waited for its audio
+    deadline = time.monotonic() + 10
+    while metrics(server).get("voxcpm_engine_first_audio_fences_total", 0) < 1:
+        assert time.monotonic() < deadline, metrics(server)
+        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------- engine.stream_audio itself
@@ -212,11 +217,11 @@ def test_stream_audio_fails_a_broken_rounds_requests_and_serves_on(vae):
                         on_failure=lambda key, e: failures.append(key))
     real, broken_once = audio._round, []
 
-    def round_(work):
+    def round_(work, launched):
         if not broken_once:
             broken_once.append(True)
             raise RuntimeError("injected bug")
-        return real(work)
+        return real(work, launched)
 
     audio._round = round_
     try:
@@ -224,6 +229,9 @@ def test_stream_audio_fails_a_broken_rounds_requests_and_serves_on(vae):
         audio.open("first", first)
         audio.chunk("first", _latents(1, 1, P, D))
         assert first.done.wait(60) and "injected bug" in str(first.end) and failures == ["first"]
+        t0 = time.monotonic()
+        audio.fence(30)  # the broken round's chunk is not waited for
+        assert time.monotonic() - t0 < 5
         audio.end("first", "end")  # the engine's end, after its cancel: dropped
         audio.open("second", second)
         audio.chunk("second", _latents(2, 1, P, D))
@@ -231,4 +239,85 @@ def test_stream_audio_fails_a_broken_rounds_requests_and_serves_on(vae):
         assert second.done.wait(60) and second.end == "end 2" and len(second.chunks) == 1
         assert audio.thread.is_alive() and len(audio) == 0
     finally:
+        audio.stop()
+
+
+def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
+    """`fence` (the engine's first_audio_priority) returns once a round has launched the decode of
+    every chunk queued before the call, without waiting for its delivery. It does not wait behind a
+    round busy with older chunks (it returns at once), waits at most its timeout for a round that
+    took its chunks, and stopping releases it."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: None)
+    decode_async, decoded = audio.streams.decode_async, []
+    release, launch = threading.Event(), threading.Event()
+    launch.set()
+
+    def spy(keys, z):
+        assert launch.wait(60)
+        decoded.append(tuple(keys))
+        return decode_async(keys, z)
+
+    audio.streams.decode_async = spy
+
+    class Blocking(_Receiver):  # holds the audio thread in its first delivery
+        def __call__(self, patches, payload):
+            release.wait(60)
+            super().__call__(patches, payload)
+
+    def timed_fence(timeout):
+        t0 = time.monotonic()
+        out = audio.fence(timeout)
+        return out, time.monotonic() - t0
+
+    try:
+        assert timed_fence(30)[1] < 1  # nothing queued: at once
+        held, first, slow = Blocking(), _Receiver(), _Receiver()
+        for key, r in (("held", held), ("first", first), ("slow", slow)):
+            audio.open(key, r)
+        audio.chunk("held", _latents(1, 1, P, D))
+        assert timed_fence(30) == (None, pytest.approx(0, abs=1))  # CPU: no event
+        assert decoded == [("held",)]  # launched (on the CPU: decoded), its delivery still to come
+        audio.chunk("first", _latents(2, 1, P, D))  # queued while the thread delivers "held"'s chunk
+        assert timed_fence(30)[1] < 0.2 and decoded == [("held",)]  # busy with older work: no wait
+        release.set()
+        deadline = time.monotonic() + 60
+        while not first.chunks:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert decoded == [("held",), ("first",)]
+        for key, r in (("held", held), ("first", first)):
+            audio.end(key, "end")
+            assert r.done.wait(60) and len(r.chunks) == 1
+        # A round that took the chunk but is slow to launch it: the fence gives up after its timeout.
+        deadline = time.monotonic() + 60
+        while audio.round_upto is not None:  # the ends' round is over
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        launch.clear()
+        audio.chunk("slow", _latents(3, 1, P, D))
+        _, waited = timed_fence(0.3)
+        assert 0.3 <= waited < 5 and ("slow",) not in decoded
+        launch.set()
+        audio.end("slow", "end")
+        assert slow.done.wait(60) and len(slow.chunks) == 1
+        # A fence waiting when the thread stops is let go.
+        launch.clear()
+        audio.open("last", _Receiver())
+        audio.chunk("last", _latents(4, 1, P, D))
+        waited = []
+        waiter = threading.Thread(target=lambda: waited.append(timed_fence(60)))
+        waiter.start()
+        time.sleep(0.1)
+        threading.Timer(0.3, launch.set).start()
+        audio.stop()
+        waiter.join(10)
+        assert not waiter.is_alive() and waited[0][1] < 10
+    finally:
+        release.set()
+        launch.set()
         audio.stop()

@@ -89,6 +89,56 @@ def test_playback_margin_sends_every_patch_at_once_and_changes_nothing_else(vox)
         eng.shutdown()
 
 
+def _launches_at_each_chunk(vox, audio_fence, playback=True):
+    """One 6-step request (chunks 1, 2, then 3) -> [(patches, runner launches so far)] per chunk
+    as the sink got it, the calls of audio_fence as [launches so far], and the latents."""
+    eng, seen, fences = None, [], []
+
+    def fence(timeout):
+        assert timeout > 0
+        fences.append(eng.stats()["launches"])
+        return audio_fence(timeout)
+
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4), audio_fence=fence if audio_fence else None)
+    try:
+        done = threading.Event()
+
+        def sink(ev):
+            if isinstance(ev, LatentChunk):
+                seen.append((ev.patches, eng.stats()["launches"]))
+            else:
+                assert ev.error is None
+                done.set()
+
+        prompt = prompt_for(vox, "zero_shot", "First audio first.")
+        eng.submit(EngineRequest("f", prompt, seed=5, min_len=6, max_len=6, playback=playback), sink=sink)
+        assert done.wait(TIMEOUT)
+        stats = eng.stats()
+    finally:
+        eng.shutdown()
+    assert stats["first_audio_fences"] == len(fences)
+    return [(len(p), n) for p, n in seen], fences, torch.cat([p for p, _ in seen]), prompt
+
+
+def test_audio_fence_hands_out_a_first_chunk_before_the_next_step_is_launched(vox):
+    """Steps are pipelined: the next is launched before the last one's patches are handed out, so
+    a first chunk (and its audio, decoded elsewhere) would queue behind a whole step. With an audio
+    fence (decoder parameter first_audio_priority) the step that fills a streaming request's first
+    chunk is handed out first, the fence is asked once, and only then is the next step launched;
+    later chunks stay pipelined, a request nobody plays as it comes (playback false) is not
+    fenced, and the latents are the same."""
+    plain, no_fences, want, prompt = _launches_at_each_chunk(vox, None)
+    assert plain == [(1, 2), (2, 4), (3, 6)] and no_fences == []  # one launch ahead of each chunk
+    fenced, fences, got, _ = _launches_at_each_chunk(vox, lambda timeout: None)
+    assert fenced == [(1, 1), (2, 4), (3, 6)]
+    assert fences == [1]  # once: after the first step, before the second
+    assert torch.equal(got, want)
+    assert_same(got, solo(vox, prompt, seed=5, min_len=6, max_len=6))
+    unplayed, fences, got, _ = _launches_at_each_chunk(vox, lambda timeout: None, playback=False)
+    assert fences == [] and unplayed == plain
+    assert torch.equal(got, want)
+
+
 def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox):
     """The GPU start-up's throwaway prefills (`Engine.WARM_UP_PACKS`: one prompt, packs of two and
     three, lengths that are and are not a block) run here too: no block is taken, and a request

@@ -244,7 +244,8 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
     """The decoder's own audio (`decode_audio`): its thread replays the VAE graphs (and graph pieces:
     3 patches as 1 + 1 + 1) on its high-priority stream while other work keeps the default stream
     busy, and each request's chunks come back in order with the eager decode's audio. Each step's
-    chunks are delivered before the next are queued, so no round merges them past the graphs."""
+    chunks are delivered before the next are queued, so no round merges them past the graphs. The
+    fence after each step's chunks gives an event that another stream can wait on."""
     # python -m pytest -q tests/test_engine_gpu.py -k stream_audio   (on a GPU machine)
     import threading
 
@@ -280,6 +281,17 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
                 busy = torch.tanh(busy @ busy * 1e-3)
             for k in "abc":
                 audio.chunk(k, lat[k][a:b])
+            # the engine's first_audio_priority: an event after these decodes, for its stream to wait on
+            deadline = time.monotonic() + TIMEOUT
+            while (fenced := audio.fence(TIMEOUT)) is None:  # None while the last round winds up
+                assert time.monotonic() < deadline
+            assert isinstance(fenced, torch.cuda.Event)
+            side = torch.cuda.Stream()
+            side.wait_event(fenced)
+            marker = torch.cuda.Event()
+            marker.record(side)
+            marker.synchronize()
+            assert fenced.query()
             deadline = time.monotonic() + TIMEOUT
             while not all(len(got.get(k, [])) > step for k in "abc"):
                 assert time.monotonic() < deadline and not ends, ends

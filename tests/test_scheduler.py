@@ -271,6 +271,40 @@ def test_chunks_follow_the_schedule_and_the_last_repeats():
     assert not s.running and s.blocks.free == s.blocks.total
 
 
+@pytest.mark.parametrize("playback", [True, False])
+def test_fills_first_chunk_is_true_exactly_before_the_patch_that_completes_the_first_chunk(playback):
+    """What the engine's audio fence goes by: the next patch completes the first chunk (of a
+    client that plays as it receives); not before it, not after."""
+    s = make(chunk_schedule=(3, 4))
+    (st,) = add(s, request(s, "a", max_len=9))
+    st.req.playback = playback
+    admit(s)
+    fills, sent = [], []
+    while s.is_running(st):
+        fills.append(s.fills_first_chunk(st))
+        sent.append(run_step(s)["a"].patches is not None)
+    assert sent == [False, False, True, False, False, False, True, False, True]
+    assert fills == ([False, False, True] + [False] * 6 if playback else [False] * 9)
+
+
+def test_first_audio_goes_first_only_where_nobody_already_playing_waits_for_it():
+    """A step's first chunks have their audio before the next step (the engine's audio fence) when
+    every running row of it fills its first chunk: a lone newcomer, a burst's first wave; not when a
+    request already playing shares the step, nor for rows that have ended."""
+    s = make(chunk_schedule=(1, 4))
+    a, b = add(s, request(s, "a", max_len=9), request(s, "b", max_len=9))
+    admit(s)
+    assert s.first_audio_first([a]) and s.first_audio_first([a, b])
+    run_step(s)
+    (c,) = add(s, request(s, "c", max_len=9))
+    admit(s)
+    assert s.first_audio_first([c]) and not s.first_audio_first([a, b, c]) and not s.first_audio_first([a])
+    s.finish(a)
+    s.finish(b)
+    assert s.first_audio_first([a, b, c])  # the ended rows do not count
+    assert not s.first_audio_first([a, b]) and not s.first_audio_first([])
+
+
 def test_chunk_patches_are_the_steps_in_order():
     s = make(chunk_schedule=(2,))
     (st,) = add(s, request(s, "a", max_len=5))

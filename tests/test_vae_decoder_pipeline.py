@@ -12,7 +12,7 @@ require_module("tritonclient", "tritonclient[all] in requirements.txt")
 from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_decode_audio import executions  # noqa: E402
 from tests.test_server import (  # noqa: E402,F401
-    ckpt, first_audio_phases, offline, test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state,
+    ckpt, first_audio_phases, metrics, offline, test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state,
     test_concurrent_streams_each_equal_their_solo_result, test_http_generate_stream_sends_audio_events,
     test_reference_and_continuation_requests, test_stream_chunks_concatenate_to_the_whole_utterance_and_match_offline)
 
@@ -30,3 +30,4 @@ def test_first_audio_goes_through_vae_decoder(server):
     phases = first_audio_phases(server)
     assert phases["vae"] > 0, phases
     assert executions(server, "vae_decoder") > before
+    assert metrics(server)["voxcpm_engine_first_audio_fences_total"] == 0  # no audio in the decoder to wait for

@@ -201,6 +201,19 @@ class Scheduler:
         sched = self.chunk_schedule
         return sched[min(st.chunks_sent, len(sched) - 1)]
 
+    def fills_first_chunk(self, st) -> bool:
+        """Whether the request's next patch completes its first chunk, for a client that plays as it
+        receives (`req.playback`): the audio it is waiting for before anything."""
+        return (st.chunks_sent == 0 and len(st.pending) + 1 >= self.chunk_size(st)
+                and getattr(st.req, "playback", True))
+
+    def first_audio_first(self, rows) -> bool:
+        """Whether a step's first chunks should have their audio before the next step starts: when
+        every row of it still running fills its first chunk, so nobody already playing waits for
+        them (a lone request, the first wave of a burst)."""
+        rows = [st for st in rows if self.is_running(st)]
+        return bool(rows) and all(self.fills_first_chunk(st) for st in rows)
+
     def buffered_s(self, st, now: float) -> float | None:
         """The audio the request's client still has to play at `now` (None before its first chunk)."""
         if st.first_sent_at is None:

@@ -8,6 +8,11 @@ thread only queues a request's chunks (`chunk`) and its end (`end`). One thread 
 queued, decodes every request's pending chunks at once, in batches by length (`VAEStreams`), on a
 CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
 hands each request its audio chunk by chunk, in order, then its end.
+
+`fence` lets the engine put a first chunk's decode ahead of its next step: it waits until what is
+queued has been launched and returns an event after it on the audio stream, for the engine's stream
+to wait on (a high priority only orders kernels that wait at the same time: a step's persistent
+kernels hold every SM, and a decode launched behind them trickles between them).
 """
 
 from __future__ import annotations
@@ -63,7 +68,13 @@ class StreamAudio:
         self.on_failure = on_failure
         self.requests: dict = {}  # key -> _Request, from open to its end's delivery
         self.queued: dict = {}  # key -> _Request with work queued, in arrival order
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()  # re-entrant, as a Condition's own (tests hold it to queue several chunks at once)
+        self.cond = threading.Condition(self.lock)  # work queued, or stopping
+        self.launched = threading.Condition(self.lock)  # a round's decodes launched (`fence`)
+        self.chunks_queued = 0  # chunks ever queued
+        self.chunks_launched = 0  # of those, queued before a round that has launched its decodes
+        self.launch_event = None  # recorded on the audio stream after that round's decodes
+        self.round_upto = None  # while a round runs: chunks_queued when it took its work
         self.stopping = False
         self.last_batch = 0  # requests decoded together in the latest round
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
@@ -118,6 +129,7 @@ class StreamAudio:
                 late = None
                 if patches is not None:
                     r.pending.append(patches)
+                    self.chunks_queued += 1
                 if end is not _NO_END:
                     r.end, r.end_seen = end, True
                 self.queued[key] = r
@@ -125,11 +137,25 @@ class StreamAudio:
         if late is not None:
             self._deliver(key, late, None, end)
 
+    def fence(self, timeout: float):
+        """Wait (at most `timeout` s) until a round has taken every chunk queued so far and launched
+        its decode: each request's oldest queued chunk at least (a request that waits for a stream
+        slot is put back, not waited for). -> a CUDA event recorded after those decodes on the audio
+        stream, for another stream to wait on. None, at once, while the thread is busy with a round
+        that took its work before these chunks came (its waits and deliveries are not the caller's
+        to wait for); None on the CPU (there the decodes are done) or when the time ran out."""
+        with self.lock:
+            target = self.chunks_queued
+            busy = lambda: self.round_upto is not None and self.round_upto < target  # noqa: E731
+            self.launched.wait_for(lambda: self.chunks_launched >= target or self.stopping or busy(), timeout)
+            return self.launch_event if self.chunks_launched >= target else None
+
     def stop(self, timeout: float = 10.0) -> None:
         """Decode and deliver what is queued, then end the thread."""
-        with self.cond:
+        with self.lock:
             self.stopping = True
             self.cond.notify()
+            self.launched.notify_all()
         self.thread.join(timeout)
 
     # ------------------------------------------------------------------ its thread
@@ -141,18 +167,36 @@ class StreamAudio:
                     self.cond.wait()
                 if not self.queued:
                     return
-                work = self._take()
+                work, upto = self._take(), self.chunks_queued
+                self.round_upto = upto
+            launched = lambda: self._launched(upto)  # noqa: E731
             try:
                 if self.cuda_stream is not None:
                     with torch.cuda.stream(self.cuda_stream):
-                        waiting = self._round(work)
+                        waiting = self._round(work, launched)
                 else:
-                    waiting = self._round(work)
+                    waiting = self._round(work, launched)
                 if waiting:  # no slot for some: rounds come again at once, but not in a hot loop
                     time.sleep(0.002)
             except Exception as e:  # noqa: BLE001 - a bug here fails this round's requests, not the thread
                 log.exception("audio decoding round failed")
                 self._fail([(key, r) for key, r, *_ in work if not r.done], e)
+            finally:
+                launched()  # a failed round's chunks are not waited for either
+                with self.lock:
+                    self.round_upto = None
+
+    def _launched(self, upto: int):
+        """This round's decodes are on the GPU: fences for the chunks it took (upto) may pass."""
+        if self.chunks_launched >= upto:  # told already
+            return
+        event = None
+        if self.cuda_stream is not None:
+            event = torch.cuda.Event()
+            event.record(self.cuda_stream)
+        with self.lock:
+            self.chunks_launched, self.launch_event = upto, event
+            self.launched.notify_all()
 
     def _take(self) -> list:
         """This round's work, under the lock: (key, request, chunks, end) for each request queued,
@@ -181,10 +225,10 @@ class StreamAudio:
                 r.end = end
             self.queued[key] = r
 
-    def _round(self, work: list) -> set:
+    def _round(self, work: list, launched: Callable[[], None]) -> set:
         """Decode each request's chunks of this round as one piece: requests with the same number of
-        frames in one batch, every batch queued before the first wait. -> the keys put back for
-        want of a stream slot."""
+        frames in one batch, every batch queued before the first wait (then `launched()`). -> the
+        keys put back for want of a stream slot."""
         decodes, waiting = [], set()
         for key, r, chunks, end in work:
             if not chunks or r.failed:
@@ -211,6 +255,7 @@ class StreamAudio:
             except Exception as e:  # noqa: BLE001 - these requests fail, the rest go on
                 self._fail([(key, r) for key, r, *_ in group], e)
         self.last_batch = len(decodes)
+        launched()
         for group, frames, pending in batches:
             try:
                 audio = pending.result()

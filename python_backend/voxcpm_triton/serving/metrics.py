@@ -63,6 +63,10 @@ class EngineMetrics:
             "lora_merges": metric("voxcpm_lora_merges_total",
                                   "LoRA adapters merged into the weights, for steps whose requests all use "
                                   "one (parameter lora_merge)", labels, "COUNTER"),
+            "first_audio_fences": metric("voxcpm_engine_first_audio_fences_total",
+                                         "Steps read before the next step's launch so that their first "
+                                         "chunks' audio goes first (parameter first_audio_priority)", labels,
+                                         "COUNTER"),
         }
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()

@@ -142,6 +142,10 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "decode_audio", "bool", "true",
           "the decoder decodes its chunks to audio itself (the VAE in its process, on a CUDA stream of the "
           "highest priority) and tts/tts_stream skip vae_decoder; false: vae_decoder decodes them"),
+    Param("decoder", "first_audio_priority", "bool", "true",
+          "with decode_audio: a step whose running rows all fill their first chunks (a lone request, a "
+          "burst's first wave) has that audio decoded before the next step starts, so a newcomer's first "
+          "audio does not wait behind a step; no request already playing is held back"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
