@@ -89,54 +89,111 @@ def test_playback_margin_sends_every_patch_at_once_and_changes_nothing_else(vox)
         eng.shutdown()
 
 
-def _launches_at_each_chunk(vox, audio_fence, playback=True):
-    """One 6-step request (chunks 1, 2, then 3) -> [(patches, runner launches so far)] per chunk
-    as the sink got it, the calls of audio_fence as [launches so far], and the latents."""
-    eng, seen, fences = None, [], []
+class _FirstAudio:
+    """A recording stand-in for `StreamAudio`'s mark / fence: what was delivered and launched when
+    the engine asked."""
 
-    def fence(timeout):
-        assert timeout > 0
-        fences.append(eng.stats()["launches"])
-        return audio_fence(timeout)
+    def __init__(self, launched=True):
+        self.eng, self.seen, self.launched = None, None, launched
+        self.fences = []  # (runner launches so far, request ids whose chunks were delivered so far)
 
-    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4), audio_fence=fence if audio_fence else None)
-    try:
-        done = threading.Event()
+    def mark(self):
+        return len(self.seen)
 
+    def fence(self, mark, timeout):
+        assert 0 < timeout <= 0.1 and mark <= len(self.seen)
+        self.fences.append((self.eng.stats()["launches"], sorted(rid for rid, *_ in self.seen)))
+        return self.launched, None  # the CPU: nothing to wait on
+
+
+def _chunks_and_fences(vox, first_audio, specs, then=None):
+    """Requests {rid: (max_len, playback)} submitted together (one first step) -> their chunks as
+    the sinks got them [(rid, patches, runner launches so far)], and the engine's stats. then(rid,
+    eng): called on the engine thread at each first chunk (to submit more)."""
+    eng, seen, ended = None, [], threading.Semaphore(0)
+    if first_audio is not None:
+        first_audio.seen = seen
+    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4), first_audio=first_audio)
+    if first_audio is not None:
+        first_audio.eng = eng
+    prompt = prompt_for(vox, "zero_shot", "First audio first.")
+
+    def submit(rid, max_len, playback):
         def sink(ev):
             if isinstance(ev, LatentChunk):
-                seen.append((ev.patches, eng.stats()["launches"]))
+                seen.append((rid, ev.patches, eng.stats()["launches"]))
+                if then is not None and ev.first_step == 0:
+                    then(rid, submit)
             else:
                 assert ev.error is None
-                done.set()
+                ended.release()
 
-        prompt = prompt_for(vox, "zero_shot", "First audio first.")
-        eng.submit(EngineRequest("f", prompt, seed=5, min_len=6, max_len=6, playback=playback), sink=sink)
-        assert done.wait(TIMEOUT)
+        eng.submit(EngineRequest(rid, prompt, seed=5, min_len=max_len, max_len=max_len, playback=playback), sink=sink)
+
+    try:
+        with eng._lock:  # all in the inbox before the engine thread takes any
+            for rid, (max_len, playback) in specs.items():
+                submit(rid, max_len, playback)
+        total = len(specs) + (0 if then is None else 1)
+        for _ in range(total):
+            assert ended.acquire(timeout=TIMEOUT)
         stats = eng.stats()
     finally:
         eng.shutdown()
-    assert stats["first_audio_fences"] == len(fences)
-    return [(len(p), n) for p, n in seen], fences, torch.cat([p for p, _ in seen]), prompt
+    return seen, stats, prompt
 
 
-def test_audio_fence_hands_out_a_first_chunk_before_the_next_step_is_launched(vox):
+def test_first_audio_hands_out_a_first_chunk_before_the_next_step_is_launched(vox):
     """Steps are pipelined: the next is launched before the last one's patches are handed out, so
-    a first chunk (and its audio, decoded elsewhere) would queue behind a whole step. With an audio
-    fence (decoder parameter first_audio_priority) the step that fills a streaming request's first
-    chunk is handed out first, the fence is asked once, and only then is the next step launched;
-    later chunks stay pipelined, a request nobody plays as it comes (playback false) is not
-    fenced, and the latents are the same."""
-    plain, no_fences, want, prompt = _launches_at_each_chunk(vox, None)
-    assert plain == [(1, 2), (2, 4), (3, 6)] and no_fences == []  # one launch ahead of each chunk
-    fenced, fences, got, _ = _launches_at_each_chunk(vox, lambda timeout: None)
+    a first chunk (and its audio, decoded elsewhere) would queue behind a whole step. With
+    `first_audio` (decoder parameter first_audio_priority) the step that fills a lone streaming
+    request's first chunk is handed out first, the fence is asked once, and only then is the next
+    step launched; later chunks stay pipelined, a request nobody plays as it comes (playback
+    false) is not fenced, and the latents are the same."""
+    def run(first_audio, playback=True):
+        seen, stats, prompt = _chunks_and_fences(vox, first_audio, {"f": (6, playback)})
+        return [(len(p), n) for _, p, n in seen], torch.cat([p for _, p, _ in seen]), stats, prompt
+
+    plain, want, stats, prompt = run(None)
+    assert plain == [(1, 2), (2, 4), (3, 6)]  # one launch ahead of each chunk (schedule 1, 2, 4)
+    assert stats["first_audio_fences"] == stats["first_audio_fence_misses"] == 0
+    fa = _FirstAudio()
+    fenced, got, stats, _ = run(fa)
     assert fenced == [(1, 1), (2, 4), (3, 6)]
-    assert fences == [1]  # once: after the first step, before the second
+    assert fa.fences == [(1, ["f"])]  # once: after the first step, before the second
+    assert (stats["first_audio_fences"], stats["first_audio_fence_misses"]) == (1, 0)
     assert torch.equal(got, want)
     assert_same(got, solo(vox, prompt, seed=5, min_len=6, max_len=6))
-    unplayed, fences, got, _ = _launches_at_each_chunk(vox, lambda timeout: None, playback=False)
-    assert fences == [] and unplayed == plain
+    fa = _FirstAudio()
+    unplayed, got, _, _ = run(fa, playback=False)
+    assert fa.fences == [] and unplayed == plain and torch.equal(got, want)
+    fa = _FirstAudio(launched=False)  # the audio thread busy, or past the wait: counted as a miss
+    _, got, stats, _ = run(fa)
+    assert len(fa.fences) == 1 and (stats["first_audio_fences"], stats["first_audio_fence_misses"]) == (0, 1)
     assert torch.equal(got, want)
+
+
+def test_first_audio_fences_a_first_wave_once_and_never_holds_back_a_playing_request(vox):
+    """Two requests starting together: their first step is fenced once, with both first chunks
+    handed out and no second step launched. A newcomer that joins a request already playing is
+    not fenced: the playing request's steps go on pipelined."""
+    fa = _FirstAudio()
+    seen, stats, _ = _chunks_and_fences(vox, fa, {"a": (4, True), "b": (4, True)})
+    assert fa.fences == [(1, ["a", "b"])] and stats["first_audio_fences"] == 1
+    assert [(rid, len(p), n) for rid, p, n in seen][:2] in ([("a", 1, 1), ("b", 1, 1)], [("b", 1, 1), ("a", 1, 1)])
+
+    fa = _FirstAudio()
+    joined = []
+
+    def join_once(rid, submit):  # at the playing request's first chunk: a newcomer arrives
+        if rid == "playing":
+            joined.append(True)
+            submit("newcomer", 4, True)
+
+    seen, stats, _ = _chunks_and_fences(vox, fa, {"playing": (16, True)}, then=join_once)
+    # one fence: "playing"'s first step; the newcomer's first step, shared with it, is not fenced
+    assert joined and fa.fences == [(1, ["playing"])] and stats["first_audio_fences"] == 1
+    assert sum(len(p) for rid, p, _ in seen if rid == "newcomer") == 4
 
 
 def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox):

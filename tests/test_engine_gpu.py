@@ -279,12 +279,14 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
         for step, (a, b) in enumerate(((0, 1), (1, 5), (5, 8), (8, 9))):
             for _ in range(20):  # the default stream stays busy while the chunks decode
                 busy = torch.tanh(busy @ busy * 1e-3)
+            mark = audio.mark()
             for k in "abc":
                 audio.chunk(k, lat[k][a:b])
             # the engine's first_audio_priority: an event after these decodes, for its stream to wait on
             deadline = time.monotonic() + TIMEOUT
-            while (fenced := audio.fence(TIMEOUT)) is None:  # None while the last round winds up
+            while not (out := audio.fence(mark, TIMEOUT))[0]:  # at once while the last round winds up
                 assert time.monotonic() < deadline
+            fenced = out[1]
             assert isinstance(fenced, torch.cuda.Event)
             side = torch.cuda.Stream()
             side.wait_event(fenced)
@@ -310,6 +312,47 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
         out = torch.cat([a for _, a in got[k]])
         assert out.shape == want.shape
         assert (out - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), k
+
+
+def test_first_audio_on_the_gpu_waits_for_the_decode_and_changes_no_latent(checkpoint_dirs):
+    """The decoder's first_audio_priority on the GPU: an engine with CUDA graphs and a `StreamAudio`
+    as its first_audio. A lone request's first step is fenced (an event came back and the next
+    step waited for it: no miss), its first chunk's audio is there, and its latents equal those
+    of the same engine setup without first_audio."""
+    # python -m pytest -q tests/test_engine_gpu.py -k first_audio   (on a GPU machine)
+    import threading
+
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
+    prompt = vox.prepare_prompt("The first audio goes first.")
+    results = {}
+    for fenced in (False, True):
+        audio = StreamAudio(vox.vae, vox.patch_size, max_streams=4, cuda_graphs=True, graph_patches=(1, 4),
+                            on_failure=lambda key, e: None)
+        eng = Engine(vox, EngineConfig(num_blocks=128, block_size=16, max_batch_size=2, chunk_schedule=(1, 4),
+                                       timestep_buckets=(10, 100)), first_audio=audio if fenced else None)
+        chunks, ended = [], threading.Event()
+        audio.open("r", lambda patches, payload: (chunks.append(payload) if patches is not None else ended.set()))
+
+        def sink(ev):
+            if isinstance(ev, LatentChunk):
+                results.setdefault(fenced, []).append(ev.patches)
+                audio.chunk("r", ev.patches)
+            else:
+                assert ev.error is None
+                audio.end("r", ev)
+
+        try:
+            eng.submit(EngineRequest("r", prompt, seed=3, min_len=9, max_len=9), sink=sink)
+            assert ended.wait(TIMEOUT)
+            stats = eng.stats()
+        finally:
+            eng.shutdown()
+            audio.stop()
+        assert (stats["first_audio_fences"], stats["first_audio_fence_misses"]) == ((1, 0) if fenced else (0, 0))
+        assert len(chunks) == 3 and all(torch.isfinite(torch.as_tensor(c)).all() for c in chunks)
+    assert torch.equal(torch.cat(results[True]), torch.cat(results[False]))
 
 
 def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dirs, tmp_path):

@@ -96,22 +96,22 @@ class EngineShutdown(RuntimeError):
 class Engine:
     def __init__(self, vox, config: EngineConfig | None = None,
                  fault_hook: Callable[[RequestState, str], None] | None = None,
-                 audio_fence: Callable[[float], Any] | None = None):
+                 first_audio: Any = None):
         """vox: a loaded `VoxCPM2`, used as built (the paged decode attention follows `vox.attention`;
         a compiled vox compiles on its first calls here). With `lora_merge` its weights hold an adapter
         while requests on it run, and are as loaded again once none is left and when the engine thread
         ends: do not run vox's offline API meanwhile. fault_hook(state,
         stage) is called per request at each stage ('prefill', and 'step' before each step's
-        launch); whatever it raises fails that request only (tests use it). audio_fence(timeout):
-        where the sinks decode audio (`StreamAudio.fence`); with it, a step whose first chunks go
-        first (`Scheduler.first_audio_first`) is handed out before anything else is launched, and
-        the GPU work after it waits for the event the fence returns: a client's first audio does
-        not queue behind the next step."""
+        launch); whatever it raises fails that request only (tests use it). first_audio: where the
+        sinks decode audio, with `mark()` and `fence(mark, timeout) -> (launched, event)`
+        (`StreamAudio`); with it, a step whose first chunks go first (`Scheduler.first_audio_first`)
+        is handed out before anything else is launched, and the GPU work after it waits for the
+        event the fence returns: a client's first audio does not queue behind the next step."""
         self.vox, self.model = vox, vox.model
         self.cfg = config or EngineConfig()
         self.device, self.dtype = vox.device, vox.dtype
         self.fault_hook = fault_hook
-        self.audio_fence = audio_fence
+        self.first_audio = first_audio
         lm, res = vox.cfg.lm_config, vox.cfg.residual_lm()
         # Before the KV cache takes its share of the free memory: the copies of the adapted weights.
         self.merged = self._merged_weights() if vox.loras is not None and self.cfg.lora_merge else None
@@ -148,9 +148,10 @@ class Engine:
         self._in_flight: list = []  # (batch, LaunchedStep) per launch of the decode step not read yet
         # steps: engine iterations that launched; launches: runner launches (one per loop bucket
         # run, and isolation reruns); batch_sizes: rows per launch
-        # first_audio_fences: steps read before the next launch so that their first chunks' audio goes first
+        # first_audio_fences: steps read before the next launch whose first chunks' decode was launched
+        # before it; first_audio_fence_misses: such steps whose decode was not (busy, or past the wait)
         self._stats = {"steps": 0, "launches": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0,
-                       "first_audio_fences": 0}
+                       "first_audio_fences": 0, "first_audio_fence_misses": 0}
         self._stop = False
         self.heartbeat = time.monotonic()  # the loop's last iteration (it wakes every idle_wait_s)
         self.failure: str | None = None  # why the loop ended, if it did not end by shutdown()
@@ -539,7 +540,7 @@ class Engine:
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step
     # whose result is dropped; its freed slot and blocks are reused only by work queued after it.
-    # The exception: a step whose first chunks go first (`audio_fence`) is read before the next launch.
+    # The exception: a step whose first chunks go first (`first_audio`) is read before the next launch.
     def _decode_step(self) -> bool:
         """Launch the next step, deliver the previous one; True if a step was launched. The batch
         runs as one launch per loop bucket (one stream, so in order): each group's CFM loop is its
@@ -596,21 +597,21 @@ class Engine:
         return launched
 
     def _first_chunks_in_flight(self) -> bool:
-        """Whether the step in flight fills first chunks that the audio fence puts first."""
-        return self.audio_fence is not None and bool(self._in_flight) and self.scheduler.first_audio_first(
+        """Whether the step in flight fills first chunks whose audio goes first (`first_audio`)."""
+        return self.first_audio is not None and bool(self._in_flight) and self.scheduler.first_audio_first(
             [st for batch, _ in self._in_flight for st in batch])
 
     def _hand_out_in_flight(self):
         """Deliver the step in flight; if it filled first chunks, what this thread launches next
-        waits on the GPU for their audio (`audio_fence`)."""
-        fence = self._first_chunks_in_flight()
+        waits on the GPU for their audio (`first_audio`)."""
+        mark = self.first_audio.mark() if self._first_chunks_in_flight() else None
         self._deliver(self._take_in_flight())
-        if fence:
-            event = self.audio_fence(FIRST_AUDIO_WAIT_S)
+        if mark is not None:
+            launched, event = self.first_audio.fence(mark, FIRST_AUDIO_WAIT_S)
             if event is not None:
                 torch.cuda.current_stream(self.device).wait_event(event)
             with self._lock:
-                self._stats["first_audio_fences"] += 1
+                self._stats["first_audio_fences" if launched else "first_audio_fence_misses"] += 1
 
     def _deliver(self, launched: list):
         """Wait for each launched (batch, step), in launch order, and hand out its patches; rows of

@@ -9,9 +9,9 @@ queued, decodes every request's pending chunks at once, in batches by length (`V
 CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
 hands each request its audio chunk by chunk, in order, then its end.
 
-`fence` lets the engine put a first chunk's decode ahead of its next step: it waits until what is
-queued has been launched and returns an event after it on the audio stream, for the engine's stream
-to wait on (a high priority only orders kernels that wait at the same time: a step's persistent
+`mark` and `fence` let the engine put first chunks' decode ahead of its next step: the fence waits
+until what is queued has been launched and returns an event after it on the audio stream, for the
+engine's stream to wait on (a high priority only orders kernels that wait at the same time: a step's persistent
 kernels hold every SM, and a decode launched behind them trickles between them).
 """
 
@@ -137,18 +137,27 @@ class StreamAudio:
         if late is not None:
             self._deliver(key, late, None, end)
 
-    def fence(self, timeout: float):
+    def mark(self) -> int:
+        """Where the queue stands now: `fence(mark, ...)` does not wait for rounds of older chunks."""
+        with self.lock:
+            return self.chunks_queued
+
+    def fence(self, mark: int, timeout: float) -> tuple:
         """Wait (at most `timeout` s) until a round has taken every chunk queued so far and launched
         its decode: each request's oldest queued chunk at least (a request that waits for a stream
-        slot is put back, not waited for). -> a CUDA event recorded after those decodes on the audio
-        stream, for another stream to wait on. None, at once, while the thread is busy with a round
-        that took its work before these chunks came (its waits and deliveries are not the caller's
-        to wait for); None on the CPU (there the decodes are done) or when the time ran out."""
+        slot is put back, not waited for). -> (launched, event): the CUDA event is recorded after
+        those decodes on the audio stream, for another stream to wait on (None on the CPU, where
+        they are done). (False, None) when the time ran out, or at once while the thread is busy
+        with a round of chunks queued before `mark` only: its waits and deliveries are not the
+        caller's to wait for. A round that took some of the chunks since `mark` is waited for (with
+        the next, for the rest)."""
         with self.lock:
             target = self.chunks_queued
-            busy = lambda: self.round_upto is not None and self.round_upto < target  # noqa: E731
+            busy = lambda: self.round_upto is not None and self.round_upto <= mark  # noqa: E731
             self.launched.wait_for(lambda: self.chunks_launched >= target or self.stopping or busy(), timeout)
-            return self.launch_event if self.chunks_launched >= target else None
+            if self.chunks_launched >= target:
+                return True, self.launch_event
+            return False, None
 
     def stop(self, timeout: float = 10.0) -> None:
         """Decode and deliver what is queued, then end the thread."""
@@ -192,8 +201,12 @@ class StreamAudio:
             return
         event = None
         if self.cuda_stream is not None:
-            event = torch.cuda.Event()
-            event.record(self.cuda_stream)
+            try:
+                event = torch.cuda.Event()
+                event.record(self.cuda_stream)
+            except Exception:  # noqa: BLE001 - called from `finally` too: the thread must live on
+                log.exception("recording the audio stream's event failed")
+                event = None
         with self.lock:
             self.chunks_launched, self.launch_event = upto, event
             self.launched.notify_all()

@@ -94,8 +94,8 @@ class DecoderModel:
         # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.
         self.audio = self._stream_audio(params, device) if params["decode_audio"] else None
         self.keys = itertools.count()
-        fence = self.audio.fence if self.audio is not None and params["first_audio_priority"] else None
-        self.engine = Engine(self.vox, cfg, audio_fence=fence)
+        first_audio = self.audio if params["first_audio_priority"] else None
+        self.engine = Engine(self.vox, cfg, first_audio=first_audio)
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.

@@ -64,9 +64,12 @@ class EngineMetrics:
                                   "LoRA adapters merged into the weights, for steps whose requests all use "
                                   "one (parameter lora_merge)", labels, "COUNTER"),
             "first_audio_fences": metric("voxcpm_engine_first_audio_fences_total",
-                                         "Steps read before the next step's launch so that their first "
-                                         "chunks' audio goes first (parameter first_audio_priority)", labels,
-                                         "COUNTER"),
+                                         "Steps whose first chunks' audio decode was launched before the next "
+                                         "step (parameter first_audio_priority)", labels, "COUNTER"),
+            "first_audio_fence_misses": metric("voxcpm_engine_first_audio_fence_misses_total",
+                                               "Steps read early for their first chunks' audio whose decode was "
+                                               "not launched in time (the audio thread busy with older chunks, "
+                                               "or 20 ms passed): the next step went ahead", labels, "COUNTER"),
         }
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
