@@ -11,8 +11,8 @@ hands each request its audio chunk by chunk, in order, then its end.
 
 `mark` and `fence` let the engine put first chunks' decode ahead of its next step: the fence waits
 until what is queued has been launched and returns an event after it on the audio stream, for the
-engine's stream to wait on (a high priority only orders kernels that wait at the same time: a step's persistent
-kernels hold every SM, and a decode launched behind them trickles between them).
+engine's stream to wait on. (A high priority only orders kernels that wait at the same time: a
+step's persistent kernels hold every SM, and a decode launched behind them trickles between them.)
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class StreamAudio:
         self.on_failure = on_failure
         self.requests: dict = {}  # key -> _Request, from open to its end's delivery
         self.queued: dict = {}  # key -> _Request with work queued, in arrival order
-        self.lock = threading.RLock()  # re-entrant, as a Condition's own (tests hold it to queue several chunks at once)
+        self.lock = threading.RLock()  # re-entrant, as a Condition's own (tests hold it while queueing)
         self.cond = threading.Condition(self.lock)  # work queued, or stopping
         self.launched = threading.Condition(self.lock)  # a round's decodes launched (`fence`)
         self.chunks_queued = 0  # chunks ever queued
