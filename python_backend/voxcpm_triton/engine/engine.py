@@ -598,7 +598,7 @@ class Engine:
 
     def _first_chunks_in_flight(self) -> bool:
         """Whether the step in flight fills first chunks whose audio goes first (`first_audio`)."""
-        return self.first_audio is not None and bool(self._in_flight) and self.scheduler.first_audio_first(
+        return self.first_audio is not None and self.scheduler.first_audio_first(
             [st for batch, _ in self._in_flight for st in batch])
 
     def _hand_out_in_flight(self):

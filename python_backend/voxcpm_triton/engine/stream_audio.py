@@ -70,7 +70,7 @@ class StreamAudio:
         self.queued: dict = {}  # key -> _Request with work queued, in arrival order
         self.lock = threading.RLock()  # re-entrant, as a Condition's own (tests hold it while queueing)
         self.cond = threading.Condition(self.lock)  # work queued, or stopping
-        self.launched = threading.Condition(self.lock)  # a round's decodes launched (`fence`)
+        self.fences = threading.Condition(self.lock)  # what `fence` waits on: a round's decodes launched
         self.chunks_queued = 0  # chunks ever queued
         self.chunks_launched = 0  # of those, queued before a round that has launched its decodes
         self.launch_event = None  # recorded on the audio stream after that round's decodes
@@ -154,7 +154,7 @@ class StreamAudio:
         with self.lock:
             target = self.chunks_queued
             busy = lambda: self.round_upto is not None and self.round_upto <= mark  # noqa: E731
-            self.launched.wait_for(lambda: self.chunks_launched >= target or self.stopping or busy(), timeout)
+            self.fences.wait_for(lambda: self.chunks_launched >= target or self.stopping or busy(), timeout)
             if self.chunks_launched >= target:
                 return True, self.launch_event
             return False, None
@@ -164,7 +164,7 @@ class StreamAudio:
         with self.lock:
             self.stopping = True
             self.cond.notify()
-            self.launched.notify_all()
+            self.fences.notify_all()
         self.thread.join(timeout)
 
     # ------------------------------------------------------------------ its thread
@@ -209,7 +209,7 @@ class StreamAudio:
                 event = None
         with self.lock:
             self.chunks_launched, self.launch_event = upto, event
-            self.launched.notify_all()
+            self.fences.notify_all()
 
     def _take(self) -> list:
         """This round's work, under the lock: (key, request, chunks, end) for each request queued,
