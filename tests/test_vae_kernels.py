@@ -122,6 +122,9 @@ def test_decoder_with_the_kernel_matches_without():
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
     assert sum(getattr(m, "polyphase", False) for m in fused.modules()) == 6
+    # The snakes before the upsampling convs and the last conv run in those convs' look-back pass.
+    assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 7
+    assert fused.state_dict().keys() == plain.state_dict().keys()  # checkpoints load as they did
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)
     assert want.abs().max().item() > 1e-3  # not a trivially silent decoder
@@ -137,3 +140,33 @@ def test_only_depthwise_units_are_fused():
     cfg = dict(REALISH, depthwise=False, decoder_dim=16, decoder_rates=[2, 2], encoder_rates=[2, 2])
     vae = AudioVAE(AudioVAEConfig.from_dict(cfg), triton_kernels=True)
     assert not any(getattr(m, "fused", False) for m in vae.modules())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_decoder_at_a_lower_precision_is_close_to_fp32(precision):
+    """`set_decode_precision`: the kernels and the PyTorch layers in bf16 / fp16 (weights, activations,
+    stream state) against the fp32 decoder, one-shot and streamed; the audio comes back in fp32."""
+    plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
+    z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
+    want = plain.decode(z)
+    tol = {"bf16": 2e-2, "fp16": 3e-3}[precision] * want.abs().max().item()
+    for kernels in (False, True):
+        low = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=kernels), seed=1).eval().to(DEV)
+        low.set_decode_precision(precision)
+        assert low.decode_dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        assert low.encoder.block[0].weight.dtype == torch.float32  # the encoder stays as it was
+        one_shot = low.decode(z)
+        assert one_shot.dtype == torch.float32
+        err = (one_shot - want).abs().max().item()
+        assert 0 < err <= tol, (kernels, err, tol)
+        state, parts = low.new_stream_state(2), []
+        assert all(s.dtype == low.decode_dtype for s in state)
+        for a, b in ((0, 1), (1, 2), (2, 5)):
+            audio, state = low.decode_chunk(z[..., a:b], state)
+            parts.append(audio)
+        assert (torch.cat(parts, -1) - want).abs().max().item() <= tol
+
+
+def test_unknown_decode_precision_is_refused():
+    with pytest.raises(ValueError, match="fp8"):
+        AudioVAE(AudioVAEConfig.from_dict(REALISH)).set_decode_precision("fp8")

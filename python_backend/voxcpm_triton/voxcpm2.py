@@ -97,12 +97,13 @@ class ContiguousKVCache:
         self.length += n
 
 
-def load_audio_vae(path: str, device, triton_kernels: bool = False,
-                   compile: bool = False) -> tuple[VoxCPM2Config, AudioVAE]:
+def load_audio_vae(path: str, device, triton_kernels: bool = False, compile: bool = False,
+                   decode_precision: str = "fp32") -> tuple[VoxCPM2Config, AudioVAE]:
     """The checkpoint's AudioVAE alone (fp32), for the VAE Triton models, built with its decoder's
     backends: triton_kernels (`AudioVAE`: the `kernels.vae` kernels; the caller checks that they
-    can run) and compile (GPU: the snake activations torch.compile'd and warmed up here,
-    `audio_vae.compile_snakes`)."""
+    can run), compile (GPU: the snake activations torch.compile'd and warmed up here,
+    `audio_vae.compile_snakes`) and decode_precision (the decoder's weights and activations:
+    fp32, or opt-in bf16 / fp16, `AudioVAE.set_decode_precision`)."""
     files = checkpoint_files(path)
     cfg = VoxCPM2Config.from_file(files["config"])
     vae = AudioVAE(cfg.audio_vae_config, triton_kernels=triton_kernels)
@@ -110,7 +111,7 @@ def load_audio_vae(path: str, device, triton_kernels: bool = False,
         vae.load_vae_state_dict(load_tensors(files["vae"]))
     except ValueError as e:
         raise CheckpointError(f"{files['vae']}: {e}") from None
-    vae = vae.to(device).eval().requires_grad_(False)
+    vae = vae.to(device).eval().requires_grad_(False).set_decode_precision(decode_precision)
     if compile:
         compile_snakes(vae)
     return cfg, vae

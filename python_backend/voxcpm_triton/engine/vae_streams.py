@@ -56,7 +56,8 @@ class VAEStreams:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self.vae, self.P, self.max_streams = vae, patch_size, max_streams
         self.device = vae.device
-        self.pools = [torch.zeros(max_streams + 1, c, n, device=self.device) for c, n in vae.stream_state_spec()]
+        self.pools = [torch.zeros(max_streams + 1, c, n, device=self.device, dtype=vae.decode_dtype)
+                      for c, n in vae.stream_state_spec()]
         self.free = list(range(max_streams, 0, -1))
         self.slot: dict = {}  # stream key -> pool row
         self.graphs: dict = {}  # (bucket, frames) -> (graph, idx, z, audio)

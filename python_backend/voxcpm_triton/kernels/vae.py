@@ -5,7 +5,8 @@ pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic
 (cuDNN is not used), a large share of a streaming decode's GPU time, and each snake is another
 pass over the activations. Two kernels, each one pass:
 
-`snake_extend` (streaming): the first snake, written behind the stream's saved frames, with the
+`snake_extend`: a snake written behind the look-back frames of the conv that follows it (a residual
+unit's first snake; the snakes before each upsampling conv and before the last conv), with the
 frames to save for the next chunk cut from the same pass (instead of snake, torch.cat and a copy):
 
     prev [B, C, L], x [B, C, T]  ->  xp [B, C, L + T] = [prev | snake(x)],  tail = xp[..., -L:]
@@ -15,6 +16,8 @@ frames to save for the next chunk cut from the same pass (instead of snake, torc
     xp   [B, C, L + T]  the conv's input with its look-back frames in front (L = 6 * d): zeros
                         for a one-shot decode, the stream's saved frames when streaming
     ->   y [B, C, T]    snake(conv(xp) + bias), snake(v) = v + sin(a v)^2 / (a + 1e-9)
+
+Both take the GPU's approximate sin (`_snake`).
 
 `skip_add`: the pointwise conv's bias and the skip, x + (z + bias), where z is the pointwise conv
 run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
@@ -27,8 +30,10 @@ puts phase j of frame t at sample t * s + j and adds the bias, one pass:
 
     y [B, C * s, T]  ->  out [B, C, T * s],  out[b, c, t * s + j] = y[b, c * s + j, t] + bias[c]
 
-fp32 throughout; the taps are summed in another order than PyTorch's kernel, so results agree to
-rounding. Grid and allocations depend on shapes only: CUDA graphs capture it.
+The activations are fp32, or bf16 / fp16 for a decoder cast to that precision
+(`AudioVAE.set_decode_precision`); every kernel computes in fp32 and stores in the activations' dtype. The taps are
+summed in another order than PyTorch's kernel, so results agree to rounding. Grid and allocations
+depend on shapes only: CUDA graphs capture it.
 """
 
 from __future__ import annotations
@@ -36,18 +41,32 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAVE_TRITON as _HAVE_TRITON
-from ._triton import available, tl, triton  # noqa: F401 - available: callers ask it here
+from ._triton import available, interpreted, tl, triton  # noqa: F401 - available: callers ask it here
 
-BLOCK_C, BLOCK_T = 8, 256
+BLOCK_C, BLOCK_T, NUM_WARPS = 8, 256, 4
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 if _HAVE_TRITON:
+
+    @triton.jit
+    def _snake(x, a, FAST_SIN: tl.constexpr):
+        """snake(x) = x + sin(a x)^2 / (a + 1e-9), in fp32. The precise sin (libdevice's range
+        reduction and polynomial) bounded these kernels by arithmetic, not memory; the GPU's own
+        sin.approx is off by ~1e-6 here, far below the TF32 convs' rounding around it."""
+        if FAST_SIN:
+            s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [a * x], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:  # triton's CPU interpreter runs no PTX
+            s = tl.sin(a * x)
+        return x + (1.0 / (a + 1e-9)) * (s * s)
 
     @triton.jit
     def _dwconv_snake_kernel(
         xp_ptr, w_ptr, bias_ptr, alpha_ptr, y_ptr,
         C, T, sxb, sxc, syb, syc,
         K: tl.constexpr, DIL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+        FAST_SIN: tl.constexpr,
     ):
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -56,17 +75,17 @@ if _HAVE_TRITON:
         row = xp_ptr + b * sxb + c[:, None] * sxc + t[None, :]
         acc = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
         for k in tl.static_range(K):  # output t reads input frames t .. t + (K-1) * DIL of xp
-            acc += tl.load(w_ptr + c * K + k, mask=c < C, other=0.0)[:, None] * tl.load(row + k * DIL, mask=mask)
-        acc += tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
-        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0)[:, None]
-        s = tl.sin(a * acc)
-        tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], acc + (1.0 / (a + 1e-9)) * (s * s), mask=mask)
+            w = tl.load(w_ptr + c * K + k, mask=c < C, other=0.0).to(tl.float32)
+            acc += w[:, None] * tl.load(row + k * DIL, mask=mask).to(tl.float32)
+        acc += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
+        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], _snake(acc, a, FAST_SIN), mask=mask)
 
     @triton.jit
     def _snake_extend_kernel(
         prev_ptr, x_ptr, alpha_ptr, full_ptr, tail_ptr,
         C, L, T, spb, spc, sxb, sxc,
-        BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+        BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr,
     ):
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -75,12 +94,12 @@ if _HAVE_TRITON:
         c_ok = (c < C)[:, None]
         from_prev = (t < L)[None, :]
         in_range = (t < n)[None, :]
-        old = tl.load(prev_ptr + b * spb + c[:, None] * spc + t[None, :], mask=c_ok & from_prev, other=0.0)
+        old = tl.load(prev_ptr + b * spb + c[:, None] * spc + t[None, :], mask=c_ok & from_prev,
+                      other=0.0).to(tl.float32)
         x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :], mask=c_ok & in_range & ~from_prev,
-                    other=0.0)
-        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0)[:, None]
-        s = tl.sin(a * x)
-        v = tl.where(from_prev, old, x + (1.0 / (a + 1e-9)) * (s * s))
+                    other=0.0).to(tl.float32)
+        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
+        v = tl.where(from_prev, old, _snake(x, a, FAST_SIN))
         tl.store(full_ptr + (b * C + c[:, None]) * n + t[None, :], v, mask=c_ok & in_range)
         keep = t - T  # the last L frames are the stream's context for its next chunk
         tl.store(tail_ptr + (b * C + c[:, None]) * L + keep[None, :], v, mask=c_ok & in_range & (keep >= 0)[None, :])
@@ -92,8 +111,9 @@ if _HAVE_TRITON:
         t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
         mask = (c < C)[:, None] & (t < T)[None, :]
         at = (b * C + c[:, None]) * T + t[None, :]
-        z = tl.load(z_ptr + at, mask=mask) + tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
-        tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask) + z, mask=mask)
+        bias = tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + at, mask=mask).to(tl.float32) + bias[:, None]
+        tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask).to(tl.float32) + z, mask=mask)
 
     @triton.jit
     def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, S: tl.constexpr,
@@ -104,8 +124,13 @@ if _HAVE_TRITON:
         n = T * S
         mask = (c < C)[:, None] & (o < n)[None, :]
         src = b * syb + (c[:, None] * S + (o % S)[None, :]) * syc + (o // S)[None, :] * syt
-        v = tl.load(y_ptr + src, mask=mask) + tl.load(bias_ptr + c, mask=c < C, other=0.0)[:, None]
+        bias = tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+        v = tl.load(y_ptr + src, mask=mask).to(tl.float32) + bias[:, None]
         tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
+
+    _FAST_SIN = not interpreted(_dwconv_snake_kernel)
+else:
+    _FAST_SIN = False
 
 
 def dwconv_snake(xp, weight, bias, alpha, dilation: int):
@@ -115,7 +140,7 @@ def dwconv_snake(xp, weight, bias, alpha, dilation: int):
     B, C, n = xp.shape
     K = weight.shape[-1]
     T = n - (K - 1) * dilation
-    assert weight.shape == (C, 1, K) and bias.shape == (C,) and xp.dtype == torch.float32, (weight.shape, xp.dtype)
+    assert weight.shape == (C, 1, K) and bias.shape == (C,) and xp.dtype in DTYPES, (weight.shape, xp.dtype)
     assert T >= 0 and xp.stride(2) == 1, (xp.shape, xp.stride())
     y = torch.empty((B, C, T), dtype=xp.dtype, device=xp.device)
     if B == 0 or T == 0:
@@ -124,7 +149,7 @@ def dwconv_snake(xp, weight, bias, alpha, dilation: int):
     _dwconv_snake_kernel[grid](
         xp, weight.reshape(C, K).contiguous(), bias, alpha.reshape(C).contiguous(), y,
         C, T, xp.stride(0), xp.stride(1), y.stride(0), y.stride(1),
-        K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4,
+        K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, num_warps=NUM_WARPS,
     )
     return y
 
@@ -136,7 +161,7 @@ def snake_extend(prev, x, alpha):
         raise RuntimeError("triton is not installed")
     B, C, T = x.shape
     L = prev.shape[-1]
-    assert prev.shape[:2] == (B, C) and x.dtype == prev.dtype == torch.float32, (prev.shape, x.shape, x.dtype)
+    assert prev.shape[:2] == (B, C) and prev.dtype == x.dtype in DTYPES, (prev.shape, x.shape, prev.dtype, x.dtype)
     assert x.stride(2) == 1 and prev.stride(2) == 1, (x.stride(), prev.stride())
     full = torch.empty((B, C, L + T), dtype=x.dtype, device=x.device)
     tail = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
@@ -146,7 +171,7 @@ def snake_extend(prev, x, alpha):
     _snake_extend_kernel[grid](
         prev, x, alpha.reshape(C).contiguous(), full, tail,
         C, L, T, prev.stride(0), prev.stride(1), x.stride(0), x.stride(1),
-        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4,
+        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, num_warps=NUM_WARPS,
     )
     return full, tail
 
@@ -161,7 +186,7 @@ def skip_add(x, z, bias):
     out = torch.empty_like(x)
     if x.numel():
         grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
-        _skip_add_kernel[grid](x, z, bias, out, C, T, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=4)
+        _skip_add_kernel[grid](x, z, bias, out, C, T, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS)
     return out
 
 
@@ -178,6 +203,6 @@ def phase_interleave(y, bias, stride: int):
     if out.numel():
         grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T * stride, BLOCK_T))
         _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), S=stride, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
-                                       num_warps=4)
+                                       num_warps=NUM_WARPS)
     return out
 

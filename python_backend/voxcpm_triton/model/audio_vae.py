@@ -11,7 +11,9 @@ chunk. The streaming state is a list of plain tensors (the last few input
 frames of every convolution that looks back), so the serving side can keep one
 state per stream id and batch streams along dim 0 (see vae_streams.py).
 
-Everything here runs in fp32, even when the LM runs in bf16.
+Everything here runs in fp32, even when the LM runs in bf16; the decoder alone can be cast to
+bf16 or fp16 (`set_decode_precision`, opt-in): it then takes and keeps its latents and stream state
+in that dtype and still returns fp32 audio.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ __all__ = [
     "StreamState",
     "vae_state_dict_official",
     "COND_TYPES",
+    "DECODE_PRECISIONS",
 ]
 
 COND_TYPES = ("scale_bias", "scale_bias_init", "add", "concat")
+DECODE_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # One tensor [B, C_i, ctx_i] per look-back convolution of the decoder, in
 # execution order.
@@ -151,7 +155,7 @@ class _Stream:
                 f"{(x.shape[0], x.shape[1], ctx)}"
             )
         self.i += 1
-        return prev
+        return prev.to(x.dtype)  # a no-op unless the caller's state is in another precision
 
     def keep(self, tail: Tensor) -> None:
         self.next.append(tail)
@@ -173,10 +177,29 @@ class Snake1d(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-        self.fn = snake  # AudioVAE.compile_ swaps in the fused kernel
+        self.fn = snake  # compile_snakes swaps in the fused kernel
+        self.deferred = False  # the next layer applies it (`with_lookback`, AudioVAE(triton_kernels=True))
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
-        return self.fn(x, self.alpha)
+        return x if self.deferred else self.fn(x, self.alpha)
+
+
+def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optional[Snake1d] = None) -> Tensor:
+    """x with the `ctx` look-back frames of the conv it feeds in front: the stream's saved ones
+    (the new ones kept for the next chunk), or zeros one-shot. pre_snake (the Triton path): the
+    snake before the conv, deferred to here and applied in the same pass (`kernels.vae.snake_extend`)."""
+    if pre_snake is None:
+        if not ctx:
+            return x
+        return F.pad(x, (ctx, 0)) if st is None else st.extend(x, ctx)
+    from ..kernels.vae import snake_extend
+
+    x = x.contiguous()
+    prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
+    full, tail = snake_extend(prev, x, pre_snake.alpha)
+    if st is not None:
+        st.keep(tail)
+    return full
 
 
 class Tanh(nn.Module):
@@ -207,13 +230,12 @@ class CausalConv1d(nn.Module):
         self.left_pad = left_pad
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels // groups, kernel_size) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.pre_snake: Optional[Snake1d] = None  # see with_lookback
 
     def padded(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
-        """x with its look-back frames in front: the stream's saved ones, or zeros."""
-        if not self.left_pad:
-            return x
-        # Fresh stream state is all zeros, i.e. exactly this zero padding.
-        return F.pad(x, (self.left_pad, 0)) if st is None else st.extend(x, self.left_pad)
+        """x with its look-back frames in front: the stream's saved ones, or zeros (fresh stream
+        state is all zeros, i.e. exactly this zero padding)."""
+        return with_lookback(x, self.left_pad, st, self.pre_snake)
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         return F.conv1d(self.padded(x, st), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
@@ -242,6 +264,7 @@ class CausalConvTranspose1d(nn.Module):
         self.weight = nn.Parameter(torch.randn(in_channels, out_channels, kernel) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels))
         self.polyphase = False  # as a 2-tap conv + `kernels.vae.phase_interleave` (AudioVAE(triton_kernels=True))
+        self.pre_snake: Optional[Snake1d] = None  # polyphase only, see with_lookback
         self._phase_w: tuple = (None, None)
 
     def phase_weight(self) -> Tensor:
@@ -266,7 +289,7 @@ class CausalConvTranspose1d(nn.Module):
             from ..kernels.vae import phase_interleave
 
             # Frame t's samples need frames t - 1 and t: one frame of look-back (zeros when one-shot).
-            x = F.pad(x, (self.ctx, 0)) if st is None else st.extend(x, self.ctx)
+            x = with_lookback(x, self.ctx, st, self.pre_snake)
             return phase_interleave(F.conv1d(x, self.phase_weight()), self.bias, self.stride)
         if st is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
@@ -294,16 +317,12 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
-            from ..kernels.vae import dwconv_snake, skip_add, snake_extend
+            from ..kernels.vae import dwconv_snake, skip_add
 
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()
-            if st is None:
-                xp = conv.padded(snake1(x))
-            else:
-                xp, tail = snake_extend(st.take(x, conv.left_pad), x, snake1.alpha)
-                st.keep(tail)
-            y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, conv.dilation)
+            y = dwconv_snake(with_lookback(x, conv.left_pad, st, snake1), conv.weight, conv.bias, snake2.alpha,
+                             conv.dilation)
             return skip_add(x, F.conv1d(y, pointwise.weight), pointwise.bias)
         y = x
         for layer in self.block:
@@ -506,6 +525,13 @@ class AudioVAE(nn.Module):
                 m.fused = self.triton_kernels and m.block[1].groups == m.block[1].in_channels
             elif isinstance(m, CausalConvTranspose1d):
                 m.polyphase = self.triton_kernels
+        if self.triton_kernels:  # a snake right before a look-back conv runs in the conv's look-back pass
+            for layers in [self.decoder.model] + [m.block for m in self.decoder.model if isinstance(m, DecoderBlock)]:
+                for act, conv in zip(layers, layers[1:]):
+                    if isinstance(act, Snake1d) and isinstance(conv, (CausalConv1d, CausalConvTranspose1d)) \
+                            and (conv.left_pad if isinstance(conv, CausalConv1d) else conv.ctx) > 0:
+                        object.__setattr__(conv, "pre_snake", act)  # a reference, not a submodule
+                        act.deferred = True
         if config.sr_bin_boundaries is not None:
             idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
             self.register_buffer("_default_sr_idx", torch.tensor([idx], dtype=torch.long), persistent=False)
@@ -523,6 +549,21 @@ class AudioVAE(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.decoder.model[0].weight.device
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return self.decoder.model[0].weight.dtype
+
+    def set_decode_precision(self, precision: str) -> "AudioVAE":
+        """Cast the decoder's weights (the encoder stays fp32) to `precision`, one of
+        DECODE_PRECISIONS; its activations and stream state follow."""
+        if precision not in DECODE_PRECISIONS:
+            raise ValueError(f"VAE decode precision must be one of {sorted(DECODE_PRECISIONS)}, got {precision!r}")
+        self.decoder.to(DECODE_PRECISIONS[precision])
+        for m in self.decoder.modules():  # the polyphase weight is rebuilt from the cast weight
+            if isinstance(m, CausalConvTranspose1d):
+                m._phase_w = (None, None)
+        return self
 
     def _sr_index(self, sr_cond, batch: int, device: torch.device) -> Optional[Tensor]:
         """Bucket index of the output sample rate ([1] or [B]); None without
@@ -542,7 +583,7 @@ class AudioVAE(nn.Module):
     def _check_latents(self, z: Tensor) -> Tensor:
         if z.ndim != 3 or z.shape[1] != self.latent_dim:
             raise ValueError(f"latents must be [B, {self.latent_dim}, T], got {tuple(z.shape)}")
-        return z.float()
+        return z.to(self.decode_dtype)
 
     # -- one-shot -----------------------------------------------------------
 
@@ -565,7 +606,7 @@ class AudioVAE(nn.Module):
 
         sr_cond: output sample rate (int, or tensor [1]/[B]); default out_sample_rate."""
         z = self._check_latents(z)
-        return self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device))
+        return self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device)).float()
 
     # -- streaming ----------------------------------------------------------
 
@@ -578,7 +619,7 @@ class AudioVAE(nn.Module):
     def new_stream_state(self, batch: int = 1, device=None) -> StreamState:
         """All-zero state: equivalent to the one-shot decode's left zero padding."""
         device = self.device if device is None else device
-        return [torch.zeros(batch, c, n, device=device) for c, n in self.stream_state_spec()]
+        return [torch.zeros(batch, c, n, device=device, dtype=self.decode_dtype) for c, n in self.stream_state_spec()]
 
     @torch.no_grad()
     def decode_chunk(self, z_chunk: Tensor, state: StreamState, sr_cond=None) -> tuple:
@@ -591,10 +632,10 @@ class AudioVAE(nn.Module):
         if len(state) != len(self._stream_layers):
             raise ValueError(f"stream state has {len(state)} tensors, expected {len(self._stream_layers)}")
         if z.shape[-1] == 0:
-            return z.new_zeros(z.shape[0], 1, 0), list(state)
+            return z.new_zeros(z.shape[0], 1, 0, dtype=torch.float32), list(state)
         st = _Stream(state)
         audio = self.decoder(z, self._sr_index(sr_cond, z.shape[0], z.device), st)
-        return audio, st.next
+        return audio.float(), st.next
 
     def prime(self, state: StreamState, z_context: Tensor, sr_cond=None) -> StreamState:
         """Feed context latents (e.g. the prompt's trailing patches in

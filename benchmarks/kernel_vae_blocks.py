@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Launch shapes of the VAE decoder's elementwise Triton kernels (`kernels.vae`: dwconv_snake,
+snake_extend, skip_add), on a CUDA machine: each (BLOCK_C, BLOCK_T, num_warps) timed on every
+residual unit of the full-size decoder for B streams x n patches (one served call), summed.
+
+    python3 benchmarks/kernel_vae_blocks.py --streams 64 --patches 4 --out $OUT/vae_blocks.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
+from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def unit_shapes(streams, patches, rates=(8, 6, 5, 2, 2, 2), dim=2048, frames_per_patch=4):
+    """(C, T, dilation) of each depthwise residual unit, in decoder order."""
+    T, out = frames_per_patch * patches, []
+    for level, stride in enumerate(rates):
+        T *= stride
+        out += [(dim // 2 ** (level + 1), T, d) for d in (1, 3, 9)]
+    return out
+
+
+def time_config(shapes, B, dtype, block_c, block_t, warps, kernels):
+    from triton.testing import do_bench
+
+    vae_kernels.BLOCK_C, vae_kernels.BLOCK_T, vae_kernels.NUM_WARPS = block_c, block_t, warps
+    total = {k: 0.0 for k in kernels}
+    for C, T, d in shapes:
+        x = torch.randn(B, C, T, device="cuda", dtype=dtype)
+        prev = torch.randn(B, C, 6 * d, device="cuda", dtype=dtype)
+        w, bias = torch.randn(C, 1, 7, device="cuda", dtype=dtype), torch.randn(C, device="cuda", dtype=dtype)
+        alpha = torch.rand(C, device="cuda", dtype=dtype) + 0.5
+        xp, _ = vae_kernels.snake_extend(prev, x, alpha)
+        calls = {"snake_extend": lambda: vae_kernels.snake_extend(prev, x, alpha),
+                 "dwconv_snake": lambda: vae_kernels.dwconv_snake(xp, w, bias, alpha, d),
+                 "skip_add": lambda: vae_kernels.skip_add(x, x, bias)}
+        for k in kernels:
+            total[k] += do_bench(calls[k], warmup=3, rep=10) * 1e3
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--patches", type=int, default=4)
+    ap.add_argument("--dtypes", default="fp32,bf16,fp16")
+    ap.add_argument("--block-c", default="1,2,4,8,16")
+    ap.add_argument("--block-t", default="256,512,1024,2048")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--out", default="vae_blocks.json")
+    args = ap.parse_args()
+    shapes = unit_shapes(args.streams, args.patches)
+    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    default = (vae_kernels.BLOCK_C, vae_kernels.BLOCK_T, vae_kernels.NUM_WARPS)
+    kernels = ("snake_extend", "dwconv_snake", "skip_add")
+    out = {"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,
+           "default": default, "rows": []}
+    for dt in args.dtypes.split(","):
+        best = {}
+        for bc, bt, nw in itertools.product(ints(args.block_c), ints(args.block_t), ints(args.warps)):
+            us = time_config(shapes, args.streams, DTYPES[dt], bc, bt, nw, kernels)
+            out["rows"].append({"dtype": dt, "block_c": bc, "block_t": bt, "warps": nw, **us})
+            for k in kernels:
+                if k not in best or us[k] < best[k][0]:
+                    best[k] = (us[k], (bc, bt, nw))
+            tag = " (default)" if (bc, bt, nw) == default else ""
+            print(f"[{dt}] BLOCK_C {bc:2d} BLOCK_T {bt:4d} warps {nw}: "
+                  + ", ".join(f"{k} {v:7.1f} us" for k, v in us.items()) + tag, flush=True)
+        print(f"[{dt}] best: " + ", ".join(f"{k} {v[0]:.1f} us at {v[1]}" for k, v in best.items()), flush=True)
+        out[f"best_{dt}"] = {k: {"us": v[0], "config": v[1]} for k, v in best.items()}
+    vae_kernels.BLOCK_C, vae_kernels.BLOCK_T, vae_kernels.NUM_WARPS = default
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
