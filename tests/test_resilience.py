@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
+from voxcpm_triton.serving import runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]
@@ -263,11 +264,13 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return out
 
 
-def test_killed_decoder_fails_its_streams_and_the_supervisor_restores_service(ckpt, tmp_path):
-    """kill -9 of the decoder's process with 4 streams in flight (as an OOM kill would): every
-    client gets an error within seconds instead of hanging, the server stops being ready, and
-    scripts/serve.sh's supervisor has it serving again without anybody's help. Then SIGTERM
-    after that traffic stops everything the server started."""
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_service(ckpt, tmp_path, fault):
+    """With 4 streams in flight the decoder's process is killed (SIGKILL, as an OOM kill would) or
+    frozen (SIGSTOP: alive, answering nothing, as a hung engine would be): every client gets an
+    error instead of hanging (within seconds of a kill; once its beacon is stale when frozen), the
+    server stops being ready, and scripts/serve.sh's supervisor has it serving again without
+    anybody's help. Then SIGTERM after that traffic stops everything the server started."""
     from tests.server import _free_ports, triton_env
     from tests.test_server import tts_http
 
@@ -299,10 +302,10 @@ def test_killed_decoder_fails_its_streams_and_the_supervisor_restores_service(ck
                           MAX_LENGTH=3000) for i in range(4)]
         wait_for(lambda: all(len(s.times) >= 2 for s in streams), what="audio on all four streams")
         (decoder,) = [p for p, cmd in _marked(mark) if "/decoder/1/model.py" in cmd]
-        os.kill(decoder, signal.SIGKILL)
+        os.kill(decoder, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         t_kill = time.monotonic()
         for s in streams:
-            assert s.done.wait(30), "a client was left hanging after the decoder died"
+            assert s.done.wait(30 + runtime.BEACON_STALE_S), f"a client was left hanging after the decoder was {fault}"
             assert s.error is not None and "unhealthy" in str(s.error) and "decoder" in str(s.error), s.error
         errors_after = time.monotonic() - t_kill
         wait_for(lambda: not ready(), timeout=60, what="readiness to turn false")
@@ -315,7 +318,7 @@ def test_killed_decoder_fails_its_streams_and_the_supervisor_restores_service(ck
             except Exception:  # noqa: BLE001 - down or still loading
                 time.sleep(0.5)
         assert audio.shape == (2 * P * 1920,)
-        print(f"errors {errors_after:.1f} s and service back {restored:.1f} s after the kill")
+        print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault")
         assert "restarting" in log.read_text()
         # SIGTERM after traffic: everything ends within the exit timeout, nothing is left behind.
         for s in streams:

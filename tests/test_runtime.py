@@ -142,3 +142,45 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
     finally:
         if sup.poll() is None:
             sup.kill()
+
+
+def test_thread_stacks_show_where_each_thread_is():
+    import threading
+
+    release = threading.Event()
+
+    def parked_in_a_wait():
+        release.wait(30)
+
+    t = threading.Thread(target=parked_in_a_wait, name="parked-thread")
+    t.start()
+    try:
+        stacks = runtime.thread_stacks()
+    finally:
+        release.set()
+        t.join(10)
+    assert "--- thread parked-thread:" in stacks and "parked_in_a_wait" in stacks
+    assert "--- thread MainThread:" in stacks
+
+
+def test_a_stuck_engine_loop_is_reported_with_every_threads_stack_once_per_stall(caplog):
+    """The decoder's liveness status: past ENGINE_STUCK_S without a heartbeat it is unhealthy, and
+    the first check of that stall logs where every thread is (the next stall logs again)."""
+    import types
+
+    from voxcpm_triton.serving import decoder_model
+
+    model = object.__new__(decoder_model.DecoderModel)
+    model.engine = types.SimpleNamespace(heartbeat=time.monotonic(), status=lambda: None)
+    model.audio, model._stuck_logged = None, None
+    assert model._status() is None
+    model.engine.heartbeat = time.monotonic() - decoder_model.ENGINE_STUCK_S - 5
+    with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
+        for _ in range(3):
+            assert "the engine loop has not come round for" in model._status()
+    dumps = [r for r in caplog.records if "threads:" in r.getMessage()]
+    assert len(dumps) == 1 and "--- thread MainThread:" in dumps[0].getMessage()
+    model.engine.heartbeat = time.monotonic() - decoder_model.ENGINE_STUCK_S - 1  # a new stall
+    with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
+        model._status()
+    assert len([r for r in caplog.records if "threads:" in r.getMessage()]) == 2

@@ -97,6 +97,7 @@ class DecoderModel:
         first_audio = self.audio if params["first_audio_priority"] else None
         self.engine = Engine(self.vox, cfg, first_audio=first_audio)
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
+        self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
@@ -120,8 +121,12 @@ class DecoderModel:
                            on_failure=lambda key, error: self.engine.cancel(key[0]))
 
     def _status(self) -> str | None:
-        stuck = time.monotonic() - self.engine.heartbeat
+        heartbeat = self.engine.heartbeat
+        stuck = time.monotonic() - heartbeat
         if stuck > ENGINE_STUCK_S:
+            if self._stuck_logged != heartbeat:  # once per stall: where every thread is
+                self._stuck_logged = heartbeat
+                log.error("the engine loop has not come round for %.0f s; threads:\n%s", stuck, runtime.thread_stacks())
             return f"the engine loop has not come round for {stuck:.0f} s"
         if self.audio is not None and not self.audio.thread.is_alive():
             return "the decoder's audio thread has stopped"

@@ -24,9 +24,11 @@ import json
 import logging
 import os
 import secrets
+import sys
 import tempfile
 import threading
 import time
+import traceback
 
 log = logging.getLogger("voxcpm_triton.runtime")
 
@@ -118,6 +120,13 @@ class Beacon:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def thread_stacks() -> str:
+    """Every thread's Python stack, for a log line when something is stuck."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
 
 
 def _alive(pid: int) -> bool:
