@@ -54,18 +54,19 @@ def test_kernel_matches_the_layers(C, T, dilation, with_prev):
     assert (y - want).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("C,L,T", [(20, 54, 3), (5, 6, 300), (9, 18, 18)])
-def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T):
+@pytest.mark.parametrize("C,L,T,scale", [(20, 54, 3, 1), (5, 6, 300, 1), (9, 18, 18, 1), (9, 18, 300, 100)])
+def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     """Fewer new frames than saved ones (the tail then holds saved frames), several time blocks,
-    a partial channel block; x strided along batch and channels as a sliced activation is."""
+    a partial channel block; x strided along batch and channels as a sliced activation is. scale 100:
+    sine arguments in the hundreds, where the GPU's approximate sine is least accurate."""
     g = torch.Generator().manual_seed(C * T)
     prev = torch.randn(2, C, L, generator=g).to(DEV)
-    x = torch.randn(3, C + 1, T, generator=g).to(DEV)[1:, :C]
+    x = scale * torch.randn(3, C + 1, T, generator=g).to(DEV)[1:, :C]
     alpha = (0.5 + torch.rand(1, C, 1, generator=g)).to(DEV)
     want = torch.cat([prev, snake(x, alpha)], -1)
     full, tail = snake_extend(prev, x, alpha)
     assert full.shape == want.shape and tail.shape == prev.shape and tail.is_contiguous()
-    assert (full - want).abs().max().item() <= 1e-5
+    assert (full - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
     assert torch.equal(tail, full[..., -L:])
 
 
@@ -160,13 +161,35 @@ def test_decoder_at_a_lower_precision_is_close_to_fp32(precision):
         err = (one_shot - want).abs().max().item()
         assert 0 < err <= tol, (kernels, err, tol)
         state, parts = low.new_stream_state(2), []
-        assert all(s.dtype == low.decode_dtype for s in state)
         for a, b in ((0, 1), (1, 2), (2, 5)):
+            assert all(s.dtype == low.decode_dtype for s in state)
             audio, state = low.decode_chunk(z[..., a:b], state)
             parts.append(audio)
-        assert (torch.cat(parts, -1) - want).abs().max().item() <= tol
+        # Streamed in chunks, the same decoder gives its one-shot audio (the state carries every frame).
+        same = 1e-6 if DEV.type == "cpu" else 1e-2  # a GPU picks conv kernels per length
+        assert (torch.cat(parts, -1) - one_shot).abs().max().item() <= same * want.abs().max().item(), kernels
 
 
-def test_unknown_decode_precision_is_refused():
+def test_decode_precision_is_set_once_and_state_must_match_it():
+    vae = AudioVAE(AudioVAEConfig.from_dict(REALISH))
     with pytest.raises(ValueError, match="fp8"):
-        AudioVAE(AudioVAEConfig.from_dict(REALISH)).set_decode_precision("fp8")
+        vae.set_decode_precision("fp8")
+    fp32_state = vae.new_stream_state(1)
+    vae.set_decode_precision("bf16").set_decode_precision("bf16")  # the same again is no change
+    with pytest.raises(ValueError, match="already"):
+        vae.set_decode_precision("fp16")
+    with pytest.raises(ValueError, match="stream state tensor 0 is torch.float32"):
+        vae.decode_chunk(torch.zeros(1, 8, 1), fp32_state)
+
+
+def test_a_deferred_snake_still_runs_when_polyphase_is_turned_off():
+    """The snakes before the upsampling convs are deferred to them; the transposed conv's plain path
+    applies them too."""
+    plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
+    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
+    for m in fused.modules():
+        if isinstance(m, CausalConvTranspose1d):
+            m.polyphase = False
+    z = torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(4)).to(DEV)
+    want = plain.decode(z)
+    assert (fused.decode(z) - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())

@@ -99,7 +99,7 @@ class ContiguousKVCache:
 
 def load_audio_vae(path: str, device, triton_kernels: bool = False, compile: bool = False,
                    decode_precision: str = "fp32") -> tuple[VoxCPM2Config, AudioVAE]:
-    """The checkpoint's AudioVAE alone (fp32), for the VAE Triton models, built with its decoder's
+    """The checkpoint's AudioVAE alone, for the VAE Triton models, built with its decoder's
     backends: triton_kernels (`AudioVAE`: the `kernels.vae` kernels; the caller checks that they
     can run), compile (GPU: the snake activations torch.compile'd and warmed up here,
     `audio_vae.compile_snakes`) and decode_precision (the decoder's weights and activations:

@@ -3,7 +3,7 @@
 A depthwise residual unit is snake -> causal depthwise conv (kernel 7, dilation d) -> snake ->
 pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic CUDA kernel
 (cuDNN is not used), a large share of a streaming decode's GPU time, and each snake is another
-pass over the activations. Two kernels, each one pass:
+pass over the activations. Four kernels, each one pass:
 
 `snake_extend`: a snake written behind the look-back frames of the conv that follows it (a residual
 unit's first snake; the snakes before each upsampling conv and before the last conv), with the
@@ -51,9 +51,10 @@ if _HAVE_TRITON:
 
     @triton.jit
     def _snake(x, a, FAST_SIN: tl.constexpr):
-        """snake(x) = x + sin(a x)^2 / (a + 1e-9), in fp32. The precise sin (libdevice's range
-        reduction and polynomial) bounded these kernels by arithmetic, not memory; the GPU's own
-        sin.approx is off by ~1e-6 here, far below the TF32 convs' rounding around it."""
+        """snake(x) = x + sin(a x)^2 / (a + 1e-9), in fp32. The sine is the GPU's sin.approx, one
+        instruction where libdevice's precise sine reduces the range and evaluates a polynomial; its
+        error (~1e-6 at arguments of a few units, growing with their size) is far below the rounding
+        of the TF32 convs around it."""
         if FAST_SIN:
             s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [a * x], dtype=tl.float32,
                                           is_pure=True, pack=1)
@@ -128,7 +129,7 @@ if _HAVE_TRITON:
         v = tl.load(y_ptr + src, mask=mask).to(tl.float32) + bias[:, None]
         tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
 
-    _FAST_SIN = not interpreted(_dwconv_snake_kernel)
+    _FAST_SIN = not interpreted(_dwconv_snake_kernel) and torch.version.hip is None  # PTX: NVIDIA only
 else:
     _FAST_SIN = False
 

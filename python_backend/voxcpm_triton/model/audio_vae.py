@@ -154,8 +154,10 @@ class _Stream:
                 f"stream state tensor {self.i} has shape {tuple(prev.shape)}, expected "
                 f"{(x.shape[0], x.shape[1], ctx)}"
             )
+        if prev.dtype != x.dtype:
+            raise ValueError(f"stream state tensor {self.i} is {prev.dtype}, the decoder runs in {x.dtype}")
         self.i += 1
-        return prev.to(x.dtype)  # a no-op unless the caller's state is in another precision
+        return prev
 
     def keep(self, tail: Tensor) -> None:
         self.next.append(tail)
@@ -291,6 +293,8 @@ class CausalConvTranspose1d(nn.Module):
             # Frame t's samples need frames t - 1 and t: one frame of look-back (zeros when one-shot).
             x = with_lookback(x, self.ctx, st, self.pre_snake)
             return phase_interleave(F.conv1d(x, self.phase_weight()), self.bias, self.stride)
+        if self.pre_snake is not None:  # polyphase turned off after the snake was deferred to it
+            x = snake(x, self.pre_snake.alpha)
         if st is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, self.stride)
             return y[..., : y.shape[-1] - self.trim]
@@ -556,10 +560,14 @@ class AudioVAE(nn.Module):
 
     def set_decode_precision(self, precision: str) -> "AudioVAE":
         """Cast the decoder's weights (the encoder stays fp32) to `precision`, one of
-        DECODE_PRECISIONS; its activations and stream state follow."""
+        DECODE_PRECISIONS; its activations and stream state follow. Once, from the fp32 weights as
+        loaded, and before anything holds stream state or CUDA graphs of this decoder (`VAEStreams`)."""
         if precision not in DECODE_PRECISIONS:
             raise ValueError(f"VAE decode precision must be one of {sorted(DECODE_PRECISIONS)}, got {precision!r}")
-        self.decoder.to(DECODE_PRECISIONS[precision])
+        dtype = DECODE_PRECISIONS[precision]
+        if self.decode_dtype not in (torch.float32, dtype):
+            raise ValueError(f"the VAE decoder is already {self.decode_dtype}: cast it once, from fp32")
+        self.decoder.to(dtype)
         for m in self.decoder.modules():  # the polyphase weight is rebuilt from the cast weight
             if isinstance(m, CausalConvTranspose1d):
                 m._phase_w = (None, None)
