@@ -126,11 +126,25 @@ class DecoderModel:
         if stuck > ENGINE_STUCK_S:
             if self._stuck_logged != heartbeat:  # once per stall: where every thread is
                 self._stuck_logged = heartbeat
-                log.error("the engine loop has not come round for %.0f s; threads:\n%s", stuck, runtime.thread_stacks())
+                log.error("the engine loop has not come round for %.0f s%s; threads:\n%s", stuck, self._gpu_state(),
+                          runtime.thread_stacks())
             return f"the engine loop has not come round for {stuck:.0f} s"
         if self.audio is not None and not self.audio.thread.is_alive():
             return "the decoder's audio thread has stopped"
         return self.engine.status()
+
+    def _gpu_state(self) -> str:
+        """Whether the GPU has finished what the engine's and the audio thread's streams were given:
+        a stuck loop waiting on unfinished GPU work is a hang on the device, not on the host."""
+        if self.vox.device.type != "cuda":
+            return ""
+        try:
+            done = {"engine": torch.cuda.default_stream(self.vox.device).query()}
+            if self.audio is not None and self.audio.cuda_stream is not None:
+                done["audio"] = self.audio.cuda_stream.query()
+        except Exception as e:  # noqa: BLE001 - a diagnostic only
+            return f" (GPU state unknown: {e})"
+        return " (GPU work finished: " + ", ".join(f"{k} stream {'yes' if v else 'NO'}" for k, v in done.items()) + ")"
 
     def _prompt(self, request):
         ids, n_target = get(request, "TOKEN_IDS"), _scalar(request, "TARGET_TOKENS", int)
