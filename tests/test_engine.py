@@ -663,6 +663,57 @@ def test_prefix_cached_requests_equal_their_uncached_runs(vox):
         assert_same(got, solo(vox, p, **gen))
 
 
+def test_packed_prefill_graph_bodies_equal_solo_runs(vox):
+    """The GPU's packed prefill graphs (`prefill_packs`): prompts admitted together run as rows of
+    the decode attention, padded to a total-length bucket; on the CPU the same padded body runs
+    eagerly. A voice's first request (a pack of one) fills the prefix cache; then six are admitted
+    at once: cached prefixes and none, more positions than one bucket holds (split into packs, in
+    order), and one prompt longer than every bucket (the eager packed path, alone). Every result
+    equals its solo run, and the blocks all come back."""
+    from voxcpm_triton.engine.prefill_packs import PackedPrefillGraphs
+
+    bs = 4
+    eng = Engine(vox, EngineConfig(num_blocks=300, block_size=bs, max_batch_size=8))
+    first = ref_prompt(vox, "One.")
+    texts = ["A somewhat longer sentence for the cache.", "你好世界", "Three words here.", "One."]
+    specs = [(f"v{i}", ref_prompt(vox, t), dict(seed=10 + i, max_len=[6, 12, 6, 6][i], min_len=0))
+             for i, t in enumerate(texts)]
+    specs.append(("plain", prompt_for(vox, "zero_shot", "No voice at all."), dict(seed=20, max_len=6)))
+    long_text = "A prompt longer than every bucket of the packed graphs, so it prefills eagerly. " * 3
+    specs.append(("long", prompt_for(vox, "zero_shot", long_text), dict(seed=21, max_len=4)))
+    top = len(specs[0][1])  # the largest bucket: two packs at least, and "long" past it
+    assert len(specs[-1][1]) > top > max(len(first), *(len(p) for _, p, _ in specs[1:-1]))
+    pg = eng.pack_graphs = PackedPrefillGraphs(eng.model, eng.kv, "cpu", 8, eng.max_blocks_per_seq,
+                                               buckets=(16, top), use_triton=False)
+    packs, eager = [], []
+    run, eager_run = pg.run, eng.model.prefill
+    pg.run = lambda prompts, starts, *a, **kw: packs.append((len(prompts), list(starts))) or run(
+        prompts, starts, *a, **kw)
+    eng.model.prefill = lambda *a, **kw: eager.append(a[0].shape[1]) or eager_run(*a, **kw)
+    results = {}
+    try:
+        results["first"] = eng.submit(EngineRequest("first", first, seed=1, max_len=6)).result(timeout=TIMEOUT)
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+        with eng._lock:  # one admission
+            handles = {rid: eng.submit(EngineRequest(rid, p, **gen)) for rid, p, gen in specs}
+        results.update({rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()})
+        wait_for(lambda: eng.stats()["in_flight_ids"] == 0)
+        stats = eng.stats()
+    finally:
+        del eng.model.prefill
+        eng.shutdown()
+    assert packs[0] == (1, [0]), packs
+    assert len(packs) >= 3 and sum(k for k, _ in packs[1:]) == len(specs) - 1, packs
+    assert any(c > 0 for _, starts in packs[1:] for c in starts)  # cached prefixes rode in the packs
+    assert eager.count(len(specs[-1][1])) == 1, eager  # "long": eager, with no cached prefix
+    assert stats["prefix_cache_hits"] >= 4
+    assert stats["free_blocks"] == stats["total_blocks"]
+    for rid, p, gen in [("first", first, dict(seed=1, max_len=6))] + specs:
+        got, fin = results[rid]
+        assert fin.error is None, (rid, fin)
+        assert_same(got, solo(vox, p, **gen))
+
+
 def test_packed_prefill_after_cached_prefixes_on_the_triton_path(checkpoint_dirs):
     """The GPU attention path (Triton kernels, interpreted here): two requests admitted together
     after a voice's first one prefill in one packed pass whose attention is the decode kernel with

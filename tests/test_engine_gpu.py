@@ -149,7 +149,7 @@ def test_graphs_compile_and_kernels_give_the_eager_engines_latents(checkpoint_di
 def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_dirs):
     """As served (bf16, CUDA graphs, Triton attention): a voice's second request prefills after its
     cached prefix in a context graph (positions offset on the device, attention through the block
-    table), two more admitted together take the packed eager path after it; each one's latents
+    table), two more admitted together take a packed prefill graph after it; each one's latents
     match an engine without the cache (cosine >= 0.999), and nothing is captured while serving."""
     # python -m pytest -q tests/test_engine_gpu.py -k prefix_cached   (on a GPU machine)
     import torch.nn.functional as F
@@ -171,7 +171,7 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
         starts, run = [], pg.run
         pg.run = lambda prompt, slots, start=0, block_table=None, **kw: starts.append(start) or run(
             prompt, slots, start, block_table, **kw)
-        captured = (dict(pg.graphs), dict(pg.context_graphs), eng.runner.captures)
+        captured = (dict(pg.graphs), dict(pg.context_graphs), dict(eng.pack_graphs.graphs), eng.runner.captures)
         try:
             out = {rid: eng.submit(EngineRequest(rid, prompts[rid], **gen[rid])).result(timeout=TIMEOUT)
                    for rid in ("first", "lone")}
@@ -181,7 +181,7 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
             stats = eng.stats()
         finally:
             eng.shutdown()
-        assert (pg.graphs, pg.context_graphs, eng.runner.captures) == captured
+        assert (pg.graphs, pg.context_graphs, eng.pack_graphs.graphs, eng.runner.captures) == captured
         assert len(pg.context_graphs) == (len(pg.buckets) if caching else 0)
         if caching:
             assert starts[0] == 0 and starts[1] > 0 and len(starts) == 2, starts  # the pair: packed path
@@ -194,6 +194,67 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
         assert fin_c.error is None and fin_u.error is None
         cos = F.cosine_similarity(got.flatten(1), want.flatten(1), dim=1).min().item()
         assert cos >= 0.999, (rid, cos)
+
+
+def test_packed_prefill_graphs_give_the_eager_packed_prefills_latents(checkpoint_dirs):
+    """A burst as served (CUDA graphs, compile, Triton attention), fp32 as in the test above: seven
+    prompts admitted at once (a voice's prompts after its cached blocks and plain ones) prefill
+    in packed graphs (the rows of the paged decode kernel, padded to a bucket), split in two packs
+    at least by small buckets; the same engine without pack graphs prefills them eagerly in one
+    packed call. Every request's latents agree (<= 1e-3), every pack replayed a graph captured at
+    start-up, and none was captured while serving."""
+    # python -m pytest -q tests/test_engine_gpu.py -k packed_prefill_graphs   (on a GPU machine)
+    from tests.conftest import sine_wave
+
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="float32")
+    rate = vox.encode_sample_rate
+    ref = sine_wave(2.0, rate, 170.0, 3)
+    voiced = ["The voice's first words.", "Two at once.", "Another sentence entirely, and a longer one.", "Short."]
+    plain = ["No voice here.", "Nor here, a little longer than that.", "Last."]
+    prompts = {"first": vox.prepare_prompt("Its cache.", reference_audio=ref, reference_sample_rate=rate)}
+    prompts.update({f"v{i}": vox.prepare_prompt(t, reference_audio=ref, reference_sample_rate=rate)
+                    for i, t in enumerate(voiced)})
+    prompts.update({f"p{i}": vox.prepare_prompt(t) for i, t in enumerate(plain)})
+    gen = {rid: dict(seed=i, min_len=8, max_len=8) for i, rid in enumerate(prompts)}
+    burst = [rid for rid in prompts if rid != "first"]
+    bs, buckets = 4, (16, 32, 48)
+    cached = (len(prompts["first"]) - 1) // bs * bs  # at most: the voice's blocks before its text
+    assert max(len(prompts[rid]) for rid in burst) <= buckets[-1]  # each fits a pack
+    assert sum(len(prompts[rid]) for rid in burst) > cached * len(voiced) + buckets[-1]  # two packs at least
+    results, packs = {}, []
+    for packed in (True, False):
+        eng = Engine(vox, EngineConfig(num_blocks=512, block_size=bs, max_batch_size=8,
+                                       prefill_pack_graphs=packed, prefill_pack_buckets=buckets))
+        pp = eng.pack_graphs
+        assert (pp is not None) == packed
+        if packed:
+            assert tuple(pp.graphs) == buckets
+            captured, run = (dict(pp.graphs), eng.runner.captures), pp.run
+            pp.run = lambda p, starts, *a, **kw: packs.append((len(p), list(starts))) or run(p, starts, *a, **kw)
+            lone = eng.prefill_graphs.run  # a pack of one takes the lone prompt's graph
+            eng.prefill_graphs.run = lambda p, slots, start=0, *a, **kw: packs.append((1, [start])) or lone(
+                p, slots, start, *a, **kw)
+        try:
+            out = {"first": eng.submit(EngineRequest("first", prompts["first"], **gen["first"])).result(timeout=TIMEOUT)}
+            with eng._lock:  # one admission
+                handles = {rid: eng.submit(EngineRequest(rid, prompts[rid], **gen[rid])) for rid in burst}
+            out.update({rid: h.result(timeout=TIMEOUT) for rid, h in handles.items()})
+        finally:
+            eng.shutdown()
+        if packed:
+            assert (pp.graphs, eng.runner.captures) == captured
+        results[packed] = out
+        del eng
+        torch.cuda.empty_cache()
+    assert packs[0] == (1, [0]) and sum(k for k, _ in packs[1:]) == len(burst), packs  # "first", then the burst
+    assert sum(k > 1 for k, _ in packs) >= 2, packs
+    assert any(c > 0 for k, starts in packs if k > 1 for c in starts), packs  # cached prefixes in the packs
+    for rid in prompts:
+        (got, fin_g), (want, fin_e) = results[True][rid], results[False][rid]
+        assert fin_g.error is None and fin_e.error is None, (rid, fin_g, fin_e)
+        assert torch.isfinite(got).all() and got.abs().max() > 0.1, rid
+        err = (got - want).abs().max().item()
+        assert err <= 1e-3, (rid, err)
 
 
 def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoint_dirs):

@@ -44,6 +44,7 @@ from ..model.lora import LoraBatch
 from ..model.lora_merge import MergedWeights
 from .cuda_graph import capture_graph
 from .host_copies import to_device
+from .prefill_packs import PACK_BUCKETS, PackedPrefillGraphs
 from .prefill_runner import PrefillGraphs
 from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
@@ -69,6 +70,10 @@ class EngineConfig:
     # The attention kernels and torch.compile are the VoxCPM2's (`VoxCPM2.from_pretrained(attention=,
     # compile=)`): the engine follows what its model was built with.
     prefill_graphs: bool = True  # a lone prompt's prefill as a CUDA graph per length bucket (GPU with graphs)
+    # With prefill_graphs and the Triton attention: prompts admitted together prefill as one CUDA
+    # graph per total-length bucket (`prefill_packs`), not as one eager packed call.
+    prefill_pack_graphs: bool = True
+    prefill_pack_buckets: tuple = PACK_BUCKETS  # their total new positions; a longer pack is split
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
     timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
@@ -124,6 +129,7 @@ class Engine:
         self.max_positions = vox.cfg.max_length
         self.max_blocks_per_seq = math.ceil(self.max_positions / self.cfg.block_size)
         self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
+        self.pack_graphs: PackedPrefillGraphs | None = None  # GPU: prompts admitted together replay one
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
@@ -208,6 +214,11 @@ class Engine:
                 self.model, self.kv, self.device, pool=self.runner.graph_pool, use_triton=self.runner.use_triton,
                 max_blocks=self.max_blocks_per_seq if self.cfg.enable_prefix_caching else None, lora=self.runner.lora)
             self.prefill_graphs.capture_all()
+            if self.cfg.prefill_pack_graphs and self.runner.use_triton:
+                self.pack_graphs = PackedPrefillGraphs(
+                    self.model, self.kv, self.device, self.cfg.max_batch_size, self.max_blocks_per_seq,
+                    buckets=self.cfg.prefill_pack_buckets, pool=self.prefill_graphs.pool, lora=self.runner.lora)
+                self.pack_graphs.capture_all()
         torch.cuda.synchronize(self.device)
         self.startup_s = {"decode_graphs": t1 - t0, "prefill_warm_up": t2 - t1,
                           "prefill_graphs": time.monotonic() - t2}
@@ -421,10 +432,28 @@ class Engine:
             by_adapter.setdefault(st.lora_slot, []).append(st)
         for slot, group in by_adapter.items():
             run = functools.partial(self._run_prefill, lora_slot=self.lora_weights.for_prefill(slot))
-            for st, _ in self._isolated(group, run, "prefill"):
-                # Its prefill is launched on the engine's one GPU stream: whatever reads these blocks
-                # later (another request's prefill or step) is queued after their writes.
-                self.scheduler.cache_prompt(st)
+            for pack in self._packs(group):
+                for st, _ in self._isolated(pack, run, "prefill"):
+                    # Its prefill is launched on the engine's one GPU stream: whatever reads these
+                    # blocks later (another request's prefill or step) is queued after their writes.
+                    self.scheduler.cache_prompt(st)
+
+    def _packs(self, states: list[RequestState]) -> list[list[RequestState]]:
+        """`states` split, in order, into packs that each fit one packed prefill graph (all of them
+        as one pack without those graphs; a prompt too long for any runs alone)."""
+        pg = self.pack_graphs
+        if pg is None or len(states) == 1:
+            return [states]
+        bs = self.cfg.block_size
+        packs, positions = [[]], 0
+        for st in states:
+            n = st.prompt_len - st.cached_blocks * bs
+            if packs[-1] and not pg.fits(positions + n, len(packs[-1]) + 1):
+                packs.append([])
+                positions = 0
+            packs[-1].append(st)
+            positions += n
+        return packs
 
     def _isolated(self, states: list[RequestState], run, what: str) -> list:
         """run(states) -> one result per state. If the batch raises, each state is rerun alone so
@@ -452,11 +481,16 @@ class Engine:
         dev, bs = self.device, self.cfg.block_size
         prompts = [st.req.prompt for st in states]
         starts = [st.cached_blocks * bs for st in states]
-        pg = self.prefill_graphs
+        pg, packed = self.prefill_graphs, self.pack_graphs
+        new_positions = sum(len(p) - c for p, c in zip(prompts, starts))
         if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
             st, c = states[0], starts[0]
             lm_h, res_h = pg.run(prompts[0], self._slots(st, c, st.prompt_len), c, st.block_table,
                                  lora_slot=lora_slot)
+        elif packed is not None and packed.fits(new_positions, len(states)):
+            slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
+            tables = [st.block_table[:-(-st.prompt_len // bs)] for st in states]
+            lm_h, res_h = packed.run(prompts, starts, slots, tables, lora_slot=lora_slot)
         else:
             seq = [0]
             for p, c in zip(prompts, starts):

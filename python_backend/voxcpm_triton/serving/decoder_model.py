@@ -89,6 +89,7 @@ class DecoderModel:
             timestep_buckets=params["timestep_buckets"],
             enable_prefix_caching=params["enable_prefix_caching"],
             lora_merge=params["lora_merge"],
+            prefill_pack_graphs=params["prefill_pack_graphs"],
         )
         t1 = time.monotonic()
         # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.

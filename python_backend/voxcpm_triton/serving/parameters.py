@@ -146,6 +146,9 @@ PARAMETERS: tuple[Param, ...] = (
           "with decode_audio: a step whose running rows all fill their first chunks (a lone request, a "
           "burst's first wave) has that audio decoded before the next step starts, so a newcomer's first "
           "audio does not wait behind a step; no request already playing is held back"),
+    Param("decoder", "prefill_pack_graphs", "bool", "true",
+          "GPU with cuda_graphs: prompts admitted together (a burst) prefill as one CUDA graph per total-length "
+          "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),

@@ -1,0 +1,149 @@
+"""Prompts admitted together (a burst's wave) prefilled as one CUDA graph per total-length bucket
+(GPU with the Triton attention kernels).
+
+Eagerly, a pack of prompts is launch-bound: several hundred kernels launched from Python, and a
+causal attention per prompt and layer, so a wave of a few prompts holds the engine thread (and
+every running stream's next step) for tens of milliseconds. In these graphs every new prompt
+position is a query row of the paged decode kernel (`PrefillRowsMetadata`): its K/V written
+first, then attending causally through its prompt's block table. The shapes then depend only on
+the bucket, whatever the prompts' count, lengths and cached prefixes.
+
+A pack of S positions runs in the smallest bucket N >= S. Rows S..N-1 are padding: position 0 of
+a table that holds only the scratch block, whose K/V they write. Each row's block table is its
+prompt's row of a [max_prompts + 1, max_blocks] buffer (the last row: the padding's), gathered
+on the device; each prompt's result is read at its last row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..model.lora import LoraBatch, LoraTables
+from .attention import PagedAttention, PrefillRowsMetadata
+from .buckets import smallest_at_least
+from .cuda_graph import capture_graph
+from .host_copies import to_device
+from .kv_cache import PagedKVCache
+
+log = logging.getLogger("voxcpm_triton.engine")
+
+PACK_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+
+
+class PackedPrefillGraphs:
+    def __init__(self, model, kv: PagedKVCache, device, max_prompts: int, max_blocks: int,
+                 buckets=PACK_BUCKETS, pool=None, use_triton: bool = True, lora: LoraTables | None = None):
+        """max_prompts: prompts per pack at most (the engine's rows); max_blocks: the widest block
+        table (the engine's max_blocks_per_seq). use_triton: attention on the paged decode kernel
+        (on the PyTorch path each row gathers its whole table: for CPU tests)."""
+        self.model, self.kv, self.device = model, kv, torch.device(device)
+        self.buckets = tuple(sorted(buckets))
+        self.max_prompts, self.max_blocks, self.use_triton = max_prompts, max_blocks, use_triton
+        self.max_positions = model.cfg.lm_config.max_position_embeddings  # RoPE tables' length
+        L, cfg, dev = self.buckets[-1], model.cfg, self.device
+        H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
+        self.tokens = torch.zeros(1, L, dtype=torch.int64, device=dev)
+        self.text_mask = torch.zeros(1, L, device=dev)
+        self.audio_mask = torch.zeros(1, L, device=dev)
+        self.feats = torch.zeros(L, P, D, device=dev)  # [:n][None] is contiguous (compiled LocEnc's guards)
+        self.positions = torch.zeros(1, L, dtype=torch.int64, device=dev)
+        self.slots = torch.zeros(L, dtype=torch.int64, device=dev)
+        self.row_prompt = torch.full((L,), max_prompts, dtype=torch.int64, device=dev)
+        self.context_lens = torch.ones(L, dtype=torch.int64, device=dev)
+        self.tables = torch.full((max_prompts + 1, max_blocks), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64,
+                                 device=dev)
+        self.last = torch.zeros(max_prompts, dtype=torch.int64, device=dev)
+        dtype = model.fusion_concat_proj.weight.dtype
+        self.lm_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
+        self.res_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
+        bs = kv.block_size
+        self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L) % bs  # host: padding rows' slots
+        self.lora = lora
+        self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.pool = pool
+        self.graphs: dict = {}
+
+    def fits(self, positions: int, prompts: int) -> bool:
+        """Whether a pack of `prompts` prompts with `positions` new positions in all has a graph."""
+        return 1 <= prompts <= self.max_prompts and 1 <= positions <= self.buckets[-1]
+
+    def _body(self, n: int):
+        meta = PrefillRowsMetadata(self.slots[:n], self.tables.index_select(0, self.row_prompt[:n]),
+                                   self.context_lens[:n])
+        lm, res = self.model.prefill(
+            self.tokens[:, :n], self.text_mask[:, :n], self.audio_mask[:, :n], self.feats[:n][None],
+            self.positions[:, :n], self.last,
+            PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.use_triton),
+            PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.use_triton),
+            lora=None if self.lora is None else LoraBatch(self.lora, self.lora_slot, single=True))
+        self.lm_out.copy_(lm)
+        self.res_out.copy_(res)
+
+    def capture_all(self):
+        t0 = time.monotonic()
+        self._fill_padding(0, self.buckets[-1])  # capture and its warm-up touch only the scratch block
+        for n in self.buckets:
+            try:
+                graph = capture_graph(lambda n=n: self._body(n), self.device, self.pool)
+            except Exception as e:  # noqa: BLE001 - packs of that size run eagerly
+                log.warning("packed prefill graph capture failed for %d positions (%s); eager for those", n, e)
+                torch.cuda.synchronize(self.device)
+                continue
+            self.pool = graph.pool()
+            self.graphs[n] = graph
+        log.warning("captured %d packed prefill graphs in %.1f s", len(self.graphs), time.monotonic() - t0)
+
+    def _fill_padding(self, start: int, end: int):
+        if end > start:
+            dev = self.device
+            for buf in (self.tokens, self.text_mask, self.audio_mask, self.positions):
+                buf[0, start:end] = 0
+            self.feats[start:end] = 0
+            self.slots[start:end] = to_device(self.scratch[start:end], dev)
+            self.row_prompt[start:end] = self.max_prompts
+            self.context_lens[start:end] = 1
+
+    def run(self, prompts: list, starts: list[int], slots: list[int], tables: list[list[int]],
+            lora_slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """prompts: Prompts, the first starts[i] positions of prompt i cached (their K/V in its
+        blocks); slots: the KV slots of every new position, prompt after prompt; tables: each
+        prompt's blocks from position 0 -> (lm_hidden [k, H], residual_hidden [k, H]) at each
+        prompt's last position. lora_slot: their adapter's slot (0: the base model). Replays the
+        bucket's graph; runs the same padded body eagerly where there is none (CPU tests)."""
+        k = len(prompts)
+        lens = [len(p) - c for p, c in zip(prompts, starts)]
+        S = sum(lens)
+        if not self.fits(S, k):
+            raise ValueError(f"a pack of {k} prompts and {S} positions has no graph")
+        if any(len(p) > self.max_positions for p in prompts) or any(len(t) > self.max_blocks for t in tables):
+            raise ValueError("a prompt of the pack is longer than the model's positions")
+        n, dev = smallest_at_least(self.buckets, S), self.device
+        positions = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])
+        cat = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])  # noqa: E731
+        self.tokens[0, :S] = to_device(cat("tokens"), dev)
+        self.text_mask[0, :S] = to_device(cat("text_mask"), dev)
+        self.audio_mask[0, :S] = to_device(cat("audio_mask"), dev)
+        self.feats[:S] = to_device(cat("feats"), dev)
+        self.positions[0, :S] = to_device(positions, dev)
+        self.slots[:S] = to_device(torch.tensor(slots, dtype=torch.int64), dev)
+        self.row_prompt[:S] = to_device(torch.repeat_interleave(torch.arange(k), torch.tensor(lens)), dev)
+        self.context_lens[:S] = to_device(positions + 1, dev)
+        self._fill_padding(S, n)
+        table = torch.full((k, self.max_blocks), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64)
+        for i, t in enumerate(tables):
+            table[i, :len(t)] = torch.tensor(t, dtype=torch.int64)
+        self.tables[:k] = to_device(table, dev)
+        last = torch.zeros(self.max_prompts, dtype=torch.int64)
+        last[:k] = torch.tensor(lens).cumsum(0) - 1
+        self.last.copy_(to_device(last, dev))
+        if self.lora is not None:
+            self.lora_slot.fill_(lora_slot)
+        graph = self.graphs.get(n)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._body(n)
+        return self.lm_out[:k].clone(), self.res_out[:k].clone()
