@@ -50,7 +50,7 @@ def wave(eng, vox, prompt, n: int, tag: str, steps: int = 20) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--max-batch", type=int, default=64, help="the decoder's max_batch_size (config.pbtxt: 64)")
+    ap.add_argument("--max-batch", type=int, default=128, help="the decoder's max_batch_size (config.pbtxt: 128)")
     ap.add_argument("--out", help="write the phases as JSON here")
     ap.add_argument("--bursts", default="", help="after start-up, waves of this many requests at once (e.g. 1,7,16)")
     a = ap.parse_args()

@@ -40,7 +40,7 @@ def test_the_dtype_choices_are_the_models():
 def test_values_are_typed_and_bad_ones_name_the_parameter_and_what_is_allowed():
     v = parse_values("decoder", {"chunk_schedule": "1, 4,16", "cuda_graphs": " Off ", "kv_cache_mb": "512.5"})
     assert v["chunk_schedule"] == (1, 4, 16) and v["cuda_graphs"] is False and v["kv_cache_mb"] == 512.5
-    assert v["max_batch_size"] == 64 and v["num_blocks"] is None and v["attention"] == "auto"
+    assert v["max_batch_size"] == 128 and v["num_blocks"] is None and v["attention"] == "auto"
     assert parse_values("vae_decoder", {"compile": "yes", "max_streams": ""})["max_streams"] == 256
     bad = {
         ("decoder", "attention", "tritno"): "must be one of auto, triton, torch, got 'tritno'",

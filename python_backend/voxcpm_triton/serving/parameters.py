@@ -105,7 +105,7 @@ PARAMETERS: tuple[Param, ...] = (
     *(Param(m, "device", "str", "", _DEVICE_DOC, env="VOXCPM_DEVICE") for m in ("decoder", "vae_encoder", "vae_decoder")),
     Param("decoder", "dtype", "choice", "", "weights and activations; empty: bfloat16 on a GPU, float32 on the CPU",
           DTYPES, env="VOXCPM_DTYPE"),
-    Param("decoder", "max_batch_size", "int", "64", "requests decoding together"),
+    Param("decoder", "max_batch_size", "int", "128", "requests decoding together"),
     Param("decoder", "max_waiting_requests", "int", "256", "requests queued for admission; one more is busy"),
     Param("decoder", "kv_cache_mb", "float", "", "KV cache size in MiB; empty: 25% of free GPU memory"),
     Param("decoder", "num_blocks", "int", "", "KV cache size in blocks, instead of kv_cache_mb; empty: from kv_cache_mb"),
