@@ -5,10 +5,12 @@
 
 For each setting an engine as served (bf16, compile, CUDA graphs, chunks 1,4,16) takes waves of
 requests submitted at once, each after the last has finished: every request with a text of its
-own (its first tokens differ, so no prefix is cached) and, separately, all with one text (every
-prompt after the wave's first shares its cached blocks). Per wave: ms from the submit to each
-request's first latent patch (p50, max), and the engine thread's time in `_prefill` (host time:
-eager prefills are launch-bound, graph replays are not). The median of --reps waves per size.
+own (its first tokens differ, so no prefix is cached) and, separately, all with one text (a wave
+is matched against the cache as it was before it: the text's first wave prefills every prompt
+whole, the later ones start every prompt from the text's cached blocks). Per wave: ms from the
+submit to each request's first latent patch (p50, max), and the engine thread's time in `_prefill`
+(host time: eager prefills are launch-bound, graph replays are not). Each figure is the median
+over --reps waves per size, taken column by column.
 """
 
 from __future__ import annotations

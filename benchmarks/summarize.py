@@ -2368,8 +2368,9 @@ def twenty_second_session(res) -> list[str]:
           f"an engine as served (bf16, compile, graphs, max batch 128) takes waves of requests submitted at "
           f"once, with and without the pack graphs, {burst_ab['reps']} waves per size (median); prompts of "
           f"{burst_ab['prompt_positions']} positions, each with its own text (no prefix cached) or all one text "
-          "(every prompt but the first after its cached blocks). ms from the submit to the first latent patch "
-          "(p50), and the engine thread's time in its prefills:", "",
+          "(the first wave of a size prefills every prompt whole, the later ones start every prompt from the "
+          "text's cached blocks). ms from the submit to the first latent patch (p50), and the engine thread's "
+          "time in its prefills, each the median of its column:", "",
           "| prompts | packed graphs: first patch / prefill host | eager packed: first patch / prefill host | "
           "first patch ratio |", "|---|---|---|---|"]
     for kind in ("distinct", "shared"):
@@ -2382,7 +2383,8 @@ def twenty_second_session(res) -> list[str]:
     md += ["", "**Served, one call, both servers** (call 4: `SET=\"decoder.timestep_buckets=10,100 "
            "decoder.prefill_pack_graphs={true,false}\" ARRIVALS=burst LEVELS=8,64,128 REQUESTS=2 bash "
            "benchmarks/run_served_gpu.sh`, `max_batch_size` 128 for both, `raw/served_twentysecond_call4_*.json`). "
-           "All streams start at once and send one text, so after the first wave the prompts share cached blocks:",
+           "All streams start at once and send one text, whose blocks are cached from the warm-up on: every "
+           "prompt prefills only its last block:",
            "", "| streams | pack graphs: TTFA p50 / p95 ms, smooth, x real time | eager packed | aggregate ratio |",
            "|---|---|---|---|"]
     for c in sorted(ab["on"]):
@@ -2392,9 +2394,11 @@ def twenty_second_session(res) -> list[str]:
                   f"{off['ttfa_ms']['p95']:.1f}, {off['smooth_playback_frac']:.0%}, {off['x_real_time']:.1f} | "
                   f"{on['x_real_time'] / off['x_real_time']:.2f}x |")
     md += ["", "The aggregate grows because the steps of the streams already playing no longer wait behind "
-           "tens of milliseconds of launches per wave; at 128 streams all at once the share that played "
+           "tens of milliseconds of launches per wave. At 128 streams all at once the share that played "
            f"smoothly went from {ab['off'][128]['smooth_playback_frac']:.0%} to "
-           f"{ab['on'][128]['smooth_playback_frac']:.0%}.", "",
+           f"{ab['on'][128]['smooth_playback_frac']:.0%} in this call; in the two sweeps below (two machines) it "
+           f"was {c1['burst'][128]['smooth_playback_frac']:.0%} without and {c3['burst'][128]['smooth_playback_frac']:.0%} "
+           "with the pack graphs, so the size of that gain is not settled.", "",
            "**The full sweep on the final code** (call 3, default parameters but `timestep_buckets` 10,100 for "
            "start-up; `ARRIVALS=burst,poisson LEVELS=1,8,32,64,96,128 REQUESTS=2`, "
            "`raw/served_twentysecond_call3_packs*.json`), against the same sweep without the pack graphs on "
@@ -2410,7 +2414,10 @@ def twenty_second_session(res) -> list[str]:
     md += ["", f"Capacity (every stream smooth and TTFA p95 <= 500 ms at every level up to it): burst "
            f"{cap['burst']}, Poisson {cap['poisson']} (call 1: {cap1['burst']} and {cap1['poisson']}; the "
            "seventeenth session's H100 sweep at `max_batch_size` 64: 64 and 64). The burst figure stops at 64 "
-           f"because at 96 streams one stream of 192 underran (in both calls). 64 served streams made "
+           f"because at 96 streams one stream of 192 underran (in both calls). The Poisson figures differ by "
+           f"{round((1 - c1['poisson'][96]['smooth_playback_frac']) * c1['poisson'][96]['requests'])} streams of "
+           f"{c1['poisson'][96]['requests']} that underran at 96 streams in call 1, on another machine: not a "
+           "measured effect of the pack graphs. 64 served streams made "
            f"{b[64]['x_real_time']:.0f}x, {b[64]['x_real_time'] / engine64:.2f} of the engine's batch 64 "
            f"({engine64:.0f}x, twentieth session, another call).", "",
            "**Correctness.** `gpu_check.py` passes every check on this code (call 2, "

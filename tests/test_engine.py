@@ -667,9 +667,10 @@ def test_packed_prefill_graph_bodies_equal_solo_runs(vox):
     """The GPU's packed prefill graphs (`prefill_packs`): prompts admitted together run as rows of
     the decode attention, padded to a total-length bucket; on the CPU the same padded body runs
     eagerly. A voice's first request (a pack of one) fills the prefix cache; then six are admitted
-    at once: cached prefixes and none, more positions than one bucket holds (split into packs, in
-    order), and one prompt longer than every bucket (the eager packed path, alone). Every result
-    equals its solo run, and the blocks all come back."""
+    at once: cached prefixes and none, more prompts than a pack takes (split into packs, in order),
+    one prompt with more new positions than a pack allows one prompt and one longer than every
+    bucket (each on the eager path, alone). Every result equals its solo run, and the blocks all
+    come back."""
     from voxcpm_triton.engine.prefill_packs import PackedPrefillGraphs
 
     bs = 4
@@ -683,8 +684,8 @@ def test_packed_prefill_graph_bodies_equal_solo_runs(vox):
     specs.append(("long", prompt_for(vox, "zero_shot", long_text), dict(seed=21, max_len=4)))
     top = len(specs[0][1])  # the largest bucket: two packs at least, and "long" past it
     assert len(specs[-1][1]) > top > max(len(first), *(len(p) for _, p, _ in specs[1:-1]))
-    pg = eng.pack_graphs = PackedPrefillGraphs(eng.model, eng.kv, "cpu", 8, eng.max_blocks_per_seq,
-                                               buckets=(16, top), use_triton=False)
+    pg = eng.pack_graphs = PackedPrefillGraphs(eng.model, eng.kv, "cpu", 3, eng.max_blocks_per_seq,
+                                               buckets=(16, top), use_triton=False, max_prompt_positions=24)
     packs, eager = [], []
     run, eager_run = pg.run, eng.model.prefill
     pg.run = lambda prompts, starts, *a, **kw: packs.append((len(prompts), list(starts))) or run(
@@ -703,9 +704,10 @@ def test_packed_prefill_graph_bodies_equal_solo_runs(vox):
         del eng.model.prefill
         eng.shutdown()
     assert packs[0] == (1, [0]), packs
-    assert len(packs) >= 3 and sum(k for k, _ in packs[1:]) == len(specs) - 1, packs
+    by_eager = [n for n in eager if n not in pg.buckets]  # prefills that ran no pack body
+    assert len(by_eager) == 2 and 24 < by_eager[0] <= top and by_eager[1] == len(specs[-1][1]), eager
+    assert sum(k for k, _ in packs[1:]) == len(specs) - 2 and max(k for k, _ in packs) == 3, packs
     assert any(c > 0 for _, starts in packs[1:] for c in starts)  # cached prefixes rode in the packs
-    assert eager.count(len(specs[-1][1])) == 1, eager  # "long": eager, with no cached prefix
     assert stats["prefix_cache_hits"] >= 4
     assert stats["free_blocks"] == stats["total_blocks"]
     for rid, p, gen in [("first", first, dict(seed=1, max_len=6))] + specs:

@@ -440,19 +440,19 @@ class Engine:
 
     def _packs(self, states: list[RequestState]) -> list[list[RequestState]]:
         """`states` split, in order, into packs that each fit one packed prefill graph (all of them
-        as one pack without those graphs; a prompt too long for any runs alone)."""
+        as one pack without those graphs); a prompt too long for any runs alone (eagerly)."""
         pg = self.pack_graphs
         if pg is None or len(states) == 1:
             return [states]
         bs = self.cfg.block_size
-        packs, positions = [[]], 0
+        packs, positions, longest = [[]], 0, 0
         for st in states:
             n = st.prompt_len - st.cached_blocks * bs
-            if packs[-1] and not pg.fits(positions + n, len(packs[-1]) + 1):
+            if packs[-1] and not pg.fits(positions + n, len(packs[-1]) + 1, max(longest, n)):
                 packs.append([])
-                positions = 0
+                positions = longest = 0
             packs[-1].append(st)
-            positions += n
+            positions, longest = positions + n, max(longest, n)
         return packs
 
     def _isolated(self, states: list[RequestState], run, what: str) -> list:
@@ -482,12 +482,12 @@ class Engine:
         prompts = [st.req.prompt for st in states]
         starts = [st.cached_blocks * bs for st in states]
         pg, packed = self.prefill_graphs, self.pack_graphs
-        new_positions = sum(len(p) - c for p, c in zip(prompts, starts))
+        fresh = [len(p) - c for p, c in zip(prompts, starts)]  # new positions per prompt
         if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
             st, c = states[0], starts[0]
             lm_h, res_h = pg.run(prompts[0], self._slots(st, c, st.prompt_len), c, st.block_table,
                                  lora_slot=lora_slot)
-        elif packed is not None and packed.fits(new_positions, len(states)):
+        elif packed is not None and packed.fits(sum(fresh), len(states), max(fresh)):
             slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
             tables = [st.block_table[:-(-st.prompt_len // bs)] for st in states]
             lm_h, res_h = packed.run(prompts, starts, slots, tables, lora_slot=lora_slot)

@@ -8,6 +8,10 @@ position is a query row of the paged decode kernel (`PrefillRowsMetadata`): its 
 first, then attending causally through its prompt's block table. The shapes then depend only on
 the bucket, whatever the prompts' count, lengths and cached prefixes.
 
+Each query row reads its prompt's earlier keys on its own (no tiling across queries): cheap for
+the prompts of a burst, quadratic for a long one, so a prompt of more than `max_prompt_positions`
+new positions is left to the eager path (flash attention), alone.
+
 A pack of S positions runs in the smallest bucket N >= S. Rows S..N-1 are padding: position 0 of
 a table that holds only the scratch block, whose K/V they write. Each row's block table is its
 prompt's row of a [max_prompts + 1, max_blocks] buffer (the last row: the padding's), gathered
@@ -31,16 +35,21 @@ from .kv_cache import PagedKVCache
 log = logging.getLogger("voxcpm_triton.engine")
 
 PACK_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+MAX_PROMPT_POSITIONS = 512  # new positions of one prompt in a pack at most (the lone-prompt graphs' largest)
 
 
 class PackedPrefillGraphs:
     def __init__(self, model, kv: PagedKVCache, device, max_prompts: int, max_blocks: int,
-                 buckets=PACK_BUCKETS, pool=None, use_triton: bool = True, lora: LoraTables | None = None):
+                 buckets=PACK_BUCKETS, pool=None, use_triton: bool = True, lora: LoraTables | None = None,
+                 max_prompt_positions: int = MAX_PROMPT_POSITIONS):
         """max_prompts: prompts per pack at most (the engine's rows); max_blocks: the widest block
         table (the engine's max_blocks_per_seq). use_triton: attention on the paged decode kernel
         (on the PyTorch path each row gathers its whole table: for CPU tests)."""
         self.model, self.kv, self.device = model, kv, torch.device(device)
         self.buckets = tuple(sorted(buckets))
+        if not self.buckets or self.buckets[0] < 1 or max_prompts < 1:
+            raise ValueError(f"packed prefill buckets {buckets} and max_prompts {max_prompts} must be >= 1")
+        self.max_prompt_positions = max_prompt_positions
         self.max_prompts, self.max_blocks, self.use_triton = max_prompts, max_blocks, use_triton
         self.max_positions = model.cfg.lm_config.max_position_embeddings  # RoPE tables' length
         L, cfg, dev = self.buckets[-1], model.cfg, self.device
@@ -60,15 +69,17 @@ class PackedPrefillGraphs:
         self.lm_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
         self.res_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
         bs = kv.block_size
-        self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L) % bs  # host: padding rows' slots
+        self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L, device=dev) % bs  # padding rows' slots
         self.lora = lora
         self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
         self.pool = pool
         self.graphs: dict = {}
 
-    def fits(self, positions: int, prompts: int) -> bool:
-        """Whether a pack of `prompts` prompts with `positions` new positions in all has a graph."""
-        return 1 <= prompts <= self.max_prompts and 1 <= positions <= self.buckets[-1]
+    def fits(self, positions: int, prompts: int, longest: int) -> bool:
+        """Whether a pack of `prompts` prompts with `positions` new positions in all, `longest` the
+        most of one prompt, has a graph."""
+        return (1 <= prompts <= self.max_prompts and 1 <= positions <= self.buckets[-1]
+                and longest <= self.max_prompt_positions)
 
     def _body(self, n: int):
         meta = PrefillRowsMetadata(self.slots[:n], self.tables.index_select(0, self.row_prompt[:n]),
@@ -102,7 +113,7 @@ class PackedPrefillGraphs:
             for buf in (self.tokens, self.text_mask, self.audio_mask, self.positions):
                 buf[0, start:end] = 0
             self.feats[start:end] = 0
-            self.slots[start:end] = to_device(self.scratch[start:end], dev)
+            self.slots[start:end] = self.scratch[start:end]
             self.row_prompt[start:end] = self.max_prompts
             self.context_lens[start:end] = 1
 
@@ -116,10 +127,11 @@ class PackedPrefillGraphs:
         k = len(prompts)
         lens = [len(p) - c for p, c in zip(prompts, starts)]
         S = sum(lens)
-        if not self.fits(S, k):
-            raise ValueError(f"a pack of {k} prompts and {S} positions has no graph")
+        if not self.fits(S, k, max(lens)):
+            raise ValueError(f"a pack of {k} prompts and {S} new positions (at most {max(lens)} of one) has no graph")
         if any(len(p) > self.max_positions for p in prompts) or any(len(t) > self.max_blocks for t in tables):
-            raise ValueError("a prompt of the pack is longer than the model's positions")
+            raise ValueError(f"a prompt of the pack has more positions than the model's {self.max_positions} or "
+                             f"more blocks than {self.max_blocks}")
         n, dev = smallest_at_least(self.buckets, S), self.device
         positions = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])
         cat = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])  # noqa: E731
