@@ -25,12 +25,13 @@ import time
 
 import torch
 
-from ..model.lora import LoraBatch, LoraTables
-from .attention import PagedAttention, PrefillRowsMetadata
+from ..model.lora import LoraTables
+from .attention import PrefillRowsMetadata
 from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
 from .host_copies import to_device
 from .kv_cache import PagedKVCache
+from .prefill_body import PrefillBody
 
 log = logging.getLogger("voxcpm_triton.engine")
 
@@ -38,41 +39,27 @@ PACK_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 MAX_PROMPT_POSITIONS = 512  # new positions of one prompt in a pack at most (the lone-prompt graphs' largest)
 
 
-class PackedPrefillGraphs:
+class PackedPrefillGraphs(PrefillBody):
     def __init__(self, model, kv: PagedKVCache, device, max_prompts: int, max_blocks: int,
                  buckets=PACK_BUCKETS, pool=None, use_triton: bool = True, lora: LoraTables | None = None,
                  max_prompt_positions: int = MAX_PROMPT_POSITIONS):
         """max_prompts: prompts per pack at most (the engine's rows); max_blocks: the widest block
         table (the engine's max_blocks_per_seq). use_triton: attention on the paged decode kernel
         (on the PyTorch path each row gathers its whole table: for CPU tests)."""
-        self.model, self.kv, self.device = model, kv, torch.device(device)
         self.buckets = tuple(sorted(buckets))
         if not self.buckets or self.buckets[0] < 1 or max_prompts < 1:
             raise ValueError(f"packed prefill buckets {buckets} and max_prompts {max_prompts} must be >= 1")
+        L = self.buckets[-1]
+        super().__init__(model, kv, device, L, max_prompts, use_triton, lora, pool)
+        self.max_prompts, self.max_blocks = max_prompts, max_blocks
         self.max_prompt_positions = max_prompt_positions
-        self.max_prompts, self.max_blocks, self.use_triton = max_prompts, max_blocks, use_triton
         self.max_positions = model.cfg.lm_config.max_position_embeddings  # RoPE tables' length
-        L, cfg, dev = self.buckets[-1], model.cfg, self.device
-        H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
-        self.tokens = torch.zeros(1, L, dtype=torch.int64, device=dev)
-        self.text_mask = torch.zeros(1, L, device=dev)
-        self.audio_mask = torch.zeros(1, L, device=dev)
-        self.feats = torch.zeros(L, P, D, device=dev)  # [:n][None] is contiguous (compiled LocEnc's guards)
+        dev = self.device
         self.positions = torch.zeros(1, L, dtype=torch.int64, device=dev)
-        self.slots = torch.zeros(L, dtype=torch.int64, device=dev)
         self.row_prompt = torch.full((L,), max_prompts, dtype=torch.int64, device=dev)
         self.context_lens = torch.ones(L, dtype=torch.int64, device=dev)
         self.tables = torch.full((max_prompts + 1, max_blocks), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64,
                                  device=dev)
-        self.last = torch.zeros(max_prompts, dtype=torch.int64, device=dev)
-        dtype = model.fusion_concat_proj.weight.dtype
-        self.lm_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
-        self.res_out = torch.zeros(max_prompts, H, dtype=dtype, device=dev)
-        bs = kv.block_size
-        self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L, device=dev) % bs  # padding rows' slots
-        self.lora = lora
-        self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.pool = pool
         self.graphs: dict = {}
 
     def fits(self, positions: int, prompts: int, longest: int) -> bool:
@@ -84,14 +71,7 @@ class PackedPrefillGraphs:
     def _body(self, n: int):
         meta = PrefillRowsMetadata(self.slots[:n], self.tables.index_select(0, self.row_prompt[:n]),
                                    self.context_lens[:n])
-        lm, res = self.model.prefill(
-            self.tokens[:, :n], self.text_mask[:, :n], self.audio_mask[:, :n], self.feats[:n][None],
-            self.positions[:, :n], self.last,
-            PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.use_triton),
-            PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.use_triton),
-            lora=None if self.lora is None else LoraBatch(self.lora, self.lora_slot, single=True))
-        self.lm_out.copy_(lm)
-        self.res_out.copy_(res)
+        self._prefill(n, self.positions[:, :n], meta)
 
     def capture_all(self):
         t0 = time.monotonic()
@@ -109,7 +89,6 @@ class PackedPrefillGraphs:
 
     def _fill_padding(self, start: int, end: int):
         if end > start:
-            dev = self.device
             for buf in (self.tokens, self.text_mask, self.audio_mask, self.positions):
                 buf[0, start:end] = 0
             self.feats[start:end] = 0

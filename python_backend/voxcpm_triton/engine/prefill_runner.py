@@ -22,53 +22,36 @@ import time
 
 import torch
 
+from ..model.lora import LoraTables
+from .attention import PrefillMetadata
 from .buckets import smallest_at_least
 from .cuda_graph import capture_graph
-from .attention import PagedAttention, PrefillMetadata
 from .host_copies import to_device
 from .kv_cache import PagedKVCache
-from ..model.lora import LoraBatch, LoraTables
+from .prefill_body import PrefillBody
 
 log = logging.getLogger("voxcpm_triton.engine")
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 
 
-class PrefillGraphs:
+class PrefillGraphs(PrefillBody):
     def __init__(self, model, kv: PagedKVCache, device, buckets=PREFILL_BUCKETS, pool=None,
                  max_blocks: int | None = None, use_triton: bool = False, lora: LoraTables | None = None):
         """max_blocks: the widest block table (the engine's max_blocks_per_seq); with it, context
         graphs (a prompt after a cached prefix) are captured too. use_triton: their attention on
         the paged decode kernel (the engine's decode attention choice). lora: the adapters' slot
         tables; a prompt then runs on its adapter's slot, a device scalar the graphs read."""
-        self.model, self.kv, self.device = model, kv, torch.device(device)
         self.buckets = sorted(buckets)
-        self.use_triton = use_triton
-        L, cfg = self.buckets[-1], model.cfg
-        H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
+        super().__init__(model, kv, device, self.buckets[-1], 1, use_triton, lora, pool)
         dev = self.device
-        self.tokens = torch.zeros(1, L, dtype=torch.int64, device=dev)
-        self.text_mask = torch.zeros(1, L, device=dev)
-        self.audio_mask = torch.zeros(1, L, device=dev)
-        self.feats = torch.zeros(L, P, D, device=dev)  # [:n][None] is contiguous (compiled LocEnc's guards)
-        self.positions = torch.arange(L, device=dev)[None]
-        self.slots = torch.zeros(L, dtype=torch.int64, device=dev)
-        self.last = torch.zeros(1, dtype=torch.int64, device=dev)
-        dtype = model.fusion_concat_proj.weight.dtype
-        self.lm_out = torch.zeros(1, H, dtype=dtype, device=dev)
-        self.res_out = torch.zeros(1, H, dtype=dtype, device=dev)
-        bs = kv.block_size
-        # Padding positions write round-robin into the scratch block.
-        self.scratch = PagedKVCache.SCRATCH_BLOCK * bs + torch.arange(L, device=dev) % bs
+        self.positions = torch.arange(self.buckets[-1], device=dev)[None]
         self.graphs: dict = {}
         # Context graphs: the prompt's blocks from position 0 (the rest scratch) and its first new position.
         self.block_table = torch.zeros(max_blocks, dtype=torch.int64, device=dev) if max_blocks else None
         self.start = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.rope_positions = cfg.lm_config.max_position_embeddings  # padded positions must index RoPE tables
+        self.rope_positions = model.cfg.lm_config.max_position_embeddings  # padded positions must index RoPE tables
         self.context_graphs: dict = {}
-        self.lora = lora
-        self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.pool = pool
 
     def _body(self, n: int, context: bool = False):
         positions = self.positions[:, :n]
@@ -76,14 +59,7 @@ class PrefillGraphs:
         if context:
             positions = positions + self.start
             contexts = [(self.start, self.block_table)]
-        meta = PrefillMetadata(self.slots[:n], [0, n], contexts)
-        lm, res = self.model.prefill(
-            self.tokens[:, :n], self.text_mask[:, :n], self.audio_mask[:, :n], self.feats[:n][None],
-            positions, self.last, PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.use_triton),
-            PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.use_triton),
-            lora=None if self.lora is None else LoraBatch(self.lora, self.lora_slot, single=True))
-        self.lm_out.copy_(lm)
-        self.res_out.copy_(res)
+        self._prefill(n, positions, PrefillMetadata(self.slots[:n], [0, n], contexts))
 
     def capture_all(self):
         t0 = time.monotonic()
