@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.server import REPO
 from voxcpm_triton.serving import runtime
@@ -173,6 +174,7 @@ def test_a_stuck_engine_loop_is_reported_with_every_threads_stack_once_per_stall
     model = object.__new__(decoder_model.DecoderModel)
     model.engine = types.SimpleNamespace(heartbeat=time.monotonic(), status=lambda: None)
     model.audio, model._stuck_logged = None, None
+    model.vox = types.SimpleNamespace(device=torch.device("cpu"))
     assert model._status() is None
     model.engine.heartbeat = time.monotonic() - decoder_model.ENGINE_STUCK_S - 5
     with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
@@ -184,3 +186,33 @@ def test_a_stuck_engine_loop_is_reported_with_every_threads_stack_once_per_stall
     with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
         model._status()
     assert len([r for r in caplog.records if "threads:" in r.getMessage()]) == 2
+
+
+def test_a_stuck_engine_loops_log_line_says_which_cuda_streams_have_not_finished(caplog, monkeypatch):
+    """On a GPU the stall's log line tells a hang on the device (a stream's work not finished) from
+    one on the host; a failing query does not break the status check."""
+    import types
+
+    from voxcpm_triton.serving import decoder_model
+
+    model = object.__new__(decoder_model.DecoderModel)
+    model.engine = types.SimpleNamespace(heartbeat=time.monotonic() - decoder_model.ENGINE_STUCK_S - 5,
+                                         status=lambda: None)
+    model.vox = types.SimpleNamespace(device=torch.device("cuda", 0))
+    model.audio = types.SimpleNamespace(cuda_stream=types.SimpleNamespace(query=lambda: True))
+    model._stuck_logged = None
+    monkeypatch.setattr(decoder_model.torch.cuda, "default_stream",
+                        lambda device: types.SimpleNamespace(query=lambda: False))
+    with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
+        assert "has not come round" in model._status()
+    line = [r.getMessage() for r in caplog.records if "threads:" in r.getMessage()]
+    assert len(line) == 1 and "(GPU work finished: engine stream NO, audio stream yes)" in line[0], line
+
+    def broken(device):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(decoder_model.torch.cuda, "default_stream", broken)
+    model.engine.heartbeat -= 1  # a new stall: logged again
+    with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
+        assert "has not come round" in model._status()
+    assert "(GPU state unknown: no driver)" in caplog.records[-1].getMessage()

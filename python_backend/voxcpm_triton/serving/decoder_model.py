@@ -137,9 +137,9 @@ class DecoderModel:
     def _gpu_state(self) -> str:
         """Whether the GPU has finished what the engine's and the audio thread's streams were given:
         a stuck loop waiting on unfinished GPU work is a hang on the device, not on the host."""
-        if self.vox.device.type != "cuda":
-            return ""
         try:
+            if self.vox.device.type != "cuda":
+                return ""
             done = {"engine": torch.cuda.default_stream(self.vox.device).query()}
             if self.audio is not None and self.audio.cuda_stream is not None:
                 done["audio"] = self.audio.cuda_stream.query()
