@@ -44,7 +44,7 @@ def wave(eng, prompts: list, steps: int, tag: str) -> dict:
         elif isinstance(ev, Finished):
             done.release()
 
-    prefill_s = eng.prefill_host_s = 0.0
+    eng.prefill_host_s = 0.0
     with eng._lock:  # one admission
         for i, p in enumerate(prompts):
             eng.submit(EngineRequest(f"{tag}-{i}", p, seed=i, min_len=steps, max_len=steps), sink=sink)

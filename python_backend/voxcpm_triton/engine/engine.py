@@ -483,19 +483,16 @@ class Engine:
         starts = [st.cached_blocks * bs for st in states]
         pg, packed = self.prefill_graphs, self.pack_graphs
         fresh = [len(p) - c for p, c in zip(prompts, starts)]  # new positions per prompt
+        slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
         if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
-            st, c = states[0], starts[0]
-            lm_h, res_h = pg.run(prompts[0], self._slots(st, c, st.prompt_len), c, st.block_table,
-                                 lora_slot=lora_slot)
+            lm_h, res_h = pg.run(prompts[0], slots, starts[0], states[0].block_table, lora_slot=lora_slot)
         elif packed is not None and packed.fits(sum(fresh), len(states), max(fresh)):
-            slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
             tables = [st.block_table[:-(-st.prompt_len // bs)] for st in states]
             lm_h, res_h = packed.run(prompts, starts, slots, tables, lora_slot=lora_slot)
         else:
             seq = [0]
             for p, c in zip(prompts, starts):
                 seq.append(seq[-1] + len(p) - c)
-            slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
             if any(starts) and self.runner.use_triton:
                 meta = self._prefill_rows(states, starts, slots)
             else:

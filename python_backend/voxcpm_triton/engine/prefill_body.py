@@ -4,11 +4,17 @@ them (`prefill_runner`: a lone prompt; `prefill_packs`: several admitted togethe
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..model.lora import LoraBatch, LoraTables
 from .attention import PagedAttention
+from .cuda_graph import capture_graph
+from .host_copies import to_device
 from .kv_cache import PagedKVCache
+
+log = logging.getLogger("voxcpm_triton.engine")
 
 
 class PrefillBody:
@@ -33,6 +39,40 @@ class PrefillBody:
         # Padding positions write round-robin into the scratch block.
         self.scratch = PagedKVCache.SCRATCH_BLOCK * kv.block_size + torch.arange(length, device=dev) % kv.block_size
         self.lora_slot = torch.zeros(1, dtype=torch.int64, device=dev)
+
+    def _load(self, prompts: list, starts: list[int], slots: list[int], n: int) -> int:
+        """The new positions of `prompts` (the first starts[i] of prompt i cached), one after
+        another, and their KV `slots` into the buffers; the rest up to n is padding (`_pad`).
+        -> the number of new positions."""
+        dev = self.device
+        cat = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])  # noqa: E731
+        S = len(slots)
+        self.tokens[0, :S] = to_device(cat("tokens"), dev)
+        self.text_mask[0, :S] = to_device(cat("text_mask"), dev)
+        self.audio_mask[0, :S] = to_device(cat("audio_mask"), dev)
+        self.feats[:S] = to_device(cat("feats"), dev)
+        self.slots[:S] = to_device(torch.tensor(slots, dtype=torch.int64), dev)
+        self._pad(S, n)
+        return S
+
+    def _pad(self, start: int, end: int):
+        """Positions start..end-1 as padding: no input, K/V into the scratch block."""
+        for buf in (self.tokens, self.text_mask, self.audio_mask):
+            buf[0, start:end] = 0
+        self.feats[start:end] = 0
+        self.slots[start:end] = self.scratch[start:end]
+
+    def _capture(self, body, what: str):
+        """`body` captured as a CUDA graph into this object's pool -> the graph, or None (logged:
+        `what` then runs eagerly)."""
+        try:
+            graph = capture_graph(body, self.device, self.pool)
+        except Exception as e:  # noqa: BLE001 - that size runs eagerly
+            log.warning("%s: CUDA graph capture failed (%s); eager for that size", what, e)
+            torch.cuda.synchronize(self.device)
+            return None
+        self.pool = graph.pool()
+        return graph
 
     def _prefill(self, n: int, positions: torch.Tensor, meta):
         """The model's prefill over the first n positions (at `positions`, attention by `meta`),

@@ -28,7 +28,6 @@ import torch
 from ..model.lora import LoraTables
 from .attention import PrefillRowsMetadata
 from .buckets import smallest_at_least
-from .cuda_graph import capture_graph
 from .host_copies import to_device
 from .kv_cache import PagedKVCache
 from .prefill_body import PrefillBody
@@ -75,26 +74,19 @@ class PackedPrefillGraphs(PrefillBody):
 
     def capture_all(self):
         t0 = time.monotonic()
-        self._fill_padding(0, self.buckets[-1])  # capture and its warm-up touch only the scratch block
+        self._pad(0, self.buckets[-1])  # capture and its warm-up touch only the scratch block
         for n in self.buckets:
-            try:
-                graph = capture_graph(lambda n=n: self._body(n), self.device, self.pool)
-            except Exception as e:  # noqa: BLE001 - packs of that size run eagerly
-                log.warning("packed prefill graph capture failed for %d positions (%s); eager for those", n, e)
-                torch.cuda.synchronize(self.device)
-                continue
-            self.pool = graph.pool()
-            self.graphs[n] = graph
+            graph = self._capture(lambda n=n: self._body(n), f"packed prefill of {n} positions")
+            if graph is not None:
+                self.graphs[n] = graph
         log.warning("captured %d packed prefill graphs in %.1f s", len(self.graphs), time.monotonic() - t0)
 
-    def _fill_padding(self, start: int, end: int):
-        if end > start:
-            for buf in (self.tokens, self.text_mask, self.audio_mask, self.positions):
-                buf[0, start:end] = 0
-            self.feats[start:end] = 0
-            self.slots[start:end] = self.scratch[start:end]
-            self.row_prompt[start:end] = self.max_prompts
-            self.context_lens[start:end] = 1
+    def _pad(self, start: int, end: int):
+        """Also: padding rows at position 0 of the padding's table, attending to that one key."""
+        super()._pad(start, end)
+        self.positions[0, start:end] = 0
+        self.row_prompt[start:end] = self.max_prompts
+        self.context_lens[start:end] = 1
 
     def run(self, prompts: list, starts: list[int], slots: list[int], tables: list[list[int]],
             lora_slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,17 +104,11 @@ class PackedPrefillGraphs(PrefillBody):
             raise ValueError(f"a prompt of the pack has more positions than the model's {self.max_positions} or "
                              f"more blocks than {self.max_blocks}")
         n, dev = smallest_at_least(self.buckets, S), self.device
+        self._load(prompts, starts, slots, n)  # and pads S..n-1
         positions = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, starts)])
-        cat = lambda name: torch.cat([getattr(p, name)[c:] for p, c in zip(prompts, starts)])  # noqa: E731
-        self.tokens[0, :S] = to_device(cat("tokens"), dev)
-        self.text_mask[0, :S] = to_device(cat("text_mask"), dev)
-        self.audio_mask[0, :S] = to_device(cat("audio_mask"), dev)
-        self.feats[:S] = to_device(cat("feats"), dev)
         self.positions[0, :S] = to_device(positions, dev)
-        self.slots[:S] = to_device(torch.tensor(slots, dtype=torch.int64), dev)
         self.row_prompt[:S] = to_device(torch.repeat_interleave(torch.arange(k), torch.tensor(lens)), dev)
         self.context_lens[:S] = to_device(positions + 1, dev)
-        self._fill_padding(S, n)
         table = torch.full((k, self.max_blocks), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64)
         for i, t in enumerate(tables):
             table[i, :len(t)] = torch.tensor(t, dtype=torch.int64)

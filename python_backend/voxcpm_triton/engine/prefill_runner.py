@@ -25,7 +25,6 @@ import torch
 from ..model.lora import LoraTables
 from .attention import PrefillMetadata
 from .buckets import smallest_at_least
-from .cuda_graph import capture_graph
 from .host_copies import to_device
 from .kv_cache import PagedKVCache
 from .prefill_body import PrefillBody
@@ -63,19 +62,15 @@ class PrefillGraphs(PrefillBody):
 
     def capture_all(self):
         t0 = time.monotonic()
-        self.slots.copy_(self.scratch)  # capture and its warm-up touch only the scratch block
+        self._pad(0, self.buckets[-1])  # capture and its warm-up touch only the scratch block
         self.start.zero_()
         kinds = [(False, self.graphs)] + ([(True, self.context_graphs)] if self.block_table is not None else [])
         for context, graphs in kinds:
             for n in self.buckets:
-                try:
-                    graph = capture_graph(lambda n=n, c=context: self._body(n, c), self.device, self.pool)
-                    self.pool = graph.pool()
+                what = f"prefill of {n} positions" + (" after a cached prefix" if context else "")
+                graph = self._capture(lambda n=n, c=context: self._body(n, c), what)
+                if graph is not None:
                     graphs[n] = graph
-                except Exception as e:  # noqa: BLE001 - that length runs eagerly
-                    log.warning("prefill graph capture failed for %d positions%s (%s); eager for that length", n,
-                                " after a cached prefix" if context else "", e)
-                    torch.cuda.synchronize(self.device)
         log.warning("captured %d prefill graphs (%d after a cached prefix) in %.1f s",
                     len(self.graphs) + len(self.context_graphs), len(self.context_graphs), time.monotonic() - t0)
 
@@ -94,19 +89,9 @@ class PrefillGraphs(PrefillBody):
         residual_hidden [1, H]). lora_slot: its adapter's slot (0: the base model). Replays the
         bucket's graph; runs the same padded body eagerly where there is none (CPU tests, a failed
         capture)."""
-        T = len(prompt)
-        L = T - start
-        n = smallest_at_least(self.buckets, L)
+        n = smallest_at_least(self.buckets, len(prompt) - start)
         dev = self.device
-        self.tokens[0, :L] = to_device(prompt.tokens[start:], dev)
-        self.text_mask[0, :L] = to_device(prompt.text_mask[start:], dev)
-        self.audio_mask[0, :L] = to_device(prompt.audio_mask[start:], dev)
-        self.feats[:L] = to_device(prompt.feats[start:], dev)
-        for buf in (self.tokens, self.text_mask, self.audio_mask):
-            buf[0, L:n] = 0
-        self.feats[L:n] = 0
-        self.slots[:L] = to_device(torch.tensor(slots, dtype=torch.int64), dev)
-        self.slots[L:n] = self.scratch[L:n]
+        L = self._load([prompt], [start], slots, n)
         self.last.fill_(L - 1)
         if self.lora is not None:
             self.lora_slot.fill_(lora_slot)
