@@ -4,6 +4,11 @@ snake_extend, skip_add), on a CUDA machine: each (BLOCK_C, BLOCK_T, num_warps) t
 residual unit of the full-size decoder for B streams x n patches (one served call), summed.
 
     python3 benchmarks/kernel_vae_blocks.py --streams 64 --patches 4 --out $OUT/vae_blocks.json
+
+With --unit, the rest of each residual unit after its first snake instead: the three kernels the
+decoder ran (dwconv_snake, cuDNN's pointwise conv, skip_add) against `unit_tail` at every launch
+(UNIT_BLOCK_CO, UNIT_BLOCK_CI, UNIT_BLOCK_T, warps), us per unit, and its largest difference from
+the three kernels' output.
 """
 
 from __future__ import annotations
@@ -50,6 +55,40 @@ def time_config(shapes, B, dtype, block_c, block_t, warps, kernels):
     return total
 
 
+def unit_sweep(shapes, B, dtype, launches):
+    """{(C, T, d): {"three_kernels": us, launch: (us, max abs diff)}} for each residual unit."""
+    from triton.testing import do_bench
+
+    default = (vae_kernels.UNIT_BLOCK_CO, vae_kernels.UNIT_BLOCK_CI, vae_kernels.UNIT_BLOCK_T, vae_kernels.UNIT_WARPS)
+    rows = []
+    for C, T, d in shapes:
+        g = lambda *shape: torch.randn(*shape, device="cuda").to(dtype)  # noqa: E731
+        x, xp = g(B, C, T), g(B, C, T + 6 * d)
+        w, bias, alpha = g(C, 1, 7) / 3, g(C), (torch.rand(C, device="cuda") + 0.5).to(dtype)
+        pw, pb = g(C, C, 1) / C ** 0.5, g(C)
+
+        def three():
+            y = vae_kernels.dwconv_snake(xp, w, bias, alpha, d)
+            return vae_kernels.skip_add(x, torch.nn.functional.conv1d(y, pw), pb)
+
+        want = three()
+        row = {"C": C, "T": T, "dilation": d, "three_kernels": do_bench(three, warmup=3, rep=20) * 1e3}
+        for launch in launches:
+            (vae_kernels.UNIT_BLOCK_CO, vae_kernels.UNIT_BLOCK_CI, vae_kernels.UNIT_BLOCK_T,
+             vae_kernels.UNIT_WARPS) = launch
+            call = lambda: vae_kernels.unit_tail(xp, x, w, bias, alpha, pw, pb, d)  # noqa: E731
+            diff = (call().float() - want.float()).abs().max().item()
+            row[str(launch)] = (do_bench(call, warmup=3, rep=20) * 1e3, diff)
+        best = min(launches, key=lambda k: row[str(k)][0])
+        print(f"C {C:4d} T {T:5d} d {d}: three kernels {row['three_kernels']:7.1f} us, unit_tail default "
+              f"{row[str(default)][0]:7.1f}, best {row[str(best)][0]:7.1f} at {best} (diff {row[str(best)][1]:.1e})",
+              flush=True)
+        rows.append(row)
+    (vae_kernels.UNIT_BLOCK_CO, vae_kernels.UNIT_BLOCK_CI, vae_kernels.UNIT_BLOCK_T,
+     vae_kernels.UNIT_WARPS) = default
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=64)
@@ -59,9 +98,26 @@ def main():
     ap.add_argument("--block-t", default="256,512,1024,2048")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--out", default="vae_blocks.json")
+    ap.add_argument("--unit", action="store_true", help="time unit_tail against the three kernels it replaces")
+    ap.add_argument("--block-co", default="32,64,128,256")
+    ap.add_argument("--block-ci", default="16,32,64")
+    ap.add_argument("--unit-block-t", default="32,64,128")
     args = ap.parse_args()
     shapes = unit_shapes(args.streams, args.patches)
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    if args.unit:
+        launches = list(itertools.product(ints(args.block_co), ints(args.block_ci), ints(args.unit_block_t),
+                                          ints(args.warps)))
+        default = (vae_kernels.UNIT_BLOCK_CO, vae_kernels.UNIT_BLOCK_CI, vae_kernels.UNIT_BLOCK_T,
+                   vae_kernels.UNIT_WARPS)
+        launches += [default] if default not in launches else []
+        out = {"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,
+               "default": default, "units": {}}
+        for dt in args.dtypes.split(","):
+            out["units"][dt] = unit_sweep(shapes, args.streams, DTYPES[dt], launches)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        return
     default = (vae_kernels.BLOCK_C, vae_kernels.BLOCK_T, vae_kernels.NUM_WARPS)
     kernels = ("snake_extend", "dwconv_snake", "skip_add")
     out = {"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,

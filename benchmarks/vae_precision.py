@@ -10,6 +10,10 @@ patches of fixed-seed latents, decoded chunk by chunk as served (chunks of 1, 2,
 16), against fp32 with TF32 off (the exact result) and against the served fp32 (TF32 in cuDNN, the
 default): max abs error, its ratio to the peak, and SNR in dB. Random weights and latents: a real
 checkpoint's activations may have outliers these do not (fp16 overflows past 65504).
+
+A precision given as `fp32:N` runs residual units of up to N channels in `unit_tail` (one kernel
+for the depthwise conv, its snake, the pointwise conv and the skip) and wider ones in three, so
+`--precisions fp32:0,fp32:256` is the A/B of that kernel.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def timed(bank: VAEStreams, b: int, n: int, P: int, D: int, reps: int = 10) -> f
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default="/tmp/full")
-    ap.add_argument("--precisions", default="fp32,bf16,fp16")
+    ap.add_argument("--precisions", default="fp32,bf16,fp16",
+                    help="decode precisions, each optionally with ':N', the widest residual unit that runs "
+                         "`unit_tail` (kernels.vae.UNIT_MAX_CHANNELS; 0: none), e.g. fp32:0,fp32:256")
     ap.add_argument("--out", default="vae_precision.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -87,21 +93,25 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     del exact
     served_fp32 = None
-    for precision in args.precisions.split(","):
+    default_unit_max = vae_kernels.UNIT_MAX_CHANNELS
+    for variant in args.precisions.split(","):
+        precision, _, unit_max = variant.partition(":")
+        vae_kernels.UNIT_MAX_CHANNELS = int(unit_max) if unit_max else default_unit_max
+        log(f"[{variant}] residual units of <= {vae_kernels.UNIT_MAX_CHANNELS} channels run unit_tail")
         t0 = time.perf_counter()
         _, vae = load_audio_vae(args.checkpoint, dev, triton_kernels=vae_kernels.available(), compile=True,
                                 decode_precision=precision)
         bank = VAEStreams(vae, P, max_streams=64, cuda_graphs=True)
-        log(f"[{precision}] built and captured {len(bank.graphs)} graphs in {time.perf_counter() - t0:.1f} s")
+        log(f"[{variant}] built and captured {len(bank.graphs)} graphs in {time.perf_counter() - t0:.1f} s")
         for k in range(64):
             bank.open(k)
         rows = {}
         for b, n in SHAPES:
             ms = timed(bank, b, n, P, vae.latent_dim)
             rows[f"{b}x{n}"] = ms
-            log(f"[{precision}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms ({ms / (b * n) * 1000:6.1f} us per patch)"
+            log(f"[{variant}] {b:3d} streams x {n:2d} patches: {ms:7.2f} ms ({ms / (b * n) * 1000:6.1f} us per patch)"
                 f"{'  graph' if (min(s for s in bank.buckets if s >= b), n * P) in bank.graphs else ''}")
-        out["shapes"][precision] = rows
+        out["shapes"][variant] = rows
         from torch.profiler import ProfilerActivity, profile
 
         keys, zz = list(range(64)), torch.randn(64, vae.latent_dim, 4 * P)
@@ -110,19 +120,19 @@ def main():
                 bank.decode(keys, zz)
             sync()
         p = summarize_profile(prof, 3, VAE_KERNEL_KINDS)
-        out["profile_64x4"][precision] = p
-        log(f"[{precision}] profile 64 x 4: {p['gpu_ms']:.2f} ms GPU: "
+        out["profile_64x4"][variant] = p
+        log(f"[{variant}] profile 64 x 4: {p['gpu_ms']:.2f} ms GPU: "
             + ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items()))
         for k in range(64):
             bank.close(k)
         audio = stream_audio(bank, P, z)
         q = {"vs_exact_fp32": errors(audio, ref)}
-        if precision == "fp32":
+        if served_fp32 is not None:
+            q["vs_served_fp32"] = errors(audio, served_fp32)  # the first fp32 variant's audio
+        elif precision == "fp32":
             served_fp32 = audio
-        elif served_fp32 is not None:
-            q["vs_served_fp32"] = errors(audio, served_fp32)
-        out["quality"][precision] = q
-        log(f"[{precision}] audio of 4 x 100 patches: " + json.dumps(q))
+        out["quality"][variant] = q
+        log(f"[{variant}] audio of 4 x 100 patches: " + json.dumps(q))
         del bank, vae
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:

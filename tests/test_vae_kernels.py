@@ -17,7 +17,8 @@ require_module("triton", "requirements-test.txt")
 from voxcpm_triton.model.audio_vae import (  # noqa: E402
     AudioVAE, AudioVAEConfig, CausalConvTranspose1d, ResidualUnit, _Stream, snake,
 )
-from voxcpm_triton.kernels.vae import dwconv_snake, phase_interleave, skip_add, snake_extend  # noqa: E402
+from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
+from voxcpm_triton.kernels.vae import dwconv_snake, phase_interleave, skip_add, snake_extend, unit_tail  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The polyphase upsampling conv and cuDNN's transposed conv may both use TF32 on a GPU (PyTorch's
@@ -52,6 +53,27 @@ def test_kernel_matches_the_layers(C, T, dilation, with_prev):
     y = dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, dilation)
     assert y.shape == want.shape
     assert (y - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("C,T,dilation,block_co", [(20, 3, 9, 128), (40, 150, 3, 16), (64, 70, 1, 128),
+                                                    (33, 200, 1, 16)])
+def test_unit_tail_is_the_rest_of_the_unit(C, T, dilation, block_co, monkeypatch):
+    """Depthwise conv, its snake, the pointwise conv and the skip in one kernel against the unit's
+    layers from its padded input: fewer frames than the look-back and a partial channel block
+    (20 channels in blocks of 16), several output channel blocks (40 and 33 in blocks of 16, each
+    making the depthwise conv again), several time blocks, whole blocks (64)."""
+    monkeypatch.setattr(vae_kernels, "UNIT_BLOCK_CO", block_co)
+    unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
+    snake1, conv, snake2, pointwise = unit.block
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(2, C, T, generator=g).to(DEV)
+    prev = torch.randn(2, C, conv.left_pad, generator=g).to(DEV)
+    xp = torch.cat([prev, snake1(x)], -1)
+    want = x + pointwise(snake2(conv(xp[..., conv.left_pad:], _Stream([prev]))))
+    got = unit_tail(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight, pointwise.bias, dilation)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert want.abs().max().item() > 0.1
+    assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
 
 
 @pytest.mark.parametrize("C,L,T,scale", [(20, 54, 3, 1), (5, 6, 300, 1), (9, 18, 18, 1), (9, 18, 300, 100)])
@@ -126,6 +148,7 @@ def test_decoder_with_the_kernel_matches_without():
     # The snakes before the upsampling convs and the last conv run in those convs' look-back pass.
     assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 7
     assert fused.state_dict().keys() == plain.state_dict().keys()  # checkpoints load as they did
+    assert vae_kernels.UNIT_MAX_CHANNELS >= 32  # REALISH's units, 32 to 1 channels, run unit_tail
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)
     assert want.abs().max().item() > 1e-3  # not a trivially silent decoder

@@ -22,6 +22,18 @@ Both take the GPU's approximate sin (`_snake`).
 `skip_add`: the pointwise conv's bias and the skip, x + (z + bias), where z is the pointwise conv
 run without its bias: cuDNN adds a conv's bias in a broadcast pass of its own.
 
+`unit_tail`: the rest of a residual unit after its first snake in one pass, where dwconv_snake,
+the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the next one reads:
+
+    xp [B, C, L + T] (as dwconv_snake), x [B, C, T] the unit's input
+    ->  out = x + pointwise(snake(conv(xp) + bias)) + pointwise bias
+
+A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
+snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores:
+TF32 for fp32 activations, as cuDNN's convs run by default). With more than BLOCK_CO channels each
+output block makes the depthwise conv again, which is why the widest units keep the three kernels
+(UNIT_MAX_CHANNELS).
+
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
 runs the widest transposed conv (2048 -> 1024 channels) on a generic fp32 engine; as a conv it is
@@ -44,6 +56,8 @@ from ._triton import HAVE_TRITON as _HAVE_TRITON
 from ._triton import available, interpreted, tl, triton  # noqa: F401 - available: callers ask it here
 
 BLOCK_C, BLOCK_T, NUM_WARPS = 8, 256, 4
+UNIT_BLOCK_CO, UNIT_BLOCK_CI, UNIT_BLOCK_T, UNIT_WARPS = 128, 32, 64, 4
+UNIT_MAX_CHANNELS = 256  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -81,6 +95,38 @@ if _HAVE_TRITON:
         acc += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
         a = tl.load(alpha_ptr + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
         tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], _snake(acc, a, FAST_SIN), mask=mask)
+
+    @triton.jit
+    def _unit_tail_kernel(
+        xp_ptr, x_ptr, dw_ptr, dwb_ptr, alpha_ptr, pw_ptr, pwb_ptr, out_ptr,
+        C, T, spb, spc, sxb, sxc,
+        K: tl.constexpr, DIL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
+        BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        co = tl.program_id(2) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        t_ok = (t < T)[None, :]
+        co_ok = co < C
+        acc = tl.zeros([BLOCK_CO, BLOCK_T], tl.float32)
+        for ci0 in range(0, C, BLOCK_CI):
+            ci = ci0 + tl.arange(0, BLOCK_CI)
+            ci_ok = ci < C
+            m = ci_ok[:, None] & t_ok
+            row = xp_ptr + b * spb + ci[:, None] * spc + t[None, :]
+            y = tl.zeros([BLOCK_CI, BLOCK_T], tl.float32)
+            for k in tl.static_range(K):  # output t reads input frames t .. t + (K-1) * DIL of xp
+                w = tl.load(dw_ptr + ci * K + k, mask=ci_ok, other=0.0).to(tl.float32)
+                y += w[:, None] * tl.load(row + k * DIL, mask=m, other=0.0).to(tl.float32)
+            y += tl.load(dwb_ptr + ci, mask=ci_ok, other=0.0).to(tl.float32)[:, None]
+            a = tl.load(alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
+            y = tl.where(m, _snake(y, a, FAST_SIN), 0.0)  # channels past C add nothing to the product
+            pw = tl.load(pw_ptr + co[:, None] * C + ci[None, :], mask=co_ok[:, None] & ci_ok[None, :], other=0.0)
+            acc = tl.dot(pw.to(DOT_DTYPE), y.to(DOT_DTYPE), acc)
+        acc += tl.load(pwb_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
+        mask = co_ok[:, None] & t_ok
+        acc += tl.load(x_ptr + b * sxb + co[:, None] * sxc + t[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + (b * C + co[:, None]) * T + t[None, :], acc, mask=mask)
 
     @triton.jit
     def _snake_extend_kernel(
@@ -130,6 +176,12 @@ if _HAVE_TRITON:
         tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
 
     _FAST_SIN = not interpreted(_dwconv_snake_kernel) and torch.version.hip is None  # PTX: NVIDIA only
+    # fp32 operands: tl.dot's default input precision, TF32 (as cuDNN's convs by default). triton's
+    # CPU interpreter (3.6) multiplies bf16 operands wrongly: there the product is fp32.
+    _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+    if interpreted(_unit_tail_kernel):
+        _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
+        UNIT_BLOCK_T = 256  # the interpreter runs each program in Python: fewer, longer blocks
 else:
     _FAST_SIN = False
 
@@ -153,6 +205,33 @@ def dwconv_snake(xp, weight, bias, alpha, dilation: int):
         K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, num_warps=NUM_WARPS,
     )
     return y
+
+
+def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int):
+    """See the module doc. dw_weight [C, 1, K], dw_bias [C], alpha [1, C, 1] or [C] (the second
+    snake's), pw_weight [C, C, 1], pw_bias [C] -> out [B, C, T], contiguous."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, C, n = xp.shape
+    K = dw_weight.shape[-1]
+    T = n - (K - 1) * dilation
+    assert dw_weight.shape == (C, 1, K) and dw_bias.shape == pw_bias.shape == (C,), (dw_weight.shape, C)
+    assert pw_weight.shape == (C, C, 1) and xp.dtype == x.dtype in DTYPES, (pw_weight.shape, xp.dtype, x.dtype)
+    assert x.shape == (B, C, T) and xp.stride(2) == 1 and x.stride(2) == 1, (x.shape, xp.shape, x.stride())
+    out = torch.empty((B, C, T), dtype=x.dtype, device=x.device)
+    if B == 0 or T == 0:
+        return out
+    width = max(16, triton.next_power_of_2(C))  # tl.dot takes blocks of 16 and more
+    block_co, block_ci = min(UNIT_BLOCK_CO, width), min(UNIT_BLOCK_CI, width)
+    grid = (B, triton.cdiv(T, UNIT_BLOCK_T), triton.cdiv(C, block_co))
+    _unit_tail_kernel[grid](
+        xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
+        pw_weight.reshape(C, C).contiguous(), pw_bias, out,
+        C, T, xp.stride(0), xp.stride(1), x.stride(0), x.stride(1),
+        K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=UNIT_BLOCK_T, FAST_SIN=_FAST_SIN,
+        DOT_DTYPE=_DOT_DTYPES[x.dtype], num_warps=UNIT_WARPS,
+    )
+    return out
 
 
 def snake_extend(prev, x, alpha):

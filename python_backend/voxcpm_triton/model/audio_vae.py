@@ -321,13 +321,16 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         if self.fused:
-            from ..kernels.vae import dwconv_snake, skip_add
+            from ..kernels import vae as kernels
 
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()
-            y = dwconv_snake(with_lookback(x, conv.left_pad, st, snake1), conv.weight, conv.bias, snake2.alpha,
-                             conv.dilation)
-            return skip_add(x, F.conv1d(y, pointwise.weight), pointwise.bias)
+            xp = with_lookback(x, conv.left_pad, st, snake1)
+            if x.shape[1] <= kernels.UNIT_MAX_CHANNELS:
+                return kernels.unit_tail(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight,
+                                         pointwise.bias, conv.dilation)
+            y = kernels.dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, conv.dilation)
+            return kernels.skip_add(x, F.conv1d(y, pointwise.weight), pointwise.bias)
         y = x
         for layer in self.block:
             y = layer(y, st)
