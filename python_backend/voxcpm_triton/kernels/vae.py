@@ -31,8 +31,8 @@ the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the nex
 A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
 snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores:
 TF32 for fp32 activations, as cuDNN's convs run by default). With more than BLOCK_CO channels each
-output block makes the depthwise conv again, which is why the widest units keep the three kernels
-(UNIT_MAX_CHANNELS).
+output block makes the depthwise conv again; from 256 channels on it is slower than the three
+kernels, which those units keep (UNIT_MAX_CHANNELS).
 
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
@@ -56,8 +56,12 @@ from ._triton import HAVE_TRITON as _HAVE_TRITON
 from ._triton import available, interpreted, tl, triton  # noqa: F401 - available: callers ask it here
 
 BLOCK_C, BLOCK_T, NUM_WARPS = 8, 256, 4
-UNIT_BLOCK_CO, UNIT_BLOCK_CI, UNIT_BLOCK_T, UNIT_WARPS = 128, 32, 64, 4
-UNIT_MAX_CHANNELS = 256  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
+UNIT_BLOCK_CO = 128
+# unit_tail's (BLOCK_CI, BLOCK_T, num_warps) by the unit's channels, up to the key (the fastest single
+# launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
+UNIT_LAUNCHES = {32: (32, 64, 8), 64: (16, 32, 4), 128: (16, 32, 8)}
+UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
+UNIT_DOT_PRECISION = "tf32"  # fp32 operands' product: "tf32" (cuDNN's default for convs), "tf32x3", "ieee"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -101,7 +105,7 @@ if _HAVE_TRITON:
         xp_ptr, x_ptr, dw_ptr, dwb_ptr, alpha_ptr, pw_ptr, pwb_ptr, out_ptr,
         C, T, spb, spc, sxb, sxc,
         K: tl.constexpr, DIL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-        BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         b = tl.program_id(0)
         t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -115,14 +119,14 @@ if _HAVE_TRITON:
             m = ci_ok[:, None] & t_ok
             row = xp_ptr + b * spb + ci[:, None] * spc + t[None, :]
             y = tl.zeros([BLOCK_CI, BLOCK_T], tl.float32)
-            for k in tl.static_range(K):  # output t reads input frames t .. t + (K-1) * DIL of xp
+            for k in range(K):  # a loop, not unrolled: one tap's addresses in registers at a time
                 w = tl.load(dw_ptr + ci * K + k, mask=ci_ok, other=0.0).to(tl.float32)
                 y += w[:, None] * tl.load(row + k * DIL, mask=m, other=0.0).to(tl.float32)
             y += tl.load(dwb_ptr + ci, mask=ci_ok, other=0.0).to(tl.float32)[:, None]
             a = tl.load(alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
             y = tl.where(m, _snake(y, a, FAST_SIN), 0.0)  # channels past C add nothing to the product
             pw = tl.load(pw_ptr + co[:, None] * C + ci[None, :], mask=co_ok[:, None] & ci_ok[None, :], other=0.0)
-            acc = tl.dot(pw.to(DOT_DTYPE), y.to(DOT_DTYPE), acc)
+            acc = tl.dot(pw.to(DOT_DTYPE), y.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
         acc += tl.load(pwb_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
         mask = co_ok[:, None] & t_ok
         acc += tl.load(x_ptr + b * sxb + co[:, None] * sxc + t[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -181,7 +185,6 @@ if _HAVE_TRITON:
     _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
     if interpreted(_unit_tail_kernel):
         _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
-        UNIT_BLOCK_T = 256  # the interpreter runs each program in Python: fewer, longer blocks
 else:
     _FAST_SIN = False
 
@@ -222,14 +225,19 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
     if B == 0 or T == 0:
         return out
     width = max(16, triton.next_power_of_2(C))  # tl.dot takes blocks of 16 and more
-    block_co, block_ci = min(UNIT_BLOCK_CO, width), min(UNIT_BLOCK_CI, width)
-    grid = (B, triton.cdiv(T, UNIT_BLOCK_T), triton.cdiv(C, block_co))
+    block_ci, block_t, warps = next((v for c, v in sorted(UNIT_LAUNCHES.items()) if C <= c),
+                                    UNIT_LAUNCHES[max(UNIT_LAUNCHES)])
+    block_co, block_ci = min(UNIT_BLOCK_CO, width), min(block_ci, width)
+    if interpreted(_unit_tail_kernel):
+        block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
+    grid = (B, triton.cdiv(T, block_t), triton.cdiv(C, block_co))
     _unit_tail_kernel[grid](
         xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
         pw_weight.reshape(C, C).contiguous(), pw_bias, out,
         C, T, xp.stride(0), xp.stride(1), x.stride(0), x.stride(1),
-        K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=UNIT_BLOCK_T, FAST_SIN=_FAST_SIN,
-        DOT_DTYPE=_DOT_DTYPES[x.dtype], num_warps=UNIT_WARPS,
+        K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t, FAST_SIN=_FAST_SIN,
+        DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=UNIT_DOT_PRECISION if x.dtype == torch.float32 else "ieee",
+        num_warps=warps,
     )
     return out
 
