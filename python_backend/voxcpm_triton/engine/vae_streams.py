@@ -60,6 +60,7 @@ class VAEStreams:
                       for c, n in vae.stream_state_spec()]
         self.free = list(range(max_streams, 0, -1))
         self.slot: dict = {}  # stream key -> pool row
+        self.clean = set(self.free)  # rows holding zeros (fresh state): a stream opened on one starts at once
         self.graphs: dict = {}  # (bucket, frames) -> (graph, idx, z, audio)
         self.buckets = tuple(b for b in batch_buckets if b <= max_streams)
         if cuda_graphs and self.device.type == "cuda":
@@ -80,14 +81,19 @@ class VAEStreams:
                                       "(vae_decoder parameter max_streams)")
             self.slot[key] = self.free.pop()
         row = self.slot[key]
-        for p in self.pools:
-            p[row].zero_()
+        if row not in self.clean:  # a restart: close() zeroes a row for the next stream
+            torch._foreach_zero_([p[row] for p in self.pools])
+        self.clean.discard(row)
         if context is not None and context.shape[-1]:
             self._body(to_device(torch.tensor([row]), self.device), to_device(context, self.device))
 
     def close(self, key) -> None:
+        """Free `key`'s row, zeroed here (queued after its last decode) rather than when the next
+        stream opens on it, so that a stream's first audio does not wait for it."""
         row = self.slot.pop(key, None)
         if row is not None:
+            torch._foreach_zero_([p[row] for p in self.pools])
+            self.clean.add(row)
             self.free.append(row)
 
     def decode(self, keys, z: torch.Tensor) -> torch.Tensor:
@@ -170,4 +176,5 @@ class VAEStreams:
                 continue
             pool = g.pool()
             self.graphs[(b, n * self.P)] = (g, idx, z, out[-1])
+        assert all(p[1:].count_nonzero().item() == 0 for p in self.pools)  # capture wrote the scratch row only
         log.info("VAE decoder: %d CUDA graphs captured", len(self.graphs))

@@ -29,8 +29,8 @@ the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the nex
     ->  out = x + pointwise(snake(conv(xp) + bias)) + pointwise bias
 
 A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
-snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores:
-TF32 for fp32 activations, as cuDNN's convs run by default). With more than BLOCK_CO channels each
+snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores;
+for fp32 activations three TF32 products, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
 output block makes the depthwise conv again; from 256 channels on it is slower than the three
 kernels, which those units keep (UNIT_MAX_CHANNELS).
 
@@ -59,9 +59,11 @@ BLOCK_C, BLOCK_T, NUM_WARPS = 8, 256, 4
 UNIT_BLOCK_CO = 128
 # unit_tail's (BLOCK_CI, BLOCK_T, num_warps) by the unit's channels, up to the key (the fastest single
 # launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
-UNIT_LAUNCHES = {32: (32, 64, 8), 64: (16, 32, 4), 128: (16, 32, 8)}
+UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
-UNIT_DOT_PRECISION = "tf32"  # fp32 operands' product: "tf32" (cuDNN's default for convs), "tf32x3", "ieee"
+# fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
+# faster but twice as far from fp32 as cuDNN's TF32 convs), "tf32" or "ieee"
+UNIT_DOT_PRECISION = "tf32x3"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

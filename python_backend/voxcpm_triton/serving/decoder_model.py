@@ -270,14 +270,19 @@ class DecoderModel:
             raise
 
     def _chunks_to_audio(self, sender, key):
-        """The engine thread's sink with decode_audio: chunks and the end go to the audio thread."""
+        """The engine thread's sink with decode_audio: chunks and the end go to the audio thread.
+        Whether the client left (an IPC round trip) is asked from the second chunk on: the first one
+        goes to the audio thread at once, whose sink asks before it sends anything."""
+        first = True
 
         def deliver(event):
+            nonlocal first
             if isinstance(event, Finished):
                 self.audio.end(key, event)
                 return
-            if locked(sender.is_cancelled):
+            if not first and locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")
+            first = False
             self.audio.chunk(key, event.patches)
 
         return deliver

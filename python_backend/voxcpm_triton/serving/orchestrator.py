@@ -276,18 +276,17 @@ class Orchestrator(InternalCalls):
                 t_latents = time.monotonic()
                 decoded = p.get_output_tensor_by_name(resp, "AUDIO")
                 if decoded is not None:  # the decoder's own (decode_audio)
-                    audio = decoded.as_numpy()
-                    if not emitted:
-                        self._record_ttfa(t0, t_decoder, t_latents, t_latents)
+                    audio, t_audio = decoded.as_numpy(), t_latents
                 else:
                     flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
                     # Set before the call: whatever its outcome, a START sent is followed by an END.
                     first, opened = not opened, True
                     audio = await self._vae_decode(corrid, lat, flags, context if first else None)
-                    if first:
-                        self._record_ttfa(t0, t_decoder, t_latents, time.monotonic())
-                emitted = True
+                    t_audio = time.monotonic()
                 emit(audio)
+                if not emitted:  # after the audio is on its way: the metrics are IPC round trips
+                    self._record_ttfa(t0, t_decoder, t_latents, t_audio)
+                emitted = True
                 if cancelled():
                     stopping = True
                     await self._cancel_decoder(request_id)
