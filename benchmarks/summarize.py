@@ -427,6 +427,7 @@ def main():
     md += twentieth_session(res)
     md += twenty_first_session(res)
     md += twenty_second_session(res)
+    md += twenty_third_session(res)
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -2463,6 +2464,160 @@ def _plot_twenty_second(runs, sizes, ab):
     axes[1].set_ylabel("TTFA p50, ms")
     axes[1].set_title("served: first audio", fontsize=9)
     _save_panels(fig, axes, "Twenty-second session, H200, 2026-11-28: a burst's prefills", "results_twentysecond.png")
+
+
+def twenty_third_session(res) -> list[str]:
+    """2026-11-28 (issue 17): the VAE's residual units of up to 128 channels in one kernel
+    (`unit_tail`), first audio with fewer IPC round trips before it; the served sweep on the final
+    code. Updates the served headline keys, sets res["twentythird"], returns the markdown, draws
+    results_twentythird.png."""
+    v1, tf32, final = (load(f"vae_unit{s}_twentythird.json") for s in ("_v1", "_tf32", ""))
+    chk, chk_tf32 = load("gpu_check_vae_twentythird.json"), load("gpu_check_vae_tf32_twentythird.json")
+    sweep_units = load("vae_unit_sweep_precision_twentythird.json")["units"]["fp32"]
+    ab = {k: served_levels(f"served_twentythird_ab_{k}.json") for k in ("before", "after")}
+    sw = {a: served_levels(f"served_twentythird_sweep{s}.json") for a, s in (("burst", ""), ("poisson", "_poisson"))}
+    cap = {a: load(f"served_twentythird_sweep{s}.json")["capacity"] for a, s in (("burst", ""), ("poisson", "_poisson"))}
+    with open(os.path.join(HERE, "raw", "vae_tests_twentythird.txt")) as f:
+        vae_tests = re.search(r"(\d+) passed", f.read()).group(1)
+    engine64 = res["twentieth"]["engine_b64_xrt"][-1]
+    b = sw["burst"]
+    res.update({"ttfa_ms_p95_c64": b[64]["ttfa_ms"]["p95"], "smooth_frac_c64": b[64]["smooth_playback_frac"],
+                "aggregate_xrt_c64": b[64]["x_real_time"], "aggregate_xrt_c128": b[128]["x_real_time"],
+                "capacity_streams": cap, "single_stream_rtf_triton": b[1]["rtf"]["p50"],
+                "ttfa_ms_p50": b[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": b[1]["ttfa_ms"]["p95"],
+                "served_headline_source": "twenty-third session, NVIDIA H200, 2026-11-28, "
+                                          "raw/served_twentythird_sweep*.json"})
+
+    def best(row, precision):  # the fastest launch of a precision in the sweep -> (us, max abs vs exact)
+        return min((v for k, v in row.items() if k.startswith("(") and f"'{precision}'" in k), key=lambda v: v[0])
+
+    units = [(r["C"], r["dilation"], r["three_kernels"], r["three_kernels_diff_vs_exact"], best(r, "tf32"),
+              best(r, "tf32x3"), r["None"]) for r in sweep_units]
+    short = lambda lv: {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"],  # noqa: E731
+                        "ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"], "rtf_p50": lv["rtf"]["p50"]}
+    res["twentythird"] = {
+        "device": "NVIDIA H200", "vae_ms_per_call": final["shapes"], "vae_gpu_ms_64x4": {
+            k: v["gpu_ms"] for k, v in final["profile_64x4"].items()}, "vae_quality": final["quality"],
+        "served_ab_same_call": {k: {c: short(lv) for c, lv in x.items()} for k, x in ab.items()},
+        "served_sweep": {a: {c: short(lv) for c, lv in x.items()} for a, x in sw.items()},
+        "served_over_engine_c64": b[64]["x_real_time"] / engine64,
+        "vae_served_vs_exact_fp32_max_abs": chk["vae_graphs_vs_eager"]["served_vs_exact_fp32_max_abs"]}
+    q0, q1 = final["quality"]["fp32:0"]["vs_exact_fp32"], final["quality"]["fp32:128"]["vs_exact_fp32"]
+    md = ["", "## Twenty-third session (2026-11-28, H200): a residual unit in one kernel; fewer round trips "
+          "before first audio", "",
+          "Two changes, each measured against the code before it in one call.", "",
+          "**The VAE decoder's narrow residual units in one kernel** (`kernels/vae.py: unit_tail`). A residual "
+          "unit after its first snake was three kernels: `dwconv_snake` wrote the depthwise conv's snake, "
+          "cuDNN's pointwise conv read it and wrote its product, `skip_add` read that and the unit's input. "
+          "`unit_tail` makes the depthwise conv and its snake 16-32 channels at a time and multiplies them "
+          "straight into an accumulator of up to 128 output channels, then adds the bias and the skip: two "
+          "tensors' round trips to memory fewer per unit.", "",
+          "- The first version (call 1, `raw/vae_unit_v1_twentythird.json`) made the whole decode 4.6x slower "
+          f"({v1['profile_64x4']['fp32:0']['gpu_ms']:.1f} against {v1['profile_64x4']['fp32:256']['gpu_ms']:.1f} ms "
+          "of GPU for 64 streams x 4 patches). Compiled for sm_90 here, its seven unrolled taps' addresses took "
+          "255 registers and spilled; a loop over the taps, one tap's addresses at a time, does not.",
+          "- A sweep of launches per unit at 64 x 4 (calls 2 and 3, `benchmarks/kernel_vae_blocks.py --unit`, "
+          "`raw/vae_unit_sweep{,_precision}_twentythird.json`): up to 128 channels the kernel wins; at 256 each "
+          "of two output blocks makes the depthwise conv again, and it lost at every launch (1,050-1,180 against "
+          "590 us). So units of up to 128 channels run it (`UNIT_MAX_CHANNELS`), with a launch per width.",
+          "- triton's plain TF32 product was twice as far from exact fp32 as cuDNN's TF32 conv, so the kernel "
+          "multiplies in three TF32 products (`tf32x3`): as exact as fp32, and still faster.", "",
+          "us per unit, 64 streams x 4 patches (call 3), the fastest launch of each; in brackets the largest "
+          "difference from exact fp32 (the three kernels with TF32 off):", "",
+          "| channels | dilation | three kernels (cuDNN TF32) | unit_tail, TF32 | unit_tail, tf32x3 (kept) |",
+          "|---|---|---|---|---|"]
+    for C, d, t3, e3, t1, t33, _ in units:
+        md.append(f"| {C} | {d} | {t3:.0f} ({e3:.1e}) | {t1[0]:.0f} ({t1[1]:.1e}) | {t33[0]:.0f} ({t33[1]:.1e}) |")
+    tot3, tot33 = sum(u[2] for u in units), sum(u[5][0] for u in units)
+    md += ["", f"Over those nine units: {tot3:.0f} us with three kernels, {tot33:.0f} us with `unit_tail` "
+           f"({tot3 / tot33:.2f}x).", "",
+           "The whole decoder as served (`VAEStreams`, CUDA graphs where captured; call 5, "
+           "`benchmarks/vae_precision.py --precisions fp32:0,fp32:128`, `raw/vae_unit_twentythird.json`), ms "
+           "per call:", "",
+           "| residual units in unit_tail | 1x1 | 8x4 | 64x4 | 64x16 | GPU ms, 64 x 4 | audio vs exact fp32: max abs, SNR |",
+           "|---|---|---|---|---|---|---|"]
+    for k, label in (("fp32:0", "none (before)"), ("fp32:128", "up to 128 channels")):
+        sh, q = final["shapes"][k], final["quality"][k]["vs_exact_fp32"]
+        md.append(f"| {label} | {sh['1x1']:.2f} | {sh['8x4']:.2f} | {sh['64x4']:.2f} | {sh['64x16']:.2f} | "
+                  f"{final['profile_64x4'][k]['gpu_ms']:.2f} | {q['max_abs']:.2e}, {q['snr_db']:.1f} dB |")
+    md += ["", f"- 64 x 16 patches: {final['shapes']['fp32:0']['64x16'] / final['shapes']['fp32:128']['64x16']:.2f}x; "
+           f"64 x 4: {final['shapes']['fp32:0']['64x4'] / final['shapes']['fp32:128']['64x4']:.2f}x. The audio moved "
+           f"closer to exact fp32 ({q0['max_abs']:.2e} to {q1['max_abs']:.2e}).",
+           "- `gpu_check.py --only vae` passes on the final code (`raw/gpu_check_vae_twentythird.json`): the VAE "
+           f"as served against exact fp32 {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} "
+           f"(bound {chk['vae_graphs_vs_eager']['served_bound']:.0e}; with plain TF32 it was "
+           f"{chk_tf32['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e}, call 3).",
+           f"- `tests/test_vae_kernels.py` passed on the GPU ({vae_tests} passed, call 3, plain TF32; "
+           "`raw/vae_tests_twentythird.txt`). The tf32x3 product was not run through it on the GPU. Its "
+           "per-unit difference from exact fp32 in the sweep is at most "
+           f"{max(u[5][1] for u in units):.1e}, and `gpu_check.py` ran on it.", "",
+           "**First audio with fewer round trips before it.** A helper traced a lone request's path. The "
+           "python backend's calls to the parent process (metrics, `is_cancelled`) are IPC round trips, and "
+           "several ran before the first chunk left:",
+           "- the orchestrator recorded its six TTFA metrics before sending the audio (now after);",
+           "- the decoder's engine thread asked whether the client had left before queueing the first chunk "
+           "(now from the second chunk on; the audio thread still asks before it sends anything);",
+           "- a VAE stream's state rows (26 tensors) were zeroed when a stream opened on them (now when the "
+           "last one closes, in one `_foreach_zero_`).", "",
+           "Same call, both servers (call 4: the previous commit's `python_backend` through "
+           "`VOXCPM_PYTHON_BACKEND`, then this one's, with the unit_tail change included; `SET=\"decoder.timestep_buckets=10,100\" "
+           "LEVELS=1,8,64 REQUESTS=10 bash benchmarks/run_served_gpu.sh`, "
+           "`raw/served_twentythird_ab_{before,after}.json`):", "",
+           "| streams | TTFA p50 / p95 ms, before | after | first audio in the server, mean ms | x real time, before / after |",
+           "|---|---|---|---|---|"]
+    for c in sorted(ab["after"]):
+        o, n = ab["before"][c], ab["after"][c]
+        md.append(f"| {c} | {o['ttfa_ms']['p50']:.1f} / {o['ttfa_ms']['p95']:.1f} | {n['ttfa_ms']['p50']:.1f} / "
+                  f"{n['ttfa_ms']['p95']:.1f} | {o['first_audio_phases_ms']['total']:.1f} -> "
+                  f"{n['first_audio_phases_ms']['total']:.1f} | {o['x_real_time']:.1f} / {n['x_real_time']:.1f} |")
+    md += ["", "- One stream: TTFA p50 fell by "
+           f"{ab['before'][1]['ttfa_ms']['p50'] - ab['after'][1]['ttfa_ms']['p50']:.1f} ms. Of that, "
+           f"{ab['before'][1]['first_audio_phases_ms']['total'] - ab['after'][1]['first_audio_phases_ms']['total']:.1f} "
+           "ms shows inside the server; the metrics now recorded after the send are outside its window.",
+           f"- With 10 requests per stream the server before the change also stayed under 25 ms "
+           f"({ab['before'][1]['ttfa_ms']['p50']:.1f}). The earlier sweeps' 25-26 ms came from 2 requests each.",
+           "- The aggregates moved by 1% or less, within the spread between servers.", "",
+           "**The full sweep on the final code** (call 5, `SET=\"decoder.timestep_buckets=10,100\" "
+           "ARRIVALS=burst,poisson LEVELS=1,8,32,64,96,128 REQUESTS=2`, `raw/served_twentythird_sweep*.json`; "
+           "the same command as the twenty-second session's call 3). Smooth / x real time / TTFA p50 / p95 ms:", "",
+           "| streams | burst | Poisson | burst, twenty-second session |", "|---|---|---|---|"]
+    prev = res["twentysecond"]["served_sweep_packs"]
+    cell = lambda lv: (f"{lv['smooth_playback_frac']:.0%} / {lv['x_real_time']:.0f} / "  # noqa: E731
+                       f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f}")
+    pcell = lambda lv: f"{lv['smooth']:.0%} / {lv['xrt']:.0f} / {lv['ttfa_ms_p50']:.0f} / {lv['ttfa_ms_p95']:.0f}"  # noqa: E731
+    for c in sorted(b):
+        md.append(f"| {c} | {cell(b[c])} | {cell(sw['poisson'][c])} | {pcell(prev['burst'][c])} |")
+    md += ["", f"Capacity: burst {cap['burst']}, Poisson {cap['poisson']}. At 96 streams all at once, one "
+           f"stream of {b[96]['requests']} underran again, as in both of the last session's sweeps. 128 "
+           f"streams all at once played {b[128]['smooth_playback_frac']:.0%} smoothly "
+           f"({b[128]['x_real_time']:.0f}x). 64 served streams made {b[64]['x_real_time']:.0f}x, "
+           f"{b[64]['x_real_time'] / engine64:.2f} of the engine's batch 64 ({engine64:.0f}x, twentieth "
+           "session, another call). No server log of this session's calls has an error line.", "",
+           "![twenty-third session: unit_tail and first audio](results_twentythird.png)", ""]
+    _plot_twenty_third(units, ab)
+    return md
+
+
+def _plot_twenty_third(units, ab):
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    _paired_bars(axes[0], [f"{C}/d{d}" for C, d, *_ in units],
+                 [("three kernels", "#999", [u[2] for u in units]),
+                  ("unit_tail (tf32x3)", "#286", [u[5][0] for u in units])], "{:.0f}".format)
+    axes[0].legend(fontsize=7)
+    axes[0].set_xlabel("residual unit: channels / dilation (64 streams x 4 patches)")
+    axes[0].set_ylabel("us per unit")
+    axes[0].tick_params(axis="x", labelsize=7)
+    axes[0].set_title("VAE residual units", fontsize=9)
+    levels = sorted(ab["after"])
+    _paired_bars(axes[1], [str(c) for c in levels],
+                 [("before", "#999", [ab["before"][c]["ttfa_ms"]["p50"] for c in levels]),
+                  ("after", "#286", [ab["after"][c]["ttfa_ms"]["p50"] for c in levels])], "{:.1f}".format)
+    axes[1].legend(fontsize=7)
+    axes[1].set_xlabel("streams, all at once (served, same call, 10 requests each)")
+    axes[1].set_ylabel("TTFA p50, ms")
+    axes[1].set_title("served: first audio", fontsize=9)
+    _save_panels(fig, axes, "Twenty-third session, H200, 2026-11-28", "results_twentythird.png")
 
 
 if __name__ == "__main__":
