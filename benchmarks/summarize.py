@@ -2479,6 +2479,8 @@ def twenty_third_session(res) -> list[str]:
     cap = {a: load(f"served_twentythird_sweep{s}.json")["capacity"] for a, s in (("burst", ""), ("poisson", "_poisson"))}
     with open(os.path.join(HERE, "raw", "vae_tests_twentythird.txt")) as f:
         vae_tests = re.search(r"(\d+) passed", f.read()).group(1)
+    with open(os.path.join(HERE, "raw", "gpu_tests_twentythird.txt")) as f:
+        final_tests = [int(n) for n in re.findall(r"(\d+) passed", f.read())]
     engine64 = res["twentieth"]["engine_b64_xrt"][-1]
     b = sw["burst"]
     res.update({"ttfa_ms_p95_c64": b[64]["ttfa_ms"]["p95"], "smooth_frac_c64": b[64]["smooth_playback_frac"],
@@ -2547,10 +2549,10 @@ def twenty_third_session(res) -> list[str]:
            f"as served against exact fp32 {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} "
            f"(bound {chk['vae_graphs_vs_eager']['served_bound']:.0e}; with plain TF32 it was "
            f"{chk_tf32['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e}, call 3).",
-           f"- `tests/test_vae_kernels.py` passed on the GPU ({vae_tests} passed, call 3, plain TF32; "
-           "`raw/vae_tests_twentythird.txt`). The tf32x3 product was not run through it on the GPU. Its "
-           "per-unit difference from exact fp32 in the sweep is at most "
-           f"{max(u[5][1] for u in units):.1e}, and `gpu_check.py` ran on it.", "",
+           f"- GPU tests on the final code (call 6, `raw/gpu_tests_twentythird.txt`): `tests/test_vae_kernels.py` "
+           f"{final_tests[0]} passed (with plain TF32 in call 3: {vae_tests}); `tests/test_engine_gpu.py -k "
+           f"'stream_audio or first_audio'` {final_tests[1]} passed: the decoder's audio thread, whose stream "
+           "rows are now zeroed when they close, against the eager decode.", "",
            "**First audio with fewer round trips before it.** A helper traced a lone request's path. The "
            "python backend's calls to the parent process (metrics, `is_cancelled`) are IPC round trips, and "
            "several ran before the first chunk left:",
