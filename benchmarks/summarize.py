@@ -1977,6 +1977,17 @@ def _paired_bars(ax, ticks: list, series: list, fmt):
     ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
 
 
+def _ttfa_bars(ax, series: list, xlabel: str, fmt):
+    """Served TTFA p50 per level, two runs side by side: series [(label, color, {streams: level})]."""
+    levels = sorted(series[0][2])
+    _paired_bars(ax, [str(c) for c in levels],
+                 [(label, color, [runs[c]["ttfa_ms"]["p50"] for c in levels]) for label, color, runs in series], fmt)
+    ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("TTFA p50, ms")
+    ax.set_title("served: first audio", fontsize=9)
+
+
 def _plot_nineteenth(out):
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -2455,14 +2466,8 @@ def _plot_twenty_second(runs, sizes, ab):
     axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize=7)
     axes[0].set_title("in process (engine alone)", fontsize=9)
-    levels = sorted(ab["on"])
-    _paired_bars(axes[1], [str(c) for c in levels],
-                 [("packed graphs", "#286", [ab["on"][c]["ttfa_ms"]["p50"] for c in levels]),
-                  ("eager packed", "#999", [ab["off"][c]["ttfa_ms"]["p50"] for c in levels])], "{:.0f}".format)
-    axes[1].legend(fontsize=7)
-    axes[1].set_xlabel("streams, all at once (served, same call)")
-    axes[1].set_ylabel("TTFA p50, ms")
-    axes[1].set_title("served: first audio", fontsize=9)
+    _ttfa_bars(axes[1], [("packed graphs", "#286", ab["on"]), ("eager packed", "#999", ab["off"])],
+               "streams, all at once (served, same call)", "{:.0f}".format)
     _save_panels(fig, axes, "Twenty-second session, H200, 2026-11-28: a burst's prefills", "results_twentysecond.png")
 
 
@@ -2611,14 +2616,8 @@ def _plot_twenty_third(units, ab):
     axes[0].set_ylabel("us per unit")
     axes[0].tick_params(axis="x", labelsize=7)
     axes[0].set_title("VAE residual units", fontsize=9)
-    levels = sorted(ab["after"])
-    _paired_bars(axes[1], [str(c) for c in levels],
-                 [("before", "#999", [ab["before"][c]["ttfa_ms"]["p50"] for c in levels]),
-                  ("after", "#286", [ab["after"][c]["ttfa_ms"]["p50"] for c in levels])], "{:.1f}".format)
-    axes[1].legend(fontsize=7)
-    axes[1].set_xlabel("streams, all at once (served, same call, 10 requests each)")
-    axes[1].set_ylabel("TTFA p50, ms")
-    axes[1].set_title("served: first audio", fontsize=9)
+    _ttfa_bars(axes[1], [("before", "#999", ab["before"]), ("after", "#286", ab["after"])],
+               "streams, all at once (served, same call, 10 requests each)", "{:.1f}".format)
     _save_panels(fig, axes, "Twenty-third session, H200, 2026-11-28", "results_twentythird.png")
 
 
