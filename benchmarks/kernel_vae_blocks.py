@@ -120,7 +120,8 @@ def main():
     ap.add_argument("--block-co", default="32,64,128,256")
     ap.add_argument("--block-ci", default="16,32,64")
     ap.add_argument("--unit-block-t", default="32,64,128")
-    ap.add_argument("--dot-precision", default="tf32", help="fp32 products to try: tf32, tf32x3, ieee")
+    ap.add_argument("--dot-precision", default=vae_kernels.UNIT_DOT_PRECISION,
+                    help="fp32 products to try, e.g. tf32,tf32x3,ieee (default: the kernel's)")
     ap.add_argument("--max-channels", type=int, default=4096, help="--unit: the widest unit timed")
     args = ap.parse_args()
     shapes = unit_shapes(args.streams, args.patches)

@@ -2476,7 +2476,7 @@ def twenty_third_session(res) -> list[str]:
     (`unit_tail`), first audio with fewer IPC round trips before it; the served sweep on the final
     code. Updates the served headline keys, sets res["twentythird"], returns the markdown, draws
     results_twentythird.png."""
-    v1, tf32, final = (load(f"vae_unit{s}_twentythird.json") for s in ("_v1", "_tf32", ""))
+    v1, final = (load(f"vae_unit{s}_twentythird.json") for s in ("_v1", ""))
     chk, chk_tf32 = load("gpu_check_vae_twentythird.json"), load("gpu_check_vae_tf32_twentythird.json")
     sweep_units = load("vae_unit_sweep_precision_twentythird.json")["units"]["fp32"]
     ab = {k: served_levels(f"served_twentythird_ab_{k}.json") for k in ("before", "after")}
@@ -2521,8 +2521,11 @@ def twenty_third_session(res) -> list[str]:
           "tensors' round trips to memory fewer per unit.", "",
           "- The first version (call 1, `raw/vae_unit_v1_twentythird.json`) made the whole decode 4.6x slower "
           f"({v1['profile_64x4']['fp32:0']['gpu_ms']:.1f} against {v1['profile_64x4']['fp32:256']['gpu_ms']:.1f} ms "
-          "of GPU for 64 streams x 4 patches). Compiled for sm_90 here, its seven unrolled taps' addresses took "
-          "255 registers and spilled; a loop over the taps, one tap's addresses at a time, does not.",
+          "of GPU for 64 streams x 4 patches). Compiled for sm_90 on this machine (`ptxas -v`, "
+          "`raw/unit_tail_ptxas_twentythird.txt`), its launch (128, 32, 64, 4 warps) took 255 registers and "
+          "spilled, and 174 KB of shared memory: triton's pipeliner staged the seven unrolled taps' loads, which "
+          "leaves one program per SM. With the taps in a loop that launch takes 32 KB, and the sweep below picked "
+          "launches that do not spill. Which of the three made the difference was not isolated.",
           "- A sweep of launches per unit at 64 x 4 (calls 2 and 3, `benchmarks/kernel_vae_blocks.py --unit`, "
           "`raw/vae_unit_sweep{,_precision}_twentythird.json`): up to 128 channels the kernel wins; at 256 each "
           "of two output blocks makes the depthwise conv again, and it lost at every launch (1,050-1,180 against "
@@ -2536,8 +2539,18 @@ def twenty_third_session(res) -> list[str]:
     for C, d, t3, e3, t1, t33, _ in units:
         md.append(f"| {C} | {d} | {t3:.0f} ({e3:.1e}) | {t1[0]:.0f} ({t1[1]:.1e}) | {t33[0]:.0f} ({t33[1]:.1e}) |")
     tot3, tot33 = sum(u[2] for u in units), sum(u[5][0] for u in units)
+    fin = load("vae_unit_sweep_final_twentythird.json")["units"]["fp32"]
+    fin3, fin_def = sum(r["three_kernels"] for r in fin), sum(r["None"][0] for r in fin)
+    with open(os.path.join(HERE, "raw", "gpu_tests_final_twentythird.txt")) as f:
+        fin_tests = re.search(r"(\d+) passed", f.read()).group(1)
     md += ["", f"Over those nine units: {tot3:.0f} us with three kernels, {tot33:.0f} us with `unit_tail` "
-           f"({tot3 / tot33:.2f}x).", "",
+           f"({tot3 / tot33:.2f}x). After a review the kernel's grid puts time first, on the axis without "
+           "a 65,535-block limit (a one-shot decode of more than ~87 s would have passed it). On that final "
+           f"code (call 7, `raw/vae_unit_sweep_final_twentythird.json`, default launches): {fin3:.0f} against "
+           f"{fin_def:.0f} us ({fin3 / fin_def:.2f}x), at most "
+           f"{max(r['None'][1] for r in fin):.1e} from exact fp32; `tests/test_vae_kernels.py` {fin_tests} passed "
+           "(`raw/gpu_tests_final_twentythird.txt`). The whole-decoder and served figures below ran before "
+           "that change.", "",
            "The whole decoder as served (`VAEStreams`, CUDA graphs where captured; call 5, "
            "`benchmarks/vae_precision.py --precisions fp32:0,fp32:128`, `raw/vae_unit_twentythird.json`), ms "
            "per call:", "",
@@ -2548,7 +2561,9 @@ def twenty_third_session(res) -> list[str]:
         md.append(f"| {label} | {sh['1x1']:.2f} | {sh['8x4']:.2f} | {sh['64x4']:.2f} | {sh['64x16']:.2f} | "
                   f"{final['profile_64x4'][k]['gpu_ms']:.2f} | {q['max_abs']:.2e}, {q['snr_db']:.1f} dB |")
     md += ["", f"- 64 x 16 patches: {final['shapes']['fp32:0']['64x16'] / final['shapes']['fp32:128']['64x16']:.2f}x; "
-           f"64 x 4: {final['shapes']['fp32:0']['64x4'] / final['shapes']['fp32:128']['64x4']:.2f}x. The audio moved "
+           f"64 x 4: {final['shapes']['fp32:0']['64x4'] / final['shapes']['fp32:128']['64x4']:.2f}x. One stream's "
+           f"one patch moved {final['shapes']['fp32:0']['1x1']:.2f} -> {final['shapes']['fp32:128']['1x1']:.2f} ms, "
+           "less than the same baseline moved between calls (0.74-0.91 ms). The audio moved "
            f"closer to exact fp32 ({q0['max_abs']:.2e} to {q1['max_abs']:.2e}).",
            "- `gpu_check.py --only vae` passes on the final code (`raw/gpu_check_vae_twentythird.json`): the VAE "
            f"as served against exact fp32 {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} "
@@ -2556,8 +2571,9 @@ def twenty_third_session(res) -> list[str]:
            f"{chk_tf32['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e}, call 3).",
            f"- GPU tests on the final code (call 6, `raw/gpu_tests_twentythird.txt`): `tests/test_vae_kernels.py` "
            f"{final_tests[0]} passed (with plain TF32 in call 3: {vae_tests}); `tests/test_engine_gpu.py -k "
-           f"'stream_audio or first_audio'` {final_tests[1]} passed: the decoder's audio thread, whose stream "
-           "rows are now zeroed when they close, against the eager decode.", "",
+           f"'stream_audio or first_audio'` {final_tests[1]} passed: the decoder's audio thread against the eager "
+           "decode. Neither reopens a closed row, so the zeroing at close is tested on the CPU only "
+           "(`tests/test_audio_vae.py`).", "",
            "**First audio with fewer round trips before it.** A helper traced a lone request's path. The "
            "python backend's calls to the parent process (metrics, `is_cancelled`) are IPC round trips, and "
            "several ran before the first chunk left:",
@@ -2566,8 +2582,9 @@ def twenty_third_session(res) -> list[str]:
            "(now from the second chunk on; the audio thread still asks before it sends anything);",
            "- a VAE stream's state rows (26 tensors) were zeroed when a stream opened on them (now when the "
            "last one closes, in one `_foreach_zero_`).", "",
-           "Same call, both servers (call 4: the previous commit's `python_backend` through "
-           "`VOXCPM_PYTHON_BACKEND`, then this one's, with the unit_tail change included; `SET=\"decoder.timestep_buckets=10,100\" "
+           "Same call, both servers (call 4: the `python_backend` of the twenty-second session's last commit "
+           "through `VOXCPM_PYTHON_BACKEND`, then this session's with all three changes and `unit_tail`; "
+           "`SET=\"decoder.timestep_buckets=10,100\" "
            "LEVELS=1,8,64 REQUESTS=10 bash benchmarks/run_served_gpu.sh`, "
            "`raw/served_twentythird_ab_{before,after}.json`):", "",
            "| streams | TTFA p50 / p95 ms, before | after | first audio in the server, mean ms | x real time, before / after |",
@@ -2577,12 +2594,16 @@ def twenty_third_session(res) -> list[str]:
         md.append(f"| {c} | {o['ttfa_ms']['p50']:.1f} / {o['ttfa_ms']['p95']:.1f} | {n['ttfa_ms']['p50']:.1f} / "
                   f"{n['ttfa_ms']['p95']:.1f} | {o['first_audio_phases_ms']['total']:.1f} -> "
                   f"{n['first_audio_phases_ms']['total']:.1f} | {o['x_real_time']:.1f} / {n['x_real_time']:.1f} |")
-    md += ["", "- One stream: TTFA p50 fell by "
-           f"{ab['before'][1]['ttfa_ms']['p50'] - ab['after'][1]['ttfa_ms']['p50']:.1f} ms. Of that, "
-           f"{ab['before'][1]['first_audio_phases_ms']['total'] - ab['after'][1]['first_audio_phases_ms']['total']:.1f} "
-           "ms shows inside the server; the metrics now recorded after the send are outside its window.",
-           f"- With 10 requests per stream the server before the change also stayed under 25 ms "
-           f"({ab['before'][1]['ttfa_ms']['p50']:.1f}). The earlier sweeps' 25-26 ms came from 2 requests each.",
+    o1, n1 = ab["before"][1], ab["after"][1]
+    md += ["", f"- One stream: TTFA p50 fell by {o1['ttfa_ms']['p50'] - n1['ttfa_ms']['p50']:.1f} ms, the mean "
+           f"by {o1['ttfa_ms']['mean'] - n1['ttfa_ms']['mean']:.1f} ms ({o1['ttfa_ms']['mean']:.1f} -> "
+           f"{n1['ttfa_ms']['mean']:.1f}); p95 rose by {n1['ttfa_ms']['p95'] - o1['ttfa_ms']['p95']:.1f} ms. The "
+           f"mean first audio inside the server fell by "
+           f"{o1['first_audio_phases_ms']['total'] - n1['first_audio_phases_ms']['total']:.1f} ms; the metrics now "
+           "recorded after the send are outside that window. 10 requests each, one call: which change gave "
+           "how much is not separated.",
+           f"- With 10 requests the server before the change also had a p50 under 25 ms "
+           f"({o1['ttfa_ms']['p50']:.1f}), where the earlier sweeps' medians of 2 requests were 25-26 ms.",
            "- The aggregates moved by 1% or less, within the spread between servers.", "",
            "**The full sweep on the final code** (call 5, `SET=\"decoder.timestep_buckets=10,100\" "
            "ARRIVALS=burst,poisson LEVELS=1,8,32,64,96,128 REQUESTS=2`, `raw/served_twentythird_sweep*.json`; "
@@ -2599,7 +2620,7 @@ def twenty_third_session(res) -> list[str]:
            f"streams all at once played {b[128]['smooth_playback_frac']:.0%} smoothly "
            f"({b[128]['x_real_time']:.0f}x). 64 served streams made {b[64]['x_real_time']:.0f}x, "
            f"{b[64]['x_real_time'] / engine64:.2f} of the engine's batch 64 ({engine64:.0f}x, twentieth "
-           "session, another call). No server log of this session's calls has an error line.", "",
+           "session, another call).", "",
            "![twenty-third session: unit_tail and first audio](results_twentythird.png)", ""]
     _plot_twenty_third(units, ab)
     return md

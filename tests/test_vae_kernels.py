@@ -55,13 +55,14 @@ def test_kernel_matches_the_layers(C, T, dilation, with_prev):
     assert (y - want).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("C,T,dilation,block_co", [(20, 3, 9, 128), (40, 150, 3, 16), (64, 70, 1, 128),
+@pytest.mark.parametrize("C,T,dilation,block_co", [(20, 3, 9, 128), (40, 300, 3, 16), (64, 70, 1, 128),
                                                     (33, 200, 1, 16)])
 def test_unit_tail_is_the_rest_of_the_unit(C, T, dilation, block_co, monkeypatch):
     """Depthwise conv, its snake, the pointwise conv and the skip in one kernel against the unit's
     layers from its padded input: fewer frames than the look-back and a partial channel block
-    (20 channels in blocks of 16), several output channel blocks (40 and 33 in blocks of 16, each
-    making the depthwise conv again), several time blocks, whole blocks (64)."""
+    (20 channels in one block of 32), several output channel blocks (40 and 33 in blocks of 16, each
+    making the depthwise conv again; 33 also in input blocks of 16, the last one partial), several
+    time blocks (300 frames: more than the interpreter's block of 256), whole blocks (64)."""
     monkeypatch.setattr(vae_kernels, "UNIT_BLOCK_CO", block_co)
     unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
     snake1, conv, snake2, pointwise = unit.block
@@ -139,8 +140,10 @@ REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_
                decoder_rates=[8, 6, 5, 2, 2, 2], depthwise=True, sr_bin_boundaries=[20000, 30000, 40000])
 
 
-def test_decoder_with_the_kernel_matches_without():
-    """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel)."""
+def test_decoder_with_the_kernel_matches_without(monkeypatch):
+    """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel). Its
+    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths."""
+    monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
@@ -148,7 +151,6 @@ def test_decoder_with_the_kernel_matches_without():
     # The snakes before the upsampling convs and the last conv run in those convs' look-back pass.
     assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 7
     assert fused.state_dict().keys() == plain.state_dict().keys()  # checkpoints load as they did
-    assert vae_kernels.UNIT_MAX_CHANNELS >= 32  # REALISH's units, 32 to 1 channels, run unit_tail
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)
     assert want.abs().max().item() > 1e-3  # not a trivially silent decoder

@@ -17,6 +17,7 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -179,21 +180,20 @@ class StreamAudio:
                 work, upto = self._take(), self.chunks_queued
                 self.round_upto = upto
             launched = lambda: self._launched(upto)  # noqa: E731
-            try:
-                if self.cuda_stream is not None:
-                    with torch.cuda.stream(self.cuda_stream):
-                        waiting = self._round(work, launched)
-                else:
+            # A failed round's streams are closed on the stream of their decodes too: closing zeroes
+            # their state rows, which must come after those decodes' writes.
+            with torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext():
+                try:
                     waiting = self._round(work, launched)
-                if waiting:  # no slot for some: rounds come again at once, but not in a hot loop
-                    time.sleep(0.002)
-            except Exception as e:  # noqa: BLE001 - a bug here fails this round's requests, not the thread
-                log.exception("audio decoding round failed")
-                self._fail([(key, r) for key, r, *_ in work if not r.done], e)
-            finally:
-                launched()  # a failed round's chunks are not waited for either
-                with self.lock:
-                    self.round_upto = None
+                    if waiting:  # no slot for some: rounds come again at once, but not in a hot loop
+                        time.sleep(0.002)
+                except Exception as e:  # noqa: BLE001 - a bug here fails this round's requests, not the thread
+                    log.exception("audio decoding round failed")
+                    self._fail([(key, r) for key, r, *_ in work if not r.done], e)
+                finally:
+                    launched()  # a failed round's chunks are not waited for either
+                    with self.lock:
+                        self.round_upto = None
 
     def _launched(self, upto: int):
         """This round's decodes are on the GPU: fences for the chunks it took (upto) may pass."""

@@ -31,8 +31,8 @@ the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the nex
 A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
 snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores;
 for fp32 activations three TF32 products, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
-output block makes the depthwise conv again; from 256 channels on it is slower than the three
-kernels, which those units keep (UNIT_MAX_CHANNELS).
+output block makes the depthwise conv again, which makes the widest units slower than the three
+kernels: they keep them (UNIT_MAX_CHANNELS, benchmarks/kernel_vae_blocks.py --unit).
 
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
@@ -62,8 +62,8 @@ UNIT_BLOCK_CO = 128
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
 # fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
-# faster but twice as far from fp32 as cuDNN's TF32 convs), "tf32" or "ieee"
-UNIT_DOT_PRECISION = "tf32x3"
+# faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
+UNIT_DOT_PRECISION = "tf32x3" if torch.version.hip is None else "ieee"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -109,8 +109,8 @@ if _HAVE_TRITON:
         K: tl.constexpr, DIL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
         BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
-        b = tl.program_id(0)
-        t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # time on the grid's unbounded axis
+        b = tl.program_id(1)
         co = tl.program_id(2) * BLOCK_CO + tl.arange(0, BLOCK_CO)
         t_ok = (t < T)[None, :]
         co_ok = co < C
@@ -182,8 +182,7 @@ if _HAVE_TRITON:
         tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
 
     _FAST_SIN = not interpreted(_dwconv_snake_kernel) and torch.version.hip is None  # PTX: NVIDIA only
-    # fp32 operands: tl.dot's default input precision, TF32 (as cuDNN's convs by default). triton's
-    # CPU interpreter (3.6) multiplies bf16 operands wrongly: there the product is fp32.
+    # triton's CPU interpreter (3.6) multiplies bf16 operands wrongly: there the product is fp32.
     _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
     if interpreted(_unit_tail_kernel):
         _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
@@ -232,7 +231,7 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
     block_co, block_ci = min(UNIT_BLOCK_CO, width), min(block_ci, width)
     if interpreted(_unit_tail_kernel):
         block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
-    grid = (B, triton.cdiv(T, block_t), triton.cdiv(C, block_co))
+    grid = (triton.cdiv(T, block_t), B, triton.cdiv(C, block_co))
     _unit_tail_kernel[grid](
         xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
         pw_weight.reshape(C, C).contiguous(), pw_bias, out,
