@@ -347,3 +347,41 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
         release.set()
         launch.set()
         audio.stop()
+
+
+def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on():
+    """The engine thread's sink queues a request's first chunk at once (asking the parent process
+    whether the client left is an IPC round trip on the way to first audio; the audio thread asks
+    before it sends); from the second chunk on a client that left stops the request."""
+    from types import SimpleNamespace
+
+    from voxcpm_triton.engine import Finished
+    from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
+
+    class Sender:
+        def __init__(self):
+            self.left, self.asked = True, 0
+
+        def is_cancelled(self):
+            self.asked += 1
+            return self.left
+
+    audio = SimpleNamespace(chunks=[], ends=[])
+    audio.chunk = lambda key, patches: audio.chunks.append((key, patches))
+    audio.end = lambda key, end: audio.ends.append((key, end))
+    sender = Sender()
+    deliver = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "k")
+    chunk = SimpleNamespace(patches=torch.zeros(1, 2, 3))
+    deliver(chunk)
+    assert sender.asked == 0 and [k for k, _ in audio.chunks] == ["k"]
+    with pytest.raises(ClientGone):
+        deliver(chunk)
+    assert sender.asked == 1 and len(audio.chunks) == 1
+    end = Finished("k", "cancelled", 2)
+    deliver(end)
+    assert audio.ends == [("k", end)]
+    sender.left = False  # a client still there: every later chunk is asked about and queued
+    other = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
+    for _ in range(3):
+        other(chunk)
+    assert sender.asked == 3 and [k for k, _ in audio.chunks] == ["k", "j", "j", "j"]
