@@ -82,7 +82,7 @@ class VAEStreams:
             self.slot[key] = self.free.pop()
         row = self.slot[key]
         if row not in self.clean:  # a restart: close() zeroes a row for the next stream
-            torch._foreach_zero_([p[row] for p in self.pools])
+            self._zero(row)
         self.clean.discard(row)
         if context is not None and context.shape[-1]:
             self._body(to_device(torch.tensor([row]), self.device), to_device(context, self.device))
@@ -92,9 +92,13 @@ class VAEStreams:
         stream opens on it, so that a stream's first audio does not wait for it."""
         row = self.slot.pop(key, None)
         if row is not None:
-            torch._foreach_zero_([p[row] for p in self.pools])
+            self._zero(row)
             self.clean.add(row)
             self.free.append(row)
+
+    def _zero(self, row: int) -> None:
+        """Row `row` of every state pool back to silence, in one launch."""
+        torch._foreach_zero_([p[row] for p in self.pools])
 
     def decode(self, keys, z: torch.Tensor) -> torch.Tensor:
         """Next chunk of distinct open streams `keys`: z [B, D, t] -> audio [B, t * hop] on the CPU."""

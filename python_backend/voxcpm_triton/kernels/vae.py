@@ -181,13 +181,14 @@ if _HAVE_TRITON:
         v = tl.load(y_ptr + src, mask=mask).to(tl.float32) + bias[:, None]
         tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
 
-    _FAST_SIN = not interpreted(_dwconv_snake_kernel) and torch.version.hip is None  # PTX: NVIDIA only
+    _INTERPRETED = interpreted(_dwconv_snake_kernel)  # triton's CPU interpreter (tests)
+    _FAST_SIN = not _INTERPRETED and torch.version.hip is None  # PTX: NVIDIA only
     # triton's CPU interpreter (3.6) multiplies bf16 operands wrongly: there the product is fp32.
     _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-    if interpreted(_unit_tail_kernel):
+    if _INTERPRETED:
         _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
 else:
-    _FAST_SIN = False
+    _INTERPRETED = _FAST_SIN = False
 
 
 def dwconv_snake(xp, weight, bias, alpha, dilation: int):
@@ -229,7 +230,7 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
     block_ci, block_t, warps = next((v for c, v in sorted(UNIT_LAUNCHES.items()) if C <= c),
                                     UNIT_LAUNCHES[max(UNIT_LAUNCHES)])
     block_co, block_ci = min(UNIT_BLOCK_CO, width), min(block_ci, width)
-    if interpreted(_unit_tail_kernel):
+    if _INTERPRETED:
         block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
     grid = (triton.cdiv(T, block_t), B, triton.cdiv(C, block_co))
     _unit_tail_kernel[grid](
