@@ -15,10 +15,12 @@ from tests.conftest import require_module
 require_module("triton", "requirements-test.txt")
 
 from voxcpm_triton.model.audio_vae import (  # noqa: E402
-    AudioVAE, AudioVAEConfig, CausalConvTranspose1d, ResidualUnit, _Stream, snake,
+    AudioVAE, AudioVAEConfig, CausalConvTranspose1d, DecoderBlock, ResidualUnit, Snake1d, _Stream, snake,
 )
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
-from voxcpm_triton.kernels.vae import dwconv_snake, phase_interleave, skip_add, snake_extend, unit_tail  # noqa: E402
+from voxcpm_triton.kernels.vae import (  # noqa: E402
+    conv_tanh, dwconv_snake, phase_interleave, skip_add, snake_extend, unit_tail,
+)
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The polyphase upsampling conv and cuDNN's transposed conv may both use TF32 on a GPU (PyTorch's
@@ -91,6 +93,37 @@ def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     assert full.shape == want.shape and tail.shape == prev.shape and tail.is_contiguous()
     assert (full - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
     assert torch.equal(tail, full[..., -L:])
+    cl, cl_tail = snake_extend(prev, x, alpha, channels_last=True)
+    assert cl.stride() == (C * (L + T), 1, C) and torch.equal(cl, full) and torch.equal(cl_tail, tail)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_snake_extend_applies_the_sample_rate_condition_first(rows):
+    """affine: x * scale + shift before the snake, one (scale, shift) for every stream or one per stream."""
+    g = torch.Generator().manual_seed(rows)
+    B, C, L, T = 2, 9, 1, 300
+    prev, x = torch.randn(B, C, L, generator=g).to(DEV), torch.randn(B, C, T, generator=g).to(DEV)
+    alpha = (0.5 + torch.rand(1, C, 1, generator=g)).to(DEV)
+    scale, shift = (0.5 + torch.rand(rows, C, generator=g)).to(DEV), torch.randn(rows, C, generator=g).to(DEV)
+    want = torch.cat([prev, snake(x * scale[..., None] + shift[..., None], alpha)], -1)
+    full, tail = snake_extend(prev, x, alpha, (scale, shift))
+    assert (full - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    assert torch.equal(tail, full[..., -L:])
+    plain, _ = snake_extend(prev, x, alpha)
+    assert (plain - full).abs().max().item() > 0.1  # the condition did something
+
+
+@pytest.mark.parametrize("C,T", [(32, 3), (20, 700), (40, 1500)])
+def test_conv_tanh_is_the_last_conv_and_its_tanh(C, T):
+    """A partial and several channel blocks, several time blocks; arguments large enough to saturate."""
+    g = torch.Generator().manual_seed(C + T)
+    xp = (3 * torch.randn(2, C, T + 6, generator=g)).to(DEV)
+    w, b = (torch.randn(1, C, 7, generator=g) / C ** 0.5).to(DEV), torch.randn(1, generator=g).to(DEV)
+    want = torch.tanh(torch.nn.functional.conv1d(xp.double().cpu(), w.double().cpu(), b.double().cpu()))
+    got = conv_tanh(xp, w, b)
+    assert got.shape == want.shape == (2, 1, T)
+    assert (got.double().cpu() - want).abs().max().item() <= 1e-5
+    assert want.abs().max().item() > 0.99
 
 
 def test_skip_add_is_the_residual_with_the_pointwise_bias():
@@ -115,6 +148,24 @@ def test_polyphase_upsampling_is_the_transposed_conv(C_in, C_out, stride, T):
     first = up(x[..., :T], st)
     second = up(x[..., T:], _Stream(st.next))
     assert (torch.cat([first, second], -1) - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("C_in", [16, 512])  # 512: the look-back pass writes channels-last, as the weight is
+def test_polyphase_upsampling_with_its_snake_deferred(C_in):
+    """The snake before the upsampling conv applied in its look-back pass (`snake_extend`), against
+    the snake then the transposed conv; one-shot and streamed."""
+    up = _randomize(CausalConvTranspose1d(C_in, 3, 2), seed=C_in).to(DEV)
+    act = _randomize(Snake1d(C_in), seed=C_in + 1).to(DEV)
+    object.__setattr__(up, "pre_snake", act)
+    x = torch.randn(2, C_in, 7, generator=torch.Generator().manual_seed(C_in)).to(DEV)
+    want = up(x)  # the plain path applies the deferred snake itself
+    tol = TOL * max(1.0, want.abs().max().item())
+    up.polyphase = True
+    assert up.channels_last == (C_in >= 512)
+    assert (up(x) - want).abs().max().item() <= tol
+    st = _Stream([torch.zeros(2, C_in, 1, device=DEV)])
+    first = up(x[..., :3], st)
+    assert (torch.cat([first, up(x[..., 3:], _Stream(st.next))], -1) - want).abs().max().item() <= tol
 
 
 def test_polyphase_weight_follows_the_weight():
@@ -148,8 +199,10 @@ def test_decoder_with_the_kernel_matches_without(monkeypatch):
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
     assert sum(getattr(m, "polyphase", False) for m in fused.modules()) == 6
-    # The snakes before the upsampling convs and the last conv run in those convs' look-back pass.
-    assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 7
+    # The snakes before the upsampling convs and the last conv run in those convs' look-back pass,
+    # and the last conv applies the tanh.
+    assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 8
+    assert all(b.takes_condition for b in fused.decoder.model if isinstance(b, DecoderBlock))
     assert fused.state_dict().keys() == plain.state_dict().keys()  # checkpoints load as they did
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)
@@ -158,6 +211,23 @@ def test_decoder_with_the_kernel_matches_without(monkeypatch):
     state, parts = fused.new_stream_state(2), []
     for a, b in ((0, 1), (1, 2), (2, 5)):
         audio, state = fused.decode_chunk(z[..., a:b], state)
+        parts.append(audio)
+    assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
+
+
+def test_decoder_with_the_kernels_takes_a_sample_rate_per_stream():
+    """The sample-rate condition applied in the upsampling convs' look-back pass: a rate per stream
+    (their own scale and shift rows), one-shot and streamed."""
+    plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=2).eval().to(DEV)
+    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=2).eval().to(DEV)
+    z = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(12)).to(DEV)
+    sr = torch.tensor([16000, 48000], device=DEV)
+    want = plain.decode(z, sr)
+    assert (want - plain.decode(z)).abs().max().item() > 1e-3  # the rates condition differently
+    assert (fused.decode(z, sr) - want).abs().max().item() <= TOL
+    state, parts = fused.new_stream_state(2), []
+    for a, b in ((0, 1), (1, 4)):
+        audio, state = fused.decode_chunk(z[..., a:b], state, sr)
         parts.append(audio)
     assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
 

@@ -11,6 +11,9 @@ frames to save for the next chunk cut from the same pass (instead of snake, torc
 
     prev [B, C, L], x [B, C, T]  ->  xp [B, C, L + T] = [prev | snake(x)],  tail = xp[..., -L:]
 
+Before an upsampling conv it also applies the decoder's sample-rate condition, a per-channel
+x * scale + shift (two passes over the activations in PyTorch).
+
 `dwconv_snake`: the causal depthwise conv, its bias and the snake after it:
 
     xp   [B, C, L + T]  the conv's input with its look-back frames in front (L = 6 * d): zeros
@@ -41,6 +44,8 @@ an implicit GEMM (benchmarks/kernel_vae_polyphase.py compares the two at every l
 puts phase j of frame t at sample t * s + j and adds the bias, one pass:
 
     y [B, C * s, T]  ->  out [B, C, T * s],  out[b, c, t * s + j] = y[b, c * s + j, t] + bias[c]
+
+`conv_tanh`: the decoder's last conv (to one channel) and its tanh, one pass.
 
 The activations are fp32, or bf16 / fp16 for a decoder cast to that precision
 (`AudioVAE.set_decode_precision`); every kernel computes in fp32 and stores in the activations' dtype. The taps are
@@ -136,9 +141,9 @@ if _HAVE_TRITON:
 
     @triton.jit
     def _snake_extend_kernel(
-        prev_ptr, x_ptr, alpha_ptr, full_ptr, tail_ptr,
-        C, L, T, spb, spc, sxb, sxc,
-        BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr,
+        prev_ptr, x_ptr, alpha_ptr, full_ptr, tail_ptr, scale_ptr, shift_ptr,
+        C, L, T, spb, spc, sxb, sxc, sab, sfb, sfc, sft,
+        BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, AFFINE: tl.constexpr,
     ):
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -151,11 +156,35 @@ if _HAVE_TRITON:
                       other=0.0).to(tl.float32)
         x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :], mask=c_ok & in_range & ~from_prev,
                     other=0.0).to(tl.float32)
+        if AFFINE:  # the sample-rate condition before the snake: x * scale + shift, each op rounded (16-bit dtypes)
+            sc = tl.load(scale_ptr + b * sab + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
+            sh = tl.load(shift_ptr + b * sab + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
+            x = (x * sc).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = (x + sh).to(x_ptr.dtype.element_ty).to(tl.float32)
         a = tl.load(alpha_ptr + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
         v = tl.where(from_prev, old, _snake(x, a, FAST_SIN))
-        tl.store(full_ptr + (b * C + c[:, None]) * n + t[None, :], v, mask=c_ok & in_range)
+        tl.store(full_ptr + b * sfb + c[:, None] * sfc + t[None, :] * sft, v, mask=c_ok & in_range)
         keep = t - T  # the last L frames are the stream's context for its next chunk
         tl.store(tail_ptr + (b * C + c[:, None]) * L + keep[None, :], v, mask=c_ok & in_range & (keep >= 0)[None, :])
+
+    @triton.jit
+    def _conv_tanh_kernel(xp_ptr, w_ptr, bias_ptr, out_ptr, C, T, spb, spc,
+                          K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        b = tl.program_id(1)
+        t_ok = (t < T)[None, :]
+        acc = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            m = (c < C)[:, None] & t_ok
+            row = xp_ptr + b * spb + c[:, None] * spc + t[None, :]
+            for k in range(K):  # a loop, not unrolled: one tap's tile in registers at a time
+                w = tl.load(w_ptr + c * K + k, mask=c < C, other=0.0).to(tl.float32)
+                acc += w[:, None] * tl.load(row + k, mask=m, other=0.0).to(tl.float32)
+        v = tl.sum(acc, axis=0) + tl.load(bias_ptr).to(tl.float32)
+        e = tl.exp(-2.0 * tl.abs(v))  # tanh through exp(-2|v|) <= 1: never overflows
+        y = (1.0 - e) / (1.0 + e)
+        tl.store(out_ptr + b * T + t, tl.where(v < 0, -y, y), mask=t < T)
 
     @triton.jit
     def _skip_add_kernel(x_ptr, z_ptr, bias_ptr, out_ptr, C, T, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
@@ -244,26 +273,61 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
     return out
 
 
-def snake_extend(prev, x, alpha):
+def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False):
     """prev [B, C, L] (a stream's saved frames), x [B, C, T], alpha [1, C, 1] or [C]
-    -> (full [B, C, L + T] = cat(prev, snake(x)), tail [B, C, L] = its last L frames), one pass."""
+    -> (full [B, C, L + T] = cat(prev, snake(x)), tail [B, C, L] = its last L frames), one pass.
+
+    affine: (scale, shift), each [1, C] or [B, C] (per stream): x * scale + shift goes into the
+    snake instead of x (the decoder's sample-rate condition, `SampleRateCondition.affine`).
+    channels_last: full laid out [B, L + T, C] in memory (strides (C * (L + T), 1, C)), as a conv with
+    a channels-last weight takes it (cuDNN would otherwise copy it so); tail stays contiguous."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     B, C, T = x.shape
     L = prev.shape[-1]
     assert prev.shape[:2] == (B, C) and prev.dtype == x.dtype in DTYPES, (prev.shape, x.shape, prev.dtype, x.dtype)
     assert x.stride(2) == 1 and prev.stride(2) == 1, (x.stride(), prev.stride())
-    full = torch.empty((B, C, L + T), dtype=x.dtype, device=x.device)
+    if channels_last:
+        full = torch.empty((B, L + T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
+    else:
+        full = torch.empty((B, C, L + T), dtype=x.dtype, device=x.device)
     tail = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
+    scale = shift = x
+    sab = 0
+    if affine is not None:
+        scale, shift = (a.contiguous() for a in affine)
+        assert scale.shape == shift.shape and scale.shape in ((1, C), (B, C)), (scale.shape, shift.shape, B, C)
+        assert scale.dtype == shift.dtype == x.dtype, (scale.dtype, x.dtype)
+        sab = C if scale.shape[0] == B and B > 1 else 0
     if B == 0 or L + T == 0:
         return full, tail
     grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(L + T, BLOCK_T))
     _snake_extend_kernel[grid](
-        prev, x, alpha.reshape(C).contiguous(), full, tail,
-        C, L, T, prev.stride(0), prev.stride(1), x.stride(0), x.stride(1),
-        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, num_warps=NUM_WARPS,
+        prev, x, alpha.reshape(C).contiguous(), full, tail, scale, shift,
+        C, L, T, prev.stride(0), prev.stride(1), x.stride(0), x.stride(1), sab, *full.stride(),
+        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, AFFINE=affine is not None, num_warps=NUM_WARPS,
     )
     return full, tail
+
+
+def conv_tanh(xp, weight, bias):
+    """The decoder's last layer: a causal conv to one channel and its tanh. xp [B, C, K - 1 + T] (the
+    conv's input with its look-back frames in front), weight [1, C, K], bias [1] -> [B, 1, T] =
+    tanh(conv(xp) + bias), one pass (cuDNN's conv with a single output channel barely uses the GPU)."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, C, n = xp.shape
+    K = weight.shape[-1]
+    T = n - (K - 1)
+    assert weight.shape == (1, C, K) and bias.shape == (1,) and xp.dtype in DTYPES, (weight.shape, bias.shape)
+    assert T >= 0 and xp.stride(2) == 1, (xp.shape, xp.stride())
+    out = torch.empty((B, 1, T), dtype=xp.dtype, device=xp.device)
+    if out.numel():
+        block_t = 1024 if _INTERPRETED else BLOCK_T
+        grid = (triton.cdiv(T, block_t), B)
+        _conv_tanh_kernel[grid](xp, weight.reshape(C, K).contiguous(), bias, out, C, T, xp.stride(0), xp.stride(1),
+                                K=K, BLOCK_C=BLOCK_C, BLOCK_T=block_t, num_warps=NUM_WARPS)
+    return out
 
 
 def skip_add(x, z, bias):

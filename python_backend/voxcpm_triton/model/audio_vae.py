@@ -186,11 +186,15 @@ class Snake1d(nn.Module):
         return x if self.deferred else self.fn(x, self.alpha)
 
 
-def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optional[Snake1d] = None) -> Tensor:
+def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optional[Snake1d] = None,
+                  affine: Optional[tuple] = None, channels_last: bool = False) -> Tensor:
     """x with the `ctx` look-back frames of the conv it feeds in front: the stream's saved ones
     (the new ones kept for the next chunk), or zeros one-shot. pre_snake (the Triton path): the
-    snake before the conv, deferred to here and applied in the same pass (`kernels.vae.snake_extend`)."""
+    snake before the conv, deferred to here and applied in the same pass (`kernels.vae.snake_extend`);
+    affine: the sample-rate condition before that snake, (scale, shift), applied in that pass too;
+    channels_last: that pass writes the result channels-last (for a conv whose weight is)."""
     if pre_snake is None:
+        assert affine is None, "the sample-rate condition is deferred only to a deferred snake"
         if not ctx:
             return x
         return F.pad(x, (ctx, 0)) if st is None else st.extend(x, ctx)
@@ -198,15 +202,19 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
 
     x = x.contiguous()
     prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
-    full, tail = snake_extend(prev, x, pre_snake.alpha)
+    full, tail = snake_extend(prev, x, pre_snake.alpha, affine, channels_last)
     if st is not None:
         st.keep(tail)
     return full
 
 
 class Tanh(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.deferred = False  # the conv before it applies it (`CausalConv1d.tanh_after`)
+
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
-        return torch.tanh(x)
+        return x if self.deferred else torch.tanh(x)
 
 
 class CausalConv1d(nn.Module):
@@ -233,6 +241,7 @@ class CausalConv1d(nn.Module):
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels // groups, kernel_size) * 0.02)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.pre_snake: Optional[Snake1d] = None  # see with_lookback
+        self.tanh_after = False  # the Triton path: this conv (to one channel) and the Tanh after it, one kernel
 
     def padded(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         """x with its look-back frames in front: the stream's saved ones, or zeros (fresh stream
@@ -240,6 +249,10 @@ class CausalConv1d(nn.Module):
         return with_lookback(x, self.left_pad, st, self.pre_snake)
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+        if self.tanh_after:
+            from ..kernels.vae import conv_tanh
+
+            return conv_tanh(self.padded(x, st), self.weight, self.bias)
         return F.conv1d(self.padded(x, st), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
@@ -283,16 +296,27 @@ class CausalConvTranspose1d(nn.Module):
             s, w = self.stride, self.weight.detach().permute(1, 2, 0)  # [C_out, 2s, C_in]
             taps = torch.stack((w[:, s:], w[:, :s]), dim=2)  # [C_out, s, 2, C_in]
             rows = taps.reshape(self.out_channels * s, 2, self.in_channels).transpose(1, 2)
-            self._phase_w = (key, rows if self.in_channels >= 512 else rows.contiguous())
+            self._phase_w = (key, rows if self.channels_last else rows.contiguous())
         return self._phase_w[1]
 
-    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+    @property
+    def channels_last(self) -> bool:
+        """Whether the polyphase form runs channels-last (weight and input: `phase_weight`)."""
+        return self.in_channels >= 512
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None) -> Tensor:
+        """affine: the sample-rate condition's (scale, shift), applied before the deferred snake
+        (polyphase only: `DecoderBlock.takes_condition`)."""
         if self.polyphase:
             from ..kernels.vae import phase_interleave
 
             # Frame t's samples need frames t - 1 and t: one frame of look-back (zeros when one-shot).
-            x = with_lookback(x, self.ctx, st, self.pre_snake)
-            return phase_interleave(F.conv1d(x, self.phase_weight()), self.bias, self.stride)
+            x = with_lookback(x, self.ctx, st, self.pre_snake, affine, self.channels_last)
+            # As conv2d over a [B, C, 1, T] view: conv1d makes a 3-D input contiguous first, which would
+            # undo a channels-last one (and cuDNN would then copy it back to channels-last).
+            y = F.conv2d(x.unsqueeze(2), self.phase_weight().unsqueeze(2)).squeeze(2)
+            return phase_interleave(y, self.bias, self.stride)
+        assert affine is None, "the sample-rate condition is deferred only to the polyphase form"
         if self.pre_snake is not None:  # polyphase turned off after the snake was deferred to it
             x = snake(x, self.pre_snake.alpha)
         if st is None:
@@ -391,9 +415,17 @@ class DecoderBlock(nn.Module):
             ]
         )
 
-    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
-        for layer in self.block:
-            x = layer(x, st)
+    @property
+    def takes_condition(self) -> bool:
+        """Whether `forward` can apply a sample-rate condition's affine itself: its first snake is
+        deferred to its upsampling conv's polyphase look-back pass, which then applies both."""
+        snake1, up = self.block[0], self.block[1]
+        return snake1.deferred and up.polyphase and up.pre_snake is snake1
+
+    def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None) -> Tensor:
+        """affine: a sample-rate condition's (scale, shift) for x, when `takes_condition`."""
+        for i, layer in enumerate(self.block):
+            x = layer(x, st, affine) if i == 1 and affine is not None else layer(x, st)
         return x
 
 
@@ -420,6 +452,16 @@ class SampleRateCondition(nn.Module):
             self.out_layer = nn.ModuleList([Snake1d(out_in), CausalConv1d(out_in, dim, 1)])
         else:
             self.out_layer = None
+
+    @property
+    def is_affine(self) -> bool:
+        """Whether the condition is x * scale + shift per channel alone (`affine`)."""
+        return self.cond_type in ("scale_bias", "scale_bias_init") and self.out_layer is None
+
+    def affine(self, sr_idx: Tensor) -> tuple:
+        """(scale, shift), each [1 or B, C], of an `is_affine` condition: for a layer that applies it
+        in a pass of its own (`DecoderBlock.takes_condition`)."""
+        return self.scale_embed(sr_idx), self.bias_embed(sr_idx)
 
     def forward(self, x: Tensor, sr_idx: Tensor) -> Tensor:
         # sr_idx: [1] (shared) or [B]; embeddings broadcast over time.
@@ -471,10 +513,12 @@ class Decoder(nn.Module):
 
     def forward(self, x: Tensor, sr_idx: Optional[Tensor], st: Optional[_Stream] = None) -> Tensor:
         for i, layer in enumerate(self.model):
-            if self.sr_cond_model is not None:
-                cond = self.sr_cond_model[i]
-                if cond is not None:
-                    x = cond(x, sr_idx)
+            cond = self.sr_cond_model[i] if self.sr_cond_model is not None else None
+            if cond is not None and cond.is_affine and layer.takes_condition:
+                x = layer(x, st, cond.affine(sr_idx))  # in the block's first pass, not two of its own
+                continue
+            if cond is not None:
+                x = cond(x, sr_idx)
             x = layer(x, st)
         return x
 
@@ -507,8 +551,9 @@ class AudioVAE(nn.Module):
     def __init__(self, config: Union[AudioVAEConfig, Mapping, None] = None, triton_kernels: bool = False):
         """triton_kernels (GPU with triton, or triton's CPU interpreter in tests): each depthwise
         residual unit of the decoder in `kernels.vae`'s kernels (first snake with the stream state,
-        depthwise conv + bias + second snake, pointwise bias + skip), and each upsampling conv in
-        its polyphase form; non-depthwise residual units keep the PyTorch path. The caller checks
+        depthwise conv + bias + second snake, pointwise bias + skip), each upsampling conv in
+        its polyphase form (its block's sample-rate condition and first snake in its look-back
+        pass), and the last conv with its tanh; non-depthwise residual units keep the PyTorch path. The caller checks
         that the kernels can run (`kernels.vae.available()`)."""
         super().__init__()
         if config is None:
@@ -539,6 +584,10 @@ class AudioVAE(nn.Module):
                             and (conv.left_pad if isinstance(conv, CausalConv1d) else conv.ctx) > 0:
                         object.__setattr__(conv, "pre_snake", act)  # a reference, not a submodule
                         act.deferred = True
+            for conv, act in zip(self.decoder.model, self.decoder.model[1:]):  # the last conv and its tanh
+                if isinstance(conv, CausalConv1d) and isinstance(act, Tanh) and conv.out_channels == 1 \
+                        and conv.groups == conv.stride == conv.dilation == 1 and conv.left_pad == conv.weight.shape[-1] - 1:
+                    conv.tanh_after = act.deferred = True
         if config.sr_bin_boundaries is not None:
             idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
             self.register_buffer("_default_sr_idx", torch.tensor([idx], dtype=torch.long), persistent=False)
