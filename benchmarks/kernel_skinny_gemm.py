@@ -68,9 +68,9 @@ def time_calls(fn_per_copy, copies: int, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def candidates(M: int, N: int, K: int, block_ks=(64, 128, 256)):
+def candidates(M: int, N: int, K: int, block_ks=(64, 128, 256), block_ns=(16, 32, 64, 128), splits=(1, 2, 4, 8, 16)):
     block_m = max(16, sg._next_pow2(M))
-    for bn, sk, bk in itertools.product((16, 32, 64, 128), (1, 2, 4, 8, 16), block_ks):
+    for bn, sk, bk in itertools.product(block_ns, splits, block_ks):
         if K // sk < bk or (-(-N // bn)) * sk > 4096:
             continue
         yield sg.Config(block_m, bn, bk, sk)
@@ -139,11 +139,12 @@ def table(rows, margin: float = 0.97) -> dict:
     return out
 
 
-def sweep(names, refine: bool, save):
+def sweep(names, refine: bool, save, tokens=None, quick=False):
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
     for name in names:
         N, K, Ms = SHAPES[name]
+        Ms = tokens or Ms
         nbytes = N * K * 2
         copies = max(2, math.ceil(128e6 / nbytes))
         ws = [torch.randn(N, K, device=dev, dtype=dt) / K ** 0.5 for _ in range(copies)]
@@ -153,7 +154,8 @@ def sweep(names, refine: bool, save):
             row = {"shape": name, "M": M, "N": N, "K": K, "weight_mb": nbytes / 1e6,
                    "cublas_us": time_calls([lambda w=w: F.linear(x, w) for w in ws], copies)}
             results = []
-            for cfg in candidates(M, N, K):
+            narrow = dict(block_ks=(64, 128), block_ns=(32, 64), splits=(1, 2, 4, 8)) if quick else {}
+            for cfg in candidates(M, N, K, **narrow):
                 try:
                     err = (sg.launch(x, ws[0], cfg).float() - want).abs().max().item()
                     us = time_calls([lambda w=w, c=cfg: sg.launch(x, w, c) for w in ws], copies)
@@ -195,6 +197,8 @@ def main():
     ap.add_argument("--lora", action="store_true", help="the fused LoRA kernel at the LoRA sites instead")
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--no-refine", action="store_true", help="skip the warps/stages pass over the best three")
+    ap.add_argument("--tokens", default="", help="token counts for every shape instead of its own, e.g. 88,176")
+    ap.add_argument("--quick", action="store_true", help="fewer launch configs (BLOCK_N 32/64, split-K <= 8, BLOCK_K 64/128)")
     args = ap.parse_args()
     t0 = time.time()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -210,7 +214,8 @@ def main():
     if args.lora:
         lora_sweep(args.rank, save)
     else:
-        sweep(args.shapes.split(","), not args.no_refine, save)
+        sweep(args.shapes.split(","), not args.no_refine, save,
+              [int(t) for t in args.tokens.split(",")] if args.tokens else None, args.quick)
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
 
 

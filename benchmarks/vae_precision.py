@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from bench import log, summarize_profile, sync  # noqa: E402
+from bench import log, summarize_profile, sync, top_ops  # noqa: E402
 from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
@@ -80,6 +80,9 @@ def main():
                     help="decode precisions, each optionally with ':N', the widest residual unit that runs "
                          "`unit_tail` (kernels.vae.UNIT_MAX_CHANNELS; 0: none), e.g. fp32:0,fp32:256")
     ap.add_argument("--out", default="vae_precision.json")
+    ap.add_argument("--ops", action="store_true",
+                    help="also the PyTorch ops of one eager 64 x 4 decode with their input shapes (which layer a "
+                         "kernel of the profile belongs to)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "profile_64x4": {},
@@ -123,6 +126,11 @@ def main():
         out["profile_64x4"][variant] = p
         log(f"[{variant}] profile 64 x 4: {p['gpu_ms']:.2f} ms GPU: "
             + ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items()))
+        if args.ops:
+            idx = torch.arange(1, 65, device=dev)
+            p["ops"] = top_ops(lambda: bank._body(idx, zz.to(dev)), n=40)
+            for o in p["ops"]:
+                log(f"[{variant}]   {o['self_cuda_ms']:.3f} ms {o['calls']:g}x {o['op']} {o['shapes']}")
         for k in range(64):
             bank.close(k)
         audio = stream_audio(bank, P, z)
