@@ -586,7 +586,8 @@ class AudioVAE(nn.Module):
                         act.deferred = True
             for conv, act in zip(self.decoder.model, self.decoder.model[1:]):  # the last conv and its tanh
                 if isinstance(conv, CausalConv1d) and isinstance(act, Tanh) and conv.out_channels == 1 \
-                        and conv.groups == conv.stride == conv.dilation == 1 and conv.left_pad == conv.weight.shape[-1] - 1:
+                        and conv.groups == conv.stride == conv.dilation == 1 and conv.bias is not None \
+                        and conv.left_pad == conv.weight.shape[-1] - 1:
                     conv.tanh_after = act.deferred = True
         if config.sr_bin_boundaries is not None:
             idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
