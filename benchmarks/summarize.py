@@ -2769,8 +2769,29 @@ def twenty_fourth_session(res) -> list[str]:
           "IPC lock (call 5: sending a chunk; call 6: sending a request's final flag);",
           "  - the engine thread was waiting for that lock, to ask `is_cancelled`;",
           "  - so was the metrics thread.",
-          "- So a `send` to the Triton server process never returned. Why the parent did not answer is not "
-          "found here. No device time was left to test a fix, and nothing was changed for it.",
+          "- So a `send` to the Triton server process never returned. No device time was left to find out why "
+          "or to test a fix, and nothing was changed for it.",
+          "- What the send waits for, from a helper's reading of python_backend r24.10 (source, not reproduced). "
+          "The stub waits for the server process with no timeout (`response_sender.cc`). The server hands a "
+          "decoupled BLS response to the caller's stub, here `tts_stream`'s, and waits for that stub to take it in, "
+          "also with no timeout (`python_be.cc: SendBLSDecoupledResponse`). So the decoder's send hangs when "
+          "`tts_stream`'s stub stops taking responses. Three ways that can happen:",
+          "  - its process is blocked or gone (24.10 does not restart decoupled stubs);",
+          "  - its shared-memory region cannot grow (about 0.5 MB of audio per response; `/dev/shm` of the device "
+          "machine was not recorded);",
+          "  - a lost cross-process wake-up, which python_backend's maintainers acknowledge happens rarely "
+          "(python_backend PR #240).",
+          "- Next steps for a GPU call: dump the stubs' stacks at the stall (`py-spy dump --native`), record "
+          "`/dev/shm`, and try a larger `--backend-config=python,shm-default-byte-size`.",
+          "- What the runs show of the caller's side:",
+          "  - The liveness check reported the stall in both servers, and orchestrators failed their requests with "
+          "`VoxCPM server unhealthy` (27 and 21 logged cancellations, of 64 streams in flight).",
+          "  - The other clients had no answer when the benchmark's time ran out, about 140 s later.",
+          "  - In call 5 the second benchmark, meant for this session's server, reached the first server, "
+          "still stalled. Triton answered `Stub process 'tts_stream_0_1' is not healthy` "
+          "(`raw/served_twentyfourth_call5_second_bench.log`).",
+          "  - So one orchestrator instance's stub had stopped. That fits the first of the three ways above. "
+          "Under `scripts/serve.sh` the supervisor restarts an unhealthy server; the benchmark runs without it.",
           "- The twenty-second and twenty-third sessions' runs at these levels did not stall "
           "(10 requests per stream there too, on four servers).", "",
           f"**The engine at batch 8** (call 1, `bench.py --batches 1,8 --reference none --no-vae --graphs-only`, "
