@@ -198,7 +198,8 @@ def main():
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--no-refine", action="store_true", help="skip the warps/stages pass over the best three")
     ap.add_argument("--tokens", default="", help="token counts for every shape instead of its own, e.g. 88,176")
-    ap.add_argument("--quick", action="store_true", help="fewer launch configs (BLOCK_N 32/64, split-K <= 8, BLOCK_K 64/128)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer launch configs (BLOCK_N 32/64, split-K <= 8, BLOCK_K 64/128)")
     args = ap.parse_args()
     t0 = time.time()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

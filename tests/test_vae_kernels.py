@@ -15,7 +15,8 @@ from tests.conftest import require_module
 require_module("triton", "requirements-test.txt")
 
 from voxcpm_triton.model.audio_vae import (  # noqa: E402
-    AudioVAE, AudioVAEConfig, CausalConvTranspose1d, DecoderBlock, ResidualUnit, Snake1d, _Stream, snake,
+    AudioVAE, AudioVAEConfig, CausalConvTranspose1d, DecoderBlock, ResidualUnit, SampleRateCondition, Snake1d,
+    _Stream, snake,
 )
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.kernels.vae import (  # noqa: E402
@@ -215,21 +216,35 @@ def test_decoder_with_the_kernel_matches_without(monkeypatch):
     assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
 
 
-def test_decoder_with_the_kernels_takes_a_sample_rate_per_stream():
+@pytest.mark.parametrize("cond", [{}, {"cond_out_layer": True}])
+def test_decoder_with_the_kernels_takes_a_sample_rate_per_stream(cond, monkeypatch):
     """The sample-rate condition applied in the upsampling convs' look-back pass: a rate per stream
-    (their own scale and shift rows), one-shot and streamed."""
-    plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=2).eval().to(DEV)
-    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=2).eval().to(DEV)
+    (their own scale and shift rows), one-shot and streamed. A condition with an out layer is more
+    than an affine: it keeps running as a layer of its own."""
+    cfg = AudioVAEConfig.from_dict(dict(REALISH, **cond))
+    plain = _randomize(AudioVAE(cfg), seed=2).eval().to(DEV)
+    fused = _randomize(AudioVAE(cfg, triton_kernels=True), seed=2).eval().to(DEV)
     z = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(12)).to(DEV)
     sr = torch.tensor([16000, 48000], device=DEV)
     want = plain.decode(z, sr)
-    assert (want - plain.decode(z)).abs().max().item() > 1e-3  # the rates condition differently
+    assert (want - plain.decode(z)).abs().max().item() > 1e-4  # the rates condition differently
+    if not cond:  # the fused path is taken, not the condition's own forward
+        monkeypatch.setattr(SampleRateCondition, "forward", lambda *a: pytest.fail("condition ran on its own"))
     assert (fused.decode(z, sr) - want).abs().max().item() <= TOL
     state, parts = fused.new_stream_state(2), []
     for a, b in ((0, 1), (1, 4)):
         audio, state = fused.decode_chunk(z[..., a:b], state, sr)
         parts.append(audio)
     assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
+
+
+def test_the_last_tanh_runs_again_when_its_conv_stops_applying_it():
+    vae = AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True)
+    conv, tanh = vae.decoder.model[-2], vae.decoder.model[-1]
+    assert conv.tanh_after and tanh.deferred
+    conv.tanh_after = False
+    x = torch.randn(3)
+    assert not tanh.deferred and torch.equal(tanh(x), torch.tanh(x))
 
 
 def test_only_depthwise_units_are_fused():

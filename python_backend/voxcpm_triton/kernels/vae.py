@@ -1,9 +1,9 @@
-"""Triton kernels (GPU) for the VAE decoder's depthwise residual units and its upsampling.
+"""Triton kernels (GPU) for the VAE decoder's depthwise residual units, its upsampling and its last conv.
 
 A depthwise residual unit is snake -> causal depthwise conv (kernel 7, dilation d) -> snake ->
 pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic CUDA kernel
 (cuDNN is not used), a large share of a streaming decode's GPU time, and each snake is another
-pass over the activations. Four kernels, each one pass:
+pass over the activations. Each kernel below is one pass:
 
 `snake_extend`: a snake written behind the look-back frames of the conv that follows it (a residual
 unit's first snake; the snakes before each upsampling conv and before the last conv), with the
@@ -156,7 +156,7 @@ if _HAVE_TRITON:
                       other=0.0).to(tl.float32)
         x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :], mask=c_ok & in_range & ~from_prev,
                     other=0.0).to(tl.float32)
-        if AFFINE:  # the sample-rate condition before the snake: x * scale + shift, each op rounded (16-bit dtypes)
+        if AFFINE:  # the sample-rate condition before the snake, rounded after each op as PyTorch's two ops round
             sc = tl.load(scale_ptr + b * sab + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
             sh = tl.load(shift_ptr + b * sab + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
             x = (x * sc).to(x_ptr.dtype.element_ty).to(tl.float32)

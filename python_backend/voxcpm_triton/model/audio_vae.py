@@ -211,7 +211,11 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
 class Tanh(nn.Module):
     def __init__(self):
         super().__init__()
-        self.deferred = False  # the conv before it applies it (`CausalConv1d.tanh_after`)
+        self.conv: Optional["CausalConv1d"] = None  # the conv before it, which applies it while its `tanh_after`
+
+    @property
+    def deferred(self) -> bool:
+        return self.conv is not None and self.conv.tanh_after
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
         return x if self.deferred else torch.tanh(x)
@@ -553,8 +557,8 @@ class AudioVAE(nn.Module):
         residual unit of the decoder in `kernels.vae`'s kernels (first snake with the stream state,
         depthwise conv + bias + second snake, pointwise bias + skip), each upsampling conv in
         its polyphase form (its block's sample-rate condition and first snake in its look-back
-        pass), and the last conv with its tanh; non-depthwise residual units keep the PyTorch path. The caller checks
-        that the kernels can run (`kernels.vae.available()`)."""
+        pass), and the last conv with its tanh; non-depthwise residual units keep the PyTorch
+        path. The caller checks that the kernels can run (`kernels.vae.available()`)."""
         super().__init__()
         if config is None:
             config = AudioVAEConfig()
@@ -588,7 +592,8 @@ class AudioVAE(nn.Module):
                 if isinstance(conv, CausalConv1d) and isinstance(act, Tanh) and conv.out_channels == 1 \
                         and conv.groups == conv.stride == conv.dilation == 1 and conv.bias is not None \
                         and conv.left_pad == conv.weight.shape[-1] - 1:
-                    conv.tanh_after = act.deferred = True
+                    conv.tanh_after = True
+                    object.__setattr__(act, "conv", conv)  # a reference, not a submodule
         if config.sr_bin_boundaries is not None:
             idx = bisect.bisect_left(config.sr_bin_boundaries, config.out_sample_rate)
             self.register_buffer("_default_sr_idx", torch.tensor([idx], dtype=torch.long), persistent=False)

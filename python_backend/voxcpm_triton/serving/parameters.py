@@ -153,7 +153,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
     Param("vae_decoder", "compile", "bool", "true", "GPU: the snake activations fused by torch.compile"),
-    Param("vae_decoder", "triton_kernels", "bool", "true", "GPU: residual units and upsampling in Triton kernels"),
+    Param("vae_decoder", "triton_kernels", "bool", "true", "GPU: residual units, upsampling and the last conv in Triton kernels"),
     Param("vae_decoder", "max_streams", "int", "256", "streams with state held at once"),
     Param("vae_decoder", "max_chunk_patches", "int", "256", "patches per LATENTS or CONTEXT chunk at most"),
     Param("vae_decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
