@@ -2785,15 +2785,15 @@ def twenty_fourth_session(res) -> list[str]:
           "`/dev/shm`, and try a larger `--backend-config=python,shm-default-byte-size`.",
           "- What the runs show of the caller's side:",
           "  - The liveness check reported the stall in both servers, and orchestrators failed their requests with "
-          "`VoxCPM server unhealthy` (27 and 21 logged cancellations, of 64 streams in flight).",
+          "`VoxCPM server unhealthy` (21 and 27 logged cancellations in calls 5 and 6, of 64 streams in flight).",
           "  - The other clients had no answer when the benchmark's time ran out, about 140 s later.",
           "  - In call 5 the second benchmark, meant for this session's server, reached the first server, "
           "still stalled. Triton answered `Stub process 'tts_stream_0_1' is not healthy` "
           "(`raw/served_twentyfourth_call5_second_bench.log`).",
           "  - So one orchestrator instance's stub had stopped. That fits the first of the three ways above. "
           "Under `scripts/serve.sh` the supervisor restarts an unhealthy server; the benchmark runs without it.",
-          "- The twenty-second and twenty-third sessions' runs at these levels did not stall "
-          "(10 requests per stream there too, on four servers).", "",
+          "- The twenty-third session's A/B ran these levels with 10 requests per stream on two servers "
+          "without a stall. The sweeps of the last two sessions used 2 requests per stream.", "",
           f"**The engine at batch 8** (call 1, `bench.py --batches 1,8 --reference none --no-vae --graphs-only`, "
           f"`raw/offline_twentyfourth_b8.json`): {r8['aggregate_xrt']:.1f}x real time at batch 8, RTF "
           f"{r1['rtf']:.4f} at batch 1. So 8 served streams (143-146x) run at about 0.92 of the engine. "
