@@ -227,7 +227,8 @@ def test_decoder_with_the_kernels_takes_a_sample_rate_per_stream(cond, monkeypat
     z = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(12)).to(DEV)
     sr = torch.tensor([16000, 48000], device=DEV)
     want = plain.decode(z, sr)
-    assert (want - plain.decode(z)).abs().max().item() > 1e-4  # the rates condition differently
+    # the rates condition differently (less so through the out layer's conv)
+    assert (want - plain.decode(z)).abs().max().item() > (1e-4 if cond else 1e-3)
     if not cond:  # the fused path is taken, not the condition's own forward
         monkeypatch.setattr(SampleRateCondition, "forward", lambda *a: pytest.fail("condition ran on its own"))
     assert (fused.decode(z, sr) - want).abs().max().item() <= TOL

@@ -298,7 +298,7 @@ def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False):
         scale, shift = (a.contiguous() for a in affine)
         assert scale.shape == shift.shape and scale.shape in ((1, C), (B, C)), (scale.shape, shift.shape, B, C)
         assert scale.dtype == shift.dtype == x.dtype, (scale.dtype, x.dtype)
-        sab = C if scale.shape[0] == B and B > 1 else 0
+        sab = 0 if scale.shape[0] == 1 else C  # one row for every stream, or one per stream
     if B == 0 or L + T == 0:
         return full, tail
     grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(L + T, BLOCK_T))
