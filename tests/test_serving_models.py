@@ -171,12 +171,21 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
 def test_vae_decoder_drops_abandoned_streams(fake_pb, checkpoint_dirs):
     from voxcpm_triton.serving.vae_models import VAEDecoderModel
 
-    model = VAEDecoderModel()
-    model.initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s="0.2"))
-    P, D = model.cfg.patch_size, model.cfg.feat_dim
-    model.execute([_chunk(1, np.zeros((1, P, D)), start=True)])
-    assert 1 in model.streams
     import time
+
+    model = VAEDecoderModel()
+    model.initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s="1"))
+    P, D = model.cfg.patch_size, model.cfg.feat_dim
+    # A decode slower than the timeout (a loaded machine): the stream is idle from the end of
+    # its chunk, not from its arrival, so it is not dropped as it comes back.
+    real = model.streams.decode_async
+    model.streams.decode_async = lambda *a: time.sleep(1.2) or real(*a)
+    (r,) = model.execute([_chunk(1, np.zeros((1, P, D)), start=True)])
+    assert r.error is None
+    with model.lock:
+        model._drop_idle(time.monotonic())
+        assert 1 in model.streams, "a stream must not be dropped for the time its own decode took"
+    model.streams.decode_async = real
 
     deadline = time.monotonic() + 10
     while len(model.streams) and time.monotonic() < deadline:

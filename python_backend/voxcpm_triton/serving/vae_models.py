@@ -216,10 +216,15 @@ class VAEDecoderModel:
                 except Exception as e:
                     for i, *_ in group:
                         responses[i] = error_response(e)
+            # A stream is idle from the end of its last chunk: a decode slower than the timeout
+            # must not make its own stream look abandoned.
+            done = time.monotonic()
             for _, c, _, end in work:
                 if end:
                     self._close(c)
-            self._drop_idle(now)
+                elif c in self.streams:
+                    self.last_used[c] = done
+            self._drop_idle(done)
             self.m_streams.set(float(len(self.streams)))
             self.m_started.increment(float(started))
         return responses
