@@ -4,6 +4,7 @@ and the supervisor's arguments: plain Python, no server."""
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 
@@ -118,7 +119,6 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
 def test_a_server_does_not_outlive_its_supervisor(tmp_path):
     """SIGKILL to scripts/supervise.py (nothing can catch it) still ends the server it started."""
     import signal
-    import subprocess
 
     from tests.server import free_port
 
@@ -216,3 +216,16 @@ def test_a_stuck_engine_loops_log_line_says_which_cuda_streams_have_not_finished
     with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
         assert "has not come round" in model._status()
     assert "(GPU state unknown: no driver)" in caplog.records[-1].getMessage()
+
+
+def test_a_crashing_model_process_leaves_its_threads_stacks(tmp_path):
+    """Triton 2.51 reports a dead stub only as 'not healthy': the stacks in its log say where."""
+    code = ("import os, signal, threading\n"
+            "from voxcpm_triton.serving import runtime\n"
+            "runtime.model_process()\n"
+            "threading.Thread(target=lambda: threading.Event().wait(), name='bls-responses', daemon=True).start()\n"
+            "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    env = dict(os.environ, VOXCPM_RUN_DIR=str(tmp_path), PYTHONPATH=str(REPO / "python_backend"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in out.stderr and "Thread 0x" in out.stderr, out.stderr

@@ -19,7 +19,7 @@ from .triton_io import InputError
 
 class LorasModel(RegistryModel):
     def initialize(self, args):
-        runtime.watch_parent()
+        runtime.model_process()
         read(args, "loras")  # it takes no parameters: any in its config.pbtxt is an error naming it
         self.calls = InternalCalls()
 

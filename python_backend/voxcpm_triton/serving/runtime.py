@@ -14,11 +14,12 @@ processes import this too.
   engine thread died). Triton 2.51 neither restarts a dead stub nor reports it, so the
   orchestrator reads the beacons to fail fast instead of waiting forever.
 - Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
-  a server outlives it.
+  a server outlives it; one that crashes leaves its threads' stacks in the server's log.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hmac
 import json
 import logging
@@ -163,6 +164,13 @@ def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
         if now - float(b["beat"]) > BEACON_STALE_S:
             return f"the {model} model process (pid {b['pid']}) has not answered for {now - b['beat']:.0f} s"
     return None
+
+
+def model_process():
+    """What every model process does first: leave every thread's Python stack in the server's log
+    if it crashes (Triton 2.51 reports a dead stub only as "not healthy"), and exit with its server."""
+    faulthandler.enable(all_threads=True)
+    watch_parent()
 
 
 def watch_parent(period_s: float = 1.0):

@@ -19,7 +19,7 @@ from .triton_io import InputError, error_response, get, pb, require_internal, te
 
 class TokenizerModel:
     def initialize(self, args):
-        runtime.watch_parent()
+        runtime.model_process()
         self.tokenizer = TextTokenizer.from_dir(resolve_checkpoint(read(args, "tokenizer")["checkpoint"]))
         self.beacon = runtime.Beacon("tokenizer")
 

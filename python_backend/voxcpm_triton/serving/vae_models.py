@@ -30,7 +30,7 @@ log = logging.getLogger("voxcpm_triton.vae")
 def _load(args, model: str, decoder_backends: bool = False):
     """decoder_backends (vae_decoder): the decoder built with the Triton kernels and compiled snakes
     its parameters ask for (GPU only; the kernels where they can run)."""
-    runtime.watch_parent()
+    runtime.model_process()
     params = read(args, model)
     device = placement.instance_device(args, params["device"])
     path = resolve_checkpoint(params["checkpoint"])

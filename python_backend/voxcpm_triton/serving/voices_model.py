@@ -28,7 +28,7 @@ class VoicesModel(RegistryModel):
     INPUT_NAMES = ("ACTION", "NAME", "AUDIO", "SAMPLE_RATE", "TEXT", "LORA")
 
     def initialize(self, args):
-        runtime.watch_parent()
+        runtime.model_process()
         params = read(args, "voices")
         self.checkpoint = resolve_checkpoint(params["checkpoint"])
         cfg = read_config(self.checkpoint)
