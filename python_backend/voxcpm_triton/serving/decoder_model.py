@@ -27,7 +27,7 @@ from ..engine.loras import LoraFull
 from ..engine.stream_audio import StreamAudio
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
-from . import placement, runtime
+from . import bls_stream, placement, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics
@@ -55,7 +55,7 @@ def _scalar(request, name, kind, default=None):
 
 class DecoderModel:
     def initialize(self, args):
-        runtime.watch_parent()
+        runtime.model_process()
         params = read(args, "decoder")
         t0 = time.monotonic()
         device = placement.instance_device(args, params["device"])
@@ -174,7 +174,8 @@ class DecoderModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            # Counts its sends to the orchestrator, which reads them without waiting (bls_stream).
+            sender = bls_stream.sender_for(request, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             try:
                 require_internal(request, "decoder")
                 cancel_id = get(request, "CANCEL_ID")

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import contract, runtime
+from . import bls_stream, contract, runtime
 from .metrics import metric
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import Busy, InputError, Unhealthy, bls, downstream_error, error_response, get, outputs, pb, tensor
@@ -36,6 +36,8 @@ from .voices import VoiceStore
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
 HEALTH_CHECK_S = 1.0  # how often a waiting request looks at the model processes' beacons
+DECODER_READS_DOC = ("Decoder calls by how their responses were read: counted (as far as the decoder said it "
+                     "sent) or waiting (a thread waiting in the response iterator)")
 END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
 
 
@@ -51,29 +53,6 @@ class _Health:
             self.reason, self.checked = runtime.unhealthy(), now
         if self.reason:
             raise Unhealthy(self.reason)
-
-
-class _ResponseQueue:
-    """A decoupled BLS response iterator (synchronous in Triton 2.51) fed into an asyncio queue by
-    a daemon thread, so the event loop never blocks on it. The thread is a daemon because a dead
-    model may never answer: it must not keep the process from exiting."""
-
-    END = object()
-
-    def __init__(self, iterator, loop: asyncio.AbstractEventLoop):
-        self.queue: asyncio.Queue = asyncio.Queue()
-        put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
-
-        def pump():
-            try:
-                for response in iterator:
-                    put(response)
-            except Exception as e:  # noqa: BLE001 - handed to the coroutine
-                put(e)
-            finally:
-                put(self.END)
-
-        threading.Thread(target=pump, name="bls-responses", daemon=True).start()
 
 
 class InternalCalls:
@@ -101,11 +80,11 @@ class InternalCalls:
 
     async def infer_decoupled(self, model: str, inputs: dict, names: list[str]) -> list:
         """A decoupled model's one answer (the decoder's LoRA actions): its data response's outputs."""
-        it = await self.guard(bls(model, inputs, names).async_exec(decoupled=True))
-        queue = _ResponseQueue(it, asyncio.get_running_loop()).queue
+        stream, params = bls_stream.expect()
+        stream.start(bls(model, inputs, names, params).async_exec(decoupled=True))
         result = None
-        while (resp := await self.guard(queue.get())) is not _ResponseQueue.END:
-            if isinstance(resp, Exception):
+        while (resp := await self.guard(stream.queue.get())) is not stream.END:
+            if isinstance(resp, BaseException):
                 raise resp
             if resp.has_error():
                 raise downstream_error(resp.error())  # sent with the final flag: nothing follows
@@ -159,7 +138,7 @@ FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (to
 class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
-        runtime.watch_parent()
+        runtime.model_process()
         cfg = read_config(resolve_checkpoint(params["checkpoint"]))
         self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
@@ -175,6 +154,11 @@ class Orchestrator(InternalCalls):
         # Where first audio's time goes: their sum over requests adds up to the one above.
         self.m_ttfa_phases = {ph: metric("voxcpm_time_to_first_audio_phase_seconds_sum", FIRST_AUDIO_PHASES_DOC,
                                          {**labels, "phase": ph}, "COUNTER") for ph in FIRST_AUDIO_PHASES}
+        # How each decoder call's responses were read (bls_stream): "waiting" (a thread in Triton's
+        # iterator, which can deadlock the process) should stay 0.
+        self.m_decoder_reads = {threaded: metric("voxcpm_decoder_calls_read_total", DECODER_READS_DOC,
+                                                 {**labels, "read": "waiting" if threaded else "counted"}, "COUNTER")
+                                for threaded in (False, True)}
 
     def parse(self, request) -> contract.SynthesisRequest:
         return contract.parse(_inputs(request), max_positions=self.max_positions)
@@ -247,24 +231,23 @@ class Orchestrator(InternalCalls):
 
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
-        loop = asyncio.get_running_loop()
         t_decoder = time.monotonic()
-        # Waits for the decoder's first response (admission, prefill, a step) without blocking the loop.
-        iterator = await self.guard(bls("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
-                                     .async_exec(decoupled=True), cancelled)
-        if iterator is None:  # the client left while the request was queued
+        responses, params = bls_stream.expect()
+        responses.start(bls("decoder", dec_in, ["LATENTS", "AUDIO"], params, request_id=request_id)
+                        .async_exec(decoupled=True))
+        # The decoder's first response (admission, prefill, a step), awaited without blocking the loop.
+        if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._cancel_decoder(request_id)
             return
-        responses = _ResponseQueue(iterator, loop)
         opened = stopping = emitted = False
         error = None
         generated = 0
         try:
             while True:
                 resp = await self.guard(responses.queue.get())
-                if resp is _ResponseQueue.END:
+                if resp is responses.END:
                     break
-                if isinstance(resp, Exception):
+                if isinstance(resp, BaseException):
                     raise resp
                 if resp.has_error():
                     error = error or downstream_error(resp.error())
@@ -295,6 +278,7 @@ class Orchestrator(InternalCalls):
             await self._cancel_decoder(request_id)
             error = e
         finally:
+            self.m_decoder_reads[responses.threaded].increment(1.0)
             if opened:
                 await self._close_vae(corrid)
         if error is not None and not stopping:
@@ -322,11 +306,12 @@ class Orchestrator(InternalCalls):
 
     async def _cancel_decoder(self, request_id: str):
         try:
-            req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"])
-            it = await asyncio.wait_for(self.guard(req.async_exec(decoupled=True)), END_TIMEOUT_S)
-            queue = _ResponseQueue(it, asyncio.get_running_loop()).queue  # its only response is the final flag
-            while await asyncio.wait_for(queue.get(), END_TIMEOUT_S) is not _ResponseQueue.END:
-                pass
+            stream, params = bls_stream.expect()  # its only response is the final flag
+            req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"], params)
+            stream.start(req.async_exec(decoupled=True))
+            while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
+                if isinstance(resp, BaseException):
+                    raise resp
         except BaseException:  # noqa: BLE001 - best effort: the decoder drops the request when it ends
             log.exception("cancelling decoder request %s failed", request_id)
 
@@ -351,6 +336,9 @@ class TTSModel:
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
+
+    def finalize(self):
+        bls_stream.close()
 
     async def _one(self, request):
         p = pb()
@@ -482,3 +470,4 @@ class TTSStreamModel:
             if self.loop is not None and self.loop.is_running():
                 self.loop.call_soon_threadsafe(task.cancel)
             self._end(task, error_response(Busy("the server is shutting down")))
+        bls_stream.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import contract
+from . import bls_stream, contract
 from .triton_io import InputError, error_response, get, pb, tensor
 
 ACTIONS = ("add", "remove", "list")
@@ -17,6 +17,9 @@ class RegistryModel:
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
+
+    def finalize(self):
+        bls_stream.close()  # its BLS calls: the decoder's LoRA actions
 
     async def _one(self, request):
         try:

@@ -81,13 +81,13 @@ def _internal_key() -> str:
     return runtime.internal_key()
 
 
-def bls(model: str, inputs: dict, outputs: list[str], **kw):
+def bls(model: str, inputs: dict, outputs: list[str], parameters: dict | None = None, **kw):
     """Build a BLS request to an internal model, stamped with this server's internal key; numpy
-    inputs by name."""
+    inputs by name, `parameters` besides the key."""
     p = pb()
     return p.InferenceRequest(model_name=model, requested_output_names=outputs,
                               inputs=[tensor(k, v) for k, v in inputs.items()],
-                              parameters={runtime.KEY_PARAMETER: _internal_key()}, **kw)
+                              parameters={**(parameters or {}), runtime.KEY_PARAMETER: _internal_key()}, **kw)
 
 
 def require_internal(request, model: str):

@@ -1,0 +1,90 @@
+"""Decoupled, async stand-in for `tts_stream`: each request keeps CONCURRENCY decoupled BLS
+calls to `streamer` in flight for DURATION_S and answers with how many finished. MODE
+"counted" reads them as the orchestrator does (voxcpm_triton.serving.bls_stream); "waiting"
+the way it did before, a thread per call waiting in the response iterator."""
+
+import asyncio
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "python_backend"))
+
+from voxcpm_triton.serving import bls_stream  # noqa: E402
+
+END = bls_stream.ResponseStream.END
+faulthandler.enable()  # a crash leaves every thread's Python stack in the server's log
+
+
+def _waiting_reader(iterator, queue: asyncio.Queue):
+    loop = asyncio.get_running_loop()
+    put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+
+    def pump():
+        try:
+            for response in iterator:
+                put(response)
+        finally:
+            put(END)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            get = lambda name: pb_utils.get_input_tensor_by_name(r, name).as_numpy().reshape(-1)[0]  # noqa: E731
+            try:
+                calls = await self._run(float(get("DURATION_S")), int(get("CONCURRENCY")), int(get("RESPONSES")),
+                                        bytes(get("MODE")).decode())
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", np.array([calls], np.int64))]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as e:  # noqa: BLE001
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(e))),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self):
+        bls_stream.close()
+
+    async def _run(self, duration: float, concurrency: int, responses: int, mode: str) -> int:
+        if mode not in ("counted", "waiting"):
+            raise ValueError(f"MODE must be 'counted' or 'waiting', got {mode!r}")
+        end = time.monotonic() + duration
+        done = 0
+
+        async def call() -> asyncio.Queue:
+            n = pb_utils.Tensor("N", np.array([responses], np.int32))
+            if mode == "counted":
+                stream, params = bls_stream.expect()
+                stream.start(pb_utils.InferenceRequest(model_name="streamer", requested_output_names=["OUT"],
+                                                       inputs=[n], parameters=params).async_exec(decoupled=True))
+                return stream.queue
+            queue: asyncio.Queue = asyncio.Queue()
+            it = await pb_utils.InferenceRequest(model_name="streamer", requested_output_names=["OUT"],
+                                                 inputs=[n]).async_exec(decoupled=True)
+            _waiting_reader(it, queue)
+            return queue
+
+        async def worker():
+            nonlocal done
+            while time.monotonic() < end:
+                queue, got = await call(), 0
+                while (resp := await queue.get()) is not END:
+                    if isinstance(resp, BaseException):
+                        raise resp
+                    if resp.has_error():
+                        raise RuntimeError(resp.error().message())
+                    got += bool(resp.output_tensors())
+                if got != responses:
+                    raise RuntimeError(f"{got} responses of {responses}")
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done
