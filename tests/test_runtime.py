@@ -124,7 +124,8 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
 
     marker = tmp_path / "child.pid"
     child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", VOXCPM_RUN_DIR=str(tmp_path / "run"))
+    # TMPDIR: the run directory the supervisor makes, which its SIGKILL leaves behind, goes with tmp_path
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", VOXCPM_RUN_DIR=str(tmp_path / "run"), TMPDIR=str(tmp_path))
     sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c", child,
                             f"--http-port={free_port()}"], env=env, stderr=subprocess.DEVNULL)
     try:

@@ -96,7 +96,8 @@ class Beacon:
         self.status, self.period = status, period_s
         self._stop = threading.Event()
         self.write()
-        threading.Thread(target=self._run, name=f"beacon-{model}", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=f"beacon-{model}", daemon=True)
+        self._thread.start()
 
     def write(self):
         try:
@@ -117,6 +118,10 @@ class Beacon:
 
     def stop(self):
         self._stop.set()
+        # A write under way would put the file back after the unlink (a dead pid's beacon, read as
+        # "has died"); a stuck status check must not hold up finalize for long either.
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
         try:
             os.unlink(self.path)
         except OSError:
