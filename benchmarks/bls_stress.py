@@ -46,7 +46,7 @@ def _round(url: str, clients: int, seconds: float, concurrency: int, responses: 
         t.set_data_from_numpy(np.array([mode.encode()], dtype=object))
         inputs.append(t)
         client.async_stream_infer("caller", inputs)
-    calls, errors = 0, []
+    calls, waiting, errors = 0, 0, []
     deadline = time.monotonic() + seconds + timeout
     try:
         for _ in range(clients):
@@ -55,12 +55,13 @@ def _round(url: str, clients: int, seconds: float, concurrency: int, responses: 
                 errors.append(str(error))
             else:
                 calls += int(result.as_numpy("CALLS")[0])
+                waiting += int(result.as_numpy("WAITING")[0])
     except queue.Empty:
-        return None, errors
+        return None, None, errors
     finally:
         client.stop_stream(cancel_requests=True)
         client.close()
-    return calls, errors
+    return calls, waiting, errors
 
 
 def _stacks(pids: list[int]) -> str:
@@ -92,11 +93,13 @@ def main():
     with TritonServer(ROOT / "benchmarks" / "bls_stress", log_path=a.log) as srv:
         for i in range(a.rounds):
             t0 = time.monotonic()
-            calls, errors = _round(srv.grpc_url, a.clients, a.seconds, a.concurrency, a.responses, a.mode, a.timeout)
+            calls, waiting, errors = _round(srv.grpc_url, a.clients, a.seconds, a.concurrency, a.responses, a.mode, a.timeout)
             wall = time.monotonic() - t0
-            summary["rounds"].append({"calls": calls, "errors": errors[:3], "wall_s": round(wall, 2)})
+            summary["rounds"].append({"calls": calls, "read_waiting": waiting, "errors": errors[:3],
+                                      "wall_s": round(wall, 2)})
             print(f"[bls_stress] round {i + 1}/{a.rounds}: "
-                  + (f"{calls} calls in {wall:.1f} s" if calls is not None else f"STALLED ({wall:.0f} s)")
+                  + (f"{calls} calls in {wall:.1f} s, {waiting} read by a waiting thread" if calls is not None
+                     else f"STALLED ({wall:.0f} s)")
                   + (f", errors {errors[:2]}" if errors else ""), flush=True)
             if calls is None:
                 summary["stalled"] = True

@@ -2844,7 +2844,8 @@ def twenty_fifth_session(res) -> list[str]:
     """2026-11-29 (issue 17, no GPU): the 64-stream stall found in Triton 2.51's Python backend and
     worked around (serving/bls_stream.py), measured on toy models on this CPU. Sets
     res["twentyfifth"], returns the markdown, draws results_twentyfifth.png."""
-    runs = {k: load(f"bls_stress_{k}.json") for k in ("waiting_deadlock", "waiting_crash", "counted_unburied", "counted")}
+    runs = {k: load(f"bls_stress_{k}.json") for k in ("waiting_deadlock", "waiting_crash", "waiting_deadlock2",
+                                                      "counted_unburied", "counted_first_version", "counted")}
     calls = lambda d: [r["calls"] for r in d["rounds"] if r["calls"] is not None]  # noqa: E731
     stall_round = lambda d: next((i + 1 for i, r in enumerate(d["rounds"]) if r["calls"] is None), None)  # noqa: E731
     counted = calls(runs["counted"])
@@ -2879,14 +2880,26 @@ def twenty_fifth_session(res) -> list[str]:
           "to the caller's iterator) the decoder sends the running count to the caller's datagram socket in the "
           "server's run directory; the orchestrator calls `next()` only as far as it was told, so it never "
           "waits in the iterator (the inversion needs a waiting reader), and keeps each finished iterator "
-          "2 s before letting go of it on its event loop (the stub's reference is gone by then). Calls nobody "
-          "counts fall back to a waiting thread; `voxcpm_decoder_calls_read_total{read=\"waiting\"}` counts "
-          "them (0 in `test_server`).", "",
+          "2 s before letting go of it on its event loop (the stub's reference is gone by then). A response "
+          "with an error ends a call (the decoder sends each error with the final flag, as the server does its "
+          "own, which nobody counts). A call with no count for 5 s, or none new for 30 s while open, falls back "
+          "to a waiting thread; `voxcpm_decoder_calls_read_total{read=\"waiting\"}` counts them (0 in "
+          "`test_server`; the stress caller reports its own, 0 in every counted round). The decoder refuses a "
+          "configuration under which a `send` could return before its response reached the caller (a response "
+          "cache, ordered dynamic batching).", "",
+          "A review of the first version found, and the final runs include: a fallback thread that iterated "
+          "with `for` would have read a finished iterator again from its first response (Triton's `Iter()` "
+          "starts a finished iterator over); the fallback came after 0.2 s, short enough for a loaded machine "
+          "to reach; the decoder counted for requests before checking the internal key; the kernel queues "
+          "only 10 datagrams per socket here (`net.unix.max_dgram_qlen`), so counts that do not fit now go "
+          "out together, one datagram per caller.", "",
           "| run | reads | stalled in round | calls per 10 s round |",
           "|---|---|---|---|"]
     for key, label in (("waiting_deadlock", "before: a thread waits in each iterator"),
                        ("waiting_crash", "before, a second run"),
+                       ("waiting_deadlock2", "before, a third run (final harness)"),
                        ("counted_unburied", "counted, iterators dropped at once"),
+                       ("counted_first_version", "counted, first version"),
                        ("counted", "counted, final code")):
         d = runs[key]
         c = calls(d)
@@ -2897,7 +2910,10 @@ def twenty_fifth_session(res) -> list[str]:
            "", f"- The final code ran {len(counted)} rounds without a stall or a crash and stopped cleanly, at a "
            f"median {statistics.median(counted):.0f} calls per round ({min(counted)}-{max(counted)}); the old reads "
            f"finished {', '.join(str(x) for x in waiting)} before their stall (separate runs on the same machine, "
-           "not one call). Every call's responses arrived whole (the caller checks the count).",
+           "not one call). Every call's responses arrived whole (the caller checks the count), and none was read "
+           "by a waiting thread. The first counted version's median was "
+           f"{statistics.median(calls(runs['counted_first_version'])):.0f}: the rounds of both spread over "
+           "2,600-4,500 on this shared 2-core machine, so the two are not told apart.",
            "- The first streamer sent each final flag a round after its last response; with it the old reads ran "
            "12 rounds without a stall (`raw/bls_stress_waiting_final_apart.json`, 20 responses per call): the "
            "decoder sends its final flag right after a request's last chunk, which gives the inversion its "
@@ -2916,7 +2932,7 @@ def _plot_twenty_fifth(runs, calls):
     for key, style, label in (("counted", "o-", "counted reads (final code)"),
                               ("counted_unburied", "s--", "counted, iterators dropped at once"),
                               ("waiting_deadlock", "x:", "a thread waiting in each iterator (before)"),
-                              ("waiting_crash", "x:", None)):
+                              ("waiting_crash", "x:", None), ("waiting_deadlock2", "x:", None)):
         d = runs[key]
         c = calls(d)
         if c:

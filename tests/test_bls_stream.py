@@ -22,27 +22,39 @@ FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class Response:
-    def __init__(self, value, final=False):
-        self.value, self.final = value, final
+    def __init__(self, value, final=False, error=False):
+        self.value, self.final, self.error = value, final, error
+
+    def has_error(self):
+        return self.error
 
 
 class BufferedIterator:
-    """A response iterator whose `next` must never wait: it fails if its buffer is empty."""
+    """A response iterator whose `next` must never wait: it fails if its buffer is empty. Like
+    Triton's, it keeps its responses, and `iter()` on a finished one starts it over."""
 
     def __init__(self, first):
         self.buffer = collections.deque([first])
-        self.finished = False
+        self.history: list = []
+        self.finished, self.idx = False, 0
 
     def __iter__(self):
+        if self.finished and self.idx >= len(self.history):
+            self.idx = 0
         return self
 
     def __next__(self):
         if self.finished:
+            if self.idx < len(self.history):
+                self.idx += 1
+                return self.history[self.idx - 1]
             raise StopIteration
         if not self.buffer:
             raise AssertionError("next() called with nothing buffered: it would wait")
         r = self.buffer.popleft()
-        self.finished = r.final
+        self.history.append(r)
+        if r.final:
+            self.finished, self.idx = True, len(self.history)
         return r
 
 
@@ -52,7 +64,6 @@ class WaitingIterator(BufferedIterator):
     def __init__(self, first):
         super().__init__(first)
         self.cond = threading.Condition()
-        self.waited = 0
 
     def deliver(self, r):
         with self.cond:
@@ -61,21 +72,19 @@ class WaitingIterator(BufferedIterator):
 
     def __next__(self):
         with self.cond:
-            if not self.buffer and not self.finished:
-                self.waited += 1
             self.cond.wait_for(lambda: self.buffer or self.finished)
             return super().__next__()
 
 
 class Sender:
-    """A callee's response sender: what it sends is buffered in the caller's iterator (as the
-    server does before `send` returns)."""
+    """A callee's response sender: what it sends is buffered in the caller's iterator before `send`
+    returns (as the server does). The first response is the one the call returns with."""
 
     def __init__(self, iterator):
         self.iterator, self.sent = iterator, 0
 
     def send(self, response=None, flags=0):
-        if self.sent:  # the first response is the one the call returns with
+        if self.sent:
             self.iterator.buffer.append(Response(response, bool(flags & FINAL)))
         self.sent += 1
 
@@ -84,14 +93,11 @@ class Sender:
 
 
 class Request:
-    def __init__(self, parameters: str, sender=None):
-        self._parameters, self.sender = parameters, sender
+    def __init__(self, parameters: str):
+        self._parameters = parameters
 
     def parameters(self):
         return self._parameters
-
-    def get_response_sender(self):
-        return self.sender
 
 
 @pytest.fixture
@@ -101,6 +107,29 @@ def run_dir(tmp_path, monkeypatch):
     bls_stream.close()
 
 
+def _call(iterator, delay: float = 0.0):
+    """Start a simulated call returning `iterator` after `delay` -> (stream, its parameters)."""
+    params = {}
+
+    async def returns():
+        await asyncio.sleep(delay)
+        return iterator
+
+    def make_call(p):
+        params.update(p)
+        return returns()
+
+    return bls_stream.call(make_call), params
+
+
+def _counting(params: dict, iterator) -> bls_stream.CountingSender:
+    import json
+
+    sender = bls_stream.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL)
+    assert isinstance(sender, bls_stream.CountingSender)
+    return sender
+
+
 async def _drain(stream, timeout=10.0):
     out = []
     while (r := await asyncio.wait_for(stream.queue.get(), timeout)) is not stream.END:
@@ -108,28 +137,13 @@ async def _drain(stream, timeout=10.0):
     return out
 
 
-def _callee_sender(params: dict, iterator) -> bls_stream.NotifyingSender:
-    import json
-
-    sender = bls_stream.sender_for(Request(json.dumps(params), Sender(iterator)), FINAL)
-    assert isinstance(sender, bls_stream.NotifyingSender)
-    return sender
-
-
 def test_responses_are_read_as_far_as_counted_and_next_never_waits(run_dir):
     async def main():
-        stream, params = bls_stream.expect()
+        it = BufferedIterator(Response("r1"))
+        stream, params = _call(it, delay=0.05)
         assert set(params) == {bls_stream.PARAMETER}
-        first = Response("r1")
-        it = BufferedIterator(first)
-        sender = _callee_sender(params, it)
-        sender.send("r1")  # counted before the call has even returned: the count waits for the iterator
-
-        async def call():
-            await asyncio.sleep(0.05)
-            return it
-
-        stream.start(call())
+        sender = _counting(params, it)
+        sender.send("r1")  # counted before the call has returned: the count waits for the iterator
         await stream.started.wait()
         sender.send("r2")
         sender.send("r3")
@@ -137,6 +151,7 @@ def test_responses_are_read_as_far_as_counted_and_next_never_waits(run_dir):
         sender.send(flags=FINAL)  # the final flag alone, as the decoder sends it
         got = await _drain(stream)
         assert [r.value for r in got] == ["r1", "r2", "r3", None] and got[-1].final
+        assert stream.returned and not stream.threaded
         assert stream.token not in bls_stream._inbox[1].streams, "a finished call is forgotten"
         assert any(g is it for _, g in bls_stream._graves), "its iterator is kept a while (see _bury)"
 
@@ -147,15 +162,10 @@ def test_many_calls_interleaved_get_each_its_own_responses(run_dir):
     async def main():
         calls = []
         for i in range(20):
-            stream, params = bls_stream.expect()
             it = BufferedIterator(Response(f"{i}-0"))
-            sender = _callee_sender(params, it)
+            stream, params = _call(it)
+            sender = _counting(params, it)
             sender.send(f"{i}-0")
-
-            async def call(it=it):
-                return it
-
-            stream.start(call())
             calls.append((stream, sender))
         for k in range(1, 4):
             for i, (_, sender) in enumerate(calls):
@@ -167,40 +177,46 @@ def test_many_calls_interleaved_get_each_its_own_responses(run_dir):
     asyncio.run(main())
 
 
-def test_a_call_nobody_counts_is_read_by_a_waiting_thread(run_dir):
-    """A callee that does not count (or the server's own error response, a call's only one)."""
+def test_an_error_ends_the_call_without_a_count(run_dir):
+    """The server's own error response (the call's only one, never counted) ends the call at once:
+    no waiting thread, nothing read twice."""
     async def main():
-        stream, _ = bls_stream.expect()  # the parameter is not passed on: nothing will count
-        it = WaitingIterator(Response("only"))
-
-        async def call():
-            return it
-
-        stream.start(call())
-        assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "only"
         t0 = time.monotonic()
-        it.deliver(Response("late", final=True))
-        assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "late"
-        assert time.monotonic() - t0 < bls_stream.GRACE_S + 2
-        assert await asyncio.wait_for(stream.queue.get(), 5) is stream.END
-        assert stream.threaded
+        stream, _ = _call(WaitingIterator(Response("model 'decoder' is busy", final=True, error=True)))
+        got = await _drain(stream)
+        assert [r.value for r in got] == ["model 'decoder' is busy"] and not stream.threaded
+        assert time.monotonic() - t0 < bls_stream.GRACE_S / 2
 
     asyncio.run(main())
+
+
+def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypatch, caplog):
+    """A callee that does not count: after GRACE_S a thread reads the rest, and a response read
+    before is not read again (iterating a finished Triton iterator starts it over)."""
+    monkeypatch.setattr(bls_stream, "GRACE_S", 0.2)
+
+    async def main():
+        it = WaitingIterator(Response("first"))
+        stream, _ = _call(it)  # its parameter is not passed on: nothing will count
+        assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "first"
+        it.deliver(Response("late", final=True))
+        assert [r.value for r in await _drain(stream)] == ["late"]
+        assert stream.threaded
+        only = WaitingIterator(Response("only", final=True))  # finished before the thread takes over
+        stream, _ = _call(only)
+        assert [r.value for r in await _drain(stream)] == ["only"]
+
+    asyncio.run(main())
+    assert "no response count" in caplog.text
 
 
 def test_counts_that_stop_on_an_open_call_hand_it_to_a_waiting_thread(run_dir, monkeypatch, caplog):
     monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.5)
 
     async def main():
-        stream, params = bls_stream.expect()
         it = WaitingIterator(Response("r1"))
-        sender = _callee_sender(params, it)
-        sender.send("r1")
-
-        async def call():
-            return it
-
-        stream.start(call())
+        stream, params = _call(it)
+        _counting(params, it).send("r1")
         assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "r1"
         await asyncio.sleep(1.0)  # no count: the thread takes over and waits in the iterator
         assert stream.threaded
@@ -213,21 +229,26 @@ def test_counts_that_stop_on_an_open_call_hand_it_to_a_waiting_thread(run_dir, m
 
 def test_a_failed_call_hands_over_its_exception(run_dir):
     async def main():
-        stream, _ = bls_stream.expect()
-
-        async def call():
+        async def fails():
             raise RuntimeError("model 'decoder' is not ready")
 
-        stream.start(call())
+        stream = bls_stream.call(lambda params: fails())
         await asyncio.wait_for(stream.started.wait(), 5)
         got = await _drain(stream)
         assert len(got) == 1 and isinstance(got[0], RuntimeError) and "not ready" in str(got[0])
-        assert not bls_stream._inbox[1].streams
+        assert not stream.returned and not bls_stream._inbox[1].streams
+
+        def raises_at_once(params):
+            raise ValueError("bad request")
+
+        with pytest.raises(ValueError):
+            bls_stream.call(raises_at_once)
+        assert not bls_stream._inbox[1].streams, "a call that never started is forgotten"
 
     asyncio.run(main())
 
 
-def test_the_sender_counts_only_for_callers_of_this_server_that_ask(run_dir):
+def test_the_callee_counts_only_for_callers_of_this_server_that_ask(run_dir):
     import json
 
     plain = Sender(None)
@@ -237,14 +258,22 @@ def test_the_sender_counts_only_for_callers_of_this_server_that_ask(run_dir):
                   f"/tmp/bls-12-0123abcd.sock {token}",  # not in this server's run directory
                   f"{run_dir}/../bls-12-0123abcd.sock {token}", f"{run_dir}/other.sock {token}"):
         params = json.dumps({bls_stream.PARAMETER: value})
-        assert bls_stream.sender_for(Request(params, plain), FINAL) is plain, value
+        assert bls_stream.counting_sender(Request(params), plain, FINAL) is plain, value
     for params in ("", "{}", '{"other": 1}', "not json"):
-        assert bls_stream.sender_for(Request(params, plain), FINAL) is plain, params
-    counting = bls_stream.sender_for(Request(json.dumps({bls_stream.PARAMETER: f"{inbox} {token}"}), plain), FINAL)
-    assert isinstance(counting, bls_stream.NotifyingSender) and counting.path == inbox
+        assert bls_stream.counting_sender(Request(params), plain, FINAL) is plain, params
+    counting = bls_stream.counting_sender(Request(json.dumps({bls_stream.PARAMETER: f"{inbox} {token}"})),
+                                          plain, FINAL)
+    assert isinstance(counting, bls_stream.CountingSender) and counting.path == inbox
 
 
-def test_a_full_socket_keeps_the_latest_count_and_retries(tmp_path):
+def test_a_callee_config_that_delivers_later_is_refused():
+    bls_stream.check_callee_config({"model_transaction_policy": {"decoupled": True}}, "decoder")
+    for bad in ({"response_cache": {"enable": True}}, {"dynamic_batching": {"preserve_ordering": True}}):
+        with pytest.raises(ValueError, match="model 'decoder'"):
+            bls_stream.check_callee_config(bad, "decoder")
+
+
+def test_a_full_socket_keeps_the_latest_count_and_retries(tmp_path, monkeypatch, caplog):
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
@@ -254,32 +283,38 @@ def test_a_full_socket_keeps_the_latest_count_and_retries(tmp_path):
         n += 1
         notifier.sent(path, "tok", n, final=False)
         assert n < 100_000, "the socket never filled"
+    notifier.sent(path, "other", 3, final=False)
     notifier.sent(path, "tok", n + 1, final=True)
-    assert notifier.pending[(path, "tok")] == (n + 1, True), "the latest count is kept"
+    notifier.sent(path, "tok", n, final=False)  # a smaller count, later: the larger one stays, final
+    assert notifier.pending[path] == {"tok": (n + 1, True), "other": (3, False)}
     rx.settimeout(5)
-    last = None
-    while last is None or not last.endswith(" 1"):
-        last = rx.recv(256).decode()
-    assert last == f"tok {n + 1} 1", "counts arrive in order, the final one last"
+    lines: list[str] = []
+    while f"tok {n + 1} 1" not in lines:
+        lines += rx.recv(65536).decode().split("\n")
+    assert "other 3 0" in lines, "a caller's pending counts go out together"
     deadline = time.monotonic() + 5
     while notifier.pending and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not notifier.pending
     notifier.sent(str(tmp_path / "gone.sock"), "tok", 1, final=True)  # a caller that has exited
     assert not notifier.pending
+    # A caller that reads nothing: its counts are dropped after GIVE_UP_S, not retried for ever.
+    monkeypatch.setattr(bls_stream, "GIVE_UP_S", 0.3)
+    while not notifier.pending:
+        n += 1
+        notifier.sent(path, "tok", n, final=False)
+    deadline = time.monotonic() + 5
+    while notifier.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not notifier.pending and "has read nothing" in caplog.text
     rx.close()
 
 
 def test_close_removes_the_socket_and_lets_go_of_finished_iterators(run_dir):
     async def main():
-        stream, params = bls_stream.expect()
         it = BufferedIterator(Response("only", final=True))
-        _callee_sender(params, it).send("only", flags=FINAL)
-
-        async def call():
-            return it
-
-        stream.start(call())
+        stream, params = _call(it)
+        _counting(params, it).send("only", flags=FINAL)
         await _drain(stream)
 
     asyncio.run(main())
@@ -302,10 +337,11 @@ def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_
     run_dir.mkdir()
     with TritonServer(REPO / "benchmarks" / "bls_stress", env={"VOXCPM_RUN_DIR": str(run_dir)}) as srv:
         for _ in range(2):
-            calls, errors = _round(srv.grpc_url, clients=1, seconds=6, concurrency=64, responses=5,
-                                   mode="counted", timeout=60)
+            calls, waiting, errors = _round(srv.grpc_url, clients=1, seconds=6, concurrency=64, responses=5,
+                                            mode="counted", timeout=60)
             assert calls is not None, f"stalled\n{srv.log_tail()}"
             assert not errors and calls > 64, (calls, errors)
+            assert waiting == 0, f"{waiting} of {calls} calls were read by a waiting thread"
         assert glob.glob(str(run_dir / "bls-*.sock")), "the caller reads counts on its socket"
     assert srv.returncode == 0 and not srv.leftover_processes
     assert "Fatal Python error" not in srv.log, srv.log[srv.log.index("Fatal Python error"):][:3000]

@@ -1,31 +1,37 @@
-"""Decoupled BLS responses read without ever waiting inside the response iterator.
+"""Decoupled BLS responses read without waiting inside Triton's response iterator.
 
-Triton 2.51's Python backend (r24.10) can deadlock a process that waits in a decoupled BLS
-response iterator while another of its threads starts a decoupled BLS call:
+Triton 2.51's Python backend (python_backend r24.10; the newest source read, 2026-07, is the
+same) has two faults on the path where a thread waits in a decoupled BLS response iterator, both
+reproduced by `benchmarks/bls_stress.py` (benchmarks/results.md, "Twenty-fifth session"):
 
-- a reader woken in `ResponseIterator::Next` holds the iterator's mutex while it takes the GIL back;
-- the stub thread that delivers responses (`ProcessBLSResponseDecoupled`) holds the iterator map's
-  mutex while it waits for that iterator's mutex, to deliver the next response;
-- a thread that starts a decoupled call (`exec` / `async_exec`) holds the GIL while it waits for
-  the map's mutex (`GetResponseIterator`).
+- a deadlock: a reader woken in `ResponseIterator::Next` holds the iterator's mutex while it
+  takes the GIL back; the stub thread that delivers responses (`ProcessBLSResponseDecoupled`)
+  holds the iterator map's mutex while it waits for that iterator's; a thread starting a
+  decoupled call (`GetResponseIterator`) holds the GIL while it waits for the map's. The
+  process stops, and so does the callee's `send` (the server waits for this process to take
+  each response): for the decoder, every stream.
+- a crash: a finished iterator whose last reference is the stub's map is freed by the stub
+  thread that empties the map, without the GIL.
 
-None of the three ever lets go. The process's Python stops, and so does the callee's `send`
-(the server waits for this process to take each response), which for the decoder holds up every
-stream. `benchmarks/bls_stress.py` reproduces it in seconds on a CPU. The lock inversion is
-only on the path where `next()` waits: a `next()` that finds a response already buffered takes
-the locks in a consistent order. So here the callee says how many responses it has sent:
+So here no thread waits in an iterator. The callee says how many responses it has sent:
 
-- callee: `NotifyingSender` wraps a request's response sender. After each `send` returns (the
-  server has then handed the response to the caller's iterator), it sends the running count
-  to the caller's socket (`Notifier`: a Unix datagram, never blocking; retried while the
-  socket is full).
-- caller: one `Inbox` per process, a datagram socket in the server's private run directory read
-  on the event loop. A `ResponseStream` calls `next()` only up to the count it was told, so it
-  never waits, and no thread is parked in an iterator.
+- callee: `counting_sender` wraps a request's response sender. After each `send` returns, the
+  server has handed that response to the caller's iterator (the send waits for it, through
+  `SendBLSDecoupledResponse`, as long as the callee has no response delegator: no dynamic
+  batching with `preserve_ordering`, no response cache). It then sends the running count to
+  the caller's socket (`Notifier`: Unix datagrams, never blocking; retried while it is full).
+- caller: one `Inbox` per process, a datagram socket in the server's private run directory
+  read on the event loop. A `ResponseStream` calls `next()` only as far as it was told, so
+  `next()` finds its response buffered. (The first response is buffered when the call returns
+  its iterator; its count may come before that.) A response with an error is the call's last (the
+  decoder sends each error with the final flag, as the server does with its own). A finished
+  iterator is kept `GRAVE_S` before it is let go of on the event loop, past the stub's
+  removal of its own reference, so that the last reference, and the free, is ours.
 
-A call that gets no count (a callee that does not count; an error response from the server
-itself, the call's only one) is read by a thread that waits in the iterator, as before, after
-`GRACE_S`; so is one whose counts stop for `FALLBACK_S` while it is open (logged).
+A call that gets no count for `GRACE_S` after it returned (its callee does not count), or whose
+counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator,
+as before: logged, and it is what the orchestrator's metric `voxcpm_decoder_calls_read_total`
+counts as "waiting".
 """
 
 from __future__ import annotations
@@ -47,37 +53,45 @@ from . import runtime
 log = logging.getLogger("voxcpm_triton.bls_stream")
 
 PARAMETER = "voxcpm_bls_notify"  # request parameter: "<socket path> <token>"
-GRACE_S = 0.2  # no count at all this long after the call returned: the callee does not count
-FALLBACK_S = 30.0  # no new count for this long on an open call: read it with a waiting thread
-RETRY_S = 0.002  # a full caller socket is retried this often
+GRACE_S = 5.0  # no count at all this long after the call returned: its callee does not count
+FALLBACK_S = 30.0  # no new count for this long on an open call: read the rest with a waiting thread
 GRAVE_S = 2.0  # a finished iterator is kept at least this long (see _bury)
+RETRY_S = 0.001  # counts that did not fit in a caller's socket are retried this often...
+GIVE_UP_S = 60.0  # ...for this long: a caller that reads nothing for a minute is stuck or gone
+SLOW_NEXT_S = 1.0  # a next() this slow held up the event loop: logged
+
+_SOCKET_NAME = re.compile(r"bls-\d+-[0-9a-f]{8}\.sock")
+_TOKEN = re.compile(r"[0-9a-f]{16}")
 
 
 class Notifier:
-    """Callee side: running response counts to callers' sockets. Never blocks; counts that do not
-    fit in a full socket are kept (the latest per call) and retried by a thread of its own."""
+    """Callee side: running response counts to callers' sockets. Never blocks. Counts that do not
+    fit (the kernel queues few datagrams per socket) are kept, the latest per call, and a thread
+    of its own sends each caller's in one datagram."""
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
-        self.pending: dict[tuple[str, str], tuple[int, bool]] = {}
+        self.pending: dict[str, dict[str, tuple[int, bool]]] = {}  # path -> token -> (count, final)
+        self.since: dict[str, float] = {}  # path -> when its counts first did not fit
         self.lock = threading.Lock()
         self.wake = threading.Event()
         threading.Thread(target=self._retry, name="bls-notify-retry", daemon=True).start()
 
     def sent(self, path: str, token: str, count: int, final: bool):
         with self.lock:
-            if (path, token) in self.pending:  # keep the order: the retry thread sends the latest
-                self.pending[(path, token)] = (count, final)
+            if path not in self.pending and self._send(path, {token: (count, final)}):
                 return
-            if not self._send(path, token, count, final):
-                self.pending[(path, token)] = (count, final)
-                self.wake.set()
+            calls = self.pending.setdefault(path, {})
+            old = calls.get(token, (0, False))
+            calls[token] = (max(old[0], count), old[1] or final)  # the caller keeps the largest count
+            self.since.setdefault(path, time.monotonic())
+            self.wake.set()
 
-    def _send(self, path: str, token: str, count: int, final: bool) -> bool:
-        """True when done with (sent, or the caller is gone); False when its socket is full."""
+    def _send(self, path: str, calls: dict) -> bool:
+        """True when done with them (sent, or the caller is gone); False when its socket is full."""
         try:
-            self.sock.sendto(f"{token} {count} {int(final)}".encode(), path)
+            self.sock.sendto("\n".join(f"{t} {c} {int(f)}" for t, (c, f) in calls.items()).encode(), path)
         except BlockingIOError:
             return False
         except OSError:  # the caller's process is gone (no socket, refused): nobody to tell
@@ -89,9 +103,13 @@ class Notifier:
             self.wake.wait()
             time.sleep(RETRY_S)
             with self.lock:
-                for key, (count, final) in list(self.pending.items()):
-                    if self._send(*key, count, final):
-                        del self.pending[key]
+                for path in list(self.pending):
+                    if self._send(path, self.pending[path]):
+                        del self.pending[path], self.since[path]
+                    elif time.monotonic() - self.since[path] > GIVE_UP_S:
+                        log.warning("dropping %d response counts for %s: it has read nothing for %.0f s",
+                                    len(self.pending[path]), path, GIVE_UP_S)
+                        del self.pending[path], self.since[path]
                 if not self.pending:
                     self.wake.clear()
 
@@ -108,7 +126,7 @@ def _shared_notifier() -> Notifier:
         return _notifier
 
 
-class NotifyingSender:
+class CountingSender:
     """A request's response sender that tells the caller how many responses it has sent."""
 
     def __init__(self, sender, path: str, token: str, final_flag: int, notifier: Notifier | None = None):
@@ -128,47 +146,44 @@ class NotifyingSender:
         return self.sender.is_cancelled()
 
 
-_SOCKET_NAME = re.compile(r"bls-\d+-[0-9a-f]{8}\.sock")
-_TOKEN = re.compile(r"[0-9a-f]{16}")
-
-
-def sender_for(request, final_flag: int):
-    """`request`'s response sender; one that counts when the caller asked for counts, to an inbox
-    of this server (a socket in its private run directory: no other path is ever written to)."""
-    sender = request.get_response_sender()
+def counting_sender(request, sender, final_flag: int):
+    """`sender` (`request`'s), counting when the caller asked for counts to an inbox of this
+    server: a socket in its private run directory, no other path. Only for requests already known
+    to come from the orchestrator (the internal key)."""
     try:
         path, token = json.loads(request.parameters() or "{}").get(PARAMETER, "").split(" ")
     except (ValueError, AttributeError, TypeError):
         return sender
     if (os.path.realpath(os.path.dirname(path)) != os.path.realpath(runtime.run_dir())
-            or not _SOCKET_NAME.fullmatch(os.path.basename(path))
-            or not _TOKEN.fullmatch(token)):
+            or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
         return sender
-    return NotifyingSender(sender, path, token, final_flag)
+    return CountingSender(sender, path, token, final_flag)
+
+
+def check_callee_config(model_config: dict, model: str):
+    """Refuse a callee configuration under which a `send` can return before its response reached
+    the caller (the server then delivers it from a response delegator, later)."""
+    if model_config.get("response_cache", {}).get("enable") or \
+            model_config.get("dynamic_batching", {}).get("preserve_ordering"):
+        raise ValueError(f"model {model!r}: no response_cache and no dynamic_batching.preserve_ordering: its "
+                         "callers read its responses as far as it has counted them sent (serving/bls_stream.py)")
 
 
 class ResponseStream:
-    """One decoupled call's responses on `queue` (an exception the iterator raised is put there
-    too), then `END`. Register before the call (`Inbox.expect`: its parameter goes with the
-    request), `attach` the call's iterator after."""
+    """One decoupled call's responses on `queue` (an exception the call or the iterator raised is
+    put there too), then `END`. Made by `call`."""
 
     END = object()
 
     def __init__(self, inbox: "Inbox | None", token: str):
         self.inbox, self.token = inbox, token
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.started = asyncio.Event()  # the call has returned (its first response, or its failure)
+        self.started = asyncio.Event()  # the call has returned (its first response), or failed
+        self.returned = False  # it returned an iterator: the callee has the request
         self.iterator = None
         self.counted, self.final_at, self.taken = 0, None, 0
         self.done = self.threaded = False
         self.progress = time.monotonic()
-
-    def start(self, call):
-        """Run `call` (an `async_exec(decoupled=True)`): its responses come to `queue`, the first
-        once it returns (an exception it raises instead). The call is read to its end even when
-        nobody waits for it any more, so its iterator is never dropped open (its destructor
-        would wait in it)."""
-        asyncio.ensure_future(call).add_done_callback(self._started)
 
     def _started(self, task):
         self.started.set()
@@ -176,19 +191,20 @@ class ResponseStream:
             self.queue.put_nowait(RuntimeError("the BLS call was cancelled") if task.cancelled() else task.exception())
             self._finish()
         else:
-            self.attach(task.result())
+            self._attach(task.result())
 
-    def attach(self, iterator):
+    def _attach(self, iterator):
         """The call returned `iterator`, its first response buffered."""
-        self.iterator = iterator
+        self.returned, self.iterator = True, iterator
         if self.inbox is None:
-            self._thread()
+            self._read_with_waiting_thread()
             return
+        self.progress = time.monotonic()
         self._take(max(self.counted, 1))
         if not self.done:
-            asyncio.get_running_loop().call_later(GRACE_S, self._check)
+            asyncio.get_running_loop().call_later(min(GRACE_S, FALLBACK_S), self._check)
 
-    def count(self, count: int, final: bool):
+    def on_count(self, count: int, final: bool):
         """The callee has sent `count` responses (the last of them if `final`)."""
         self.counted = max(self.counted, count)
         if final:
@@ -200,6 +216,7 @@ class ResponseStream:
     def _take(self, upto: int):
         """The responses up to `upto`: each is buffered, so `next` does not wait."""
         while not self.done and not self.threaded and self.taken < upto:
+            t0 = time.monotonic()
             try:
                 response = next(self.iterator)
             except StopIteration:
@@ -209,8 +226,12 @@ class ResponseStream:
                 self.queue.put_nowait(e)
                 self._finish()
                 return
+            if time.monotonic() - t0 > SLOW_NEXT_S:  # not buffered after all, or the stub's cleanup queue is slow
+                log.warning("next() on a counted response took %.0f ms", 1e3 * (time.monotonic() - t0))
             self.taken += 1
             self.queue.put_nowait(response)
+            if response.has_error():  # an error ends the call
+                self.final_at = self.taken
         if not self.done and not self.threaded and self.taken == self.final_at:
             self._finish()
 
@@ -219,16 +240,13 @@ class ResponseStream:
             self.inbox.read()  # counts waiting in the socket first: a busy loop may run this timer before them
         if self.done or self.threaded:
             return
-        if not self.counted:  # a callee that does not count, or the server's own error response
-            self._thread()
-            return
-        idle = time.monotonic() - self.progress
-        if idle >= FALLBACK_S:
-            log.warning("no response count for %.0f s on an open decoupled call (%d responses read): "
-                        "reading the rest with a waiting thread", idle, self.taken)
-            self._thread()
+        idle, limit = time.monotonic() - self.progress, GRACE_S if not self.counted else FALLBACK_S
+        if idle >= limit:
+            log.warning("no response count for %.0f s on an open decoupled call (%d responses read): reading "
+                        "the rest with a thread waiting in the iterator", idle, self.taken)
+            self._read_with_waiting_thread()
         else:
-            asyncio.get_running_loop().call_later(FALLBACK_S - idle, self._check)
+            asyncio.get_running_loop().call_later(limit - idle, self._check)
 
     def _finish(self):
         self.done = True
@@ -242,23 +260,26 @@ class ResponseStream:
             _bury(self.iterator)
         self.iterator = None
 
-    def _thread(self):
+    def _read_with_waiting_thread(self):
         """Fallback: the rest of the call read by a thread that waits in the iterator (a daemon: a
-        dead callee may never answer, and must not keep the process from exiting)."""
+        dead callee may never answer, and must not keep the process from exiting). It calls
+        `next` itself: a `for` loop would restart a finished iterator from its first response."""
         self.threaded = True
-        loop, iterator = asyncio.get_running_loop(), [self.iterator]
+        loop, held = asyncio.get_running_loop(), [self.iterator]
         self.iterator = None
         self._forget()
         put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
 
         def pump():
             try:
-                for response in iterator[0]:
-                    put(response)
+                while True:
+                    put(next(held[0]))
+            except StopIteration:
+                pass
             except Exception as e:  # noqa: BLE001 - handed to the reader
                 put(e)
             finally:
-                loop.call_soon_threadsafe(_bury, iterator.pop())
+                loop.call_soon_threadsafe(_bury, held.pop())
                 put(self.END)
 
         threading.Thread(target=pump, name="bls-responses", daemon=True).start()
@@ -278,7 +299,7 @@ class Inbox:
         loop.add_reader(self.sock.fileno(), self.read)
         atexit.register(self._unlink)  # the stub exits after finalize: its socket file goes with it
 
-    def expect(self) -> tuple[ResponseStream, dict]:
+    def stream(self) -> tuple[ResponseStream, dict]:
         """A stream for the next call, and the request parameter that makes its callee count."""
         stream = ResponseStream(self, secrets.token_hex(8))
         self.streams[stream.token] = stream
@@ -288,21 +309,24 @@ class Inbox:
         """Every count waiting in the socket, to its stream."""
         while True:
             try:
-                data = self.sock.recv(256)
+                data = self.sock.recv(65536)
             except (BlockingIOError, InterruptedError):
                 return
-            try:
-                token, count, final = data.decode().split(" ")
-                stream = self.streams.get(token)
-                if stream is not None:
-                    stream.count(int(count), final == "1")
-            except ValueError:
-                log.warning("ignoring a malformed response count %r", data[:64])
+            except OSError:  # closed at finalize while the loop was still running
+                return
+            for line in data.split(b"\n"):
+                try:
+                    token, count, final = line.decode().split(" ")
+                    stream = self.streams.get(token)
+                    if stream is not None:
+                        stream.on_count(int(count), final == "1")
+                except ValueError:
+                    log.warning("ignoring a malformed response count %r", line[:64])
 
     def close(self, loop: asyncio.AbstractEventLoop):
         try:
             loop.remove_reader(self.sock.fileno())
-        except (RuntimeError, ValueError):  # the stub stops and closes its loop before finalize
+        except (RuntimeError, ValueError):  # the loop is already closed
             pass
         self.sock.close()
         self._unlink()
@@ -320,21 +344,24 @@ _graves: collections.deque = collections.deque()  # (when, finished iterator), o
 def _bury(iterator):
     """Keep a finished iterator a while (on the event loop). Its end queued the removal of the
     stub's own reference (`ResponseIterator::Clear`), done by a stub thread without the GIL: were
-    that reference the last, the iterator and the responses it keeps would be freed there, without
-    the GIL, and the process would crash. Held here past that, ours is the last; `close` lets go
-    of the rest while the stub is still whole."""
+    that reference the last, the iterator and the responses it keeps would be freed there, and
+    the process would crash. Held here past that, ours is the last. (At finalize the stub has
+    emptied its map before `close` lets go of the rest.)"""
     now = time.monotonic()
     _graves.append((now, iterator))
-    while now - _graves[0][0] > GRAVE_S:
+    while _graves and now - _graves[0][0] > GRAVE_S:
         _graves.popleft()
 
 
 _inbox: tuple[asyncio.AbstractEventLoop, Inbox | None] | None = None
 
 
-def expect() -> tuple[ResponseStream, dict]:
-    """A stream for the decoupled call about to be made on this event loop, and the request
-    parameters that make its callee count (none when this process could not open its socket)."""
+def call(make_call) -> ResponseStream:
+    """Start a decoupled call on this event loop: `make_call(parameters)` -> the awaitable
+    `async_exec(decoupled=True)` of a request carrying `parameters` (those that make its callee
+    count; none when this process could not open its socket). Its responses come to the stream's
+    queue. The call is read to its end even when nobody waits for it any more, so that its
+    iterator is never dropped open (its destructor would wait in it)."""
     global _inbox
     loop = asyncio.get_running_loop()
     if _inbox is None or _inbox[0] is not loop:
@@ -344,13 +371,18 @@ def expect() -> tuple[ResponseStream, dict]:
         except OSError as e:
             log.warning("no socket for response counts (%s): decoupled calls are read by waiting threads", e)
             _inbox = (loop, None)
-    inbox = _inbox[1]
-    return inbox.expect() if inbox is not None else (ResponseStream(None, ""), {})
+    stream, params = _inbox[1].stream() if _inbox[1] is not None else (ResponseStream(None, ""), {})
+    try:
+        asyncio.ensure_future(make_call(params)).add_done_callback(stream._started)
+    except BaseException:
+        stream._forget()
+        raise
+    return stream
 
 
 def close():
     """At finalize: close this process's inbox (its socket file goes with it) and let go of the
-    finished iterators, while the stub can still free them. The next `expect` opens another."""
+    finished iterators. The next `call` opens another inbox."""
     global _inbox
     if _inbox is not None and _inbox[1] is not None:
         _inbox[1].close(_inbox[0])

@@ -12,6 +12,7 @@ request carrying LORA_ACTION (from the `loras` model) adds, removes or lists ada
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import threading
@@ -57,6 +58,7 @@ class DecoderModel:
     def initialize(self, args):
         runtime.model_process()
         params = read(args, "decoder")
+        bls_stream.check_callee_config(json.loads(args["model_config"]), "decoder")
         t0 = time.monotonic()
         device = placement.instance_device(args, params["device"])
         # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
@@ -174,10 +176,11 @@ class DecoderModel:
 
     def execute(self, requests):
         for request in requests:
-            # Counts its sends to the orchestrator, which reads them without waiting (bls_stream).
-            sender = bls_stream.sender_for(request, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender = request.get_response_sender()
             try:
                 require_internal(request, "decoder")
+                # Counts its sends for the orchestrator, which reads them without waiting (bls_stream).
+                sender = bls_stream.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 cancel_id = get(request, "CANCEL_ID")
                 if cancel_id is not None:
                     rid = bytes(cancel_id.reshape(-1)[0]).decode()

@@ -80,8 +80,7 @@ class InternalCalls:
 
     async def infer_decoupled(self, model: str, inputs: dict, names: list[str]) -> list:
         """A decoupled model's one answer (the decoder's LoRA actions): its data response's outputs."""
-        stream, params = bls_stream.expect()
-        stream.start(bls(model, inputs, names, params).async_exec(decoupled=True))
+        stream = bls_stream.call(lambda params: bls(model, inputs, names, params).async_exec(decoupled=True))
         result = None
         while (resp := await self.guard(stream.queue.get())) is not stream.END:
             if isinstance(resp, BaseException):
@@ -232,9 +231,8 @@ class Orchestrator(InternalCalls):
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
         t_decoder = time.monotonic()
-        responses, params = bls_stream.expect()
-        responses.start(bls("decoder", dec_in, ["LATENTS", "AUDIO"], params, request_id=request_id)
-                        .async_exec(decoupled=True))
+        responses = bls_stream.call(lambda params: bls("decoder", dec_in, ["LATENTS", "AUDIO"], params,
+                                                       request_id=request_id).async_exec(decoupled=True))
         # The decoder's first response (admission, prefill, a step), awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._cancel_decoder(request_id)
@@ -275,7 +273,8 @@ class Orchestrator(InternalCalls):
                     await self._cancel_decoder(request_id)
         except BaseException as e:
             # Our side broke mid-stream (a VAE call failed, a model died, shutdown): stop the decoder too.
-            await self._cancel_decoder(request_id)
+            if responses.returned:  # else the call itself failed: the decoder has nothing to stop
+                await self._cancel_decoder(request_id)
             error = e
         finally:
             self.m_decoder_reads[responses.threaded].increment(1.0)
@@ -306,9 +305,9 @@ class Orchestrator(InternalCalls):
 
     async def _cancel_decoder(self, request_id: str):
         try:
-            stream, params = bls_stream.expect()  # its only response is the final flag
-            req = bls("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}, ["LATENTS"], params)
-            stream.start(req.async_exec(decoupled=True))
+            cancel = {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}
+            stream = bls_stream.call(  # its only response is the final flag
+                lambda params: bls("decoder", cancel, ["LATENTS"], params).async_exec(decoupled=True))
             while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
                 if isinstance(resp, BaseException):
                     raise resp

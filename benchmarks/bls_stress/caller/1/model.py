@@ -41,9 +41,10 @@ class TritonPythonModel:
             sender = r.get_response_sender()
             get = lambda name: pb_utils.get_input_tensor_by_name(r, name).as_numpy().reshape(-1)[0]  # noqa: E731
             try:
-                calls = await self._run(float(get("DURATION_S")), int(get("CONCURRENCY")), int(get("RESPONSES")),
-                                        bytes(get("MODE")).decode())
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", np.array([calls], np.int64))]),
+                calls, waiting = await self._run(float(get("DURATION_S")), int(get("CONCURRENCY")),
+                                                 int(get("RESPONSES")), bytes(get("MODE")).decode())
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", np.array([calls], np.int64)),
+                                                        pb_utils.Tensor("WAITING", np.array([waiting], np.int64))]),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:  # noqa: BLE001
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(e))),
@@ -53,29 +54,27 @@ class TritonPythonModel:
     def finalize(self):
         bls_stream.close()
 
-    async def _run(self, duration: float, concurrency: int, responses: int, mode: str) -> int:
+    async def _run(self, duration: float, concurrency: int, responses: int, mode: str) -> tuple[int, int]:
+        """-> (calls finished, calls of them read by a thread waiting in the iterator)."""
         if mode not in ("counted", "waiting"):
             raise ValueError(f"MODE must be 'counted' or 'waiting', got {mode!r}")
         end = time.monotonic() + duration
-        done = 0
+        done = waiting = 0
 
-        async def call() -> asyncio.Queue:
-            n = pb_utils.Tensor("N", np.array([responses], np.int32))
-            if mode == "counted":
-                stream, params = bls_stream.expect()
-                stream.start(pb_utils.InferenceRequest(model_name="streamer", requested_output_names=["OUT"],
-                                                       inputs=[n], parameters=params).async_exec(decoupled=True))
-                return stream.queue
-            queue: asyncio.Queue = asyncio.Queue()
-            it = await pb_utils.InferenceRequest(model_name="streamer", requested_output_names=["OUT"],
-                                                 inputs=[n]).async_exec(decoupled=True)
-            _waiting_reader(it, queue)
-            return queue
+        def request(params: dict):
+            return pb_utils.InferenceRequest(model_name="streamer", requested_output_names=["OUT"], parameters=params,
+                                             inputs=[pb_utils.Tensor("N", np.array([responses], np.int32))])
 
         async def worker():
-            nonlocal done
+            nonlocal done, waiting
             while time.monotonic() < end:
-                queue, got = await call(), 0
+                if mode == "counted":
+                    stream = bls_stream.call(lambda params: request(params).async_exec(decoupled=True))
+                    queue = stream.queue
+                else:
+                    queue, stream = asyncio.Queue(), None
+                    _waiting_reader(await request({}).async_exec(decoupled=True), queue)
+                got = 0
                 while (resp := await queue.get()) is not END:
                     if isinstance(resp, BaseException):
                         raise resp
@@ -85,6 +84,7 @@ class TritonPythonModel:
                 if got != responses:
                     raise RuntimeError(f"{got} responses of {responses}")
                 done += 1
+                waiting += stream is None or stream.threaded
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done
+        return done, waiting

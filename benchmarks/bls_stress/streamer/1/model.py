@@ -25,7 +25,8 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             n = int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy().reshape(-1)[0])
-            self.inbox.put([bls_stream.sender_for(r, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL), n])
+            self.inbox.put([bls_stream.counting_sender(r, r.get_response_sender(),
+                                                       pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL), n])
         return None
 
     def _send_loop(self):
