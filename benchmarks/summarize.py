@@ -2905,8 +2905,9 @@ def twenty_fifth_session(res) -> list[str]:
         c = calls(d)
         md.append(f"| {label} | {d['args']['mode']} | {stall_round(d) or 'none of ' + str(len(d['rounds']))} | "
                   + (", ".join(str(x) for x in c) if c else "-") + " |")
-    md += ["", "Plot: `results_twentyfifth.png`. The counted run that dropped finished iterators at once crashed "
-           "the caller the same way (`raw/bls_stress_counted_unburied_crash.txt`); keeping them is what fixed it.",
+    md += ["", "![twenty-fifth session: calls per round, and where the old reads stalled](results_twentyfifth.png)",
+           "", "The counted run that dropped finished iterators at once crashed the caller the same way "
+           "(`raw/bls_stress_counted_unburied_crash.txt`); keeping them is what fixed it.",
            "", f"- The final code ran {len(counted)} rounds without a stall or a crash and stopped cleanly, at a "
            f"median {statistics.median(counted):.0f} calls per round ({min(counted)}-{max(counted)}); the old reads "
            f"finished {', '.join(str(x) for x in waiting)} before their stall (separate runs on the same machine, "
