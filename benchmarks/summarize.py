@@ -2880,9 +2880,9 @@ def twenty_fifth_session(res) -> list[str]:
           "to the caller's iterator) the decoder sends the running count to the caller's datagram socket in the "
           "server's run directory; the orchestrator calls `next()` only as far as it was told, so it never "
           "waits in the iterator (the inversion needs a waiting reader), and keeps each finished iterator "
-          "2 s before letting go of it on its event loop (the stub's reference is gone by then). A response "
-          "with an error ends a call (the decoder sends each error with the final flag, as the server does its "
-          "own, which nobody counts). A call with no count for 5 s, or none new for 30 s while open, falls back "
+          "2 s before letting go of it on its event loop (the stub's reference is gone by then). An uncounted "
+          "first response with an error is the server's own (a refused request, final) unless its count comes "
+          "within 1 s; a thread then ends the call at once. A call with no count for 5 s, or none new for 30 s while open, falls back "
           "to a waiting thread; `voxcpm_decoder_calls_read_total{read=\"waiting\"}` counts them (0 in "
           "`test_server`; the stress caller reports its own, 0 in every counted round). The decoder refuses a "
           "configuration under which a `send` could return before its response reached the caller (a response "
@@ -2892,7 +2892,9 @@ def twenty_fifth_session(res) -> list[str]:
           "starts a finished iterator over); the fallback came after 0.2 s, short enough for a loaded machine "
           "to reach; the decoder counted for requests before checking the internal key; the kernel queues "
           "only 10 datagrams per socket here (`net.unix.max_dgram_qlen`), so counts that do not fit now go "
-          "out together, one datagram per caller.", "",
+          "out together, one datagram per caller. A second review found that taking every error as a call's end "
+          "would cut a call short at the server's error on a counted response (no shared memory for an output, "
+          "not final): counted errors now follow the counts.", "",
           "| run | reads | stalled in round | calls per 10 s round |",
           "|---|---|---|---|"]
     for key, label in (("waiting_deadlock", "before: a thread waits in each iterator"),

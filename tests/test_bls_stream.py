@@ -177,15 +177,35 @@ def test_many_calls_interleaved_get_each_its_own_responses(run_dir):
     asyncio.run(main())
 
 
-def test_an_error_ends_the_call_without_a_count(run_dir):
-    """The server's own error response (the call's only one, never counted) ends the call at once:
-    no waiting thread, nothing read twice."""
+def test_the_servers_own_error_ends_the_call_and_nothing_waits(run_dir):
+    """The server's own error response (a refused request: the call's only one, never counted)
+    ends the call after ERROR_GRACE_S, read once, by a thread that finds the iterator finished."""
     async def main():
         t0 = time.monotonic()
         stream, _ = _call(WaitingIterator(Response("model 'decoder' is busy", final=True, error=True)))
         got = await _drain(stream)
-        assert [r.value for r in got] == ["model 'decoder' is busy"] and not stream.threaded
-        assert time.monotonic() - t0 < bls_stream.GRACE_S / 2
+        assert [r.value for r in got] == ["model 'decoder' is busy"]
+        assert not stream.waited and time.monotonic() - t0 < bls_stream.GRACE_S
+
+    asyncio.run(main())
+
+
+def test_a_counted_error_that_is_not_final_does_not_end_the_call(run_dir):
+    """The server's error on a counted response (no memory for an output): the counts go on, and
+    so does the call, to its final response."""
+    async def main():
+        it = BufferedIterator(Response("r1"))
+        stream, params = _call(it)
+        sender = _counting(params, it)
+        sender.send("r1")
+        await stream.started.wait()
+        sender.send("r2")
+        it.buffer[-1].error = True  # what the server made of it
+        sender.send("r3")
+        sender.send(flags=FINAL)
+        got = await _drain(stream)
+        assert [(r.value, r.error) for r in got] == [("r1", False), ("r2", True), ("r3", False), (None, False)]
+        assert not stream.threaded
 
     asyncio.run(main())
 
@@ -201,7 +221,7 @@ def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypa
         assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "first"
         it.deliver(Response("late", final=True))
         assert [r.value for r in await _drain(stream)] == ["late"]
-        assert stream.threaded
+        assert stream.threaded and stream.waited
         only = WaitingIterator(Response("only", final=True))  # finished before the thread takes over
         stream, _ = _call(only)
         assert [r.value for r in await _drain(stream)] == ["only"]

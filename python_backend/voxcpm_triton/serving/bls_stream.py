@@ -23,8 +23,10 @@ So here no thread waits in an iterator. The callee says how many responses it ha
 - caller: one `Inbox` per process, a datagram socket in the server's private run directory
   read on the event loop. A `ResponseStream` calls `next()` only as far as it was told, so
   `next()` finds its response buffered. (The first response is buffered when the call returns
-  its iterator; its count may come before that.) A response with an error is the call's last (the
-  decoder sends each error with the final flag, as the server does with its own). A finished
+  its iterator; its count may come before that.) A first response with an error and no count
+  is the server's own (a refused request, final) unless its count comes within
+  `ERROR_GRACE_S`; the server's errors on a counted response (no memory for an output) follow
+  the counts like any response. A finished
   iterator is kept `GRAVE_S` before it is let go of on the event loop, past the stub's
   removal of its own reference, so that the last reference, and the free, is ours.
 
@@ -54,6 +56,7 @@ log = logging.getLogger("voxcpm_triton.bls_stream")
 
 PARAMETER = "voxcpm_bls_notify"  # request parameter: "<socket path> <token>"
 GRACE_S = 5.0  # no count at all this long after the call returned: its callee does not count
+ERROR_GRACE_S = 1.0  # an uncounted first response with an error: this long for its count
 FALLBACK_S = 30.0  # no new count for this long on an open call: read the rest with a waiting thread
 GRAVE_S = 2.0  # a finished iterator is kept at least this long (see _bury)
 RETRY_S = 0.001  # counts that did not fit in a caller's socket are retried this often...
@@ -183,7 +186,13 @@ class ResponseStream:
         self.iterator = None
         self.counted, self.final_at, self.taken = 0, None, 0
         self.done = self.threaded = False
+        self.ended_at_once = False  # the waiting thread found the iterator finished: it never waited
         self.progress = time.monotonic()
+
+    @property
+    def waited(self) -> bool:
+        """Read (in part) by a thread that waited in the iterator."""
+        return self.threaded and not self.ended_at_once
 
     def _started(self, task):
         self.started.set()
@@ -230,8 +239,9 @@ class ResponseStream:
                 log.warning("next() on a counted response took %.0f ms", 1e3 * (time.monotonic() - t0))
             self.taken += 1
             self.queue.put_nowait(response)
-            if response.has_error():  # an error ends the call
-                self.final_at = self.taken
+            if response.has_error() and self.taken > self.counted:
+                asyncio.get_running_loop().call_later(ERROR_GRACE_S, self._check_error)
+                return
         if not self.done and not self.threaded and self.taken == self.final_at:
             self._finish()
 
@@ -247,6 +257,15 @@ class ResponseStream:
             self._read_with_waiting_thread()
         else:
             asyncio.get_running_loop().call_later(limit - idle, self._check)
+
+    def _check_error(self):
+        """An uncounted error response: counted since, it was the callee's and the counts go on;
+        else the server's own, the call's last, and the iterator is finished: a thread's `next`
+        ends it at once, where ours would wait for ever were that not so."""
+        if self.inbox is not None:
+            self.inbox.read()
+        if not self.done and not self.threaded and self.counted < self.taken:
+            self._read_with_waiting_thread()
 
     def _finish(self):
         self.done = True
@@ -271,11 +290,14 @@ class ResponseStream:
         put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
 
         def pump():
+            first = True
             try:
                 while True:
-                    put(next(held[0]))
+                    response = next(held[0])
+                    first = False
+                    put(response)
             except StopIteration:
-                pass
+                self.ended_at_once = first
             except Exception as e:  # noqa: BLE001 - handed to the reader
                 put(e)
             finally:

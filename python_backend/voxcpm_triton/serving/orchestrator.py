@@ -155,9 +155,9 @@ class Orchestrator(InternalCalls):
                                          {**labels, "phase": ph}, "COUNTER") for ph in FIRST_AUDIO_PHASES}
         # How each decoder call's responses were read (bls_stream): "waiting" (a thread in Triton's
         # iterator, which can deadlock the process) should stay 0.
-        self.m_decoder_reads = {threaded: metric("voxcpm_decoder_calls_read_total", DECODER_READS_DOC,
-                                                 {**labels, "read": "waiting" if threaded else "counted"}, "COUNTER")
-                                for threaded in (False, True)}
+        self.m_decoder_reads = {waited: metric("voxcpm_decoder_calls_read_total", DECODER_READS_DOC,
+                                               {**labels, "read": "waiting" if waited else "counted"}, "COUNTER")
+                                for waited in (False, True)}
 
     def parse(self, request) -> contract.SynthesisRequest:
         return contract.parse(_inputs(request), max_positions=self.max_positions)
@@ -277,7 +277,7 @@ class Orchestrator(InternalCalls):
                 await self._cancel_decoder(request_id)
             error = e
         finally:
-            self.m_decoder_reads[responses.threaded].increment(1.0)
+            self.m_decoder_reads[responses.waited].increment(1.0)
             if opened:
                 await self._close_vae(corrid)
         if error is not None and not stopping:

@@ -84,7 +84,7 @@ class TritonPythonModel:
                 if got != responses:
                     raise RuntimeError(f"{got} responses of {responses}")
                 done += 1
-                waiting += stream is None or stream.threaded
+                waiting += stream is None or stream.waited
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return done, waiting
