@@ -4,9 +4,10 @@
 `benchmarks/bls_stress/` holds two toy models: `streamer` (decoupled; one thread sends every
 request's responses, then each final flag, as the decoder's audio thread does) and `caller`
 (decoupled, `async def execute`; keeps CONCURRENCY decoupled BLS calls to `streamer` in flight,
-read as --mode says: `counted`, the orchestrator's reader; `waiting`, the thread per call it used before). Each round sends CLIENTS requests to
-`caller` for --seconds; a round that does not answer in time is a stall: the native and
-Python stacks of both stub processes go to the log (gdb), and the run stops.
+read as --mode says: `counted`, the orchestrator's reader; `waiting`, the thread per call it
+used before). Each round sends CLIENTS requests to `caller` for --seconds; a round that does
+not answer in time is a stall: the native stacks of both stub processes go to the log (gdb),
+and the run stops.
 
     .venv/bin/python benchmarks/bls_stress.py --mode waiting --rounds 12 --seconds 10 --responses 5
 """
@@ -93,7 +94,8 @@ def main():
     with TritonServer(ROOT / "benchmarks" / "bls_stress", log_path=a.log) as srv:
         for i in range(a.rounds):
             t0 = time.monotonic()
-            calls, waiting, errors = _round(srv.grpc_url, a.clients, a.seconds, a.concurrency, a.responses, a.mode, a.timeout)
+            calls, waiting, errors = _round(srv.grpc_url, a.clients, a.seconds, a.concurrency, a.responses,
+                                            a.mode, a.timeout)
             wall = time.monotonic() - t0
             summary["rounds"].append({"calls": calls, "read_waiting": waiting, "errors": errors[:3],
                                       "wall_s": round(wall, 2)})

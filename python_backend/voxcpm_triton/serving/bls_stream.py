@@ -26,9 +26,9 @@ So here no thread waits in an iterator. The callee says how many responses it ha
   its iterator; its count may come before that.) A first response with an error and no count
   is the server's own (a refused request, final) unless its count comes within
   `ERROR_GRACE_S`; the server's errors on a counted response (no memory for an output) follow
-  the counts like any response. A finished
-  iterator is kept `GRAVE_S` before it is let go of on the event loop, past the stub's
-  removal of its own reference, so that the last reference, and the free, is ours.
+  the counts like any response. A finished iterator is kept `GRAVE_S` before it is let go of
+  on the event loop, past the stub's removal of its own reference, so that the last
+  reference, and the free, is ours.
 
 A call that gets no count for `GRACE_S` after it returned (its callee does not count), or whose
 counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator,

@@ -74,13 +74,18 @@ class InternalCalls:
             if cancelled is not None and cancelled():
                 return None
 
+    @staticmethod
+    def call_decoupled(model: str, inputs: dict, names: list[str], **kw) -> bls_stream.ResponseStream:
+        """A decoupled BLS call to an internal model, its responses read as its callee counts them."""
+        return bls_stream.call(lambda params: bls(model, inputs, names, params, **kw).async_exec(decoupled=True))
+
     async def infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
         resp = await self.guard(bls(model, inputs, names, **kw).async_exec())
         return outputs(resp, names)
 
     async def infer_decoupled(self, model: str, inputs: dict, names: list[str]) -> list:
         """A decoupled model's one answer (the decoder's LoRA actions): its data response's outputs."""
-        stream = bls_stream.call(lambda params: bls(model, inputs, names, params).async_exec(decoupled=True))
+        stream = self.call_decoupled(model, inputs, names)
         result = None
         while (resp := await self.guard(stream.queue.get())) is not stream.END:
             if isinstance(resp, BaseException):
@@ -231,8 +236,7 @@ class Orchestrator(InternalCalls):
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
         t_decoder = time.monotonic()
-        responses = bls_stream.call(lambda params: bls("decoder", dec_in, ["LATENTS", "AUDIO"], params,
-                                                       request_id=request_id).async_exec(decoupled=True))
+        responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
         # The decoder's first response (admission, prefill, a step), awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._cancel_decoder(request_id)
@@ -305,9 +309,9 @@ class Orchestrator(InternalCalls):
 
     async def _cancel_decoder(self, request_id: str):
         try:
-            cancel = {"CANCEL_ID": np.array([request_id.encode()], dtype=object)}
-            stream = bls_stream.call(  # its only response is the final flag
-                lambda params: bls("decoder", cancel, ["LATENTS"], params).async_exec(decoupled=True))
+            # its only response is the final flag
+            stream = self.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
+                                         ["LATENTS"])
             while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
                 if isinstance(resp, BaseException):
                     raise resp
