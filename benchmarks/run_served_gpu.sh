@@ -18,7 +18,8 @@
 #   .cache/perf_analyzer_bundle, made by gpu_box/make_perf_analyzer_bundle.sh: carry it too) on
 #   tts_stream over gRPC streaming, PA_LENGTH (100)-step requests, at PA_LEVELS (1,8,32,64), windows of
 #   PA_INTERVAL_MS (6000; a level takes about 25 s): $OUT/perf_analyzer.{csv,log,json}.
-# Writes $OUT/served.json and $OUT/tritonserver.log (benchmarks/out without $OUT).
+# Writes $OUT/served.json, $OUT/metrics.txt (the voxcpm_ metrics at the end) and
+# $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
 mkdir -p "$OUT"
@@ -111,6 +112,10 @@ for mode in "${modes[@]}"; do
         --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" \
         --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" || rc=$?
 done
+# the server's own counters at the end (how decoder calls were read, batching, errors)
+python3 -c "import sys, urllib.request; sys.stdout.write(''.join(l for l in
+urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().splitlines(True) if l.startswith('voxcpm_')))" \
+    "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" >"$OUT/metrics.txt" 2>&1 || true
 device_triton_stop
 echo "[run_served_gpu] done after $((SECONDS - t0)) s"
 exit $rc
