@@ -19,7 +19,7 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.conftest import sine_wave  # noqa: E402
-from tests.server import triton_env, triton_server_factory  # noqa: E402,F401
+from tests.server import TritonServer, triton_env, triton_server_factory  # noqa: E402,F401
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 TOL = 1e-4
@@ -409,3 +409,21 @@ def test_perf_analyzer_against_tts_over_http(server, tmp_path):
     m = re.search(r"Throughput: ([0-9.]+) infer/sec", log)
     assert m and float(m.group(1)) > 0, log
     assert "error" not in log.lower() or "Errors: 0" in log, log
+
+
+def test_every_model_process_exits_cleanly(ckpt, tmp_path):
+    """SIGTERM after serving: every model unloads and no model process crashes on its way out.
+    The processes with metrics (tts, tts_stream, decoder, vae_decoder) used to leave their
+    MetricFamily objects to python_backend's stub teardown, which destroys them after its shared
+    memory: every one of them segfaulted at exit."""
+    srv = TritonServer("model_repository", env={"VOXCPM_CHECKPOINT": ckpt}, log_path=tmp_path / "server.log")
+    with srv:
+        assert len(tts_stream(srv, "Words before the end.", SEED=1, MIN_LENGTH=3, MAX_LENGTH=3)) > 0
+        assert tts_http(srv, "More words.", SEED=2, MIN_LENGTH=3, MAX_LENGTH=3)[0].size > 0
+        assert sum(v for name, _, v in metric_samples(srv)  # the metrics were in use
+                   if name == "voxcpm_time_to_first_audio_seconds_count") >= 2
+    log = srv.log
+    assert srv.returncode == 0 and srv.leftover_processes == [], srv.log_tail()
+    for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "voices", "loras"):
+        assert f"successfully unloaded '{model}'" in log, model
+    assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]

@@ -31,7 +31,7 @@ from ..voxcpm2 import VoxCPM2
 from . import bls_stream, placement, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
 from .triton_io import (IPC_LOCK, Busy, InputError, error_response, get, internal_error_response, locked, pb,
                         require_internal, tensor)
@@ -341,3 +341,4 @@ class DecoderModel:
         self.engine.shutdown(timeout=10.0)
         if self.audio is not None:  # after the engine: the ends of its last requests are queued
             self.audio.stop()
+        release_metrics()

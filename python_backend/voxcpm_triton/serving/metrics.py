@@ -7,19 +7,38 @@ import threading
 from .triton_io import IPC_LOCK, pb
 
 
+_live: list = []  # this process's metrics, until `release_all`
+
+
 class metric:
-    """One labelled metric; it keeps its MetricFamily alive (Triton requires the family to outlive it)."""
+    """One labelled metric; it keeps its MetricFamily alive (Triton requires the family to outlive
+    it). After `release_all` it records nothing."""
 
     def __init__(self, name: str, description: str, labels: dict, kind: str = "GAUGE"):
         p = pb()
         self.family = p.MetricFamily(name=name, description=description, kind=getattr(p.MetricFamily, kind))
         self.metric = self.family.Metric(labels=labels)
+        _live.append(self)
 
     def set(self, v: float):
-        self.metric.set(float(v))
+        if (m := self.metric) is not None:  # held while it is used, whatever another thread releases
+            m.set(float(v))
 
     def increment(self, v: float):
-        self.metric.increment(float(v))
+        if (m := self.metric) is not None:
+            m.increment(float(v))
+
+
+def release_all():
+    """In a model's finalize: let go of this process's metrics (each before its family) while the
+    stub can still tell the server. Left to the stub's own teardown, python_backend r24.10 destroys
+    them after its shared memory is gone, and every model process with metrics crashed on its way
+    out (a segfault in `Metric::Clear`)."""
+    with IPC_LOCK:
+        while _live:
+            m = _live.pop()
+            m.metric = None
+            m.family = None
 
 
 class EngineMetrics:

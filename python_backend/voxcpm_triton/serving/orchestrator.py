@@ -28,7 +28,7 @@ import numpy as np
 
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
 from . import bls_stream, contract, runtime
-from .metrics import metric
+from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import Busy, InputError, Unhealthy, bls, downstream_error, error_response, get, outputs, pb, tensor
 from .voices import VoiceStore
@@ -342,6 +342,7 @@ class TTSModel:
 
     def finalize(self):
         bls_stream.close()
+        release_metrics()
 
     async def _one(self, request):
         p = pb()
@@ -474,3 +475,4 @@ class TTSStreamModel:
                 self.loop.call_soon_threadsafe(task.cancel)
             self._end(task, error_response(Busy("the server is shutting down")))
         bls_stream.close()
+        release_metrics()

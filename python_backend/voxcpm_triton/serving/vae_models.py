@@ -20,7 +20,7 @@ from ..model.audio_vae import patch_frames
 from ..voxcpm2 import encode_patches, load_audio_vae
 from . import placement, runtime
 from .contract import MAX_AUDIO_SECONDS
-from .metrics import metric
+from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
 from .triton_io import InputError, error_response, get, pb, require_internal, tensor
 
@@ -146,6 +146,7 @@ class VAEDecoderModel:
     def finalize(self):
         self._stop.set()
         self.beacon.stop()
+        release_metrics()
 
     def _patches(self, request, name: str):
         """Input `name` as [n, P, D] patches (None if absent), checked."""
