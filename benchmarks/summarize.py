@@ -2337,6 +2337,15 @@ def _plot_twenty_first(prof, shapes, quality):
     _save_panels(fig, axes, "Twenty-first session, H200, 2026-11-28: the VAE decoder", "results_twentyfirst.png")
 
 
+def _set_served_headline(res, burst: dict, cap: dict, source: str):
+    """The served headline keys of results.json from a sweep: its burst levels and its capacity."""
+    res.update({"ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],
+                "aggregate_xrt_c64": burst[64]["x_real_time"], "aggregate_xrt_c128": burst[128]["x_real_time"],
+                "capacity_streams": cap, "single_stream_rtf_triton": burst[1]["rtf"]["p50"],
+                "ttfa_ms_p50": burst[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": burst[1]["ttfa_ms"]["p95"],
+                "served_headline_source": source})
+
+
 def twenty_second_session(res) -> list[str]:
     """2026-11-28 (issue 17): a burst's prompts prefill in packed CUDA graphs, max_batch_size 128 by
     default, the full served sweep on the final code. Updates the served headline keys, sets
@@ -2352,12 +2361,8 @@ def twenty_second_session(res) -> list[str]:
         gpu_tests = re.search(r"(\d+) passed", f.read()).group(1)
     engine64 = res["twentieth"]["engine_b64_xrt"][-1]
     b = c3["burst"]
-    res.update({"ttfa_ms_p95_c64": b[64]["ttfa_ms"]["p95"], "smooth_frac_c64": b[64]["smooth_playback_frac"],
-                "aggregate_xrt_c64": b[64]["x_real_time"], "aggregate_xrt_c128": b[128]["x_real_time"],
-                "capacity_streams": cap, "single_stream_rtf_triton": b[1]["rtf"]["p50"],
-                "ttfa_ms_p50": b[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": b[1]["ttfa_ms"]["p95"],
-                "served_headline_source": "twenty-second session, NVIDIA H200, 2026-11-28, "
-                                          "raw/served_twentysecond_call3_packs*.json"})
+    _set_served_headline(res, b, cap, "twenty-second session, NVIDIA H200, 2026-11-28, "
+                         "raw/served_twentysecond_call3_packs*.json")
     short = lambda lv: {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"],  # noqa: E731
                         "ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"], "rtf_p50": lv["rtf"]["p50"]}
     res["twentysecond"] = {
@@ -2491,12 +2496,8 @@ def twenty_third_session(res) -> list[str]:
         final_tests = [int(n) for n in re.findall(r"(\d+) passed", f.read())]
     engine64 = res["twentieth"]["engine_b64_xrt"][-1]
     b = sw["burst"]
-    res.update({"ttfa_ms_p95_c64": b[64]["ttfa_ms"]["p95"], "smooth_frac_c64": b[64]["smooth_playback_frac"],
-                "aggregate_xrt_c64": b[64]["x_real_time"], "aggregate_xrt_c128": b[128]["x_real_time"],
-                "capacity_streams": cap, "single_stream_rtf_triton": b[1]["rtf"]["p50"],
-                "ttfa_ms_p50": b[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": b[1]["ttfa_ms"]["p95"],
-                "served_headline_source": "twenty-third session, NVIDIA H200, 2026-11-28, "
-                                          "raw/served_twentythird_sweep*.json"})
+    _set_served_headline(res, b, cap, "twenty-third session, NVIDIA H200, 2026-11-28, "
+                         "raw/served_twentythird_sweep*.json")
 
     def best(row, precision):  # the fastest launch of a precision in the sweep -> (us, max abs vs exact)
         return min((v for k, v in row.items() if k.startswith("(") and f"'{precision}'" in k), key=lambda v: v[0])
@@ -2989,12 +2990,8 @@ def twenty_sixth_session(res) -> list[str]:
     with open(os.path.join(HERE, "raw", "gpu_tests_twentysixth.txt")) as f:
         gpu_tests = re.search(r"(\d+) passed", f.read()).group(1)
     b = sw["burst"]
-    res.update({"ttfa_ms_p95_c64": b[64]["ttfa_ms"]["p95"], "smooth_frac_c64": b[64]["smooth_playback_frac"],
-                "aggregate_xrt_c64": b[64]["x_real_time"], "aggregate_xrt_c128": b[128]["x_real_time"],
-                "capacity_streams": cap, "single_stream_rtf_triton": b[1]["rtf"]["p50"],
-                "ttfa_ms_p50": b[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": b[1]["ttfa_ms"]["p95"],
-                "served_headline_source": "twenty-sixth session, NVIDIA H200, 2026-11-29, "
-                                          "raw/served_twentysixth_sweep*.json"})
+    _set_served_headline(res, b, cap, "twenty-sixth session, NVIDIA H200, 2026-11-29, "
+                         "raw/served_twentysixth_sweep*.json")
     short = lambda lv: {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"],  # noqa: E731
                         "ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"],
                         "rtf_p50": lv["rtf"]["p50"], "streams": len(lv["streams"]), "errors": lv["errors"]}
