@@ -262,6 +262,25 @@ def test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state(server):
     assert m["voxcpm_engine_decode_steps_total"] - steps_before < 1500, "decoding went on after the client left"
 
 
+def test_client_leaving_right_after_sending_stops_its_request(server):
+    """A client gone before its request reached the decoder (during the tokenizer call, or while
+    the decoder call is queued) still stops it: the orchestrator looks before it calls the decoder
+    and cancels a call it has started."""
+    for delay in (0.0, 0.02, 0.2):
+        wait_idle(server)
+        steps_before = metrics(server)["voxcpm_engine_decode_steps_total"]
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        c.start_stream(callback=lambda result, error: None)
+        c.async_stream_infer("tts_stream", _inputs(grpcclient, "An utterance nobody waits for.", SEED=4,
+                                                   MIN_LENGTH=1500, MAX_LENGTH=1500))
+        time.sleep(delay)
+        c.stop_stream(cancel_requests=True)
+        c.close()
+        time.sleep(2)  # time for the request to reach the decoder, were it going to run
+        m = wait_idle(server)
+        assert m["voxcpm_engine_decode_steps_total"] - steps_before < 200, f"decoding went on (client left after {delay} s)"
+
+
 def first_audio_phases(server) -> dict:
     """One tts_stream request's first-audio phases (prepare, decoder, vae: seconds), checked to add
     up to its time to first audio."""
