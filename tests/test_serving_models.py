@@ -132,7 +132,7 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
             got[c].append(resp.outputs["AUDIO"][0])
     # One priming pass for the continuation stream, then one batch of all three per round.
     assert batch_sizes == [1, 3, 3, 3], "equal-length chunks of three streams must decode as one batch"
-    assert len(model.streams) == 3 and model.m_streams.metric.value == 3
+    assert len(model.streams) == 3 and model.m_streams.pair[1].value == 3
 
     def whole(lat, context=None):
         frames = lambda x: torch.from_numpy(x).reshape(-1, D).T[None]  # noqa: E731
@@ -150,7 +150,7 @@ def test_vae_decoder_batches_streams_and_keeps_their_state(fake_pb, checkpoint_d
                           [_chunk(44, np.zeros((0, P, D)), end=True), _chunk(55, streams[11][:1])])
     assert all(r.error is None and r.outputs["AUDIO"].size == 0 for r in resps[:4])
     assert "sequence 55 has no open VAE stream" in str(resps[4].error)
-    assert len(model.streams) == 0 and model.m_streams.metric.value == 0
+    assert len(model.streams) == 0 and model.m_streams.pair[1].value == 0
     # Requests without the server's internal key are refused before anything is opened.
     for key in (None, "guess"):
         (r,) = model.execute([_chunk(66, streams[11][:1], start=True, key=key)])
@@ -236,3 +236,38 @@ def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
     assert m.streams == {} and m.closing
     m._end("task-a", None)  # the coroutine finishing late sends nothing more
     assert len(a.sent) == 1
+
+
+def test_metrics_are_let_go_of_at_finalize_each_before_its_family(fake_pb):
+    """python_backend destroys what a model still holds after its shared memory is gone (every
+    process with metrics crashed at exit): `release_all` frees them first, each metric before its
+    family (Triton requires the family to outlive it), and later updates are dropped."""
+    from voxcpm_triton.serving import metrics
+
+    freed = []
+
+    class Tracked(FakeMetric):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def __del__(self):
+            freed.append(f"metric {self.name}")
+
+    class Family(FakeFamily):
+        def Metric(self, labels):  # noqa: N802 - pb_utils' spelling
+            return Tracked(self.name)
+
+        def __del__(self):
+            freed.append(f"family {self.name}")
+
+    fake_pb.MetricFamily = Family
+    a, b = metrics.metric("a", "", {}), metrics.metric("b", "", {}, "COUNTER")
+    a.set(2.0)
+    b.increment(1.0)
+    assert freed == []
+    metrics.release_all()
+    assert freed == ["metric b", "family b", "metric a", "family a"]
+    a.set(3.0)  # after finalize: nothing to record it on, and no error
+    b.increment(1.0)
+    assert a.pair is None and b.pair is None and metrics._live == []

@@ -16,17 +16,17 @@ class metric:
 
     def __init__(self, name: str, description: str, labels: dict, kind: str = "GAUGE"):
         p = pb()
-        self.family = p.MetricFamily(name=name, description=description, kind=getattr(p.MetricFamily, kind))
-        self.metric = self.family.Metric(labels=labels)
+        family = p.MetricFamily(name=name, description=description, kind=getattr(p.MetricFamily, kind))
+        self.pair = (family, family.Metric(labels=labels))
         _live.append(self)
 
     def set(self, v: float):
-        if (m := self.metric) is not None:  # held while it is used, whatever another thread releases
-            m.set(float(v))
+        if (pair := self.pair) is not None:  # both held while in use, whatever another thread releases
+            pair[1].set(float(v))
 
     def increment(self, v: float):
-        if (m := self.metric) is not None:
-            m.increment(float(v))
+        if (pair := self.pair) is not None:
+            pair[1].increment(float(v))
 
 
 def release_all():
@@ -37,8 +37,10 @@ def release_all():
     with IPC_LOCK:
         while _live:
             m = _live.pop()
-            m.metric = None
-            m.family = None
+            family, metric_ = m.pair
+            m.pair = None
+            del metric_  # the metric first: Triton requires its family to outlive it
+            del family
 
 
 class EngineMetrics:
