@@ -265,7 +265,7 @@ def test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state(server):
 def test_client_leaving_right_after_sending_stops_its_request(server):
     """A client gone before its request reached the decoder (during the tokenizer call, or while
     the decoder call is queued) still stops it: the orchestrator looks before it calls the decoder
-    and cancels a call it has started."""
+    and cancels a call it has started. (Without that cancel the whole 1,500 steps run.)"""
     for delay in (0.0, 0.02, 0.2):
         wait_idle(server)
         steps_before = metrics(server)["voxcpm_engine_decode_steps_total"]
@@ -278,7 +278,8 @@ def test_client_leaving_right_after_sending_stops_its_request(server):
         c.close()
         time.sleep(2)  # time for the request to reach the decoder, were it going to run
         m = wait_idle(server)
-        assert m["voxcpm_engine_decode_steps_total"] - steps_before < 200, f"decoding went on (client left after {delay} s)"
+        steps = m["voxcpm_engine_decode_steps_total"] - steps_before
+        assert steps < 750, f"decoding went on: {steps:.0f} of 1,500 steps after the client left at {delay} s"
 
 
 def first_audio_phases(server) -> dict:
@@ -434,13 +435,16 @@ def test_every_model_process_exits_cleanly(ckpt, tmp_path):
     """SIGTERM after serving: every model unloads and no model process crashes on its way out.
     The processes with metrics (tts, tts_stream, decoder, vae_decoder) used to leave their
     MetricFamily objects to python_backend's stub teardown, which destroys them after its shared
-    memory: every one of them segfaulted at exit."""
-    srv = TritonServer("model_repository", env={"VOXCPM_CHECKPOINT": ckpt}, log_path=tmp_path / "server.log")
+    memory: every one of them segfaulted at exit. (A stream still in flight keeps its models
+    loaded until it ends or the exit timeout cuts it: Triton 2.51 calls no finalize before.)"""
+    srv = TritonServer("model_repository", env={"VOXCPM_CHECKPOINT": ckpt}, exit_timeout=120,
+                       log_path=tmp_path / "server.log")
     with srv:
         assert len(tts_stream(srv, "Words before the end.", SEED=1, MIN_LENGTH=3, MAX_LENGTH=3)) > 0
         assert tts_http(srv, "More words.", SEED=2, MIN_LENGTH=3, MAX_LENGTH=3)[0].size > 0
         assert sum(v for name, _, v in metric_samples(srv)  # the metrics were in use
                    if name == "voxcpm_time_to_first_audio_seconds_count") >= 2
+        srv.stop(timeout=180)  # a loaded machine may take a while to unload 17 model processes
     log = srv.log
     assert srv.returncode == 0 and srv.leftover_processes == [], srv.log_tail()
     for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "voices", "loras"):

@@ -241,7 +241,7 @@ def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
 def test_metrics_are_let_go_of_at_finalize_each_before_its_family(fake_pb):
     """python_backend destroys what a model still holds after its shared memory is gone (every
     process with metrics crashed at exit): `release_all` frees them first, each metric before its
-    family (Triton requires the family to outlive it), and later updates are dropped."""
+    family, and later updates are dropped."""
     from voxcpm_triton.serving import metrics
 
     freed = []
@@ -271,3 +271,35 @@ def test_metrics_are_let_go_of_at_finalize_each_before_its_family(fake_pb):
     a.set(3.0)  # after finalize: nothing to record it on, and no error
     b.increment(1.0)
     assert a.pair is None and b.pair is None and metrics._live == []
+
+
+def test_releasing_metrics_does_not_wait_for_ever_on_a_stuck_stub_call(fake_pb, monkeypatch):
+    """A thread stuck in a stub call holds IPC_LOCK (a send the stopping server no longer takes):
+    finalize gives up on the metrics after RELEASE_WAIT_S instead of never ending."""
+    import threading
+    import time
+
+    from voxcpm_triton.serving import metrics
+    from voxcpm_triton.serving.triton_io import IPC_LOCK
+
+    monkeypatch.setattr(metrics, "RELEASE_WAIT_S", 0.3)
+    m = metrics.metric("c", "", {})
+    held, done = threading.Event(), threading.Event()
+
+    def stuck():
+        with IPC_LOCK:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    try:
+        assert held.wait(5)
+        t0 = time.monotonic()
+        metrics.release_all()
+        assert 0.25 < time.monotonic() - t0 < 3 and m.pair is not None  # left, not waited for
+    finally:
+        done.set()
+        t.join()
+    metrics.release_all()
+    assert m.pair is None

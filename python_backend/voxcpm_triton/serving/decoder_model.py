@@ -99,12 +99,13 @@ class DecoderModel:
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
         self.engine = Engine(self.vox, cfg, first_audio=first_audio)
-        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
                       if placement.instance_count(args) > 1 else None)
+        # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
+        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         memory = ""
         if self.vox.device.type == "cuda":
@@ -334,11 +335,13 @@ class DecoderModel:
 
     def finalize(self):
         """In-flight requests end with an error response (the engine fails them on shutdown)."""
-        self.beacon.stop()
-        if self.peers is not None:
-            self.peers.stop()
-        self.metrics.close()
-        self.engine.shutdown(timeout=10.0)
-        if self.audio is not None:  # after the engine: the ends of its last requests are queued
-            self.audio.stop()
-        release_metrics()
+        try:
+            self.beacon.stop()
+            if self.peers is not None:
+                self.peers.stop()
+            self.metrics.close()
+            self.engine.shutdown(timeout=10.0)
+            if self.audio is not None:  # after the engine: the ends of its last requests are queued
+                self.audio.stop()
+        finally:
+            release_metrics()

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from .triton_io import IPC_LOCK, pb
 
+log = logging.getLogger("voxcpm_triton.metrics")
 
 _live: list = []  # this process's metrics, until `release_all`
+RELEASE_WAIT_S = 5.0  # at finalize, how long to wait for a thread still in a stub call
 
 
 class metric:
-    """One labelled metric; it keeps its MetricFamily alive (Triton requires the family to outlive
-    it). After `release_all` it records nothing."""
+    """One labelled metric and its MetricFamily (python_backend invalidates a metric whose family
+    is gone). Updates and `release_all` take IPC_LOCK, so none runs while they are let go of;
+    after that, updates are dropped."""
 
     def __init__(self, name: str, description: str, labels: dict, kind: str = "GAUGE"):
         p = pb()
@@ -21,26 +25,36 @@ class metric:
         _live.append(self)
 
     def set(self, v: float):
-        if (pair := self.pair) is not None:  # both held while in use, whatever another thread releases
-            pair[1].set(float(v))
+        with IPC_LOCK:
+            if self.pair is not None:
+                self.pair[1].set(float(v))
 
     def increment(self, v: float):
-        if (pair := self.pair) is not None:
-            pair[1].increment(float(v))
+        with IPC_LOCK:
+            if self.pair is not None:
+                self.pair[1].increment(float(v))
 
 
 def release_all():
-    """In a model's finalize: let go of this process's metrics (each before its family) while the
-    stub can still tell the server. Left to the stub's own teardown, python_backend r24.10 destroys
-    them after its shared memory is gone, and every model process with metrics crashed on its way
-    out (a segfault in `Metric::Clear`)."""
-    with IPC_LOCK:
+    """Last in a model's finalize: let go of this process's metrics (each metric before its
+    family) while the stub can still tell the server. Left to the stub's own teardown,
+    python_backend r24.10 destroys them after its shared memory is gone, and every model process
+    with metrics crashed on its way out (a segfault in `Metric::Clear`). A thread stuck in a stub
+    call (a send the server no longer takes) holds IPC_LOCK: then they are left, rather than
+    finalize never ending."""
+    if not IPC_LOCK.acquire(timeout=RELEASE_WAIT_S):
+        log.warning("metrics not released: a stub call has not returned for %.0f s; this process may crash "
+                    "on its way out", RELEASE_WAIT_S)
+        return
+    try:
         while _live:
             m = _live.pop()
             family, metric_ = m.pair
             m.pair = None
-            del metric_  # the metric first: Triton requires its family to outlive it
+            del metric_
             del family
+    finally:
+        IPC_LOCK.release()
 
 
 class EngineMetrics:

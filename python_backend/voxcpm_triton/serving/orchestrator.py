@@ -341,8 +341,10 @@ class TTSModel:
         return [await self._one(r) for r in requests]
 
     def finalize(self):
-        bls_stream.close()
-        release_metrics()
+        try:
+            bls_stream.close()
+        finally:
+            release_metrics()
 
     async def _one(self, request):
         p = pb()
@@ -468,11 +470,13 @@ class TTSStreamModel:
         The stub stops the event loop before it calls finalize, so streams are ended from here."""
         self.closing = True
         deadline = time.monotonic() + grace_s
-        while self.streams and self.loop is not None and self.loop.is_running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for task in list(self.streams):
-            if self.loop is not None and self.loop.is_running():
-                self.loop.call_soon_threadsafe(task.cancel)
-            self._end(task, error_response(Busy("the server is shutting down")))
-        bls_stream.close()
-        release_metrics()
+        try:
+            while self.streams and self.loop is not None and self.loop.is_running() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for task in list(self.streams):
+                if self.loop is not None and self.loop.is_running():
+                    self.loop.call_soon_threadsafe(task.cancel)
+                self._end(task, error_response(Busy("the server is shutting down")))
+            bls_stream.close()
+        finally:
+            release_metrics()

@@ -13,7 +13,8 @@ from . import runtime
 # instance call into it at once (a segfault in libtriton_python.so when worker threads issued
 # BLS calls in parallel). Models that call into the stub from threads of their own (the
 # decoder's engine thread, metric publishers) take this per-process lock around each call.
-# The orchestrators need none: they make every stub call from their instance's event loop.
+# The orchestrators need none: they make every stub call from their instance's event loop
+# (every metric update takes it anyway, see metrics.release_all).
 IPC_LOCK = threading.RLock()
 
 

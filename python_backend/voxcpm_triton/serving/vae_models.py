@@ -121,13 +121,14 @@ class VAEDecoderModel:
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
         labels = placement.labels(args, "vae_decoder", self.vae.device)
+        self._stop = threading.Event()
+        threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
+        self.beacon = runtime.Beacon("vae_decoder")
+        # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
         self.m_streams = metric("voxcpm_vae_streams", "Open VAE decode streams (state held)", labels)
         self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
         self.m_started = metric("voxcpm_vae_streams_started_total", "VAE decode streams opened (START)", labels,
                                 "COUNTER")
-        self._stop = threading.Event()
-        threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
-        self.beacon = runtime.Beacon("vae_decoder")
 
     def _sweeper(self):
         # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
@@ -145,8 +146,10 @@ class VAEDecoderModel:
 
     def finalize(self):
         self._stop.set()
-        self.beacon.stop()
-        release_metrics()
+        try:
+            self.beacon.stop()
+        finally:
+            release_metrics()
 
     def _patches(self, request, name: str):
         """Input `name` as [n, P, D] patches (None if absent), checked."""
