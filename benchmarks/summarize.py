@@ -3045,8 +3045,8 @@ def twenty_sixth_session(res) -> list[str]:
         md.append(f"| {c} | {cell(sw['burst'][c])} | {cell(sw['poisson'][c])} | {cell(before['burst'][c])} | "
                   f"{cell(before['poisson'][c])} |")
     md += ["", f"Capacity (every stream smooth, TTFA p95 <= 500 ms at every level up to it): burst {cap['burst']}, "
-           f"Poisson {cap['poisson']}, as in the twenty-third session. At 96 and 128 streams all at once one to "
-           "five streams in a hundred underran; the Poisson levels played 100% smoothly.", "",
+           f"Poisson {cap['poisson']}, as in the twenty-third session. At 96 and 128 streams all at once 2 of 192 "
+           "and 5 of 256 streams underran; the Poisson levels played 100% smoothly.", "",
            "**Every model process with metrics crashed on its way out.** The sweep's server log "
            f"(`raw/served_twentysixth_sweep_tritonserver.log`) holds {crashes_before} `Fatal Python error: "
            "Segmentation fault` after `All models are stopped`: one for each process with metrics (8 `tts` "
