@@ -368,10 +368,15 @@ PHASES = "voxcpm_time_to_first_audio_phase_seconds_sum"
 
 def metric_samples(metrics_url: str) -> list[tuple[str, dict, float]]:
     """Every labelled sample on Triton's metrics endpoint: (name, labels, value)."""
-    import re
     import urllib.request
 
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return parse_metric_samples(urllib.request.urlopen(metrics_url, timeout=10).read().decode())
+
+
+def parse_metric_samples(text: str) -> list[tuple[str, dict, float]]:
+    """Every labelled sample of a Prometheus text page (or run_served_gpu.sh's metrics.txt)."""
+    import re
+
     return [(name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(v))
             for name, labels, v in re.findall(r'^(\w+)\{([^}]*)\} ([0-9.eE+-]+)$', text, re.M)]
 

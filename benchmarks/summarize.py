@@ -54,6 +54,7 @@ import re
 import statistics
 import sys
 
+from bench_served import parse_metric_samples
 from kernel_kinds import KERNEL_KINDS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -2953,17 +2954,6 @@ def _plot_twenty_fifth(runs, calls):
                  "results_twentyfifth.png")
 
 
-def _metric_values(name: str, metric: str) -> dict:
-    """raw/<name> (run_served_gpu.sh's metrics.txt): `metric`'s value by its label set, as text."""
-    out = {}
-    with open(os.path.join(HERE, "raw", name)) as f:
-        for line in f:
-            m = re.fullmatch(re.escape(metric) + r"\{(.*)\} (\S+)", line.strip())
-            if m:
-                out[m.group(1)] = float(m.group(2))
-    return out
-
-
 def twenty_sixth_session(res) -> list[str]:
     """2026-11-29 (issue 17): the served benchmark on the GPU with the counted BLS reads (the
     64-stream stall gone), the engine in the same call, the sweep on this code; every model
@@ -2977,10 +2967,10 @@ def twenty_sixth_session(res) -> list[str]:
     cap = {a: load(f"served_twentysixth_sweep{s}.json")["capacity"] for a, s in (("burst", ""), ("poisson", "_poisson"))}
     before = {a: served_levels(f"served_twentythird_sweep{s}.json") for a, s in (("burst", ""), ("poisson", "_poisson"))}
     ext = served_levels("served_twentysixth_exit.json")
-    reads = {k: _metric_values(f, "voxcpm_decoder_calls_read_total")
-             for k, f in (("r10", "metrics_twentysixth_r10.txt"),)}
-    counted = int(reads["r10"]['model="tts_stream",read="counted"'])
-    waiting = int(reads["r10"]['model="tts_stream",read="waiting"'])
+    with open(os.path.join(HERE, "raw", "metrics_twentysixth_r10.txt")) as f:
+        reads = {labels["read"]: int(v) for name, labels, v in parse_metric_samples(f.read())
+                 if name == "voxcpm_decoder_calls_read_total" and labels["model"] == "tts_stream"}
+    counted, waiting = reads["counted"], reads["waiting"]
     chk = load("gpu_check_twentysixth.json")
     with open(os.path.join(HERE, "raw", "served_twentysixth_sweep_tritonserver.log")) as f:
         crashes_before = f.read().count("Fatal Python error: Segmentation fault")
