@@ -16,7 +16,8 @@
 #   TRITON_METRICS_PORT   default 8002
 #   TRITON_BIND           address to bind, default 127.0.0.1 (0.0.0.0 for all)
 #   TRITON_LOG_VERBOSE    tritonserver --log-verbose level, default 0
-#   TRITON_EXIT_TIMEOUT   seconds in-flight requests get on SIGTERM, default 30
+#   TRITON_EXIT_TIMEOUT   seconds a SIGTERM gives the server, default 30: running requests get half,
+#                         then end with an error; the models unload in the rest
 #   VOXCPM_ADMIN_KEY      value of the header voxcpm-admin-key that opens Triton's
 #                         shared-memory, model-repository, logging and trace APIs
 #                         (unset: a random key, they stay closed)

@@ -16,7 +16,11 @@ send the header `voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixe
 them. Arguments that already restrict something are left as they are.
 
 SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group after
-its exit timeout) and exit; nothing the server started outlives it.
+its exit timeout) and exit; nothing the server started outlives it. First it writes the time
+by which running requests must end, half the exit timeout away, to `stopping` in the run
+directory: the orchestrators refuse new requests from then on, and the decoder ends those still
+running at that time with an error (Triton 2.51 tells a model nothing before its finalize, which
+waits for them); the other half is for the models to unload.
 
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
@@ -43,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe  # noqa: E402
 
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
+STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtime.STOPPING_FILE
 ADMIN_HEADER = "voxcpm-admin-key"
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
 
@@ -176,6 +181,7 @@ class Supervisor:
         t0 = time.monotonic()
         if proc.poll() is None:
             log(f"stopping tritonserver ({why})")
+            self._end_requests_by(time.time() + (self.exit_timeout / 2 if grace is None else 0.0))
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(self.exit_timeout + 10 if grace is None else grace)
@@ -198,6 +204,18 @@ class Supervisor:
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def _end_requests_by(self, deadline: float):
+        """The time from which the server's running requests end (voxcpm_triton.serving.runtime.stopping)."""
+        if not self.run_dir:
+            return
+        tmp = os.path.join(self.run_dir, f".{STOPPING_FILE}")
+        try:
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(repr(deadline))
+            os.replace(tmp, os.path.join(self.run_dir, STOPPING_FILE))
+        except OSError as e:
+            log(f"could not tell the models the server is stopping: {e}")
 
     def ready(self) -> bool:
         try:

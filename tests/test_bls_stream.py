@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,20 @@ class Response:
 
     def has_error(self):
         return self.error
+
+
+class Payload(str):
+    """What a fake callee sends: a string, no error."""
+
+    def has_error(self):
+        return False
+
+
+class Failure(str):
+    """An error response a fake callee sends."""
+
+    def has_error(self):
+        return True
 
 
 class BufferedIterator:
@@ -85,7 +100,7 @@ class Sender:
 
     def send(self, response=None, flags=0):
         if self.sent:
-            self.iterator.buffer.append(Response(response, bool(flags & FINAL)))
+            self.iterator.buffer.append(Response(response, bool(flags & FINAL), isinstance(response, Failure)))
         self.sent += 1
 
     def is_cancelled(self):
@@ -103,6 +118,11 @@ class Request:
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path))
+    # An error carried as data (ERROR_OUTPUT), in this file's fakes: "ERROR:<message>".
+    monkeypatch.setattr(bls_stream, "_carried", lambda response: Payload("ERROR:" + response))
+    monkeypatch.setattr(bls_stream, "_error_output", lambda r: r.value[6:] if not r.error and isinstance(
+        r.value, str) and r.value.startswith("ERROR:") else None)
+    monkeypatch.setattr(bls_stream, "_error_response", lambda message: Response(message, error=True))
     yield tmp_path
     bls_stream.close()
 
@@ -127,6 +147,9 @@ def _counting(params: dict, iterator) -> bls_stream.CountingSender:
 
     sender = bls_stream.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL)
     assert isinstance(sender, bls_stream.CountingSender)
+    send = sender.send
+    sender.send = lambda response=None, flags=0: send(
+        Payload(response) if type(response) is str else response, flags)
     return sender
 
 
@@ -210,6 +233,34 @@ def test_a_counted_error_that_is_not_final_does_not_end_the_call(run_dir):
     asyncio.run(main())
 
 
+def test_an_error_after_the_first_response_travels_as_data_and_is_read_as_an_error(run_dir):
+    """The stub loses the call of an error response that comes through the server's callback
+    (every response after the first), and a final one would leave next() waiting for ever: the
+    callee sends such an error as data, the caller reads it back as an error response. The
+    first response's error (the call's return value) is sent as it is."""
+    async def main():
+        it = BufferedIterator(Response("r1"))
+        stream, params = _call(it)
+        sender = _counting(params, it)
+        sender.send("r1")
+        await stream.started.wait()
+        sender.send("r2")
+        sender.send(Failure("[busy] the server is shutting down"), flags=FINAL)
+        assert [(r.value, r.error, r.final) for r in it.buffer] == [
+            ("r2", False, False), ("ERROR:[busy] the server is shutting down", False, True)]
+        got = await _drain(stream)
+        assert [(r.value, r.error) for r in got] == [
+            ("r1", False), ("r2", False), ("[busy] the server is shutting down", True)]
+        assert not stream.threaded
+
+    asyncio.run(main())
+    sent = []
+    first = bls_stream.CountingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)),
+                                      str(run_dir / "nobody.sock"), "0" * 16, FINAL)
+    first.send(Failure("refused"), flags=FINAL)  # a call's first response is its return value: as it is
+    assert sent == ["refused"] and isinstance(sent[0], Failure)
+
+
 def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypatch, caplog):
     """A callee that does not count: after GRACE_S a thread reads the rest, and a response read
     before is not read again (iterating a finished Triton iterator starts it over)."""
@@ -286,9 +337,12 @@ def test_the_callee_counts_only_for_callers_of_this_server_that_ask(run_dir):
     assert isinstance(counting, bls_stream.CountingSender) and counting.path == inbox
 
 
-def test_a_callee_config_that_delivers_later_is_refused():
-    bls_stream.check_callee_config({"model_transaction_policy": {"decoupled": True}}, "decoder")
-    for bad in ({"response_cache": {"enable": True}}, {"dynamic_batching": {"preserve_ordering": True}}):
+def test_a_callee_config_that_delivers_later_or_cannot_carry_errors_is_refused():
+    error = {"name": "ERROR", "data_type": "TYPE_STRING", "dims": [1]}
+    good = {"model_transaction_policy": {"decoupled": True}, "output": [error]}
+    bls_stream.check_callee_config(good, "decoder")
+    for bad in ({**good, "response_cache": {"enable": True}}, {**good, "dynamic_batching": {"preserve_ordering": True}},
+                {**good, "output": []}, {**good, "output": [{**error, "data_type": "TYPE_FP32"}]}):
         with pytest.raises(ValueError, match="model 'decoder'"):
             bls_stream.check_callee_config(bad, "decoder")
 

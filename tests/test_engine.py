@@ -309,6 +309,27 @@ def test_request_that_can_never_fit_is_refused(vox):
         eng.shutdown()
 
 
+def test_cancel_all_ends_running_and_waiting_requests_with_its_error(vox):
+    """What the decoder does at the server's stop deadline: every request, running or still
+    queued for a row, ends with the error, once; the KV blocks all come back."""
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, max_batch_size=1))
+    try:
+        total = eng.stats()["free_blocks"]
+        prompt = prompt_for(vox, "zero_shot", "Stop me.")
+        running = eng.submit(EngineRequest("running", prompt, seed=1, min_len=500, max_len=500))
+        queued = eng.submit(EngineRequest("queued", prompt, seed=2, min_len=5, max_len=5))
+        wait_for(lambda: eng.stats()["running"] == 1 and eng.stats()["waiting"] == 1)
+        assert eng.cancel_all("[busy] the server is shutting down") == 2
+        assert eng.cancel_all("[busy] the server is shutting down") == 0  # already ending so
+        for fut in (running, queued):
+            _, fin = fut.result(timeout=TIMEOUT)
+            assert fin.reason == "cancelled" and fin.error == "[busy] the server is shutting down"
+        wait_for(lambda: eng.stats()["free_blocks"] == total and eng.stats()["in_flight_ids"] == 0)
+        assert eng.cancel_all("anything") == 0
+    finally:
+        eng.shutdown()
+
+
 def test_cancel_frees_blocks_and_fault_ends_only_its_request(vox):
     def hook(st, stage):
         if st.request_id == "faulty" and stage == "step" and st.launched == 3:

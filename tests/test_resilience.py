@@ -337,3 +337,118 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
             except ProcessLookupError:
                 pass
         proc.wait(10)
+
+
+def test_a_stream_the_decoder_ends_with_an_error_gets_it_and_its_instance_serves_on(tight):
+    """The decoder ends a running stream with an error (here the server's stop deadline, written
+    by hand; an engine failure does the same): its client gets the error, and the one tts_stream
+    instance goes on serving. Python backend 24.10 loses an error response sent after a call's
+    first (bls_stream carries it as data): a final one used to leave the orchestrator's event loop
+    waiting in the response iterator for ever, and every stream of that instance with it."""
+    stop = os.path.join(tight.run_dir, runtime.STOPPING_FILE)
+    a = Stream(tight, "A stream the decoder will end.", SEED=1, MIN_LENGTH=3000, MAX_LENGTH=3000)
+    try:
+        wait_for(lambda: len(a.times) >= 2 or a.done.is_set(), what="the first stream's audio")
+        with open(f"{stop}.tmp", "w") as f:
+            f.write(repr(time.time()))
+        os.replace(f"{stop}.tmp", stop)
+        assert a.done.wait(30), "the stream never ended"
+        assert a.error is not None and "shutting down" in str(a.error), a.error
+    finally:
+        if os.path.exists(stop):
+            os.unlink(stop)
+        a.close(cancel=True)
+    time.sleep(2 * runtime.STOPPING_READ_S)
+    b = Stream(tight, "The next stream, on the same instance.", SEED=2, MIN_LENGTH=3, MAX_LENGTH=3)
+    try:
+        assert b.done.wait(60), "the instance stopped serving"
+        assert b.error is None and sum(len(c) for c in b.chunks) == 3 * P * 1920, b.error
+    finally:
+        b.close()
+
+
+def test_sigterm_gives_running_requests_half_the_exit_timeout_and_every_model_unloads(ckpt, tmp_path):
+    """scripts/serve.sh stopped (SIGTERM, as `docker stop` sends) while requests run: a stream that
+    ends within half the exit timeout ends as usual; a long stream and a long HTTP request end
+    then with an error that says the server is shutting down; every model then unloads, nothing
+    crashes and nothing is left, before the exit timeout. (Triton 2.51 tells a model nothing until
+    its finalize, which waits for its requests: before, a long stream ran until the exit timeout
+    cut the server off in the middle of unloading.)"""
+    import types
+
+    from tests.server import _free_ports, _pids_in_group, triton_env
+    from tests.test_server import tts_http
+
+    http, grpc, metrics_port = _free_ports(3)
+    # Unloading needs the other half: Triton's HTTP frontend first waits for the HTTP request to
+    # end, and python_backend takes about a second per model instance (tts has 8): 11 s here, 4 s
+    # short of the default 30's half on a loaded machine, hence more.
+    exit_timeout = 40
+    env = triton_env()
+    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
+               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_CHECKPOINT=ckpt, VOXCPM_PROBE_INTERVAL="0",
+               OPENAI_API_PORT="0", TRITON_EXIT_TIMEOUT=str(exit_timeout))
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = types.SimpleNamespace(grpc_url=f"127.0.0.1:{grpc}", http_url=f"127.0.0.1:{http}")
+    streams = []
+    try:
+        def ready():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(lambda: ready() or proc.poll() is not None, timeout=300, what="the server")
+        assert proc.poll() is None, log.read_text()
+        long = Stream(srv, "Still talking when the server stops.", SEED=3, MIN_LENGTH=4000, MAX_LENGTH=4000)
+        streams.append(long)
+        http_result: dict = {}
+
+        def long_http():
+            try:
+                http_result["audio"] = tts_http(srv, "A whole utterance, still running.", SEED=4, MIN_LENGTH=4000,
+                                                MAX_LENGTH=4000)
+            except Exception as e:  # noqa: BLE001 - what the test looks at
+                http_result["error"] = e
+
+        http_thread = threading.Thread(target=long_http)
+        http_thread.start()
+        wait_for(lambda: len(long.times) >= 2 or long.done.is_set(), timeout=120, what="the stream's first chunks")
+        short = Stream(srv, "A short one.", SEED=5, MIN_LENGTH=8, MAX_LENGTH=8)
+        streams.append(short)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert short.done.wait(exit_timeout / 2), "the short stream did not finish within its time"
+        assert short.error is None and sum(len(c) for c in short.chunks) == 8 * P * 1920, short.error
+        assert long.done.wait(exit_timeout + 30), "the long stream never ended"
+        ended = time.monotonic() - t0
+        assert long.error is not None and "shutting down" in str(long.error), (long.error, log.read_text()[-3000:])
+        assert exit_timeout / 2 - 2 < ended < exit_timeout / 2 + 5, ended  # its half of the exit timeout
+        http_thread.join(30)
+        assert "shutting down" in str(http_result.get("error")), http_result
+        # A client closes its stream once its request has ended: Triton unloads tts_stream only then.
+        for s in streams:
+            s.close()
+        streams = []
+        rc = proc.wait(exit_timeout + 30)
+        stopped = time.monotonic() - t0
+        print(f"SIGTERM: the long requests ended after {ended:.1f} s, the server was gone after {stopped:.1f} s")
+        text = log.read_text()
+        assert rc == 0, text[-3000:]
+        assert "tritonserver stopped" in text and "(exit code 0)" in text, text[-3000:]
+        assert stopped < exit_timeout, f"stopped after {stopped:.0f} s: {text[-3000:]}"
+        assert "Exit timeout expired" not in text and "Fatal Python error" not in text, text[-3000:]
+        for model in ("tts", "tts_stream", "decoder", "vae_decoder", "tokenizer"):
+            assert f"successfully unloaded '{model}'" in text, model
+        wait_for(lambda: _pids_in_group(proc.pid) == [], timeout=10, what="every process of the server to end")
+    finally:
+        for s in streams:
+            s.close(cancel=True)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -61,6 +61,22 @@ def wait_for_verdict(cond, hang_s=10.0):
     return v
 
 
+def test_the_stop_deadline_is_read_from_the_run_directory(run_dir, monkeypatch):
+    """scripts/supervise.py writes `stopping` (epoch seconds) before its SIGTERM; the models read
+    it, at most every STOPPING_READ_S."""
+    monkeypatch.setattr(runtime, "_stop_read", (float("-inf"), None))
+    monkeypatch.setattr(runtime, "STOPPING_READ_S", 0.0)
+    assert runtime.stop_deadline() is None and not runtime.stopping()
+    (run_dir / runtime.STOPPING_FILE).write_text("not a time")
+    assert runtime.stop_deadline() is None
+    (run_dir / runtime.STOPPING_FILE).write_text(repr(1000.5))
+    assert runtime.stop_deadline() == 1000.5
+    assert not runtime.stopping(now=1000.0) and runtime.stopping(now=1000.5) and runtime.stopping()
+    monkeypatch.setattr(runtime, "STOPPING_READ_S", 60.0)
+    (run_dir / runtime.STOPPING_FILE).unlink()
+    assert runtime.stop_deadline() == 1000.5  # read less than STOPPING_READ_S ago
+
+
 def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):
     status = {"error": None}
     beacon = runtime.Beacon("decoder", lambda: status["error"], period_s=0.05)

@@ -149,7 +149,7 @@ class Engine:
         # LoRA adapters (`vox.loras`): rows of a step run on their own; added and removed while serving.
         self.loras = EngineLoras(vox.loras, self._lock) if vox.loras is not None else None
         self._inbox: deque = deque()  # submitted, not yet handed to the scheduler (the thread does that)
-        self._cancels: set = set()
+        self._cancels: dict = {}  # request id -> the error it ends with (None: a plain cancel)
         self._ids: set = set()  # ids submitted and not yet finished
         self._in_flight: list = []  # (batch, LaunchedStep) per launch of the decode step not read yet
         # steps: engine iterations that launched; launches: runner launches (one per loop bucket
@@ -303,9 +303,17 @@ class Engine:
         with self._lock:
             if request_id not in self._ids:
                 return False
-            self._cancels.add(request_id)
+            self._cancels.setdefault(request_id, None)
             self._lock.notify()
             return True
+
+    def cancel_all(self, error: str) -> int:
+        """End every request submitted here with `error` -> how many were not already ending so."""
+        with self._lock:
+            new = [rid for rid in self._ids if self._cancels.get(rid) != error]
+            self._cancels.update(dict.fromkeys(new, error))
+            self._lock.notify()
+            return len(new)
 
     @property
     def waiting(self):
@@ -367,7 +375,7 @@ class Engine:
                     for st in self._inbox:
                         self.scheduler.add(st)
                     self._inbox.clear()
-                    cancels, self._cancels = self._cancels, set()
+                    cancels, self._cancels = self._cancels, {}
                 self._apply_cancels(cancels)
                 if self.loras is not None:  # adapters added meanwhile: written between steps, on this stream
                     self.loras.apply(before_write=self.lora_weights.unmerge)
@@ -402,11 +410,11 @@ class Engine:
         for st in self.scheduler.all_requests():
             self._finish(st, "error", message)
 
-    def _apply_cancels(self, ids: set):
-        for rid in ids:
+    def _apply_cancels(self, cancels: dict):
+        for rid, error in cancels.items():
             st = self.scheduler.cancel(rid)
             if st is not None:
-                self._ended(st, "cancelled")
+                self._ended(st, "cancelled", error)
 
     def _admit(self) -> list[RequestState]:  # a method of its own so that tests can break the loop here
         return self.scheduler.admit()
@@ -682,7 +690,7 @@ class Engine:
         rid = st.request_id
         with self._lock:
             self._ids.discard(rid)
-            self._cancels.discard(rid)
+            self._cancels.pop(rid, None)
             self._stats["finished"] += 1
             if st.lora_slot:
                 self.loras.release(st.lora_slot)

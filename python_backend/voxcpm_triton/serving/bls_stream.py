@@ -30,6 +30,12 @@ So here no thread waits in an iterator. The callee says how many responses it ha
   on the event loop, past the stub's removal of its own reference, so that the last
   reference, and the free, is ours.
 
+Errors after a call's first response travel as data. The stub loses the call an error response
+belongs to when it comes through the server's callback (every response after the first): it
+never reaches the call's iterator, and a final one leaves `next()` waiting for ever. So the
+callee's `CountingSender` sends such an error as a response with the message in its `ERROR`
+output (the callee declares it), and the caller turns it back into an error response.
+
 A call that gets no count for `GRACE_S` after it returned (its callee does not count), or whose
 counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator,
 as before: logged, and it is what the orchestrator's metric `voxcpm_decoder_calls_read_total`
@@ -41,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import gc
 import json
 import logging
 import os
@@ -50,7 +57,10 @@ import socket
 import threading
 import time
 
+import numpy as np
+
 from . import runtime
+from .triton_io import pb
 
 log = logging.getLogger("voxcpm_triton.bls_stream")
 
@@ -63,6 +73,7 @@ RETRY_S = 0.001  # counts that did not fit in a caller's socket are retried this
 GIVE_UP_S = 60.0  # ...for this long: a caller that reads nothing for a minute is stuck or gone
 SLOW_NEXT_S = 1.0  # a next() this slow held up the event loop: logged
 
+ERROR_OUTPUT = "ERROR"  # the callee's output (TYPE_STRING, dims [1]) that carries an error past the first response
 _SOCKET_NAME = re.compile(r"bls-\d+-[0-9a-f]{8}\.sock")
 _TOKEN = re.compile(r"[0-9a-f]{16}")
 
@@ -141,12 +152,38 @@ class CountingSender:
         if response is None:
             self.sender.send(flags=flags)
         else:
+            if self.count and response.has_error():
+                response = _carried(response)
             self.sender.send(response, flags=flags)
         self.count += 1
         self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
+
+
+def _carried(response):
+    """An error response, as a response with its message in ERROR_OUTPUT."""
+    p = pb()
+    message = response.error().message()
+    return p.InferenceResponse(output_tensors=[p.Tensor(ERROR_OUTPUT, np.array([message.encode()], dtype=object))])
+
+
+def _error_output(response) -> str | None:
+    """The error message a response carries in ERROR_OUTPUT, if any."""
+    t = None if response.has_error() else pb().get_output_tensor_by_name(response, ERROR_OUTPUT)
+    return None if t is None else bytes(t.as_numpy().reshape(-1)[0]).decode(errors="replace")
+
+
+def _error_response(message: str):
+    p = pb()
+    return p.InferenceResponse(error=p.TritonError(message))
+
+
+def _restored(response):
+    """A response read from a call: one carrying an error (`_carried`) as that error response."""
+    message = _error_output(response)
+    return response if message is None else _error_response(message)
 
 
 def counting_sender(request, sender, final_flag: int):
@@ -165,11 +202,16 @@ def counting_sender(request, sender, final_flag: int):
 
 def check_callee_config(model_config: dict, model: str):
     """Refuse a callee configuration under which a `send` can return before its response reached
-    the caller (the server then delivers it from a response delegator, later)."""
+    the caller (the server then delivers it from a response delegator, later), or with no
+    ERROR_OUTPUT to carry its errors in."""
     if model_config.get("response_cache", {}).get("enable") or \
             model_config.get("dynamic_batching", {}).get("preserve_ordering"):
         raise ValueError(f"model {model!r}: no response_cache and no dynamic_batching.preserve_ordering: its "
                          "callers read its responses as far as it has counted them sent (serving/bls_stream.py)")
+    if not any(o.get("name") == ERROR_OUTPUT and o.get("data_type") == "TYPE_STRING"
+               for o in model_config.get("output", [])):
+        raise ValueError(f"model {model!r}: needs the output {ERROR_OUTPUT!r} (TYPE_STRING, dims [1]): its errors "
+                         "after a call's first response travel in it (serving/bls_stream.py)")
 
 
 class ResponseStream:
@@ -235,6 +277,7 @@ class ResponseStream:
                 self.queue.put_nowait(e)
                 self._finish()
                 return
+            response = _restored(response)
             if time.monotonic() - t0 > SLOW_NEXT_S:  # not buffered after all, or the stub's cleanup queue is slow
                 log.warning("next() on a counted response took %.0f ms", 1e3 * (time.monotonic() - t0))
             self.taken += 1
@@ -295,7 +338,7 @@ class ResponseStream:
                 while True:
                     response = next(held[0])
                     first = False
-                    put(response)
+                    put(_restored(response))
             except StopIteration:
                 self.ended_at_once = first
             except Exception as e:  # noqa: BLE001 - handed to the reader
@@ -404,9 +447,12 @@ def call(make_call) -> ResponseStream:
 
 def close():
     """At finalize: close this process's inbox (its socket file goes with it) and let go of the
-    finished iterators. The next `call` opens another inbox."""
+    finished iterators, and of any response or iterator that only a reference cycle still holds
+    (a failed call's traceback keeps its coroutine's frame): freed after finalize, in the stub's
+    teardown, they crashed the process. The next `call` opens another inbox."""
     global _inbox
     if _inbox is not None and _inbox[1] is not None:
         _inbox[1].close(_inbox[0])
     _inbox = None
     _graves.clear()
+    gc.collect()

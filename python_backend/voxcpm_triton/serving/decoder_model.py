@@ -33,8 +33,9 @@ from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import (IPC_LOCK, Busy, InputError, error_response, get, internal_error_response, locked, pb,
-                        require_internal, tensor)
+from .triton_io import SHUTTING_DOWN as SHUTTING_DOWN_MESSAGE
+from .triton_io import (IPC_LOCK, Busy, InputError, error_message, error_response, get, internal_error_response,
+                        locked, pb, require_internal, tensor)
 from .vae_models import decoding_vae
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -43,6 +44,9 @@ LORA_ACTIONS = ("add", "remove", "list")
 
 # An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle).
 ENGINE_STUCK_S = 60.0
+STOPPING_POLL_S = 0.5  # how often the decoder looks whether the server is stopping (runtime.stopping)
+# What its requests end with then: a Busy error once past the orchestrator (triton_io's kind tags).
+SHUTTING_DOWN = error_message(Busy(SHUTTING_DOWN_MESSAGE))
 
 
 class ClientGone(Exception):
@@ -104,6 +108,8 @@ class DecoderModel:
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
                       if placement.instance_count(args) > 1 else None)
+        self._closing = threading.Event()
+        threading.Thread(target=self._end_requests_when_stopping, name="stopping-watch", daemon=True).start()
         # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
@@ -114,6 +120,13 @@ class DecoderModel:
         log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
                     "(captured in %.1f s)", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
                     self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
+
+    def _end_requests_when_stopping(self):
+        """Triton 2.51 unloads the models only once every request has ended: at the server's stop
+        deadline (runtime.stopping) the requests still here end with an error, so that it can."""
+        while not self._closing.wait(STOPPING_POLL_S):
+            if runtime.stopping() and (n := self.engine.cancel_all(SHUTTING_DOWN)):
+                log.warning("the server is stopping: %d running request(s) ended", n)
 
     def _stream_audio(self, params: dict, device) -> StreamAudio:
         """The model's VAE decoding this instance's chunks, with a CUDA graph per chunk_schedule
@@ -336,6 +349,7 @@ class DecoderModel:
     def finalize(self):
         """In-flight requests end with an error response (the engine fails them on shutdown)."""
         try:
+            self._closing.set()
             self.beacon.stop()
             if self.peers is not None:
                 self.peers.stop()

@@ -30,7 +30,8 @@ from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_
 from . import bls_stream, contract, runtime
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
-from .triton_io import Busy, InputError, Unhealthy, bls, downstream_error, error_response, get, outputs, pb, tensor
+from .triton_io import (SHUTTING_DOWN, Busy, InputError, Unhealthy, bls, downstream_error, error_response, get,
+                        outputs, pb, tensor)
 from .voices import VoiceStore
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
@@ -77,6 +78,7 @@ class InternalCalls:
     @staticmethod
     def call_decoupled(model: str, inputs: dict, names: list[str], **kw) -> bls_stream.ResponseStream:
         """A decoupled BLS call to an internal model, its responses read as its callee counts them."""
+        names = [*names, bls_stream.ERROR_OUTPUT]  # how its errors after the first response come
         return bls_stream.call(lambda params: bls(model, inputs, names, params, **kw).async_exec(decoupled=True))
 
     async def infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
@@ -239,7 +241,7 @@ class Orchestrator(InternalCalls):
         responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
         # The decoder's first response (admission, prefill, a step), awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
-            await self._cancel_decoder(request_id)
+            await self._stop_decoder(request_id, responses)
             return
         opened = stopping = emitted = False
         error = None
@@ -277,8 +279,8 @@ class Orchestrator(InternalCalls):
                     await self._cancel_decoder(request_id)
         except BaseException as e:
             # Our side broke mid-stream (a VAE call failed, a model died, shutdown): stop the decoder too.
-            if responses.returned:  # else the call itself failed: the decoder has nothing to stop
-                await self._cancel_decoder(request_id)
+            if responses.returned and not responses.done:  # else it has nothing to stop
+                await self._stop_decoder(request_id, responses)
             error = e
         finally:
             self.m_decoder_reads[responses.waited].increment(1.0)
@@ -307,7 +309,24 @@ class Orchestrator(InternalCalls):
         for phase, (a, b) in zip(FIRST_AUDIO_PHASES, ((t0, t_decoder), (t_decoder, t_latents), (t_latents, t_audio))):
             self.m_ttfa_phases[phase].increment(b - a)
 
+    async def _stop_decoder(self, request_id: str, responses: bls_stream.ResponseStream):
+        """Stop a decoder call whose responses nobody wants. While the server stops, the decoder
+        takes no new request (no cancel) and ends its calls itself by the deadline; the call is
+        read to its end then, so that this process, which the server unloads once its requests
+        have ended, is still there to take its responses."""
+        if runtime.stop_deadline() is None:
+            await self._cancel_decoder(request_id)
+            return
+        try:
+            while await self.guard(responses.queue.get()) is not responses.END:
+                pass
+        except BaseException:  # noqa: BLE001 - a model died: nothing more will come
+            log.exception("reading decoder request %s to its end failed", request_id)
+
     async def _cancel_decoder(self, request_id: str):
+        if runtime.stop_deadline() is not None:
+            # Stopping: Triton takes no new request, the decoder ends its own at the deadline.
+            return
         try:
             # its only response is the final flag
             stream = self.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
@@ -317,6 +336,14 @@ class Orchestrator(InternalCalls):
                     raise resp
         except BaseException:  # noqa: BLE001 - best effort: the decoder drops the request when it ends
             log.exception("cancelling decoder request %s failed", request_id)
+
+
+def _failure(e: Exception):
+    """The error response a request fails with: while the server stops, one that says so (the
+    internal models take no new request then, and say it in their own words)."""
+    if runtime.stop_deadline() is not None and not (isinstance(e, Busy) and str(e) == SHUTTING_DOWN):
+        e = Busy(f"{SHUTTING_DOWN}: {e}")
+    return error_response(e)
 
 
 def _inputs(request) -> dict:
@@ -349,6 +376,8 @@ class TTSModel:
     async def _one(self, request):
         p = pb()
         try:
+            if runtime.stop_deadline() is not None:
+                raise Busy(SHUTTING_DOWN)
             req = self.orch.parse(request)
             chunks = await self._synthesize(req, request.is_cancelled)
             if request.is_cancelled():
@@ -359,7 +388,7 @@ class TTSModel:
                 tensor("AUDIO", audio.astype(np.float32)),
                 tensor("SAMPLE_RATE", np.array([self.orch.sample_rate], np.int32))])
         except Exception as e:
-            return error_response(e)
+            return _failure(e)
 
     async def _synthesize(self, req: contract.SynthesisRequest, cancelled) -> list:
         """The reference's retry_badcase: an utterance of >= 6 patches per target token (the stop
@@ -410,8 +439,8 @@ class TTSStreamModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                if self.closing:
-                    raise Busy("the server is shutting down")
+                if self.closing or runtime.stop_deadline() is not None:
+                    raise Busy(SHUTTING_DOWN)
                 if len(self.streams) >= self.max_streams:
                     raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
                                "(parameter max_concurrent_streams); retry later")
@@ -444,9 +473,9 @@ class TTSStreamModel:
             await self.orch.synthesize(req, emit, sender.is_cancelled)
             final = None
         except asyncio.CancelledError:
-            final = error_response(Busy("the server is shutting down"))
+            final = error_response(Busy(SHUTTING_DOWN))
         except Exception as e:
-            final = error_response(e)
+            final = _failure(e)
         self._end(asyncio.current_task(), final)
 
     def _end(self, task, final):
@@ -476,7 +505,7 @@ class TTSStreamModel:
             for task in list(self.streams):
                 if self.loop is not None and self.loop.is_running():
                     self.loop.call_soon_threadsafe(task.cancel)
-                self._end(task, error_response(Busy("the server is shutting down")))
+                self._end(task, error_response(Busy(SHUTTING_DOWN)))
             bls_stream.close()
         finally:
             release_metrics()

@@ -15,6 +15,11 @@ processes import this too.
   orchestrator reads the beacons to fail fast instead of waiting forever.
 - Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
   a server outlives it; one that crashes leaves its threads' stacks in the server's log.
+- Stopping: scripts/supervise.py writes `stopping` (a time, epoch seconds) before it sends
+  SIGTERM. Triton 2.51 tells a model nothing until its finalize, which waits for its requests:
+  from then on the orchestrators take no new request, and at that time the decoder ends the
+  ones it still runs with an error, so that every model unloads before the server's exit
+  timeout cuts them all off.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import threading
@@ -39,6 +45,32 @@ BEACON_PERIOD_S = 1.0
 # 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
 BEACON_STALE_S = 15.0
 INTERNAL_MODELS = ("tokenizer", "vae_encoder", "vae_decoder", "decoder")
+
+
+STOPPING_FILE = "stopping"  # scripts/supervise.py writes it (the same name there)
+STOPPING_READ_S = 0.25  # how stale a read of it may be: requests ask once per chunk
+_stop_read = (float("-inf"), None)  # (monotonic time of the read, deadline)
+
+
+def stop_deadline() -> float | None:
+    """The time (epoch seconds) by which running requests must end, once the server is stopping;
+    None while it serves."""
+    global _stop_read
+    now = time.monotonic()
+    if now - _stop_read[0] >= STOPPING_READ_S:
+        try:
+            with open(os.path.join(run_dir(), STOPPING_FILE), encoding="ascii") as f:
+                deadline = float(f.read())
+        except (OSError, ValueError):
+            deadline = None
+        _stop_read = (now, deadline)
+    return _stop_read[1]
+
+
+def stopping(now: float | None = None) -> bool:
+    """True once the server's stop deadline has come: requests still running end."""
+    deadline = stop_deadline()
+    return deadline is not None and (time.time() if now is None else now) >= deadline
 
 
 def _server_id() -> str:
@@ -173,8 +205,10 @@ def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
 
 def model_process():
     """What every model process does first: leave every thread's Python stack in the server's log
-    if it crashes (Triton 2.51 reports a dead stub only as "not healthy"), and exit with its server."""
+    if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, and exit
+    with its server."""
     faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 <pid>`: every thread's stack, now
     watch_parent()
 
 

@@ -38,6 +38,9 @@ class Busy(RuntimeError):
     know to retry later."""
 
 
+SHUTTING_DOWN = "the server is shutting down"  # a Busy error's message while the server stops
+
+
 class Refused(PermissionError):
     """A request to an internal model that does not come from the orchestrator."""
 
@@ -115,11 +118,16 @@ class BLSError(RuntimeError):
 _KIND_TAGS = {"[invalid input] ": InputError, "[busy] ": Busy}
 
 
-def internal_error_response(exc: BaseException):
-    """`error_response` for a model that answers BLS calls: the error's kind survives the hop."""
+def error_message(exc: BaseException) -> str:
+    """The message of an error a model answers a BLS call with: its kind survives the hop."""
     tag = next((t for t, kind in _KIND_TAGS.items() if isinstance(exc, kind)), "")
+    return tag + (str(exc) or type(exc).__name__)
+
+
+def internal_error_response(exc: BaseException):
+    """`error_response` for a model that answers BLS calls (`error_message`)."""
     p = pb()
-    return p.InferenceResponse(error=p.TritonError(tag + (str(exc) or type(exc).__name__), error_code(exc)))
+    return p.InferenceResponse(error=p.TritonError(error_message(exc), error_code(exc)))
 
 
 def downstream_error(error) -> Exception:
