@@ -14,6 +14,9 @@
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
 #   first, together ($OUT/audio.npz) and one at a time ($OUT/audio_seq.npz), to compare two
 #   configurations' audio (--compare).
+#   DRAIN=N: the server runs under scripts/supervise.py (as scripts/serve.sh runs it); after the
+#   benchmarks, benchmarks/shutdown_drain.py starts N streams of DRAIN_LENGTH (3000) patches and sends
+#   the supervisor SIGTERM: how they end and how the server goes, $OUT/drain.json.
 #   PERF_ANALYZER=1: benchmarks/bench_perf_analyzer.py instead: Triton's perf_analyzer 2.51 (from
 #   .cache/perf_analyzer_bundle, made by gpu_box/make_perf_analyzer_bundle.sh: carry it too) on
 #   tts_stream over gRPC streaming, PA_LENGTH (100)-step requests, at PA_LEVELS (1,8,32,64), windows of
@@ -62,7 +65,20 @@ if [[ -n ${SET:-} ]]; then
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS
-if ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start "${repo_arg[@]}"; then
+if [[ -n ${DRAIN:-} ]]; then  # under scripts/supervise.py, as scripts/serve.sh runs it (no liveness probe)
+    device_env_ok || { echo "[run_served_gpu] environment incomplete"; exit 1; }
+    VOXCPM_PROBE_INTERVAL=0 VOXCPM_CHECKPOINT="$CKPT" setsid python3 scripts/supervise.py -- "$TRITONSERVER_BIN" \
+        --model-repository="${repo_arg[0]:-$MODEL_REPOSITORY}" --backend-directory="$TRITON_BACKEND_DIR" \
+        --http-address=127.0.0.1 --http-port="$TRITON_HTTP_PORT" --grpc-address=127.0.0.1 \
+        --grpc-port="$TRITON_GRPC_PORT" --metrics-address=127.0.0.1 --metrics-port="$TRITON_METRICS_PORT" \
+        --allow-metrics=true --exit-timeout-secs="${TRITON_EXIT_TIMEOUT:-30}" \
+        >"$OUT/tritonserver.log" 2>&1 </dev/null &
+    sup_pid=$!
+    if ! _dse_wait_ready "$sup_pid" "$TRITON_HTTP_PORT" "${DEVICE_TRITON_READY_TIMEOUT:-900}"; then
+        tail -n 60 "$OUT/tritonserver.log"; kill -TERM "$sup_pid"; wait "$sup_pid"
+        echo "[run_served_gpu] tritonserver did not start"; exit 1
+    fi
+elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start "${repo_arg[@]}"; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"
@@ -117,6 +133,15 @@ python3 -c "import sys, urllib.request; sys.stdout.write(''.join(l for l in
 urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().splitlines(True) if l.startswith('voxcpm_')))" \
     "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" >"$OUT/metrics.txt" \
     || echo "[run_served_gpu] could not read the server's metrics"
-device_triton_stop
+if [[ -n ${DRAIN:-} ]]; then  # SIGTERM with DRAIN long streams in flight: $OUT/drain.json
+    python3 benchmarks/shutdown_drain.py --url "127.0.0.1:$TRITON_GRPC_PORT" --pid "$sup_pid" \
+        --log "$OUT/tritonserver.log" --streams "$DRAIN" --length "${DRAIN_LENGTH:-3000}" \
+        --exit-timeout "${TRITON_EXIT_TIMEOUT:-30}" --json-out "$OUT/drain.json" || rc=$?
+    wait "$sup_pid"
+    echo "[run_served_gpu] the supervisor exited with code $?"
+    tail -n 5 "$OUT/tritonserver.log"
+else
+    device_triton_stop
+fi
 echo "[run_served_gpu] done after $((SECONDS - t0)) s"
 exit $rc
