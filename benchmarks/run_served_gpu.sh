@@ -134,9 +134,12 @@ urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().splitlines(True) 
     "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" >"$OUT/metrics.txt" \
     || echo "[run_served_gpu] could not read the server's metrics"
 if [[ -n ${DRAIN:-} ]]; then  # SIGTERM with DRAIN long streams in flight: $OUT/drain.json
-    python3 benchmarks/shutdown_drain.py --url "127.0.0.1:$TRITON_GRPC_PORT" --pid "$sup_pid" \
+    if ! python3 benchmarks/shutdown_drain.py --url "127.0.0.1:$TRITON_GRPC_PORT" --pid "$sup_pid" \
         --log "$OUT/tritonserver.log" --streams "$DRAIN" --length "${DRAIN_LENGTH:-3000}" \
-        --exit-timeout "${TRITON_EXIT_TIMEOUT:-30}" --json-out "$OUT/drain.json" || rc=$?
+        --exit-timeout "${TRITON_EXIT_TIMEOUT:-30}" --json-out "$OUT/drain.json"; then
+        rc=1
+        kill -TERM "$sup_pid" 2>/dev/null  # in case it failed before its SIGTERM
+    fi
     wait "$sup_pid"
     echo "[run_served_gpu] the supervisor exited with code $?"
     tail -n 5 "$OUT/tritonserver.log"

@@ -108,11 +108,14 @@ class Sender:
 
 
 class Request:
-    def __init__(self, parameters: str):
-        self._parameters = parameters
+    def __init__(self, parameters: str, outputs=(bls_stream.ERROR_OUTPUT,)):
+        self._parameters, self._outputs = parameters, list(outputs)
 
     def parameters(self):
         return self._parameters
+
+    def requested_output_names(self):
+        return self._outputs
 
 
 @pytest.fixture
@@ -259,6 +262,11 @@ def test_an_error_after_the_first_response_travels_as_data_and_is_read_as_an_err
                                       str(run_dir / "nobody.sock"), "0" * 16, FINAL)
     first.send(Failure("refused"), flags=FINAL)  # a call's first response is its return value: as it is
     assert sent == ["refused"] and isinstance(sent[0], Failure)
+    sent.clear()  # a call nobody counts (its caller reads it with a waiting thread) carries them the same way
+    carrying = bls_stream.CarryingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)))
+    carrying.send(Payload("r1"))
+    carrying.send(Failure("[busy] the server is shutting down"), flags=FINAL)
+    assert sent == ["r1", "ERROR:[busy] the server is shutting down"] and not isinstance(sent[1], Failure)
 
 
 def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypatch, caplog):
@@ -329,9 +337,13 @@ def test_the_callee_counts_only_for_callers_of_this_server_that_ask(run_dir):
                   f"/tmp/bls-12-0123abcd.sock {token}",  # not in this server's run directory
                   f"{run_dir}/../bls-12-0123abcd.sock {token}", f"{run_dir}/other.sock {token}"):
         params = json.dumps({bls_stream.PARAMETER: value})
-        assert bls_stream.counting_sender(Request(params), plain, FINAL) is plain, value
+        assert bls_stream.counting_sender(Request(params, outputs=["LATENTS"]), plain, FINAL) is plain, value
+        # not counted, but its errors after the first response still travel as data
+        carrying = bls_stream.counting_sender(Request(params), plain, FINAL)
+        assert type(carrying) is bls_stream.CarryingSender and carrying.sender is plain, value
     for params in ("", "{}", '{"other": 1}', "not json"):
-        assert bls_stream.counting_sender(Request(params), plain, FINAL) is plain, params
+        assert bls_stream.counting_sender(Request(params, outputs=[]), plain, FINAL) is plain, params
+        assert type(bls_stream.counting_sender(Request(params), plain, FINAL)) is bls_stream.CarryingSender
     counting = bls_stream.counting_sender(Request(json.dumps({bls_stream.PARAMETER: f"{inbox} {token}"})),
                                           plain, FINAL)
     assert isinstance(counting, bls_stream.CountingSender) and counting.path == inbox

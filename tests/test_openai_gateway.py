@@ -73,10 +73,14 @@ class Audio:
             np.testing.assert_allclose(self.streamed, self.whole, atol=1e-4, rtol=0)
 
     def check_pcm16(self, got: np.ndarray):
-        """The gateway's 16-bit samples are exactly tts_stream's audio under the rule (the same
-        request, the same cache state), and tts's within its 1e-4 of tts_stream (4 steps of 1/32767)."""
+        """The gateway's 16-bit samples are tts_stream's audio under the rule (the same request, the
+        same cache state), and tts's within its 1e-4 of tts_stream (4 steps of 1/32767). Under the
+        rule, not always bit for bit: a loaded machine's slower steps can make the decoder send a
+        chunk early (playback_margin_ms), and VAE calls of other lengths round a few samples the
+        other way (seen in CI: 2 of 46,080 one step apart). A wrong rule would miss half of them."""
         assert got.shape == self.streamed.shape
-        np.testing.assert_array_equal(got, quantize16(self.streamed))
+        diff = np.abs(got.astype(np.int32) - quantize16(self.streamed))
+        assert diff.max() <= 1 and np.count_nonzero(diff) <= got.size // 1000, (diff.max(), np.count_nonzero(diff))
         if self.whole is not None:
             assert np.abs(got.astype(np.int32) - quantize16(self.whole)).max() <= 4
 

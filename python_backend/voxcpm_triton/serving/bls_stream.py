@@ -33,8 +33,9 @@ So here no thread waits in an iterator. The callee says how many responses it ha
 Errors after a call's first response travel as data. The stub loses the call an error response
 belongs to when it comes through the server's callback (every response after the first): it
 never reaches the call's iterator, and a final one leaves `next()` waiting for ever. So the
-callee's `CountingSender` sends such an error as a response with the message in its `ERROR`
-output (the callee declares it), and the caller turns it back into an error response.
+callee's sender (`CountingSender`, or `CarryingSender` for a call nobody counts) sends such an
+error as a response with the message in its `ERROR` output (the callee declares it, the caller
+asks for it), and the caller turns it back into an error response.
 
 A call that gets no count for `GRACE_S` after it returned (its callee does not count), or whose
 counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator,
@@ -140,13 +141,11 @@ def _shared_notifier() -> Notifier:
         return _notifier
 
 
-class CountingSender:
-    """A request's response sender that tells the caller how many responses it has sent."""
+class CarryingSender:
+    """A request's response sender that sends an error after the first response as data."""
 
-    def __init__(self, sender, path: str, token: str, final_flag: int, notifier: Notifier | None = None):
-        self.sender, self.path, self.token, self.final_flag = sender, path, token, final_flag
-        self.notifier = notifier or _shared_notifier()
-        self.count = 0
+    def __init__(self, sender):
+        self.sender, self.count = sender, 0
 
     def send(self, response=None, flags: int = 0):
         if response is None:
@@ -156,10 +155,22 @@ class CountingSender:
                 response = _carried(response)
             self.sender.send(response, flags=flags)
         self.count += 1
-        self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
+
+
+class CountingSender(CarryingSender):
+    """A CarryingSender that also tells the caller how many responses it has sent."""
+
+    def __init__(self, sender, path: str, token: str, final_flag: int, notifier: Notifier | None = None):
+        super().__init__(sender)
+        self.path, self.token, self.final_flag = path, token, final_flag
+        self.notifier = notifier or _shared_notifier()
+
+    def send(self, response=None, flags: int = 0):
+        super().send(response, flags)
+        self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
 
 
 def _carried(response):
@@ -188,15 +199,17 @@ def _restored(response):
 
 def counting_sender(request, sender, final_flag: int):
     """`sender` (`request`'s), counting when the caller asked for counts to an inbox of this
-    server: a socket in its private run directory, no other path. Only for requests already known
-    to come from the orchestrator (the internal key)."""
+    server: a socket in its private run directory, no other path; else carrying its errors
+    (CarryingSender) when the caller asked for ERROR_OUTPUT. Only for requests already known to
+    come from the orchestrator (the internal key)."""
+    carrying = CarryingSender(sender) if ERROR_OUTPUT in request.requested_output_names() else sender
     try:
         path, token = json.loads(request.parameters() or "{}").get(PARAMETER, "").split(" ")
     except (ValueError, AttributeError, TypeError):
-        return sender
+        return carrying
     if (os.path.realpath(os.path.dirname(path)) != os.path.realpath(runtime.run_dir())
             or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
-        return sender
+        return carrying
     return CountingSender(sender, path, token, final_flag)
 
 

@@ -340,8 +340,10 @@ class Orchestrator(InternalCalls):
 
 def _failure(e: Exception):
     """The error response a request fails with: while the server stops, one that says so (the
-    internal models take no new request then, and say it in their own words)."""
-    if runtime.stop_deadline() is not None and not (isinstance(e, Busy) and str(e) == SHUTTING_DOWN):
+    internal models take no new request then, and say it in their own words). A client's
+    mistake stays one: retrying would not help."""
+    if runtime.stop_deadline() is not None and not isinstance(e, InputError) and \
+            not (isinstance(e, Busy) and str(e) == SHUTTING_DOWN):
         e = Busy(f"{SHUTTING_DOWN}: {e}")
     return error_response(e)
 
