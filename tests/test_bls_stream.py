@@ -156,6 +156,16 @@ def _counting(params: dict, iterator) -> bls_stream.CountingSender:
     return sender
 
 
+async def _started_call():
+    """A counted call that has returned with its first response, "r1" -> (iterator, stream, sender)."""
+    it = BufferedIterator(Response("r1"))
+    stream, params = _call(it)
+    sender = _counting(params, it)
+    sender.send("r1")
+    await stream.started.wait()
+    return it, stream, sender
+
+
 async def _drain(stream, timeout=10.0):
     out = []
     while (r := await asyncio.wait_for(stream.queue.get(), timeout)) is not stream.END:
@@ -220,11 +230,7 @@ def test_a_counted_error_that_is_not_final_does_not_end_the_call(run_dir):
     """The server's error on a counted response (no memory for an output): the counts go on, and
     so does the call, to its final response."""
     async def main():
-        it = BufferedIterator(Response("r1"))
-        stream, params = _call(it)
-        sender = _counting(params, it)
-        sender.send("r1")
-        await stream.started.wait()
+        it, stream, sender = await _started_call()
         sender.send("r2")
         it.buffer[-1].error = True  # what the server made of it
         sender.send("r3")
@@ -242,11 +248,7 @@ def test_an_error_after_the_first_response_travels_as_data_and_is_read_as_an_err
     callee sends such an error as data, the caller reads it back as an error response. The
     first response's error (the call's return value) is sent as it is."""
     async def main():
-        it = BufferedIterator(Response("r1"))
-        stream, params = _call(it)
-        sender = _counting(params, it)
-        sender.send("r1")
-        await stream.started.wait()
+        it, stream, sender = await _started_call()
         sender.send("r2")
         sender.send(Failure("[busy] the server is shutting down"), flags=FINAL)
         assert [(r.value, r.error, r.final) for r in it.buffer] == [

@@ -33,9 +33,8 @@ from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import SHUTTING_DOWN as SHUTTING_DOWN_MESSAGE
-from .triton_io import (IPC_LOCK, Busy, InputError, error_message, error_response, get, internal_error_response,
-                        locked, pb, require_internal, tensor)
+from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, error_message, error_response, get,
+                        internal_error_response, locked, pb, require_internal, tensor)
 from .vae_models import decoding_vae
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -46,7 +45,7 @@ LORA_ACTIONS = ("add", "remove", "list")
 ENGINE_STUCK_S = 60.0
 STOPPING_POLL_S = 0.5  # how often the decoder looks whether the server is stopping (runtime.stopping)
 # What its requests end with then: a Busy error once past the orchestrator (triton_io's kind tags).
-SHUTTING_DOWN = error_message(Busy(SHUTTING_DOWN_MESSAGE))
+SHUTDOWN_ERROR = error_message(Busy(SHUTTING_DOWN))
 
 
 class ClientGone(Exception):
@@ -125,7 +124,7 @@ class DecoderModel:
         """Triton 2.51 unloads the models only once every request has ended: at the server's stop
         deadline (runtime.stopping) the requests still here end with an error, so that it can."""
         while not self._closing.wait(STOPPING_POLL_S):
-            if runtime.stopping() and (n := self.engine.cancel_all(SHUTTING_DOWN)):
+            if runtime.stopping() and (n := self.engine.cancel_all(SHUTDOWN_ERROR)):
                 log.warning("the server is stopping: %d running request(s) ended", n)
 
     def _stream_audio(self, params: dict, device) -> StreamAudio:
