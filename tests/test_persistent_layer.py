@@ -26,8 +26,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 # (sequences, S tokens, hidden, Hq, Hkv, D, FFN): the interpreter's share (small launches: one head per
 # attention item, two K splits); the GPU adds LocDiT's and LocEnc's full-size layers at batch 1 and 2
 SHAPES = [(2, 11, 128, 4, 2, 32, 256), (2, 5, 64, 4, 1, 16, 128), (4, 11, 96, 3, 1, 32, 192), (1, 64, 64, 2, 2, 16, 64)]
-if CUDA:
-    SHAPES += [(2, 11, 1024, 16, 2, 128, 4096), (4, 11, 1024, 16, 2, 128, 4096), (2, 5, 1024, 16, 2, 128, 4096)]
+if CUDA:  # LocDiT at batch buckets 1, 2 and 4 (128-row tiles, 8 warps), LocEnc at 1 and 16
+    SHAPES += [(2, 11, 1024, 16, 2, 128, 4096), (4, 11, 1024, 16, 2, 128, 4096), (8, 11, 1024, 16, 2, 128, 4096),
+               (2, 5, 1024, 16, 2, 128, 4096), (16, 5, 1024, 16, 2, 128, 4096)]
 # fp32 on the GPU: the kernel is launched with 16-bit tiles in mind (`runs` keeps the model's fp32 off it)
 DTYPES = [torch.bfloat16] if CUDA else [torch.float32, torch.bfloat16]
 
@@ -74,7 +75,9 @@ def test_stacked_layers_hand_on_the_input_norm():
     # h_in is what the layer attends from, not a hint: another norm's output gives that norm's layer,
     # and the kernel only reads it
     w = stack[0]
-    other = (1 + 0.5 * rand(H, g=torch.Generator().manual_seed(9))).to(dtype)
+    # far enough from w[0] that the two layers differ by more than 10 x bf16's tolerance (with 0.5
+    # instead of 2 they differed by 9x on the GPU)
+    other = (1 + 2 * rand(H, g=torch.Generator().manual_seed(9))).to(dtype)
     h_in = reference_layer_norm(x, other)
     kept = h_in.clone()
     out, _ = pl.local_layer_op(x, w[0], w[1], cos, sin, S, Hq, Hkv, D, *w[2:], EPS, h_in, None)
@@ -114,6 +117,7 @@ def test_every_launch_gives_the_same_layer(shape, launch, programs):
 
 def test_launch_for_fits_the_sizes():
     assert pl.launch_for(1024, 2048, 4096) == pl.Launch()  # LocDiT/LocEnc: the measured launch
+    assert pl.launch_for(1024, 2048, 4096, 88) == pl.Launch(num_warps=8)  # 128-row tiles
     assert pl.launch_for(2048, 2048, 6144) == pl.Launch(blocks=(32, 64, 64, 64))  # the LM's
     small = pl.launch_for(32, 64, 64)  # the tiny test checkpoint's LocDiT
     assert small.splits == (4, 4) and small.block_k == 16
@@ -143,7 +147,7 @@ def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):
     """A GPU with less shared memory than two pipeline buffers of the widest tile need (plus the
     reserve) keeps the compiled path: 64 tokens of LocDiT need 2 x 2 x 128 x (64 + 64) bytes."""
     dt = torch.bfloat16
-    x = torch.zeros(pl.MAX_TOKENS, 1024, device=DEV, dtype=dt)
+    x = torch.zeros(64, 1024, device=DEV, dtype=dt)
     n = torch.zeros(1024, device=DEV, dtype=dt)
     w = [torch.zeros(*s, device=DEV, dtype=dt) for s in ((2560, 1024), (1024, 2048), (8192, 1024), (1024, 4096))]
     args = (x, 11, (16, 2, 128), n, w[0], w[1], n, w[2], w[3])
@@ -153,6 +157,11 @@ def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):
     monkeypatch.setattr(pl, "_smem", lambda device: need - 1)
     assert not pl.runs(*args)
     assert pl.runs(x[:16], 1, (16, 2, 128), n, w[0], w[1], n, w[2], w[3], paged=True)  # 16 rows: smaller tiles
+    wide = torch.zeros(pl.MAX_TOKENS, 1024, device=DEV, dtype=dt)  # 128-row tiles need more
+    monkeypatch.setattr(pl, "_smem", lambda device: 2 * 2 * 128 * (128 + 64) + pl.SMEM_RESERVE)
+    assert pl.runs(wide, *args[1:]) and not pl.runs(torch.cat([wide, wide[:11]]), *args[1:])
+    monkeypatch.setattr(pl, "_smem", lambda device: 2 * 2 * 128 * (128 + 64) + pl.SMEM_RESERVE - 1)
+    assert not pl.runs(wide, *args[1:]) and pl.runs(x, *args[1:])
 
 
 def test_phase_times_reads_the_timings_layout():
@@ -168,8 +177,9 @@ def test_phase_times_reads_the_timings_layout():
 
 def test_too_many_tokens_is_refused():
     weights = layer_weights(64, 4, 1, 16, 128, torch.float32, seed=0)
-    x = torch.zeros(70, 64, device=DEV)  # whole sequences of 5, past MAX_TOKENS
-    with pytest.raises(AssertionError, match="over 70 tokens"):
+    T = pl.MAX_TOKENS + 5 - pl.MAX_TOKENS % 5
+    x = torch.zeros(T, 64, device=DEV)  # whole sequences of 5, past MAX_TOKENS
+    with pytest.raises(AssertionError, match=f"over {T} tokens"):
         pl.layer(x, weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)
     with pytest.raises(AssertionError, match="not whole sequences"):
         pl.layer(x[:22], weights[0], weights[1], None, None, 5, (4, 1, 16), *weights[2:], EPS)

@@ -54,7 +54,8 @@ from . import local_attention, paged_attention
 from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton
 from ._triton import next_pow2 as _next_pow2
 
-MAX_TOKENS = 64  # every program holds all tokens' rows
+MAX_TOKENS = 96  # every program holds all tokens' rows: LocDiT at batch bucket 4 (88) is the last it wins
+WIDE_TOKENS = 64  # past this, 8 warps to a program (benchmarks/kernel_fused_layer.py)
 PHASES = 9  # the fourth (merging a paged attention's context splits) runs only for those
 TIM_COLS, TIM_START, TIM_END = 18, 16, 17  # timings: per program, 2 per barrier (at most 8), start, end
 ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
@@ -330,12 +331,12 @@ def _smem(device: torch.device) -> int:
     return shared_memory(device) if device.type == "cuda" else 1 << 30
 
 
-def launch_for(H: int, HO: int, I: int) -> Launch | None:
-    """The launch for a layer of hidden size H, attention width HO and FFN width I: the measured
-    one on an H100 (LocDiT/LocEnc's 1024 / 2048 / 4096: benchmarks/kernel_fused_layer.py; from
-    hidden 2048 on, the LM's 2048 / 2048 / 6144, wider output, gate/up and down tiles:
-    benchmarks/kernel_lm_layer.py), with splits and K tiles cut down until they divide other sizes;
-    None if none does."""
+def launch_for(H: int, HO: int, I: int, tokens: int = 1) -> Launch | None:
+    """The launch for a layer of hidden size H, attention width HO and FFN width I over `tokens`
+    rows: the measured one (LocDiT/LocEnc's 1024 / 2048 / 4096: benchmarks/kernel_fused_layer.py;
+    from hidden 2048 on, the LM's 2048 / 2048 / 6144, wider output, gate/up and down tiles:
+    benchmarks/kernel_lm_layer.py; past WIDE_TOKENS, 8 warps for the 128-row tiles), with splits
+    and K tiles cut down until they divide other sizes; None if none does."""
     split_o = next((s for s in (4, 2, 1) if HO % (16 * s) == 0), None)
     split_d = next((s for s in (4, 2, 1) if I % (16 * s) == 0), None)
     if split_o is None or split_d is None:
@@ -344,7 +345,7 @@ def launch_for(H: int, HO: int, I: int) -> Launch | None:
                     and I % (split_d * k) == 0), None)
     if block_k is None:
         return None
-    launch = Launch(splits=(split_o, split_d), block_k=block_k)
+    launch = Launch(splits=(split_o, split_d), block_k=block_k, num_warps=8 if tokens > WIDE_TOKENS else 4)
     return launch._replace(blocks=(32, 64, 64, 64)) if H >= 2048 else launch
 
 
@@ -386,7 +387,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     T, H = x.shape
     I = down_w.size(1)
     HO = n_heads * head_dim
-    launch = launch or launch_for(H, HO, I)
+    launch = launch or launch_for(H, HO, I, T)
     assert launch is not None, f"no persistent_layer launch for hidden {H}, attention {HO}, FFN {I}"
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
     split_o, split_d = launch.splits
@@ -504,7 +505,7 @@ def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = Fa
             and (seq_len == 1 if paged else seq_len <= local_attention.MAX_SEQ)
             and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)):
         return False
-    launch = launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1))
+    launch = launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1), x.size(0))
     return launch is not None and _fits(launch, _smem(x.device), max(16, _next_pow2(x.size(0))), x.element_size())
 
 

@@ -105,7 +105,7 @@ def local_attention(layer_idx, q, k, v):
     key), as a few long problems instead of many 11x11 ones: much faster at large batch, a
     little slower at tiny ones (benchmarks/attention_shapes.py). One formulation for every batch
     keeps the compiled LocDiT's graphs few (a batch-dependent branch costs a recompile; the one
-    there is: layers of at most 64 tokens go to `kernels.persistent_layer`).
+    there is: layers of at most `persistent_layer.MAX_TOKENS` tokens go to `kernels.persistent_layer`).
     """
     B, S, Hq, D = q.shape
     Hkv = k.size(2)
