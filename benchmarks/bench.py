@@ -377,7 +377,12 @@ def main():
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run on the tiny checkpoint")
     ap.add_argument("--max-autotune", action="store_true",
                     help="experiment: inductor autotunes its GEMMs (Triton templates against cuBLAS, epilogues fused)")
+    ap.add_argument("--fused-max-tokens", type=int, default=None,
+                    help="an A/B: the persistent layer's token bound (kernels.persistent_layer.MAX_TOKENS) for this run")
     args = ap.parse_args()
+    if args.fused_max_tokens is not None:
+        from voxcpm_triton.kernels import persistent_layer
+        persistent_layer.MAX_TOKENS = args.fused_max_tokens
     if args.max_autotune:
         import torch._inductor.config as inductor_config
         inductor_config.max_autotune_gemm = True
@@ -387,7 +392,7 @@ def main():
     gpu = args.device == "cuda"
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision,
-              "max_autotune": args.max_autotune}
+              "max_autotune": args.max_autotune, "fused_max_tokens": args.fused_max_tokens}
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
                                   attention=args.attention, compile=gpu and not args.no_compile,

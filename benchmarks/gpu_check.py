@@ -210,7 +210,7 @@ def main():
     res = {"device": torch.cuda.get_device_name(0)}
     if args.only != "vae":
         res["teacher_forced"] = teacher_forced(args.checkpoint, args.steps)
-        res["graph_vs_eager"] = graph_vs_eager(args.checkpoint, [1, 5, 32, 64])
+        res["graph_vs_eager"] = graph_vs_eager(args.checkpoint, [1, 3, 5, 32, 64])
         tf = res["teacher_forced"]
         print(f"[bf16 vs fp32, teacher-forced] cosine min {tf['cosine_min']:.5f} mean {tf['cosine_mean']:.5f} "
               f"-> {'PASS' if tf['pass'] else 'FAIL'}")

@@ -44,8 +44,8 @@ DEPTH = 12
 # name -> (N, K, kind): the four linears of a layer
 LINEARS = {"qkv": ((HQ + 2 * HKV) * D, H, "norm"), "o": (H, HQ * D, "residual"),
            "gate_up": (I, H, "gated"), "down": (H, I, "residual")}
-# token counts -> sequence length: LocDiT at batch buckets 1 and 2 (2 x 11 and 4 x 11 with CFG), LocEnc's 10
-TOKENS = {22: 11, 44: 11, 10: 5, 88: 11, 176: 11}  # 88, 176: LocDiT at batches 4 and 8 (past pl.MAX_TOKENS)
+# token counts -> sequence length: LocDiT at batch bucket b is 22 b tokens (2 x 11 with CFG), LocEnc 5 b
+TOKENS = {22: 11, 44: 11, 88: 11, 176: 11, 352: 11, 10: 5, 40: 5, 80: 5, 160: 5, 320: 5}
 
 
 def layer_weights(dev, dt, seed):
@@ -303,7 +303,7 @@ def main():
     ap.add_argument("--no-sweep", action="store_true", help="whole layers only, with the checked-in table")
     ap.add_argument("--profile-only", action="store_true", help="only the persistent layer's phase profile")
     ap.add_argument("--max-tokens", type=int, default=pl.MAX_TOKENS,
-                    help="the persistent layer's token bound for this run (88, 176: past the server's)")
+                    help="the persistent layer's token bound for this run (past the server's: what more would give)")
     ap.add_argument("--variants", default="", help="only these layer variants (names, comma-separated)")
     ap.add_argument("--profile-launch", default="", help="the phase profile with this PERSISTENT launch")
     args = ap.parse_args()
