@@ -100,8 +100,8 @@ def persistent_chained(layers, x, cos, sin, S):
 
 
 L = pl.Launch()
-PERSISTENT = {  # name -> launch (the server's default: pl.Launch())
-    "persistent": L,
+PERSISTENT = {  # name -> launch (None: the server's, pl.launch_for the sizes and token count)
+    "persistent": None,
     "persistent_stages3": L._replace(stages=3),
     "persistent_stages_all": L._replace(stages=0),
     "persistent_bk256": L._replace(block_k=256),
@@ -288,7 +288,7 @@ def phase_profile(dev, dt, M, launch=None):
         if rep == 0:
             continue  # compiles
         times += [pl.phase_times(buf) for buf in bufs]
-    res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I))._asdict(), **phase_summary(times, PHASE_NAMES)}
+    res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I, M))._asdict(), **phase_summary(times, PHASE_NAMES)}
     print(f"persistent M={M} {res['launch']}: total {res['total_us']:.2f} us (start of first program to end of last)", flush=True)
     for p in res["phases"]:
         print(f"   {p['phase']:15s} span {p['span_us']:6.2f} us  barrier {p['barrier_us'] or 0:5.2f} us", flush=True)

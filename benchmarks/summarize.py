@@ -3210,6 +3210,9 @@ def twenty_eighth_session(res) -> list[str]:
         for r in load(f"offline_twentyeighth_bound{bound}.json")["engine"]["graphs"]["runs"]:
             runs.setdefault(bound, {}).setdefault(r["batch"], []).append(r["steps_per_s"])
     sps = {bound: {b: statistics.median(v) for b, v in by.items()} for bound, by in runs.items()}
+    graphs = {bound: load(f"offline_twentyeighth_bound{bound}.json")["engine"]["graphs"] for bound in (128, 64)}
+    cap = {bound: g["capture_s_per_bucket"] for bound, g in graphs.items()}
+    start = {bound: g["startup_s"] for bound, g in graphs.items()}
     served = served_levels("served_twentyeighth.json")
     ab = {k: served_levels(f"served_twentyeighth_ab_{k}.json")[4] for k in ("before", "after")}
     chk = load("gpu_check_twentyeighth.json")
@@ -3249,15 +3252,25 @@ def twenty_eighth_session(res) -> list[str]:
            f"(64-row tiles): gate/up {p176['gate/up+silu']:.1f} us, down {p176['down (split K)']:.1f}, QKV "
            f"{p176['qkv']:.1f}, output {p176['o (split K)']:.1f} (at 44 tokens, one tile: gate/up {p44['gate/up+silu']:.1f}): "
            "three times the "
-           "work items, each a short K loop that pays its pipeline's ramp again. 32-row tiles are worse, one "
-           "128-row tile with 8 warps is the best of the kernel's launches and still loses from 160 tokens on. "
-           "Dropped: the kernel keeps one row tile.",
+           "work items, each a short K loop that pays its pipeline's ramp again. 32-row tiles are worse "
+           "everywhere; no launch of the kernel comes near the compiled path from 160 tokens on. Dropped: the "
+           "kernel keeps one row tile.",
            f"- One 128-row tile with 8 warps wins at 88 tokens (LocDiT at batch bucket 4): {us(88, 'persistent_rows128_w8'):.1f}"
            f" against {us(88, 'compiled_torch'):.1f} us ({us(88, 'compiled_torch') / us(88, 'persistent_rows128_w8'):.2f}x; "
            "the sixteenth session measured 39.3 against 43.2 on an H100). At 80 (LocEnc at bucket 16) it is even "
-           f"({us(80, 'persistent_rows128_w8'):.1f} against {us(80, 'compiled_torch'):.1f}). Kept: the token bound "
+           f"({us(80, 'persistent_rows128_w8'):.1f} against {us(80, 'compiled_torch'):.1f}; with 4 warps "
+           f"{us(80, 'persistent_rows128'):.1f}: one run each, within the spread). Kept: the token bound "
            "`MAX_TOKENS` is now 96 (LocDiT up to bucket 4, LocEnc up to 16), and past 64 tokens `launch_for` picks "
-           "8 warps. The compiled LocDiT and LocEnc still branch once on the bound.", "",
+           "8 warps, on the 88-token point (and the sixteenth session's). LocEnc at bucket 16 runs the kernel now "
+           "too, at parity per layer; the engine at batch 16 was not measured.",
+           "- Start-up: `persistent_layer.runs` pads the token count to a power of two to check shared memory, "
+           "which makes torch.compile specialize every count under the bound (not new: it did so under 64). "
+           "LocDiT at bucket 4 is therefore one more compiled graph: in call 2 the bucket-8 capture took "
+           f"{cap[128]['8']:.1f} s against {cap[64]['8']:.1f} s (it compiles the graph past the bound, which "
+           f"bucket 4 compiled before) and the engine's start-up {start[128]:.1f} s against {start[64]:.1f} s, the "
+           "first of them on a cold compile cache. Checking the bound without the exact count would let the "
+           "buckets under it share one graph; not done, since it changes the batch-1 step's compiled code and no "
+           "device time was left to measure that.", "",
            "**The engine, one call, both bounds** (call 2: `bench.py --checkpoint /tmp/full --batches 4,1,4,8 "
            "--reference none --no-vae --graphs-only --no-profile --fused-max-tokens {128,64}`, "
            "`raw/offline_twentyeighth_bound{128,64}.json`; at these batches a bound of 128 runs the same layers as "
@@ -3292,8 +3305,10 @@ def twenty_eighth_session(res) -> list[str]:
            f"bf16 against fp32 teacher-forced cosine min {chk['teacher_forced']['cosine_min']:.5f}; the VAE as served "
            f"against exact fp32 {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} (bound 2e-03). "
            f"`tests/test_persistent_layer.py` on the GPU: {gpu_tests_bound} passed in call 2 (bound 128; the run's "
-           f"time limit stopped it before its last test) and the remaining compile-and-replay test with the h_in "
-           f"check in call 3 ({gpu_tests} passed, `raw/gpu_tests_{{bound128_,}}twentyeighth.txt`). Call 1's run "
+           f"time limit stopped it in its 54th test, the engine step's, which has not completed on a GPU this "
+           f"session), then the compile-and-replay test and the h_in check in call 3 ({gpu_tests} passed, "
+           f"`raw/gpu_tests_{{bound128_,}}twentyeighth.txt`). The compile-and-replay test now also runs 88 tokens "
+           f"(8 warps): not yet run on a GPU. Call 1's run "
            "(`raw/gpu_tests_rows_twentyeighth.txt`) caught a test defect from the eighteenth session, never run on "
            "a GPU before: its h_in check needed the two norms' layers to differ by 10x bf16's tolerance and they "
            "differed by 9x; the other norm is now further away.", "",

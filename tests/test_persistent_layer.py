@@ -24,9 +24,9 @@ skip_unless_kernels_run(pl)
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 # (sequences, S tokens, hidden, Hq, Hkv, D, FFN): the interpreter's share (small launches: one head per
-# attention item, two K splits); the GPU adds LocDiT's and LocEnc's full-size layers at batch 1 and 2
+# attention item, two K splits); the GPU adds LocDiT's and LocEnc's full-size layers
 SHAPES = [(2, 11, 128, 4, 2, 32, 256), (2, 5, 64, 4, 1, 16, 128), (4, 11, 96, 3, 1, 32, 192), (1, 64, 64, 2, 2, 16, 64)]
-if CUDA:  # LocDiT at batch buckets 1, 2 and 4 (128-row tiles, 8 warps), LocEnc at 1 and 16
+if CUDA:  # LocDiT at 22, 44 and 88 tokens (batch bucket 4: 128-row tiles, 8 warps), LocEnc at 10 and 80 (bucket 16)
     SHAPES += [(2, 11, 1024, 16, 2, 128, 4096), (4, 11, 1024, 16, 2, 128, 4096), (8, 11, 1024, 16, 2, 128, 4096),
                (2, 5, 1024, 16, 2, 128, 4096), (16, 5, 1024, 16, 2, 128, 4096)]
 # fp32 on the GPU: the kernel is launched with 16-bit tiles in mind (`runs` keeps the model's fp32 off it)
@@ -117,6 +117,7 @@ def test_every_launch_gives_the_same_layer(shape, launch, programs):
 
 def test_launch_for_fits_the_sizes():
     assert pl.launch_for(1024, 2048, 4096) == pl.Launch()  # LocDiT/LocEnc: the measured launch
+    assert pl.launch_for(1024, 2048, 4096, 64) == pl.Launch()  # 64-row tiles: 4 warps
     assert pl.launch_for(1024, 2048, 4096, 88) == pl.Launch(num_warps=8)  # 128-row tiles
     assert pl.launch_for(2048, 2048, 6144) == pl.Launch(blocks=(32, 64, 64, 64))  # the LM's
     small = pl.launch_for(32, 64, 64)  # the tiny test checkpoint's LocDiT
@@ -346,7 +347,8 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
-def test_compiles_captures_and_replays():
+@pytest.mark.parametrize("tokens", [44, 88])  # LocDiT at batch buckets 2 and 4 (128-row tiles, 8 warps)
+def test_compiles_captures_and_replays(tokens):
     """As the engine runs it: inside torch.compile'd code, each layer handing the next its input norm,
     then replayed from a CUDA graph many times (each replay's barrier finds its counters at zero),
     with new inputs."""
@@ -363,19 +365,19 @@ def test_compiles_captures_and_replays():
         return h
 
     f = torch.compile(body, dynamic=True)
-    static = rand(44, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
+    static = rand(tokens, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
     f(static)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = f(static)
     for seed in range(1, 4):
-        static.copy_(rand(44, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
+        static.copy_(rand(tokens, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
         for _ in range(20):
             graph.replay()
         torch.cuda.synchronize()
         ref = static
         for _ in range(3):
-            ref = reference_layer(ref, weights, cos, sin, 4, 11, (16, 2, 128))
+            ref = reference_layer(ref, weights, cos, sin, tokens // 11, 11, (16, 2, 128))
         assert (out.float() - ref.float()).abs().max().item() <= 3 * tol(torch.bfloat16, ref)
     assert int(pl._sync(static.device).abs().sum()) == 0
