@@ -141,7 +141,8 @@ class CFMSolver(nn.Module):
         t_in = torch.cat([t, t])
         dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(t_in)
         cond_in = torch.cat([cond, cond])
-        # one compiled graph for the batch buckets on either side of the persistent layer kernel's token bound
+        # one compiled graph for the batch buckets past the persistent layer kernel's token bound (under it,
+        # persistent_layer.runs pads the count, so each count gets its own)
         for a in (x_in, mu_in, t_in, cond_in, dt_in):
             torch._dynamo.maybe_mark_dynamic(a, 0)
         if lora is None:

@@ -87,8 +87,8 @@ class VoxCPM2Model(nn.Module):
         adapter on the projection: a prefill's, or a decode step's, T = 1).
 
         LocEnc sees each patch on its own, so decode steps ([B, 1]) and prefills ([1, T]) both go
-        in as [B * T, 1] patches: one dynamic dimension, compiled (if compiled) once for up to MAX_TOKENS
-        (LocEnc's layers in `kernels.persistent_layer`) and once for more."""
+        in as [B * T, 1] patches: one dynamic dimension, compiled (if compiled) once for every count up to
+        `persistent_layer.MAX_TOKENS` (LocEnc's layers in that kernel; `runs` pads the count) and once for more."""
         B, T = feats.shape[:2]
         # contiguous(): a decode step's patch is a transposed view; a prompt's feats are not.
         # detach(): no view either, whose base size torch.compile would guard on (see minicpm._as_non_views).
