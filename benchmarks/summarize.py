@@ -3205,12 +3205,12 @@ def twenty_eighth_session(res) -> list[str]:
     layers = {r["M"]: r for r in kfl["layers"] if "M" in r}
     prof = {p["M"]: p for p in kfl["persistent_profiles"]}
     us = lambda m, v: layers[m][v]["us_per_layer"]  # noqa: E731
+    graphs = {bound: load(f"offline_twentyeighth_bound{bound}.json")["engine"]["graphs"] for bound in (128, 64)}
     runs = {}
-    for bound in (128, 64):
-        for r in load(f"offline_twentyeighth_bound{bound}.json")["engine"]["graphs"]["runs"]:
+    for bound, g in graphs.items():
+        for r in g["runs"]:
             runs.setdefault(bound, {}).setdefault(r["batch"], []).append(r["steps_per_s"])
     sps = {bound: {b: statistics.median(v) for b, v in by.items()} for bound, by in runs.items()}
-    graphs = {bound: load(f"offline_twentyeighth_bound{bound}.json")["engine"]["graphs"] for bound in (128, 64)}
     cap = {bound: g["capture_s_per_bucket"] for bound, g in graphs.items()}
     start = {bound: g["startup_s"] for bound, g in graphs.items()}
     served = served_levels("served_twentyeighth.json")
