@@ -798,3 +798,45 @@ def test_prefix_cached_results_equal_uncached_ones_with_the_pool_under_pressure(
     for (off, fin_off), (on, fin_on) in zip(results[False], results[True]):
         assert fin_off.error is None and fin_on.error is None
         assert_same(on, off)
+
+
+@pytest.mark.parametrize("behind", [True, False])
+def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind):
+    """A newcomer whose prefill replays a graph (taken as one here: the CPU has none) is prefilled
+    while the step in flight is still unread, and that step's patches are read after the next launch,
+    as any step's; with `graph_prefill_behind_step` off (and before any eager prefill) the step is
+    handed out first. Either way every request's latents are its solo run's."""
+    log = []
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, graph_prefill_behind_step=behind))
+    eng._replays_graph = lambda pack: True
+    ids = lambda states: sorted(st.request_id for st in states)  # noqa: E731
+    run_prefill, launch, deliver = eng._run_prefill, eng._launch_decode, eng._deliver
+    eng._run_prefill = lambda states, lora_slot: log.append(("prefill", ids(states))) or run_prefill(states, lora_slot)
+    eng._launch_decode = lambda batch, plain: log.append(("launch", ids(batch))) or launch(batch, plain)
+    eng._deliver = lambda launched: log.append(("deliver", ids(st for b, _ in launched for st in b))) or deliver(launched)
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Behind the step in flight.")
+        gen = {"a": dict(seed=1, min_len=10, max_len=10), "b": dict(seed=2, min_len=4, max_len=4)}
+        started, events_a = threading.Event(), []
+
+        def sink(ev):  # b comes while a runs
+            events_a.append(ev)
+            if isinstance(ev, LatentChunk) and ev.first_step + len(ev.patches) >= 3:
+                started.set()
+
+        eng.submit(EngineRequest("a", prompt, **gen["a"]), sink=sink)
+        assert started.wait(TIMEOUT)
+        hb = eng.submit(EngineRequest("b", prompt, **gen["b"]))
+        results = {"b": hb.result(timeout=TIMEOUT)}
+        wait_for(lambda: isinstance(events_a[-1], Finished))
+        results["a"] = (torch.cat([e.patches for e in events_a if isinstance(e, LatentChunk)]), events_a[-1])
+    finally:
+        eng.shutdown()
+    for rid, (lat, fin) in results.items():
+        assert fin.error is None
+        assert_same(lat, solo(vox, prompt, **gen[rid]))
+    i = log.index(("prefill", ["b"]))
+    if behind:  # a's step in flight is read after b's prefill and the next launch
+        assert log[i + 1:i + 3] == [("launch", ["a", "b"]), ("deliver", ["a"])], log[i - 2:i + 4]
+    else:  # handed out first
+        assert log[i - 1] == ("deliver", ["a"]) and log[i + 1] == ("launch", ["a", "b"]), log[i - 2:i + 4]

@@ -74,6 +74,10 @@ class EngineConfig:
     # graph per total-length bucket (`prefill_packs`), not as one eager packed call.
     prefill_pack_graphs: bool = True
     prefill_pack_buckets: tuple = PACK_BUCKETS  # their total new positions; a longer pack is split
+    # A prefill that replays a graph is queued behind the step in flight at once (that step's
+    # patches are read after the next launch, as every step's); False: the step is handed out first,
+    # as before an eager prefill (an A/B switch for benchmarks/closed_loop.py).
+    graph_prefill_behind_step: bool = True
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
     timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
@@ -381,9 +385,6 @@ class Engine:
                     self.loras.apply(before_write=self.lora_weights.unmerge)
                 admitted = self._admit()
                 if admitted:
-                    # A prefill is mostly host time spent launching kernels: hand out the step in
-                    # flight first, so its patches (a first chunk, maybe) do not wait for it.
-                    self._hand_out_in_flight()
                     self._prefill(admitted)
                 if (self.running or self._in_flight) and self._decode_step():
                     steps_window += 1
@@ -441,10 +442,30 @@ class Engine:
         for slot, group in by_adapter.items():
             run = functools.partial(self._run_prefill, lora_slot=self.lora_weights.for_prefill(slot))
             for pack in self._packs(group):
+                if not (self._replays_graph(pack) and self.cfg.graph_prefill_behind_step):
+                    # An eager prefill is mostly host time spent launching kernels: hand out the step
+                    # in flight first, so its patches (a first chunk, maybe) do not wait for it. A
+                    # graph's replay is queued behind that step at once: the GPU goes on from it
+                    # without waiting for the host to read it.
+                    self._hand_out_in_flight()
                 for st, _ in self._isolated(pack, run, "prefill"):
                     # Its prefill is launched on the engine's one GPU stream: whatever reads these
                     # blocks later (another request's prefill or step) is queued after their writes.
                     self.scheduler.cache_prompt(st)
+
+    def _replays_graph(self, pack: list[RequestState]) -> bool:  # apart, so that CPU tests can take the graph path
+        return self._prefill_graph(pack) is not None
+
+    def _prefill_graph(self, states: list[RequestState]) -> str | None:
+        """Which CUDA graph a prefill of `states` replays: 'lone', 'pack', or None (it runs eagerly)."""
+        bs, pg, packed = self.cfg.block_size, self.prefill_graphs, self.pack_graphs
+        starts = [st.cached_blocks * bs for st in states]
+        fresh = [st.prompt_len - c for st, c in zip(states, starts)]  # new positions per prompt
+        if len(states) == 1 and pg is not None and pg.fits(states[0].prompt_len, starts[0]):
+            return "lone"
+        if packed is not None and packed.fits(sum(fresh), len(states), max(fresh)):
+            return "pack"
+        return None
 
     def _packs(self, states: list[RequestState]) -> list[list[RequestState]]:
         """`states` split, in order, into packs that each fit one packed prefill graph (all of them
@@ -489,14 +510,14 @@ class Engine:
         dev, bs = self.device, self.cfg.block_size
         prompts = [st.req.prompt for st in states]
         starts = [st.cached_blocks * bs for st in states]
-        pg, packed = self.prefill_graphs, self.pack_graphs
-        fresh = [len(p) - c for p, c in zip(prompts, starts)]  # new positions per prompt
         slots = [s for st, c in zip(states, starts) for s in self._slots(st, c, st.prompt_len)]
-        if len(states) == 1 and pg is not None and pg.fits(len(prompts[0]), starts[0]):
-            lm_h, res_h = pg.run(prompts[0], slots, starts[0], states[0].block_table, lora_slot=lora_slot)
-        elif packed is not None and packed.fits(sum(fresh), len(states), max(fresh)):
+        graph = self._prefill_graph(states)
+        if graph == "lone":
+            lm_h, res_h = self.prefill_graphs.run(prompts[0], slots, starts[0], states[0].block_table,
+                                                  lora_slot=lora_slot)
+        elif graph == "pack":
             tables = [st.block_table[:-(-st.prompt_len // bs)] for st in states]
-            lm_h, res_h = packed.run(prompts, starts, slots, tables, lora_slot=lora_slot)
+            lm_h, res_h = self.pack_graphs.run(prompts, starts, slots, tables, lora_slot=lora_slot)
         else:
             seq = [0]
             for p, c in zip(prompts, starts):
