@@ -1,0 +1,179 @@
+"""Closed-loop streams against the engine in process, as the served decoder runs it, without Triton:
+the VAE in the engine's process on its audio thread (`decode_audio`, with the first-audio fence),
+the served chunk schedule, playback margin, loop buckets and batch limit, one text for every request
+(its blocks cached after the first, as in `bench_served.py`). Each of N clients sends a request of
+STEPS patches and, once its audio has ended, the next, like a `bench_served.py` worker.
+
+Two settings of one engine, in alternating rounds (A B A B ...), so that both see the same GPU,
+compile cache and clock: a newcomer's prefill graph queued behind the step in flight at once
+("behind", `EngineConfig.graph_prefill_behind_step`, the default) or after that step has been
+handed out ("after", as before: the GPU waits while the host reads the step).
+Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
+(submit to the first audio chunk), median over the round's requests; per setting, the median of its
+rounds.
+
+    python3 benchmarks/closed_loop.py --checkpoint /tmp/full --clients 1,8,64 --out $OUT/closed_loop.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python_backend"))
+
+import torch  # noqa: E402
+
+from voxcpm_triton import VoxCPM2  # noqa: E402
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
+from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
+from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
+
+TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
+        "and play in the warm afternoon sun.")  # bench_served.py's
+SCHEDULE = (1, 4, 16)
+
+
+def log(*a):
+    print("[closed-loop]", *a, flush=True)
+
+
+class Round:
+    """N clients, `per_client` requests each, back to back; timestamps per request."""
+
+    def __init__(self, eng: Engine, audio: StreamAudio, prompt, clients: int, per_client: int, steps: int, tag: str):
+        self.eng, self.audio, self.prompt, self.steps, self.tag = eng, audio, prompt, steps, tag
+        self.left = {c: per_client for c in range(clients)}
+        self.times: list = []  # (submit, first audio, end) per request
+        self.errors: list = []
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.ids = itertools.count()
+        self.clients_running = clients
+
+    def run(self, timeout: float = 600.0) -> dict:
+        t0 = time.perf_counter()
+        for c in list(self.left):
+            self._next(c)
+        if not self.done.wait(timeout):
+            raise RuntimeError(f"{self.tag}: round did not finish")
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "requests": len(self.times), "errors": self.errors, "times": self.times}
+
+    def _next(self, c: int):
+        with self.lock:
+            if self.left[c] == 0:
+                self.clients_running -= 1
+                if self.clients_running == 0:
+                    self.done.set()
+                return
+            self.left[c] -= 1
+        i = next(self.ids)
+        rid, key = f"{self.tag}-c{c}-r{i}", (f"{self.tag}-c{c}-r{i}", i)
+        rec = [time.perf_counter(), None, None]
+
+        def deliver(patches, payload):  # the audio thread's
+            if patches is not None:
+                if rec[1] is None:
+                    rec[1] = time.perf_counter()
+                return
+            rec[2] = time.perf_counter()
+            if isinstance(payload, Finished) and payload.error is None:
+                with self.lock:
+                    self.times.append(tuple(rec))
+            else:
+                self.errors.append(str(getattr(payload, "error", payload)))
+            self._next(c)
+
+        def sink(event):  # the engine thread's, as the decoder's `_chunks_to_audio`
+            if isinstance(event, Finished):
+                self.audio.end(key, event)
+            else:
+                self.audio.chunk(key, event.patches)
+
+        self.audio.open(key, deliver)
+        self.eng.submit(EngineRequest(rid, self.prompt, seed=i, min_len=self.steps, max_len=self.steps), sink=sink)
+
+
+def summary(r: dict, audio_s: float) -> dict:
+    t = r["times"]
+    ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
+    first = sorted(1000 * (f - s) for s, f, _ in t)
+    return {"x_real_time": len(t) * audio_s / r["wall_s"], "wall_s": r["wall_s"], "requests": len(t),
+            "errors": len(r["errors"]), "request_ms_p50": ms([e - s for s, _, e in t]),
+            "first_audio_ms_p50": ms([f - s for s, f, _ in t]),
+            "first_audio_ms_p95": first[min(len(first) - 1, int(0.95 * len(first)))]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--clients", default="1,8,64")
+    ap.add_argument("--requests", type=int, default=5, help="per client and round")
+    ap.add_argument("--rounds", type=int, default=2, help="per setting and client count (alternating)")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--max-batch", type=int, default=128)
+    ap.add_argument("--timestep-buckets", default="10,100")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs: "
+                    "both settings run the same eager prefills)")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    gpu = dev.type == "cuda"
+    t0 = time.monotonic()
+    vae = decoding_vae(a.checkpoint, dev, triton_kernels=True, compile=True)[1]
+    vox = VoxCPM2.from_pretrained(a.checkpoint, device=a.device, vae=vae, compile=gpu,
+                                  dtype=None if gpu else "float32")
+    audio = StreamAudio(vox.vae, vox.patch_size, 2 * a.max_batch, cuda_graphs=gpu, graph_patches=SCHEDULE,
+                        on_failure=lambda key, error: eng.cancel(key[0]))
+    eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
+                                   playback_margin_s=0.1,
+                                   timestep_buckets=tuple(int(x) for x in a.timestep_buckets.split(","))),
+                 first_audio=audio)
+    log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f"; GPU memory peak "
+        f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
+    prompt = vox.prepare_prompt(TEXT)
+    audio_s = a.steps * vox.patch_seconds
+    settings = ("behind", "after")
+    res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
+           "rounds": a.rounds, "prompt_positions": len(prompt), "levels": {}}
+    Round(eng, audio, prompt, 8, 1, a.steps, "warm").run()  # first-call effects out of the way
+    try:
+        for n in (int(x) for x in a.clients.split(",")):
+            rounds = {k: [] for k in settings}
+            for r in range(a.rounds):
+                for name in settings:
+                    eng.cfg.graph_prefill_behind_step = name == "behind"  # between rounds: a quiet engine
+                    steps = eng.stats()["steps"]
+                    s = summary(Round(eng, audio, prompt, n, a.requests, a.steps, f"{name}{n}r{r}").run(), audio_s)
+                    s["engine_steps"] = eng.stats()["steps"] - steps
+                    s["ms_per_engine_step"] = 1000 * s["wall_s"] / s["engine_steps"]  # the round's wall over its steps
+                    rounds[name].append(s)
+                    log(f"{n} clients, {name}, round {r}: {s['x_real_time']:.1f}x, request p50 "
+                        f"{s['request_ms_p50']:.1f} ms, first audio p50 {s['first_audio_ms_p50']:.1f} / p95 "
+                        f"{s['first_audio_ms_p95']:.1f} ms, {s['engine_steps']} engine steps, {s['ms_per_engine_step']:.2f} ms each")
+            level = {name: {"rounds": rs, **{k: statistics.median(x[k] for x in rs)
+                                             for k in ("x_real_time", "request_ms_p50", "first_audio_ms_p50",
+                                                       "first_audio_ms_p95", "ms_per_engine_step")}}
+                     for name, rs in rounds.items()}
+            level["ratio_x_real_time"] = level["behind"]["x_real_time"] / level["after"]["x_real_time"]
+            log(f"{n} clients: behind/after {level['ratio_x_real_time']:.3f}x")
+            res["levels"][str(n)] = level
+    finally:
+        eng.shutdown()
+        audio.stop()
+    print(json.dumps({n: {k: (v if not isinstance(v, dict) else {kk: vv for kk, vv in v.items() if kk != "rounds"})
+                          for k, v in lv.items()} for n, lv in res["levels"].items()}, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
