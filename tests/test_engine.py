@@ -800,15 +800,17 @@ def test_prefix_cached_results_equal_uncached_ones_with_the_pool_under_pressure(
         assert_same(on, off)
 
 
-@pytest.mark.parametrize("behind", [True, False])
-def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind):
+@pytest.mark.parametrize("behind, graph", [(True, True), (False, True), (True, False)])
+def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind, graph):
     """A newcomer whose prefill replays a graph (taken as one here: the CPU has none) is prefilled
     while the step in flight is still unread, and that step's patches are read after the next launch,
-    as any step's; with `graph_prefill_behind_step` off (and before any eager prefill) the step is
-    handed out first. Either way every request's latents are its solo run's."""
+    as any step's. With `graph_prefill_behind_step` off, or a prefill that runs eagerly, the step is
+    handed out first. Either way every request's latents are its solo run's. The newcomer is
+    submitted from the running request's sink, on the engine thread, so it is admitted while that
+    request is mid-way whatever the machine's speed."""
     log = []
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, graph_prefill_behind_step=behind))
-    eng._replays_graph = lambda pack: True
+    eng._replays_graph = lambda pack: graph
     ids = lambda states: sorted(st.request_id for st in states)  # noqa: E731
     run_prefill, launch, deliver = eng._run_prefill, eng._launch_decode, eng._deliver
     eng._run_prefill = lambda states, lora_slot: log.append(("prefill", ids(states))) or run_prefill(states, lora_slot)
@@ -817,26 +819,65 @@ def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind):
     try:
         prompt = prompt_for(vox, "zero_shot", "Behind the step in flight.")
         gen = {"a": dict(seed=1, min_len=10, max_len=10), "b": dict(seed=2, min_len=4, max_len=4)}
-        started, events_a = threading.Event(), []
+        events_a, handles = [], []
 
         def sink(ev):  # b comes while a runs
             events_a.append(ev)
-            if isinstance(ev, LatentChunk) and ev.first_step + len(ev.patches) >= 3:
-                started.set()
+            if isinstance(ev, LatentChunk) and not handles and ev.first_step + len(ev.patches) >= 3:
+                handles.append(eng.submit(EngineRequest("b", prompt, **gen["b"])))
 
         eng.submit(EngineRequest("a", prompt, **gen["a"]), sink=sink)
-        assert started.wait(TIMEOUT)
-        hb = eng.submit(EngineRequest("b", prompt, **gen["b"]))
-        results = {"b": hb.result(timeout=TIMEOUT)}
-        wait_for(lambda: isinstance(events_a[-1], Finished))
-        results["a"] = (torch.cat([e.patches for e in events_a if isinstance(e, LatentChunk)]), events_a[-1])
+        wait_for(lambda: events_a and isinstance(events_a[-1], Finished))
+        results = {"a": (torch.cat([e.patches for e in events_a if isinstance(e, LatentChunk)]), events_a[-1]),
+                   "b": handles[0].result(timeout=TIMEOUT)}
     finally:
         eng.shutdown()
     for rid, (lat, fin) in results.items():
         assert fin.error is None
         assert_same(lat, solo(vox, prompt, **gen[rid]))
     i = log.index(("prefill", ["b"]))
-    if behind:  # a's step in flight is read after b's prefill and the next launch
+    if behind and graph:  # a's step in flight is read after b's prefill and the next launch
         assert log[i + 1:i + 3] == [("launch", ["a", "b"]), ("deliver", ["a"])], log[i - 2:i + 4]
     else:  # handed out first
         assert log[i - 1] == ("deliver", ["a"]) and log[i + 1] == ("launch", ["a", "b"]), log[i - 2:i + 4]
+
+
+def test_a_graph_prefill_goes_ahead_of_the_first_audio_fence(vox):
+    """A newcomer admitted while a lone request's first step is in flight (a step whose first chunk
+    goes first: `first_audio`): its graph prefill is queued first, then that step is read and fenced,
+    and only then is the next step launched, for both. Both get their solo run's latents."""
+    order, seen, handles = [], [], {}
+    fa = _FirstAudio()
+    fa.seen = seen
+    fence = fa.fence
+    fa.fence = lambda mark, timeout: order.append("fence") or fence(mark, timeout)
+    prompt = prompt_for(vox, "zero_shot", "Ahead of the fence.")
+    gen = {"a": dict(seed=1, min_len=5, max_len=5), "b": dict(seed=2, min_len=3, max_len=3)}
+
+    def sink(rid):
+        return lambda ev: seen.append((rid,)) if isinstance(ev, LatentChunk) else handles[rid].queue.put(ev)
+
+    def hook(st, stage):  # b reaches the inbox as a is prefilled: it is admitted with a's first step in flight
+        if st.request_id == "a" and stage == "prefill":
+            handles["b"] = eng.submit(EngineRequest("b", prompt, **gen["b"]))
+
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4), fault_hook=hook, first_audio=fa)
+    fa.eng = eng
+    eng._replays_graph = lambda pack: True
+    run_prefill, launch = eng._run_prefill, eng._launch_decode
+    eng._run_prefill = lambda states, lora_slot: order.append(("prefill", [st.request_id for st in states])) or \
+        run_prefill(states, lora_slot)
+    eng._launch_decode = lambda batch, plain: order.append(("launch", sorted(st.request_id for st in batch))) or \
+        launch(batch, plain)
+    try:
+        ha = eng.submit(EngineRequest("a", prompt, **gen["a"]))
+        results = {"a": ha.result(timeout=TIMEOUT)}
+        wait_for(lambda: "b" in handles)
+        results["b"] = handles["b"].result(timeout=TIMEOUT)
+    finally:
+        eng.shutdown()
+    for rid, (lat, fin) in results.items():
+        assert fin.error is None
+        assert_same(lat, solo(vox, prompt, **gen[rid]))
+    assert order[:5] == [("prefill", ["a"]), ("launch", ["a"]), ("prefill", ["b"]), "fence", ("launch", ["a", "b"])], \
+        order[:6]

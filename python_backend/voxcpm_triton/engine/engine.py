@@ -446,7 +446,9 @@ class Engine:
                     # An eager prefill is mostly host time spent launching kernels: hand out the step
                     # in flight first, so its patches (a first chunk, maybe) do not wait for it. A
                     # graph's replay is queued behind that step at once: the GPU goes on from it
-                    # without waiting for the host to read it.
+                    # without waiting for the host to read it, and if the step fills first chunks
+                    # (`first_audio`), their decode shares the GPU with this prefill, ahead of the
+                    # next step still (benchmarks/results.md, twenty-ninth session).
                     self._hand_out_in_flight()
                 for st, _ in self._isolated(pack, run, "prefill"):
                     # Its prefill is launched on the engine's one GPU stream: whatever reads these
@@ -600,7 +602,8 @@ class Engine:
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step
     # whose result is dropped; its freed slot and blocks are reused only by work queued after it.
-    # The exception: a step whose first chunks go first (`first_audio`) is read before the next launch.
+    # The exception: a step whose first chunks go first (`first_audio`) is read before the next step's
+    # launch (a newcomer's graph prefill may be queued before it is read: `_prefill`).
     def _decode_step(self) -> bool:
         """Launch the next step, deliver the previous one; True if a step was launched. The batch
         runs as one launch per loop bucket (one stream, so in order): each group's CFM loop is its
