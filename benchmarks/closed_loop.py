@@ -2,15 +2,19 @@
 the VAE in the engine's process on its audio thread (`decode_audio`, with the first-audio fence),
 the served chunk schedule, playback margin, loop buckets and batch limit, one text for every request
 (its blocks cached after the first, as in `bench_served.py`). Each of N clients sends a request of
-STEPS patches and, once its audio has ended, the next, like a `bench_served.py` worker.
+STEPS patches and, once its audio has ended, the next, like a `bench_served.py` worker (a thread of
+this script submits it, as Triton's do in the server, not the audio thread). Requests of one length
+sent together finish together: the clients run in near-lockstep waves, as in the served burst.
 
 Two settings of one engine, in alternating rounds (A B A B ...), so that both see the same GPU,
 compile cache and clock: a newcomer's prefill graph queued behind the step in flight at once
 ("behind", `EngineConfig.graph_prefill_behind_step`, the default) or after that step has been
 handed out ("after", as before: the GPU waits while the host reads the step).
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
-(submit to the first audio chunk), median over the round's requests; per setting, the median of its
-rounds.
+(submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), and the
+round's wall time over the engine steps launched in it (prefills, fences and partial batches
+included: not the GPU time of a step); per setting, the median of its rounds. Rounds alternate
+A B, B A, A B, ... so that neither setting always goes first.
 
     python3 benchmarks/closed_loop.py --checkpoint /tmp/full --clients 1,8,64 --out $OUT/closed_loop.json
 """
@@ -21,6 +25,7 @@ import argparse
 import itertools
 import json
 import os
+import queue
 import statistics
 import sys
 import threading
@@ -56,15 +61,29 @@ class Round:
         self.lock, self.done = threading.Lock(), threading.Event()
         self.ids = itertools.count()
         self.clients_running = clients
+        self.turns: queue.Queue = queue.Queue()  # clients whose next request is due
 
     def run(self, timeout: float = 600.0) -> dict:
         t0 = time.perf_counter()
         for c in list(self.left):
-            self._next(c)
-        if not self.done.wait(timeout):
-            raise RuntimeError(f"{self.tag}: round did not finish")
+            self.turns.put(c)
+        submitter = threading.Thread(target=self._submit_turns, name=f"{self.tag}-clients", daemon=True)
+        submitter.start()
+        finished = self.done.wait(timeout)
+        self.turns.put(None)
+        if not finished or self.errors:
+            raise RuntimeError(f"{self.tag}: round did not finish ({self.errors[:3]})")
         wall = time.perf_counter() - t0
         return {"wall_s": wall, "requests": len(self.times), "errors": self.errors, "times": self.times}
+
+    def _submit_turns(self):
+        while (c := self.turns.get()) is not None:
+            try:
+                self._next(c)
+            except Exception as e:  # noqa: BLE001 - the round fails at once rather than waiting out its timeout
+                self.errors.append(f"submit: {e}")
+                self.done.set()
+                return
 
     def _next(self, c: int):
         with self.lock:
@@ -89,7 +108,9 @@ class Round:
                     self.times.append(tuple(rec))
             else:
                 self.errors.append(str(getattr(payload, "error", payload)))
-            self._next(c)
+                self.done.set()
+                return
+            self.turns.put(c)
 
         def sink(event):  # the engine thread's, as the decoder's `_chunks_to_audio`
             if isinstance(event, Finished):
@@ -148,7 +169,7 @@ def main():
         for n in (int(x) for x in a.clients.split(",")):
             rounds = {k: [] for k in settings}
             for r in range(a.rounds):
-                for name in settings:
+                for name in settings[::-1] if r % 2 else settings:
                     eng.cfg.graph_prefill_behind_step = name == "behind"  # between rounds: a quiet engine
                     steps = eng.stats()["steps"]
                     s = summary(Round(eng, audio, prompt, n, a.requests, a.steps, f"{name}{n}r{r}").run(), audio_s)
