@@ -114,8 +114,9 @@ class Engine:
         launch); whatever it raises fails that request only (tests use it). first_audio: where the
         sinks decode audio, with `mark()` and `fence(mark, timeout) -> (launched, event)`
         (`StreamAudio`); with it, a step whose first chunks go first (`Scheduler.first_audio_first`)
-        is handed out before anything else is launched, and the GPU work after it waits for the
-        event the fence returns: a client's first audio does not queue behind the next step."""
+        is handed out before the next step is launched (a newcomer's graph prefill may be queued
+        first), and the GPU work after it waits for the event the fence returns: a client's first
+        audio does not queue behind the next step."""
         self.vox, self.model = vox, vox.model
         self.cfg = config or EngineConfig()
         self.device, self.dtype = vox.device, vox.dtype
