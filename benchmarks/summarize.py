@@ -3416,13 +3416,13 @@ def twenty_ninth_session(res) -> list[str]:
            "make fewer launches than it expected. Its latents were never compared.",
            "- Neither cause was found. The CPU version of the waits passed the LoRA merge scenario, but on one "
            "stream, so it cannot show a race between two.",
-           "  - One assumption the second stream breaks: the persistent layer kernel's grid-barrier counters "
-           "(`kernels/persistent_layer._sync`) are kept per thread and are baked into every graph captured on it.",
-           "  - Its docstring relies on one thread launching on one stream at a time.",
-           "  - Two of its launches at once, one per stream, share those counters, and each needs every program "
-           "resident to pass its barrier.",
-           "  - Which prefill graphs launch it was not checked. It cannot explain the fp32 LoRA failure (the "
-           "kernel runs bf16 only).",
+           "  - A suspect: the persistent layer kernel. Its grid-barrier counters (`kernels/persistent_layer._sync`) "
+           "are kept per thread and baked into every graph captured on it, and its docstring relies on one thread "
+           "launching on one stream at a time.",
+           "  - Checked after the session: no prefill launches it. The LM's fused layer runs for decode steps only "
+           "(`DecodeMetadata`, up to 16 rows). A prefill's LocEnc has at least 160 tokens (32 positions of 5), "
+           "where the bound is 96. The kernel also runs bf16 only, and the LoRA test is fp32.",
+           "  - So both failures remain unexplained.",
            "- Dropped: the gain was latency only, and a second stream needs every shared buffer and kernel audited.", "",
            "**Kept: a graph prefill is queued behind the step in flight** (`EngineConfig.graph_prefill_behind_step`, "
            "default true). The engine no longer waits for that step before a prefill that replays a CUDA graph, one "
