@@ -94,7 +94,8 @@ class Round:
                 return
             self.left[c] -= 1
         i = next(self.ids)
-        rid, key = f"{self.tag}-c{c}-r{i}", (f"{self.tag}-c{c}-r{i}", i)
+        rid = f"{self.tag}-c{c}-r{i}"
+        key = (rid, i)  # the audio thread's key: an id may come back while its audio is still queued
         rec = [time.perf_counter(), None, None]
 
         def deliver(patches, payload):  # the audio thread's
@@ -164,8 +165,8 @@ def main():
     settings = ("behind", "after")
     res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
            "rounds": a.rounds, "prompt_positions": len(prompt), "levels": {}}
-    Round(eng, audio, prompt, 8, 1, a.steps, "warm").run()  # first-call effects out of the way
     try:
+        Round(eng, audio, prompt, 8, 1, a.steps, "warm").run()  # first-call effects out of the way
         for n in (int(x) for x in a.clients.split(",")):
             rounds = {k: [] for k in settings}
             for r in range(a.rounds):

@@ -800,6 +800,18 @@ def test_prefix_cached_results_equal_uncached_ones_with_the_pool_under_pressure(
         assert_same(on, off)
 
 
+def _log_order(eng: Engine, log: list, reads: bool = True):
+    """Spy on the engine thread: each prefill, step launch (and, with `reads`, each read of launched
+    steps) appends (kind, the request ids, sorted) to `log`."""
+    ids = lambda states: sorted(st.request_id for st in states)  # noqa: E731
+    run_prefill, launch, deliver = eng._run_prefill, eng._launch_decode, eng._deliver
+    eng._run_prefill = lambda states, lora_slot: log.append(("prefill", ids(states))) or run_prefill(states, lora_slot)
+    eng._launch_decode = lambda batch, plain: log.append(("launch", ids(batch))) or launch(batch, plain)
+    if reads:
+        eng._deliver = lambda launched: log.append(("deliver", ids(st for b, _ in launched for st in b))) or \
+            deliver(launched)
+
+
 @pytest.mark.parametrize("behind, graph", [(True, True), (False, True), (True, False)])
 def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind, graph):
     """A newcomer whose prefill replays a graph (taken as one here: the CPU has none) is prefilled
@@ -811,11 +823,7 @@ def test_a_graph_prefill_is_queued_behind_the_step_in_flight(vox, behind, graph)
     log = []
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, graph_prefill_behind_step=behind))
     eng._replays_graph = lambda pack: graph
-    ids = lambda states: sorted(st.request_id for st in states)  # noqa: E731
-    run_prefill, launch, deliver = eng._run_prefill, eng._launch_decode, eng._deliver
-    eng._run_prefill = lambda states, lora_slot: log.append(("prefill", ids(states))) or run_prefill(states, lora_slot)
-    eng._launch_decode = lambda batch, plain: log.append(("launch", ids(batch))) or launch(batch, plain)
-    eng._deliver = lambda launched: log.append(("deliver", ids(st for b, _ in launched for st in b))) or deliver(launched)
+    _log_order(eng, log)
     try:
         prompt = prompt_for(vox, "zero_shot", "Behind the step in flight.")
         gen = {"a": dict(seed=1, min_len=10, max_len=10), "b": dict(seed=2, min_len=4, max_len=4)}
@@ -846,16 +854,13 @@ def test_a_graph_prefill_goes_ahead_of_the_first_audio_fence(vox):
     """A newcomer admitted while a lone request's first step is in flight (a step whose first chunk
     goes first: `first_audio`): its graph prefill is queued first, then that step is read and fenced,
     and only then is the next step launched, for both. Both get their solo run's latents."""
-    order, seen, handles = [], [], {}
+    order, handles = [], {}
     fa = _FirstAudio()
-    fa.seen = seen
+    fa.seen = []  # its mark() and fence() read it; no chunk is recorded here
     fence = fa.fence
     fa.fence = lambda mark, timeout: order.append("fence") or fence(mark, timeout)
     prompt = prompt_for(vox, "zero_shot", "Ahead of the fence.")
     gen = {"a": dict(seed=1, min_len=5, max_len=5), "b": dict(seed=2, min_len=3, max_len=3)}
-
-    def sink(rid):
-        return lambda ev: seen.append((rid,)) if isinstance(ev, LatentChunk) else handles[rid].queue.put(ev)
 
     def hook(st, stage):  # b reaches the inbox as a is prefilled: it is admitted with a's first step in flight
         if st.request_id == "a" and stage == "prefill":
@@ -864,11 +869,7 @@ def test_a_graph_prefill_goes_ahead_of_the_first_audio_fence(vox):
     eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4), fault_hook=hook, first_audio=fa)
     fa.eng = eng
     eng._replays_graph = lambda pack: True
-    run_prefill, launch = eng._run_prefill, eng._launch_decode
-    eng._run_prefill = lambda states, lora_slot: order.append(("prefill", [st.request_id for st in states])) or \
-        run_prefill(states, lora_slot)
-    eng._launch_decode = lambda batch, plain: order.append(("launch", sorted(st.request_id for st in batch))) or \
-        launch(batch, plain)
+    _log_order(eng, order, reads=False)
     try:
         ha = eng.submit(EngineRequest("a", prompt, **gen["a"]))
         results = {"a": ha.result(timeout=TIMEOUT)}
