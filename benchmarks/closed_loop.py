@@ -6,15 +6,25 @@ STEPS patches and, once its audio has ended, the next, like a `bench_served.py` 
 this script submits it, as Triton's do in the server, not the audio thread). Requests of one length
 sent together finish together: the clients run in near-lockstep waves, as in the served burst.
 
-Two settings of one engine, in alternating rounds (A B A B ...), so that both see the same GPU,
-compile cache and clock: a newcomer's prefill graph queued behind the step in flight at once
-("behind", `EngineConfig.graph_prefill_behind_step`, the default) or after that step has been
-handed out ("after", as before: the GPU waits while the host reads the step).
+Settings of one engine (`--settings`, the first is the baseline of the ratios) in alternating
+rounds, so that all see the same GPU, compile cache and clock; each is the served default with one
+thing changed:
+  behind        the default: a newcomer's prefill graph queued behind the step in flight at once
+                (`EngineConfig.graph_prefill_behind_step`)
+  after         that prefill after the step has been handed out (the GPU waits while the host
+                reads the step)
+  no_fence      no first-audio fence: a step whose first chunks go first is not held for their
+                decode's launch, nor the GPU work after it for their decode (`Engine(first_audio=)`)
+  audio_normal  the audio thread's CUDA stream at normal priority, not the highest
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), and the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
-included: not the GPU time of a step); per setting, the median of its rounds. Rounds alternate
-A B, B A, A B, ... so that neither setting always goes first.
+included: not the GPU time of a step); per setting, the median of its rounds. The order of the
+settings rotates from round to round so that none always goes first.
+
+`--trace N,...`: one more round of the first setting at each of those client counts, under
+torch.profiler, summarized by `gpu_timeline.py` (the engine's stream and the audio thread's: busy,
+both, neither, the gaps in each); the trace itself is not kept.
 
     python3 benchmarks/closed_loop.py --checkpoint /tmp/full --clients 1,8,64 --out $OUT/closed_loop.json
 """
@@ -35,6 +45,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python_backend"))
 
 import torch  # noqa: E402
+
+import gpu_timeline  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
@@ -133,19 +145,36 @@ def summary(r: dict, audio_s: float) -> dict:
             "first_audio_ms_p95": first[min(len(first) - 1, int(0.95 * len(first)))]}
 
 
+def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> None:
+    """The served default with `name`'s one change (between rounds: the engine is quiet)."""
+    eng.cfg.graph_prefill_behind_step = name != "after"
+    eng.first_audio = None if name == "no_fence" else audio
+    audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
+
+
+SETTINGS = ("behind", "after", "no_fence", "audio_normal")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--requests", type=int, default=5, help="per client and round")
     ap.add_argument("--rounds", type=int, default=2, help="per setting and client count (alternating)")
+    ap.add_argument("--settings", default="behind,after", help=f"of {', '.join(SETTINGS)}; the first is the baseline")
+    ap.add_argument("--trace", default="", help="client counts for a profiled round of the first setting")
+    ap.add_argument("--trace-requests", type=int, default=2, help="per client in a profiled round")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--timestep-buckets", default="10,100")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs: "
-                    "both settings run the same eager prefills)")
+                    "behind and after run the same eager prefills; no trace)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    settings = tuple(a.settings.split(","))
+    for name in settings:
+        if name not in SETTINGS:
+            raise SystemExit(f"unknown setting {name!r}: one of {', '.join(SETTINGS)}")
     dev = torch.device(a.device)
     gpu = dev.type == "cuda"
     t0 = time.monotonic()
@@ -154,6 +183,7 @@ def main():
                                   dtype=None if gpu else "float32")
     audio = StreamAudio(vox.vae, vox.patch_size, 2 * a.max_batch, cuda_graphs=gpu, graph_patches=SCHEDULE,
                         on_failure=lambda key, error: eng.cancel(key[0]))
+    streams = {"highest": audio.cuda_stream, "normal": torch.cuda.Stream(dev) if gpu else None}
     eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
                                    playback_margin_s=0.1,
                                    timestep_buckets=tuple(int(x) for x in a.timestep_buckets.split(","))),
@@ -162,20 +192,25 @@ def main():
         f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
     prompt = vox.prepare_prompt(TEXT)
     audio_s = a.steps * vox.patch_seconds
-    settings = ("behind", "after")
     res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
-           "rounds": a.rounds, "prompt_positions": len(prompt), "levels": {}}
+           "rounds": a.rounds, "settings": settings, "prompt_positions": len(prompt), "levels": {}, "traces": {}}
+
+    def one_round(name: str, n: int, requests: int, tag: str) -> dict:
+        apply_setting(name, eng, audio, streams)
+        steps = eng.stats()["steps"]
+        s = summary(Round(eng, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
+        s["engine_steps"] = eng.stats()["steps"] - steps
+        s["ms_per_engine_step"] = 1000 * s["wall_s"] / s["engine_steps"]  # the round's wall over its steps
+        return s
+
     try:
         Round(eng, audio, prompt, 8, 1, a.steps, "warm").run()  # first-call effects out of the way
-        for n in (int(x) for x in a.clients.split(",")):
+        for n in (int(x) for x in a.clients.split(",") if x):
             rounds = {k: [] for k in settings}
             for r in range(a.rounds):
-                for name in settings[::-1] if r % 2 else settings:
-                    eng.cfg.graph_prefill_behind_step = name == "behind"  # between rounds: a quiet engine
-                    steps = eng.stats()["steps"]
-                    s = summary(Round(eng, audio, prompt, n, a.requests, a.steps, f"{name}{n}r{r}").run(), audio_s)
-                    s["engine_steps"] = eng.stats()["steps"] - steps
-                    s["ms_per_engine_step"] = 1000 * s["wall_s"] / s["engine_steps"]  # the round's wall over its steps
+                k = r % len(settings)
+                for name in settings[k:] + settings[:k]:
+                    s = one_round(name, n, a.requests, f"{name}{n}r{r}")
                     rounds[name].append(s)
                     log(f"{n} clients, {name}, round {r}: {s['x_real_time']:.1f}x, request p50 "
                         f"{s['request_ms_p50']:.1f} ms, first audio p50 {s['first_audio_ms_p50']:.1f} / p95 "
@@ -184,9 +219,20 @@ def main():
                                              for k in ("x_real_time", "request_ms_p50", "first_audio_ms_p50",
                                                        "first_audio_ms_p95", "ms_per_engine_step")}}
                      for name, rs in rounds.items()}
-            level["ratio_x_real_time"] = level["behind"]["x_real_time"] / level["after"]["x_real_time"]
-            log(f"{n} clients: behind/after {level['ratio_x_real_time']:.3f}x")
+            base = settings[0]
+            for name in settings[1:]:
+                level[f"ratio_x_real_time_{name}_over_{base}"] = level[name]["x_real_time"] / level[base]["x_real_time"]
+                log(f"{n} clients: {name}/{base} {level[name]['x_real_time'] / level[base]['x_real_time']:.3f}x")
             res["levels"][str(n)] = level
+        for n in (int(x) for x in a.trace.split(",") if x and gpu):
+            path = f"/tmp/closed_loop_trace_{os.getpid()}_{n}.json"
+            s = gpu_timeline.record(lambda: one_round(settings[0], n, a.trace_requests, f"trace{n}"), path)
+            t = gpu_timeline.summarize_file(path)
+            os.remove(path)
+            t.update(round=s, setting=settings[0])
+            res["traces"][str(n)] = t
+            log(f"{n} clients traced ({settings[0]}): {json.dumps(t.get('split'))}; "
+                f"{s['engine_steps']} engine steps, {s['x_real_time']:.1f}x under the profiler")
     finally:
         eng.shutdown()
         audio.stop()
