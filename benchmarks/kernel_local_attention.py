@@ -19,10 +19,10 @@ from voxcpm_triton.kernels import local_attention as lat  # noqa: E402
 from voxcpm_triton.model.minicpm import apply_rope, local_attention  # noqa: E402
 
 
-def bench(batches=(1, 8, 32, 64, 128), seq_len=11, n_heads=16, n_kv=2, head_dim=128):
+def bench(batches=(1, 8, 32, 64, 128), seq_len=11, n_heads=16, n_kv=2, head_dim=128, warp_counts=()):
     """Fused kernel vs the compiled PyTorch path (RoPE, fold, flash SDPA, unfold), microseconds per
     layer call from a CUDA graph, at LocDiT's shapes (CFG doubles the sequences), for every head
-    blocking. Prints one line per batch; returns the rows."""
+    blocking (and, with warp_counts, each of those warp counts too). Prints one line per batch; returns the rows."""
     from triton.testing import do_bench_cudagraph
 
     torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs
@@ -55,6 +55,9 @@ def bench(batches=(1, 8, 32, 64, 128), seq_len=11, n_heads=16, n_kv=2, head_dim=
             row[f"err_h{heads}"] = (out.float() - ref).abs().max().item()
             row[f"fused_h{heads}_us"] = do_bench_cudagraph(
                 lambda: lat._launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads), rep=100) * 1e3
+            for warps in warp_counts:  # the launch's default: 4 warps from 64 rows (heads x 16 padded tokens), else 2
+                row[f"fused_h{heads}_w{warps}_us"] = do_bench_cudagraph(
+                    lambda: lat._launch(qkv, cos, sin, S, Hq, Hkv, D, heads=heads, num_warps=warps), rep=100) * 1e3
         rows.append(row)
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     return rows
@@ -64,11 +67,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=bench.__doc__)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     ap.add_argument("--seq-len", type=int, default=11, help="11: LocDiT, 5: LocEnc")
+    ap.add_argument("--warps", type=int, nargs="*", default=[], help="also time these warp counts per head blocking")
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args()
     if not lat.available():
         raise SystemExit("needs triton and a CUDA device")
-    result = bench(tuple(a.batches), a.seq_len)
+    result = bench(tuple(a.batches), a.seq_len, warp_counts=tuple(a.warps))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "seq_len": a.seq_len, "rows": result}, f, indent=1)

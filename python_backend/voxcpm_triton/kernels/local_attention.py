@@ -125,7 +125,7 @@ def heads_per_program(n_heads: int, n_kv: int) -> int:
 
 
 def _launch(qkv, cos, sin, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
-            heads: int | None = None) -> torch.Tensor:
+            heads: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     N, width = qkv.shape
@@ -153,7 +153,7 @@ def _launch(qkv, cos, sin, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
         qkv.stride(0), out.stride(0), seq_len, 1.4426950408889634 / math.sqrt(head_dim),
         HQ=n_heads, HKV=n_kv, D=head_dim, HALF=half, HALF_PAD=max(16, _next_pow2(half)), S_PAD=s_pad,
         HEADS=heads, HAS_ROPE=has_rope, DOT_UPCAST=dot_upcast, PRECISION=precision,
-        num_warps=4 if rows >= 64 else 2,
+        num_warps=num_warps or (4 if rows >= 64 else 2),
     )
     return out
 
