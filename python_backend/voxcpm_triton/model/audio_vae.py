@@ -267,6 +267,10 @@ def _version(t: Tensor) -> Optional[int]:
         return None
 
 
+# Input channels from which an upsampling conv's polyphase form runs channels-last (`phase_weight`).
+POLYPHASE_CHANNELS_LAST_FROM = 512
+
+
 class CausalConvTranspose1d(nn.Module):
     """Upsampling ConvTranspose1d (kernel 2*stride) with the right tail trimmed
     so T input frames give exactly T*stride output samples."""
@@ -293,9 +297,9 @@ class CausalConvTranspose1d(nn.Module):
         Wide layers get it channels-last ([rows, 2, C_in] in memory): cuDNN then runs its GEMM
         kernels on it as it is, where a row-major weight is transposed on every call (the first
         layer's is large). Narrow layers run faster row-major: their activations, not the weight,
-        are what channels-last would transpose; 512 input channels is where channels-last starts
-        to win (benchmarks/kernel_vae_polyphase.py)."""
-        key = (self.weight.device, self.weight.data_ptr(), _version(self.weight))
+        are what channels-last would transpose; `POLYPHASE_CHANNELS_LAST_FROM` input channels is
+        where channels-last starts to win (benchmarks/kernel_vae_polyphase.py, vae_pieces.py)."""
+        key = (self.weight.device, self.weight.data_ptr(), _version(self.weight), self.channels_last)
         if self._phase_w[0] != key:
             s, w = self.stride, self.weight.detach().permute(1, 2, 0)  # [C_out, 2s, C_in]
             taps = torch.stack((w[:, s:], w[:, :s]), dim=2)  # [C_out, s, 2, C_in]
@@ -306,7 +310,7 @@ class CausalConvTranspose1d(nn.Module):
     @property
     def channels_last(self) -> bool:
         """Whether the polyphase form runs channels-last (weight and input: `phase_weight`)."""
-        return self.in_channels >= 512
+        return self.in_channels >= POLYPHASE_CHANNELS_LAST_FROM
 
     def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None) -> Tensor:
         """affine: the sample-rate condition's (scale, shift), applied before the deferred snake
