@@ -160,7 +160,7 @@ def main():
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--requests", type=int, default=5, help="per client and round")
-    ap.add_argument("--rounds", type=int, default=2, help="per setting and client count (alternating)")
+    ap.add_argument("--rounds", type=int, default=2, help="per setting and client count (the settings' order rotates)")
     ap.add_argument("--settings", default="behind,after", help=f"of {', '.join(SETTINGS)}; the first is the baseline")
     ap.add_argument("--trace", default="", help="client counts for a profiled round of the first setting")
     ap.add_argument("--trace-requests", type=int, default=2, help="per client in a profiled round")

@@ -72,7 +72,6 @@ def summarize(trace: dict, short_gap_us: float = 20.0, top: int = 8) -> dict:
         return {"streams": {}, "wall_ms": 0.0}
     streams, busy = {}, {}
     for sid, evs in by_stream.items():
-        evs.sort(key=lambda x: x[0])
         busy[sid] = _union([(s, e) for s, e, _ in evs])
         short = long = 0.0
         n_long = 0

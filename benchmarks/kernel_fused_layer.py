@@ -2,7 +2,7 @@
 ran before (`LayerMath` around the attention kernel, torch.compile'd), on a CUDA machine:
 
 - the compiled path with inductor's max-autotune (`compiled_torch_autotuned`): its Triton GEMM
-  templates where they beat cuBLAS, with the pointwise work fused into them;
+  templates where its benchmark finds them faster than cuBLAS (pointwise epilogues fused into them);
 - the server's persistent kernel (`voxcpm_triton.kernels.persistent_layer`) and launch variants of it,
   and where its time goes: per phase, from the GPU's global timer in every program;
 - the five-kernel experiment (`benchmarks/experiments/five_kernel_layer.py`), with a sweep of launch
@@ -178,7 +178,7 @@ def time_layers(dev, dt, token_counts, tuned):
         x = torch.randn(M, H, device=dev, dtype=dt)
         compiled = torch.compile(torch_layer, dynamic=False)
         # inductor's own Triton GEMM templates where its benchmark finds them faster than cuBLAS, with
-        # the norms, SiLU product and residual adds fused into their prologues and epilogues
+        # pointwise epilogues fused into them
         autotuned = torch.compile(torch_layer, dynamic=False, mode="max-autotune-no-cudagraphs")
 
         side = torch.cuda.Stream()

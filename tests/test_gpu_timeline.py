@@ -43,6 +43,21 @@ def test_a_trace_splits_into_each_stream_alone_both_and_neither():
     assert s["idle_ms"] == pytest.approx(0.145)  # [100, 105), [250, 300) and [310, 400)
 
 
+def test_one_long_event_against_several_short_ones_and_touching_events():
+    trace = {"traceEvents": [
+        _ev(1, 400, 100), _ev(1, 500, 50),  # touching: one busy stretch [400, 550), no gap
+        _ev(2, 410, 10), _ev(2, 450, 20), _ev(2, 540, 30),  # inside it, and past its end
+    ]}
+    t = gpu_timeline.summarize(trace)
+    assert (t["streams"]["1"]["busy_ms"], t["streams"]["1"]["short_gaps_ms"]) == (pytest.approx(0.15), 0.0)
+    s = t["split"]
+    assert (s["first"], s["second"]) == ("1", "2")
+    assert s["both_ms"] == pytest.approx(0.04)  # [410, 420), [450, 470), [540, 550)
+    assert s["first_only_ms"] == pytest.approx(0.11)
+    assert s["second_only_ms"] == pytest.approx(0.02)  # [550, 570)
+    assert s["neither_ms"] == pytest.approx(0.0) and t["wall_ms"] == pytest.approx(0.17)
+
+
 def test_a_trace_without_device_work_summarizes_to_nothing():
     assert gpu_timeline.summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 5}]}) == \
         {"streams": {}, "wall_ms": 0.0}
