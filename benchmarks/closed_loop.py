@@ -6,7 +6,7 @@ STEPS patches and, once its audio has ended, the next, like a `bench_served.py` 
 this script submits it, as Triton's do in the server, not the audio thread). Requests of one length
 sent together finish together: the clients run in near-lockstep waves, as in the served burst.
 
-Settings of one engine (`--settings`, the first is the baseline of the ratios) in alternating
+Settings of one engine (`--settings`, the first is the baseline of the ratios) in rotating
 rounds, so that all see the same GPU, compile cache and clock; each is the served default with one
 thing changed:
   behind        the default: a newcomer's prefill graph queued behind the step in flight at once
