@@ -16,6 +16,9 @@ thing changed:
   no_fence      no first-audio fence: a step whose first chunks go first is not held for their
                 decode's launch, nor the GPU work after it for their decode (`Engine(first_audio=)`)
   audio_normal  the audio thread's CUDA stream at normal priority, not the highest
+  vae_off       no VAE work: each decode hands back silence at once (the engine, its fence and the
+                audio thread's bookkeeping as served, the GPU's audio work gone: what a free VAE
+                would give)
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), and the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -51,6 +54,7 @@ import gpu_timeline  # noqa: E402
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
+from voxcpm_triton.engine.vae_streams import DecodedAudio  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
@@ -150,9 +154,14 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
     eng.cfg.graph_prefill_behind_step = name != "after"
     eng.first_audio = None if name == "no_fence" else audio
     audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
+    if name == "vae_off":
+        hop = audio.streams.vae.decode_chunk_size  # output samples per latent frame
+        audio.streams.decode_async = lambda keys, z: DecodedAudio([torch.zeros(len(keys), z.shape[-1] * hop)], None)
+    else:
+        audio.streams.__dict__.pop("decode_async", None)  # the class's own again
 
 
-SETTINGS = ("behind", "after", "no_fence", "audio_normal")
+SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off")
 
 
 def main():
