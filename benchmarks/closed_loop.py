@@ -16,13 +16,14 @@ thing changed:
   no_fence      no first-audio fence: a step whose first chunks go first is not held for their
                 decode's launch, nor the GPU work after it for their decode (`Engine(first_audio=)`)
   audio_normal  the audio thread's CUDA stream at normal priority, not the highest
-  vae_off       no VAE work: each decode hands back silence at once (the engine, its fence and the
-                audio thread's bookkeeping as served, the GPU's audio work gone: what a free VAE
-                would give)
+  vae_off       no VAE work: each decode hands back silence at once, with no copies, launches or
+                waits (the engine and the audio thread's bookkeeping as served; a closed stream's
+                rows are still zeroed on the audio stream; the fence waits on no decode and so
+                rarely misses): what a free VAE would give
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
-(submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), and the
+(submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
-included: not the GPU time of a step); per setting, the median of its rounds. The order of the
+included: not the GPU time of a step), and the first-audio fences it passed and missed; per setting, the median of its rounds. The order of the
 settings rotates from round to round so that none always goes first.
 
 `--trace N,...`: one more round of the first setting at each of those client counts, under
@@ -206,9 +207,11 @@ def main():
 
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:
         apply_setting(name, eng, audio, streams)
-        steps = eng.stats()["steps"]
+        counted = ("steps", "first_audio_fences", "first_audio_fence_misses")
+        before = {k: eng.stats()[k] for k in counted}
         s = summary(Round(eng, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
-        s["engine_steps"] = eng.stats()["steps"] - steps
+        after = eng.stats()
+        s.update({("engine_" + k if k == "steps" else k): after[k] - before[k] for k in counted})
         s["ms_per_engine_step"] = 1000 * s["wall_s"] / s["engine_steps"]  # the round's wall over its steps
         return s
 
@@ -223,7 +226,8 @@ def main():
                     rounds[name].append(s)
                     log(f"{n} clients, {name}, round {r}: {s['x_real_time']:.1f}x, request p50 "
                         f"{s['request_ms_p50']:.1f} ms, first audio p50 {s['first_audio_ms_p50']:.1f} / p95 "
-                        f"{s['first_audio_ms_p95']:.1f} ms, {s['engine_steps']} engine steps, {s['ms_per_engine_step']:.2f} ms each")
+                        f"{s['first_audio_ms_p95']:.1f} ms, {s['engine_steps']} engine steps, {s['ms_per_engine_step']:.2f} ms each, "
+                        f"fences {s['first_audio_fences']} passed / {s['first_audio_fence_misses']} missed")
             level = {name: {"rounds": rs, **{k: statistics.median(x[k] for x in rs)
                                              for k in ("x_real_time", "request_ms_p50", "first_audio_ms_p50",
                                                        "first_audio_ms_p95", "ms_per_engine_step")}}
