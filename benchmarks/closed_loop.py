@@ -20,6 +20,13 @@ thing changed:
                 waits (the engine and the audio thread's bookkeeping as served; a closed stream's
                 rows are still zeroed on the audio stream; the fence waits on no decode and so
                 rarely misses): what a free VAE would give
+  fast_switch   the interpreter's thread switch interval 0.5 ms, not 5 ms (`sys.setswitchinterval`):
+                a thread that wants the GIL while another runs Python (the audio thread launching an
+                eager decode) waits at most that long
+  green<N>      the audio thread's stream on a CUDA green context of N SMs (`green_probe.py`): the
+                VAE's kernels confined to those, the rest of the GPU left to the engine's step
+  long_pieces   a chunk longer than the longest VAE graph at its batch bucket decodes as that graph's
+                consecutive pieces (`VAEStreams.pieces`), not eagerly: far fewer launches from Python
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -55,7 +62,8 @@ import gpu_timeline  # noqa: E402
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
-from voxcpm_triton.engine.vae_streams import DecodedAudio  # noqa: E402
+from voxcpm_triton.engine.buckets import smallest_at_least  # noqa: E402
+from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
@@ -154,15 +162,45 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
     """The served default with `name`'s one change (between rounds: the engine is quiet)."""
     eng.cfg.graph_prefill_behind_step = name != "after"
     eng.first_audio = None if name == "no_fence" else audio
-    audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
-    if name == "vae_off":
-        hop = audio.streams.vae.decode_chunk_size  # output samples per latent frame
-        audio.streams.decode_async = lambda keys, z: DecodedAudio([torch.zeros(len(keys), z.shape[-1] * hop)], None)
+    if name.startswith("green"):
+        if name not in streams:
+            from torch.cuda.green_contexts import GreenContext
+
+            ctx = GreenContext.create(num_sms=int(name[len("green"):]), device_id=eng.device.index or 0)
+            streams[name] = (ctx, ctx.Stream())  # the context kept alive with its stream
+        audio.cuda_stream = streams[name][1]
     else:
-        audio.streams.__dict__.pop("decode_async", None)  # the class's own again
+        audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
+    sys.setswitchinterval(0.0005 if name == "fast_switch" else DEFAULT_SWITCH_S)
+    bank = audio.streams
+    if name == "vae_off":
+        hop = bank.vae.decode_chunk_size  # output samples per latent frame
+        bank.decode_async = lambda keys, z: DecodedAudio([torch.zeros(len(keys), z.shape[-1] * hop)], None)
+    else:
+        bank.__dict__.pop("decode_async", None)  # the class's own again
+    if name == "long_pieces":
+        bank.pieces = lambda streams, frames: graph_pieces(bank, streams, frames)
+    else:
+        bank.__dict__.pop("pieces", None)
 
 
-SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off")
+def graph_pieces(bank, streams: int, frames: int):
+    """`VAEStreams.pieces`, past the longest graph too: the longest graph at the bucket repeated,
+    then the shorter ones for the rest (None where the graphs cannot cover `frames`)."""
+    way = VAEStreams.pieces(bank, streams, frames)
+    bucket = smallest_at_least(bank.buckets, streams)
+    sizes = sorted((n for b, n in bank.graphs if b == bucket), reverse=True)
+    if way is not None or not sizes:
+        return way
+    pieces, left = [], frames
+    for n in sizes:
+        pieces += [n] * (left // n)
+        left %= n
+    return pieces if left == 0 else None
+
+
+SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces")
+DEFAULT_SWITCH_S = sys.getswitchinterval()
 
 
 def main():
@@ -183,7 +221,7 @@ def main():
     a = ap.parse_args()
     settings = tuple(a.settings.split(","))
     for name in settings:
-        if name not in SETTINGS:
+        if name not in SETTINGS and not (name.startswith("green") and name[len("green"):].isdigit()):
             raise SystemExit(f"unknown setting {name!r}: one of {', '.join(SETTINGS)}")
     dev = torch.device(a.device)
     gpu = dev.type == "cuda"
@@ -242,9 +280,12 @@ def main():
             s = gpu_timeline.record(lambda: one_round(settings[0], n, a.trace_requests, f"trace{n}"), path)
             t = gpu_timeline.summarize_file(path)
             os.remove(path)
-            t.update(round=s, setting=settings[0])
+            t.update(round=s, setting=settings[0],  # the runtime calls' thread ids, by name
+                     threads={str(eng._thread.native_id): "engine", str(audio.thread.native_id): "audio"})
             res["traces"][str(n)] = t
-            log(f"{n} clients traced ({settings[0]}): {json.dumps(t.get('split'))}; "
+            causes = {sid: st.get("long_gaps_by_cause") for sid, st in t["streams"].items()}
+            log(f"{n} clients traced ({settings[0]}): {json.dumps(t.get('split'))}; long gaps by cause "
+                f"{json.dumps(causes)}; threads {json.dumps(t['threads'])}; "
                 f"{s['engine_steps']} engine steps, {s['x_real_time']:.1f}x under the profiler")
     finally:
         eng.shutdown()

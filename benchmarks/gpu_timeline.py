@@ -9,7 +9,13 @@ trace's device events into:
     to do), and its costliest kernels;
   - for the two busiest streams (the engine's and the audio thread's, in closed_loop.py), how the
     wall time from the first event to the last divides: only the first busy, only the second,
-    both, and neither (the GPU idle for both).
+    both, and neither (the GPU idle for both);
+  - per stream, whose its long gaps are, where the trace holds the CUDA runtime calls (their
+    `correlation` ties each device event to the call that queued it): the part of a gap before
+    the call that queued the next event began is the host's (nothing was queued: the launching
+    thread was late), the rest the device's (queued, and waiting on an event, another stream or the
+    launch itself). The host's part is split by launching thread, and the part of it that thread
+    spent inside a synchronizing call (it was waiting on the GPU itself) is counted apart.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def record(fn, path: str):
@@ -70,6 +77,7 @@ def summarize(trace: dict, short_gap_us: float = 20.0, top: int = 8) -> dict:
         by_stream.setdefault(ev.get("args", {}).get("stream", -1), []).append((s, s + float(ev.get("dur", 0.0)), ev))
     if not by_stream:
         return {"streams": {}, "wall_ms": 0.0}
+    calls, syncs = _runtime_calls(trace)
     streams, busy = {}, {}
     for sid, evs in by_stream.items():
         busy[sid] = _union([(s, e) for s, e, _ in evs])
@@ -92,6 +100,8 @@ def summarize(trace: dict, short_gap_us: float = 20.0, top: int = 8) -> dict:
             "short_gaps_ms": short / 1e3, "long_gaps_ms": long / 1e3, "long_gaps": n_long,
             "top": [{"name": n[:120], "calls": c, "ms": t / 1e3}
                     for n, (c, t) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]]}
+        if calls:
+            streams[str(sid)]["long_gaps_by_cause"] = _gap_causes(evs, busy[sid], calls, syncs, short_gap_us)
     t0 = min(iv[0][0] for iv in busy.values())
     t1 = max(iv[-1][1] for iv in busy.values())
     out = {"wall_ms": (t1 - t0) / 1e3, "streams": streams}
@@ -106,6 +116,50 @@ def summarize(trace: dict, short_gap_us: float = 20.0, top: int = 8) -> dict:
                         "both_ms": both / 1e3, "neither_ms": (t1 - t0 - either) / 1e3,
                         "idle_ms": (t1 - t0 - anything) / 1e3}
     return out
+
+
+def _runtime_calls(trace: dict) -> tuple[dict, dict]:
+    """-> ({correlation: (start, end, thread, name)} of the runtime calls, {thread: merged intervals
+    of its synchronizing calls})."""
+    calls, syncs = {}, {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") != "X" or ev.get("cat") not in RUNTIME_CATS:
+            continue
+        s, e, tid, name = float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)), ev.get("tid"), ev.get("name", "?")
+        corr = ev.get("args", {}).get("correlation")
+        if corr is not None:
+            calls[corr] = (s, e, tid, name)
+        if "Synchronize" in name:
+            syncs.setdefault(tid, []).append((s, e))
+    return calls, {tid: _union(iv) for tid, iv in syncs.items()}
+
+
+def _gap_causes(evs: list, busy: list, calls: dict, syncs: dict, short_gap_us: float) -> dict:
+    """A stream's long gaps split into the host's part and the device's (module docstring)."""
+    first_at: dict = {}  # a busy stretch's start -> the event that starts it
+    for s, _, ev in sorted(evs, key=lambda x: x[0]):
+        first_at.setdefault(s, ev)
+    host = device = unmatched = in_sync = 0.0
+    by_thread: dict = {}
+    launched_by: dict = {}
+    for (_, e0), (s1, _) in zip(busy, busy[1:]):
+        gap = s1 - e0
+        if gap < short_gap_us:
+            continue
+        call = calls.get(first_at[s1].get("args", {}).get("correlation"))
+        if call is None:
+            unmatched += gap
+            continue
+        c0, _, tid, name = call
+        late = min(max(c0 - e0, 0.0), gap)  # nothing queued until the call began
+        host += late
+        device += gap - late
+        by_thread[str(tid)] = by_thread.get(str(tid), 0.0) + late
+        launched_by[name] = launched_by.get(name, 0) + 1
+        in_sync += _length(_intersection([[e0, e0 + late]], syncs.get(tid, []))) if late > 0 else 0.0
+    return {"host_ms": host / 1e3, "device_ms": device / 1e3, "unmatched_ms": unmatched / 1e3,
+            "host_in_sync_ms": in_sync / 1e3, "host_ms_by_thread": {t: v / 1e3 for t, v in by_thread.items()},
+            "next_launched_by": launched_by}
 
 
 def summarize_file(path: str, **kw) -> dict:

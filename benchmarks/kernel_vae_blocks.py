@@ -9,6 +9,12 @@ With --unit, the rest of each residual unit after its first snake instead: the t
 decoder ran (dwconv_snake, cuDNN's pointwise conv, skip_add) against `unit_tail` at its defaults and
 at every launch (BLOCK_CO, BLOCK_CI, BLOCK_T, warps, fp32 product precision), us per unit, each with
 its largest difference from the three kernels with TF32 off (exact fp32).
+
+With --bandwidth, how near memory bandwidth each residual unit's kernels run at their default launches
+(fp32, B streams x n patches): each kernel's time against the bytes it must move at least (its
+inputs read once, its output written once) and against a copy of as many bytes (`Tensor.copy_`, what
+the GPU's memory reaches in practice); and the unit's kernels together against a copy of what one
+kernel for the whole unit would move (x and its look-back read once, the output written once).
 """
 
 from __future__ import annotations
@@ -107,6 +113,46 @@ def unit_sweep(shapes, B, dtype, launches, max_channels):
     return rows
 
 
+def bandwidth_rows(shapes, B) -> list:
+    """[{"C", "T", "dilation", kernel: {"us", "gb", "gb_per_s", "of_copy"}, "unit_us", "fused_floor_us"}]
+    for every residual unit at the default launches (--bandwidth)."""
+    from triton.testing import do_bench
+
+    rows = []
+    for C, T, d in shapes:
+        g = lambda *shape: torch.randn(*shape, device="cuda")  # noqa: E731
+        x, prev = g(B, C, T), g(B, C, 6 * d)
+        w, bias, alpha = g(C, 1, 7) / 3, g(C), torch.rand(C, device="cuda") + 0.5
+        pw, pb = g(C, C, 1) / C ** 0.5, g(C)
+        xp, _ = vae_kernels.snake_extend(prev, x, alpha)
+        n = x.numel() * 4  # bytes of one [B, C, T] fp32 tensor
+        calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha), 2 * n)}
+        if C <= vae_kernels.UNIT_MAX_CHANNELS:
+            calls["unit_tail"] = (lambda: vae_kernels.unit_tail(xp, x, w, bias, alpha, pw, pb, d), 3 * n)
+        else:
+            y = vae_kernels.dwconv_snake(xp, w, bias, alpha, d)
+            calls["dwconv_snake"] = (lambda: vae_kernels.dwconv_snake(xp, w, bias, alpha, d), 2 * n)
+            calls["pointwise_conv"] = (lambda: torch.nn.functional.conv1d(y, pw), 2 * n)
+            z = torch.nn.functional.conv1d(y, pw)
+            calls["skip_add"] = (lambda: vae_kernels.skip_add(x, z, pb), 3 * n)
+        out = torch.empty_like(x)
+        copy_us = do_bench(lambda: out.copy_(x), warmup=3, rep=20) * 1e3
+        row = {"C": C, "T": T, "dilation": d, "copy_us": copy_us, "copy_gb_per_s": 2 * n / copy_us / 1e3}
+        for k, (fn, nbytes) in calls.items():
+            us = do_bench(fn, warmup=3, rep=20) * 1e3
+            row[k] = {"us": us, "gb": nbytes / 1e9, "gb_per_s": nbytes / us / 1e3,
+                      "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"]}
+        row["unit_us"] = sum(row[k]["us"] for k in calls)
+        row["fused_floor_us"] = copy_us  # x read once, the output written once: one copy's bytes
+        print(f"C {C:4d} T {T:6d} d {d}: copy {copy_us:7.1f} us ({row['copy_gb_per_s']:.0f} GB/s); "
+              + ", ".join(f"{k} {row[k]['us']:7.1f} us ({100 * row[k]['of_copy']:.0f}% of the copy's GB/s)" for k in calls)
+              + f"; the unit {row['unit_us']:.1f} us against one copy {copy_us:.1f}", flush=True)
+        rows.append(row)
+        del x, prev, xp, out
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=64)
@@ -123,8 +169,17 @@ def main():
     ap.add_argument("--dot-precision", default=vae_kernels.UNIT_DOT_PRECISION,
                     help="fp32 products to try, e.g. tf32,tf32x3,ieee (default: the kernel's)")
     ap.add_argument("--max-channels", type=int, default=4096, help="--unit: the widest unit timed")
+    ap.add_argument("--bandwidth", action="store_true", help="each unit's kernels against memory bandwidth")
     args = ap.parse_args()
     shapes = unit_shapes(args.streams, args.patches)
+    if args.bandwidth:
+        rows = bandwidth_rows(shapes, args.streams)
+        total = {k: sum(r[k] for r in rows) for k in ("unit_us", "fused_floor_us", "copy_us")}
+        print(f"all units: {total['unit_us']:.0f} us, one copy per unit {total['fused_floor_us']:.0f} us", flush=True)
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,
+                       "units": rows, "total_us": total}, f, indent=1)
+        return
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
     if args.unit:
         launches = [None] + list(itertools.product(ints(args.block_co), ints(args.block_ci), ints(args.unit_block_t),

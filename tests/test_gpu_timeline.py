@@ -61,3 +61,45 @@ def test_one_long_event_against_several_short_ones_and_touching_events():
 def test_a_trace_without_device_work_summarizes_to_nothing():
     assert gpu_timeline.summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 5}]}) == \
         {"streams": {}, "wall_ms": 0.0}
+
+
+def _call(tid, ts, dur, corr, name="cudaLaunchKernel"):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid,
+            "args": {"correlation": corr}}
+
+
+def _kernel(stream, ts, dur, corr):
+    ev = _ev(stream, ts, dur)
+    ev["args"]["correlation"] = corr
+    return ev
+
+
+def test_long_gaps_split_into_the_hosts_part_and_the_devices():
+    trace = {"traceEvents": [
+        _kernel(7, 0, 100, 1), _call(11, -10, 5, 1),
+        # gap [100, 300): its kernel's launch began at 250 on thread 11, which sat in a sync over
+        # [120, 180): 150 us the host's (60 of them in the sync), 50 the device's
+        _kernel(7, 300, 100, 2), _call(11, 250, 10, 2, "cudaGraphLaunch"),
+        _call(11, 120, 60, 99, "cudaEventSynchronize"),
+        # gap [400, 500): launched at 350, before the gap: all the device's (an event wait)
+        _kernel(7, 500, 50, 3), _call(22, 350, 5, 3),
+        # gap [550, 600): launched by thread 22 at 700, after the event began: the host's part
+        # stops at the gap's end
+        _kernel(7, 600, 10, 4), _call(22, 700, 5, 4),
+        # gap [610, 640): its kernel has no runtime call in the trace
+        _kernel(7, 640, 10, 5),
+        # a short gap [650, 655) is not split
+        _kernel(7, 655, 10, 6), _call(11, 640, 1, 6),
+    ]}
+    c = gpu_timeline.summarize(trace, short_gap_us=20)["streams"]["7"]["long_gaps_by_cause"]
+    assert c["host_ms"] == pytest.approx(0.2)  # 150 + 50
+    assert c["device_ms"] == pytest.approx(0.15)  # 50 + 100
+    assert c["unmatched_ms"] == pytest.approx(0.03)
+    assert c["host_in_sync_ms"] == pytest.approx(0.06)
+    assert c["host_ms_by_thread"] == {"11": pytest.approx(0.15), "22": pytest.approx(0.05)}
+    assert c["next_launched_by"] == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2}
+
+
+def test_without_runtime_calls_the_gaps_are_not_split():
+    t = gpu_timeline.summarize({"traceEvents": [_kernel(7, 0, 10, 1), _kernel(7, 100, 10, 2)]})
+    assert "long_gaps_by_cause" not in t["streams"]["7"]
