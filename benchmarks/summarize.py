@@ -440,6 +440,7 @@ def main():
     md += twenty_eighth_session(res)
     md += twenty_ninth_session(res)
     md += thirtieth_session(res)
+    md += thirty_first_session(res)
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -3869,6 +3870,208 @@ def _plot_thirtieth(split, goal, loop, off):
     c.set_title("call 6: the closed loop without the VAE's work", fontsize=9)
     c.legend(fontsize=7, loc="upper left")
     _save_panels(fig, axes, "Thirtieth session, NVIDIA H200, 2026-11-29: where a step's time goes", "results_thirtieth.png")
+
+
+def thirty_first_session(res) -> list[str]:
+    """2026-11-29 (issue 17): whose the engine stream's gaps are (the host's or the device's, gpu_timeline.py's
+    split by the runtime calls), two host settings and the VAE on a green context's SMs (closed_loop.py), and
+    how near memory bandwidth the VAE's residual units run (kernel_vae_blocks.py --bandwidth). Sets
+    res["thirty_first"], returns the markdown, draws results_thirty_first.png."""
+    gaps = load("closed_loop_gaps_thirtyfirst.json")
+    green = load("closed_loop_green_thirtyfirst.json")
+    probe = load("green_probe_thirtyfirst.json")
+    bw = {p: load(f"vae_bandwidth_64x{p}_thirtyfirst.json") for p in (16, 4)}
+    whole_64x16 = load("vae_pieces_thirtieth.json")["shapes"]["64x16"]["ways"]["eager"]["gpu_ms"]
+    per_step = {}
+    for n, t in ((int(n), t) for n, t in gaps["traces"].items()):
+        steps = t["round"]["engine_steps"]
+        eng, vae = t["streams"][t["split"]["first"]], t["streams"][t["split"]["second"]]
+        c = eng["long_gaps_by_cause"]
+        per_step[n] = {"host_ms": c["host_ms"] / steps, "device_ms": c["device_ms"] / steps,
+                       "long_gaps": eng["long_gaps"] / steps, "events": eng["events"] / steps,
+                       "short_gaps_ms": eng["short_gaps_ms"] / steps,
+                       "graph_launched": c["next_launched_by"].get("cudaGraphLaunch", 0) / sum(c["next_launched_by"].values()),
+                       "vae_alone_ms": t["split"]["second_only_ms"] / steps, "idle_ms": t["split"]["neither_ms"] / steps,
+                       "both_ms": t["split"]["both_ms"] / steps, "vae_host_late_ms": vae["long_gaps_by_cause"]["host_ms"] / steps,
+                       "host_ms_round": c["host_ms"], "traced_ms_per_step": t["round"]["ms_per_engine_step"]}
+    ratio = lambda run, n, k: run["levels"][str(n)][f"ratio_x_real_time_{k}_over_behind"]  # noqa: E731
+    units = {p: b["units"] for p, b in bw.items()}
+    totals = {p: b["total_us"] for p, b in bw.items()}
+    res["thirty_first"] = {
+        "device": "NVIDIA H200",
+        "engine_stream_per_step_ms": per_step,
+        "closed_loop_ratios": {n: {k: ratio(gaps, n, k) for k in ("fast_switch", "long_pieces")}
+                               | {k: ratio(green, n, k) for k in ("green66", "green40")} for n in (8, 64)},
+        "green_probe_ms": {shape: {k: (v if isinstance(v, float) else v.get("ms")) for k, v in row.items() if k != "graph"}
+                           for shape, row in probe["shapes"].items()},
+        "vae_units_us": {f"64x{p}": {"kernels": t["unit_us"], "one_copy_per_unit": t["fused_floor_us"]} for p, t in totals.items()}}
+    md = ["", "## Thirty-first session (2026-11-29, H200): the engine's stream waits on the GPU, not on the host; "
+          "a green context for the VAE does not help; the VAE's residual units run far from memory bandwidth", "",
+          "Three device calls (about 15 of 30 min). No serving code changed. The thirtieth session left one question "
+          "open: the engine's stream has long gaps at 64 clients (2.61 ms a step). Are they the host's or the GPU's? "
+          "This session answers it, and finds where a cheaper VAE would come from.", "",
+          "**Whose the gaps are** (call 1: `closed_loop.py --checkpoint /tmp/full --clients 64,8 --requests 3 --rounds 2 "
+          "--settings behind,fast_switch,long_pieces --trace 64,8`, `raw/closed_loop_gaps_thirtyfirst.{json,log}`).",
+          "- `gpu_timeline.py` now ties each device event to the CUDA runtime call that queued it (the trace's "
+          "`correlation`). A long gap (20 us or more) is the host's up to the moment that call began: nothing was "
+          "queued, the launching thread was late. The rest of the gap is the device's: the work was queued and "
+          "waited.",
+          "- ms per engine step of the profiled round, the engine's stream:", "",
+          "| clients | long gaps: host / device | long gaps per step | of them inside a step's graph | VAE alone | "
+          "both | neither (idle) | short gaps | events per step |", "|---|---|---|---|---|---|---|---|---|"]
+    for n in (8, 64):
+        r = per_step[n]
+        md.append(f"| {n} | {r['host_ms']:.3f} / {r['device_ms']:.2f} | {r['long_gaps']:.1f} | "
+                  f"{100 * r['graph_launched']:.0f}% | {r['vae_alone_ms']:.2f} | {r['both_ms']:.2f} | {r['idle_ms']:.2f} | "
+                  f"{r['short_gaps_ms']:.2f} | {r['events']:.0f} |")
+    r8, r64 = per_step[8], per_step[64]
+    md += ["",
+           f"- **The host is not the cause.** Over the whole profiled round, the host's part of the engine's long gaps "
+           f"is {r64['host_ms_round']:.1f} ms at 64 clients and {r8['host_ms_round']:.1f} ms at 8. That is "
+           f"{r64['host_ms']:.3f} and {r8['host_ms']:.3f} ms a step. The engine launches each step before the GPU reaches it.",
+           f"- **The gaps are inside the step's own graph.** {100 * r64['graph_launched']:.0f}% of the long gaps at 64 "
+           f"clients come before a kernel of a graph that was already launched: {r64['long_gaps']:.0f} gaps a step, "
+           "in a step that is one graph replay. A kernel in a launched graph that starts late is waiting for SMs.",
+           f"  - At 64 clients the device's part, {r64['device_ms']:.2f} ms a step, is about the time the VAE runs alone "
+           f"({r64['vae_alone_ms']:.2f} ms). The audio stream has the highest priority, and the VAE's kernels "
+           "hold every SM while they run; the engine's next kernel waits.",
+           "  - So the VAE's work adds to the round rather than hiding beside the step, as the thirtieth session's "
+           "`vae_off` round implied.",
+           f"- **The idle time is the step's kernel bubbles.** Neither stream busy: {r64['idle_ms']:.2f} ms a step at "
+           f"64 clients and {r8['idle_ms']:.2f} at 8. The engine's short gaps between its "
+           f"{r64['events']:.0f} and {r8['events']:.0f} kernels a step sum to {r64['short_gaps_ms']:.2f} and "
+           f"{r8['short_gaps_ms']:.2f} ms. Fewer kernels per step would cut this; nothing else here would.",
+           f"- The audio stream's gaps are nearly all the host's ({r64['vae_host_late_ms']:.1f} ms a step at 64), as "
+           "expected: its thread launches a decode when the engine hands out chunks, and has nothing queued before.",
+           "",
+           "**Two host-side settings, same call** (x real time, median of 2 rounds, against the default):",
+           f"- `fast_switch`, the interpreter's thread switch interval 0.5 ms instead of 5 ms: "
+           f"{ratio(gaps, 8, 'fast_switch'):.3f}x at 8 clients, {ratio(gaps, 64, 'fast_switch'):.3f}x at 64.",
+           f"- `long_pieces`, chunks longer than the longest VAE graph decoded as graph pieces, not eagerly (far fewer "
+           f"launches from Python): {ratio(gaps, 8, 'long_pieces'):.3f}x and {ratio(gaps, 64, 'long_pieces'):.3f}x.",
+           "- Both within the spread: dropped. No contention for the GIL shows, as the gap split said.", "",
+           "**The VAE on a green context** (call 2: `green_probe.py --sms 16,40,66`, then `closed_loop.py "
+           "--settings behind,green66,green40`, `raw/{green_probe,closed_loop_green}_thirtyfirst.*`). A CUDA green "
+           "context confines a stream's kernels to some of the SMs (`torch.cuda.green_contexts`, torch 2.11). "
+           "Confining the VAE would leave the other SMs to the engine's step.",
+           "- The decode on a green context's stream gives exactly the same audio as on an ordinary stream (max abs "
+           "0.0), Triton kernels included.",
+           "- GPU ms per decode:", "",
+           "| streams x patches | how it runs | all 132 SMs | 66 SMs | 40 SMs | 16 SMs |", "|---|---|---|---|---|---|"]
+    for shape, row in probe["shapes"].items():
+        md.append(f"| {shape.replace('x', ' x ')} | {'CUDA graph' if row['graph'] else 'eager'} | {row['all_sms_ms']:.1f} | "
+                  + " | ".join(f"{row[f'sms{k}']['ms']:.1f}" for k in (66, 40, 16)) + " |")
+    p16 = probe["shapes"]["64x16"]
+    md += ["",
+           "- Eager decodes are confined: 64 x 16 takes "
+           f"{p16['sms66']['ms'] / p16['all_sms_ms']:.2f}x as long on half the SMs, {p16['sms16']['ms'] / p16['all_sms_ms']:.1f}x on 16.",
+           "- A CUDA graph captured on the device's own context is not confined when it is replayed on a green "
+           "context's stream: its kernels still use every SM.",
+           "- After its results were written, the probe aborted at exit (`context is destroyed`): a tensor was "
+           "freed after its green context. The script now exits without that teardown. Serving on green contexts "
+           "would need that lifetime handled.",
+           f"- The closed loop (most of the audio at 64 clients is in eager 16-patch decodes): green66 "
+           f"{ratio(green, 8, 'green66'):.3f}x at 8 clients and {ratio(green, 64, 'green66'):.3f}x at 64; green40 "
+           f"{ratio(green, 8, 'green40'):.3f}x and {ratio(green, 64, 'green40'):.3f}x.",
+           "- No setting moved the round by more than 1%. The VAE's decodes took longer on fewer SMs, and what the "
+           "engine's step gained from the SMs left to it did not shorten the round. That fits a GPU that is full: "
+           "moving the work around does not help; only less work does, or work done nearer the hardware's limits. "
+           "Dropped.", "",
+           "**How near memory bandwidth the VAE's residual units run** (call 3: `kernel_vae_blocks.py --bandwidth "
+           "--streams 64 --patches {16,4}`, `raw/vae_bandwidth_64x{16,4}_thirtyfirst.{json,log}`).",
+           "- Each kernel is timed at its default launch, fp32, against the bytes it has to move (each input read "
+           "once, its output written once). The yardstick is a `copy_` of as many bytes: about 4.2 TB/s on the large "
+           "shapes.",
+           "- Dilation 1 shown. Dilations 3 and 9 are within a few percent, except `unit_tail` at 32 channels, "
+           "which is 17% slower at 9:", "",
+           "| unit channels x frames (64 x 16) | copy us | snake_extend | unit_tail | dwconv_snake | pointwise conv "
+           "(cuDNN) | skip_add | the unit, us |", "|---|---|---|---|---|---|---|---|"]
+    cell = lambda r, k: f"{r[k]['us']:.0f} ({100 * r[k]['of_copy']:.0f}%)" if k in r else "-"  # noqa: E731
+
+    def span(p, kernel, channels=None):
+        """'lo-hi%' of a kernel's share of the copy's GB/s over the units (of one width) at 64 x p."""
+        v = [round(100 * r[kernel]["of_copy"]) for r in units[p] if kernel in r and channels in (None, r["C"])]
+        return f"{min(v)}-{max(v)}%" if min(v) != max(v) else f"{v[0]}%"
+    for r in units[16]:
+        if r["dilation"] == 1:
+            md.append(f"| {r['C']} x {r['T']} | {r['copy_us']:.0f} | " + " | ".join(
+                cell(r, k) for k in ("snake_extend", "unit_tail", "dwconv_snake", "pointwise_conv", "skip_add"))
+                      + f" | {r['unit_us']:.0f} |")
+    t16, t4 = totals[16], totals[4]
+    md += ["",
+           "In brackets: the share of the copy's GB/s that the kernel reaches.", "",
+           f"- The 18 residual units' kernels take {t16['unit_us'] / 1e3:.1f} ms at 64 x 16, summed over separate "
+           f"calls. A whole 64 x 16 decode took {whole_64x16:.1f} ms of GPU in the thirtieth session (another call). "
+           "So the units are about two thirds of the decode.",
+           f"- A copy of each unit's input takes {t16['fused_floor_us'] / 1e3:.1f} ms for all 18 units (64 x 4: "
+           f"{t4['unit_us'] / 1e3:.1f} against {t4['fused_floor_us'] / 1e3:.1f} ms). One kernel per unit would move "
+           "at least that many bytes: read x with its look-back once, write the output once.",
+           f"- `skip_add` reaches {span(16, 'skip_add')} of the copy's GB/s, so plain passes can run at the memory's "
+           "speed here.",
+           f"- At 64 x 16, `unit_tail` reaches {span(16, 'unit_tail', 128)} of it at 128 channels, "
+           f"{span(16, 'unit_tail', 64)} at 64 and {span(16, 'unit_tail', 32)} at 32; `dwconv_snake` "
+           f"{span(16, 'dwconv_snake')} at every width, `snake_extend` {span(16, 'snake_extend')}, cuDNN's pointwise "
+           f"conv {span(16, 'pointwise_conv')}.",
+           "- **Where a cheaper VAE is.** The thirtieth session found that, by proportion, the VAE's work needs to "
+           "shrink by about 29% (8 clients) and 24% (64) for the throughput targets, in process.",
+           "  - The units hold far more than that between what they take and what their bytes need.",
+           "  - An estimate, not a measurement: if the units ran in twice the copy's time, a 64 x 16 decode would "
+           f"take about {whole_64x16 - t16['unit_us'] / 1e3 + 2 * t16['fused_floor_us'] / 1e3:.0f} ms instead of "
+           f"{whole_64x16:.0f}.",
+           "  - The next step is the residual unit as one pass at the memory's speed, in fp32 (the audio unchanged): "
+           "`unit_tail`'s own loads first (its depthwise taps at unaligned shifts, its product's tiles), then "
+           "`snake_extend` folded into it.",
+           "- Not built this session: the three calls above came first, and a new kernel needs its own GPU "
+           "iterations.", "",
+           "**Targets** (issue 17): unchanged from the thirtieth session. None is met that was not met then.", "",
+           "![thirty-first session: whose the gaps are, the VAE on a green context, the residual units against "
+           "bandwidth](results_thirty_first.png)", ""]
+    _plot_thirty_first(per_step, probe, units[16])
+    return md
+
+
+def _plot_thirty_first(per_step, probe, units):
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    a = axes[0]
+    parts = (("host_ms", "engine's long gaps: host late", "#c33"), ("device_ms", "engine's long gaps: queued, waiting", "#c84"),
+             ("vae_alone_ms", "VAE alone", "#48c"), ("idle_ms", "neither stream busy", "#bbb"))
+    width = 0.2
+    for j, (key, label, color) in enumerate(parts):
+        xs = [i + (j - 1.5) * width for i in range(2)]
+        vs = [per_step[n][key] for n in (8, 64)]
+        a.bar(xs, vs, width, color=color, label=label)
+        for x, v in zip(xs, vs):
+            a.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6)
+    a.set_xticks([0, 1], ["8 clients", "64 clients"])
+    a.set_ylabel("ms per engine step (they overlap: not a sum)")
+    a.set_title("call 1: the engine stream's long gaps, by cause", fontsize=9)
+    a.legend(fontsize=7, loc="upper left")
+    b = axes[1]
+    sms = [16, 40, 66, 132]
+    for shape, color in (("64x16", "#286"), ("64x4", "#c84"), ("8x4", "#999")):
+        row = probe["shapes"][shape]
+        ms = [row[f"sms{k}"]["ms"] for k in sms[:-1]] + [row["all_sms_ms"]]
+        b.plot(sms, ms, "o-", color=color, label=f"{shape.replace('x', ' x ')} ({'graph' if row['graph'] else 'eager'})")
+    b.set_yscale("log")
+    b.set_xlabel("SMs of the green context (132: an ordinary stream)")
+    b.set_ylabel("GPU ms per decode")
+    b.set_title("call 2: a VAE decode confined to a green context", fontsize=9)
+    b.legend(fontsize=7)
+    c = axes[2]
+    rows = [r for r in units if r["dilation"] == 1]
+    kernels = (("snake_extend", "#8b6"), ("unit_tail", "#c33"), ("dwconv_snake", "#c84"), ("pointwise_conv", "#48c"),
+               ("skip_add", "#999"))
+    width = 0.16
+    for j, (k, color) in enumerate(kernels):
+        xs = [i + (j - 2) * width for i, r in enumerate(rows) if k in r]
+        c.bar(xs, [100 * r[k]["of_copy"] for r in rows if k in r], width, color=color, label=k)
+    c.axhline(100, color="k", ls="--", lw=1)
+    c.set_xticks(range(len(rows)), [f"{r['C']} ch" for r in rows])
+    c.set_ylabel("% of a copy's GB/s")
+    c.set_title("call 3: residual units at 64 x 16, each kernel against a copy of its bytes", fontsize=9)
+    c.legend(fontsize=7, ncol=2)
+    _save_panels(fig, axes, "Thirty-first session, NVIDIA H200, 2026-11-29", "results_thirty_first.png")
 
 if __name__ == "__main__":
     main()
