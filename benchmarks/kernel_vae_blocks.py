@@ -33,12 +33,13 @@ from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def unit_shapes(streams, patches, rates=(8, 6, 5, 2, 2, 2), dim=2048, frames_per_patch=4):
-    """(C, T, dilation) of each depthwise residual unit, in decoder order."""
+def unit_shapes(streams, patches, rates=(8, 6, 5, 2, 2, 2), dim=2048, frames_per_patch=4, dilations=(1, 3, 9)):
+    """(C, T, dilation) of each depthwise residual unit, in decoder order (other `dilations`: the same
+    shapes with taps the decoder does not have, e.g. 8: every tap and row 16-byte aligned)."""
     T, out = frames_per_patch * patches, []
     for level, stride in enumerate(rates):
         T *= stride
-        out += [(dim // 2 ** (level + 1), T, d) for d in (1, 3, 9)]
+        out += [(dim // 2 ** (level + 1), T, d) for d in dilations]
     return out
 
 
@@ -113,9 +114,29 @@ def unit_sweep(shapes, B, dtype, launches, max_channels):
     return rows
 
 
-def bandwidth_rows(shapes, B) -> list:
+def parse_variants(spec: str) -> dict:
+    """'NAME=VALUE+NAME=VALUE;...' -> {spec of one variant: {kernels.vae constant: value}} (--unit-variants)."""
+    import ast
+
+    out = {}
+    for variant in (v for v in spec.split(";") if v):
+        settings = {}
+        for item in variant.split("+"):
+            name, value = item.split("=", 1)
+            if not hasattr(vae_kernels, name):
+                raise SystemExit(f"kernels.vae has no {name!r} (a variant's NAME=VALUE)")
+            try:
+                settings[name] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                settings[name] = value  # a plain string, e.g. tf32
+        out[variant] = settings
+    return out
+
+
+def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
     """[{"C", "T", "dilation", kernel: {"us", "gb", "gb_per_s", "of_copy"}, "unit_us", "fused_floor_us"}]
-    for every residual unit at the default launches (--bandwidth)."""
+    for every residual unit at the default launches (--bandwidth); with `variants` (parse_variants),
+    also "unit_tail[<variant>]" per variant, each with its largest difference from the default's output."""
     from triton.testing import do_bench
 
     rows = []
@@ -124,9 +145,9 @@ def bandwidth_rows(shapes, B) -> list:
         x, prev = g(B, C, T), g(B, C, 6 * d)
         w, bias, alpha = g(C, 1, 7) / 3, g(C), torch.rand(C, device="cuda") + 0.5
         pw, pb = g(C, C, 1) / C ** 0.5, g(C)
-        xp, _ = vae_kernels.snake_extend(prev, x, alpha)
+        xp, _ = vae_kernels.snake_extend(prev, x, alpha, row_align=row_align)
         n = x.numel() * 4  # bytes of one [B, C, T] fp32 tensor
-        calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha), 2 * n)}
+        calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha, row_align=row_align), 2 * n)}
         if C <= vae_kernels.UNIT_MAX_CHANNELS:
             calls["unit_tail"] = (lambda: vae_kernels.unit_tail(xp, x, w, bias, alpha, pw, pb, d), 3 * n)
         else:
@@ -143,10 +164,27 @@ def bandwidth_rows(shapes, B) -> list:
             row[k] = {"us": us, "gb": nbytes / 1e9, "gb_per_s": nbytes / us / 1e3,
                       "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"]}
         row["unit_us"] = sum(row[k]["us"] for k in calls)
-        row["fused_floor_us"] = copy_us  # x read once, the output written once: one copy's bytes
         print(f"C {C:4d} T {T:6d} d {d}: copy {copy_us:7.1f} us ({row['copy_gb_per_s']:.0f} GB/s); "
               + ", ".join(f"{k} {row[k]['us']:7.1f} us ({100 * row[k]['of_copy']:.0f}% of the copy's GB/s)" for k in calls)
               + f"; the unit {row['unit_us']:.1f} us against one copy {copy_us:.1f}", flush=True)
+        if "unit_tail" in calls:
+            want = calls["unit_tail"][0]()
+            for name, settings in (variants or {}).items():
+                saved = {k: getattr(vae_kernels, k) for k in settings}
+                for k, v in settings.items():
+                    setattr(vae_kernels, k, v)
+                try:
+                    fn, nbytes = calls["unit_tail"]
+                    us = do_bench(fn, warmup=3, rep=20) * 1e3
+                    row[f"unit_tail[{name}]"] = {"us": us, "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"],
+                                                 "max_abs_vs_default": (fn() - want).abs().max().item()}
+                except Exception as e:  # noqa: BLE001 - a launch past the SM's resources: recorded
+                    row[f"unit_tail[{name}]"] = {"error": repr(e)[:200]}
+                finally:
+                    for k, v in saved.items():
+                        setattr(vae_kernels, k, v)
+                print(f"    unit_tail[{name}]: {json.dumps(row[f'unit_tail[{name}]'])}", flush=True)
+        row["fused_floor_us"] = copy_us  # x read once, the output written once: one copy's bytes
         rows.append(row)
         del x, prev, xp, out
         torch.cuda.empty_cache()
@@ -170,15 +208,20 @@ def main():
                     help="fp32 products to try, e.g. tf32,tf32x3,ieee (default: the kernel's)")
     ap.add_argument("--max-channels", type=int, default=4096, help="--unit: the widest unit timed")
     ap.add_argument("--bandwidth", action="store_true", help="each unit's kernels against memory bandwidth")
+    ap.add_argument("--dilations", default="1,3,9", help="the units' dilations (the decoder's: 1,3,9)")
+    ap.add_argument("--row-align", type=int, default=1, help="--bandwidth: snake_extend's row_align (its output, "
+                    "the depthwise kernels' input)")
+    ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail again with kernels.vae constants "
+                    "set, e.g. 'UNIT_UNROLL_TAPS=True;UNIT_DOT_PRECISION=tf32' (';' between variants, '+' within one)")
     args = ap.parse_args()
-    shapes = unit_shapes(args.streams, args.patches)
+    shapes = unit_shapes(args.streams, args.patches, dilations=tuple(int(d) for d in args.dilations.split(",")))
     if args.bandwidth:
-        rows = bandwidth_rows(shapes, args.streams)
+        rows = bandwidth_rows(shapes, args.streams, parse_variants(args.unit_variants), args.row_align)
         total = {k: sum(r[k] for r in rows) for k in ("unit_us", "fused_floor_us", "copy_us")}
         print(f"all units: {total['unit_us']:.0f} us, one copy per unit {total['fused_floor_us']:.0f} us", flush=True)
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,
-                       "units": rows, "total_us": total}, f, indent=1)
+                       "row_align": args.row_align, "units": rows, "total_us": total}, f, indent=1)
         return
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
     if args.unit:

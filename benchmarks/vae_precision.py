@@ -13,7 +13,9 @@ checkpoint's activations may have outliers these do not (fp16 overflows past 655
 
 A precision given as `fp32:N` runs residual units of up to N channels in `unit_tail` (one kernel
 for the depthwise conv, its snake, the pointwise conv and the skip) and wider ones in three, so
-`--precisions fp32:0,fp32:256` is the A/B of that kernel.
+`--precisions fp32:0,fp32:256` is the A/B of that kernel. `+NAME=VALUE` after a variant sets a
+`kernels.vae` constant for it (restored after): `fp32,fp32+ROW_ALIGN_FROM=99999` is the A/B of the
+residual units' aligned look-back rows.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 
 from bench import log, summarize_profile, sync, top_ops  # noqa: E402
 from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
+from kernel_vae_blocks import parse_variants  # noqa: E402
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
@@ -97,8 +100,14 @@ def main():
     del exact
     served_fp32 = None
     default_unit_max = vae_kernels.UNIT_MAX_CHANNELS
+    defaults = {k: getattr(vae_kernels, k) for k in dir(vae_kernels) if k.isupper()}
     for variant in args.precisions.split(","):
-        precision, _, unit_max = variant.partition(":")
+        head, *settings = variant.split("+")
+        for k, v in defaults.items():
+            setattr(vae_kernels, k, v)
+        for k, v in parse_variants("+".join(settings)).get("+".join(settings), {}).items():
+            setattr(vae_kernels, k, v)
+        precision, _, unit_max = head.partition(":")
         vae_kernels.UNIT_MAX_CHANNELS = int(unit_max) if unit_max else default_unit_max
         log(f"[{variant}] residual units of <= {vae_kernels.UNIT_MAX_CHANNELS} channels run unit_tail")
         t0 = time.perf_counter()

@@ -96,6 +96,10 @@ def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     assert torch.equal(tail, full[..., -L:])
     cl, cl_tail = snake_extend(prev, x, alpha, channels_last=True)
     assert cl.stride() == (C * (L + T), 1, C) and torch.equal(cl, full) and torch.equal(cl_tail, tail)
+    aligned, a_tail = snake_extend(prev, x, alpha, row_align=16)  # rows padded to a multiple of 16 elements
+    width = -(-(L + T) // 16) * 16
+    assert aligned.stride() == (C * width, width, 1) and aligned.shape == full.shape
+    assert torch.equal(aligned, full) and torch.equal(a_tail, tail)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -194,8 +198,10 @@ REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_
 
 def test_decoder_with_the_kernel_matches_without(monkeypatch):
     """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel). Its
-    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths."""
+    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths, each
+    on look-back rows padded to 16 elements (units of 4 channels and more) and on plain ones."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
+    monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", 4)
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units

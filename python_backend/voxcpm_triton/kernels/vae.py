@@ -66,6 +66,11 @@ UNIT_BLOCK_CO = 128
 # launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
+# Residual units of at least this many channels get their look-back pass's output (the depthwise
+# kernels' input) in rows of a multiple of 16 elements (`snake_extend`'s row_align), which lets triton
+# vectorize its accesses there; unit_tail at 32 channels ran slower on such rows
+# (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
+ROW_ALIGN_FROM = 64
 # fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
 # faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
 UNIT_DOT_PRECISION = "tf32x3" if torch.version.hip is None else "ieee"
@@ -273,14 +278,23 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
     return out
 
 
-def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False):
+def unit_row_align(channels: int) -> int:
+    """`snake_extend`'s row_align for a residual unit of `channels` (ROW_ALIGN_FROM)."""
+    return 16 if channels >= ROW_ALIGN_FROM else 1
+
+
+def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_align: int = 1):
     """prev [B, C, L] (a stream's saved frames), x [B, C, T], alpha [1, C, 1] or [C]
     -> (full [B, C, L + T] = cat(prev, snake(x)), tail [B, C, L] = its last L frames), one pass.
 
     affine: (scale, shift), each [1, C] or [B, C] (per stream): x * scale + shift goes into the
     snake instead of x (the decoder's sample-rate condition, `SampleRateCondition.affine`).
     channels_last: full laid out [B, L + T, C] in memory (strides (C * (L + T), 1, C)), as a conv with
-    a channels-last weight takes it (cuDNN would otherwise copy it so); tail stays contiguous."""
+    a channels-last weight takes it (cuDNN would otherwise copy it so); tail stays contiguous.
+    row_align: full's row stride a multiple of this many elements (a view of a buffer whose last dim is
+    padded past L + T). triton specializes on strides divisible by 16: with 16, this kernel's stores and
+    its readers' loads at 16-byte-aligned offsets can be vectorized. For readers that take a strided
+    input (the kernels here), not for cuDNN's convs (they would copy it)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     B, C, T = x.shape
@@ -290,7 +304,8 @@ def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False):
     if channels_last:
         full = torch.empty((B, L + T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
     else:
-        full = torch.empty((B, C, L + T), dtype=x.dtype, device=x.device)
+        width = -(-(L + T) // row_align) * row_align
+        full = torch.empty((B, C, width), dtype=x.dtype, device=x.device)[..., :L + T]
     tail = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
     scale = shift = x
     sab = 0

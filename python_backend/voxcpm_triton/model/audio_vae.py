@@ -187,12 +187,13 @@ class Snake1d(nn.Module):
 
 
 def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optional[Snake1d] = None,
-                  affine: Optional[tuple] = None, channels_last: bool = False) -> Tensor:
+                  affine: Optional[tuple] = None, channels_last: bool = False, row_align: int = 1) -> Tensor:
     """x with the `ctx` look-back frames of the conv it feeds in front: the stream's saved ones
     (the new ones kept for the next chunk), or zeros one-shot. pre_snake (the Triton path): the
     snake before the conv, deferred to here and applied in the same pass (`kernels.vae.snake_extend`);
     affine: the sample-rate condition before that snake, (scale, shift), applied in that pass too;
-    channels_last: that pass writes the result channels-last (for a conv whose weight is)."""
+    channels_last: that pass writes the result channels-last (for a conv whose weight is);
+    row_align: that pass's rows padded to a multiple of this (for a Triton kernel that reads it)."""
     if pre_snake is None:
         assert affine is None, "the sample-rate condition is deferred only to a deferred snake"
         if not ctx:
@@ -202,7 +203,7 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
 
     x = x.contiguous()
     prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
-    full, tail = snake_extend(prev, x, pre_snake.alpha, affine, channels_last)
+    full, tail = snake_extend(prev, x, pre_snake.alpha, affine, channels_last, row_align)
     if st is not None:
         st.keep(tail)
     return full
@@ -357,7 +358,7 @@ class ResidualUnit(nn.Module):
 
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()
-            xp = with_lookback(x, conv.left_pad, st, snake1)
+            xp = with_lookback(x, conv.left_pad, st, snake1, row_align=kernels.unit_row_align(x.shape[1]))
             if x.shape[1] <= kernels.UNIT_MAX_CHANNELS:
                 return kernels.unit_tail(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight,
                                          pointwise.bias, conv.dilation)
