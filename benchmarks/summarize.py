@@ -3897,6 +3897,61 @@ def thirty_first_session(res) -> list[str]:
     ratio = lambda run, n, k: run["levels"][str(n)][f"ratio_x_real_time_{k}_over_behind"]  # noqa: E731
     units = {p: b["units"] for p, b in bw.items()}
     totals = {p: b["total_us"] for p, b in bw.items()}
+    ncu = _ncu_kernels("ncu_vae_units_thirtyfirst.txt", ["128 x 7680", "128 x 7680", "32 x 30720", "32 x 30720",
+                                                        "256 x 3840", "256 x 3840"])
+    dil8 = load("vae_bandwidth_dil8_64x16_thirtyfirst.json")["units"]
+    dil8_lines = []
+    for kernel, widths in (("dwconv_snake", (1024, 512, 256)), ("snake_extend", (1024, 512, 256, 128, 64, 32)),
+                           ("unit_tail", (128, 64, 32))):
+        share = {(u["C"], u["dilation"]): round(100 * u[kernel]["of_copy"]) for u in dil8 if kernel in u}
+        dil8_lines.append(f"`{kernel}`: " + ", ".join(f"{C} channels {share[(C, 1)]}% / {share[(C, 8)]}%" for C in widths))
+    var16 = load("vae_unit_variants_64x16_thirtyfirst.json")["units"]
+    names = ["default"] + [k[len("unit_tail["):-1] for k in var16[-1] if k.startswith("unit_tail[")]
+    label = {"default": "default (taps in a loop, tf32x3)", "UNIT_UNROLL_TAPS=True": "taps unrolled",
+             "UNIT_UNROLL_TAPS=True+UNIT_NUM_STAGES=1": "taps unrolled, no pipelining",
+             "UNIT_NUM_STAGES=1": "no pipelining", "UNIT_DOT_PRECISION=tf32": "plain TF32 product",
+             "UNIT_UNROLL_TAPS=True+UNIT_LAUNCHES={32: (32, 64, 8), 64: (32, 64, 8), 128: (32, 64, 8)}":
+                 "taps unrolled, 32 input channels a step and 8 warps at every width",
+             "UNIT_UNROLL_TAPS=True+UNIT_BLOCK_CO=64": "taps unrolled, 64 output channels a program"}
+    variants16 = []
+    for name in names:
+        key = "unit_tail" if name == "default" else f"unit_tail[{name}]"
+        rows = [u[key] for u in var16 if key in u]
+        if all("us" in r for r in rows):  # launches past the SM's shared memory are left out
+            variants16.append((label.get(name, name.replace("UNIT_", "")), sum(r["us"] for r in rows) / 1e3))
+    tf32_diff = max(u["unit_tail[UNIT_DOT_PRECISION=tf32]"]["max_abs_vs_default"] for u in var16 if "unit_tail" in u)
+    align = {}
+    for run in range(1, 5):
+        for r in (1, 16):
+            try:
+                d = load(f"vae_bw_row_align{r}_run{run}_thirtyfirst.json")
+            except FileNotFoundError:
+                continue
+            for kernel in ("snake_extend", "dwconv_snake", "unit_tail"):
+                for C in (128, 64, 32) if kernel == "unit_tail" else (None,):
+                    key = kernel if C is None else f"{kernel} at {C} channels"
+                    align.setdefault(key, {}).setdefault(r, []).append(
+                        sum(u[kernel]["us"] for u in d["units"] if kernel in u and C in (None, u["C"])) / 1e3)
+    align_lines = [f"`{k}`: " + " and ".join(f"{a:.2f}" for a in v[1]) + " / " + " and ".join(f"{a:.2f}" for a in v[16])
+                   for k, v in align.items()]
+    ra = load("vae_row_align_thirtyfirst.json")
+    decoder_rows = []
+    # vae_precision.py keys its results by variant: two runs of each share a key, so read both from the log
+    with open(os.path.join(HERE, "raw", "vae_row_align_thirtyfirst.log")) as f:
+        runs = _vae_precision_log_runs(f.read())
+    for variant, r in runs:
+        decoder_rows.append(("plain (before)" if "ROW_ALIGN_FROM=99999" in variant else "aligned from 64 channels", r))
+    def ab(shape):
+        """The aligned rows' speed-up at `shape`: median of the plain runs over median of the aligned ones."""
+        med = lambda kind: statistics.median(r[shape] for n, r in decoder_rows if n.startswith(kind))  # noqa: E731
+        return med("plain") / med("aligned")
+
+    before16 = [r["64x16"] for n, r in decoder_rows if n.startswith("plain")]
+    after16 = [r["64x16"] for n, r in decoder_rows if n.startswith("aligned")]
+    same_audio = ra["quality"]["fp32"]["vs_served_fp32"]["max_abs"]
+    vae_check = load("gpu_check_vae_thirtyfirst.json")["vae_graphs_vs_eager"]["served_vs_exact_fp32_max_abs"]
+    with open(os.path.join(HERE, "raw", "gpu_tests_thirtyfirst.txt")) as f:
+        gpu_tests = re.findall(r"(\d+ passed[^\n]*?) in ", f.read())[-1]
     res["thirty_first"] = {
         "device": "NVIDIA H200",
         "engine_stream_per_step_ms": per_step,
@@ -3904,12 +3959,18 @@ def thirty_first_session(res) -> list[str]:
                                | {k: ratio(green, n, k) for k in ("green66", "green40")} for n in (8, 64)},
         "green_probe_ms": {shape: {k: (v if isinstance(v, float) else v.get("ms")) for k, v in row.items() if k != "graph"}
                            for shape, row in probe["shapes"].items()},
-        "vae_units_us": {f"64x{p}": {"kernels": t["unit_us"], "one_copy_per_unit": t["fused_floor_us"]} for p, t in totals.items()}}
+        "vae_units_us": {f"64x{p}": {"kernels": t["unit_us"], "one_copy_per_unit": t["fused_floor_us"]} for p, t in totals.items()},
+        "ncu": ncu, "unit_tail_variants_ms_64x16": dict(variants16),
+        "row_align_units_ms_64x16": {k: {str(r): v for r, v in d.items()} for k, d in align.items()},
+        "decoder_ms_row_align": [{"rows": n, **r} for n, r in decoder_rows],
+        "decoder_audio_max_abs_aligned_vs_plain": same_audio, "vae_check_vs_exact_fp32": vae_check}
     md = ["", "## Thirty-first session (2026-11-29, H200): the engine's stream waits on the GPU, not on the host; "
-          "a green context for the VAE does not help; the VAE's residual units run far from memory bandwidth", "",
-          "Three device calls (about 15 of 30 min). No serving code changed. The thirtieth session left one question "
-          "open: the engine's stream has long gaps at 64 clients (2.61 ms a step). Are they the host's or the GPU's? "
-          "This session answers it, and finds where a cheaper VAE would come from.", "",
+          "a green context for the VAE does not help; the VAE's residual units run far from memory bandwidth, "
+          f"and aligned rows take the VAE {ab('64x16'):.2f}x faster", "",
+          "Eight device calls (about 24 of 30 min). The thirtieth session left one question open: the engine's "
+          "stream has long gaps at 64 clients (2.61 ms a step). Are they the host's or the GPU's? This session "
+          "answers it, finds where a cheaper VAE would come from, and takes a first, small step there: the VAE "
+          f"decodes 64 x 16 patches {ab('64x16'):.2f}x faster, with bit-identical audio.", "",
           "**Whose the gaps are** (call 1: `closed_loop.py --checkpoint /tmp/full --clients 64,8 --requests 3 --rounds 2 "
           "--settings behind,fast_switch,long_pieces --trace 64,8`, `raw/closed_loop_gaps_thirtyfirst.{json,log}`).",
           "- `gpu_timeline.py` now ties each device event to the CUDA runtime call that queued it (the trace's "
@@ -4012,27 +4073,128 @@ def thirty_first_session(res) -> list[str]:
            f"{span(16, 'unit_tail', 64)} at 64 and {span(16, 'unit_tail', 32)} at 32; `dwconv_snake` "
            f"{span(16, 'dwconv_snake')} at every width, `snake_extend` {span(16, 'snake_extend')}, cuDNN's pointwise "
            f"conv {span(16, 'pointwise_conv')}.",
-           "- **Where a cheaper VAE is.** The thirtieth session found that, by proportion, the VAE's work needs to "
+           "",
+           "**What limits them** (call 5: Nsight Compute on one launch each, 64 x 4, before the aligned rows below; "
+           "`benchmarks/ncu_vae_units.py`, `raw/ncu_vae_units_thirtyfirst.txt`). ncu runs the GPU at fixed clocks, "
+           "so its durations are longer than the timed runs':", "",
+           "| kernel | channels x frames | us | DRAM % of peak | L1 % of peak | registers | occupancy, theoretical / "
+           "achieved | the main stall |", "|---|---|---|---|---|---|---|---|"]
+    for k in ncu:
+        md.append(f"| `{k['kernel']}` | {k['shape']} | {k['us']:.0f} | {k['dram']:.0f} | {k['l1']:.0f} | {k['regs']:.0f} | "
+                  f"{k['occ_theory']:.0f}% / {k['occ']:.0f}% | {k['stall']} ({k['stall_share']:.0f}% of the cycles between "
+                  "a warp's instructions) |")
+    dw = next(k for k in ncu if k["kernel"] == "dwconv_snake")
+    ut = [k for k in ncu if k["kernel"] == "unit_tail"]
+    md += ["",
+           f"- `dwconv_snake` is bound by L1: {dw['l1']:.0f}% of its peak, with its DRAM at {dw['dram']:.0f}%. Its seven "
+           "taps load the same frames at shifts that are not multiples of four, and its rows are L + T frames long. "
+           "So triton cannot use 16-byte loads, and every tap is a separate stream of 4-byte accesses.",
+           f"- `unit_tail` runs at {ut[0]['occ_theory']:.0f}% occupancy: {ut[0]['regs']:.0f} and {ut[1]['regs']:.0f} "
+           "registers a thread leave room for two or four programs per SM. Its L1 is "
+           f"{ut[0]['l1']:.0f}-{ut[1]['l1']:.0f}% busy.",
+           "- `snake_extend` waits on its loads (scoreboard stalls). Its output rows are L + T frames long too.", "",
+           "**Aligned taps as a probe** (call 6: `kernel_vae_blocks.py --bandwidth --streams 64 --patches 16 "
+           "--dilations 1,8,9`, `raw/vae_bandwidth_dil8_64x16_thirtyfirst.{json,log}`).",
+           "- A dilation of 8 is not the decoder's. It makes every tap and every row a multiple of 16 elements.",
+           "- Share of the copy's GB/s, dilation 1 / 8:",
+           ] + [f"  - {line}" for line in dil8_lines] + [
+           "- So alignment is most of what the depthwise kernels lose. `unit_tail` at 128 channels is not bound by it.",
+           "",
+           "**unit_tail, launch variants** (call 4: `kernel_vae_blocks.py --bandwidth --unit-variants ...`, "
+           "`raw/vae_unit_variants_64x{16,4}_thirtyfirst.{json,log}`; the switches tried are in "
+           "`raw/unit_tail_unroll_thirtyfirst.patch`, not kept). The nine units' `unit_tail`, ms at 64 x 16:", "",
+           "| variant | ms | against the default |", "|---|---|---|"]
+    for name, ms in variants16:
+        md.append(f"| {name} | {ms:.1f} | {ms / variants16[0][1]:.2f}x |")
+    md += ["",
+           "- With the taps unrolled, triton's pipeliner stages their loads in shared memory, as in the twenty-third "
+           "session's first version: over 5x slower. Without pipelining, unrolled taps gain at 64 channels and lose at 32.",
+           "- Plain TF32 instead of three TF32 products saves 5%, and its output moves by up to "
+           f"{tf32_diff:.1e} (max abs, random inputs) from the default's. Not taken: it gives up exactness for little.",
+           "- Launches past the SM's shared memory at some width are left out of the table (in the JSON).",
+           "- The log prints each unit's variants before that unit's own line. The JSON is right.", "",
+           "**Kept: aligned look-back rows for units of 64 channels and more** (`kernels.vae.ROW_ALIGN_FROM`). "
+           "`snake_extend` now writes its output for a residual unit into rows padded to a multiple of 16 elements "
+           "(`row_align`). The arithmetic is the same.",
+           "- Call 7 (`kernel_vae_blocks.py --bandwidth --row-align {1,16}`, alternating, two runs each, "
+           "`raw/vae_bw_row_align*_thirtyfirst.json`), ms summed over the 18 units at 64 x 16, row_align 1 / 16:",
+           ] + [f"  - {line}" for line in align_lines] + [
+           "- So units of 32 channels keep plain rows. Those are the units whose `unit_tail` got slower.",
+           "- The whole decoder, call 8 (`vae_precision.py --precisions "
+           "fp32+ROW_ALIGN_FROM=99999,fp32,fp32+ROW_ALIGN_FROM=99999,fp32`, `raw/vae_row_align_thirtyfirst.{json,log}`), "
+           "ms per call, as served (CUDA graphs up to 256 patches, 64 x 16 eager):", "",
+           "| rows | 8 x 4 | 64 x 4 | 64 x 16 | GPU ms, 64 x 4 |", "|---|---|---|---|---|"]
+    for name, r in decoder_rows:
+        md.append(f"| {name} | {r['8x4']:.2f} | {r['64x4']:.2f} | {r['64x16']:.2f} | {r['gpu']:.2f} |")
+    md += ["",
+           f"- 64 x 16: {before16[0]:.1f} and {before16[1]:.1f} ms before, {after16[0]:.1f} and {after16[1]:.1f} after: "
+           f"{ab('64x16'):.2f}x on the medians. 64 x 4: {ab('64x4'):.2f}x; the GPU time of a 64 x 4 call "
+           f"{ab('gpu'):.2f}x; 8 x 4 {ab('8x4'):.2f}x.",
+           f"- The audio is bit-identical: max abs {same_audio:.1f} against the first variant's.",
+           f"- `gpu_check.py --only vae` passes: the VAE as served against exact fp32 {vae_check:.2e} (bound 2e-03, "
+           "`raw/gpu_check_vae_thirtyfirst.{json,log}`). `tests/test_vae_kernels.py` on the GPU: "
+           f"{gpu_tests} (`raw/gpu_tests_thirtyfirst.txt`).",
+           "- In the round: the VAE's work is about 19% of a 64-client round, so 1.05x on the VAE is worth about 1%. "
+           "That is within the spread of the closed loop's rounds, and it was not measured there.", "",
+           "**Where a cheaper VAE is.** The thirtieth session found that, by proportion, the VAE's work needs to "
            "shrink by about 29% (8 clients) and 24% (64) for the throughput targets, in process.",
-           "  - The units hold far more than that between what they take and what their bytes need.",
-           "  - An estimate, not a measurement: if the units ran in twice the copy's time, a 64 x 16 decode would "
+           "- The units hold far more than that between what they take and what their bytes need.",
+           "- An estimate, not a measurement: if the units ran in twice the copy's time, a 64 x 16 decode would "
            f"take about {whole_64x16 - t16['unit_us'] / 1e3 + 2 * t16['fused_floor_us'] / 1e3:.0f} ms instead of "
            f"{whole_64x16:.0f}.",
-           "  - The next step is the residual unit as one pass at the memory's speed, in fp32 (the audio unchanged): "
-           "`unit_tail`'s own loads first (its depthwise taps at unaligned shifts, its product's tiles), then "
-           "`snake_extend` folded into it.",
-           "- Not built this session: the three calls above came first, and a new kernel needs its own GPU "
+           "- The lead from calls 5-7: the depthwise kernels lose to unaligned taps. With the activations "
+           "channels-last ([B, T, C]: a tap moves by whole rows of C), every tap would be aligned. Then `unit_tail`'s "
+           "occupancy (25%) is next.",
+           "- Not built this session: a layout change reaches every kernel of the decoder and needs its own GPU "
            "iterations.", "",
            "**Targets** (issue 17): unchanged from the thirtieth session. None is met that was not met then.", "",
            "![thirty-first session: whose the gaps are, the VAE on a green context, the residual units against "
-           "bandwidth](results_thirty_first.png)", ""]
-    _plot_thirty_first(per_step, probe, units[16])
+           "bandwidth, aligned rows](results_thirty_first.png)", ""]
+    _plot_thirty_first(per_step, probe, units[16], decoder_rows)
     return md
 
 
-def _plot_thirty_first(per_step, probe, units):
+def _ncu_kernels(name: str, shapes: list) -> list:
+    """Nsight Compute's text report (raw/<name>) -> per kernel launch, in order: its duration, DRAM and L1
+    throughput (% of peak), registers, occupancy and the main stall of its warps; `shapes` label the launches."""
+    with open(os.path.join(HERE, "raw", name)) as f:
+        blocks = re.split(r"\n  (?=_\w+_kernel \()", f.read())[1:]
+    out = []
+    for block, shape in zip(blocks, shapes):
+        flat = re.sub(r"\s+", " ", block)
+
+        def num(label):
+            return float(re.search(re.escape(label) + r" [^\d]*?([\d.]+)", flat).group(1))
+
+        stall = re.search(r"spends [\d.]+ cycles being stalled (waiting for .*?)(?: on a | to be | Find|\. )", flat)
+        share = re.search(r"represents about ([\d.]+)% of the total average", flat)
+        out.append({"kernel": block.split(" ", 1)[0].strip("_").removesuffix("_kernel"), "shape": shape,
+                    "us": num("Duration"), "dram": num("DRAM Throughput"), "l1": num("L1/TEX Cache Throughput"),
+                    "regs": num("Registers Per Thread"), "occ_theory": num("Theoretical Occupancy"),
+                    "occ": num("Achieved Occupancy"), "stall": stall.group(1).replace("waiting for ", ""),
+                    "stall_share": float(share.group(1))})
+    return out
+
+
+def _vae_precision_log_runs(text: str) -> list:
+    """vae_precision.py's log -> [(variant, {"8x4", "64x4", "64x16": ms per call, "gpu": GPU ms of a 64 x 4
+    call})] in the order run (its JSON keeps one entry per variant name)."""
+    runs = []
+    for line in text.splitlines():
+        m = re.match(r"\[(\S+)\]\s+(\d+) streams x\s+(\d+) patches:\s+([\d.]+) ms", line)
+        if m:
+            if not runs or runs[-1][0] != m.group(1) or "gpu" in runs[-1][1]:
+                runs.append((m.group(1), {}))
+            runs[-1][1][f"{m.group(2)}x{m.group(3)}"] = float(m.group(4))
+        m = re.match(r"\[(\S+)\] profile 64 x 4: ([\d.]+) ms GPU", line)
+        if m:
+            runs[-1][1]["gpu"] = float(m.group(2))
+    return runs
+
+
+def _plot_thirty_first(per_step, probe, units, decoder_rows):
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4), gridspec_kw={"width_ratios": [1, 1, 1.4, 0.9]})
     a = axes[0]
     parts = (("host_ms", "engine's long gaps: host late", "#c33"), ("device_ms", "engine's long gaps: queued, waiting", "#c84"),
              ("vae_alone_ms", "VAE alone", "#48c"), ("idle_ms", "neither stream busy", "#bbb"))
@@ -4071,6 +4233,20 @@ def _plot_thirty_first(per_step, probe, units):
     c.set_ylabel("% of a copy's GB/s")
     c.set_title("call 3: residual units at 64 x 16, each kernel against a copy of its bytes", fontsize=9)
     c.legend(fontsize=7, ncol=2)
+    d = axes[3]
+    shapes = ("64x4", "64x16")
+    for j, (kind, color) in enumerate((("plain", "#999"), ("aligned", "#286"))):
+        runs = [r for n, r in decoder_rows if n.startswith(kind)]
+        for k, r in enumerate(runs):
+            xs = [i + (2 * j + k - 1.5) * 0.18 for i in range(len(shapes))]
+            d.bar(xs, [r[s] for s in shapes], 0.18, color=color, alpha=1.0 if k == 0 else 0.6,
+                  label=f"{'plain rows' if kind == 'plain' else 'aligned from 64 channels'}, run {k + 1}")
+            for x, s in zip(xs, shapes):
+                d.text(x, r[s], f"{r[s]:.1f}", ha="center", va="bottom", fontsize=6)
+    d.set_xticks(range(len(shapes)), ["64 x 4 (graph)", "64 x 16 (eager)"])
+    d.set_ylabel("ms per decode call")
+    d.set_title("call 8: the decoder with aligned look-back rows", fontsize=9)
+    d.legend(fontsize=6, loc="upper left")
     _save_panels(fig, axes, "Thirty-first session, NVIDIA H200, 2026-11-29", "results_thirty_first.png")
 
 if __name__ == "__main__":
