@@ -41,6 +41,7 @@ def test_a_trace_splits_into_each_stream_alone_both_and_neither():
     assert s["second_only_ms"] == pytest.approx(0.05)
     assert s["neither_ms"] == pytest.approx(0.155)  # [100, 105) and [250, 400): stream 21 counts as neither
     assert s["idle_ms"] == pytest.approx(0.145)  # [100, 105), [250, 300) and [310, 400)
+    assert s["first_long_gaps_second_busy_ms"] == pytest.approx(0.05)  # stream 7's gap [200, 400) vs [150, 250)
 
 
 def test_one_long_event_against_several_short_ones_and_touching_events():
@@ -90,14 +91,18 @@ def test_long_gaps_split_into_the_hosts_part_and_the_devices():
         _kernel(7, 640, 10, 5),
         # a short gap [650, 655) is not split
         _kernel(7, 655, 10, 6), _call(11, 640, 1, 6),
+        # one launch (a graph's kernels, correlation 7) queued at 690: gap [665, 700) 25 us the host's
+        # and 10 the device's; gap [710, 750) inside that launch, all the device's
+        _call(11, 690, 1, 7), _kernel(7, 700, 10, 7), _kernel(7, 750, 10, 7),
     ]}
     c = gpu_timeline.summarize(trace, short_gap_us=20)["streams"]["7"]["long_gaps_by_cause"]
-    assert c["host_ms"] == pytest.approx(0.2)  # 150 + 50
-    assert c["device_ms"] == pytest.approx(0.15)  # 50 + 100
+    assert c["host_ms"] == pytest.approx(0.225)  # 150 + 50 + 25
+    assert c["device_ms"] == pytest.approx(0.2)  # 50 + 100 + 10 + 40
     assert c["unmatched_ms"] == pytest.approx(0.03)
     assert c["host_in_sync_ms"] == pytest.approx(0.06)
-    assert c["host_ms_by_thread"] == {"11": pytest.approx(0.15), "22": pytest.approx(0.05)}
-    assert c["next_launched_by"] == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2}
+    assert c["within_one_launch_ms"] == pytest.approx(0.04)
+    assert c["host_ms_by_thread"] == {"11": pytest.approx(0.175), "22": pytest.approx(0.05)}
+    assert c["next_launched_by"] == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 4}
 
 
 def test_without_runtime_calls_the_gaps_are_not_split():

@@ -198,8 +198,9 @@ REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_
 
 def test_decoder_with_the_kernel_matches_without(monkeypatch):
     """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel). Its
-    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths, each
-    on look-back rows padded to 16 elements (units of 4 channels and more) and on plain ones."""
+    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths. Units
+    of 4 channels and more (both paths) read look-back rows padded to 16 elements, the narrower
+    ones (unit_tail) plain rows."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", 4)
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
@@ -220,6 +221,34 @@ def test_decoder_with_the_kernel_matches_without(monkeypatch):
         audio, state = fused.decode_chunk(z[..., a:b], state)
         parts.append(audio)
     assert (torch.cat(parts, -1) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("kernel", ["dwconv_snake", "unit_tail"])
+def test_the_depthwise_kernels_read_padded_lookback_rows(kernel):
+    """xp as `snake_extend(row_align=16)` hands it over (rows of 64 elements holding 55 frames) gives
+    exactly what the same frames give contiguous: the kernels take its row stride."""
+    C, T, d = 20, 37, 3
+    g = torch.Generator().manual_seed(5)
+    xp, x = torch.randn(2, C, T + 6 * d, generator=g).to(DEV), torch.randn(2, C, T, generator=g).to(DEV)
+    padded = torch.full((2, C, 64), float("nan"), device=DEV)[..., :T + 6 * d].copy_(xp)
+    w, b = torch.randn(C, 1, 7, generator=g).to(DEV) / 3, torch.randn(C, generator=g).to(DEV)
+    alpha, pw, pb = (0.5 + torch.rand(C, generator=g)).to(DEV), torch.randn(C, C, 1, generator=g).to(DEV) / 5, b
+    run = (lambda xp: dwconv_snake(xp, w, b, alpha, d)) if kernel == "dwconv_snake" else \
+        (lambda xp: unit_tail(xp, x, w, b, alpha, pw, pb, d))
+    assert padded.stride(1) == 64 and not padded.is_contiguous()
+    assert torch.equal(run(padded), run(xp))
+
+
+def test_aligned_rows_decode_the_same_audio(monkeypatch):
+    """The whole decoder with every unit on padded look-back rows and with none: the same audio, bit for bit."""
+    monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
+    fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
+    z = torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(13)).to(DEV)
+    audio = []
+    for align_from in (1, 10**9):
+        monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", align_from)
+        audio.append(fused.decode(z))
+    assert torch.equal(audio[0], audio[1])
 
 
 @pytest.mark.parametrize("cond", [{}, {"cond_out_layer": True}])

@@ -66,11 +66,11 @@ UNIT_BLOCK_CO = 128
 # launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
-# Residual units of at least this many channels get their look-back pass's output (the depthwise
-# kernels' input) in rows of a multiple of 16 elements (`snake_extend`'s row_align), which lets triton
-# vectorize its accesses there; unit_tail at 32 channels ran slower on such rows
-# (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
-ROW_ALIGN_FROM = 64
+# Residual units of at least ROW_ALIGN_FROM channels get their look-back pass's output (the depthwise
+# kernels' input) in rows of a multiple of ROW_ALIGN elements (`snake_extend`'s row_align): triton
+# specializes on strides divisible by 16 and can then vectorize the accesses at aligned offsets.
+# unit_tail at 32 channels ran slower on such rows (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
+ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
 # fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
 # faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
 UNIT_DOT_PRECISION = "tf32x3" if torch.version.hip is None else "ieee"
@@ -280,7 +280,7 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
 
 def unit_row_align(channels: int) -> int:
     """`snake_extend`'s row_align for a residual unit of `channels` (ROW_ALIGN_FROM)."""
-    return 16 if channels >= ROW_ALIGN_FROM else 1
+    return ROW_ALIGN if channels >= ROW_ALIGN_FROM else 1
 
 
 def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_align: int = 1):
@@ -301,6 +301,7 @@ def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_a
     L = prev.shape[-1]
     assert prev.shape[:2] == (B, C) and prev.dtype == x.dtype in DTYPES, (prev.shape, x.shape, prev.dtype, x.dtype)
     assert x.stride(2) == 1 and prev.stride(2) == 1, (x.stride(), prev.stride())
+    assert row_align >= 1 and (row_align == 1 or not channels_last), (row_align, channels_last)
     if channels_last:
         full = torch.empty((B, L + T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
     else:
