@@ -222,7 +222,7 @@ def main():
     settings = tuple(a.settings.split(","))
     for name in settings:
         if name not in SETTINGS and not (name.startswith("green") and name[len("green"):].isdigit()):
-            raise SystemExit(f"unknown setting {name!r}: one of {', '.join(SETTINGS)}")
+            raise SystemExit(f"unknown setting {name!r}: one of {', '.join(SETTINGS)}, green<N>")
     dev = torch.device(a.device)
     gpu = dev.type == "cuda"
     t0 = time.monotonic()
@@ -280,8 +280,12 @@ def main():
             s = gpu_timeline.record(lambda: one_round(settings[0], n, a.trace_requests, f"trace{n}"), path)
             t = gpu_timeline.summarize_file(path)
             os.remove(path)
-            t.update(round=s, setting=settings[0],  # the runtime calls' thread ids, by name
-                     threads={str(eng._thread.native_id): "engine", str(audio.thread.native_id): "audio"})
+            # the runtime calls' thread ids, by name: the OS's, and pthread's low 32 bits, unsigned and signed
+            # (what kineto writes for CUPTI's calls)
+            low = lambda th: th.ident & 0xFFFFFFFF  # noqa: E731
+            t.update(round=s, setting=settings[0], threads={
+                str(i): name for th, name in ((eng._thread, "engine"), (audio.thread, "audio"))
+                for i in (th.native_id, low(th), low(th) - (1 << 32) if low(th) >= 1 << 31 else low(th))})
             res["traces"][str(n)] = t
             causes = {sid: st.get("long_gaps_by_cause") for sid, st in t["streams"].items()}
             log(f"{n} clients traced ({settings[0]}): {json.dumps(t.get('split'))}; long gaps by cause "

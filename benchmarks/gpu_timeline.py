@@ -10,11 +10,13 @@ trace's device events into:
   - for the two busiest streams (the engine's and the audio thread's, in closed_loop.py), how the
     wall time from the first event to the last divides: only the first busy, only the second,
     both, and neither (the GPU idle for both);
+  - how much of the first stream's long gaps the second stream was busy for (`split`);
   - per stream, whose its long gaps are, where the trace holds the CUDA runtime calls (their
     `correlation` ties each device event to the call that queued it): the part of a gap before
     the call that queued the next event began is the host's (nothing was queued: the launching
-    thread was late), the rest the device's (queued, and waiting on an event, another stream or the
-    launch itself). The host's part is split by launching thread, and the part of it that thread
+    thread was late), the rest the device's (queued, and waiting on an event, another stream, free
+    SMs or the launch itself); `within_one_launch_ms` is the part of the gaps between two events of
+    one launch (kernels of one graph replay). The host's part is split by launching thread, and the part of it that thread
     spent inside a synchronizing call (it was waiting on the GPU itself) is counted apart.
 """
 
@@ -111,7 +113,9 @@ def summarize(trace: dict, short_gap_us: float = 20.0, top: int = 8) -> dict:
         both = _length(_intersection(a, b))
         either = _length(_union([tuple(x) for x in a + b]))
         anything = _length(_union([tuple(x) for iv in busy.values() for x in iv]))
+        gaps_a = [[e0, s1] for (_, e0), (s1, _) in zip(a, a[1:]) if s1 - e0 >= short_gap_us]
         out["split"] = {"first": str(ranked[0]), "second": str(ranked[1]),
+                        "first_long_gaps_second_busy_ms": _length(_intersection(gaps_a, b)) / 1e3,
                         "first_only_ms": (_length(a) - both) / 1e3, "second_only_ms": (_length(b) - both) / 1e3,
                         "both_ms": both / 1e3, "neither_ms": (t1 - t0 - either) / 1e3,
                         "idle_ms": (t1 - t0 - anything) / 1e3}
@@ -142,11 +146,18 @@ def _gap_causes(evs: list, busy: list, calls: dict, syncs: dict, short_gap_us: f
     host = device = unmatched = in_sync = 0.0
     by_thread: dict = {}
     launched_by: dict = {}
+    last_at: dict = {}  # a busy stretch's end -> the event that ends it
+    for _, e, ev in sorted(evs, key=lambda x: x[1]):
+        last_at[e] = ev
+    within = 0.0  # gaps between two events of one launch (a graph's kernels)
     for (_, e0), (s1, _) in zip(busy, busy[1:]):
         gap = s1 - e0
         if gap < short_gap_us:
             continue
-        call = calls.get(first_at[s1].get("args", {}).get("correlation"))
+        corr = first_at[s1].get("args", {}).get("correlation")
+        if corr is not None and corr == last_at[e0].get("args", {}).get("correlation"):
+            within += gap
+        call = calls.get(corr)
         if call is None:
             unmatched += gap
             continue
@@ -158,6 +169,7 @@ def _gap_causes(evs: list, busy: list, calls: dict, syncs: dict, short_gap_us: f
         launched_by[name] = launched_by.get(name, 0) + 1
         in_sync += _length(_intersection([[e0, e0 + late]], syncs.get(tid, []))) if late > 0 else 0.0
     return {"host_ms": host / 1e3, "device_ms": device / 1e3, "unmatched_ms": unmatched / 1e3,
+            "within_one_launch_ms": within / 1e3,
             "host_in_sync_ms": in_sync / 1e3, "host_ms_by_thread": {t: v / 1e3 for t, v in by_thread.items()},
             "next_launched_by": launched_by}
 

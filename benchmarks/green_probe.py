@@ -8,7 +8,7 @@ would leave the rest to the engine. This checks, before any serving code depends
     on the default context and replayed there) gives the same audio as on an ordinary stream;
   - how long a decode takes on N SMs against the whole GPU (so that the confinement is real).
 
-    python3 benchmarks/green_probe.py --checkpoint /tmp/full --sms 16,33,66 --out green_probe.json
+    python3 benchmarks/green_probe.py --checkpoint /tmp/full --sms 16,40,66 --out green_probe.json
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ its largest difference from the three kernels with TF32 off (exact fp32).
 
 With --bandwidth, how near memory bandwidth each residual unit's kernels run at their default launches
 (fp32, B streams x n patches): each kernel's time against the bytes it must move at least (its
-inputs read once, its output written once) and against a copy of as many bytes (`Tensor.copy_`, what
-the GPU's memory reaches in practice); and the unit's kernels together against a copy of what one
-kernel for the whole unit would move (x and its look-back read once, the output written once).
+[B, C, T] inputs read once, its output written once; the look-back frames and weights not counted)
+and against a copy of as many bytes (`Tensor.copy_`, what the GPU's memory reaches in practice); and
+the unit's kernels together against one copy of x (what one kernel for the whole unit would move at
+least, its look-back aside: x read once, the output written once).
 """
 
 from __future__ import annotations
@@ -114,23 +115,25 @@ def unit_sweep(shapes, B, dtype, launches, max_channels):
     return rows
 
 
-def parse_variants(spec: str) -> dict:
-    """'NAME=VALUE+NAME=VALUE;...' -> {spec of one variant: {kernels.vae constant: value}} (--unit-variants)."""
+def parse_settings(spec: str) -> dict:
+    """'NAME=VALUE+NAME=VALUE' -> {kernels.vae constant: value} ('' -> {})."""
     import ast
 
-    out = {}
-    for variant in (v for v in spec.split(";") if v):
-        settings = {}
-        for item in variant.split("+"):
-            name, value = item.split("=", 1)
-            if not hasattr(vae_kernels, name):
-                raise SystemExit(f"kernels.vae has no {name!r} (a variant's NAME=VALUE)")
-            try:
-                settings[name] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                settings[name] = value  # a plain string, e.g. tf32
-        out[variant] = settings
-    return out
+    settings = {}
+    for item in (i for i in spec.split("+") if i):
+        name, value = item.split("=", 1)
+        if not hasattr(vae_kernels, name):
+            raise SystemExit(f"kernels.vae has no {name!r} (a variant's NAME=VALUE)")
+        try:
+            settings[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            settings[name] = value  # a plain string, e.g. tf32
+    return settings
+
+
+def parse_variants(spec: str) -> dict:
+    """'NAME=VALUE+NAME=VALUE;...' -> {spec of one variant: parse_settings of it} (--unit-variants)."""
+    return {variant: parse_settings(variant) for variant in spec.split(";") if variant}
 
 
 def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
@@ -212,7 +215,8 @@ def main():
     ap.add_argument("--row-align", type=int, default=1, help="--bandwidth: snake_extend's row_align (its output, "
                     "the depthwise kernels' input)")
     ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail again with kernels.vae constants "
-                    "set, e.g. 'UNIT_UNROLL_TAPS=True;UNIT_DOT_PRECISION=tf32' (';' between variants, '+' within one)")
+                    "set, e.g. 'UNIT_DOT_PRECISION=tf32;UNIT_BLOCK_CO=64+UNIT_DOT_PRECISION=tf32' (';' between variants, "
+                    "'+' within one)")
     args = ap.parse_args()
     shapes = unit_shapes(args.streams, args.patches, dilations=tuple(int(d) for d in args.dilations.split(",")))
     if args.bandwidth:

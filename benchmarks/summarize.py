@@ -3895,6 +3895,11 @@ def thirty_first_session(res) -> list[str]:
                        "both_ms": t["split"]["both_ms"] / steps, "vae_host_late_ms": vae["long_gaps_by_cause"]["host_ms"] / steps,
                        "host_ms_round": c["host_ms"], "traced_ms_per_step": t["round"]["ms_per_engine_step"]}
     ratio = lambda run, n, k: run["levels"][str(n)][f"ratio_x_real_time_{k}_over_behind"]  # noqa: E731
+    t9 = load("closed_loop_overlap_thirtyfirst.json")["traces"]["64"]
+    e9 = t9["streams"][t9["split"]["first"]]
+    ov = {"long_ms": e9["long_gaps_ms"], "within_ms": e9["long_gaps_by_cause"]["within_one_launch_ms"],
+          "vae_busy_ms": t9["split"]["first_long_gaps_second_busy_ms"]}
+    gms = {k: v["ms_per_engine_step"] for k, v in green["levels"]["64"].items() if isinstance(v, dict)}
     units = {p: b["units"] for p, b in bw.items()}
     totals = {p: b["total_us"] for p, b in bw.items()}
     ncu = _ncu_kernels("ncu_vae_units_thirtyfirst.txt", ["128 x 7680", "128 x 7680", "32 x 30720", "32 x 30720",
@@ -3920,13 +3925,10 @@ def thirty_first_session(res) -> list[str]:
         if all("us" in r for r in rows):  # launches past the SM's shared memory are left out
             variants16.append((label.get(name, name.replace("UNIT_", "")), sum(r["us"] for r in rows) / 1e3))
     tf32_diff = max(u["unit_tail[UNIT_DOT_PRECISION=tf32]"]["max_abs_vs_default"] for u in var16 if "unit_tail" in u)
-    align = {}
-    for run in range(1, 5):
-        for r in (1, 16):
-            try:
-                d = load(f"vae_bw_row_align{r}_run{run}_thirtyfirst.json")
-            except FileNotFoundError:
-                continue
+    align, runs_of = {}, {1: (1, 3), 16: (2, 4)}  # call 7 alternated plain and aligned rows
+    for r, numbers in runs_of.items():
+        for run in numbers:
+            d = load(f"vae_bw_row_align{r}_run{run}_thirtyfirst.json")
             for kernel in ("snake_extend", "dwconv_snake", "unit_tail"):
                 for C in (128, 64, 32) if kernel == "unit_tail" else (None,):
                     key = kernel if C is None else f"{kernel} at {C} channels"
@@ -3946,6 +3948,10 @@ def thirty_first_session(res) -> list[str]:
         med = lambda kind: statistics.median(r[shape] for n, r in decoder_rows if n.startswith(kind))  # noqa: E731
         return med("plain") / med("aligned")
 
+    # call 7: the ms at 64 x 16 that aligned rows save in the units the decoder aligns (64 channels and more)
+    aligned_units = {r: [sum(u["unit_us"] for u in load(f"vae_bw_row_align{r}_run{run}_thirtyfirst.json")["units"]
+                             if u["C"] >= 64) / 1e3 for run in runs_of[r]] for r in (1, 16)}
+    saved_ms = statistics.median(aligned_units[1]) - statistics.median(aligned_units[16])
     before16 = [r["64x16"] for n, r in decoder_rows if n.startswith("plain")]
     after16 = [r["64x16"] for n, r in decoder_rows if n.startswith("aligned")]
     same_audio = ra["quality"]["fp32"]["vs_served_fp32"]["max_abs"]
@@ -3966,11 +3972,11 @@ def thirty_first_session(res) -> list[str]:
         "decoder_audio_max_abs_aligned_vs_plain": same_audio, "vae_check_vs_exact_fp32": vae_check}
     md = ["", "## Thirty-first session (2026-11-29, H200): the engine's stream waits on the GPU, not on the host; "
           "a green context for the VAE does not help; the VAE's residual units run far from memory bandwidth, "
-          f"and aligned rows take the VAE {ab('64x16'):.2f}x faster", "",
-          "Eight device calls (about 24 of 30 min). The thirtieth session left one question open: the engine's "
+          "and aligned rows take the VAE about 1.05x faster", "",
+          "Nine device calls (about 28 of 30 min). The thirtieth session left one question open: the engine's "
           "stream has long gaps at 64 clients (2.61 ms a step). Are they the host's or the GPU's? This session "
           "answers it, finds where a cheaper VAE would come from, and takes a first, small step there: the VAE "
-          f"decodes 64 x 16 patches {ab('64x16'):.2f}x faster, with bit-identical audio.", "",
+          "decodes 64 x 16 patches about 1.05x faster, with bit-identical audio.", "",
           "**Whose the gaps are** (call 1: `closed_loop.py --checkpoint /tmp/full --clients 64,8 --requests 3 --rounds 2 "
           "--settings behind,fast_switch,long_pieces --trace 64,8`, `raw/closed_loop_gaps_thirtyfirst.{json,log}`).",
           "- `gpu_timeline.py` now ties each device event to the CUDA runtime call that queued it (the trace's "
@@ -3990,26 +3996,32 @@ def thirty_first_session(res) -> list[str]:
            f"- **The host is not the cause.** Over the whole profiled round, the host's part of the engine's long gaps "
            f"is {r64['host_ms_round']:.1f} ms at 64 clients and {r8['host_ms_round']:.1f} ms at 8. That is "
            f"{r64['host_ms']:.3f} and {r8['host_ms']:.3f} ms a step. The engine launches each step before the GPU reaches it.",
-           f"- **The gaps are inside the step's own graph.** {100 * r64['graph_launched']:.0f}% of the long gaps at 64 "
-           f"clients come before a kernel of a graph that was already launched: {r64['long_gaps']:.0f} gaps a step, "
-           "in a step that is one graph replay. A kernel in a launched graph that starts late is waiting for SMs.",
-           f"  - At 64 clients the device's part, {r64['device_ms']:.2f} ms a step, is about the time the VAE runs alone "
-           f"({r64['vae_alone_ms']:.2f} ms). The audio stream has the highest priority, and the VAE's kernels "
-           "hold every SM while they run; the engine's next kernel waits.",
+           f"- **The gaps are inside the step's graph, while the VAE runs.** At 64 clients "
+           f"{100 * r64['graph_launched']:.0f}% of the long gaps end at work a graph launch queued "
+           f"({r64['long_gaps']:.0f} gaps a step). After a review, one more traced round (call 9, "
+           "`closed_loop.py --clients 64 --requests 1 --rounds 1 --settings behind --trace 64`, "
+           "`raw/closed_loop_overlap_thirtyfirst.{json,log}`) measured two things directly:",
+           f"  - {ov['within_ms']:.0f} of the engine's {ov['long_ms']:.0f} ms of long gaps "
+           f"({100 * ov['within_ms'] / ov['long_ms']:.0f}%) lie between two kernels of one graph replay;",
+           f"  - the audio stream was busy for {ov['vae_busy_ms']:.0f} ms of them ({100 * ov['vae_busy_ms'] / ov['long_ms']:.0f}%).",
+           "  - A graph's next kernel that starts late while the highest-priority stream runs: the likeliest wait is "
+           "for SMs the VAE's kernels hold. The trace does not show SM occupancy itself.",
            "  - So the VAE's work adds to the round rather than hiding beside the step, as the thirtieth session's "
            "`vae_off` round implied.",
-           f"- **The idle time is the step's kernel bubbles.** Neither stream busy: {r64['idle_ms']:.2f} ms a step at "
-           f"64 clients and {r8['idle_ms']:.2f} at 8. The engine's short gaps between its "
-           f"{r64['events']:.0f} and {r8['events']:.0f} kernels a step sum to {r64['short_gaps_ms']:.2f} and "
-           f"{r8['short_gaps_ms']:.2f} ms. Fewer kernels per step would cut this; nothing else here would.",
+           f"- **The idle time.** Neither stream busy: {r64['idle_ms']:.2f} ms a step at 64 clients and "
+           f"{r8['idle_ms']:.2f} at 8. The engine's short gaps (under 20 us) between its {r64['events']:.0f} and "
+           f"{r8['events']:.0f} device events a step (kernels and copies) sum to {r64['short_gaps_ms']:.2f} and "
+           f"{r8['short_gaps_ms']:.2f} ms, about as much: mostly the step's own launch bubbles, which fewer kernels "
+           "per step would cut.",
            f"- The audio stream's gaps are nearly all the host's ({r64['vae_host_late_ms']:.1f} ms a step at 64), as "
            "expected: its thread launches a decode when the engine hands out chunks, and has nothing queued before.",
            "",
            "**Two host-side settings, same call** (x real time, median of 2 rounds, against the default):",
            f"- `fast_switch`, the interpreter's thread switch interval 0.5 ms instead of 5 ms: "
            f"{ratio(gaps, 8, 'fast_switch'):.3f}x at 8 clients, {ratio(gaps, 64, 'fast_switch'):.3f}x at 64.",
-           f"- `long_pieces`, chunks longer than the longest VAE graph decoded as graph pieces, not eagerly (far fewer "
-           f"launches from Python): {ratio(gaps, 8, 'long_pieces'):.3f}x and {ratio(gaps, 64, 'long_pieces'):.3f}x.",
+           f"- `long_pieces`, chunks longer than the longest VAE graph decoded as graph pieces, not eagerly (a few "
+           "graph replays instead of an eager decode's ~160 kernels launched from Python): "
+           f"{ratio(gaps, 8, 'long_pieces'):.3f}x and {ratio(gaps, 64, 'long_pieces'):.3f}x.",
            "- Both within the spread: dropped. No contention for the GIL shows, as the gap split said.", "",
            "**The VAE on a green context** (call 2: `green_probe.py --sms 16,40,66`, then `closed_loop.py "
            "--settings behind,green66,green40`, `raw/{green_probe,closed_loop_green}_thirtyfirst.*`). A CUDA green "
@@ -4034,14 +4046,17 @@ def thirty_first_session(res) -> list[str]:
            f"- The closed loop (most of the audio at 64 clients is in eager 16-patch decodes): green66 "
            f"{ratio(green, 8, 'green66'):.3f}x at 8 clients and {ratio(green, 64, 'green66'):.3f}x at 64; green40 "
            f"{ratio(green, 8, 'green40'):.3f}x and {ratio(green, 64, 'green40'):.3f}x.",
-           "- No setting moved the round by more than 1%. The VAE's decodes took longer on fewer SMs, and what the "
-           "engine's step gained from the SMs left to it did not shorten the round. That fits a GPU that is full: "
-           "moving the work around does not help; only less work does, or work done nearer the hardware's limits. "
-           "Dropped.", "",
+           f"- No setting moved the round by more than 1%, nor its ms per engine step at 64 clients "
+           f"({gms['behind']:.2f} default, {gms['green66']:.2f} green66, {gms['green40']:.2f} green40).",
+           "- Two things confound it: the green context's stream is not of the highest priority, and the decodes "
+           "replayed as graphs (the 1- and 4-patch chunks, and every chunk at 8 clients) are not confined.",
+           "- What it shows: confining the long eager decodes did not shorten the round. That fits a GPU that is "
+           "full, where only less work helps, or work done nearer the hardware's limits. Dropped.", "",
            "**How near memory bandwidth the VAE's residual units run** (call 3: `kernel_vae_blocks.py --bandwidth "
            "--streams 64 --patches {16,4}`, `raw/vae_bandwidth_64x{16,4}_thirtyfirst.{json,log}`).",
-           "- Each kernel is timed at its default launch, fp32, against the bytes it has to move (each input read "
-           "once, its output written once). The yardstick is a `copy_` of as many bytes: about 4.2 TB/s on the large "
+           "- Each kernel is timed at its default launch, fp32, against the bytes it has to move: each [B, C, T] input "
+           "read once, its output written once. The look-back frames are not counted (at most 10% more bytes, at "
+           "1024 channels and dilation 9). The yardstick is a `copy_` of as many bytes: about 4.2 TB/s on the large "
            "shapes.",
            "- Dilation 1 shown. Dilations 3 and 9 are within a few percent, except `unit_tail` at 32 channels, "
            "which is 17% slower at 9:", "",
@@ -4095,10 +4110,12 @@ def thirty_first_session(res) -> list[str]:
            "- `snake_extend` waits on its loads (scoreboard stalls). Its output rows are L + T frames long too.", "",
            "**Aligned taps as a probe** (call 6: `kernel_vae_blocks.py --bandwidth --streams 64 --patches 16 "
            "--dilations 1,8,9`, `raw/vae_bandwidth_dil8_64x16_thirtyfirst.{json,log}`).",
-           "- A dilation of 8 is not the decoder's. It makes every tap and every row a multiple of 16 elements.",
+           "- A dilation of 8 is not the decoder's. Its taps sit at multiples of 8 elements (32 bytes) and its rows "
+           "(L + T frames) at multiples of 16: every access can be 16-byte aligned.",
            "- Share of the copy's GB/s, dilation 1 / 8:",
            ] + [f"  - {line}" for line in dil8_lines] + [
-           "- So alignment is most of what the depthwise kernels lose. `unit_tail` at 128 channels is not bound by it.",
+           "- So alignment is about half of what `dwconv_snake` loses against a copy, and much of `snake_extend`'s. "
+           "`unit_tail` at 128 channels is not bound by it.",
            "",
            "**unit_tail, launch variants** (call 4: `kernel_vae_blocks.py --bandwidth --unit-variants ...`, "
            "`raw/vae_unit_variants_64x{16,4}_thirtyfirst.{json,log}`; the switches tried are in "
@@ -4127,9 +4144,11 @@ def thirty_first_session(res) -> list[str]:
     for name, r in decoder_rows:
         md.append(f"| {name} | {r['8x4']:.2f} | {r['64x4']:.2f} | {r['64x16']:.2f} | {r['gpu']:.2f} |")
     md += ["",
-           f"- 64 x 16: {before16[0]:.1f} and {before16[1]:.1f} ms before, {after16[0]:.1f} and {after16[1]:.1f} after: "
-           f"{ab('64x16'):.2f}x on the medians. 64 x 4: {ab('64x4'):.2f}x; the GPU time of a 64 x 4 call "
-           f"{ab('gpu'):.2f}x; 8 x 4 {ab('8x4'):.2f}x.",
+           f"- 64 x 16: {before16[0]:.1f} and {before16[1]:.1f} ms before, {after16[0]:.1f} and {after16[1]:.1f} after. "
+           f"By pair (each pair ran plain first): {before16[0] / after16[0]:.3f}x and {before16[1] / after16[1]:.3f}x; "
+           f"on the medians {ab('64x16'):.2f}x. Call 7's unit totals predict about "
+           f"{whole_64x16 / (whole_64x16 - saved_ms):.2f}x.",
+           f"- 64 x 4: {ab('64x4'):.2f}x in wall time but {ab('gpu'):.2f}x in GPU time (profiled). 8 x 4: {ab('8x4'):.2f}x.",
            f"- The audio is bit-identical: max abs {same_audio:.1f} against the first variant's.",
            f"- `gpu_check.py --only vae` passes: the VAE as served against exact fp32 {vae_check:.2e} (bound 2e-03, "
            "`raw/gpu_check_vae_thirtyfirst.{json,log}`). `tests/test_vae_kernels.py` on the GPU: "

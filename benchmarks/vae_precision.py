@@ -14,8 +14,9 @@ checkpoint's activations may have outliers these do not (fp16 overflows past 655
 A precision given as `fp32:N` runs residual units of up to N channels in `unit_tail` (one kernel
 for the depthwise conv, its snake, the pointwise conv and the skip) and wider ones in three, so
 `--precisions fp32:0,fp32:256` is the A/B of that kernel. `+NAME=VALUE` after a variant sets a
-`kernels.vae` constant for it (restored after): `fp32,fp32+ROW_ALIGN_FROM=99999` is the A/B of the
-residual units' aligned look-back rows.
+`kernels.vae` constant for it (each variant starts from the module's defaults):
+`fp32,fp32+ROW_ALIGN_FROM=99999` is the A/B of the residual units' aligned look-back rows. A variant
+may repeat; "runs" holds every run in order (the other keys, one per variant name, its last run).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch  # noqa: E402
 
 from bench import log, summarize_profile, sync, top_ops  # noqa: E402
 from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
-from kernel_vae_blocks import parse_variants  # noqa: E402
+from kernel_vae_blocks import parse_settings  # noqa: E402
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
@@ -89,7 +90,7 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "profile_64x4": {},
-           "quality": {}}
+           "quality": {}, "runs": []}
     z = torch.randn(4, 64, 100 * 4, generator=torch.Generator().manual_seed(0))
 
     torch.backends.cudnn.allow_tf32 = False
@@ -105,7 +106,7 @@ def main():
         head, *settings = variant.split("+")
         for k, v in defaults.items():
             setattr(vae_kernels, k, v)
-        for k, v in parse_variants("+".join(settings)).get("+".join(settings), {}).items():
+        for k, v in parse_settings("+".join(settings)).items():
             setattr(vae_kernels, k, v)
         precision, _, unit_max = head.partition(":")
         vae_kernels.UNIT_MAX_CHANNELS = int(unit_max) if unit_max else default_unit_max
@@ -149,6 +150,7 @@ def main():
         elif precision == "fp32":
             served_fp32 = audio
         out["quality"][variant] = q
+        out["runs"].append({"variant": variant, "shapes": rows, "gpu_ms_64x4": p["gpu_ms"], "quality": q})
         log(f"[{variant}] audio of 4 x 100 patches: " + json.dumps(q))
         del bank, vae
         torch.cuda.empty_cache()
