@@ -3984,7 +3984,7 @@ def thirty_first_session(res) -> list[str]:
           "queued, the launching thread was late. The rest of the gap is the device's: the work was queued and "
           "waited.",
           "- ms per engine step of the profiled round, the engine's stream:", "",
-          "| clients | long gaps: host / device | long gaps per step | of them inside a step's graph | VAE alone | "
+          "| clients | long gaps: host / device | long gaps per step | of them ending at work a graph launch queued | VAE alone | "
           "both | neither (idle) | short gaps | events per step |", "|---|---|---|---|---|---|---|---|---|"]
     for n in (8, 64):
         r = per_step[n]
