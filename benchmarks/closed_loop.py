@@ -43,6 +43,7 @@ both, neither, the gaps in each); the trace itself is not kept.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -62,7 +63,6 @@ import gpu_timeline  # noqa: E402
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
-from voxcpm_triton.engine.buckets import smallest_at_least  # noqa: E402
 from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
 
@@ -179,24 +179,9 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
     else:
         bank.__dict__.pop("decode_async", None)  # the class's own again
     if name == "long_pieces":
-        bank.pieces = lambda streams, frames: graph_pieces(bank, streams, frames)
+        bank.pieces = functools.partial(VAEStreams.pieces, bank, past_longest=True)
     else:
         bank.__dict__.pop("pieces", None)
-
-
-def graph_pieces(bank, streams: int, frames: int):
-    """`VAEStreams.pieces`, past the longest graph too: the longest graph at the bucket repeated,
-    then the shorter ones for the rest (None where the graphs cannot cover `frames`)."""
-    way = VAEStreams.pieces(bank, streams, frames)
-    bucket = smallest_at_least(bank.buckets, streams)
-    sizes = sorted((n for b, n in bank.graphs if b == bucket), reverse=True)
-    if way is not None or not sizes:
-        return way
-    pieces, left = [], frames
-    for n in sizes:
-        pieces += [n] * (left // n)
-        left %= n
-    return pieces if left == 0 else None
 
 
 SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces")

@@ -534,5 +534,7 @@ def test_vae_streams_cover_a_length_without_a_graph_with_graph_pieces():
     streams.graphs = {(b, n): object() for b in (1, 2) for n in (2, 8, 32)}
     assert streams.pieces(2, 30) == [8, 8, 8, 2, 2, 2] and streams.pieces(1, 32) == [32]
     assert streams.pieces(2, 34) is None and streams.pieces(3, 8) is None
+    assert streams.pieces(2, 70, past_longest=True) == [32, 32, 2, 2, 2]  # what closed_loop.py's long_pieces takes
+    assert streams.pieces(2, 33, past_longest=True) is None
     streams.graphs = {(1, 8): object()}
     assert streams.pieces(1, 6) is None

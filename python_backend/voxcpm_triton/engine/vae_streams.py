@@ -138,17 +138,18 @@ class VAEStreams:
             done.record(torch.cuda.current_stream(self.device))
         return DecodedAudio(parts, done)
 
-    def pieces(self, streams: int, frames: int) -> list | None:
+    def pieces(self, streams: int, frames: int, past_longest: bool = False) -> list | None:
         """How `decode` runs `frames` for `streams` streams: consecutive lengths with graphs at their
         batch bucket, longest first; None: eagerly, in one go (past the longest graph, or the
-        graphs cannot cover it)."""
+        graphs cannot cover it). past_longest: pieces past the longest graph too (its replays
+        first), where `decode` runs such work eagerly (benchmarks/closed_loop.py measures both)."""
         bucket = smallest_at_least(self.buckets, streams)
         if bucket is None:
             return None
         if (bucket, frames) in self.graphs:
             return [frames]
         sizes = sorted((n for b, n in self.graphs if b == bucket), reverse=True)
-        if not sizes or frames > sizes[0]:
+        if not sizes or (frames > sizes[0] and not past_longest):
             return None
         pieces, left = [], frames
         for n in sizes:
