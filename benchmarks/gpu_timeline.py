@@ -16,8 +16,8 @@ trace's device events into:
     the call that queued the next event began is the host's (nothing was queued: the launching
     thread was late), the rest the device's (queued, and waiting on an event, another stream, free
     SMs or the launch itself); `within_one_launch_ms` is the part of the gaps between two events of
-    one launch (kernels of one graph replay). The host's part is split by launching thread, and the part of it that thread
-    spent inside a synchronizing call (it was waiting on the GPU itself) is counted apart.
+    one launch (kernels of one graph replay). The host's part is split by launching thread, and the
+    part of it that thread spent inside a synchronizing call (waiting on the GPU itself) is counted apart.
 """
 
 from __future__ import annotations

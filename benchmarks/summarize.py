@@ -3965,7 +3965,7 @@ def thirty_first_session(res) -> list[str]:
                                | {k: ratio(green, n, k) for k in ("green66", "green40")} for n in (8, 64)},
         "green_probe_ms": {shape: {k: (v if isinstance(v, float) else v.get("ms")) for k, v in row.items() if k != "graph"}
                            for shape, row in probe["shapes"].items()},
-        "vae_units_us": {f"64x{p}": {"kernels": t["unit_us"], "one_copy_per_unit": t["fused_floor_us"]} for p, t in totals.items()},
+        "vae_units_us": {f"64x{p}": {"kernels": t["unit_us"], "one_copy_per_unit": t["copy_us"]} for p, t in totals.items()},
         "ncu": ncu, "unit_tail_variants_ms_64x16": dict(variants16),
         "row_align_units_ms_64x16": {k: {str(r): v for r, v in d.items()} for k, d in align.items()},
         "decoder_ms_row_align": [{"rows": n, **r} for n, r in decoder_rows],
@@ -4079,8 +4079,8 @@ def thirty_first_session(res) -> list[str]:
            f"- The 18 residual units' kernels take {t16['unit_us'] / 1e3:.1f} ms at 64 x 16, summed over separate "
            f"calls. A whole 64 x 16 decode took {whole_64x16:.1f} ms of GPU in the thirtieth session (another call). "
            "So the units are about two thirds of the decode.",
-           f"- A copy of each unit's input takes {t16['fused_floor_us'] / 1e3:.1f} ms for all 18 units (64 x 4: "
-           f"{t4['unit_us'] / 1e3:.1f} against {t4['fused_floor_us'] / 1e3:.1f} ms). One kernel per unit would move "
+           f"- A copy of each unit's input takes {t16['copy_us'] / 1e3:.1f} ms for all 18 units (64 x 4: "
+           f"{t4['unit_us'] / 1e3:.1f} against {t4['copy_us'] / 1e3:.1f} ms). One kernel per unit would move "
            "at least that many bytes: read x with its look-back once, write the output once.",
            f"- `skip_add` reaches {span(16, 'skip_add')} of the copy's GB/s, so plain passes can run at the memory's "
            "speed here.",
@@ -4159,7 +4159,7 @@ def thirty_first_session(res) -> list[str]:
            "shrink by about 29% (8 clients) and 24% (64) for the throughput targets, in process.",
            "- The units hold far more than that between what they take and what their bytes need.",
            "- An estimate, not a measurement: if the units ran in twice the copy's time, a 64 x 16 decode would "
-           f"take about {whole_64x16 - t16['unit_us'] / 1e3 + 2 * t16['fused_floor_us'] / 1e3:.0f} ms instead of "
+           f"take about {whole_64x16 - t16['unit_us'] / 1e3 + 2 * t16['copy_us'] / 1e3:.0f} ms instead of "
            f"{whole_64x16:.0f}.",
            "- The lead from calls 5-7: the depthwise kernels lose to unaligned taps. With the activations "
            "channels-last ([B, T, C]: a tap moves by whole rows of C), every tap would be aligned. Then `unit_tail`'s "

@@ -100,16 +100,14 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     del exact
     served_fp32 = None
-    default_unit_max = vae_kernels.UNIT_MAX_CHANNELS
     defaults = {k: getattr(vae_kernels, k) for k in dir(vae_kernels) if k.isupper()}
     for variant in args.precisions.split(","):
-        head, *settings = variant.split("+")
-        for k, v in defaults.items():
-            setattr(vae_kernels, k, v)
-        for k, v in parse_settings("+".join(settings)).items():
+        head, _, settings = variant.partition("+")
+        for k, v in {**defaults, **parse_settings(settings)}.items():
             setattr(vae_kernels, k, v)
         precision, _, unit_max = head.partition(":")
-        vae_kernels.UNIT_MAX_CHANNELS = int(unit_max) if unit_max else default_unit_max
+        if unit_max:
+            vae_kernels.UNIT_MAX_CHANNELS = int(unit_max)
         log(f"[{variant}] residual units of <= {vae_kernels.UNIT_MAX_CHANNELS} channels run unit_tail")
         t0 = time.perf_counter()
         _, vae = load_audio_vae(args.checkpoint, dev, triton_kernels=vae_kernels.available(), compile=True,
