@@ -15,7 +15,8 @@ With --bandwidth, how near memory bandwidth each residual unit's kernels run at 
 [B, C, T] inputs read once, its output written once; the look-back frames and weights not counted)
 and against a copy of as many bytes (`Tensor.copy_`, what the GPU's memory reaches in practice); and
 the unit's kernels together against one copy of x (what one kernel for the whole unit would move at
-least, its look-back aside: x read once, the output written once).
+least, its look-back aside: x read once, the output written once). Each unit also as it runs with
+the first snake applied to the taps as they load (`*_on_load`, `kernels.vae.residual_unit`).
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def parse_variants(spec: str) -> dict:
 def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
     """[{"C", "T", "dilation", "copy_us", kernel: {"us", "gb", "gb_per_s", "of_copy"}, "unit_us"}]
     for every residual unit at the default launches (--bandwidth); with `variants` (parse_variants),
-    also "unit_tail[<variant>]" per variant, each with its largest difference from the default's output."""
+    also "unit_tail[<variant>]" and "unit_tail_on_load[<variant>]" per variant, each with its largest difference
+    from the default's output."""
     from triton.testing import do_bench
 
     rows = []
@@ -151,9 +153,16 @@ def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
         xp, _ = vae_kernels.snake_extend(prev, x, alpha, row_align=row_align)
         n = x.numel() * 4  # bytes of one [B, C, T] fp32 tensor
         calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha, row_align=row_align), 2 * n)}
+        # the first snake applied to the taps as they load (`residual_unit`): no look-back pass
+        on_load = dict(prev=prev, pre_alpha=alpha)
         if C <= vae_kernels.UNIT_MAX_CHANNELS:
             calls["unit_tail"] = (lambda: vae_kernels.unit_tail(xp, x, w, bias, alpha, pw, pb, d), 3 * n)
+            calls["unit_tail_on_load"] = (lambda: vae_kernels.unit_tail(None, x, w, bias, alpha, pw, pb, d, **on_load),
+                                          2 * n)
+            on_load_keys = ["unit_tail_on_load"]
         else:
+            calls["dwconv_snake_on_load"] = (lambda: vae_kernels.dwconv_snake(x, w, bias, alpha, d, **on_load), 2 * n)
+            on_load_keys = ["dwconv_snake_on_load", "pointwise_conv", "skip_add"]
             y = vae_kernels.dwconv_snake(xp, w, bias, alpha, d)
             calls["dwconv_snake"] = (lambda: vae_kernels.dwconv_snake(xp, w, bias, alpha, d), 2 * n)
             calls["pointwise_conv"] = (lambda: torch.nn.functional.conv1d(y, pw), 2 * n)
@@ -166,27 +175,32 @@ def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
             us = do_bench(fn, warmup=3, rep=20) * 1e3
             row[k] = {"us": us, "gb": nbytes / 1e9, "gb_per_s": nbytes / us / 1e3,
                       "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"]}
-        row["unit_us"] = sum(row[k]["us"] for k in calls)
+        row["unit_on_load_us"] = sum(row[k]["us"] for k in on_load_keys)
+        row["unit_us"] = sum(row[k]["us"] for k in calls if not k.endswith("_on_load"))
         print(f"C {C:4d} T {T:6d} d {d}: copy {copy_us:7.1f} us ({row['copy_gb_per_s']:.0f} GB/s); "
               + ", ".join(f"{k} {row[k]['us']:7.1f} us ({100 * row[k]['of_copy']:.0f}% of the copy's GB/s)" for k in calls)
-              + f"; the unit {row['unit_us']:.1f} us against one copy {copy_us:.1f}", flush=True)
-        if "unit_tail" in calls:
-            want = calls["unit_tail"][0]()
-            for name, settings in (variants or {}).items():
+              + f"; the unit {row['unit_us']:.1f} us (snake on load {row['unit_on_load_us']:.1f}) against one copy "
+              f"{copy_us:.1f}", flush=True)
+        for kernel in ("unit_tail", "unit_tail_on_load"):
+            if kernel not in calls or not variants:
+                continue
+            fn, nbytes = calls[kernel]
+            want = fn()[0] if kernel.endswith("_on_load") else fn()
+            for name, settings in variants.items():
                 saved = {k: getattr(vae_kernels, k) for k in settings}
                 for k, v in settings.items():
                     setattr(vae_kernels, k, v)
                 try:
-                    fn, nbytes = calls["unit_tail"]
                     us = do_bench(fn, warmup=3, rep=20) * 1e3
-                    row[f"unit_tail[{name}]"] = {"us": us, "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"],
-                                                 "max_abs_vs_default": (fn() - want).abs().max().item()}
+                    got = fn()[0] if kernel.endswith("_on_load") else fn()
+                    row[f"{kernel}[{name}]"] = {"us": us, "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"],
+                                                "max_abs_vs_default": (got - want).abs().max().item()}
                 except Exception as e:  # noqa: BLE001 - a launch past the SM's resources: recorded
-                    row[f"unit_tail[{name}]"] = {"error": repr(e)[:200]}
+                    row[f"{kernel}[{name}]"] = {"error": repr(e)[:200]}
                 finally:
                     for k, v in saved.items():
                         setattr(vae_kernels, k, v)
-                print(f"    unit_tail[{name}]: {json.dumps(row[f'unit_tail[{name}]'])}", flush=True)
+                print(f"    {kernel}[{name}]: {json.dumps(row[f'{kernel}[{name}]'])}", flush=True)
         rows.append(row)
         del x, prev, xp, out
         torch.cuda.empty_cache()
@@ -220,8 +234,10 @@ def main():
     shapes = unit_shapes(args.streams, args.patches, dilations=tuple(int(d) for d in args.dilations.split(",")))
     if args.bandwidth:
         rows = bandwidth_rows(shapes, args.streams, parse_variants(args.unit_variants), args.row_align)
-        total = {k: sum(r[k] for r in rows) for k in ("unit_us", "copy_us")}  # copy_us: what one pass per unit needs
-        print(f"all units: {total['unit_us']:.0f} us, one copy per unit {total['copy_us']:.0f} us", flush=True)
+        # copy_us: what one pass per unit needs
+        total = {k: sum(r[k] for r in rows) for k in ("unit_us", "unit_on_load_us", "copy_us")}
+        print(f"all units: {total['unit_us']:.0f} us (snake on load {total['unit_on_load_us']:.0f}), one copy per "
+              f"unit {total['copy_us']:.0f} us", flush=True)
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "streams": args.streams, "patches": args.patches,
                        "row_align": args.row_align, "units": rows, "total_us": total}, f, indent=1)

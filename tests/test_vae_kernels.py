@@ -20,7 +20,7 @@ from voxcpm_triton.model.audio_vae import (  # noqa: E402
 )
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.kernels.vae import (  # noqa: E402
-    conv_tanh, dwconv_snake, phase_interleave, skip_add, snake_extend, unit_tail,
+    conv_tanh, dwconv_snake, phase_interleave, residual_unit, skip_add, snake_extend, unit_tail,
 )
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,6 +78,31 @@ def test_unit_tail_is_the_rest_of_the_unit(C, T, dilation, block_co, monkeypatch
     assert got.shape == want.shape and got.is_contiguous()
     assert want.abs().max().item() > 0.1
     assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("C,T,dilation,unit_max", [(20, 3, 9, 128), (40, 300, 3, 128), (33, 200, 1, 16),
+                                                    (20, 3, 9, 8), (20, 300, 3, 8), (20, 0, 3, 128), (20, 0, 3, 8)])
+def test_residual_unit_runs_from_the_raw_input(C, T, dilation, unit_max, monkeypatch):
+    """`residual_unit`: the first snake applied to the taps as they load, from the unit's raw input and
+    the stream's raw saved frames, against the unit's layers; its tail is exactly the last frames of
+    [saved | x], the next chunk's saved frames. In `unit_tail` (up to unit_max channels) and in
+    dwconv_snake + pointwise + skip_add (wider); fewer frames than the look-back (3 < 6 * 9), several
+    time blocks, partial channel blocks (33 in blocks of 16), and no frames at all (the tail is prev)."""
+    monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", unit_max)
+    monkeypatch.setattr(vae_kernels, "UNIT_BLOCK_CO", 16 if C == 33 else 128)
+    unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
+    snake1, conv, snake2, pointwise = unit.block
+    g = torch.Generator().manual_seed(T + 1)
+    x = torch.randn(2, C, T, generator=g).to(DEV)
+    prev = torch.randn(2, C, conv.left_pad, generator=g).to(DEV)
+    got, tail = residual_unit(prev, x, snake1.alpha, conv.weight, conv.bias, snake2.alpha, pointwise.weight,
+                              pointwise.bias, dilation)
+    assert got.shape == x.shape and got.is_contiguous()
+    assert torch.equal(tail, torch.cat([prev, x], -1)[..., -conv.left_pad:])
+    if T:  # (PyTorch's conv takes no empty input)
+        want = x + pointwise(snake2(conv(snake1(x), _Stream([snake1(prev)]))))
+        assert want.abs().max().item() > 0.1
+        assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
 
 
 @pytest.mark.parametrize("C,L,T,scale", [(20, 54, 3, 1), (5, 6, 300, 1), (9, 18, 18, 1), (9, 18, 300, 100)])
@@ -196,16 +221,23 @@ REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_
                decoder_rates=[8, 6, 5, 2, 2, 2], depthwise=True, sr_bin_boundaries=[20000, 30000, 40000])
 
 
-def test_decoder_with_the_kernel_matches_without(monkeypatch):
+@pytest.mark.parametrize("on_load", [True, False])
+def test_decoder_with_the_kernel_matches_without(on_load, monkeypatch):
     """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel). Its
-    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths. Units
-    of 4 channels and more (both paths) read look-back rows padded to 16 elements, the narrower
-    ones (unit_tail) plain rows."""
+    units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths. on_load:
+    all but the 8-channel units run from their raw input (`residual_unit`, the stream keeping raw
+    frames); else none. Units of 4 channels and more that do not read look-back rows padded to 16
+    elements, the narrower ones (unit_tail) plain rows."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", 4)
+    monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_WIDE", on_load)
+    monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_UP_TO", 4 if on_load else 0)
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
-    assert sum(getattr(m, "fused", False) for m in fused.modules()) == 18  # 6 blocks x 3 units
+    units = [m for m in fused.modules() if getattr(m, "fused", False)]
+    assert len(units) == 18  # 6 blocks x 3 units
+    on = sum(vae_kernels.unit_snake_on_load(u.block[0].alpha.shape[1]) for u in units)
+    assert on == (15 if on_load else 0)  # all but 3 units of 8 channels
     assert sum(getattr(m, "polyphase", False) for m in fused.modules()) == 6
     # The snakes before the upsampling convs and the last conv run in those convs' look-back pass,
     # and the last conv applies the tanh.
@@ -239,16 +271,25 @@ def test_the_depthwise_kernels_read_padded_lookback_rows(kernel):
     assert torch.equal(run(padded), run(xp))
 
 
-def test_aligned_rows_decode_the_same_audio(monkeypatch):
-    """The whole decoder with every unit on padded look-back rows and with none: the same audio, bit for bit."""
+def test_aligned_rows_and_snake_on_load_decode_the_same_audio(monkeypatch):
+    """The whole decoder, streamed (the stream's saved frames snaked, or raw), with every unit on padded
+    look-back rows, with none, and with every unit run from its raw input (`residual_unit`): the same
+    audio, bit for bit."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     z = torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(13)).to(DEV)
     audio = []
-    for align_from in (1, 10**9):
+    for align_from, on_load in ((1, False), (10**9, False), (1, True)):
         monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", align_from)
-        audio.append(fused.decode(z))
-    assert torch.equal(audio[0], audio[1])
+        monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_WIDE", on_load)
+        monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_UP_TO", 10**9 if on_load else 0)
+        state, parts = fused.new_stream_state(2), []
+        for a, b in ((0, 1), (1, 3)):
+            chunk, state = fused.decode_chunk(z[..., a:b], state)
+            parts.append(chunk)
+        audio.append(torch.cat(parts, -1))
+    assert audio[0].abs().max().item() > 1e-3
+    assert all(torch.equal(a, audio[0]) for a in audio[1:])
 
 
 @pytest.mark.parametrize("cond", [{}, {"cond_out_layer": True}])

@@ -71,6 +71,11 @@ UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointw
 # specializes on strides divisible by 16 and can then vectorize the accesses at aligned offsets.
 # unit_tail at 32 channels ran slower on such rows (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
 ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
+# Residual units that run from their raw input (`residual_unit`: the first snake applied to each tap as
+# it is loaded, the stream keeping raw frames) instead of after a look-back pass (`snake_extend`): those
+# wider than UNIT_MAX_CHANNELS if SNAKE_ON_LOAD_WIDE, and those of up to SNAKE_ON_LOAD_UP_TO channels.
+# unit_tail at 64 and 128 channels runs slower so (benchmarks/kernel_vae_blocks.py --bandwidth).
+SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO = True, 32
 # fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
 # faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
 UNIT_DOT_PRECISION = "tf32x3" if torch.version.hip is None else "ieee"
@@ -93,52 +98,97 @@ if _HAVE_TRITON:
         return x + (1.0 / (a + 1e-9)) * (s * s)
 
     @triton.jit
+    def _tap(src, f, ci_ok, t_ok, prev, t0, LB: tl.constexpr, a_pre, FAST_SIN: tl.constexpr,
+             PRE_SNAKE: tl.constexpr):
+        """Frames f of a depthwise conv's input for one tap, [BLOCK_C, BLOCK_T] (rows of channels ci).
+        PRE_SNAKE: src and prev are the rows of the unit's input x [.., T] and of the stream's saved
+        frames [.., LB] of it (raw: the snake is applied here); frame f < 0 is prev's frame LB + f.
+        Else src is the rows of xp = [saved | snake(x)] and f its frame."""
+        if PRE_SNAKE:
+            v = tl.load(src + f[None, :], mask=ci_ok[:, None] & t_ok & (f >= 0)[None, :], other=0.0).to(tl.float32)
+            if t0 < LB:  # only a chunk's first frames reach back into the saved ones
+                v += tl.load(prev + (f + LB)[None, :], mask=ci_ok[:, None] & (f < 0)[None, :],
+                             other=0.0).to(tl.float32)
+            return _snake(v, a_pre, FAST_SIN)
+        return tl.load(src + f[None, :], mask=ci_ok[:, None] & t_ok, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _keep_tail(src, prev, tail, ci_ok, T, LB: tl.constexpr, BLOCK_L: tl.constexpr):
+        """tail [.., LB] = the last LB frames of [prev | x] (raw), the saved frames of the next chunk."""
+        i = tl.arange(0, BLOCK_L)
+        f = T - LB + i
+        ok = ci_ok[:, None] & (i < LB)[None, :]
+        v = tl.load(src + f[None, :], mask=ok & (f >= 0)[None, :], other=0.0)
+        v += tl.load(prev + (f + LB)[None, :], mask=ok & (f < 0)[None, :], other=0.0)
+        tl.store(tail + i[None, :], v, mask=ok)
+
+    @triton.jit
     def _dwconv_snake_kernel(
-        xp_ptr, w_ptr, bias_ptr, alpha_ptr, y_ptr,
-        C, T, sxb, sxc, syb, syc,
+        xp_ptr, w_ptr, bias_ptr, alpha_ptr, y_ptr, prev_ptr, pre_alpha_ptr, tail_ptr,
+        C, T, sxb, sxc, syb, syc, spb, spc,
         K: tl.constexpr, DIL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-        FAST_SIN: tl.constexpr,
+        FAST_SIN: tl.constexpr, PRE_SNAKE: tl.constexpr, BLOCK_L: tl.constexpr,
     ):
+        LB: tl.constexpr = (K - 1) * DIL
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
-        mask = (c < C)[:, None] & (t < T)[None, :]
-        row = xp_ptr + b * sxb + c[:, None] * sxc + t[None, :]
+        t0 = tl.program_id(2) * BLOCK_T
+        t = t0 + tl.arange(0, BLOCK_T)
+        c_ok = c < C
+        t_ok = (t < T)[None, :]
+        src = xp_ptr + b * sxb + c[:, None] * sxc
+        prev = prev_ptr + b * spb + c[:, None] * spc
+        a_pre = tl.load(pre_alpha_ptr + c, mask=c_ok, other=1.0).to(tl.float32)[:, None]
         acc = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
-        for k in tl.static_range(K):  # output t reads input frames t .. t + (K-1) * DIL of xp
-            w = tl.load(w_ptr + c * K + k, mask=c < C, other=0.0).to(tl.float32)
-            acc += w[:, None] * tl.load(row + k * DIL, mask=mask).to(tl.float32)
-        acc += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
-        a = tl.load(alpha_ptr + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], _snake(acc, a, FAST_SIN), mask=mask)
+        for k in tl.static_range(K):  # output t reads conv-input frames t .. t + (K-1) * DIL (x's t - LB ..)
+            w = tl.load(w_ptr + c * K + k, mask=c_ok, other=0.0).to(tl.float32)
+            f = t - (K - 1 - k) * DIL if PRE_SNAKE else t + k * DIL
+            acc += w[:, None] * _tap(src, f, c_ok, t_ok, prev, t0, LB, a_pre, FAST_SIN, PRE_SNAKE)
+        acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
+        a = tl.load(alpha_ptr + c, mask=c_ok, other=1.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + b * syb + c[:, None] * syc + t[None, :], _snake(acc, a, FAST_SIN), mask=c_ok[:, None] & t_ok)
+        if PRE_SNAKE:
+            if tl.program_id(2) == 0:
+                _keep_tail(src, prev, tail_ptr + (b * C + c[:, None]) * LB, c_ok, T, LB, BLOCK_L)
 
     @triton.jit
     def _unit_tail_kernel(
-        xp_ptr, x_ptr, dw_ptr, dwb_ptr, alpha_ptr, pw_ptr, pwb_ptr, out_ptr,
-        C, T, spb, spc, sxb, sxc,
+        xp_ptr, x_ptr, dw_ptr, dwb_ptr, alpha_ptr, pw_ptr, pwb_ptr, out_ptr, prev_ptr, pre_alpha_ptr, tail_ptr,
+        C, T, spb, spc, sxb, sxc, svb, svc,
         K: tl.constexpr, DIL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
         BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        PRE_SNAKE: tl.constexpr, BLOCK_L: tl.constexpr,
     ):
-        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # time on the grid's unbounded axis
+        LB: tl.constexpr = (K - 1) * DIL
+        t0 = tl.program_id(0) * BLOCK_T  # time on the grid's unbounded axis
+        t = t0 + tl.arange(0, BLOCK_T)
         b = tl.program_id(1)
         co = tl.program_id(2) * BLOCK_CO + tl.arange(0, BLOCK_CO)
         t_ok = (t < T)[None, :]
         co_ok = co < C
+        keeps_tail = (tl.program_id(0) == 0) & (tl.program_id(2) == 0)
         acc = tl.zeros([BLOCK_CO, BLOCK_T], tl.float32)
         for ci0 in range(0, C, BLOCK_CI):
             ci = ci0 + tl.arange(0, BLOCK_CI)
             ci_ok = ci < C
             m = ci_ok[:, None] & t_ok
-            row = xp_ptr + b * spb + ci[:, None] * spc + t[None, :]
+            # PRE_SNAKE: the taps read x and the saved frames (xp_ptr unused); else xp
+            src = (x_ptr + b * sxb + ci[:, None] * sxc) if PRE_SNAKE else (xp_ptr + b * spb + ci[:, None] * spc)
+            prev = prev_ptr + b * svb + ci[:, None] * svc
+            a_pre = tl.load(pre_alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
             y = tl.zeros([BLOCK_CI, BLOCK_T], tl.float32)
             for k in range(K):  # a loop, not unrolled: one tap's addresses in registers at a time
                 w = tl.load(dw_ptr + ci * K + k, mask=ci_ok, other=0.0).to(tl.float32)
-                y += w[:, None] * tl.load(row + k * DIL, mask=m, other=0.0).to(tl.float32)
+                f = t - (K - 1 - k) * DIL if PRE_SNAKE else t + k * DIL
+                y += w[:, None] * _tap(src, f, ci_ok, t_ok, prev, t0, LB, a_pre, FAST_SIN, PRE_SNAKE)
             y += tl.load(dwb_ptr + ci, mask=ci_ok, other=0.0).to(tl.float32)[:, None]
             a = tl.load(alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
             y = tl.where(m, _snake(y, a, FAST_SIN), 0.0)  # channels past C add nothing to the product
             pw = tl.load(pw_ptr + co[:, None] * C + ci[None, :], mask=co_ok[:, None] & ci_ok[None, :], other=0.0)
             acc = tl.dot(pw.to(DOT_DTYPE), y.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+            if PRE_SNAKE:
+                if keeps_tail:
+                    _keep_tail(src, prev, tail_ptr + (b * C + ci[:, None]) * LB, ci_ok, T, LB, BLOCK_L)
         acc += tl.load(pwb_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
         mask = co_ok[:, None] & t_ok
         acc += tl.load(x_ptr + b * sxb + co[:, None] * sxc + t[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -225,57 +275,99 @@ else:
     _INTERPRETED = _FAST_SIN = False
 
 
-def dwconv_snake(xp, weight, bias, alpha, dilation: int):
-    """See the module doc. weight: [C, 1, K]; bias: [C]; alpha: [1, C, 1] or [C]."""
+def _lookback(prev, x, pre_alpha, K: int, dilation: int):
+    """The PRE_SNAKE arguments of the depthwise kernels: (prev, pre_alpha, tail, prev's strides,
+    BLOCK_L) for `residual_unit`, dummies (x, never read) for the xp forms."""
+    C = x.shape[1]
+    if prev is None:
+        return x, x, x, 0, 0, 1
+    L = (K - 1) * dilation
+    assert prev.shape == (x.shape[0], C, L) and prev.dtype == x.dtype and prev.stride(2) == 1, (prev.shape, x.shape)
+    tail = torch.empty_like(prev, memory_format=torch.contiguous_format)
+    return prev, pre_alpha.reshape(C).contiguous(), tail, prev.stride(0), prev.stride(1), triton.next_power_of_2(L)
+
+
+def dwconv_snake(xp, weight, bias, alpha, dilation: int, *, prev=None, pre_alpha=None):
+    """See the module doc. weight: [C, 1, K]; bias: [C]; alpha: [1, C, 1] or [C] -> y [B, C, T].
+    prev, pre_alpha: xp is the unit's input x [B, C, T] instead, and prev its saved frames [B, C, L]
+    (raw): the kernel applies the unit's first snake (pre_alpha) to the taps it loads, and also
+    returns the next chunk's saved frames -> (y, tail), see `residual_unit`."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     B, C, n = xp.shape
     K = weight.shape[-1]
-    T = n - (K - 1) * dilation
+    T = n if prev is not None else n - (K - 1) * dilation
     assert weight.shape == (C, 1, K) and bias.shape == (C,) and xp.dtype in DTYPES, (weight.shape, xp.dtype)
     assert T >= 0 and xp.stride(2) == 1, (xp.shape, xp.stride())
+    prev_, pre_alpha, tail, spb, spc, block_l = _lookback(prev, xp, pre_alpha, K, dilation)
     y = torch.empty((B, C, T), dtype=xp.dtype, device=xp.device)
-    if B == 0 or T == 0:
-        return y
-    grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
-    _dwconv_snake_kernel[grid](
-        xp, weight.reshape(C, K).contiguous(), bias, alpha.reshape(C).contiguous(), y,
-        C, T, xp.stride(0), xp.stride(1), y.stride(0), y.stride(1),
-        K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, num_warps=NUM_WARPS,
-    )
-    return y
+    if B and (T or prev is not None):
+        grid = (B, triton.cdiv(C, BLOCK_C), max(1, triton.cdiv(T, BLOCK_T)))
+        _dwconv_snake_kernel[grid](
+            xp, weight.reshape(C, K).contiguous(), bias, alpha.reshape(C).contiguous(), y, prev_, pre_alpha, tail,
+            C, T, xp.stride(0), xp.stride(1), y.stride(0), y.stride(1), spb, spc,
+            K=K, DIL=dilation, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, PRE_SNAKE=prev is not None,
+            BLOCK_L=block_l, num_warps=NUM_WARPS,
+        )
+    return y if prev is None else (y, tail)
 
 
-def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int):
+def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int, *, prev=None, pre_alpha=None):
     """See the module doc. dw_weight [C, 1, K], dw_bias [C], alpha [1, C, 1] or [C] (the second
-    snake's), pw_weight [C, C, 1], pw_bias [C] -> out [B, C, T], contiguous."""
+    snake's), pw_weight [C, C, 1], pw_bias [C] -> out [B, C, T], contiguous.
+    prev, pre_alpha: xp is None; the taps read x and prev (raw) and take the first snake (pre_alpha)
+    -> (out, tail), as `dwconv_snake`'s."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
-    B, C, n = xp.shape
+    B, C, T = x.shape
     K = dw_weight.shape[-1]
-    T = n - (K - 1) * dilation
+    assert (xp is None) == (prev is not None), "either xp or prev"
+    if xp is None:
+        xp = x
+    else:
+        assert xp.shape == (B, C, T + (K - 1) * dilation) and xp.dtype == x.dtype, (xp.shape, x.shape, xp.dtype)
     assert dw_weight.shape == (C, 1, K) and dw_bias.shape == pw_bias.shape == (C,), (dw_weight.shape, C)
-    assert pw_weight.shape == (C, C, 1) and xp.dtype == x.dtype in DTYPES, (pw_weight.shape, xp.dtype, x.dtype)
-    assert x.shape == (B, C, T) and xp.stride(2) == 1 and x.stride(2) == 1, (x.shape, xp.shape, x.stride())
+    assert pw_weight.shape == (C, C, 1) and x.dtype in DTYPES, (pw_weight.shape, x.dtype)
+    assert xp.stride(2) == 1 and x.stride(2) == 1, (x.shape, xp.shape, x.stride())
+    prev_, pre_alpha, tail, svb, svc, block_l = _lookback(prev, x, pre_alpha, K, dilation)
     out = torch.empty((B, C, T), dtype=x.dtype, device=x.device)
-    if B == 0 or T == 0:
-        return out
-    width = max(16, triton.next_power_of_2(C))  # tl.dot takes blocks of 16 and more
-    block_ci, block_t, warps = next((v for c, v in sorted(UNIT_LAUNCHES.items()) if C <= c),
-                                    UNIT_LAUNCHES[max(UNIT_LAUNCHES)])
-    block_co, block_ci = min(UNIT_BLOCK_CO, width), min(block_ci, width)
-    if _INTERPRETED:
-        block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
-    grid = (triton.cdiv(T, block_t), B, triton.cdiv(C, block_co))
-    _unit_tail_kernel[grid](
-        xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
-        pw_weight.reshape(C, C).contiguous(), pw_bias, out,
-        C, T, xp.stride(0), xp.stride(1), x.stride(0), x.stride(1),
-        K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t, FAST_SIN=_FAST_SIN,
-        DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=UNIT_DOT_PRECISION if x.dtype == torch.float32 else "ieee",
-        num_warps=warps,
-    )
-    return out
+    if B and (T or prev is not None):
+        width = max(16, triton.next_power_of_2(C))  # tl.dot takes blocks of 16 and more
+        block_ci, block_t, warps = next((v for c, v in sorted(UNIT_LAUNCHES.items()) if C <= c),
+                                        UNIT_LAUNCHES[max(UNIT_LAUNCHES)])
+        block_co, block_ci = min(UNIT_BLOCK_CO, width), min(block_ci, width)
+        if _INTERPRETED:
+            block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
+        grid = (max(1, triton.cdiv(T, block_t)), B, triton.cdiv(C, block_co))
+        _unit_tail_kernel[grid](
+            xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
+            pw_weight.reshape(C, C).contiguous(), pw_bias, out, prev_, pre_alpha, tail,
+            C, T, xp.stride(0), xp.stride(1), x.stride(0), x.stride(1), svb, svc,
+            K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t, FAST_SIN=_FAST_SIN,
+            DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=UNIT_DOT_PRECISION if x.dtype == torch.float32 else "ieee",
+            PRE_SNAKE=prev is not None, BLOCK_L=block_l, num_warps=warps,
+        )
+    return out if prev is None else (out, tail)
+
+
+def residual_unit(prev, x, pre_alpha, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int):
+    """A whole depthwise residual unit from its raw input: prev [B, C, L] (the stream's saved frames
+    of x: its last L = 6 * dilation input frames, raw; zeros one-shot), x [B, C, T] contiguous
+    -> (x + pointwise(snake(dwconv([prev | snake(x)]))), tail [B, C, L] = the last L frames of
+    [prev | x]). The first snake (pre_alpha) is applied to each tap as it is loaded, so no pass
+    writes the snaked look-back input. Up to UNIT_MAX_CHANNELS channels in one kernel (`unit_tail`),
+    wider units as dwconv_snake, cuDNN's pointwise conv and skip_add."""
+    if x.shape[1] <= UNIT_MAX_CHANNELS:
+        return unit_tail(None, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation, prev=prev,
+                         pre_alpha=pre_alpha)
+    y, tail = dwconv_snake(x, dw_weight, dw_bias, alpha, dilation, prev=prev, pre_alpha=pre_alpha)
+    z = torch.nn.functional.conv1d(y, pw_weight) if y.shape[-1] else y  # (cuDNN takes no empty input)
+    return skip_add(x, z, pw_bias), tail
+
+
+def unit_snake_on_load(channels: int) -> bool:
+    """Whether a residual unit of `channels` runs as `residual_unit` (SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO)."""
+    return SNAKE_ON_LOAD_WIDE if channels > UNIT_MAX_CHANNELS else channels <= SNAKE_ON_LOAD_UP_TO
 
 
 def unit_row_align(channels: int) -> int:

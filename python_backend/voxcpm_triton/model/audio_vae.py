@@ -358,6 +358,14 @@ class ResidualUnit(nn.Module):
 
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()
+            if kernels.unit_snake_on_load(x.shape[1]):  # the stream keeps the unit's raw input frames
+                ctx = conv.left_pad
+                prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
+                out, tail = kernels.residual_unit(prev, x, snake1.alpha, conv.weight, conv.bias, snake2.alpha,
+                                                  pointwise.weight, pointwise.bias, conv.dilation)
+                if st is not None:
+                    st.keep(tail)
+                return out
             xp = with_lookback(x, conv.left_pad, st, snake1, row_align=kernels.unit_row_align(x.shape[1]))
             if x.shape[1] <= kernels.UNIT_MAX_CHANNELS:
                 return kernels.unit_tail(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight,
