@@ -27,6 +27,10 @@ thing changed:
                 VAE's kernels confined to those, the rest of the GPU left to the engine's step
   long_pieces   a chunk longer than the longest VAE graph at its batch bucket decodes as that graph's
                 consecutive pieces (`VAEStreams.pieces`), not eagerly: far fewer launches from Python
+  vae_plain_units  the VAE's residual units each after a look-back pass (`kernels.vae.snake_extend`) on
+                plain rows, as before the thirty-first session (no aligned rows, no snake on load): its
+                own stream bank and graphs, captured with those kernels.vae constants, which stay set
+                through the round for the eager decodes
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -64,6 +68,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
 from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
+from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
@@ -172,7 +177,14 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
     else:
         audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
     sys.setswitchinterval(0.0005 if name == "fast_switch" else DEFAULT_SWITCH_S)
-    bank = audio.streams
+    for k, v in (PLAIN_UNITS if name == "vae_plain_units" else VAE_DEFAULTS).items():
+        setattr(vae_kernels, k, v)
+    streams.setdefault("default_bank", audio.streams)
+    if name == "vae_plain_units" and name not in streams:
+        default = streams["default_bank"]
+        streams[name] = VAEStreams(default.vae, default.P, default.max_streams, cuda_graphs=default.device.type == "cuda",
+                                   graph_patches=SCHEDULE)  # captured with PLAIN_UNITS set
+    audio.streams = bank = streams[name if name == "vae_plain_units" else "default_bank"]
     if name == "vae_off":
         hop = bank.vae.decode_chunk_size  # output samples per latent frame
         bank.decode_async = lambda keys, z: DecodedAudio([torch.zeros(len(keys), z.shape[-1] * hop)], None)
@@ -184,7 +196,9 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
         bank.__dict__.pop("pieces", None)
 
 
-SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces")
+SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units")
+PLAIN_UNITS = {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9}
+VAE_DEFAULTS = {k: getattr(vae_kernels, k) for k in PLAIN_UNITS}
 DEFAULT_SWITCH_S = sys.getswitchinterval()
 
 

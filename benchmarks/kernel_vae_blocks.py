@@ -140,8 +140,8 @@ def parse_variants(spec: str) -> dict:
 def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
     """[{"C", "T", "dilation", "copy_us", kernel: {"us", "gb", "gb_per_s", "of_copy"}, "unit_us"}]
     for every residual unit at the default launches (--bandwidth); with `variants` (parse_variants),
-    also "unit_tail[<variant>]" and "unit_tail_on_load[<variant>]" per variant, each with its largest difference
-    from the default's output."""
+    also "unit_tail[<variant>]", "unit_tail_on_load[<variant>]" and "dwconv_snake_on_load[<variant>]" per
+    variant, each with its largest difference from the default's output."""
     from triton.testing import do_bench
 
     rows = []
@@ -181,11 +181,11 @@ def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
               + ", ".join(f"{k} {row[k]['us']:7.1f} us ({100 * row[k]['of_copy']:.0f}% of the copy's GB/s)" for k in calls)
               + f"; the unit {row['unit_us']:.1f} us (snake on load {row['unit_on_load_us']:.1f}) against one copy "
               f"{copy_us:.1f}", flush=True)
-        for kernel in ("unit_tail", "unit_tail_on_load"):
+        for kernel in ("unit_tail", "unit_tail_on_load", "dwconv_snake_on_load"):
             if kernel not in calls or not variants:
                 continue
             fn, nbytes = calls[kernel]
-            want = fn()[0] if kernel.endswith("_on_load") else fn()
+            want = fn()[0] if kernel.endswith("_on_load") else fn()  # (out, tail) on load
             for name, settings in variants.items():
                 saved = {k: getattr(vae_kernels, k) for k in settings}
                 for k, v in settings.items():
@@ -227,7 +227,7 @@ def main():
     ap.add_argument("--dilations", default="1,3,9", help="the units' dilations (the decoder's: 1,3,9)")
     ap.add_argument("--row-align", type=int, default=1, help="--bandwidth: snake_extend's row_align (its output, "
                     "the depthwise kernels' input)")
-    ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail again with kernels.vae constants "
+    ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail (and the on-load kernels) again with kernels.vae constants "
                     "set, e.g. 'UNIT_DOT_PRECISION=tf32;UNIT_BLOCK_CO=64+UNIT_DOT_PRECISION=tf32' (';' between variants, "
                     "'+' within one)")
     args = ap.parse_args()
