@@ -4212,6 +4212,21 @@ def _vae_precision_log_runs(text: str) -> list:
     return runs
 
 
+def _decoder_run_bars(ax, decoder_rows, kinds: dict, shapes: dict):
+    """Bars of vae_precision.py's runs ((name, {shape: ms}), `_vae_precision_log_runs`): per shape, the runs of
+    each kind (a prefix of the name -> its label, before then after), each run its own bar with its ms."""
+    for j, ((kind, label), color) in enumerate(zip(kinds.items(), ("#999", "#286"))):
+        runs = [r for n, r in decoder_rows if n.startswith(kind)]
+        for k, r in enumerate(runs):
+            xs = [i + (2 * j + k - 1.5) * 0.18 for i in range(len(shapes))]
+            ax.bar(xs, [r[s] for s in shapes], 0.18, color=color, alpha=1.0 if k == 0 else 0.6,
+                   label=f"{label}, run {k + 1}")
+            for x, s in zip(xs, shapes):
+                ax.text(x, r[s], f"{r[s]:.1f}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(shapes)), list(shapes.values()))
+    ax.set_ylabel("ms per decode call")
+
+
 def _plot_thirty_first(per_step, probe, units, decoder_rows):
     plt = _pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(19, 4), gridspec_kw={"width_ratios": [1, 1, 1.4, 0.9]})
@@ -4254,17 +4269,8 @@ def _plot_thirty_first(per_step, probe, units, decoder_rows):
     c.set_title("call 3: residual units at 64 x 16, each kernel against a copy of its bytes", fontsize=9)
     c.legend(fontsize=7, ncol=2)
     d = axes[3]
-    shapes = ("64x4", "64x16")
-    for j, (kind, color) in enumerate((("plain", "#999"), ("aligned", "#286"))):
-        runs = [r for n, r in decoder_rows if n.startswith(kind)]
-        for k, r in enumerate(runs):
-            xs = [i + (2 * j + k - 1.5) * 0.18 for i in range(len(shapes))]
-            d.bar(xs, [r[s] for s in shapes], 0.18, color=color, alpha=1.0 if k == 0 else 0.6,
-                  label=f"{'plain rows' if kind == 'plain' else 'aligned from 64 channels'}, run {k + 1}")
-            for x, s in zip(xs, shapes):
-                d.text(x, r[s], f"{r[s]:.1f}", ha="center", va="bottom", fontsize=6)
-    d.set_xticks(range(len(shapes)), ["64 x 4 (graph)", "64 x 16 (eager)"])
-    d.set_ylabel("ms per decode call")
+    _decoder_run_bars(d, decoder_rows, {"plain": "plain rows", "aligned": "aligned from 64 channels"},
+                      {"64x4": "64 x 4 (graph)", "64x16": "64 x 16 (eager)"})
     d.set_title("call 8: the decoder with aligned look-back rows", fontsize=9)
     d.legend(fontsize=6, loc="upper left")
     _save_panels(fig, axes, "Thirty-first session, NVIDIA H200, 2026-11-29", "results_thirty_first.png")
@@ -4468,17 +4474,8 @@ def _plot_thirty_second(rows16, decoder_rows, loop):
     a.set_title("call 1: each residual unit both ways (kept: > 128 and <= 32 channels)", fontsize=9)
     a.legend(fontsize=7)
     b = axes[1]
-    shapes = ("64x16", "gpu")
-    for j, (kind, color) in enumerate((("look-back", "#999"), ("from", "#286"))):
-        runs = [r for n, r in decoder_rows if n.startswith(kind)]
-        for k, r in enumerate(runs):
-            xs = [i + (2 * j + k - 1.5) * 0.18 for i in range(len(shapes))]
-            b.bar(xs, [r[s] for s in shapes], 0.18, color=color, alpha=1.0 if k == 0 else 0.6,
-                  label=f"{'look-back pass' if kind == 'look-back' else 'from the raw input'}, run {k + 1}")
-            for x, s in zip(xs, shapes):
-                b.text(x, r[s], f"{r[s]:.1f}", ha="center", va="bottom", fontsize=6)
-    b.set_xticks(range(len(shapes)), ["64 x 16 (eager, wall)", "64 x 4 (graph, GPU)"])
-    b.set_ylabel("ms per decode call")
+    _decoder_run_bars(b, decoder_rows, {"look-back": "look-back pass", "from": "from the raw input"},
+                      {"64x16": "64 x 16 (eager, wall)", "gpu": "64 x 4 (graph, GPU)"})
     b.set_title("call 2: the whole decoder", fontsize=9)
     b.legend(fontsize=6, loc="upper right")
     c = axes[2]
