@@ -5,9 +5,10 @@ pointwise conv, plus the skip. For fp32 depthwise convs PyTorch runs its generic
 (cuDNN is not used), a large share of a streaming decode's GPU time, and each snake is another
 pass over the activations. Each kernel below is one pass:
 
-`snake_extend`: a snake written behind the look-back frames of the conv that follows it (a residual
-unit's first snake; the snakes before each upsampling conv and before the last conv), with the
-frames to save for the next chunk cut from the same pass (instead of snake, torch.cat and a copy):
+`snake_extend`: a snake written behind the look-back frames of the conv that follows it (the first
+snake of a residual unit that does not run from its raw input, below; the snakes before each
+upsampling conv and before the last conv), with the frames to save for the next chunk cut from the
+same pass (instead of snake, torch.cat and a copy):
 
     prev [B, C, L], x [B, C, T]  ->  xp [B, C, L + T] = [prev | snake(x)],  tail = xp[..., -L:]
 
@@ -36,6 +37,11 @@ snake BLOCK_CI channels at a time and multiplies them straight into its accumula
 for fp32 activations three TF32 products, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
 output block makes the depthwise conv again, which makes the widest units slower than the three
 kernels: they keep them (UNIT_MAX_CHANNELS, benchmarks/kernel_vae_blocks.py --unit).
+
+`residual_unit`: a whole unit from its raw input x and the stream's raw saved frames of it. The two
+depthwise kernels above in their PRE_SNAKE form apply the unit's first snake to each tap as they load
+it, so no pass writes the snaked look-back input, and write the next chunk's saved frames themselves.
+Which units run so is policy (`unit_snake_on_load`, measured per width).
 
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
