@@ -137,7 +137,7 @@ def parse_variants(spec: str) -> dict:
     return {variant: parse_settings(variant) for variant in spec.split(";") if variant}
 
 
-def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
+def bandwidth_rows(shapes, B, variants=None, row_align: str = "served") -> list:
     """[{"C", "T", "dilation", "copy_us", kernel: {"us", "gb", "gb_per_s", "of_copy"}, "unit_us"}]
     for every residual unit at the default launches (--bandwidth); with `variants` (parse_variants),
     also "unit_tail[<variant>]", "unit_tail_on_load[<variant>]" and "dwconv_snake_on_load[<variant>]" per
@@ -150,9 +150,10 @@ def bandwidth_rows(shapes, B, variants=None, row_align: int = 1) -> list:
         x, prev = g(B, C, T), g(B, C, 6 * d)
         w, bias, alpha = g(C, 1, 7) / 3, g(C), torch.rand(C, device="cuda") + 0.5
         pw, pb = g(C, C, 1) / C ** 0.5, g(C)
-        xp, _ = vae_kernels.snake_extend(prev, x, alpha, row_align=row_align)
+        align = vae_kernels.unit_row_align(C) if row_align == "served" else int(row_align)
+        xp, _ = vae_kernels.snake_extend(prev, x, alpha, row_align=align)
         n = x.numel() * 4  # bytes of one [B, C, T] fp32 tensor
-        calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha, row_align=row_align), 2 * n)}
+        calls = {"snake_extend": (lambda: vae_kernels.snake_extend(prev, x, alpha, row_align=align), 2 * n)}
         # the first snake applied to the taps as they load (`residual_unit`): no look-back pass
         on_load = dict(prev=prev, pre_alpha=alpha)
         if C <= vae_kernels.UNIT_MAX_CHANNELS:
@@ -225,8 +226,9 @@ def main():
     ap.add_argument("--max-channels", type=int, default=4096, help="--unit: the widest unit timed")
     ap.add_argument("--bandwidth", action="store_true", help="each unit's kernels against memory bandwidth")
     ap.add_argument("--dilations", default="1,3,9", help="the units' dilations (the decoder's: 1,3,9)")
-    ap.add_argument("--row-align", type=int, default=1, help="--bandwidth: snake_extend's row_align (its output, "
-                    "the depthwise kernels' input)")
+    ap.add_argument("--row-align", default="served", help="--bandwidth: snake_extend's row_align (its output, "
+                    "the depthwise kernels' input): 'served' (kernels.vae.unit_row_align, the decoder's; before the "
+                    "thirty-second session the default was 1) or a number, e.g. 1 or 16")
     ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail (and the on-load kernels) again with kernels.vae constants "
                     "set, e.g. 'UNIT_DOT_PRECISION=tf32;UNIT_BLOCK_CO=64+UNIT_DOT_PRECISION=tf32' (';' between variants, "
                     "'+' within one)")

@@ -4054,7 +4054,8 @@ def thirty_first_session(res) -> list[str]:
            "- What it shows: confining the long eager decodes did not shorten the round. That fits a GPU that is "
            "full, where only less work helps, or work done nearer the hardware's limits. Dropped.", "",
            "**How near memory bandwidth the VAE's residual units run** (call 3: `kernel_vae_blocks.py --bandwidth "
-           "--streams 64 --patches {16,4}`, `raw/vae_bandwidth_64x{16,4}_thirtyfirst.{json,log}`).",
+           "--streams 64 --patches {16,4}`, its look-back rows then unpadded by default (`--row-align 1` now), "
+           "`raw/vae_bandwidth_64x{16,4}_thirtyfirst.{json,log}`).",
            "- Each kernel is timed at its default launch, fp32, against the bytes it has to move: each [B, C, T] input "
            "read once, its output written once. The look-back frames are not counted (at most 10% more bytes, at "
            "1024 channels and dilation 9). The yardstick is a `copy_` of as many bytes: about 4.2 TB/s on the large "
@@ -4288,11 +4289,24 @@ def thirty_second_session(res) -> list[str]:
         return [(u["C"], u["T"], u["dilation"], u["unit_us"], u["unit_on_load_us"]) for u in units]
     rows16, rows4 = unit_rows(bw[16]["units"]), unit_rows(bw[4]["units"])
 
-    def policy_ms(rows, narrow_on_load_up_to=32):
-        """ms of the 18 units as the decoder now runs them (on load: wider than 128 channels and up to 32)."""
-        return sum(on if (C > 128 or C <= narrow_on_load_up_to) else old for C, _, _, old, on in rows) / 1e3
-    plain16, plain4 = (sum(r[3] for r in rows) / 1e3 for rows in (rows16, rows4))
-    now16, now4 = policy_ms(rows16), policy_ms(rows4)
+    # call 1 ran the look-back pass on plain rows (row_align 1, the benchmark's default then); the decoder
+    # before this session aligned them from 64 channels: those units' times from the thirty-first session's
+    # call 7 (row_align 16, median of its two runs; another machine of the same kind)
+    aligned = {}
+    for run in (2, 4):
+        for u in load(f"vae_bw_row_align16_run{run}_thirtyfirst.json")["units"]:
+            aligned.setdefault((u["C"], u["dilation"]), []).append(u["unit_us"])
+    aligned = {k: statistics.median(v) for k, v in aligned.items()}
+
+    def served_before(C, d, plain):
+        return aligned[(C, d)] if C >= 64 else plain  # ROW_ALIGN_FROM = 64
+
+    def on_load_now(C):
+        return C > 128 or C <= 32  # kernels.vae.unit_snake_on_load's default
+    before16 = sum(served_before(C, d, old) for C, _, d, old, _ in rows16) / 1e3
+    now16 = sum(on if on_load_now(C) else served_before(C, d, old) for C, _, d, old, on in rows16) / 1e3
+    wide_gain = [served_before(C, d, old) / on for C, _, d, old, on in rows16 if C > 128]
+    narrow_gain = [old / on for C, _, d, old, on in rows16 if C <= 32]
     with open(os.path.join(HERE, "raw", "vae_on_load_thirtysecond.log")) as f:
         runs = _vae_precision_log_runs(f.read())
     decoder_rows = [("look-back pass (before)" if "SNAKE_ON_LOAD_UP_TO=0" in v else "from the raw input", r) for v, r in runs]
@@ -4331,8 +4345,7 @@ def thirty_second_session(res) -> list[str]:
     res["thirty_second"] = {
         "device": "NVIDIA H200",
         "units_us_64x16": [dict(zip(("C", "T", "dilation", "lookback_pass_us", "on_load_us"), r)) for r in rows16],
-        "units_ms": {"64x16": {"all_after_a_lookback_pass": plain16, "as_served_now": now16},
-                     "64x4": {"all_after_a_lookback_pass": plain4, "as_served_now": now4}},
+        "units_ms_64x16": {"as_served_before": before16, "as_served_now": now16},
         "decoder_ms": [{"units": n, **r} for n, r in decoder_rows],
         "decoder_audio_max_abs_on_load_vs_before": same_audio,
         "tap_select_us_64x16": [dict(zip(("C", "dilation", "kernel", "select_us", "two_loads_us"), r)) for r in select_rows],
@@ -4351,22 +4364,28 @@ def thirty_second_session(res) -> list[str]:
           "same either way: snake(0) = 0). The first time block's programs also write the next chunk's saved "
           "frames.",
           "- Call 1 (`kernel_vae_blocks.py --bandwidth --streams 64 --patches {16,4}`, "
-          "`raw/vae_bandwidth_on_load_64x{16,4}_thirtysecond.{json,log}`): each unit both ways, us at 64 x 16 "
-          "(the look-back pass counted in the first column):", "",
-          "| unit channels x frames | dilation | look-back pass + the unit's kernels | from the raw input | ratio |",
-          "|---|---|---|---|---|"]
+          "`raw/vae_bandwidth_on_load_64x{16,4}_thirtysecond.{json,log}`) timed each unit both ways, with the "
+          "look-back pass on plain rows (`--row-align 1`, then the default). Before this session the decoder "
+          "aligned those rows from 64 channels: the third column is those units from the thirty-first session's "
+          "call 7 (`--row-align 16`, median of two runs, another machine of the same kind). us at 64 x 16:", "",
+          "| unit channels x frames | dilation | look-back pass, plain rows | look-back pass, aligned rows | "
+          "from the raw input | served before over from the raw input |", "|---|---|---|---|---|---|"]
     for C, T, d, old, on in rows16:
         if d in (1, 9):
-            md.append(f"| {C} x {T} | {d} | {old:.0f} | {on:.0f} | {old / on:.2f}x |")
+            al = f"{aligned[(C, d)]:.0f}" if C >= 64 else "-"
+            md.append(f"| {C} x {T} | {d} | {old:.0f} | {al} | {on:.0f} | {served_before(C, d, old) / on:.2f}x |")
     md += ["",
-           f"- Units wider than 128 channels (`dwconv_snake`, cuDNN's pointwise conv, `skip_add`) gain at every "
-           "dilation: the depthwise kernel costs about what it did, and the look-back pass is gone.",
-           "- `unit_tail` gains at 32 channels and loses at 64 and 128, most at dilation 9. There each tap costs two "
-           "masked loads and a snake, seven times per input frame, in a kernel already at 25% occupancy.",
-           f"- So the decoder runs from the raw input the units wider than 128 channels and those of up to 32 "
-           "(`SNAKE_ON_LOAD_WIDE`, `SNAKE_ON_LOAD_UP_TO = 32`). The 18 units' kernels: "
-           f"{plain16:.1f} ms before and {now16:.1f} ms now at 64 x 16; {plain4:.1f} and {now4:.1f} ms at 64 x 4 "
-           "(summed over separate calls).",
+           f"- Units wider than 128 channels (`dwconv_snake`, cuDNN's pointwise conv, `skip_add`) gain "
+           f"{min(wide_gain):.2f}-{max(wide_gain):.2f}x over what the decoder ran, at every dilation: the look-back "
+           "pass is gone. The depthwise kernel itself is slower on load than on aligned rows: x's rows are T "
+           "frames long, unpadded, so none of its taps can be vectorized.",
+           f"- `unit_tail` gains {min(narrow_gain):.2f}-{max(narrow_gain):.2f}x at 32 channels (which ran plain "
+           "rows) and loses at 64 and 128, most at dilation 9. There each tap costs two masked loads and a snake, "
+           "seven times per input frame, in a kernel already at 25% occupancy.",
+           "- So the decoder runs from the raw input the units wider than 128 channels and those of up to 32 "
+           "(`SNAKE_ON_LOAD_WIDE`, `SNAKE_ON_LOAD_UP_TO = 32`). The 18 units' kernels, as served, at 64 x 16: "
+           f"{before16:.1f} ms before and {now16:.1f} ms now (summed over separate calls, part of them from the "
+           "thirty-first session).",
            "- Launch variants of `unit_tail` on load at 64 and 128 channels (call 2, `--unit-variants`, "
            "`raw/vae_unit_variants_on_load_thirtysecond.{json,log}`), us at dilation 1 / 9:",
            ]
@@ -4386,12 +4405,13 @@ def thirty_second_session(res) -> list[str]:
     md += ["",
            f"- 64 x 16: {p16[0]:.3f}x and {p16[1]:.3f}x by pair. 64 x 4 in GPU time: {pg[0]:.3f}x and {pg[1]:.3f}x "
            f"(its wall times scatter by 10% between runs). 8 x 4: {p8[0]:.3f}x and {p8[1]:.3f}x.",
-           f"- Call 1's unit totals predicted {plain16 - now16:.1f} ms less at 64 x 16; the decoder saves about "
-           f"{statistics.mean(b['64x16'] - a['64x16'] for b, a in zip(before, after)):.1f} ms. The unit benchmark "
-           "times each kernel from a cold L2 (triton's `do_bench` clears it); in the decoder the look-back pass "
-           "reads and writes partly through L2. That is the likely reason; it was not measured.",
-           f"- The audio is bit-identical: max abs {same_audio:.1f} against the variant without. The snake is "
-           "the same fp32 arithmetic, only done in registers instead of stored and loaded.",
+           f"- The unit totals above predict {before16 - now16:.1f} ms less at 64 x 16 (kernels timed one by one, "
+           "in two sessions); the decoder saves "
+           f"{statistics.mean(b['64x16'] - a['64x16'] for b, a in zip(before, after)):.1f} ms on average.",
+           f"- In fp32, as served, the audio is bit-identical: max abs {same_audio:.1f} against the variant "
+           "without. The snake is the same fp32 arithmetic, done in registers instead of stored and loaded. A "
+           "bf16 or fp16 decoder's look-back frames are no longer rounded to its dtype before the conv, so its "
+           "audio moves by rounding (`tests/test_vae_kernels.py` holds it to fp32 as before).",
            f"- `gpu_check.py --only vae` (call 3) passes: the VAE as served against exact fp32 "
            f"{vae_check['served_vs_exact_fp32_max_abs']:.2e} (bound {vae_check['served_bound']:.0e}); graph against "
            f"eager {vae_check['graph_vs_eager_max_abs']:.1f}. `tests/test_vae_kernels.py` on the GPU: {gpu_tests} "
@@ -4405,7 +4425,8 @@ def thirty_second_session(res) -> list[str]:
     for C, d, k, s, two in select_rows:
         md.append(f"| {C} channels | {d} | `{k}` | {s:.0f} | {two:.0f} |")
     md += ["",
-           f"- The select is 2-5x slower everywhere; the whole decoder in the same call took "
+           f"- The select is {min(r[3] / r[4] for r in select_rows):.1f}-{max(r[3] / r[4] for r in select_rows):.1f}x "
+           "slower in every unit; the whole decoder in the same call took "
            f"{select_decoder[0]['64x16']:.1f} and {select_decoder[1]['64x16']:.1f} ms at 64 x 16 "
            f"(`raw/vae_tap_select_thirtysecond.{{json,log}}`). The likely cause: with its addresses from a select, "
            "the compiler can no longer treat a row's loads as contiguous.",
@@ -4430,8 +4451,8 @@ def thirty_second_session(res) -> list[str]:
            "the round gains in proportion.",
            f"- 8 clients: {loop_ratio[8]:.3f}x. Its decodes are small graph replays (8 x 4 about 2.4 ms), "
            "which gained 1-3%, and the VAE is 7% of that round.",
-           "- This answers the thirtieth session's open question for 64 clients: a cheaper VAE shortens the round "
-           "by its share.", "",
+           "- So in process, at 64 clients, a cheaper VAE shortened the round by about its share (4 rounds of "
+           "each; served, below, one run of each shows nothing either way).", "",
            "**Served, both servers in one call** (call 4: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=8,64 "
            "REQUESTS=5 bash benchmarks/run_served_gpu.sh`, this session's server first, then the `python_backend` "
            "from before the thirty-first session's VAE change (`27777df^`) through `VOXCPM_PYTHON_BACKEND`; "
@@ -4449,26 +4470,30 @@ def thirty_second_session(res) -> list[str]:
            "twenty-ninth session), and this call shows none of it.",
            "- Both servers made less than the twenty-ninth session's 468.7-471.1x at 64 on another machine of the "
            "same kind, and 142.8-144.2x at 8 against 144.6-145.4x.", "",
-           "**Targets** (issue 17): unchanged. 8 streams 142.8-144.2x served this session (target 150); 64 streams "
-           "462.5-462.8x (target 500), 100% smooth, TTFA p95 under 200 ms; in process the closed loop makes "
+           "**Targets** (issue 17): unchanged. Served this session: 8 streams "
+           f"{served[8]['after']['x_real_time']:.1f}x (target 150); 64 streams {served[64]['after']['x_real_time']:.1f}x "
+           f"(target 500), {100 * served[64]['after']['smooth']:.0f}% smooth, TTFA p95 "
+           f"{served[64]['after']['ttfa_p95']:.0f} ms; in process the closed loop makes "
            f"{statistics.median(loop[8]['behind']):.1f}x and {statistics.median(loop[64]['behind']):.1f}x.",
            "- At 64 clients the VAE remains the lever that moves the round in proportion; by that proportion 500x "
            "in process needs the VAE's work about 18% smaller than now. The six units of 64 and 128 channels "
            "(2.5-3.2 ms each of a 54 ms 64 x 16 decode, with their look-back pass, against 0.47 ms for a copy of "
            "the unit's input) are the largest piece left.", "",
            "![thirty-second session: residual units from their raw input](results_thirty_second.png)", ""]
-    _plot_thirty_second(rows16, decoder_rows, loop)
+    _plot_thirty_second(rows16, aligned, decoder_rows, loop)
     return md
 
 
-def _plot_thirty_second(rows16, decoder_rows, loop):
+def _plot_thirty_second(rows16, aligned, decoder_rows, loop):
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [1.5, 1, 1]})
     a = axes[0]
     rows = [r for r in rows16 if r[2] in (1, 9)]
     xs = range(len(rows))
-    a.bar([x - 0.2 for x in xs], [r[3] for r in rows], 0.4, color="#999", label="look-back pass + the unit's kernels")
-    a.bar([x + 0.2 for x in xs], [r[4] for r in rows], 0.4, color="#286", label="from the raw input")
+    a.bar([x - 0.27 for x in xs], [r[3] for r in rows], 0.27, color="#bbb", label="look-back pass, plain rows")
+    a.bar([x for x in xs], [aligned[(r[0], r[2])] if r[0] >= 64 else 0 for r in rows], 0.27, color="#777",
+          label="look-back pass, aligned rows (31st session)")
+    a.bar([x + 0.27 for x in xs], [r[4] for r in rows], 0.27, color="#286", label="from the raw input")
     a.set_xticks(list(xs), [f"{r[0]} ch\nd {r[2]}" for r in rows], fontsize=7)
     a.set_ylabel("us per unit, 64 x 16")
     a.set_title("call 1: each residual unit both ways (kept: > 128 and <= 32 channels)", fontsize=9)

@@ -80,16 +80,24 @@ def test_unit_tail_is_the_rest_of_the_unit(C, T, dilation, block_co, monkeypatch
     assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
 
 
-@pytest.mark.parametrize("C,T,dilation,unit_max", [(20, 3, 9, 128), (40, 300, 3, 128), (33, 200, 1, 16),
-                                                    (20, 3, 9, 8), (20, 300, 3, 8), (20, 0, 3, 128), (20, 0, 3, 8)])
-def test_residual_unit_runs_from_the_raw_input(C, T, dilation, unit_max, monkeypatch):
+@pytest.mark.parametrize("C,T,dilation,unit_max,block_co,block_t", [
+    (20, 3, 9, 128, 128, None), (40, 300, 3, 128, 128, None), (33, 200, 1, 128, 16, None), (20, 120, 9, 128, 128, 16),
+    (20, 3, 9, 8, 128, None), (20, 300, 3, 8, 128, None), (20, 120, 9, 8, 128, 16),
+    (20, 0, 3, 128, 128, None), (20, 0, 3, 8, 128, None)])
+def test_residual_unit_runs_from_the_raw_input(C, T, dilation, unit_max, block_co, block_t, monkeypatch):
     """`residual_unit`: the first snake applied to the taps as they load, from the unit's raw input and
     the stream's raw saved frames, against the unit's layers; its tail is exactly the last frames of
     [saved | x], the next chunk's saved frames. In `unit_tail` (up to unit_max channels) and in
     dwconv_snake + pointwise + skip_add (wider); fewer frames than the look-back (3 < 6 * 9), several
-    time blocks, partial channel blocks (33 in blocks of 16), and no frames at all (the tail is prev)."""
+    time blocks (300 frames, the interpreter's blocks of 256), time blocks of 16 frames (block_t), four of
+    which reach back into the 54 saved frames, several output channel blocks (33 in blocks of 16, the tail
+    written by the first), a partial channel block, and no frames at all (the tail is prev)."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", unit_max)
-    monkeypatch.setattr(vae_kernels, "UNIT_BLOCK_CO", 16 if C == 33 else 128)
+    monkeypatch.setattr(vae_kernels, "UNIT_BLOCK_CO", block_co)
+    if block_t:  # the interpreter's own launches take blocks of 256 frames
+        monkeypatch.setattr(vae_kernels, "_INTERPRETED", False)
+        monkeypatch.setattr(vae_kernels, "UNIT_LAUNCHES", {128: (16, block_t, 4)})
+        monkeypatch.setattr(vae_kernels, "BLOCK_T", block_t)
     unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
     snake1, conv, snake2, pointwise = unit.block
     g = torch.Generator().manual_seed(T + 1)

@@ -72,15 +72,17 @@ UNIT_BLOCK_CO = 128
 # launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
-# Residual units of at least ROW_ALIGN_FROM channels get their look-back pass's output (the depthwise
-# kernels' input) in rows of a multiple of ROW_ALIGN elements (`snake_extend`'s row_align): triton
+# Residual units of at least ROW_ALIGN_FROM channels that run after a look-back pass (not from their raw
+# input, below) get that pass's output (the depthwise kernels' input) in rows of a multiple of ROW_ALIGN
+# elements (`snake_extend`'s row_align): triton
 # specializes on strides divisible by 16 and can then vectorize the accesses at aligned offsets.
 # unit_tail at 32 channels ran slower on such rows (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
 ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
 # Residual units that run from their raw input (`residual_unit`: the first snake applied to each tap as
 # it is loaded, the stream keeping raw frames) instead of after a look-back pass (`snake_extend`): those
 # wider than UNIT_MAX_CHANNELS if SNAKE_ON_LOAD_WIDE, and those of up to SNAKE_ON_LOAD_UP_TO channels.
-# unit_tail at 64 and 128 channels runs slower so (benchmarks/kernel_vae_blocks.py --bandwidth).
+# unit_tail at 64 and 128 channels runs slower so (benchmarks/kernel_vae_blocks.py --bandwidth). Read at
+# each forward: a stream's saved frames are raw or snaked as this says, so change it only between streams.
 SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO = True, 32
 # fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
 # faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
@@ -144,7 +146,10 @@ if _HAVE_TRITON:
         t_ok = (t < T)[None, :]
         src = xp_ptr + b * sxb + c[:, None] * sxc
         prev = prev_ptr + b * spb + c[:, None] * spc
-        a_pre = tl.load(pre_alpha_ptr + c, mask=c_ok, other=1.0).to(tl.float32)[:, None]
+        if PRE_SNAKE:
+            a_pre = tl.load(pre_alpha_ptr + c, mask=c_ok, other=1.0).to(tl.float32)[:, None]
+        else:  # (unused)
+            a_pre = tl.full([BLOCK_C, 1], 1.0, tl.float32)
         acc = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
         for k in tl.static_range(K):  # output t reads conv-input frames t .. t + (K-1) * DIL (x's t - LB ..)
             w = tl.load(w_ptr + c * K + k, mask=c_ok, other=0.0).to(tl.float32)
@@ -181,7 +186,10 @@ if _HAVE_TRITON:
             # PRE_SNAKE: the taps read x and the saved frames (xp_ptr unused); else xp
             src = (x_ptr + b * sxb + ci[:, None] * sxc) if PRE_SNAKE else (xp_ptr + b * spb + ci[:, None] * spc)
             prev = prev_ptr + b * svb + ci[:, None] * svc
-            a_pre = tl.load(pre_alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
+            if PRE_SNAKE:
+                a_pre = tl.load(pre_alpha_ptr + ci, mask=ci_ok, other=1.0).to(tl.float32)[:, None]
+            else:  # (unused)
+                a_pre = tl.full([BLOCK_CI, 1], 1.0, tl.float32)
             y = tl.zeros([BLOCK_CI, BLOCK_T], tl.float32)
             for k in range(K):  # a loop, not unrolled: one tap's addresses in registers at a time
                 w = tl.load(dw_ptr + ci * K + k, mask=ci_ok, other=0.0).to(tl.float32)
@@ -359,7 +367,7 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
 def residual_unit(prev, x, pre_alpha, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int):
     """A whole depthwise residual unit from its raw input: prev [B, C, L] (the stream's saved frames
     of x: its last L = 6 * dilation input frames, raw; zeros one-shot), x [B, C, T] contiguous
-    -> (x + pointwise(snake(dwconv([prev | snake(x)]))), tail [B, C, L] = the last L frames of
+    -> (x + pointwise(snake(dwconv(snake([prev | x])))), tail [B, C, L] = the last L frames of
     [prev | x]). The first snake (pre_alpha) is applied to each tap as it is loaded, so no pass
     writes the snaked look-back input. Up to UNIT_MAX_CHANNELS channels in one kernel (`unit_tail`),
     wider units as dwconv_snake, cuDNN's pointwise conv and skip_add."""
