@@ -4340,8 +4340,12 @@ def thirty_second_session(res) -> list[str]:
                 "x_real_time": lv["x_real_time"], "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"],
                 "smooth": lv["smooth_playback_frac"], "errors": lv["errors"]}
     vae_check = load("gpu_check_vae_thirtysecond.json")["vae_graphs_vs_eager"]
-    with open(os.path.join(HERE, "raw", "gpu_tests_thirtysecond.txt")) as f:
-        gpu_tests = re.findall(r"(\d+ passed[^\n]*?) in ", f.read())[-1]
+    final_check = load("gpu_check_vae_final_thirtysecond.json")["vae_graphs_vs_eager"]
+    tests = {}
+    for name in ("gpu_tests_thirtysecond.txt", "gpu_tests_final_thirtysecond.txt"):
+        with open(os.path.join(HERE, "raw", name)) as f:
+            tests[name] = re.findall(r"(\d+ passed[^\n]*?) in ", f.read())[-1]
+    gpu_tests, final_tests = tests.values()
     res["thirty_second"] = {
         "device": "NVIDIA H200",
         "units_us_64x16": [dict(zip(("C", "T", "dilation", "lookback_pass_us", "on_load_us"), r)) for r in rows16],
@@ -4351,10 +4355,10 @@ def thirty_second_session(res) -> list[str]:
         "tap_select_us_64x16": [dict(zip(("C", "dilation", "kernel", "select_us", "two_loads_us"), r)) for r in select_rows],
         "closed_loop_x_real_time": loop, "closed_loop_ratio_now_over_plain_units": loop_ratio,
         "served_ab": served, "vae_check_vs_exact_fp32": vae_check["served_vs_exact_fp32_max_abs"],
-        "gpu_tests": gpu_tests}
+        "gpu_tests": gpu_tests, "final_vae_check": final_check["served_vs_exact_fp32_max_abs"], "final_gpu_tests": final_tests}
     md = ["", "## Thirty-second session (2026-11-29, H200): the VAE's residual units run from their raw input; "
           "with the aligned rows, 1.013x at 64 clients in process; served unchanged", "",
-          "Six device calls (about 22 of 30 min). The thirty-first session found the residual units far from memory "
+          "Seven device calls (about 25 of 30 min). The thirty-first session found the residual units far from memory "
           "bandwidth, with a look-back pass (`snake_extend`) in front of each: it reads the unit's input and writes "
           "`[saved frames | snake(x)]`, which the depthwise kernel then reads again. This session removes that pass "
           "where it pays, and measures what the two sessions' VAE changes give in the round.", "",
@@ -4415,7 +4419,10 @@ def thirty_second_session(res) -> list[str]:
            f"- `gpu_check.py --only vae` (call 3) passes: the VAE as served against exact fp32 "
            f"{vae_check['served_vs_exact_fp32_max_abs']:.2e} (bound {vae_check['served_bound']:.0e}); graph against "
            f"eager {vae_check['graph_vs_eager_max_abs']:.1f}. `tests/test_vae_kernels.py` on the GPU: {gpu_tests} "
-           "(`raw/{gpu_check_vae,gpu_tests}_thirtysecond.*`).", "",
+           "(`raw/{gpu_check_vae,gpu_tests}_thirtysecond.*`).",
+           "- On the session's final kernels (after a review: alpha loaded only in the PRE_SNAKE form, more test "
+           f"cases; call 7), `gpu_check.py --only vae` again {final_check['served_vs_exact_fp32_max_abs']:.2e}, "
+           f"pass, and the GPU tests {final_tests} (`raw/{{gpu_check_vae,gpu_tests}}_final_thirtysecond.*`).", "",
            "**One load per tap, tried and dropped** (call 6: the same `--bandwidth` run at dilations 1 and 9 with "
            "`--unit-variants TAP_SELECT=False`, `raw/vae_bandwidth_tap_select_thirtysecond.{json,log}`; the switch "
            "is `raw/tap_select_thirtysecond.patch`). A tap that reaches back into the saved frames loaded through a "
