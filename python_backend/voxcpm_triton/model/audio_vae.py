@@ -186,6 +186,16 @@ class Snake1d(nn.Module):
         return x if self.deferred else self.fn(x, self.alpha)
 
 
+def through_lookback(x: Tensor, ctx: int, st: Optional[_Stream], run) -> Tensor:
+    """run(prev) -> (out, tail), where prev is the `ctx` saved frames that go in front of x (the
+    stream's, or zeros one-shot) and tail the ones to save for the next chunk (kept by the stream)."""
+    prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
+    out, tail = run(prev)
+    if st is not None:
+        st.keep(tail)
+    return out
+
+
 def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optional[Snake1d] = None,
                   affine: Optional[tuple] = None, channels_last: bool = False, row_align: int = 1) -> Tensor:
     """x with the `ctx` look-back frames of the conv it feeds in front: the stream's saved ones
@@ -202,11 +212,8 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
     from ..kernels.vae import snake_extend
 
     x = x.contiguous()
-    prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
-    full, tail = snake_extend(prev, x, pre_snake.alpha, affine, channels_last, row_align)
-    if st is not None:
-        st.keep(tail)
-    return full
+    return through_lookback(x, ctx, st, lambda prev: snake_extend(prev, x, pre_snake.alpha, affine, channels_last,
+                                                                  row_align))
 
 
 class Tanh(nn.Module):
@@ -359,13 +366,9 @@ class ResidualUnit(nn.Module):
             snake1, conv, snake2, pointwise = self.block
             x = x.contiguous()
             if kernels.unit_snake_on_load(x.shape[1]):  # the stream keeps the unit's raw input frames
-                ctx = conv.left_pad
-                prev = x.new_zeros(x.shape[0], x.shape[1], ctx) if st is None else st.take(x, ctx)
-                out, tail = kernels.residual_unit(prev, x, snake1.alpha, conv.weight, conv.bias, snake2.alpha,
-                                                  pointwise.weight, pointwise.bias, conv.dilation)
-                if st is not None:
-                    st.keep(tail)
-                return out
+                return through_lookback(x, conv.left_pad, st, lambda prev: kernels.residual_unit(
+                    prev, x, snake1.alpha, conv.weight, conv.bias, snake2.alpha, pointwise.weight, pointwise.bias,
+                    conv.dilation))
             xp = with_lookback(x, conv.left_pad, st, snake1, row_align=kernels.unit_row_align(x.shape[1]))
             if x.shape[1] <= kernels.UNIT_MAX_CHANNELS:
                 return kernels.unit_tail(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight,
