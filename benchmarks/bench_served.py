@@ -401,6 +401,32 @@ def first_audio_sums(metrics_url: str, model: str) -> dict:
     return out
 
 
+ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_decode_rows_total": "rows"}
+
+
+def engine_sums(metrics_url: str) -> dict:
+    """The decoder engines' decode steps and the request rows in them, summed over instances
+    (best effort: {} on failure). The engine publishes them every 0.2 s."""
+    try:
+        samples = metric_samples(metrics_url)
+    except Exception:  # noqa: BLE001
+        return {}
+    out: dict = {}
+    for name, _, value in samples:
+        if name in ENGINE_COUNTERS:
+            out[ENGINE_COUNTERS[name]] = out.get(ENGINE_COUNTERS[name], 0.0) + value
+    return out
+
+
+def engine_delta(before: dict, after: dict) -> dict | None:
+    """Decode steps and rows over one level, and the mean rows a step ran (None without the metrics):
+    how full the batches were, e.g. where staggered starts leave partial steps."""
+    if not before or not after:
+        return None
+    steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
+    return {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
+
+
 def first_audio_phases(before: dict, after: dict) -> dict | None:
     """Mean ms per request of first audio and of each of its phases over one level (None without
     the metrics): where the time to first audio goes, as the server measures it."""
@@ -520,10 +546,15 @@ def main(argv=None) -> int:
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
+        if args.metrics_url:
+            time.sleep(0.5)  # the engine publishes its counters every 0.2 s: the warm-up's last ones too
+        eng_before = engine_sums(args.metrics_url) if args.metrics_url else {}
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         if args.metrics_url:
             lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
+            time.sleep(0.5)
+            lv["decoder_steps"] = engine_delta(eng_before, engine_sums(args.metrics_url))
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
             f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
@@ -531,6 +562,9 @@ def main(argv=None) -> int:
         if lv.get("first_audio_phases_ms"):
             log("[bench]   first audio, mean ms in the server: " + ", ".join(
                 f"{k} {v:.1f}" for k, v in lv["first_audio_phases_ms"].items()))
+        if lv.get("decoder_steps"):
+            d = lv["decoder_steps"]
+            log(f"[bench]   decoder: {d['steps']:.0f} steps, {_fmt(d['rows_per_step'], '.2f')} request rows each")
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

@@ -245,10 +245,12 @@ def main():
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:
         apply_setting(name, eng, audio, streams)
         counted = ("steps", "first_audio_fences", "first_audio_fence_misses")
-        before = {k: eng.stats()[k] for k in counted}
+        before = eng.stats()
         s = summary(Round(eng, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
         after = eng.stats()
         s.update({("engine_" + k if k == "steps" else k): after[k] - before[k] for k in counted})
+        rows = {b: c - before["batch_sizes"].get(b, 0) for b, c in after["batch_sizes"].items()}
+        s["launch_rows"] = {str(b): c for b, c in sorted(rows.items()) if c}  # rows per launch -> launches
         s["ms_per_engine_step"] = 1000 * s["wall_s"] / s["engine_steps"]  # the round's wall over its steps
         return s
 
@@ -264,7 +266,8 @@ def main():
                     log(f"{n} clients, {name}, round {r}: {s['x_real_time']:.1f}x, request p50 "
                         f"{s['request_ms_p50']:.1f} ms, first audio p50 {s['first_audio_ms_p50']:.1f} / p95 "
                         f"{s['first_audio_ms_p95']:.1f} ms, {s['engine_steps']} engine steps, {s['ms_per_engine_step']:.2f} ms each, "
-                        f"fences {s['first_audio_fences']} passed / {s['first_audio_fence_misses']} missed")
+                        f"fences {s['first_audio_fences']} passed / {s['first_audio_fence_misses']} missed; "
+                        f"launches by rows {json.dumps(s['launch_rows'])}")
             level = {name: {"rounds": rs, **{k: statistics.median(x[k] for x in rs)
                                              for k in ("x_real_time", "request_ms_p50", "first_audio_ms_p50",
                                                        "first_audio_ms_p95", "ms_per_engine_step")}}

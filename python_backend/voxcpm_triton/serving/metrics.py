@@ -84,6 +84,9 @@ class EngineMetrics:
         # Counters: engine stats key -> metric, each incremented by the stat's growth since the last update.
         self.counters = {
             "steps": metric("voxcpm_engine_decode_steps_total", "Decode steps run", labels, "COUNTER"),
+            "rows": metric("voxcpm_engine_decode_rows_total",
+                           "Request rows in the decode steps run (over the steps: the mean batch)", labels,
+                           "COUNTER"),
             "finished": metric("voxcpm_engine_requests_finished_total",
                                "Requests ended (done, failed or cancelled)", labels, "COUNTER"),
             "prefix_cache_hits": metric("voxcpm_prefix_cache_hits_total",
@@ -117,6 +120,7 @@ class EngineMetrics:
 
     def update(self):
         s = self.engine.stats()
+        s["rows"] = sum(rows * n for rows, n in s["batch_sizes"].items())
         s["up"] = float(self.engine.status() is None)
         if not s["up"]:  # a dead engine runs nothing: don't leave it looking busy
             s.update(running=0, waiting=0, steps_per_s=0.0)
