@@ -253,7 +253,7 @@ class Engine:
             handle = RequestHandle(request.request_id)
             state = RequestState(
                 req=request, sink=sink or handle.queue.put, max_len=max_len,
-                seed_key=int(request_key(torch.tensor([seed]))[0]), blocks_reserved=need, block_hashes=hashes,
+                seed_key=request_key(seed), blocks_reserved=need, block_hashes=hashes,
                 lora_slot=lora_slot)
             with self._lock:
                 if self._stop:

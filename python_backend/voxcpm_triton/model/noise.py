@@ -15,8 +15,9 @@ import torch
 _M32 = 0xFFFFFFFF
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche hash on int64 tensors holding values < 2**32.
+def _mix32(x):
+    """A 32-bit avalanche hash on int64 tensors holding values < 2**32, or on a Python int (the
+    same value: the products fit in int64, and Python's shifts and masks are two's complement's).
 
     Multipliers stay below 2**31 so products fit in int64 without overflow.
     """
@@ -30,8 +31,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def request_key(seed: torch.Tensor) -> torch.Tensor:
-    """seed: int64 [B] (any int64 value) -> 32-bit key [B]."""
+def request_key(seed):
+    """seed: int64 [B] (any int64 value) -> 32-bit key [B]; or one int64 value as a Python int -> its
+    key as an int (a request's, at submit: no tensor ops on the caller's thread)."""
     lo = seed & _M32
     hi = (seed >> 32) & _M32
     return _mix32(lo ^ _mix32(hi + 0x3C6EF372))

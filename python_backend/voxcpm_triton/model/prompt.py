@@ -37,25 +37,29 @@ class Prompt:
 
 def build_prompt(text_ids: list[int], n_target_tokens: int, ref_feat: torch.Tensor | None,
                  prompt_feat: torch.Tensor | None, patch_size: int, feat_dim: int) -> Prompt:
-    """text_ids: tokenizer(prompt_text + text) (continuation) or tokenizer(text); feats are [n, P, D]."""
-    tokens, tmask, amask, feats = [], [], [], []
+    """text_ids: tokenizer(prompt_text + text) (continuation) or tokenizer(text); feats are [n, P, D].
+    Built in Python lists first, then a few tensors: it runs on the serving thread of every request."""
+    tokens, is_text, audio = [], [], []  # audio: (first position, [n, P, D]) of each audio part
 
-    def add(tok, feat, is_text):
-        n = len(tok)
-        tokens.append(torch.as_tensor(tok, dtype=torch.int64))
-        tmask.append(torch.full((n,), 1.0 if is_text else 0.0))
-        amask.append(torch.full((n,), 0.0 if is_text else 1.0))
-        feats.append(feat if feat is not None else torch.zeros(n, patch_size, feat_dim))
+    def add(tok, feat=None):
+        if feat is not None:
+            audio.append((len(tokens), feat.float()))
+        is_text.extend([feat is None] * len(tok))
+        tokens.extend(tok)
 
     if ref_feat is not None:
-        add([REF_AUDIO_START], None, True)
-        add([0] * ref_feat.size(0), ref_feat.float(), False)
-        add([REF_AUDIO_END], None, True)
-    add(list(text_ids) + [AUDIO_START], None, True)
+        add([REF_AUDIO_START])
+        add([0] * ref_feat.size(0), ref_feat)
+        add([REF_AUDIO_END])
+    add(list(text_ids) + [AUDIO_START])
     if prompt_feat is not None:
-        add([0] * prompt_feat.size(0), prompt_feat.float(), False)
-    tokens, tmask, amask, feats = torch.cat(tokens), torch.cat(tmask), torch.cat(amask), torch.cat(feats)
+        add([0] * prompt_feat.size(0), prompt_feat)
+    tmask = torch.tensor(is_text, dtype=torch.float32)
+    feats = torch.zeros(len(tokens), patch_size, feat_dim)
+    for start, f in audio:
+        feats[start:start + f.size(0)] = f
     # The reference takes the context from all audio positions (so a 1-patch prompt
     # in combined mode also pulls in reference patches), and only when the prompt ends in audio.
-    context = feats[amask > 0][-CONTEXT_PATCHES:] if amask[-1] > 0 else torch.zeros(0, patch_size, feat_dim)
-    return Prompt(tokens, tmask, amask, feats, context, n_target_tokens)
+    context = (torch.cat([f for _, f in audio])[-CONTEXT_PATCHES:] if not is_text[-1]
+               else torch.zeros(0, patch_size, feat_dim))
+    return Prompt(torch.tensor(tokens, dtype=torch.int64), tmask, 1.0 - tmask, feats, context, n_target_tokens)

@@ -207,7 +207,7 @@ def counting_sender(request, sender, final_flag: int):
         path, token = json.loads(request.parameters() or "{}").get(PARAMETER, "").split(" ")
     except (ValueError, AttributeError, TypeError):
         return carrying
-    if (os.path.realpath(os.path.dirname(path)) != os.path.realpath(runtime.run_dir())
+    if (os.path.realpath(os.path.dirname(path)) != runtime.run_dir_realpath()
             or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
         return carrying
     return CountingSender(sender, path, token, final_flag)

@@ -33,7 +33,7 @@ from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, error_message, error_response, get,
+from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, arrays, error_message, error_response,
                         internal_error_response, locked, pb, require_internal, tensor)
 from .vae_models import decoding_vae
 
@@ -52,8 +52,8 @@ class ClientGone(Exception):
     pass
 
 
-def _scalar(request, name, kind, default=None):
-    v = value(get(request, name), name, kind)
+def _scalar(inputs: dict, name, kind, default=None):
+    v = value(inputs.get(name), name, kind)
     return default if v is None else v
 
 
@@ -162,8 +162,8 @@ class DecoderModel:
             return f" (GPU state unknown: {e})"
         return " (GPU work finished: " + ", ".join(f"{k} stream {'yes' if v else 'NO'}" for k, v in done.items()) + ")"
 
-    def _prompt(self, request):
-        ids, n_target = get(request, "TOKEN_IDS"), _scalar(request, "TARGET_TOKENS", int)
+    def _prompt(self, inputs: dict):
+        ids, n_target = inputs.get("TOKEN_IDS"), _scalar(inputs, "TARGET_TOKENS", int)
         if ids is None or n_target is None:
             raise InputError("TOKEN_IDS and TARGET_TOKENS are required")
         ids = ids.reshape(-1).astype(np.int64)
@@ -174,7 +174,7 @@ class DecoderModel:
         P, D = self.vox.patch_size, self.vox.feat_dim
         feats = []
         for name in ("REF_LATENTS", "PROMPT_LATENTS"):
-            a = get(request, name)
+            a = inputs.get(name)
             if a is not None and (a.ndim != 3 or a.shape[1:] != (P, D) or a.shape[0] == 0):
                 raise InputError(f"{name} must be [n > 0, {P}, {D}], got {list(a.shape)}")
             if a is not None and not np.isfinite(a).all():
@@ -194,7 +194,8 @@ class DecoderModel:
                 require_internal(request, "decoder")
                 # Counts its sends for the orchestrator, which reads them without waiting (bls_stream).
                 sender = bls_stream.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                cancel_id = get(request, "CANCEL_ID")
+                inputs = arrays(request)
+                cancel_id = inputs.get("CANCEL_ID")
                 if cancel_id is not None:
                     rid = bytes(cancel_id.reshape(-1)[0]).decode()
                     if self.peers is None:
@@ -203,24 +204,24 @@ class DecoderModel:
                         self.peers.cancel(rid)
                     locked(sender.send, flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
-                action = _scalar(request, "LORA_ACTION", str)
+                action = _scalar(inputs, "LORA_ACTION", str)
                 if action is not None:
-                    self._lora_action(action, _scalar(request, "LORA", str), sender)
+                    self._lora_action(action, _scalar(inputs, "LORA", str), sender)
                     continue
-                lora = _scalar(request, "LORA", str) or None
+                lora = _scalar(inputs, "LORA", str) or None
                 if lora is not None and self.peers is not None:
                     self.peers.sync_loras()  # a change made through another instance applies here too
-                prompt, context = self._prompt(request)
+                prompt, context = self._prompt(inputs)
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
                     prompt=prompt,
-                    min_len=_scalar(request, "MIN_LENGTH", int, 2),
-                    max_len=_scalar(request, "MAX_LENGTH", int),
-                    cfg_value=_scalar(request, "CFG_VALUE", float, 2.0),
-                    inference_timesteps=_scalar(request, "INFERENCE_TIMESTEPS", int, 10),
-                    seed=_scalar(request, "SEED", int),
+                    min_len=_scalar(inputs, "MIN_LENGTH", int, 2),
+                    max_len=_scalar(inputs, "MAX_LENGTH", int),
+                    cfg_value=_scalar(inputs, "CFG_VALUE", float, 2.0),
+                    inference_timesteps=_scalar(inputs, "INFERENCE_TIMESTEPS", int, 10),
+                    seed=_scalar(inputs, "SEED", int),
                     lora=lora,
-                    playback=_scalar(request, "PLAYBACK", bool, True))
+                    playback=_scalar(inputs, "PLAYBACK", bool, True))
                 self._submit(req, sender, context)
             except EngineBusy as e:
                 locked(sender.send, internal_error_response(Busy(str(e))),

@@ -25,6 +25,7 @@ processes import this too.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import hmac
 import json
 import logging
@@ -88,6 +89,17 @@ def run_dir() -> str:
     path = os.environ.get("VOXCPM_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"voxcpm-{_server_id()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def run_dir_realpath() -> str:
+    """run_dir()'s real path, worked out once per run directory setting and parent server: a
+    caller's inbox is checked against it for every request (bls_stream.counting_sender)."""
+    return _run_dir_realpath(os.environ.get("VOXCPM_RUN_DIR"), tempfile.gettempdir(), os.getppid())
+
+
+@functools.lru_cache(maxsize=8)
+def _run_dir_realpath(_env, _tmp, _ppid) -> str:  # the arguments are what run_dir() depends on
+    return os.path.realpath(run_dir())
 
 
 def internal_key() -> str:

@@ -60,6 +60,11 @@ def get(request, name: str):
     return None if t is None else t.as_numpy()
 
 
+def arrays(request) -> dict:
+    """Every input of `request` by name, as numpy: read once (each `get` lists them all again)."""
+    return {t.name(): t.as_numpy() for t in request.inputs()}
+
+
 def tensor(name: str, array) -> object:
     return pb().Tensor(name, np.ascontiguousarray(array))
 
