@@ -549,7 +549,11 @@ def main(argv=None) -> int:
         if args.metrics_url:
             time.sleep(0.5)  # the engine publishes its counters every 0.2 s: the warm-up's last ones too
         eng_before = engine_sums(args.metrics_url) if args.metrics_url else {}
+        cpu0 = time.process_time()
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
+        # this client's CPU time over the level (all its threads), per second of the level: near 1 or
+        # more, its Python (one core at a time) may be what holds the streams back
+        lv["client_cpu_per_s"] = (time.process_time() - cpu0) / lv["wall_s"]
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         if args.metrics_url:
             lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
@@ -557,7 +561,8 @@ def main(argv=None) -> int:
             lv["decoder_steps"] = engine_delta(eng_before, engine_sums(args.metrics_url))
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
-            f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s"
+            f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s, "
+            f"client CPU {lv['client_cpu_per_s']:.2f} s/s"
             + (f", errors: {lv['error_messages'][:3]}" if lv["errors"] else ""))
         if lv.get("first_audio_phases_ms"):
             log("[bench]   first audio, mean ms in the server: " + ", ".join(

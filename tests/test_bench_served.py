@@ -75,6 +75,7 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         assert 0 <= lv["faster_than_realtime_frac"] <= 1 and 0 <= lv["smooth_playback_frac"] <= 1
         assert lv["audio_s_total"] == pytest.approx(2 * c * PATCHES * SAMPLES_PER_PATCH / 48000)
         assert lv["x_real_time"] == pytest.approx(lv["audio_s_total"] / lv["wall_s"])
+        assert lv["client_cpu_per_s"] > 0
         # Triton's own statistics over the level: a decoder request per stream (which makes the audio
         # too, decode_audio: vae_decoder runs nothing)
         dec = lv["server_models"]["decoder"]
