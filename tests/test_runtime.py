@@ -26,6 +26,19 @@ def run_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_the_run_dirs_real_path_follows_the_setting_and_resolves_links(tmp_path, monkeypatch):
+    """Cached per setting (every request's counting inbox is checked against it), never across settings."""
+    real_a, real_b = tmp_path / "a", tmp_path / "b"
+    real_a.mkdir()
+    (tmp_path / "link").symlink_to(real_a)
+    monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path / "link"))
+    assert runtime.run_dir_realpath() == str(real_a) == runtime.run_dir_realpath()
+    monkeypatch.setenv("VOXCPM_RUN_DIR", str(real_b))
+    assert runtime.run_dir_realpath() == str(real_b) and real_b.is_dir()  # made, as run_dir() makes it
+    monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path / "link"))
+    assert runtime.run_dir_realpath() == str(real_a)
+
+
 def _key(q):
     q.put(runtime.internal_key())
 

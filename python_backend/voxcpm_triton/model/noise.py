@@ -15,7 +15,7 @@ import torch
 _M32 = 0xFFFFFFFF
 
 
-def _mix32(x):
+def _mix32(x: int | torch.Tensor) -> int | torch.Tensor:
     """A 32-bit avalanche hash on int64 tensors holding values < 2**32, or on a Python int (the
     same value: the products fit in int64, and Python's shifts and masks are two's complement's).
 
@@ -31,7 +31,7 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
-def request_key(seed):
+def request_key(seed: int | torch.Tensor) -> int | torch.Tensor:
     """seed: int64 [B] (any int64 value) -> 32-bit key [B]; or one int64 value as a Python int -> its
     key as an int (a request's, at submit: no tensor ops on the caller's thread)."""
     lo = seed & _M32

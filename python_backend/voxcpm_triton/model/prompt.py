@@ -43,6 +43,8 @@ def build_prompt(text_ids: list[int], n_target_tokens: int, ref_feat: torch.Tens
 
     def add(tok, feat=None):
         if feat is not None:
+            if tuple(feat.shape[1:]) != (patch_size, feat_dim):  # the slice assignment below would broadcast it
+                raise ValueError(f"audio features must be [n, {patch_size}, {feat_dim}], got {list(feat.shape)}")
             audio.append((len(tokens), feat.float()))
         is_text.extend([feat is None] * len(tok))
         tokens.extend(tok)
