@@ -406,7 +406,7 @@ ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_d
 
 def engine_sums(metrics_url: str) -> dict:
     """The decoder engines' decode steps and the request rows in them, summed over instances
-    (best effort: {} on failure). The engine publishes them every 0.2 s."""
+    (best effort: {} on failure). With several instances, rows over steps is their mean batch."""
     try:
         samples = metric_samples(metrics_url)
     except Exception:  # noqa: BLE001
@@ -418,10 +418,23 @@ def engine_sums(metrics_url: str) -> dict:
     return out
 
 
+def settled_engine_sums(metrics_url: str, tries: int = 10, gap_s: float = 0.3) -> dict:
+    """engine_sums once two reads `gap_s` apart agree (the engine publishes its counters every 0.2 s;
+    between levels it is idle, so they settle): the last read after `tries`."""
+    last = engine_sums(metrics_url)
+    for _ in range(tries):
+        time.sleep(gap_s)
+        now = engine_sums(metrics_url)
+        if now == last:
+            break
+        last = now
+    return last
+
+
 def engine_delta(before: dict, after: dict) -> dict | None:
-    """Decode steps and rows over one level, and the mean rows a step ran (None without the metrics):
-    how full the batches were, e.g. where staggered starts leave partial steps."""
-    if not before or not after:
+    """Decode steps and rows over one level, and the mean rows a step ran (None without both counters,
+    e.g. a server from before the rows counter): how full the batches were."""
+    if not {"steps", "rows"} <= before.keys() & after.keys():
         return None
     steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
     return {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
@@ -546,9 +559,7 @@ def main(argv=None) -> int:
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
-        if args.metrics_url:
-            time.sleep(0.5)  # the engine publishes its counters every 0.2 s: the warm-up's last ones too
-        eng_before = engine_sums(args.metrics_url) if args.metrics_url else {}
+        eng_before = settled_engine_sums(args.metrics_url) if args.metrics_url else {}  # the warm-up's too
         cpu0 = time.process_time()
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
         # this client's CPU time over the level (all its threads), per second of the level: near 1 or
@@ -557,8 +568,7 @@ def main(argv=None) -> int:
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         if args.metrics_url:
             lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
-            time.sleep(0.5)
-            lv["decoder_steps"] = engine_delta(eng_before, engine_sums(args.metrics_url))
+            lv["decoder_steps"] = engine_delta(eng_before, settled_engine_sums(args.metrics_url))
         levels.append(lv)
         log(f"[bench]   {lv['ok']}/{lv['requests']} ok, TTFA p50 {_fmt(lv['ttfa_ms']['p50'], '.1f')} ms, "
             f"RTF p50 {_fmt(lv['rtf']['p50'], '.3f')}, x-RT {lv['x_real_time']:.2f}, wall {lv['wall_s']:.2f} s, "

@@ -4585,15 +4585,16 @@ def thirty_third_session(res) -> list[str]:
     rng = lambda n, k, f: f"{min(x[k] for x in start if x['streams'] == n):{f}}-{max(x[k] for x in start if x['streams'] == n):{f}}"  # noqa: E731
     fin = "final: + run dir path cached"
     steps_all = [x["steps"] for x in servers]
-    md = ["", "## Thirty-third session (2026-11-30, H200): the decoder takes a request in a third of the time; "
-          "partial steps counted, and not caused by it", "",
+    md = ["", "## Thirty-third session (2026-11-30, H200): the decoder's intake does less work per request; "
+          "partial steps counted, unchanged by it", "",
           "Four device calls (about 26 of 30 min). The served figures trail the closed loop in process by a few "
           "percent, and this session looked for why on the request path, not the GPU. The decoder now publishes "
           "`voxcpm_engine_decode_rows_total` (request rows in its decode steps; over `voxcpm_engine_decode_steps_total`, "
           "the mean batch), `bench_served.py` records both per level (and its own CPU time per second), and "
           "`closed_loop.py` each round's launches by rows.", "",
           "**Partial steps** (call 1: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=8,64 REQUESTS=5 bash "
-          "benchmarks/run_served_gpu.sh` on the session's starting code, then `closed_loop.py --checkpoint /tmp/full "
+          "benchmarks/run_served_gpu.sh` on the session's starting code (its first commit, 6486c4b, which adds only the "
+          "rows counter and these records), then `closed_loop.py --checkpoint /tmp/full "
           "--clients 8,64 --requests 3 --rounds 1 --settings behind`; `raw/served_thirtythird_call1.{json.gz,log}`, "
           "`raw/closed_loop_thirtythird.{json,log}`).",
           f"- Served, each stream's five 100-step requests need 500 full steps (a few more for the start). The "
@@ -4602,11 +4603,12 @@ def thirty_third_session(res) -> list[str]:
           f"{at('session start', 64)['rows_per_step']:.2f} at 64 (call 1).",
           f"- In process: {loop_steps[8]} steps for 3 waves at 8 clients, {launches[8]['8']} of them full; "
           f"{loop_steps[64]} at 64 clients, {launches[64]['64']} full.",
-          "- The waves drift apart. Call 1's requests of one wave, ms between the first and the last (start / end at "
-          "the client):", ""]
-    md += ["| streams | " + " | ".join(f"wave {i}" for i in range(5)) + " |", "|---|" + "---|" * 5]
-    for n in (8, 64):
-        md.append(f"| {n} | " + " | ".join(f"{a:.0f} / {b:.0f}" for a, b in at("session start", n)["waves"]) + " |")
+          "- The waves drift apart. Requests of one wave, ms between the first and the last (start / end at the "
+          "client), in call 1 and in call 4 (the final code):", ""]
+    md += ["| call | streams | " + " | ".join(f"wave {i}" for i in range(5)) + " |", "|---|---|" + "---|" * 5]
+    for label, call in (("session start", 1), (fin, 4)):
+        for n in (8, 64):
+            md.append(f"| {call} | {n} | " + " | ".join(f"{a:.0f} / {b:.0f}" for a, b in at(label, n)["waves"]) + " |")
     first = sorted(s_["ttfa_s"] * 1e3 for s_ in load("served_thirtythird_call1.json")["levels"][0]["streams"]
                    if s_["index"] == 0)
     md += ["", f"  At 8 streams the first wave's requests left the client within "
@@ -4618,20 +4620,23 @@ def thirty_third_session(res) -> list[str]:
            f"at 64, one after the other: 64 requests need about "
            f"{64 * at('session start', 64)['execute_ms']:.0f} ms to get in, some 9 steps.", "",
            "**The interpreter's switch interval** (call 2, two servers, `VOXCPM_SWITCH_INTERVAL_MS` 5 and 0.5 through a "
-           "probe that is not kept; `raw/served_thirtythird_switch{5,0.5}.json.gz`, `raw/exec_thirtythird_switch*.txt`): "
+           "first form of the probe below, wall time only, not kept; `raw/served_thirtythird_switch{5,0.5}.json.gz`, "
+           "`raw/exec_thirtythird_switch*.txt`): "
            f"execute() took {probes['switch 5 ms']['wall_ms']:.2f} and {probes['switch 0.5 ms']['wall_ms']:.2f} ms "
            "(median, timed inside it), the steps "
            + " and ".join(f"{at(f'session start, GIL switch {v}', 8)['steps']:.0f} / "
                           f"{at(f'session start, GIL switch {v}', 64)['steps']:.0f}" for v in ("5 ms", "0.5 ms"))
-           + " (8 / 64 streams). The time is the body's own, not the wait for the GIL.", "",
+           + " (8 / 64 streams). A shorter switch interval did not shorten it: the time is mostly the body's own "
+           "work (below: most of it on the thread's CPU).", "",
            "**Kept: less work per request in `execute()`.**",
            "- Inputs are read once (`triton_io.arrays`): each `get_input_tensor_by_name` lists every input again, and "
            "the decoder asked for 13.",
            "- The request's noise key is computed on a Python int (`noise.request_key` takes one; `tests/test_noise.py` "
-           "holds it to the int64 tensor form over the seed range's edges), not with about 35 tensor ops.",
-           "- `build_prompt` makes its tensors from Python lists: five ops instead of eleven for a text-only prompt (the same tensors: "
-           "checked against the old one for every mode and feature size, and `tests/test_model_parity.py` against the "
-           "reference).",
+           "holds it to the int64 tensor form over the seed range's edges), not with 37 tensor ops.",
+           "- `build_prompt` makes its tensors from Python lists: five ops instead of eleven for a text-only prompt. The "
+           "same tensors: `tests/test_prompt.py` (new) checks every position in the four modes, and the old function "
+           "passes it too; `tests/test_model_parity.py` holds generations to the reference. Features of another shape "
+           "are refused (ValueError) where they would now broadcast.",
            "- The run directory's real path, against which every request's counting inbox is checked, is worked out once "
            "(`runtime.run_dir_realpath`), not with a read of `/proc`, a `makedirs` and a second `realpath` per request.",
            f"- A probe inside `execute()` (`raw/decoder_exec_probe_thirtythird.patch`, call 3, before the last item): "
@@ -4650,15 +4655,21 @@ def thirty_third_session(res) -> list[str]:
                   f"{x['ttfa_p50']:.1f} / {x['ttfa_p95']:.1f} | {x['steps']:.0f} | {x['rows_per_step']:.2f} | "
                   f"{x['x_real_time']:.1f} | {100 * x['smooth']:.0f}% |")
     f8, f64 = at(fin, 8), at(fin, 64)
+    ab_b8, ab_b64 = at("session start (A/B)", 8), at("session start (A/B)", 64)
+    ab_a8, ab_a64 = at("inputs once, int key, list prompt (A/B)", 8), at("inputs once, int key, list prompt (A/B)", 64)
     md += ["",
-           f"- `execute()` now takes {f8['execute_ms']:.2f} ms at 8 streams and {f64['execute_ms']:.2f} at 64 "
-           f"(the session's start: {rng(8, 'execute_ms', '.2f')} and {rng(64, 'execute_ms', '.2f')}). At 64 streams a "
-           f"request waits {f64['queued_ms']:.1f} ms for it ({rng(64, 'queued_ms', '.1f')}).",
+           f"- `execute()`, paired in call 3 (before the path cache): {ab_b8['execute_ms']:.2f} -> "
+           f"{ab_a8['execute_ms']:.2f} ms at 8 streams, {ab_b64['execute_ms']:.2f} -> {ab_a64['execute_ms']:.2f} at 64 "
+           f"({ab_b8['execute_ms'] / ab_a8['execute_ms']:.1f}x and {ab_b64['execute_ms'] / ab_a64['execute_ms']:.1f}x). "
+           f"The final code, one run without a pair in its call: {f8['execute_ms']:.2f} and {f64['execute_ms']:.2f} ms "
+           f"(the session's start in four: {rng(8, 'execute_ms', '.2f')} and {rng(64, 'execute_ms', '.2f')}). At 64 "
+           f"streams a request waited {f64['queued_ms']:.1f} ms for it ({rng(64, 'queued_ms', '.1f')}).",
            f"- First audio at 64 streams: p50 {f64['ttfa_p50']:.1f} ms, p95 {f64['ttfa_p95']:.1f} "
            f"(start: {rng(64, 'ttfa_p50', '.1f')} and {rng(64, 'ttfa_p95', '.1f')}); at 8, p50 {f8['ttfa_p50']:.1f} "
            f"({rng(8, 'ttfa_p50', '.1f')}). One run of the final code.",
-           f"- The steps did not move: {f8['steps']:.0f} and {f64['steps']:.0f}. With the intake three times as fast, "
-           "the partial steps stayed: its time is not what spreads the waves.",
+           f"- The steps did not move: {f8['steps']:.0f} and {f64['steps']:.0f} in the final run, "
+           f"{min(steps_all):.0f}-{max(steps_all):.0f} over all six. The final run's first wave ended less spread "
+           "(the wave table), its later waves not: the intake's time is not what keeps the steps partial in these runs.",
            f"- Throughput: {f8['x_real_time']:.1f}x at 8 streams and {f64['x_real_time']:.1f}x at 64, one run, against "
            f"{rng(8, 'x_real_time', '.1f')} and {rng(64, 'x_real_time', '.1f')} for four servers of the starting code (one "
            "with the 0.5 ms switch interval). The "
