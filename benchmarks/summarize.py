@@ -4686,7 +4686,11 @@ def thirty_third_session(res) -> list[str]:
            "(0.025), served over engine about 0.80 (0.85).",
            f"- What this leaves: the served levels run {100 * (f8['steps'] / 500 - 1):.0f}% (8 streams) and "
            f"{100 * (f64['steps'] / 500 - 1):.0f}% (64) more steps than 500, the full steps their requests need; the "
-           "closed loop in process about 3% and 4%. Where the first wave's spread comes from beyond the intake (the "
+           "closed loop in process about 3% and 4%. Were every step full at the same cost per step, the final run would "
+           f"make {f8['x_real_time'] * f8['steps'] / 500:.0f}x and {f64['x_real_time'] * f64['steps'] / 500:.0f}x; a "
+           "partial step costs at most what a full one does (less where it runs in a smaller batch bucket), so those "
+           "are upper bounds. Where the "
+           "first wave's spread comes from beyond the intake (the "
            "first request starting alone, prefills a step apart) was not measured, nor what re-aligning the waves "
            "would give.", "",
            "![thirty-third session: the decoder's intake](results_thirty_third.png)", ""]
