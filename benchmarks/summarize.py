@@ -443,6 +443,7 @@ def main():
     md += thirty_first_session(res)
     md += thirty_second_session(res)
     md += thirty_third_session(res)
+    md += thirty_fourth_session(res)
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -4730,6 +4731,180 @@ def _plot_thirty_third(servers):
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors]
     axes[0].legend(handles, [f"{i + 1}: {label}" for i, label in enumerate(labels)], fontsize=6, loc="upper right")
     _save_panels(fig, axes, "Thirty-third session, NVIDIA H200, 2026-11-30", "results_thirty_third.png")
+
+
+def thirty_fourth_session(res) -> list[str]:
+    """2026-11-30 (issue 17): the narrow residual units channels-last (`unit_cl`, raw/unit_cl_thirtyfourth.patch),
+    measured and dropped: kernel_vae_blocks.py --bandwidth per unit (one kernel, a GEMM after it, the taps in a
+    loop), the decoder A/B (vae_precision.py) and Nsight Compute. Sets res["thirty_fourth"], returns the
+    markdown, draws results_thirty_fourth.png."""
+    one = load("vae_bandwidth_cl_64x16_thirtyfourth.json")["units"]
+    gemm = {(u["C"], u["dilation"]): u for u in load("vae_bandwidth_cl_gemm_64x16_thirtyfourth.json")["units"]}
+    loop = {(u["C"], u["dilation"]): u for u in load("vae_bandwidth_cl_loop_64x16_thirtyfourth.json")["units"]}
+
+    def launches(u, prefix):
+        return [v["us"] for k, v in u.items() if k.startswith(prefix) and "us" in v]
+    units = []
+    for u in one:
+        if "unit_cl" not in u:
+            continue
+        key = (u["C"], u["dilation"])
+        served = u["unit_on_load_us"] if u["C"] <= 32 else u["unit_us"]  # kernels.vae.unit_snake_on_load
+        g, lp = gemm[key], loop[key]
+        units.append({
+            "C": u["C"], "dilation": u["dilation"], "copy_us": u["copy_us"], "served_us": served,
+            "cl_us": u["unit_cl"]["us"], "cl_best_launch_us": min(launches(u, "unit_cl[UNIT_CL_LAUNCHES")),
+            "cl_tf32_us": u["unit_cl[UNIT_DOT_PRECISION=tf32]"]["us"],
+            "gemm_best_launch_us": min(launches(g, "unit_cl[UNIT_CL_POINTWISE=gemm")),
+            "loop_us": lp["unit_cl"]["us"], "loop_best_launch_us": min([lp["unit_cl"]["us"]]
+                                                                       + launches(lp, "unit_cl[UNIT_CL_LAUNCHES")),
+            "loop_tf32_us": lp["unit_cl[UNIT_DOT_PRECISION=tf32]"]["us"],
+            "interleave_rows_us": u["phase_interleave"]["us"], "interleave_cl_us": u["phase_interleave_cl"]["us"]})
+    best_cl = lambda r: min(r["cl_us"], r["cl_best_launch_us"], r["gemm_best_launch_us"], r["loop_best_launch_us"])  # noqa: E731
+    served_sum = sum(r["served_us"] for r in units) / 1e3
+    cherry = sum(min(r["served_us"], best_cl(r)) for r in units) / 1e3
+    decoder = []
+    for name, kind in (("vae_cl_thirtyfourth.json", "one kernel"), ("vae_cl_gemm_thirtyfourth.json", "a GEMM after it")):
+        for run in load(name)["runs"]:
+            before = "UNIT_CL_MAX_CHANNELS=0" in run["variant"]
+            decoder.append({"call": 2 if kind == "one kernel" else 3, "units": "as served" if before else
+                            f"channels-last, {kind}", **{k: run["shapes"][k] for k in ("8x4", "64x4", "64x16")},
+                            "vs_exact_fp32": run["quality"]["vs_exact_fp32"]["max_abs"]})
+    ratio = {c: statistics.median(r["64x16"] for r in decoder if r["call"] == c and r["units"] != "as served")
+             / statistics.median(r["64x16"] for r in decoder if r["call"] == c and r["units"] == "as served")
+             for c in (2, 3)}
+    ncu = [("unit_cl, 64 channels", 255, 12.28, 43.89, 64.92, 13.74, 733.41),
+           ("unit_cl, 64 channels, plain TF32", 255, 12.26, 45.02, 64.91, 15.53, 648.35),
+           ("unit_tail (served), 64 channels", 72, 42.95, 60.98, 84.40, 25.81, 598.62),
+           ("unit_cl, 128 channels", 255, 12.36, 32.89, 62.11, 16.89, 1560.0),
+           ("unit_cl, 128 channels, plain TF32", 255, 12.33, 42.47, 70.36, 12.38, 814.05),
+           ("unit_tail (served), 128 channels", 128, 24.66, 44.12, 65.34, 19.08, 809.31)]  # raw/ncu_unit_cl_thirtyfourth.txt
+    res["thirty_fourth"] = {"device": "NVIDIA H200", "units_64x16": units, "decoder": decoder,
+                            "decoder_64x16_cl_over_served": ratio, "narrow_units_served_ms": served_sum,
+                            "narrow_units_best_of_either_ms": cherry}
+    md = ["## Thirty-fourth session (2026-11-30, H200): the narrow residual units channels-last, measured and dropped",
+          "",
+          "Five device calls (about 13.5 of 30 min; the first stopped at a compile error). The thirty-first session's "
+          "lead for a cheaper VAE: the residual units of 32, 64 and 128 channels (nine units, 23 ms of a 52 ms "
+          "64 x 16 decode) run far from memory bandwidth, and with the activations channels-last every depthwise tap "
+          "would load whole aligned frames and the pointwise conv would be a plain [frames, C] x [C, C] product. This "
+          "session built that and measured it: slower. The server is unchanged; the code is kept as "
+          "`raw/unit_cl_thirtyfourth.patch`.",
+          "",
+          "**What was built** (the patch).",
+          "- `unit_cl`: a whole residual unit on channels-last x ([B, C, T] with channel stride 1), in one kernel. "
+          "The first snake is applied to each tap as it loads (the stream keeps raw frames, as `residual_unit`); the "
+          "pointwise conv is `tl.dot` on tensor cores, three TF32 products as served.",
+          "- `phase_interleave` writes its output channels-last for the block's units, and the look-back pass after "
+          "the block reads any strides. `UNIT_CL_MAX_CHANNELS` (128) switched it per width.",
+          "- A second form (`UNIT_CL_POINTWISE=gemm`): the kernel writes the depthwise conv's snake and the skip "
+          "plus bias, and cuBLAS adds the product in place (`addmm_`, exact fp32).",
+          "- Under triton's interpreter the kernel matched the unit's PyTorch layers to 1e-6 (both forms, with saved "
+          "frames, 16-128 channels), and a small decoder (`decoder_dim` 64: its units of 32 and 16 channels "
+          "channels-last), one-shot and streamed, to 7e-8.",
+          "",
+          "**Per unit** (`kernel_vae_blocks.py --bandwidth --streams 64 --patches 16 --max-channels 128 "
+          "--unit-variants ...`, calls 2, 3 and 5, `raw/vae_bandwidth_cl*_64x16_thirtyfourth.*`). us per unit at "
+          "64 x 16, fp32. \"Served\" is the unit as the decoder runs it now: its look-back pass and `unit_tail` at 64 "
+          "and 128 channels, `unit_tail` from the raw input at 32. Best launch: the fastest of 4-5 launches (frames "
+          "and output channels a program, warps).",
+          "",
+          "| channels | dilation | copy | served | one kernel | its best launch | plain TF32 | GEMM after it, best launch | taps in a loop, best launch |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in units:
+        md.append(f"| {r['C']} | {r['dilation']} | {r['copy_us']:.0f} | {r['served_us']:.0f} | {r['cl_us']:.0f} | "
+                  f"{r['cl_best_launch_us']:.0f} | {r['cl_tf32_us']:.0f} | {r['gemm_best_launch_us']:.0f} | "
+                  f"{r['loop_best_launch_us']:.0f} |")
+    g64 = [r["served_us"] / r["cl_us"] for r in units if r["C"] == 64]
+    loop64 = [r["served_us"] / r["loop_us"] for r in units if r["C"] == 64]
+    md += ["",
+           f"- At 128 channels every form is slower than the served unit: {min(best_cl(r) for r in units if r['C'] == 128):.0f} "
+           f"us at best against {min(r['served_us'] for r in units if r['C'] == 128):.0f}.",
+           f"- At 64 channels the one kernel beats it: {min(g64):.2f}-{max(g64):.2f}x at its default launch.",
+           "- At 32 channels it wins only at dilation 9, with one launch (64 frames a program).",
+           f"- The nine units as served: {served_sum:.1f} ms. Taking, per unit, the faster of the served unit and the "
+           f"best channels-last form of any launch (picked after the fact): {cherry:.1f} ms. That is "
+           f"{served_sum - cherry:.1f} ms of a 52 ms decode, about 2%, and by the thirtieth session's proportion "
+           "(the VAE is 19% of a 64-client round) under 0.5% of the round.",
+           "- Plain TF32 (one product) takes 0.3-2.4 ms off the one kernel, so the product is a large part of it. "
+           "Served, `unit_tail` keeps three TF32 products: plain TF32 there saved 5% and moved the output by 9.6e-03 "
+           "(the thirty-first session).",
+           "- The upsampling's interleave costs about the same either way: 604-634 us channels-last against 637-645 "
+           "in rows.",
+           "- The comparison column in the logs (\"max abs\" against the served unit) reads 2.0-2.9 at 64 and 128 "
+           "channels. That reference is the look-back form fed the same random saved frames, which it reads as "
+           "already snaked: not like for like. At 32 channels, against the raw-input form, it reads 1.9e-06 or less.",
+           "",
+           "**The whole decoder** (`vae_precision.py --precisions fp32+UNIT_CL_MAX_CHANNELS=0,fp32,...`, calls 2 and 3, "
+           "`raw/vae_cl*_thirtyfourth.*`), ms per call as served (CUDA graphs up to 256 patches, 64 x 16 eager):",
+           "",
+           "| call | residual units of 32-128 channels | 8 x 4 | 64 x 4 | 64 x 16 | audio vs exact fp32 |",
+           "|---|---|---|---|---|---|"]
+    for r in decoder:
+        md.append(f"| {r['call']} | {r['units']} | {r['8x4']:.2f} | {r['64x4']:.2f} | {r['64x16']:.2f} | "
+                  f"{r['vs_exact_fp32']:.2e} |")
+    md += ["",
+           f"- 64 x 16: the one kernel {ratio[2]:.2f}x the served decoder's time (medians), the GEMM form "
+           f"{ratio[3]:.2f}x. Both forms are slower at every shape.",
+           "- In call 2 each block's last unit wrote its output in rows again; in call 3 every unit wrote "
+           "channels-last and the look-back pass after the block read it strided. Both ran the taps unrolled and "
+           "the default launches.",
+           "- The audio is as close to exact fp32 as served (1.87e-03), and 1.9e-04 from the served decoder's.",
+           "- With the channels-last units in place (call 2), `tests/test_vae_kernels.py` passed on the GPU (49) and "
+           "`gpu_check.py --only vae` passed (1.60e-03 against exact fp32, bound 2e-03; "
+           "`raw/{gpu_tests,gpu_check_vae}_cl_thirtyfourth.*`).",
+           "",
+           "**Why** (call 4: Nsight Compute, one launch each at 64 x 4, `raw/ncu_unit_cl_thirtyfourth.txt`; ncu "
+           "runs fixed clocks, so its times are longer than the timed runs'). The one-kernel form, taps unrolled:",
+           "",
+           "| kernel | registers a thread | achieved occupancy | issue slots busy | L1 | DRAM | us |",
+           "|---|---|---|---|---|---|---|"]
+    for name, regs, occ, issue, l1, dram, us in ncu:
+        md.append(f"| {name} | {regs} | {occ:.1f}% | {issue:.1f}% | {l1:.1f}% | {dram:.1f}% | {us:.0f} |")
+    md += ["",
+           "- The channels-last kernel holds seven taps' [frames, C] tiles and the product's operands: 255 registers "
+           "a thread, two programs of four warps an SM (12% occupancy), 64 KB of shared memory a program. With so "
+           "few warps it cannot hide its loads: the issue slots are busy 33-45% of the time, DRAM 12-17%.",
+           "- It also applies the first snake at every tap: seven sines per input value, where the look-back pass "
+           "computes one.",
+           f"- With the taps in a loop instead (call 5, not profiled): 64 channels {min(loop64):.2f}-{max(loop64):.2f}x "
+           "the served unit at the default launch, 128 and 32 channels still slower.",
+           "- What would be needed: the snaked frames computed once per program and the taps read from shared memory. "
+           "Triton has no shifted reads of a register tile; that is a kernel in CUDA or triton's lower-level dialect, "
+           "not tried.",
+           "",
+           "**Targets** (issue 17): unchanged from the thirty-third session. None is met that was not met then.",
+           "",
+           "![thirty-fourth session: the narrow residual units channels-last](results_thirty_fourth.png)", ""]
+    _plot_thirty_fourth(units, decoder)
+    return md
+
+
+def _plot_thirty_fourth(units, decoder):
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    ax = axes[0]
+    labels = [f"{r['C']}/d{r['dilation']}" for r in units]
+    series = (("served", "served_us", "#888"), ("channels-last, one kernel", "cl_us", "#c66"),
+              ("best channels-last form and launch", None, "#6a6"))
+    for j, (name, key, color) in enumerate(series):
+        ys = [r[key] if key else min(r["cl_us"], r["cl_best_launch_us"], r["gemm_best_launch_us"],
+                                     r["loop_best_launch_us"]) for r in units]
+        ax.bar([i + (j - 1) * 0.27 for i in range(len(units))], [y / 1e3 for y in ys], 0.26, color=color, label=name)
+    ax.set_xticks(range(len(units)), labels, fontsize=8)
+    ax.set_xlabel("residual unit (channels / dilation), 64 streams x 16 patches")
+    ax.set_ylabel("ms per unit")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for i, r in enumerate(decoder):
+        color = "#888" if r["units"] == "as served" else "#c66"
+        ax.bar(i, r["64x16"], 0.7, color=color)
+    ax.set_xticks(range(len(decoder)), [f"call {r['call']}\n{'served' if r['units'] == 'as served' else r['units'][15:]}"
+                                        for r in decoder], fontsize=7)
+    ax.set_ylabel("ms per 64 x 16 decode (lower is faster)")
+    ax.set_ylim(40, 66)
+    _save_panels(fig, axes, "Thirty-fourth session, NVIDIA H200, 2026-11-30: channels-last units, dropped",
+                 "results_thirty_fourth.png")
 
 
 if __name__ == "__main__":
