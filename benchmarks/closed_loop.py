@@ -31,6 +31,9 @@ thing changed:
                 plain rows, as before the thirty-first session (no aligned rows, no snake on load): its
                 own stream bank and graphs, captured with those kernels.vae constants, which stay set
                 through the round for the eager decodes
+  vae_rows_tf32x3  the VAE's residual units as before the thirty-fourth session: none channels-last
+                (`kernels.vae.unit_cl`), their pointwise products in three TF32 passes; a bank of its own
+                as vae_plain_units
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -177,14 +180,14 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
     else:
         audio.cuda_stream = streams["normal" if name == "audio_normal" else "highest"]
     sys.setswitchinterval(0.0005 if name == "fast_switch" else DEFAULT_SWITCH_S)
-    for k, v in (PLAIN_UNITS if name == "vae_plain_units" else VAE_DEFAULTS).items():
+    for k, v in {**VAE_DEFAULTS, **VAE_BANKS.get(name, {})}.items():
         setattr(vae_kernels, k, v)
     streams.setdefault("default_bank", audio.streams)
-    if name == "vae_plain_units" and name not in streams:
+    if name in VAE_BANKS and name not in streams:
         default = streams["default_bank"]
         streams[name] = VAEStreams(default.vae, default.P, default.max_streams, cuda_graphs=default.device.type == "cuda",
-                                   graph_patches=SCHEDULE)  # captured with PLAIN_UNITS set
-    audio.streams = bank = streams[name if name == "vae_plain_units" else "default_bank"]
+                                   graph_patches=SCHEDULE)  # captured with the bank's constants set
+    audio.streams = bank = streams[name if name in VAE_BANKS else "default_bank"]
     if name == "vae_off":
         hop = bank.vae.decode_chunk_size  # output samples per latent frame
         bank.decode_async = lambda keys, z: DecodedAudio([torch.zeros(len(keys), z.shape[-1] * hop)], None)
@@ -196,9 +199,13 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
         bank.__dict__.pop("pieces", None)
 
 
-SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units")
-PLAIN_UNITS = {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9}
-VAE_DEFAULTS = {k: getattr(vae_kernels, k) for k in PLAIN_UNITS}
+SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units",
+            "vae_rows_tf32x3")
+# settings that decode on a VAE stream bank of their own, captured with these kernels.vae constants
+VAE_BANKS = {"vae_plain_units": {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9,
+                                 "UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"},
+             "vae_rows_tf32x3": {"UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"}}
+VAE_DEFAULTS = {k: getattr(vae_kernels, k) for bank in VAE_BANKS.values() for k in bank}
 DEFAULT_SWITCH_S = sys.getswitchinterval()
 
 

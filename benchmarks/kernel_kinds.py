@@ -13,7 +13,7 @@ KERNEL_KINDS = (  # (kind, name fragments) for the step profile's summary; first
 VAE_KERNEL_KINDS = (
     ("Triton kernels (vae_kernels)",  # before "conv"
      ("_dwconv_snake_kernel", "_snake_extend_kernel", "_skip_add_kernel", "_phase_interleave_kernel",
-      "_unit_tail_kernel", "_conv_tanh_kernel")),
+      "_unit_tail_kernel", "_unit_cl_kernel", "_conv_tanh_kernel")),
     ("convolution (cuDNN)", ("conv", "xmma", "cudnn", "implicit", "fprop", "dgrad", "nvjet", "gemm", "cutlass")),
     ("snake (compiled)", ("triton_",)),
 )

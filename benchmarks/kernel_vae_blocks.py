@@ -16,7 +16,8 @@ With --bandwidth, how near memory bandwidth each residual unit's kernels run at 
 and against a copy of as many bytes (`Tensor.copy_`, what the GPU's memory reaches in practice); and
 the unit's kernels together against one copy of x (what one kernel for the whole unit would move at
 least, its look-back aside: x read once, the output written once). Each unit also as it runs with
-the first snake applied to the taps as they load (`*_on_load`, `kernels.vae.residual_unit`).
+the first snake applied to the taps as they load (`*_on_load`, `kernels.vae.residual_unit`), and the
+units of `kernels.vae.UNIT_CL_CHANNELS` channels-last (`snake_extend_cl` and `unit_cl`, as served).
 """
 
 from __future__ import annotations
@@ -169,6 +170,13 @@ def bandwidth_rows(shapes, B, variants=None, row_align: str = "served") -> list:
             calls["pointwise_conv"] = (lambda: torch.nn.functional.conv1d(y, pw), 2 * n)
             z = torch.nn.functional.conv1d(y, pw)
             calls["skip_add"] = (lambda: vae_kernels.skip_add(x, z, pb), 3 * n)
+        cl_keys = []
+        if vae_kernels.unit_channels_last(C):  # as served: channels-last x, its look-back pass, `unit_cl`
+            x_cl = x.transpose(1, 2).contiguous().transpose(1, 2)
+            xp_cl, _ = vae_kernels.snake_extend(prev, x_cl, alpha, channels_last=True)
+            calls["snake_extend_cl"] = (lambda: vae_kernels.snake_extend(prev, x_cl, alpha, channels_last=True), 2 * n)
+            calls["unit_cl"] = (lambda: vae_kernels.unit_cl(xp_cl, x_cl, w, bias, alpha, pw, pb, d), 3 * n)
+            cl_keys = ["snake_extend_cl", "unit_cl"]
         out = torch.empty_like(x)
         copy_us = do_bench(lambda: out.copy_(x), warmup=3, rep=20) * 1e3
         row = {"C": C, "T": T, "dilation": d, "copy_us": copy_us, "copy_gb_per_s": 2 * n / copy_us / 1e3}
@@ -177,11 +185,14 @@ def bandwidth_rows(shapes, B, variants=None, row_align: str = "served") -> list:
             row[k] = {"us": us, "gb": nbytes / 1e9, "gb_per_s": nbytes / us / 1e3,
                       "of_copy": nbytes / us / 1e3 / row["copy_gb_per_s"]}
         row["unit_on_load_us"] = sum(row[k]["us"] for k in on_load_keys)
-        row["unit_us"] = sum(row[k]["us"] for k in calls if not k.endswith("_on_load"))
+        row["unit_us"] = sum(row[k]["us"] for k in calls if not k.endswith("_on_load") and k not in cl_keys)
+        if cl_keys:
+            row["unit_cl_us"] = sum(row[k]["us"] for k in cl_keys)
         print(f"C {C:4d} T {T:6d} d {d}: copy {copy_us:7.1f} us ({row['copy_gb_per_s']:.0f} GB/s); "
               + ", ".join(f"{k} {row[k]['us']:7.1f} us ({100 * row[k]['of_copy']:.0f}% of the copy's GB/s)" for k in calls)
-              + f"; the unit {row['unit_us']:.1f} us (snake on load {row['unit_on_load_us']:.1f}) against one copy "
-              f"{copy_us:.1f}", flush=True)
+              + f"; the unit {row['unit_us']:.1f} us (snake on load {row['unit_on_load_us']:.1f}"
+              + (f", channels-last {row['unit_cl_us']:.1f}" if cl_keys else "") + f") against one copy {copy_us:.1f}",
+              flush=True)
         for kernel in ("unit_tail", "unit_tail_on_load", "dwconv_snake_on_load"):
             if kernel not in calls or not variants:
                 continue

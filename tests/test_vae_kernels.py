@@ -20,7 +20,7 @@ from voxcpm_triton.model.audio_vae import (  # noqa: E402
 )
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.kernels.vae import (  # noqa: E402
-    conv_tanh, dwconv_snake, phase_interleave, residual_unit, skip_add, snake_extend, unit_tail,
+    conv_tanh, dwconv_snake, phase_interleave, residual_unit, skip_add, snake_extend, unit_cl, unit_tail,
 )
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -113,6 +113,31 @@ def test_residual_unit_runs_from_the_raw_input(C, T, dilation, unit_max, block_c
         assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.parametrize("C,T,dilation,rows_out,block_co", [(32, 3, 9, False, 32), (32, 300, 3, True, 16),
+                                                             (64, 70, 1, False, 64), (64, 300, 9, True, 32)])
+def test_unit_cl_is_the_rest_of_the_unit_channels_last(C, T, dilation, rows_out, block_co, monkeypatch):
+    """`unit_cl` after the look-back pass, both channels-last (`snake_extend` from a channels-last unit
+    input), against the unit's layers: fewer frames than the look-back (3 < 6 * 9), several time blocks
+    (300 frames: more than the interpreter's block of 256), several output channel blocks (32 in blocks of
+    16, 64 in blocks of 32), channels-last output and contiguous rows."""
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_LAUNCHES", {C: (64, block_co, 4)})
+    unit = _randomize(ResidualUnit(C, dilation, groups=C), seed=C + T).to(DEV)
+    snake1, conv, snake2, pointwise = unit.block
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(2, C, T, generator=g).to(DEV)
+    prev = torch.randn(2, C, conv.left_pad, generator=g).to(DEV)  # saved frames, snaked (as the pass keeps them)
+    x_cl = x.transpose(1, 2).contiguous().transpose(1, 2)
+    xp, tail = snake_extend(prev, x_cl, snake1.alpha, channels_last=True)
+    rows, rows_tail = snake_extend(prev, x, snake1.alpha)
+    assert xp.stride(1) == 1 and torch.equal(xp, rows) and torch.equal(tail, rows_tail)
+    got = unit_cl(xp, x_cl, conv.weight, conv.bias, snake2.alpha, pointwise.weight, pointwise.bias, dilation,
+                  rows_out=rows_out)
+    assert got.shape == x.shape and (got.is_contiguous() if rows_out else got.stride(1) == 1)
+    want = x + pointwise(snake2(conv(snake1(x), _Stream([prev]))))
+    assert want.abs().max().item() > 0.1
+    assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
+
+
 @pytest.mark.parametrize("C,L,T,scale", [(20, 54, 3, 1), (5, 6, 300, 1), (9, 18, 18, 1), (9, 18, 300, 100)])
 def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     """Fewer new frames than saved ones (the tail then holds saved frames), several time blocks,
@@ -133,6 +158,10 @@ def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     width = -(-(L + T) // 16) * 16
     assert aligned.stride() == (C * width, width, 1) and aligned.shape == full.shape
     assert torch.equal(aligned, full) and torch.equal(a_tail, tail)
+    x_cl = x.transpose(1, 2).contiguous().transpose(1, 2)  # x channels-last (a channels-last unit's output)
+    for channels_last in (False, True):
+        from_cl, from_cl_tail = snake_extend(prev, x_cl, alpha, channels_last=channels_last)
+        assert torch.equal(from_cl, full) and torch.equal(from_cl_tail, tail)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -216,30 +245,36 @@ def test_polyphase_weight_follows_the_weight():
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_phase_interleave(channels_last):
+@pytest.mark.parametrize("out_channels_last", [False, True])
+def test_phase_interleave(channels_last, out_channels_last):
     y = torch.randn(2, 3 * 4, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
     if channels_last:  # cuDNN's output layout for a channels-last weight
         y = y.transpose(1, 2).contiguous().transpose(1, 2)
     bias = torch.randn(3, generator=torch.Generator().manual_seed(2)).to(DEV)
     want = y.reshape(2, 3, 4, 5).transpose(2, 3).reshape(2, 3, 20) + bias[:, None]
-    assert torch.equal(phase_interleave(y, bias, 4), want)
+    got = phase_interleave(y, bias, 4, channels_last=out_channels_last)
+    assert torch.equal(got, want)
+    assert got.stride() == ((60, 1, 3) if out_channels_last else (60, 20, 1))
 
 
 REALISH = dict(encoder_dim=4, encoder_rates=[2, 5, 8, 8], latent_dim=8, decoder_dim=64,
                decoder_rates=[8, 6, 5, 2, 2, 2], depthwise=True, sr_bin_boundaries=[20000, 30000, 40000])
 
 
-@pytest.mark.parametrize("on_load", [True, False])
-def test_decoder_with_the_kernel_matches_without(on_load, monkeypatch):
+@pytest.mark.parametrize("on_load,channels_last", [(True, False), (False, False), (True, True)])
+def test_decoder_with_the_kernel_matches_without(on_load, channels_last, monkeypatch):
     """The whole decoder: one-shot, and streamed in uneven chunks (states through the kernel). Its
     units of 32 and 16 channels run three kernels, the narrower ones `unit_tail`: both paths. on_load:
     all but the 8-channel units run from their raw input (`residual_unit`, the stream keeping raw
     frames); else none. Units of 4 channels and more that do not read look-back rows padded to 16
-    elements, the narrower ones (unit_tail) plain rows."""
+    elements, the narrower ones (unit_tail) plain rows. channels_last: the units of 32 and 16 channels
+    run `unit_cl` instead (their blocks' upsampling writing channels-last, their last unit rows)."""
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     monkeypatch.setattr(vae_kernels, "ROW_ALIGN_FROM", 4)
     monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_WIDE", on_load)
     monkeypatch.setattr(vae_kernels, "SNAKE_ON_LOAD_UP_TO", 4 if on_load else 0)
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_CHANNELS", (32, 16) if channels_last else ())
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_LAUNCHES", {16: (64, 16, 4), 32: (64, 16, 4)})
     plain = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH)), seed=1).eval().to(DEV)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     units = [m for m in fused.modules() if getattr(m, "fused", False)]
@@ -251,6 +286,8 @@ def test_decoder_with_the_kernel_matches_without(on_load, monkeypatch):
     # and the last conv applies the tanh.
     assert sum(getattr(m, "deferred", False) for m in fused.modules()) == 8
     assert all(b.takes_condition for b in fused.decoder.model if isinstance(b, DecoderBlock))
+    assert sum(b.units_channels_last for b in fused.decoder.model if isinstance(b, DecoderBlock)) == \
+        (2 if channels_last else 0)
     assert fused.state_dict().keys() == plain.state_dict().keys()  # checkpoints load as they did
     z = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(11)).to(DEV)
     want = plain.decode(z)

@@ -34,7 +34,7 @@ the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the nex
 
 A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
 snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores;
-for fp32 activations three TF32 products, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
+for fp32 activations split into products of bf16 parts, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
 output block makes the depthwise conv again, which makes the widest units slower than the three
 kernels: they keep them (UNIT_MAX_CHANNELS, benchmarks/kernel_vae_blocks.py --unit).
 
@@ -42,6 +42,13 @@ kernels: they keep them (UNIT_MAX_CHANNELS, benchmarks/kernel_vae_blocks.py --un
 depthwise kernels above in their PRE_SNAKE form apply the unit's first snake to each tap as they load
 it, so no pass writes the snaked look-back input, and write the next chunk's saved frames themselves.
 Which units run so is policy (`unit_snake_on_load`, measured per width).
+
+`unit_cl`: `unit_tail` for channels-last activations ([B, C, T] laid out [B, T, C] in memory), the
+narrow units' form (UNIT_CL_CHANNELS): each tap loads whole frames of C adjacent channels, aligned, and
+the pointwise conv is a product of the [frames, C] tile by the [C, C] weight. Its input comes from the
+upsampling before the units (`phase_interleave` with channels_last) and its look-back pass
+(`snake_extend`, reading any strides, writing channels-last). The first snake is that pass's, once per
+frame: applied at each tap instead, the kernel ran slower (benchmarks/results.md, thirty-fourth session).
 
 `phase_interleave`, for the upsampling ConvTranspose1d (kernel 2s, stride s) in its polyphase form:
 a 2-tap conv with s * C_out output channels, whose row c * s + j holds phase j of channel c. cuDNN
@@ -84,9 +91,16 @@ ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
 # unit_tail at 64 and 128 channels runs slower so (benchmarks/kernel_vae_blocks.py --bandwidth). Read at
 # each forward: a stream's saved frames are raw or snaked as this says, so change it only between streams.
 SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO = True, 32
-# fp32 operands' product: "tf32x3" (three TF32 products, as exact as fp32; triton's plain "tf32" is
-# faster but further from fp32 than cuDNN's TF32 convs), "tf32" or "ieee" (ROCm takes no tf32x3)
-UNIT_DOT_PRECISION = "tf32x3" if torch.version.hip is None else "ieee"
+# fp32 operands' product in unit_tail and unit_cl: "bf16x3" (each operand split into two bf16 parts, three
+# bf16 products: about 16 bits of mantissa, errors ~1e-4 where the decoder's TF32 convs round at 1e-3), faster
+# than "tf32x3" (three TF32 products, as exact as fp32); triton's plain "tf32" is further from fp32 than
+# cuDNN's TF32 convs. "ieee" on ROCm and in triton's CPU interpreter, which take neither.
+UNIT_DOT_PRECISION = "bf16x3" if torch.version.hip is None else "ieee"
+# Residual units of these widths run channels-last (`unit_cl`): their block's upsampling writes its output
+# so, and the block's last unit writes contiguous rows again. Read at each forward.
+UNIT_CL_CHANNELS = (32, 64)
+UNIT_CL_LAUNCHES = {32: (128, 32, 8), 64: (64, 64, 4)}  # (BLOCK_T, BLOCK_CO, num_warps) by channels
+CL_BLOCKS = (32, 64)  # (BLOCK_C, BLOCK_T) of the passes that write channels-last from channels-last input
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -209,9 +223,35 @@ if _HAVE_TRITON:
         tl.store(out_ptr + (b * C + co[:, None]) * T + t[None, :], acc, mask=mask)
 
     @triton.jit
+    def _unit_cl_kernel(
+        xp_ptr, x_ptr, dw_ptr, dwb_ptr, alpha_ptr, pw_ptr, pwb_ptr, out_ptr,
+        T, sqb, sqt, sxb, sxt, sob, soc, sot,
+        C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_CO: tl.constexpr,
+        FAST_SIN: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # time on the grid's unbounded axis
+        b = tl.program_id(1)
+        c = tl.arange(0, C)
+        t_ok = (t < T)[:, None]
+        y = tl.zeros([BLOCK_T, C], tl.float32)
+        for k in range(K):  # output t reads xp's frames t .. t + (K-1) * DIL: whole rows of C channels
+            w = tl.load(dw_ptr + c * K + k).to(tl.float32)
+            y += w[None, :] * tl.load(xp_ptr + b * sqb + c[None, :] + (t + k * DIL)[:, None] * sqt, mask=t_ok,
+                                      other=0.0).to(tl.float32)
+        y += tl.load(dwb_ptr + c).to(tl.float32)[None, :]
+        y = _snake(y, tl.load(alpha_ptr + c).to(tl.float32)[None, :], FAST_SIN).to(DOT_DTYPE)
+        for co0 in tl.static_range(0, C, BLOCK_CO):  # output channels in blocks: the weight's registers
+            co = co0 + tl.arange(0, BLOCK_CO)
+            w_t = tl.load(pw_ptr + co[None, :] * C + c[:, None]).to(DOT_DTYPE)  # [C_in, BLOCK_CO]
+            acc = tl.dot(y, w_t, input_precision=DOT_PRECISION)
+            acc += tl.load(pwb_ptr + co).to(tl.float32)[None, :]
+            acc += tl.load(x_ptr + b * sxb + co[None, :] + t[:, None] * sxt, mask=t_ok, other=0.0).to(tl.float32)
+            tl.store(out_ptr + b * sob + co[None, :] * soc + t[:, None] * sot, acc, mask=t_ok)
+
+    @triton.jit
     def _snake_extend_kernel(
         prev_ptr, x_ptr, alpha_ptr, full_ptr, tail_ptr, scale_ptr, shift_ptr,
-        C, L, T, spb, spc, sxb, sxc, sab, sfb, sfc, sft,
+        C, L, T, spb, spc, sxb, sxc, sxt, sab, sfb, sfc, sft,
         BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, FAST_SIN: tl.constexpr, AFFINE: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -223,7 +263,7 @@ if _HAVE_TRITON:
         in_range = (t < n)[None, :]
         old = tl.load(prev_ptr + b * spb + c[:, None] * spc + t[None, :], mask=c_ok & from_prev,
                       other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :], mask=c_ok & in_range & ~from_prev,
+        x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + (t - L)[None, :] * sxt, mask=c_ok & in_range & ~from_prev,
                     other=0.0).to(tl.float32)
         if AFFINE:  # the sample-rate condition before the snake, rounded after each op as PyTorch's two ops round
             sc = tl.load(scale_ptr + b * sab + c, mask=c < C, other=1.0).to(tl.float32)[:, None]
@@ -267,7 +307,7 @@ if _HAVE_TRITON:
         tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask).to(tl.float32) + z, mask=mask)
 
     @triton.jit
-    def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, S: tl.constexpr,
+    def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, soc, sot, S: tl.constexpr,
                                  BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -277,16 +317,20 @@ if _HAVE_TRITON:
         src = b * syb + (c[:, None] * S + (o % S)[None, :]) * syc + (o // S)[None, :] * syt
         bias = tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         v = tl.load(y_ptr + src, mask=mask).to(tl.float32) + bias[:, None]
-        tl.store(out_ptr + (b * C + c[:, None]) * n + o[None, :], v, mask=mask)
+        tl.store(out_ptr + b * C * n + c[:, None] * soc + o[None, :] * sot, v, mask=mask)
 
     _INTERPRETED = interpreted(_dwconv_snake_kernel)  # triton's CPU interpreter (tests)
     _FAST_SIN = not _INTERPRETED and torch.version.hip is None  # PTX: NVIDIA only
     # triton's CPU interpreter (3.6) multiplies bf16 operands wrongly: there the product is fp32.
     _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+    # what the interpreter's tl.dot takes as input_precision (its own list; None: compiled, any of triton's)
+    _INTERPRETER_DOT_PRECISIONS = None
     if _INTERPRETED:
         _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
+        _INTERPRETER_DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 else:
     _INTERPRETED = _FAST_SIN = False
+    _INTERPRETER_DOT_PRECISIONS = None
 
 
 def _lookback(prev, x, pre_alpha, K: int, dilation: int):
@@ -358,10 +402,51 @@ def unit_tail(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: in
             pw_weight.reshape(C, C).contiguous(), pw_bias, out, prev_, pre_alpha, tail,
             C, T, xp.stride(0), xp.stride(1), x.stride(0), x.stride(1), svb, svc,
             K=K, DIL=dilation, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t, FAST_SIN=_FAST_SIN,
-            DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=UNIT_DOT_PRECISION if x.dtype == torch.float32 else "ieee",
+            DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=_dot_precision(x.dtype),
             PRE_SNAKE=prev is not None, BLOCK_L=block_l, num_warps=warps,
         )
     return out if prev is None else (out, tail)
+
+
+def _dot_precision(dtype) -> str:
+    """tl.dot's input_precision for operands of `dtype`: UNIT_DOT_PRECISION for fp32 where it is taken (not
+    every one is by triton's interpreter), else "ieee"."""
+    taken = _INTERPRETER_DOT_PRECISIONS
+    if dtype != torch.float32 or (taken is not None and UNIT_DOT_PRECISION not in taken):
+        return "ieee"
+    return UNIT_DOT_PRECISION
+
+
+def unit_cl(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int, rows_out: bool = False):
+    """`unit_tail` channels-last (see the module doc). xp [B, C, L + T] = [saved | snake(x)] laid out
+    channels-last (`snake_extend(channels_last=True)`), x [B, C, T] the unit's input, channels-last
+    (x.stride(1) == 1), weights as unit_tail's -> out [B, C, T], channels-last, or contiguous rows with
+    rows_out. C one of UNIT_CL_LAUNCHES."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    B, C, T = x.shape
+    K = dw_weight.shape[-1]
+    assert C in UNIT_CL_LAUNCHES and x.dtype in DTYPES and x.stride(1) == 1, (C, x.dtype, x.stride())
+    assert xp.shape == (B, C, T + (K - 1) * dilation) and xp.stride(1) == 1 and xp.dtype == x.dtype, \
+        (xp.shape, xp.stride(), x.shape)
+    assert dw_weight.shape == (C, 1, K) and dw_bias.shape == pw_bias.shape == (C,), (dw_weight.shape, C)
+    assert pw_weight.shape == (C, C, 1), pw_weight.shape
+    if rows_out:
+        out = torch.empty((B, C, T), dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty((B, T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
+    if out.numel():
+        block_t, block_co, warps = UNIT_CL_LAUNCHES[C]
+        if _INTERPRETED:
+            block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
+        _unit_cl_kernel[(triton.cdiv(T, block_t), B)](
+            xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
+            pw_weight.reshape(C, C).contiguous(), pw_bias, out,
+            T, xp.stride(0), xp.stride(2), x.stride(0), x.stride(2), *out.stride(),
+            C=C, K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_CO=min(block_co, C), FAST_SIN=_FAST_SIN,
+            DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=_dot_precision(x.dtype), num_warps=warps,
+        )
+    return out
 
 
 def residual_unit(prev, x, pre_alpha, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int):
@@ -384,13 +469,18 @@ def unit_snake_on_load(channels: int) -> bool:
     return SNAKE_ON_LOAD_WIDE if channels > UNIT_MAX_CHANNELS else channels <= SNAKE_ON_LOAD_UP_TO
 
 
+def unit_channels_last(channels: int) -> bool:
+    """Whether a residual unit of `channels` runs channels-last (`unit_cl`, UNIT_CL_CHANNELS)."""
+    return channels in UNIT_CL_CHANNELS and channels in UNIT_CL_LAUNCHES
+
+
 def unit_row_align(channels: int) -> int:
     """`snake_extend`'s row_align for a residual unit of `channels` (ROW_ALIGN_FROM)."""
     return ROW_ALIGN if channels >= ROW_ALIGN_FROM else 1
 
 
 def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_align: int = 1):
-    """prev [B, C, L] (a stream's saved frames), x [B, C, T], alpha [1, C, 1] or [C]
+    """prev [B, C, L] (a stream's saved frames), x [B, C, T] (any strides), alpha [1, C, 1] or [C]
     -> (full [B, C, L + T] = cat(prev, snake(x)), tail [B, C, L] = its last L frames), one pass.
 
     affine: (scale, shift), each [1, C] or [B, C] (per stream): x * scale + shift goes into the
@@ -406,7 +496,7 @@ def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_a
     B, C, T = x.shape
     L = prev.shape[-1]
     assert prev.shape[:2] == (B, C) and prev.dtype == x.dtype in DTYPES, (prev.shape, x.shape, prev.dtype, x.dtype)
-    assert x.stride(2) == 1 and prev.stride(2) == 1, (x.stride(), prev.stride())
+    assert prev.stride(2) == 1, prev.stride()
     assert row_align >= 1 and (row_align == 1 or not channels_last), (row_align, channels_last)
     if channels_last:
         full = torch.empty((B, L + T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
@@ -423,11 +513,12 @@ def snake_extend(prev, x, alpha, affine=None, channels_last: bool = False, row_a
         sab = 0 if scale.shape[0] == 1 else C  # one row for every stream, or one per stream
     if B == 0 or L + T == 0:
         return full, tail
-    grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(L + T, BLOCK_T))
+    block_c, block_t = CL_BLOCKS if channels_last and x.stride(1) == 1 else (BLOCK_C, BLOCK_T)
+    grid = (B, triton.cdiv(C, block_c), triton.cdiv(L + T, block_t))
     _snake_extend_kernel[grid](
         prev, x, alpha.reshape(C).contiguous(), full, tail, scale, shift,
-        C, L, T, prev.stride(0), prev.stride(1), x.stride(0), x.stride(1), sab, *full.stride(),
-        BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, FAST_SIN=_FAST_SIN, AFFINE=affine is not None, num_warps=NUM_WARPS,
+        C, L, T, prev.stride(0), prev.stride(1), *x.stride(), sab, *full.stride(),
+        BLOCK_C=block_c, BLOCK_T=block_t, FAST_SIN=_FAST_SIN, AFFINE=affine is not None, num_warps=NUM_WARPS,
     )
     return full, tail
 
@@ -466,19 +557,24 @@ def skip_add(x, z, bias):
     return out
 
 
-def phase_interleave(y, bias, stride: int):
+def phase_interleave(y, bias, stride: int, channels_last: bool = False):
     """y [B, C * stride, T] (phase j of channel c in row c * stride + j; any strides: cuDNN returns
     channels-last), bias [C] -> [B, C, T * stride], out[..., t * stride + j] = y[:, c * stride + j, t]
-    + bias[c], one pass."""
+    + bias[c], one pass. channels_last: out laid out [B, T * stride, C] in memory (for `unit_cl`)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     B, CS, T = y.shape
     C = CS // stride
     assert CS == C * stride and bias.shape == (C,), (y.shape, bias.shape, stride)
-    out = torch.empty((B, C, T * stride), dtype=y.dtype, device=y.device)
+    if channels_last:
+        out = torch.empty((B, T * stride, C), dtype=y.dtype, device=y.device).transpose(1, 2)
+        block_c, block_t = CL_BLOCKS
+    else:
+        out = torch.empty((B, C, T * stride), dtype=y.dtype, device=y.device)
+        block_c, block_t = BLOCK_C, BLOCK_T
     if out.numel():
-        grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T * stride, BLOCK_T))
-        _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), S=stride, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
-                                       num_warps=NUM_WARPS)
+        grid = (B, triton.cdiv(C, block_c), triton.cdiv(T * stride, block_t))
+        _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), out.stride(1), out.stride(2), S=stride,
+                                       BLOCK_C=block_c, BLOCK_T=block_t, num_warps=NUM_WARPS)
     return out
 

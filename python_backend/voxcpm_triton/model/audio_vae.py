@@ -202,7 +202,7 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
     (the new ones kept for the next chunk), or zeros one-shot. pre_snake (the Triton path): the
     snake before the conv, deferred to here and applied in the same pass (`kernels.vae.snake_extend`);
     affine: the sample-rate condition before that snake, (scale, shift), applied in that pass too;
-    channels_last: that pass writes the result channels-last (for a conv whose weight is);
+    channels_last: that pass writes the result channels-last (for a conv whose weight is, and `unit_cl`);
     row_align: that pass's rows padded to a multiple of this (for a Triton kernel that reads it)."""
     if pre_snake is None:
         assert affine is None, "the sample-rate condition is deferred only to a deferred snake"
@@ -211,7 +211,6 @@ def with_lookback(x: Tensor, ctx: int, st: Optional[_Stream], pre_snake: Optiona
         return F.pad(x, (ctx, 0)) if st is None else st.extend(x, ctx)
     from ..kernels.vae import snake_extend
 
-    x = x.contiguous()
     return through_lookback(x, ctx, st, lambda prev: snake_extend(prev, x, pre_snake.alpha, affine, channels_last,
                                                                   row_align))
 
@@ -320,9 +319,11 @@ class CausalConvTranspose1d(nn.Module):
         """Whether the polyphase form runs channels-last (weight and input: `phase_weight`)."""
         return self.in_channels >= POLYPHASE_CHANNELS_LAST_FROM
 
-    def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None) -> Tensor:
+    def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None,
+                out_channels_last: bool = False) -> Tensor:
         """affine: the sample-rate condition's (scale, shift), applied before the deferred snake
-        (polyphase only: `DecoderBlock.takes_condition`)."""
+        (polyphase only: `DecoderBlock.takes_condition`); out_channels_last (polyphase only): the output
+        laid out [B, T, C] in memory, for residual units that run so (`DecoderBlock.units_channels_last`)."""
         if self.polyphase:
             from ..kernels.vae import phase_interleave
 
@@ -331,8 +332,9 @@ class CausalConvTranspose1d(nn.Module):
             # As conv2d over a [B, C, 1, T] view: conv1d makes a 3-D input contiguous first, which would
             # undo a channels-last one (and cuDNN would then copy it back to channels-last).
             y = F.conv2d(x.unsqueeze(2), self.phase_weight().unsqueeze(2)).squeeze(2)
-            return phase_interleave(y, self.bias, self.stride)
+            return phase_interleave(y, self.bias, self.stride, out_channels_last)
         assert affine is None, "the sample-rate condition is deferred only to the polyphase form"
+        assert not out_channels_last, "a channels-last output comes only from the polyphase form"
         if self.pre_snake is not None:  # polyphase turned off after the snake was deferred to it
             x = snake(x, self.pre_snake.alpha)
         if st is None:
@@ -359,11 +361,18 @@ class ResidualUnit(nn.Module):
         )
         self.fused = False  # the unit in Triton kernels (AudioVAE(triton_kernels=True))
 
-    def forward(self, x: Tensor, st: Optional[_Stream] = None) -> Tensor:
+    def forward(self, x: Tensor, st: Optional[_Stream] = None, channels_last: bool = False,
+                rows_out: bool = True) -> Tensor:
+        """channels_last (fused units, `DecoderBlock.units_channels_last`): x is laid out [B, T, C] in
+        memory, and so is the output unless rows_out (then contiguous)."""
         if self.fused:
             from ..kernels import vae as kernels
 
             snake1, conv, snake2, pointwise = self.block
+            if channels_last:  # after a look-back pass that writes channels-last: the stream keeps snaked frames
+                xp = with_lookback(x, conv.left_pad, st, snake1, channels_last=True)
+                return kernels.unit_cl(xp, x, conv.weight, conv.bias, snake2.alpha, pointwise.weight, pointwise.bias,
+                                       conv.dilation, rows_out=rows_out)
             x = x.contiguous()
             if kernels.unit_snake_on_load(x.shape[1]):  # the stream keeps the unit's raw input frames
                 return through_lookback(x, conv.left_pad, st, lambda prev: kernels.residual_unit(
@@ -375,6 +384,7 @@ class ResidualUnit(nn.Module):
                                          pointwise.bias, conv.dilation)
             y = kernels.dwconv_snake(xp, conv.weight, conv.bias, snake2.alpha, conv.dilation)
             return kernels.skip_add(x, F.conv1d(y, pointwise.weight), pointwise.bias)
+        assert not channels_last, "only fused units run channels-last"
         y = x
         for layer in self.block:
             y = layer(y, st)
@@ -442,10 +452,24 @@ class DecoderBlock(nn.Module):
         snake1, up = self.block[0], self.block[1]
         return snake1.deferred and up.polyphase and up.pre_snake is snake1
 
+    @property
+    def units_channels_last(self) -> bool:
+        """Whether the residual units run channels-last (`kernels.vae.unit_cl`, policy read at each forward):
+        the upsampling writes its output so, and the last unit writes contiguous rows again."""
+        up, units = self.block[1], self.block[2:]
+        if not (up.polyphase and all(u.fused for u in units)):
+            return False
+        from ..kernels import vae as kernels
+
+        return kernels.unit_channels_last(up.out_channels)
+
     def forward(self, x: Tensor, st: Optional[_Stream] = None, affine: Optional[tuple] = None) -> Tensor:
         """affine: a sample-rate condition's (scale, shift) for x, when `takes_condition`."""
-        for i, layer in enumerate(self.block):
-            x = layer(x, st, affine) if i == 1 and affine is not None else layer(x, st)
+        snake1, up, *units = self.block
+        cl = self.units_channels_last
+        x = up(snake1(x, st), st, affine, out_channels_last=cl)
+        for i, unit in enumerate(units):
+            x = unit(x, st, channels_last=cl, rows_out=i == len(units) - 1)
         return x
 
 
