@@ -28,7 +28,8 @@ thing changed:
   long_pieces   a chunk longer than the longest VAE graph at its batch bucket decodes as that graph's
                 consecutive pieces (`VAEStreams.pieces`), not eagerly: far fewer launches from Python
   vae_plain_units  the VAE's residual units each after a look-back pass (`kernels.vae.snake_extend`) on
-                plain rows, as before the thirty-first session (no aligned rows, no snake on load): its
+                plain rows, as before the thirty-first session (no aligned rows, no snake on load, none
+                channels-last, products in three TF32 passes): its
                 own stream bank and graphs, captured with those kernels.vae constants, which stay set
                 through the round for the eager decodes
   vae_rows_tf32x3  the VAE's residual units as before the thirty-fourth session: none channels-last

@@ -193,7 +193,7 @@ def bandwidth_rows(shapes, B, variants=None, row_align: str = "served") -> list:
               + f"; the unit {row['unit_us']:.1f} us (snake on load {row['unit_on_load_us']:.1f}"
               + (f", channels-last {row['unit_cl_us']:.1f}" if cl_keys else "") + f") against one copy {copy_us:.1f}",
               flush=True)
-        for kernel in ("unit_tail", "unit_tail_on_load", "dwconv_snake_on_load"):
+        for kernel in ("unit_tail", "unit_tail_on_load", "dwconv_snake_on_load", "unit_cl"):
             if kernel not in calls or not variants:
                 continue
             fn, nbytes = calls[kernel]
@@ -240,7 +240,7 @@ def main():
     ap.add_argument("--row-align", default="served", help="--bandwidth: snake_extend's row_align (its output, "
                     "the depthwise kernels' input): 'served' (kernels.vae.unit_row_align, the decoder's; before the "
                     "thirty-second session the default was 1) or a number, e.g. 1 or 16")
-    ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail (and the on-load kernels) again with kernels.vae constants "
+    ap.add_argument("--unit-variants", default="", help="--bandwidth: unit_tail (and the on-load kernels and unit_cl) again with kernels.vae constants "
                     "set, e.g. 'UNIT_DOT_PRECISION=tf32;UNIT_BLOCK_CO=64+UNIT_DOT_PRECISION=tf32' (';' between variants, "
                     "'+' within one)")
     args = ap.parse_args()

@@ -138,6 +138,48 @@ def test_unit_cl_is_the_rest_of_the_unit_channels_last(C, T, dilation, rows_out,
     assert (got - want).abs().max().item() <= TOL * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.parametrize("condition", [False, True])
+def test_a_decoder_block_with_channels_last_units_matches_the_layers(condition, monkeypatch):
+    """A whole decoder block whose units run channels-last (its upsampling writing channels-last, each
+    unit's look-back pass and `unit_cl`, the last unit writing rows) against the same block's PyTorch
+    layers, one-shot and streamed in uneven chunks (one of fewer frames than the widest look-back), the
+    stream's saved frames carried from chunk to chunk; with the sample-rate condition in its first pass.
+    Weights at full gain, so that the units' part of the output is large (in the decoder tests the signal
+    fades block by block)."""
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_CHANNELS", (32,))
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_LAUNCHES", {32: (64, 16, 4)})
+    blocks = []
+    for kernels in (False, True):
+        vae = AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=kernels).eval().to(DEV)
+        block = vae.decoder.model[2]  # 64 -> 32 channels, stride 8
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                p.copy_(0.5 + torch.rand(p.shape, generator=g) if name.endswith("alpha")
+                        else torch.randn(p.shape, generator=g) / max(1, p[0].numel()) ** 0.5)
+        blocks.append(block)
+    plain, fused = blocks
+    assert fused.units_channels_last and not plain.units_channels_last
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 64, 9, generator=g).to(DEV)
+    affine = (1 + 0.3 * torch.randn(2, 64, generator=g).to(DEV), 0.3 * torch.randn(2, 64, generator=g).to(DEV)) \
+        if condition else None
+    x_in = x * affine[0][..., None] + affine[1][..., None] if condition else x
+    want = plain(x_in)
+    up_only = plain.block[1](plain.block[0](x_in))  # the block without its units
+    assert (want - up_only).abs().max().item() > 0.3 * want.abs().max().item()  # the units' part is large
+    tol = TOL * max(1.0, want.abs().max().item())
+    assert (fused(x, None, affine) - want).abs().max().item() <= tol
+    # the stream's saved frames, in the order the block takes them: the upsampling's frame, each unit's look-back
+    state = [torch.zeros(2, 64, 1, device=DEV)] + [torch.zeros(2, 32, 6 * d, device=DEV) for d in (1, 3, 9)]
+    parts = []
+    for a, b in ((0, 1), (1, 7), (7, 9)):  # 1 frame -> 8 samples: fewer than the unit of dilation 9 looks back (54)
+        st = _Stream(state)
+        parts.append(fused(x[..., a:b], st, affine))
+        state = st.next
+    assert (torch.cat(parts, -1) - want).abs().max().item() <= tol
+
+
 @pytest.mark.parametrize("C,L,T,scale", [(20, 54, 3, 1), (5, 6, 300, 1), (9, 18, 18, 1), (9, 18, 300, 100)])
 def test_snake_extend_is_cat_of_the_saved_frames_and_the_snake(C, L, T, scale):
     """Fewer new frames than saved ones (the tail then holds saved frames), several time blocks,
@@ -319,7 +361,8 @@ def test_the_depthwise_kernels_read_padded_lookback_rows(kernel):
 def test_aligned_rows_and_snake_on_load_decode_the_same_audio(monkeypatch):
     """The whole decoder, streamed (the stream's saved frames snaked, or raw), with every unit on padded
     look-back rows, with none, and with every unit run from its raw input (`residual_unit`): the same
-    audio, bit for bit."""
+    audio, bit for bit. (No unit channels-last: they take neither setting.)"""
+    monkeypatch.setattr(vae_kernels, "UNIT_CL_CHANNELS", ())
     monkeypatch.setattr(vae_kernels, "UNIT_MAX_CHANNELS", 8)
     fused = _randomize(AudioVAE(AudioVAEConfig.from_dict(REALISH), triton_kernels=True), seed=1).eval().to(DEV)
     z = torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(13)).to(DEV)

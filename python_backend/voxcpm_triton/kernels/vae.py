@@ -79,28 +79,32 @@ UNIT_BLOCK_CO = 128
 # launch of a sweep at 64 streams x 4 patches, benchmarks/kernel_vae_blocks.py --unit)
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
-# Residual units of at least ROW_ALIGN_FROM channels that run after a look-back pass (not from their raw
-# input, below) get that pass's output (the depthwise kernels' input) in rows of a multiple of ROW_ALIGN
+# Residual units of at least ROW_ALIGN_FROM channels that run after a look-back pass in rows (not from their
+# raw input, below; not channels-last, UNIT_CL_CHANNELS) get that pass's output (the depthwise kernels' input) in rows of a multiple of ROW_ALIGN
 # elements (`snake_extend`'s row_align): triton
 # specializes on strides divisible by 16 and can then vectorize the accesses at aligned offsets.
 # unit_tail at 32 channels ran slower on such rows (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
 ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
 # Residual units that run from their raw input (`residual_unit`: the first snake applied to each tap as
 # it is loaded, the stream keeping raw frames) instead of after a look-back pass (`snake_extend`): those
-# wider than UNIT_MAX_CHANNELS if SNAKE_ON_LOAD_WIDE, and those of up to SNAKE_ON_LOAD_UP_TO channels.
+# wider than UNIT_MAX_CHANNELS if SNAKE_ON_LOAD_WIDE, and those of up to SNAKE_ON_LOAD_UP_TO channels that
+# do not run channels-last (UNIT_CL_CHANNELS goes first).
 # unit_tail at 64 and 128 channels runs slower so (benchmarks/kernel_vae_blocks.py --bandwidth). Read at
 # each forward: a stream's saved frames are raw or snaked as this says, so change it only between streams.
 SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO = True, 32
 # fp32 operands' product in unit_tail and unit_cl: "bf16x3" (each operand split into two bf16 parts, three
 # bf16 products: about 16 bits of mantissa, errors ~1e-4 where the decoder's TF32 convs round at 1e-3), faster
 # than "tf32x3" (three TF32 products, as exact as fp32); triton's plain "tf32" is further from fp32 than
-# cuDNN's TF32 convs. "ieee" on ROCm and in triton's CPU interpreter, which take neither.
+# cuDNN's TF32 convs. "ieee" on ROCm (not measured there) and in triton's CPU interpreter (`_dot_precision`).
 UNIT_DOT_PRECISION = "bf16x3" if torch.version.hip is None else "ieee"
 # Residual units of these widths run channels-last (`unit_cl`): their block's upsampling writes its output
-# so, and the block's last unit writes contiguous rows again. Read at each forward.
+# so, and the block's last unit writes contiguous rows again. Read at each forward: a stream's saved frames
+# for these units are the look-back pass's (snaked), so change it only between streams.
 UNIT_CL_CHANNELS = (32, 64)
 UNIT_CL_LAUNCHES = {32: (128, 32, 8), 64: (64, 64, 4)}  # (BLOCK_T, BLOCK_CO, num_warps) by channels
-CL_BLOCKS = (32, 64)  # (BLOCK_C, BLOCK_T) of the passes that write channels-last from channels-last input
+# (BLOCK_C, BLOCK_T) of the passes that write channels-last for unit_cl: phase_interleave, and snake_extend
+# from channels-last input
+CL_BLOCKS = (32, 64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -307,7 +311,7 @@ if _HAVE_TRITON:
         tl.store(out_ptr + at, tl.load(x_ptr + at, mask=mask).to(tl.float32) + z, mask=mask)
 
     @triton.jit
-    def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, soc, sot, S: tl.constexpr,
+    def _phase_interleave_kernel(y_ptr, bias_ptr, out_ptr, C, T, syb, syc, syt, sob, soc, sot, S: tl.constexpr,
                                  BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
         b = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -317,7 +321,7 @@ if _HAVE_TRITON:
         src = b * syb + (c[:, None] * S + (o % S)[None, :]) * syc + (o // S)[None, :] * syt
         bias = tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         v = tl.load(y_ptr + src, mask=mask).to(tl.float32) + bias[:, None]
-        tl.store(out_ptr + b * C * n + c[:, None] * soc + o[None, :] * sot, v, mask=mask)
+        tl.store(out_ptr + b * sob + c[:, None] * soc + o[None, :] * sot, v, mask=mask)
 
     _INTERPRETED = interpreted(_dwconv_snake_kernel)  # triton's CPU interpreter (tests)
     _FAST_SIN = not _INTERPRETED and torch.version.hip is None  # PTX: NVIDIA only
@@ -326,8 +330,10 @@ if _HAVE_TRITON:
     # what the interpreter's tl.dot takes as input_precision (its own list; None: compiled, any of triton's)
     _INTERPRETER_DOT_PRECISIONS = None
     if _INTERPRETED:
+        from triton.runtime.interpreter import InterpreterOptions
+
         _DOT_DTYPES = dict.fromkeys(_DOT_DTYPES, tl.float32)
-        _INTERPRETER_DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+        _INTERPRETER_DOT_PRECISIONS = tuple(InterpreterOptions.allowed_dot_input_precisions)
 else:
     _INTERPRETED = _FAST_SIN = False
     _INTERPRETER_DOT_PRECISIONS = None
@@ -435,15 +441,18 @@ def unit_cl(xp, x, dw_weight, dw_bias, alpha, pw_weight, pw_bias, dilation: int,
         out = torch.empty((B, C, T), dtype=x.dtype, device=x.device)
     else:
         out = torch.empty((B, T, C), dtype=x.dtype, device=x.device).transpose(1, 2)
+    block_t, block_co, warps = UNIT_CL_LAUNCHES[C]
+    block_co = min(block_co, C)
+    # the kernel masks no channel, and tl.dot takes blocks of 16 and more
+    assert C & (C - 1) == 0 and C % block_co == 0 and block_co >= 16, (C, block_co)
     if out.numel():
-        block_t, block_co, warps = UNIT_CL_LAUNCHES[C]
         if _INTERPRETED:
             block_t = max(block_t, 256)  # the interpreter runs each program in Python: fewer, longer blocks
         _unit_cl_kernel[(triton.cdiv(T, block_t), B)](
             xp, x, dw_weight.reshape(C, K).contiguous(), dw_bias, alpha.reshape(C).contiguous(),
             pw_weight.reshape(C, C).contiguous(), pw_bias, out,
             T, xp.stride(0), xp.stride(2), x.stride(0), x.stride(2), *out.stride(),
-            C=C, K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_CO=min(block_co, C), FAST_SIN=_FAST_SIN,
+            C=C, K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_CO=block_co, FAST_SIN=_FAST_SIN,
             DOT_DTYPE=_DOT_DTYPES[x.dtype], DOT_PRECISION=_dot_precision(x.dtype), num_warps=warps,
         )
     return out
@@ -465,7 +474,8 @@ def residual_unit(prev, x, pre_alpha, dw_weight, dw_bias, alpha, pw_weight, pw_b
 
 
 def unit_snake_on_load(channels: int) -> bool:
-    """Whether a residual unit of `channels` runs as `residual_unit` (SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO)."""
+    """Whether a residual unit of `channels` that does not run channels-last (`unit_channels_last`) runs as
+    `residual_unit` (SNAKE_ON_LOAD_WIDE, SNAKE_ON_LOAD_UP_TO)."""
     return SNAKE_ON_LOAD_WIDE if channels > UNIT_MAX_CHANNELS else channels <= SNAKE_ON_LOAD_UP_TO
 
 
@@ -574,7 +584,7 @@ def phase_interleave(y, bias, stride: int, channels_last: bool = False):
         block_c, block_t = BLOCK_C, BLOCK_T
     if out.numel():
         grid = (B, triton.cdiv(C, block_c), triton.cdiv(T * stride, block_t))
-        _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), out.stride(1), out.stride(2), S=stride,
+        _phase_interleave_kernel[grid](y, bias, out, C, T, *y.stride(), *out.stride(), S=stride,
                                        BLOCK_C=block_c, BLOCK_T=block_t, num_warps=NUM_WARPS)
     return out
 
