@@ -4875,7 +4875,7 @@ def thirty_fourth_session(res) -> list[str]:
            f"- The nine units: {kept_before:.1f} ms before, {kept_now:.1f} ms now (summed over separate calls).",
            "",
            "**The whole decoder** (call 8: `vae_precision.py --precisions B,fp32,B,fp32` with B = "
-           "`fp32+UNIT_CL_CHANNELS=()+UNIT_DOT_PRECISION=tf32x3`, the units as before, on the final code; "
+           "`fp32+UNIT_CL_CHANNELS=()+UNIT_DOT_PRECISION=tf32x3`, the units as before, on commit 26da32f; "
            "`raw/vae_final_thirtyfourth.*`). ms per call as served (CUDA graphs up to 256 patches, 64 x 16 eager); "
            "GPU ms from one profiled 64 x 4 call:",
            "",
@@ -4895,10 +4895,12 @@ def thirty_fourth_session(res) -> list[str]:
            f"- The audio is as close to exact fp32 as before ({decoder_final[1]['vs_exact_fp32']:.2e} against "
            f"{decoder_final[0]['vs_exact_fp32']:.2e}), and {vs_served:.1e} from the decoder before.",
            f"- `gpu_check.py --only vae` {'passes' if gpu_check['vae_graphs_vs_eager']['pass'] else 'FAILS'} on "
-           "the final code: the VAE as served against exact fp32 "
+           "26da32f: the VAE as served against exact fp32 "
            f"{gpu_check['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} "
            "(bound 2e-03), graphs against eager 0.0. `tests/test_vae_kernels.py` on the GPU: 56 passed "
-           "(`raw/{gpu_check_vae,gpu_tests}_final_thirtyfourth.*`).",
+           "(`raw/{gpu_check_vae,gpu_tests}_final_thirtyfourth.*`). The review's changes after that commit (a "
+           "block-level test, asserts, the interleave's batch stride passed as an argument) ran under triton's CPU "
+           "interpreter only: no device time was left.",
            "- The profile's split by kernel kind counted `unit_cl` under \"other\" in call 8; `kernel_kinds.py` "
            "now counts it with the VAE's Triton kernels. The GPU total is unaffected.",
            "",
