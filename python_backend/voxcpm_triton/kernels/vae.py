@@ -34,8 +34,8 @@ the pointwise conv (cuDNN) and skip_add are three, each writing a tensor the nex
 
 A program takes BLOCK_T frames and BLOCK_CO output channels; it makes the depthwise conv and its
 snake BLOCK_CI channels at a time and multiplies them straight into its accumulator (tensor cores;
-for fp32 activations split into products of bf16 parts, UNIT_DOT_PRECISION). With more than BLOCK_CO channels each
-output block makes the depthwise conv again, which makes the widest units slower than the three
+for fp32 activations products of their bf16 parts, UNIT_DOT_PRECISION). With more than BLOCK_CO channels
+each output block makes the depthwise conv again, which makes the widest units slower than the three
 kernels: they keep them (UNIT_MAX_CHANNELS, benchmarks/kernel_vae_blocks.py --unit).
 
 `residual_unit`: a whole unit from its raw input x and the stream's raw saved frames of it. The two
@@ -80,9 +80,9 @@ UNIT_BLOCK_CO = 128
 UNIT_LAUNCHES = {32: (32, 64, 4), 64: (16, 32, 4), 128: (16, 64, 8)}
 UNIT_MAX_CHANNELS = 128  # wider residual units run dwconv_snake, cuDNN's pointwise conv and skip_add
 # Residual units of at least ROW_ALIGN_FROM channels that run after a look-back pass in rows (not from their
-# raw input, below; not channels-last, UNIT_CL_CHANNELS) get that pass's output (the depthwise kernels' input) in rows of a multiple of ROW_ALIGN
-# elements (`snake_extend`'s row_align): triton
-# specializes on strides divisible by 16 and can then vectorize the accesses at aligned offsets.
+# raw input, below; not channels-last, UNIT_CL_CHANNELS) get that pass's output (the depthwise kernels'
+# input) in rows of a multiple of ROW_ALIGN elements (`snake_extend`'s row_align): triton specializes on
+# strides divisible by 16 and can then vectorize the accesses at aligned offsets.
 # unit_tail at 32 channels ran slower on such rows (benchmarks/kernel_vae_blocks.py --bandwidth --row-align).
 ROW_ALIGN, ROW_ALIGN_FROM = 16, 64
 # Residual units that run from their raw input (`residual_unit`: the first snake applied to each tap as
