@@ -147,6 +147,106 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
     assert not audio.thread.is_alive()
 
 
+def test_stream_audio_pads_a_last_chunk_to_a_graph_length_and_gives_the_same_audio(vae):
+    """With graphs (pad_last), a request's last chunk decodes padded to the next graph length, in one
+    batch with other chunks of that length; its audio, cut back, equals one decode of the whole.
+    A chunk that does not end its request, or a last chunk longer than any graph, is not padded."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None)
+    assert audio.pad_last is False  # no graphs on the CPU: padding would only cost frames
+    audio.pad_last = True
+    decoded = []
+    decode_async = audio.streams.decode_async
+
+    def spy(keys, z):
+        decoded.append((sorted(keys), z.shape[-1] // P))
+        return decode_async(keys, z)
+
+    audio.streams.decode_async = spy
+    try:
+        lats = {k: _latents(i, n, P, D) for i, (k, n) in enumerate((("mid", 7), ("last3", 4), ("last2", 3),
+                                                                     ("long", 6)))}
+        recv = {k: _Receiver() for k in lats}
+        for k, r in recv.items():
+            audio.open(k, r)
+        with audio.cond:  # first chunks: 1 patch each, one batch
+            for k, lat in lats.items():
+                audio.chunk(k, lat[:1])
+        while len(decoded) < 1:
+            time.sleep(0.01)
+        with audio.cond:  # then: "mid" 3 (not its last), "last3" 3 and "last2" 2 with their ends
+            audio.chunk("mid", lats["mid"][1:4])
+            for k in ("last3", "last2"):
+                audio.chunk(k, lats[k][1:])
+                audio.end(k, f"end {k}")
+        for k in ("last3", "last2"):
+            assert recv[k].done.wait(60) and recv[k].end == f"end {k}"
+        audio.chunk("long", lats["long"][1:])  # 5 patches, past the longest graph (4): as it is
+        audio.end("long", "end long")
+        audio.chunk("mid", lats["mid"][4:])
+        audio.end("mid", "end mid")
+        for k, r in recv.items():
+            assert r.done.wait(60)
+            got = np.concatenate([a for _, a in r.chunks])
+            assert got.shape == (len(lats[k]) * P * vae.decode_chunk_size,), k
+            assert np.abs(got - _whole(vae, lats[k])).max() <= 1e-4, k
+            assert torch.equal(torch.cat([p for p, _ in r.chunks]), lats[k])
+        assert decoded[0] == (sorted(lats), 1)
+        assert decoded[1:3] == [(["mid"], 3), (["last2", "last3"], 4)], decoded
+        assert sorted(decoded[3:]) == [(["long"], 5), (["mid"], 4)], decoded  # mid's last 3, padded
+        assert len(audio) == 0 and len(audio.streams) == 0
+    finally:
+        audio.stop()
+
+
+def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae):
+    """In a round, a request that ends goes before the others of its batch, and its end right after
+    its audio, not after the round's other batches: its client sends its next request on it."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None)
+    order = []
+
+    class Logged(_Receiver):
+        def __init__(self, key):
+            super().__init__()
+            self.key = key
+
+        def __call__(self, patches, payload):
+            order.append((self.key, "end" if patches is None else len(patches)))
+            super().__call__(patches, payload)
+
+    try:
+        recv = {k: Logged(k) for k in ("a_mid", "b_last", "c_mid", "d_last")}
+        for k, r in recv.items():
+            audio.open(k, r)
+        with audio.cond:  # one round: a batch of 1 patch (c_mid, then d_last), one of 2 (a_mid, b_last)
+            audio.chunk("a_mid", _latents(1, 2, P, D))
+            audio.chunk("b_last", _latents(2, 2, P, D))
+            audio.end("b_last", "end")
+            audio.chunk("c_mid", _latents(3, 1, P, D))
+            audio.chunk("d_last", _latents(4, 1, P, D))
+            audio.end("d_last", "end")
+        for k in ("b_last", "d_last"):
+            assert recv[k].done.wait(60)
+        while len(order) < 6:
+            time.sleep(0.01)
+        assert order == [("d_last", 1), ("d_last", "end"), ("c_mid", 1),
+                         ("b_last", 2), ("b_last", "end"), ("a_mid", 2)], order
+        for k in ("a_mid", "c_mid"):
+            audio.end(k, "end")
+            assert recv[k].done.wait(60)
+    finally:
+        audio.stop()
+
+
 def test_stream_audio_fails_the_request_whose_decode_fails_and_serves_the_others(vae):
     from voxcpm_triton.engine.stream_audio import StreamAudio
 

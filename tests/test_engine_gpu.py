@@ -375,6 +375,66 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
         assert (out - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), k
 
 
+def test_a_last_chunk_on_the_gpu_replays_one_padded_graph_and_gives_the_eager_decodes_audio(checkpoint_dirs):
+    """With graphs, a request's last chunk of 3 patches decodes padded to the 4-patch graph (one
+    replay, not three), and the audio cut back to its 3 patches is the eager decode's."""
+    import threading
+
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.voxcpm2 import load_audio_vae
+
+    _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
+    P, D = 4, vae.latent_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None)
+    assert audio.pad_last and audio.streams.pieces(2, 4 * P) == [4 * P]
+    decoded, chunks, done = [], {}, {k: threading.Event() for k in "ab"}
+    decode_async = audio.streams.decode_async
+
+    def spy(keys, z):
+        decoded.append((sorted(keys), z.shape[-1] // P))
+        return decode_async(keys, z)
+
+    def receiver(key):
+        def deliver(patches, payload):
+            if patches is None:
+                done[key].set()
+            else:
+                chunks.setdefault(key, []).append(torch.as_tensor(payload).clone())
+        return deliver
+
+    audio.streams.decode_async = spy
+    g = torch.Generator().manual_seed(1)
+    lat = {k: torch.randn(8, P, D, generator=g) * 0.5 for k in "ab"}
+    try:
+        for k in "ab":
+            audio.open(k, receiver(k))
+        for a, b in ((0, 1), (1, 5)):
+            with audio.cond:
+                for k in "ab":
+                    audio.chunk(k, lat[k][a:b])
+            deadline = time.monotonic() + TIMEOUT
+            while not all(len(chunks.get(k, [])) == len(decoded) for k in "ab"):
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        with audio.cond:
+            for k in "ab":
+                audio.chunk(k, lat[k][5:])
+                audio.end(k, None)
+        assert all(e.wait(TIMEOUT) for e in done.values())
+    finally:
+        audio.stop()
+    assert decoded == [(["a", "b"], 1), (["a", "b"], 4), (["a", "b"], 4)], decoded
+    eager = VAEStreams(vae, P, max_streams=4, cuda_graphs=False)
+    for k in "ab":
+        eager.open(k)
+        want = eager.decode([k], lat[k].reshape(-1, D).T[None])[0]
+        out = torch.cat(chunks[k])
+        assert [len(c) for c in chunks[k]] == [len(want) // 8, len(want) // 2, len(want) * 3 // 8]
+        assert (out - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), k
+
+
 def test_first_audio_on_the_gpu_waits_for_the_decode_and_changes_no_latent(checkpoint_dirs):
     """The decoder's first_audio_priority on the GPU: an engine with CUDA graphs and a `StreamAudio`
     as its first_audio. A lone request's first step is fenced (an event came back and the next

@@ -9,6 +9,13 @@ queued, decodes every request's pending chunks at once, in batches by length (`V
 CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
 hands each request its audio chunk by chunk, in order, then its end.
 
+With CUDA graphs, a request's last chunk is decoded padded with silence up to the next chunk
+length that has graphs, and its audio cut back: the decoder is causal, so the audio of the real
+frames is the same, and its state after the padding is never read (the stream closes). Last
+chunks come in any length (what is left when the request stops), and another length costs several
+graph replays. Its end goes out right after its own audio, not after the whole round's: until
+then its client cannot send its next request.
+
 `mark` and `fence` let the engine put first chunks' decode ahead of its next step: the fence waits
 until what is queued has been launched and returns an event after it on the audio stream, for the
 engine's stream to wait on. (A high priority only orders kernels that wait at the same time: a
@@ -16,6 +23,7 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 """
 
 from __future__ import annotations
+
 
 import contextlib
 import logging
@@ -27,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from ..model.audio_vae import AudioVAE, patch_frames
+from .buckets import smallest_at_least
 from .vae_streams import StreamSlotsFull, VAEStreams
 
 log = logging.getLogger("voxcpm_triton.stream_audio")
@@ -61,8 +70,11 @@ class StreamAudio:
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
         # behind decodes in pieces, not as one ever larger decode.
         self.max_patches = max(graph_patches)
+        self.graph_patches = sorted(set(graph_patches))
         self.streams = VAEStreams(vae, patch_size, max_streams, cuda_graphs=cuda_graphs,
                                   graph_patches=graph_patches)
+        # Without graphs a decode costs its frames, and padding would only add to them.
+        self.pad_last = bool(self.streams.graphs)
         self.device = vae.device
         self.cuda_stream = (torch.cuda.Stream(self.device, priority=HIGHEST_PRIORITY)
                             if self.device.type == "cuda" else None)
@@ -240,9 +252,11 @@ class StreamAudio:
 
     def _round(self, work: list, launched: Callable[[], None]) -> set:
         """Decode each request's chunks of this round as one piece: requests with the same number of
-        frames in one batch, every batch queued before the first wait (then `launched()`). -> the
-        keys put back for want of a stream slot."""
+        frames in one batch (a last chunk padded, see the module's doc), every batch queued before
+        the first wait (then `launched()`). A request that ends this round gets its end right after
+        its audio. -> the keys put back for want of a stream slot."""
         decodes, waiting = [], set()
+        ends = {key: end for key, _, _, end in work if end is not _NO_END}
         for key, r, chunks, end in work:
             if not chunks or r.failed:
                 continue
@@ -258,12 +272,15 @@ class StreamAudio:
                     self._fail([(key, r)], e)
                     continue
                 r.opened = True
-            decodes.append((key, r, chunks, sum(len(c) for c in chunks) * self.P))
+            patches = sum(len(c) for c in chunks)
+            if key in ends and self.pad_last:
+                patches = smallest_at_least(self.graph_patches, patches) or patches
+            decodes.append((key, r, chunks, patches * self.P))
         batches = []
         for frames in sorted({f for *_, f in decodes}):
             group = [d for d in decodes if d[3] == frames]
             try:
-                z = torch.cat([patch_frames(torch.cat(chunks)) for _, _, chunks, _ in group])
+                z = torch.cat([self._frames(chunks, frames) for _, _, chunks, _ in group])
                 batches.append((group, frames, self.streams.decode_async([key for key, *_ in group], z)))
             except Exception as e:  # noqa: BLE001 - these requests fail, the rest go on
                 self._fail([(key, r) for key, r, *_ in group], e)
@@ -276,19 +293,31 @@ class StreamAudio:
                 self._fail([(key, r) for key, r, *_ in group], e)
                 continue
             per_patch = audio.shape[-1] // frames * self.P  # samples
-            for (key, r, chunks, _), a in zip(group, audio.numpy()):
+            # Requests that end first: their clients wait for the end to send their next request.
+            for (key, r, chunks, _), a in sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends):
                 start = 0
                 for c in chunks:
                     self._deliver(key, r, c, a[start:start + len(c) * per_patch])
                     start += len(c) * per_patch
-        for key, r, _, end in work:
-            if end is not _NO_END and not r.failed and key not in waiting:
-                self.streams.close(key)
-                with self.cond:
-                    self.requests.pop(key, None)
-                r.done = True
-                self._deliver(key, r, None, end)
+                if key in ends:
+                    self._end(key, r, ends.pop(key))
+        for key, r, _, _ in work:
+            if key in ends and not r.failed and key not in waiting:
+                self._end(key, r, ends.pop(key))
         return waiting
+
+    def _frames(self, chunks: list, frames: int) -> torch.Tensor:
+        """A request's chunks as [1, D, frames] latent frames, silence after them up to `frames`."""
+        z = patch_frames(torch.cat(chunks))
+        return torch.nn.functional.pad(z, (0, frames - z.shape[-1]))
+
+    def _end(self, key, r: _Request, end):
+        """Close the request's VAE stream (after its decodes, on their CUDA stream) and deliver its end."""
+        self.streams.close(key)
+        with self.cond:
+            self.requests.pop(key, None)
+        r.done = True
+        self._deliver(key, r, None, end)
 
     def _deliver(self, key, r: _Request, patches, payload):
         try:
