@@ -8,11 +8,15 @@ chunk forwarded to the client; `oend`), the decoder's `execute` (`exec`, `sub`),
 `deliv`) and the audio thread (`rtake`, `rlaunch`, `rres`, `asent`: a chunk's audio sent, `aend`:
 the end sent, `rdone`). bench_served.py's JSON, with the patch's `t_origin_monotonic` per level,
 splits them by level. Linux's monotonic clock is one clock for every process of the machine.
+`odec` is written when the orchestrator's decoupled call has returned: "prepare" includes that
+call's own time, and "decoder call -> execute" starts after it.
 
     python benchmarks/request_phases.py served.json.gz probe_dir [--json-out phases.json]
 
-Per level: the median and 90th percentile of each phase over the level's requests (ms), the
-steps, their mean rows, and the audio thread's rounds (busy time, the gap between two sends).
+Per level: the median and 90th percentile (the lower of the two nearest ranks) of each phase
+over the level's requests (ms), the steps, their mean rows, and the audio threads' rounds (busy
+time, the gap between two sends: an upper bound on a send's cost, since ends and waits for a
+batch's audio fall between sends too), each decoder process's thread on its own.
 """
 
 from __future__ import annotations
@@ -44,12 +48,13 @@ PHASES = {
 
 
 def load_events(probe_dir: str) -> list:
+    """(time, process file, thread, event, fields) of every line, in time order."""
     events = []
     for path in glob.glob(os.path.join(probe_dir, "probe-*.txt")):
         with open(path) as f:
             for line in f:
                 t, thread, name, *fields = line.split()
-                events.append((float(t), thread, name, fields))
+                events.append((float(t), os.path.basename(path), thread, name, fields))
     events.sort()
     return events
 
@@ -57,7 +62,7 @@ def load_events(probe_dir: str) -> list:
 def requests_of(events: list) -> dict:
     """request id -> event name -> [times] (odec also gives o_t0, the orchestrator's start)."""
     reqs: dict = collections.defaultdict(lambda: collections.defaultdict(list))
-    for t, _, name, fields in events:
+    for t, _, _, name, fields in events:
         if name in ("odec", "exec", "sub", "adm", "pre", "l0", "chunk", "asent", "oemit", "aend", "oend"):
             reqs[fields[0]][name].append(t)
             if name == "odec":
@@ -93,18 +98,18 @@ def level_phases(events: list, reqs: dict, t0: float, t1: float) -> dict:
     if mid:
         phases["a middle chunk -> its audio sent (median per request)"] = _stats(mid)
     inside = [e for e in events if t0 <= e[0] <= t1]
-    steps = [int(f[0]) for _, _, name, f in inside if name == "step"]
+    steps = [int(f[0]) for _, _, _, name, f in inside if name == "step"]
     rounds, sends, gaps, busy = 0, 0, [], 0.0
-    start = last_sent = None
-    for t, _, name, _ in inside:
+    round_of: dict = {}  # process file -> [start of its audio thread's round, its last send] while one runs
+    for t, src, _, name, _ in inside:
         if name == "rtake":
-            start, last_sent = t, None
-        elif name == "asent" and start is not None:
-            if last_sent is not None:
-                gaps.append(t - last_sent)
-            last_sent, sends = t, sends + 1
-        elif name == "rdone" and start is not None:
-            rounds, busy, start = rounds + 1, busy + t - start, None
+            round_of[src] = [t, None]
+        elif name == "asent" and src in round_of:
+            if round_of[src][1] is not None:
+                gaps.append(t - round_of[src][1])
+            round_of[src][1], sends = t, sends + 1
+        elif name == "rdone" and src in round_of:
+            rounds, busy = rounds + 1, busy + t - round_of.pop(src)[0]
     return {"requests": len(mine), "phases": phases,
             "steps": len(steps), "rows_per_step": round(sum(steps) / max(len(steps), 1), 2),
             "audio_rounds": rounds, "audio_sends": sends, "audio_busy_s": round(busy, 3),

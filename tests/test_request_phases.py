@@ -36,8 +36,12 @@ def _probe(tmp_path):
     dec += [(100.5, "voxcpm-engine", "step", 2), (100.52, "voxcpm-engine", "step", 1),
             (100.6, "voxcpm-stream-audio", "rtake", 2, 2), (100.601, "voxcpm-stream-audio", "asent", "x", 1),
             (100.603, "voxcpm-stream-audio", "asent", "y", 1), (100.61, "voxcpm-stream-audio", "rdone")]
+    # a second decoder instance's audio thread, its round overlapping the first's: counted on its own
+    other = [(100.6012, "voxcpm-stream-audio", "rtake", 1, 1), (100.602, "voxcpm-stream-audio", "asent", "z", 1),
+             (100.6052, "voxcpm-stream-audio", "rdone")]
     _write(tmp_path / "probe-1.txt", orch)
     _write(tmp_path / "probe-2.txt", dec)
+    _write(tmp_path / "probe-3.txt", other)
     served = {"levels": [{"concurrency": 2, "t_origin_monotonic": 100.0, "wall_s": 1.0, "x_real_time": 9.0}]}
     with gzip.open(tmp_path / "served.json.gz", "wt") as f:
         json.dump(served, f)
@@ -61,8 +65,9 @@ def test_phases_of_a_level_are_its_requests_medians(tmp_path):
     assert p("end sent -> orchestrator's end") == pytest.approx(38.0)
     assert lv["phases"]["submitted -> admitted"]["p90_ms"] == pytest.approx(5.0)  # the lower of two, by index
     assert (lv["steps"], lv["rows_per_step"]) == (2, 1.5)
-    assert (lv["audio_rounds"], lv["audio_sends"]) == (1, 2)  # the requests' own sends fall outside the round
-    assert lv["audio_busy_s"] == pytest.approx(0.01) and lv["send_gap"]["p50_ms"] == pytest.approx(2.0)
+    assert (lv["audio_rounds"], lv["audio_sends"]) == (2, 3)  # the requests' own sends fall outside any round
+    assert lv["audio_busy_s"] == pytest.approx(0.014)  # 10 ms and 4 ms
+    assert lv["send_gap"] == {"p50_ms": pytest.approx(2.0), "p90_ms": pytest.approx(2.0), "n": 1}  # x to y only
 
 
 def test_the_script_prints_and_writes_each_level(tmp_path):

@@ -11,10 +11,11 @@ hands each request its audio chunk by chunk, in order, then its end.
 
 With CUDA graphs, a request's last chunk is decoded padded with silence up to the next chunk
 length that has graphs, and its audio cut back: the decoder is causal, so the audio of the real
-frames is the same, and its state after the padding is never read (the stream closes). Last
-chunks come in any length (what is left when the request stops), and another length costs several
-graph replays. Its end goes out right after its own audio, not after the whole round's: until
-then its client cannot send its next request.
+frames is the same (to rounding), and its state after the padding is never read (the stream
+closes). Last chunks come in any length (what is left when the request stops), and another length
+costs several graph replays (in a batch too large for that length's graphs, the padded batch
+decodes eagerly, as any such batch does). Its end goes out right after its own audio, not after
+the whole round's: until then its client cannot send its next request.
 
 `mark` and `fence` let the engine put first chunks' decode ahead of its next step: the fence waits
 until what is queued has been launched and returns an event after it on the audio stream, for the

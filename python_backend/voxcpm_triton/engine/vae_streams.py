@@ -8,8 +8,9 @@ padding rows read and write.
 On a GPU the eager decode of a small chunk is launch-bound: a few hundred small
 kernels, the same time whatever the batch. So each (batch bucket, chunk length) in `graph_patches`
 is captured once as a CUDA graph, gather and scatter included, and replayed. A chunk of
-another length up to the longest graph (a stream's last chunk, a chunk sent early) is decoded
-as consecutive graph-sized pieces: the causal state carries across pieces as across chunks, and
+another length up to the longest graph (a chunk sent early; a stream's last chunk in
+`vae_decoder`, where `StreamAudio` would pad it to a graph length) is decoded as consecutive
+graph-sized pieces: the causal state carries across pieces as across chunks, and
 no new shape ever reaches the kernels (a new shape costs a compile or an autotune, a stall for
 every stream). Larger work, where the GPU is busy anyway, runs eagerly on the same pool.
 """
