@@ -5034,7 +5034,7 @@ def thirty_fifth_session(res) -> list[str]:
     srv = lambda call, n, tag: next(x for x in servers  # noqa: E731
                                     if x["call"] == call and x["streams"] == n and tag in x["server"])
     ph = lambda key, n, name: phases[key][str(n)]["phases"][name]["p50_ms"]  # noqa: E731
-    b, a = "call2_before_a6d0349", "call2_after_last_chunk"
+    b, a, c1 = "call2_before_a6d0349", "call2_after_last_chunk", "call1_a6d0349"
     fin8, fin64 = srv(4, 8, "final"), srv(4, 64, "final")
     md = ["", "## Thirty-fifth session (2026-11-30, H200): where a served request's time goes; a request's last "
           "chunk no longer waits for the round", "",
@@ -5042,8 +5042,9 @@ def thirty_fifth_session(res) -> list[str]:
           "more decode steps than the 500 full steps their requests need: each stream's row is empty from its "
           "request's last step until its next request's first. This session timed a request's whole path through "
           "the server, found where that time goes at its end, and cut it.", "",
-          "**The probe** (`raw/request_probe_thirtyfifth.patch`, not committed; `benchmarks/request_phases.py`, new, "
-          "reads it). Monotonic timestamps, one file per process: the orchestrator's decoder call and each chunk it "
+          "**The probe** (not committed: `raw/request_probe_thirtyfifth.patch` applies to this session's final code, "
+          "`raw/request_probe_thirtyfifth_a6d0349.patch` to its start, as the start's servers ran it; "
+          "`benchmarks/request_phases.py`, new, reads its files). Monotonic timestamps, one file per process: the orchestrator's decoder call and each chunk it "
           "forwards, the decoder's `execute()`, the engine thread's admission, prefill, first step and each chunk it "
           "hands to the audio thread, and the audio thread's rounds and sends. `bench_served.py` (patched) records each "
           "level's start on the same clock. Every server below with \"probe\" in its name ran it.", "",
@@ -5056,21 +5057,23 @@ def thirty_fifth_session(res) -> list[str]:
         md.append(f"| {name} | {ph(b, 8, name):.1f} | {ph(a, 8, name):.1f} | {ph(b, 64, name):.1f} | "
                   f"{ph(a, 64, name):.1f} |")
     md += ["",
-           f"- **A request's last chunk waited.** It reached its client {ph(b, 8, 'last chunk -> its audio sent'):.1f} "
-           f"and {ph(b, 64, 'last chunk -> its audio sent'):.1f} ms after the engine handed it over (8 and 64 "
-           f"streams), against {ph(b, 8, 'a middle chunk -> its audio sent (median per request)'):.1f} and "
-           f"{ph(b, 64, 'a middle chunk -> its audio sent (median per request)'):.1f} for a middle chunk, and its "
-           f"end {ph(b, 8, 'last audio sent -> end sent'):.1f} and {ph(b, 64, 'last audio sent -> end sent'):.1f} ms "
-           "after that. Until the end, the client cannot send its next request, and its row stays empty.",
+           f"- **A request's last chunk waited.** Its audio was sent {ph(c1, 8, PHASES_35[6]):.1f}-"
+           f"{ph(b, 8, PHASES_35[6]):.1f} and {ph(c1, 64, PHASES_35[6]):.1f}-{ph(b, 64, PHASES_35[6]):.1f} ms after the "
+           "engine handed it over (8 and 64 streams; the two runs of the start's code, calls 1 and 2), against "
+           f"{ph(c1, 8, PHASES_35[5]):.1f}-{ph(b, 8, PHASES_35[5]):.1f} and {ph(c1, 64, PHASES_35[5]):.1f}-"
+           f"{ph(b, 64, PHASES_35[5]):.1f} for a middle chunk, and its end {ph(c1, 8, PHASES_35[7]):.1f}-"
+           f"{ph(b, 8, PHASES_35[7]):.1f} and {ph(c1, 64, PHASES_35[7]):.1f}-{ph(b, 64, PHASES_35[7]):.1f} ms after that. "
+           "Until the end, the client cannot send its next request, and its row stays empty.",
            "  - A request's chunks are 1, 4, then 16 patches. Its last chunk holds what is left when it stops: 15 "
-           "patches for these 100-step requests, 14 for some. The VAE has graphs for 1, 4 and 16, so the last chunk "
-           "decoded as six graph replays (4 + 4 + 4 + 1 + 1 + 1).",
+           "or 14 patches for these 100-step requests (at 64 streams about half were 14). The VAE has graphs for 1, 4 "
+           "and 16, so the last chunk decoded as six or five graph replays (4 + 4 + 4 + 1 + 1 + 1).",
            "  - Each audio round delivered every batch's audio before any request's end.",
            "- **Kept** (`engine/stream_audio.py`):",
            "  - With graphs, a request's last chunk is decoded padded with silence up to the next length with graphs "
-           "(one replay of the 16-patch graph), and its audio is cut back to its own patches. The decoder is causal, "
-           "so those patches' audio is the same; the state after the padding is never read, since the stream closes "
-           "right after. Without graphs (the CPU) nothing is padded.",
+           "(one replay of the 16-patch graph where the batch has one, up to 16 streams; a larger batch of 16-patch "
+           "chunks decodes eagerly, as such batches did before), and its audio is cut back to its own patches. The "
+           "decoder is causal, so those patches' audio is the same, to rounding; the state after the padding is never "
+           "read, since the stream closes right after. Without graphs (the CPU) nothing is padded.",
            "  - In each batch, requests that end go first, and each gets its end right after its own audio.",
            "  - Tests: on the CPU, the padded last chunk's audio equals one decode of the whole (1e-4) and it shares "
            "a batch with chunks of its padded length, while a chunk that does not end its request, or a last chunk "
@@ -5082,11 +5085,14 @@ def thirty_fifth_session(res) -> list[str]:
            f"{ph(a, 64, 'last chunk -> its audio sent'):.1f} ms after it left the engine, and the end "
            f"{ph(a, 8, 'last audio sent -> end sent'):.1f} and {ph(a, 64, 'last audio sent -> end sent'):.1f} ms after "
            "its audio.",
-           f"- Other phases moved too, both ways, with one server each: a middle chunk's audio "
-           f"{ph(b, 8, PHASES_35[5]):.1f} -> {ph(a, 8, PHASES_35[5]):.1f} ms at 8 streams and "
-           f"{ph(b, 64, PHASES_35[5]):.1f} -> {ph(a, 64, PHASES_35[5]):.1f} at 64, the decoder's queue at 64 "
-           f"{ph(b, 64, PHASES_35[0]):.1f} -> {ph(a, 64, PHASES_35[0]):.1f}. Only the two phases above changed by "
-           "design.", "",
+           f"- A cost: at 8 streams a middle chunk's audio came later in all three runs with the change "
+           f"({min(ph(k, 8, PHASES_35[5]) for k in (a, 'call3_graphs256', 'call3_graphs1024')):.1f}-"
+           f"{max(ph(k, 8, PHASES_35[5]) for k in (a, 'call3_graphs256', 'call3_graphs1024')):.1f} ms) than in both "
+           f"without ({ph(c1, 8, PHASES_35[5]):.1f}-{ph(b, 8, PHASES_35[5]):.1f}), likely because ending requests now "
+           "go first in their batch, with their ends (not isolated). At 64 streams it came sooner "
+           f"({ph(b, 64, PHASES_35[5]):.1f} -> {ph(a, 64, PHASES_35[5]):.1f} in call 2). Other phases moved both ways "
+           f"between single servers (the decoder's queue at 64: {ph(b, 64, PHASES_35[0]):.1f} -> "
+           f"{ph(a, 64, PHASES_35[0]):.1f} ms).", "",
            "**The servers** (every call ran `SET=\"decoder.timestep_buckets=10,100\" LEVELS=8,64 REQUESTS=5 bash "
            "benchmarks/run_served_gpu.sh`, one server after the other; `raw/served_thirtyfifth_*.json.gz`):", "",
            "| call | server | streams | x real time | TTFA p50 / p95 ms | smooth | steps | rows a step |",
@@ -5102,9 +5108,11 @@ def thirty_fifth_session(res) -> list[str]:
            f"decode steps {srv(2, 8, 'start')['steps']:.0f} -> {srv(2, 8, 'padded')['steps']:.0f} and "
            f"{srv(2, 64, 'start')['steps']:.0f} -> {srv(2, 64, 'padded')['steps']:.0f}. One run each, in one order: the "
            "served runs' spread between calls is 1-2%, and the phases above are what says where the gain comes "
-           "from. In call 2 the start's server played 95.3% of its 64 streams smoothly (earlier sessions: 100% in "
-           "most runs of that code); every other server of the session played all of them smoothly but call 1's "
-           "before (99.4%).",
+           "from. Call 1's run of the start's code made "
+           f"{xrt(1, 64, 'a6d0349'):.2f}x at 64 streams, as much as the change in call 2: the gain rests on the phases "
+           "and on the later calls more than on this pair. In call 2 the start's server played 95.3% of its 64 "
+           "streams smoothly (the start's code had not been served before this session); every other server of the "
+           "session played all of them smoothly but call 1's before (99.4%).",
            f"- **The thirty-fourth session's channels-last VAE, served** (call 1, the probe on the new one only): "
            f"{xrt(1, 8, '0f71a82'):.2f} -> {xrt(1, 8, 'a6d0349'):.2f}x at 8 streams "
            f"({xrt(1, 8, 'a6d0349') / xrt(1, 8, '0f71a82'):.3f}x), {xrt(1, 64, '0f71a82'):.2f} -> "
@@ -5134,8 +5142,9 @@ def thirty_fifth_session(res) -> list[str]:
            f"({ph(a, 64, 'first step launched -> first chunk'):.0f} ms from launch to its first chunk); it waits "
            f"{ph(a, 64, 'submitted -> admitted'):.0f} ms for the engine's loop to take it and "
            f"{ph(a, 64, 'admitted -> prefill launched'):.0f} ms for its prefill's launch (packs of newcomers are "
-           "launched one after another from the host); the audio thread spends about a millisecond per response "
-           f"on sending ({phases[a]['64']['send_gap']['p50_ms']:.2f} ms between two sends, "
+           "launched one after another from the host); the audio thread spends up to about a millisecond per "
+           f"response on sending ({phases[a]['64']['send_gap']['p50_ms']:.2f} ms between two sends, which also holds "
+           "the ends and the waits for a batch's audio; "
            f"{phases[a]['64']['audio_sends']} sends in a {phases[a]['64']['wall_s']:.1f} s level), and a chunk that "
            "comes in during a round waits for all of it (last chunks: p90 "
            f"{phases[a]['64']['phases']['last chunk -> its audio sent']['p90_ms']:.0f} ms).", "",
