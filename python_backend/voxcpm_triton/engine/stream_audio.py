@@ -25,7 +25,6 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 from __future__ import annotations
 
-
 import contextlib
 import logging
 import threading
