@@ -22,6 +22,12 @@ directory: the orchestrators refuse new requests from then on, and the decoder e
 running at that time with an error (Triton 2.51 tells a model nothing before its finalize, which
 waits for them); the other half is for the models to unload.
 
+A server stopped by force leaves its model processes' shared-memory regions in /dev/shm (a
+process killed cannot remove its own, and the server removes a region only when its model
+process ends cleanly): each restart after a crash would leave more, until the server could not
+start. So the supervisor notes the regions named on the model processes' command lines while
+the server runs and removes those left once its whole process group is gone.
+
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
 exits (backing off while it keeps failing), left running while the server restarts, and stopped
@@ -50,6 +56,8 @@ RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtime.STOPPING_FILE
 ADMIN_HEADER = "voxcpm-admin-key"
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
+SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
+SHM_DIR = "/dev/shm"
 
 
 def log(msg: str):
@@ -75,6 +83,28 @@ def _group_alive(pgid: int) -> list[int]:
             continue
         if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             out.append(int(d))
+    return out
+
+
+def _shm_prefix(args: list[str]) -> str:
+    """The python backend's region prefix: its backend config's shm-region-prefix-name, else the default."""
+    for a in args:
+        if a.startswith("--backend-config=python,shm-region-prefix-name="):
+            return a.split("=", 2)[2]
+    return SHM_PREFIX
+
+
+def _shm_regions(pgid: int, prefix: str) -> set[str]:
+    """Shared-memory regions named on the command lines of the group's processes: the server gives each
+    python backend model process its own region's name as an argument."""
+    out = set()
+    for pid in _group_alive(pgid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        out.update(a for a in args if a.startswith(prefix) and "/" not in a)
     return out
 
 
@@ -159,6 +189,8 @@ class Supervisor:
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
+        self.shm_prefix = _shm_prefix(self.args)
+        self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
         self.stopping = False
 
     # ------------------------------------------------------------------ one server
@@ -169,6 +201,7 @@ class Supervisor:
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_die_with_supervisor)
+        self.regions = set()
         self.started = time.monotonic()
         log(f"tritonserver started (pid {self.proc.pid})")
 
@@ -179,6 +212,7 @@ class Supervisor:
         if proc is None:
             return
         t0 = time.monotonic()
+        self.regions |= _shm_regions(proc.pid, self.shm_prefix)
         if proc.poll() is None:
             log(f"stopping tritonserver ({why})")
             self._end_requests_by(time.time() + (self.exit_timeout / 2 if grace is None else 0.0))
@@ -201,9 +235,28 @@ class Supervisor:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 5
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # killed processes take a moment to go
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        if _group_alive(proc.pid):
+            log("some of the server's processes are still there: its shared-memory regions are left")
+        else:
+            self._remove_regions()
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def _remove_regions(self):
+        """Remove the stopped server's shared-memory regions that are still there."""
+        left = [r for r in sorted(self.regions) if os.path.exists(os.path.join(SHM_DIR, r))]
+        for r in left:
+            try:
+                os.unlink(os.path.join(SHM_DIR, r))
+            except OSError as e:
+                log(f"could not remove {SHM_DIR}/{r}: {e}")
+        if left:
+            log(f"removed {len(left)} shared-memory region(s) the server's model processes left in {SHM_DIR}")
+        self.regions = set()
 
     def _end_requests_by(self, deadline: float):
         """The time from which the server's running requests end (voxcpm_triton.serving.runtime.stopping)."""
@@ -262,6 +315,7 @@ class Supervisor:
             if ready_since is None:
                 if self.ready():
                     ready_since = now
+                    self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"
@@ -275,6 +329,7 @@ class Supervisor:
                 break
             status, what = result
             next_probe = time.monotonic() + o.probe_interval
+            self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)  # a model loaded since
             if status == probe.HEALTHY:
                 failures = 0
             elif status == probe.BROKEN:

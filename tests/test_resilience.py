@@ -244,6 +244,11 @@ def test_a_cancelled_tts_request_stops_decoding(tight):
 # --- a model process killed under load: scripts/serve.sh's supervisor brings the service back ---------
 
 
+def _shm_regions(mark: str) -> set[str]:
+    """The python backend's shared-memory regions named on the command lines of the marked processes."""
+    return {a for _, cmd in _marked(mark) for a in cmd.split() if a.startswith("triton_python_backend_shm_region_")}
+
+
 def _marked(mark: str) -> list[tuple[int, str]]:
     """Live processes whose environment carries VOXCPM_TEST_MARK=mark: all the test started."""
     from tests.server import _cmdline
@@ -270,7 +275,9 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     frozen (SIGSTOP: alive, answering nothing, as a hung engine would be): every client gets an
     error instead of hanging (within seconds of a kill; once its beacon is stale when frozen), the
     server stops being ready, and scripts/serve.sh's supervisor has it serving again without
-    anybody's help. Then SIGTERM after that traffic stops everything the server started."""
+    anybody's help. Then SIGTERM after that traffic stops everything the server started, and no
+    model process's shared-memory region is left in /dev/shm (the supervisor removes those of the
+    server it stopped by force)."""
     from tests.server import _free_ports, triton_env
     from tests.test_server import tts_http
 
@@ -302,6 +309,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
                           MAX_LENGTH=3000) for i in range(4)]
         wait_for(lambda: all(len(s.times) >= 2 for s in streams), what="audio on all four streams")
         (decoder,) = [p for p, cmd in _marked(mark) if "/decoder/1/model.py" in cmd]
+        regions = _shm_regions(mark)
+        assert len(regions) >= 5 and all(os.path.exists(f"/dev/shm/{r}") for r in regions), regions
         os.kill(decoder, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         t_kill = time.monotonic()
         for s in streams:
@@ -320,6 +329,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         assert audio.shape == (2 * P * 1920,)
         print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault")
         assert "restarting" in log.read_text()
+        assert "shared-memory region(s) the server's model processes left" in log.read_text(), log.read_text()[-3000:]
+        regions |= _shm_regions(mark)  # the restarted server's
         # SIGTERM after traffic: everything ends within the exit timeout, nothing is left behind.
         for s in streams:
             s.close()
@@ -328,6 +339,7 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         proc.wait(timeout=20 + 30)
         wait_for(lambda: not _marked(mark), timeout=10, what=f"every process to end: {_marked(mark)}")
         assert proc.returncode == 0, log.read_text()[-3000:]
+        assert not [r for r in regions if os.path.exists(f"/dev/shm/{r}")], "shared memory left behind"
     finally:
         for s in streams:
             s.close(cancel=True)

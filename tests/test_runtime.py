@@ -145,6 +145,26 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert supervise.Supervisor(mine, Opts).args == mine
 
 
+def test_the_supervisor_finds_the_shared_memory_regions_its_servers_processes_are_given():
+    """The regions a stopped server's model processes leave are the ones named on their command lines,
+    with the python backend's prefix (its default, or the server's shm-region-prefix-name)."""
+    assert supervise._shm_prefix(["tritonserver", "--http-port=1"]) == "triton_python_backend_shm_region_"
+    assert supervise._shm_prefix(["tritonserver", "--backend-config=python,shm-region-prefix-name=mine_"]) == "mine_"
+    name = "triton_python_backend_shm_region_0123abcd"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", name, "/dev/shm/" + name, "other"],
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while supervise._shm_regions(child.pid, "triton_python_backend_shm_region_") != {name}:
+            assert time.monotonic() < deadline, supervise._shm_regions(child.pid, "triton_python_backend_shm_region_")
+            time.sleep(0.05)
+        assert supervise._shm_regions(child.pid, "mine_") == set()
+    finally:
+        child.kill()
+        child.wait()
+    assert supervise._shm_regions(child.pid, "triton_python_backend_shm_region_") == set()  # the group is gone
+
+
 def test_a_server_does_not_outlive_its_supervisor(tmp_path):
     """SIGKILL to scripts/supervise.py (nothing can catch it) still ends the server it started."""
     import signal
