@@ -22,11 +22,11 @@ directory: the orchestrators refuse new requests from then on, and the decoder e
 running at that time with an error (Triton 2.51 tells a model nothing before its finalize, which
 waits for them); the other half is for the models to unload.
 
-A server stopped by force leaves its model processes' shared-memory regions in /dev/shm (a
-process killed cannot remove its own, and the server removes a region only when its model
-process ends cleanly): each restart after a crash would leave more, until the server could not
-start. So the supervisor notes the regions named on the model processes' command lines while
-the server runs and removes those left once its whole process group is gone.
+A server killed (SIGKILL after its grace period) leaves its model processes' shared-memory
+regions in /dev/shm, since a killed process removes nothing: each restart after a crash would
+leave more, until the server could not start. So the supervisor notes the regions named on the
+model processes' command lines while the server runs and removes those left once its whole
+process group is gone.
 
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
