@@ -86,6 +86,14 @@ def _group_alive(pgid: int) -> list[int]:
     return out
 
 
+def _wait_group(pgid: int, seconds: float) -> list[int]:
+    """Wait up to `seconds` for the group's processes to end; -> those still alive."""
+    deadline = time.monotonic() + seconds
+    while (left := _group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def _shm_prefix(args: list[str]) -> str:
     """The python backend's region prefix: its backend config's shm-region-prefix-name, else the default."""
     for a in args:
@@ -221,10 +229,7 @@ class Supervisor:
                 proc.wait(self.exit_timeout + 10 if grace is None else grace)
             except subprocess.TimeoutExpired:
                 log("tritonserver did not exit in time: SIGKILL")
-        deadline = time.monotonic() + 5
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)  # model processes end on their own once the server is gone
-        left = _group_alive(proc.pid)
+        left = _wait_group(proc.pid, 5)  # model processes end on their own once the server is gone
         if left:
             log(f"killing {len(left)} leftover process(es) of the server: {left}")
             try:
@@ -235,12 +240,10 @@ class Supervisor:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + 5
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # killed processes take a moment to go
+        left = _wait_group(proc.pid, 5)  # killed processes take a moment to go
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        if _group_alive(proc.pid):
+        if left:
             log("some of the server's processes are still there: its shared-memory regions are left")
         else:
             self._remove_regions()
