@@ -401,12 +401,14 @@ def first_audio_sums(metrics_url: str, model: str) -> dict:
     return out
 
 
-ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_decode_rows_total": "rows"}
+ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_decode_rows_total": "rows",
+                   "voxcpm_engine_late_launches_total": "late_launches"}
 
 
 def engine_sums(metrics_url: str) -> dict:
-    """The decoder engines' decode steps and the request rows in them, summed over instances
-    (best effort: {} on failure). With several instances, rows over steps is their mean batch."""
+    """The decoder engines' decode steps, the request rows in them and the steps launched late
+    (`ENGINE_COUNTERS`), summed over instances (best effort: {} on failure). With several instances,
+    rows over steps is their mean batch."""
     try:
         samples = metric_samples(metrics_url)
     except Exception:  # noqa: BLE001
@@ -433,11 +435,15 @@ def settled_engine_sums(metrics_url: str, tries: int = 10, gap_s: float = 0.3) -
 
 def engine_delta(before: dict, after: dict) -> dict | None:
     """Decode steps and rows over one level, and the mean rows a step ran (None without both counters,
-    e.g. a server from before the rows counter): how full the batches were."""
+    e.g. a server from before the rows counter): how full the batches were. With the late-launch
+    counter, also the steps whose launch found the engine's GPU stream idle."""
     if not {"steps", "rows"} <= before.keys() & after.keys():
         return None
     steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
-    return {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
+    out = {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
+    if "late_launches" in before.keys() & after.keys():
+        out["late_launches"] = after["late_launches"] - before["late_launches"]
+    return out
 
 
 def first_audio_phases(before: dict, after: dict) -> dict | None:
@@ -579,7 +585,8 @@ def main(argv=None) -> int:
                 f"{k} {v:.1f}" for k, v in lv["first_audio_phases_ms"].items()))
         if lv.get("decoder_steps"):
             d = lv["decoder_steps"]
-            log(f"[bench]   decoder: {d['steps']:.0f} steps, {_fmt(d['rows_per_step'], '.2f')} request rows each")
+            log(f"[bench]   decoder: {d['steps']:.0f} steps, {_fmt(d['rows_per_step'], '.2f')} request rows each"
+                + (f", {d['late_launches']:.0f} launched late" if "late_launches" in d else ""))
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

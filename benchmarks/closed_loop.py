@@ -38,7 +38,8 @@ thing changed:
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
-included: not the GPU time of a step), and the first-audio fences it passed and missed; per setting, the median of its rounds. The order of the
+included: not the GPU time of a step), the first-audio fences it passed and missed, and the steps
+launched after the GPU had ended the step in flight (late); per setting, the median of its rounds. The order of the
 settings rotates from round to round so that none always goes first.
 
 `--trace N,...`: one more round of the first setting at each of those client counts, under
@@ -252,7 +253,7 @@ def main():
 
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:
         apply_setting(name, eng, audio, streams)
-        counted = ("steps", "first_audio_fences", "first_audio_fence_misses")
+        counted = ("steps", "first_audio_fences", "first_audio_fence_misses", "late_launches")
         before = eng.stats()
         s = summary(Round(eng, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
         after = eng.stats()
@@ -274,7 +275,8 @@ def main():
                     log(f"{n} clients, {name}, round {r}: {s['x_real_time']:.1f}x, request p50 "
                         f"{s['request_ms_p50']:.1f} ms, first audio p50 {s['first_audio_ms_p50']:.1f} / p95 "
                         f"{s['first_audio_ms_p95']:.1f} ms, {s['engine_steps']} engine steps, {s['ms_per_engine_step']:.2f} ms each, "
-                        f"fences {s['first_audio_fences']} passed / {s['first_audio_fence_misses']} missed; "
+                        f"fences {s['first_audio_fences']} passed / {s['first_audio_fence_misses']} missed, "
+                        f"{s['late_launches']} launched late; "
                         f"launches by rows {json.dumps(s['launch_rows'])}")
             level = {name: {"rounds": rs, **{k: statistics.median(x[k] for x in rs)
                                              for k in ("x_real_time", "request_ms_p50", "first_audio_ms_p50",

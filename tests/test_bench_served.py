@@ -90,9 +90,11 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         assert fa["prepare"] + fa["decoder"] + fa["vae"] == pytest.approx(fa["total"], rel=1e-3)
         assert fa["total"] <= lv["ttfa_ms"]["mean"] + 1.0, (fa, lv["ttfa_ms"])
         # the engine's counters over the level: every request's patches were decoded once, in at least
-        # as many steps as one worker's requests need one after the other
+        # as many steps as one worker's requests need one after the other; none counted late (the
+        # CPU's launches never find a GPU stream idle)
         eng = lv["decoder_steps"]
         assert eng["rows"] == 2 * c * PATCHES and eng["steps"] >= 2 * PATCHES, eng
+        assert eng["late_launches"] == 0, eng
         # a worker's requests run one after the other on its stream
         for w in range(c):
             mine = sorted((s for s in lv["streams"] if s["worker"] == w), key=lambda s: s["index"])

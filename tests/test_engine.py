@@ -882,3 +882,35 @@ def test_a_graph_prefill_goes_ahead_of_the_first_audio_fence(vox):
         assert_same(lat, solo(vox, prompt, **gen[rid]))
     assert order[:5] == [("prefill", ["a"]), ("launch", ["a"]), ("prefill", ["b"]), "fence", ("launch", ["a", "b"])], \
         order[:6]
+
+
+def test_a_step_whose_first_launch_finds_the_stream_idle_behind_one_in_flight_counts_as_late(vox):
+    """`late_launches` counts steps launched while another was in flight (launched ahead of its
+    read) whose first launch found the GPU stream idle: the GPU ran out of the engine's work and
+    waited for its thread. The runner says so per launch (`LaunchedStep.stream_idle`, asked on the
+    GPU just before its first copy; never on the CPU); stand-ins say it here, by loop bucket. Two
+    requests in two loop buckets run each step as two launches: only the first counts (the second
+    queues behind it), and the first step, with nothing in flight, never does."""
+    from dataclasses import replace
+
+    prompt = prompt_for(vox, "zero_shot", "Late or not.")
+    counts = {}
+    for idle_loops in ((), (10,), (32,)):
+        eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+        assert [eng.runner.loop_bucket(t) for t in (10, 30)] == [10, 32]
+        launch = eng.runner.launch
+        eng.runner.launch = lambda rows, _idle=idle_loops, **kw: (lambda s: replace(s, stream_idle=s.loop in _idle))(
+            launch(rows, **kw))
+        try:
+            with eng._lock:  # one admission takes both (the engine's condition lock is re-entrant)
+                handles = [eng.submit(EngineRequest("a", prompt, seed=1, min_len=6, max_len=6)),
+                           eng.submit(EngineRequest("b", prompt, seed=2, min_len=6, max_len=6, inference_timesteps=30))]
+            for h in handles:
+                lat, fin = h.result(timeout=TIMEOUT)
+                assert fin.error is None and lat.shape[0] == 6
+            s = eng.stats()
+        finally:
+            eng.shutdown()
+        assert s["launches"] == 2 * s["steps"] == 12, s
+        counts[idle_loops] = s["late_launches"]
+    assert counts == {(): 0, (10,): 5, (32,): 0}, counts

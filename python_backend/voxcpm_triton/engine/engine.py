@@ -161,8 +161,10 @@ class Engine:
         # run, and isolation reruns); batch_sizes: rows per launch
         # first_audio_fences: steps read before the next launch whose first chunks' decode was launched
         # before it; first_audio_fence_misses: such steps whose decode was not (busy, or past the wait)
+        # late_launches: steps launched while another was in flight (launched ahead of its read) whose first
+        # launch found the engine's stream idle: the GPU ran out of the engine's work, waiting for this thread
         self._stats = {"steps": 0, "launches": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0,
-                       "first_audio_fences": 0, "first_audio_fence_misses": 0}
+                       "first_audio_fences": 0, "first_audio_fence_misses": 0, "late_launches": 0}
         self._stop = False
         self.heartbeat = time.monotonic()  # the loop's last iteration (it wakes every idle_wait_s)
         self.failure: str | None = None  # why the loop ended, if it did not end by shutdown()
@@ -622,6 +624,7 @@ class Engine:
                 self._finish(st, "error", f"decode failed: {e}")
         launched, failed = [], []
         plain = self.lora_weights.for_step([st.lora_slot for st in batch]) if batch else True
+        behind = bool(self._in_flight)  # a step was in flight: this launch was due before it ended
         for group in self.scheduler.launch_groups(batch):
             try:
                 launched.append((group, self._launch_decode(group, plain)))
@@ -630,6 +633,7 @@ class Engine:
         if batch:
             with self._lock:
                 self._stats["steps"] += 1
+                self._stats["late_launches"] += behind and bool(launched) and launched[0][1].stream_idle
         previous, self._in_flight = self._in_flight, launched
         # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
         # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms

@@ -97,6 +97,8 @@ class LaunchedStep:
     host: HostBuffers | None = None  # back to the free list when collected
     bucket: int = 0  # rows run (padding included)
     loop: int = 0  # CFM loop length run (the loop bucket)
+    # The GPU stream had no work left when this launch queued its first (always False on the CPU).
+    stream_idle: bool = False
 
 
 class DecodeStepRunner:
@@ -210,9 +212,10 @@ class DecodeStepRunner:
         self.host.append(h)
         return h
 
-    def _fill(self, h: HostBuffers, rows: list, bucket: int, n_steps: int):
+    def _fill(self, h: HostBuffers, rows: list, bucket: int, n_steps: int) -> bool:
         """rows: (slot, seed_key, step, position, slot_mapping, context_len, block_table, cfg, timesteps[,
-        lora_slot]): the LoRA slot is 0 (the base model) when left out."""
+        lora_slot]): the LoRA slot is 0 (the base model) when left out. -> whether the GPU stream
+        had no work left when the first copy was queued (`LaunchedStep.stream_idle`)."""
         hr, hb, ht, hc = h.rows, h.blocks, h.tables, h.cfg
         hr[:bucket] = 0
         hr[:bucket, 0] = self.spare_slot
@@ -231,6 +234,7 @@ class DecodeStepRunner:
             by_steps.setdefault(r[8], []).append(i)
         for k, idx in by_steps.items():  # rows with the same step count share one table
             ht[:, idx, :n_steps] = self._row_tables(k, n_steps)[:, None, :]
+        idle = self.device.type == "cuda" and torch.cuda.current_stream(self.device).query()
         dev_rows = hr[:bucket].to(self.device, non_blocking=True)
         self.slots[:bucket], self.seed_key[:bucket], self.step_idx[:bucket] = dev_rows[:, 0], dev_rows[:, 1], dev_rows[:, 2]
         self.positions[:bucket], self.slot_mapping[:bucket] = dev_rows[:, 3], dev_rows[:, 4]
@@ -242,6 +246,7 @@ class DecodeStepRunner:
         tables = ht[:, :bucket].to(self.device, non_blocking=True)
         self.t[:bucket], self.dt[:bucket] = tables[0].to(self.dtype), tables[1].to(self.dtype)
         self.active[:bucket] = tables[2] > 0
+        return idle
 
     def _row_tables(self, k: int, n_steps: int) -> torch.Tensor:
         """[3, n_steps] (t, dt, active) of a k-step row, cached: built once per (k, n_steps).
@@ -276,7 +281,7 @@ class DecodeStepRunner:
                      else self._no_graph((bucket, loop)))
         h = self._take_host_buffers()
         # A launch that raises drops its buffers, not back to the free list: a copy from them may be queued.
-        self._fill(h, rows, bucket, loop)
+        idle = self._fill(h, rows, bucket, loop)
         if graph is not None:
             graph.replay()
         else:
@@ -284,7 +289,7 @@ class DecodeStepRunner:
         h.out[:b].copy_(self.out[:b], non_blocking=True)  # the step's one device-to-host transfer
         if h.free is not None:
             h.free.record()
-        return LaunchedStep(b, h.out[:b], h.free, h, bucket, loop)
+        return LaunchedStep(b, h.out[:b], h.free, h, bucket, loop, idle)
 
     def collect(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for a launched step -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""

@@ -108,6 +108,10 @@ class EngineMetrics:
                                                "Steps read early for their first chunks' audio whose decode was "
                                                "not launched in time (the audio thread busy with older chunks, "
                                                "or 20 ms passed): the next step went ahead", labels, "COUNTER"),
+            "late_launches": metric("voxcpm_engine_late_launches_total",
+                                    "Decode steps launched while another was in flight whose first work found "
+                                    "the engine's GPU stream idle: it waited for the engine's thread", labels,
+                                    "COUNTER"),
         }
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
