@@ -39,8 +39,9 @@ Per round: aggregate x real time, per-request time (submit to its audio's end) a
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
 included: not the GPU time of a step), the first-audio fences it passed and missed, and the steps
-launched after the GPU had ended the step in flight (late); per setting, the median of its rounds. The order of the
-settings rotates from round to round so that none always goes first.
+launched late (behind a step in flight, their first work found the engine's GPU stream idle); per
+setting, the median of its rounds. The order of the settings rotates from round to round so that
+none always goes first.
 
 `--trace N,...`: one more round of the first setting at each of those client counts, under
 torch.profiler, summarized by `gpu_timeline.py` (the engine's stream and the audio thread's: busy,

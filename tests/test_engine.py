@@ -898,9 +898,12 @@ def test_a_step_whose_first_launch_finds_the_stream_idle_behind_one_in_flight_co
     for idle_loops in ((), (10,), (32,)):
         eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
         assert [eng.runner.loop_bucket(t) for t in (10, 30)] == [10, 32]
-        launch = eng.runner.launch
-        eng.runner.launch = lambda rows, _idle=idle_loops, **kw: (lambda s: replace(s, stream_idle=s.loop in _idle))(
-            launch(rows, **kw))
+
+        def launch(rows, _launch=eng.runner.launch, _idle=idle_loops, **kw):
+            step = _launch(rows, **kw)
+            return replace(step, stream_idle=step.loop in _idle)
+
+        eng.runner.launch = launch
         try:
             with eng._lock:  # one admission takes both (the engine's condition lock is re-entrant)
                 handles = [eng.submit(EngineRequest("a", prompt, seed=1, min_len=6, max_len=6)),
