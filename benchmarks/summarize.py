@@ -5237,7 +5237,7 @@ def thirty_sixth_session(res) -> list[str]:
           "launched N (before it reads N), so a request that comes in while N runs joins N+2. This session held each "
           "launch back until shortly before the step in flight was expected to end, so that such a request joins "
           "N+1, and separately took an IPC round trip per chunk off the engine thread.", "",
-          "**The late launch** (`raw/late_launch_thirtysixth.patch`, with its tests; `engine/launch_timing.py`, plain "
+          "**The late launch** (`raw/late_launch_thirtysixth.patch`, against b99e7df, with its tests; `engine/launch_timing.py`, plain "
           "Python): a step's GPU time is estimated per shape (each launch's batch and loop bucket, and whether it runs "
           "the plain network) as the shortest of the last 8 (steps are only ever slowed, by the VAE's work or a "
           "prefill before them); a step starts when the one before it ends, which the host sees when it reads that "
@@ -5313,7 +5313,8 @@ def thirty_sixth_session(res) -> list[str]:
            "(`raw/late_launch_thirtysixth.patch` is call 3's form; call 2's lacks its two lines of switch interval). "
            "`test_engine_gpu.py`'s test of several launches in flight passed with the patch's first form in call 1 "
            "(its output is not kept in raw/).",
-           "- **The cancel check on the audio thread** (call 4, the start first; `raw/audio_thread_cancel_check_thirtysixth.patch`). "
+           "- **The cancel check on the audio thread** (call 4, the start first; "
+           "`raw/audio_thread_cancel_check_thirtysixth.patch`, against b99e7df). "
            "With `decode_audio` the engine thread asked the stub whether the client had left (an IPC round trip under "
            "IPC_LOCK, behind the audio thread's sends) for each chunk from a request's second on. The patch lets the "
            "audio thread, which asks before each send anyway, set a flag that the engine's sink reads. "
@@ -5340,7 +5341,8 @@ def thirty_sixth_session(res) -> list[str]:
            "before the launch's first copy): the GPU ran out of the engine's work, waiting for its thread. The 1 ms "
            "margin's rounds in call 1 were of this kind (nearly every launch late, by the patch's own count). The next "
            "served run will show whether the default's launches come late. No GPU run of it yet (0 on the CPU; a "
-           "CPU test gives its launches stand-in answers).", "",
+           "CPU test gives its launches stand-in answers). The thirty-fifth session's timing probe is rebuilt for "
+           "this code: `raw/request_probe_thirtysixth.patch`.", "",
            f"**Targets** (issue 17), unchanged: the start's code made at best {max(span(8)):.2f}x at 8 streams this session "
            f"(target 150) and {max(span(64)):.2f}x at 64 (target 500), both missed; the rest as the thirty-fifth "
            "session left them.", "",
