@@ -73,6 +73,13 @@ def served_levels(name):
     return {lv["concurrency"]: lv for lv in load(name)["levels"]}
 
 
+def _served_row(lv) -> dict:
+    """One served level's headline figures, with the decoder's steps over it (bench_served.py's level)."""
+    return {"x_real_time": lv["x_real_time"], "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"],
+            "smooth": lv["smooth_playback_frac"], "errors": lv["errors"], "steps": lv["decoder_steps"]["steps"],
+            "rows_per_step": lv["decoder_steps"]["rows_per_step"]}
+
+
 def served_xrt(name):
     """Aggregate x real time by concurrency, from a served run."""
     return {c: lv["x_real_time"] for c, lv in served_levels(name).items()}
@@ -4566,10 +4573,7 @@ def thirty_third_session(res) -> list[str]:
         d = load(name)
         for lv in d["levels"]:
             dec = lv["server_models"]["decoder"]
-            servers.append({"server": label, "call": call, "streams": lv["concurrency"], "x_real_time": lv["x_real_time"],
-                            "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"],
-                            "smooth": lv["smooth_playback_frac"], "errors": lv["errors"],
-                            "steps": lv["decoder_steps"]["steps"], "rows_per_step": lv["decoder_steps"]["rows_per_step"],
+            servers.append({"server": label, "call": call, "streams": lv["concurrency"], **_served_row(lv),
                             "execute_ms": dec["infer_ms_per_execution"], "queued_ms": dec["queue_ms_per_request"],
                             "client_cpu_per_s": lv.get("client_cpu_per_s"), "waves": _waves(lv),
                             "first_wave_ttfa_ms": [1e3 * f(s_["ttfa_s"] for s_ in lv["streams"] if s_["index"] == 0)
@@ -5022,11 +5026,7 @@ def thirty_fifth_session(res) -> list[str]:
     servers = []
     for label, name, call in SERVERS_35:
         for lv in load(name)["levels"]:
-            servers.append({"server": label, "call": call, "streams": lv["concurrency"],
-                            "x_real_time": lv["x_real_time"], "ttfa_p50": lv["ttfa_ms"]["p50"],
-                            "ttfa_p95": lv["ttfa_ms"]["p95"], "smooth": lv["smooth_playback_frac"],
-                            "errors": lv["errors"], "steps": lv["decoder_steps"]["steps"],
-                            "rows_per_step": lv["decoder_steps"]["rows_per_step"]})
+            servers.append({"server": label, "call": call, "streams": lv["concurrency"], **_served_row(lv)})
     phases = load("request_phases_thirtyfifth.json")
     res["thirty_fifth"] = {"device": "NVIDIA H200", "servers": servers,  # the phases' p50s, call 2 (raw/: all)
                            "request_phases_p50_ms": {k: {n: {name: v["p50_ms"] for name, v in lv["phases"].items()}
@@ -5221,11 +5221,9 @@ def thirty_sixth_session(res) -> list[str]:
     servers = []
     for call, label, name in SERVERS_36:
         for lv in load(name)["levels"]:
-            steps = lv["decoder_steps"]["steps"]
-            servers.append({"call": call, "server": label, "streams": lv["concurrency"], "x_real_time": lv["x_real_time"],
-                            "steps": steps, "ms_per_step": 1000 * lv["wall_s"] / steps,
-                            "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"],
-                            "smooth": lv["smooth_playback_frac"], "errors": lv["errors"]})
+            row = _served_row(lv)
+            servers.append({"call": call, "server": label, "streams": lv["concurrency"], **row,
+                            "ms_per_step": 1000 * lv["wall_s"] / row["steps"]})
     res["thirty_sixth"] = {"device": "NVIDIA H200", "closed_loop_rounds": rounds, "servers": servers}
     cl = lambda n, setting, key: [r[key] for r in rounds if r["clients"] == n and r["setting"] == setting]  # noqa: E731
     srv = lambda call, n, tag: next(x for x in servers  # noqa: E731
