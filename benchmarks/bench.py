@@ -196,8 +196,10 @@ def engine_bench(vox, prompt, args) -> dict:
                                               precision=args.precision,
                                               attention=args.attention)
         t0 = time.perf_counter()
+        buckets = {} if args.timestep_buckets is None else {
+            "timestep_buckets": tuple(int(x) for x in args.timestep_buckets.split(","))}
         eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
-                                       kv_memory_bytes=int(args.kv_gb * 2**30)))
+                                       kv_memory_bytes=int(args.kv_gb * 2**30), **buckets))
         startup = time.perf_counter() - t0
         key = "graphs" if graphs else "eager"
         log(f"[engine {key}] start-up {startup:.1f} s")
@@ -365,6 +367,8 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--kv-gb", type=float, default=8.0)
+    ap.add_argument("--timestep-buckets", default=None,
+                    help="CFM loop buckets captured, e.g. 10,100 as served (default: the engine's, every length)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "offline.json"))
     ap.add_argument("--reference", choices=["none", "eager", "compiled"], default="compiled")
     ap.add_argument("--graphs-only", action="store_true")
