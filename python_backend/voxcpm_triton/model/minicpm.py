@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.fp8 import linear
+from . import split_k
 from .config import LMConfig
 from .lora import lora_add
 
@@ -165,11 +166,11 @@ class LayerMath:
         """x: [N, hidden] (the layer input), attn: [N, Hq * D] -> the layer output. lora: the layer's
         `LayerLora` (model.lora), or None."""
         o, gate_up, down = (None, None, None) if lora is None else (lora.o, lora.gate_up, lora.down)
-        x = self._residual(x, lora_add(linear(attn, o_w), attn, o))
+        x = self._residual(x, lora_add(split_k.linear(attn, o_w), attn, o))
         h = rms_norm(x, norm_w, self.eps)
         gate, up = lora_add(linear(h, gate_up_w), h, gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
-        return self._residual(x, lora_add(linear(act, down_w), act, down))
+        return self._residual(x, lora_add(split_k.linear(act, down_w), act, down))
 
     def compiled(self) -> "LayerMath":
         """A LayerMath whose two functions are torch.compile'd, one per distinct shape key."""

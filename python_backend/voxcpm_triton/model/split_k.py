@@ -1,0 +1,48 @@
+"""A linear layer whose output has few columns, split along K through cuBLAS itself:
+
+    y = x W^T = sum_s x[:, s] W[:, s]^T     (S slices of K, one batched GEMM on strided views, no copies)
+
+A decode step's output and down projections (LocDiT's [tokens, 1024] from K = 2048 and 4096, the LMs'
+[rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) cuBLAS runs 16 tiles of 128 x 128
+for 132 SMs, each streaming 1 MB of weights alone. S slices make S times the tiles; the partial
+products (in the activation dtype, as cuBLAS would round the whole) are summed by the kernel that
+adds the residual after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
+
+Only where it measured faster: CUDA, bf16/fp16, a plain weight (not FP8), at most `MAX_TOKENS` rows,
+and only with VOXCPM_SPLIT_K=1 for now. Everywhere else (the CPU, fp32, prefills of long prompts)
+`linear` is the plain one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..kernels.fp8 import linear as plain_linear
+
+ENABLED = os.environ.get("VOXCPM_SPLIT_K", "0") != "0"
+SPLITS = 2
+MAX_TOKENS = 1536  # LocDiT up to batch 64 (1408 tokens); past it the GEMM has tiles enough
+_MIN_SLICE = 64  # K per slice: a whole K tile
+
+
+def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = SPLITS) -> torch.Tensor:
+    """x [M, K] (rows contiguous), w [N, K] -> x w^T as `splits` partial products summed (any device)."""
+    M, K = x.shape
+    N = w.shape[0]
+    a = x.view(M, splits, K // splits).transpose(0, 1)  # [S, M, K/S], row stride K
+    b = w.view(N, splits, K // splits).permute(1, 2, 0)  # [S, K/S, N], column-major
+    return torch.bmm(a, b).sum(0)
+
+
+def runs(x: torch.Tensor, w, splits: int = SPLITS) -> bool:
+    """Whether `linear` splits this call."""
+    return (ENABLED and isinstance(w, torch.Tensor) and x.is_cuda and x.dim() == 2 and x.dtype == w.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] <= MAX_TOKENS
+            and x.shape[1] % (splits * _MIN_SLICE) == 0 and x.stride(1) == 1 and x.stride(0) == x.shape[1])
+
+
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x W^T: split along K where that runs faster (`runs`), else the plain (or FP8) linear."""
+    return split_matmul(x, w) if runs(x, w) else plain_linear(x, w)
