@@ -5408,6 +5408,7 @@ def thirty_seventh_session(res) -> list[str]:
                        "ms_per_step": 1000 * lv["wall_s"] / row["steps"]})
     gated = load("kernel_gated_mlp_thirtyseventh.json")["shapes"]
     blas = load("kernel_blas_library_thirtyseventh.json")["us"]
+    split_k = load("kernel_split_k_thirtyseventh.json")["us"]
     res["thirty_seventh"] = {"device": "NVIDIA H200", "served": served, "closed_loop_rounds": loops,
                              "gated_mlp": {shape: {M: {k: v for k, v in row.items() if k != "launches"}
                                                    for M, row in rows.items()} for shape, rows in gated.items()},
@@ -5415,10 +5416,11 @@ def thirty_seventh_session(res) -> list[str]:
     lp = lambda process, n, key: [r[key] for r in loops if r["process"] == process and r["clients"] == n]  # noqa: E731
     sv = {x["streams"]: x for x in served}
     md = ["", "## Thirty-seventh session (2026-11-30, H200): launches are almost never late served; a gate/up GEMM with the "
-          "SiLU product fused, and cuBLASLt: measured, neither kept", "",
-          "Three device calls (about 21 of 30 min). No change to the server. The thirty-sixth session's late-launch "
-          "counter ran served for the first time, and the two levers of this session went after the step's GPU "
-          "time, where the counter points.", "",
+          "SiLU product fused, and cuBLASLt: measured, neither kept; the output projections split along K, opt-in until "
+          "measured in the engine", "",
+          "Five device calls (about 29 of 30 min). No change to how the server runs by default. The thirty-sixth "
+          "session's late-launch counter ran served for the first time, and the levers of this session went after "
+          "the step's GPU time, where the counter points.", "",
           "**Served, the start's code** (call 1: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=8,64 REQUESTS=5 bash "
           "benchmarks/run_served_gpu.sh` on 9b05536, `raw/served_thirtyseventh.{json.gz,log}`), then the closed loop "
           "in process on the same machine (`closed_loop.py --checkpoint /tmp/full --clients 64,8 --requests 4 --rounds 3 "
@@ -5514,21 +5516,65 @@ def thirty_seventh_session(res) -> list[str]:
            f"ran 4-6% longer a step than call 1's and call 2's first ({lp(LOOPS_37[0][1], 64, 'ms_per_step')[0]:.2f}"
            f" and {lp(g0, 64, 'ms_per_step')[0]:.2f} ms at 64): the spread between processes and machines is "
            "larger than what cuBLASLt could give, and one round of the baseline cannot pair it. Not changed.", "",
+           "**The output and down projections split along K** (call 4: `benchmarks/kernel_split_k.py` (new), "
+           "`raw/kernel_split_k_thirtyseventh.{json,log}`). cuBLAS runs y = x W^T as S batched GEMMs over K/S "
+           "slices (`torch.bmm` on strided views of x and W, no copies), S times the output tiles, and the partial "
+           "products are summed after. us per call as above; \"GEMM\" is the batched GEMM alone, with bf16 partials "
+           "(fp32 partials, `bmm(out_dtype=float32)`, ran within 1.3 us of them either way); \"+ sum\" adds a separate sum kernel, "
+           "which in the model would be the residual add's kernel reading S partials instead of one:", "",
+           "| weight | tokens | one GEMM | S = 2: GEMM | S = 2: + sum | S = 4: GEMM | fastest GEMM over one |",
+           "|---|---|---|---|---|---|---|"]
+    for key, row in split_k.items():
+        model, name, M = key.split(".")
+        if name not in ("o", "down"):
+            continue
+        best = min((v["gemm"] for k, v in row.items() if isinstance(v, dict) and "gemm" in v))
+        md.append(f"| {'LocDiT' if model == 'loc' else 'LM'} {name} | {M} | {row['linear']:.2f} | "
+                  f"{row['S2_bf16']['gemm']:.2f} | {row['S2_bf16']['+sum']:.2f} | {row['S4_bf16']['gemm']:.2f} | "
+                  f"{row['linear'] / best:.2f}x |")
+    eng = {(r["batch"], i): r["aggregate_xrt"] for i, r in enumerate(load("offline_splitk0_thirtyseventh.json")
+                                                                   ["engine"]["graphs"]["runs"])}
+    e8 = [v for (b, _), v in eng.items() if b == 8]
+    e64 = [v for (b, _), v in eng.items() if b == 64]
+    res["thirty_seventh"].update(split_k_us=split_k, engine_alone_xrt={"8": e8, "64": e64},
+                                 served_over_engine_c64=sv[64]["x_real_time"] / statistics.median(e64))
+    md += ["",
+           "- The GEMM alone runs 1.1-1.6x faster split, for both projections at every count measured. LocDiT's QKV "
+           "and gate/up projections (many tiles already) gain nothing (0.83-0.99x, not shown); the LMs' QKV at 32 "
+           "and 64 rows would gain 1.15x (not split). With a separate sum the down projection is 0.89-1.08x: the "
+           "gain needs the sum inside the residual add's kernel.",
+           "- Kept, opt-in (`model/split_k.py`, `VOXCPM_SPLIT_K=1`; off by default): `LayerMath.attention_output_mlp` "
+           "splits the output and down projections in two where the call is on CUDA in bf16/fp16 with a plain weight "
+           "and at most 1536 rows; torch.compile fuses the partials' sum into the residual add. CPU tests: the "
+           "partial products summed equal one GEMM, the slices are views, the conditions, the two call sites.",
+           "- By proportion (the GEMM alone, less one more partial read), about 3.4 us a LocDiT layer at 176 tokens "
+           "and 8 at 1408: 0.37 ms of a 7.97 ms batch-8 step and 0.86 ms of a 16.9 ms batch-64 step, 4-5% each. Not "
+           "measured in the engine: call 5 (`VOXCPM_SPLIT_K=0` then `1`, `bench.py --batches 8,64,8,64,32 --reference "
+           "none --no-vae --graphs-only --no-profile`, `raw/offline_splitk{0,1}_thirtyseventh.*`) captured every loop "
+           "length (72 graphs in 131-145 s) and the split engine ran out of its time limit after its capture, which "
+           "did complete: torch.compile and the CUDA graphs take the split on the GPU. `bench.py` now takes "
+           "`--timestep-buckets 10,100` (as served) for a shorter capture. No GPU check of its numerics yet.",
+           f"- The engine alone, default (call 5): {', '.join(f'{v:.1f}' for v in e8)}x at batch 8 and "
+           f"{', '.join(f'{v:.1f}' for v in e64)}x at batch 64 (no VAE, no request turns). Served over engine at 64: "
+           f"{sv[64]['x_real_time'] / statistics.median(e64):.3f} (calls 1 and 5).", "",
            "**What this says about the targets** (issue 17): the served levels now trail the engine in process by "
            f"{100 * (ratio_ms(8) - 1):.1f}% ({100 * (ratio_ms(64) - 1):.1f}%) a step at 8 (64) streams and by the "
            "steps of their requests' turns (516 and 519 for 500 full, against 509 and 515 by the closed loop's "
            "proportion). The counter finds neither in the engine's thread. Unchanged: one stream RTF 0.043 (target 0.025) and TTFA p50 "
            f"22.4 ms (met); 8 streams {sv[8]['x_real_time']:.2f}x this session, 149.66x at best (150, missed); 64 "
            f"streams {sv[64]['x_real_time']:.2f}x (500, missed), 100% smooth, TTFA p95 {sv[64]['ttfa_p95']:.0f} ms "
-           "(met); capacity 128 with Poisson arrivals (met); served over engine about 0.8 (0.85, missed).", "",
-           "![thirty-seventh session: the fused gate/up kernel, cuBLASLt, the engines](results_thirty_seventh.png)", ""]
-    _plot_thirty_seventh(gated, blas, loops)
+           "(met); capacity 128 with Poisson arrivals (met); served over engine "
+           f"{sv[64]['x_real_time'] / statistics.median(e64):.2f} at 64 streams (0.85, missed).", "",
+           "**Next:** `VOXCPM_SPLIT_K=0` and `1` through `bench.py --timestep-buckets 10,100` and the closed loop, "
+           "`gpu_check.py` with it on, then served; on by default if those agree.", "",
+           "![thirty-seventh session: the fused gate/up kernel, cuBLASLt, split K, the engines](results_thirty_seventh.png)", ""]
+    _plot_thirty_seventh(gated, blas, loops, split_k)
     return md
 
 
-def _plot_thirty_seventh(gated, blas, loops):
+def _plot_thirty_seventh(gated, blas, loops, split_k):
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.4))
     ax = axes[0]
     for shape, color, label in (("loc", "#a64", "fused gate/up, LocDiT"), ("lm", "#c93", "fused gate/up, LM")):
         Ms = sorted(gated[shape], key=int)
@@ -5545,6 +5591,20 @@ def _plot_thirty_seventh(gated, blas, loops):
     ax.set_title("kernels (calls 2, 3)", fontsize=9)
     ax.legend(fontsize=7, loc="lower left")
     ax = axes[1]
+    for (model, name), color in ((("loc", "down"), "#286"), (("loc", "o"), "#6a4"), (("lm", "down"), "#a64"),
+                                 (("lm", "o"), "#c93")):
+        keys = sorted((k for k in split_k if k.startswith(f"{model}.{name}.")), key=lambda k: int(k.split(".")[2]))
+        for S, style in ((2, "o-"), (4, "s--")):
+            ax.plot([int(k.split(".")[2]) for k in keys],
+                    [split_k[k]["linear"] / split_k[k][f"S{S}_bf16"]["gemm"] for k in keys], style, color=color,
+                    label=f"{'LocDiT' if model == 'loc' else 'LM'} {name}, S = {S}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("one GEMM's time over the split GEMM's (no sum)")
+    ax.set_title("split along K (call 4; opt-in, not yet in the engine)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    ax = axes[2]
     procs = [label for _, label, _ in LOOPS_37]
     for j, (n, color) in enumerate(((64, "#a64"), (8, "#286"))):
         base = statistics.median(r["ms_per_step"] for r in loops if r["process"] == procs[0] and r["clients"] == n)
@@ -5557,7 +5617,7 @@ def _plot_thirty_seventh(gated, blas, loops):
     ax.set_ylabel("wall ms per engine step, each round, over call 1's")
     ax.set_title("the engine in process (closed loop), a process each", fontsize=9)
     ax.legend(fontsize=8)
-    _save_panels(fig, axes, "Thirty-seventh session, NVIDIA H200, 2026-11-30: fused gate/up, cuBLASLt, the engines",
+    _save_panels(fig, axes, "Thirty-seventh session, NVIDIA H200, 2026-11-30: fused gate/up, cuBLASLt, split K, the engines",
                  "results_thirty_seventh.png")
 
 
