@@ -35,6 +35,10 @@ thing changed:
   vae_rows_tf32x3  the VAE's residual units as before the thirty-fourth session: none channels-last
                 (`kernels.vae.unit_cl`), their pointwise products in three TF32 passes; a bank of its own
                 as vae_plain_units
+  split_k       the output and down projections split along K (`model.split_k`, VOXCPM_SPLIT_K=1): an
+                engine of its own in this process (the same weights, VAE and audio thread; its own KV
+                cache and graphs, captured with the split on after torch.compile's caches are reset),
+                built before the rounds; its rounds run with the split on, the others' with it off
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -53,6 +57,7 @@ both, neither, the gaps in each); the trace itself is not kept.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -75,6 +80,7 @@ from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
 from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
+from voxcpm_triton.model import split_k  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
@@ -203,13 +209,29 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
 
 
 SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units",
-            "vae_rows_tf32x3")
+            "vae_rows_tf32x3", "split_k")
+# settings that run on an engine of their own, built with these module flags set (and set for their rounds)
+ENGINE_FLAGS = {"split_k": ((split_k, "ENABLED", True),)}
 # settings that decode on a VAE stream bank of their own, captured with these kernels.vae constants
 VAE_BANKS = {"vae_plain_units": {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9,
                                  "UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"},
              "vae_rows_tf32x3": {"UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"}}
 VAE_DEFAULTS = {k: getattr(vae_kernels, k) for bank in VAE_BANKS.values() for k in bank}
 DEFAULT_SWITCH_S = sys.getswitchinterval()
+
+
+@contextlib.contextmanager
+def engine_flags(name: str):
+    """`name`'s module flags (ENGINE_FLAGS) set for the block, restored after."""
+    flags = ENGINE_FLAGS.get(name, ())
+    old = [getattr(mod, attr) for mod, attr, _ in flags]
+    for mod, attr, value in flags:
+        setattr(mod, attr, value)
+    try:
+        yield
+    finally:
+        for (mod, attr, _), value in zip(flags, old):
+            setattr(mod, attr, value)
 
 
 def main():
@@ -239,25 +261,35 @@ def main():
     vox = VoxCPM2.from_pretrained(a.checkpoint, device=a.device, vae=vae, compile=gpu,
                                   dtype=None if gpu else "float32")
     audio = StreamAudio(vox.vae, vox.patch_size, 2 * a.max_batch, cuda_graphs=gpu, graph_patches=SCHEDULE,
-                        on_failure=lambda key, error: eng.cancel(key[0]))
+                        on_failure=lambda key, error: [e.cancel(key[0]) for e in (eng, *engines.values())])
     streams = {"highest": audio.cuda_stream, "normal": torch.cuda.Stream(dev) if gpu else None}
-    eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
-                                   playback_margin_s=0.1,
-                                   timestep_buckets=tuple(int(x) for x in a.timestep_buckets.split(","))),
-                 first_audio=audio)
-    log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f"; GPU memory peak "
-        f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
+    def new_engine() -> Engine:
+        return Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
+                                        playback_margin_s=0.1,
+                                        timestep_buckets=tuple(int(x) for x in a.timestep_buckets.split(","))),
+                      first_audio=audio)
+
+    eng = new_engine()
+    engines = {}  # setting -> its own engine (ENGINE_FLAGS)
+    for name in (n for n in settings if n in ENGINE_FLAGS):
+        torch._dynamo.reset()  # its layers are traced again, with its flags (the first engine's graphs stay)
+        with engine_flags(name):
+            engines[name] = new_engine()
+    log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f" ({1 + len(engines)} engines)" if engines else "")
+        + (f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
     prompt = vox.prepare_prompt(TEXT)
     audio_s = a.steps * vox.patch_seconds
     res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
            "rounds": a.rounds, "settings": settings, "prompt_positions": len(prompt), "levels": {}, "traces": {}}
 
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:
-        apply_setting(name, eng, audio, streams)
+        e = engines.get(name, eng)
+        apply_setting(name, e, audio, streams)
         counted = ("steps", "first_audio_fences", "first_audio_fence_misses", "late_launches")
-        before = eng.stats()
-        s = summary(Round(eng, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
-        after = eng.stats()
+        before = e.stats()
+        with engine_flags(name):
+            s = summary(Round(e, audio, prompt, n, requests, a.steps, tag).run(), audio_s)
+        after = e.stats()
         s.update({("engine_" + k if k == "steps" else k): after[k] - before[k] for k in counted})
         rows = {b: c - before["batch_sizes"].get(b, 0) for b, c in after["batch_sizes"].items()}
         s["launch_rows"] = {str(b): c for b, c in sorted(rows.items()) if c}  # rows per launch -> launches
@@ -305,7 +337,8 @@ def main():
                 f"{json.dumps(causes)}; threads {json.dumps(t['threads'])}; "
                 f"{s['engine_steps']} engine steps, {s['x_real_time']:.1f}x under the profiler")
     finally:
-        eng.shutdown()
+        for e in (eng, *engines.values()):
+            e.shutdown()
         audio.stop()
     print(json.dumps({n: {k: (v if not isinstance(v, dict) else {kk: vv for kk, vv in v.items() if kk != "rounds"})
                           for k, v in lv.items()} for n, lv in res["levels"].items()}, indent=1))

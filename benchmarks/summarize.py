@@ -5565,8 +5565,10 @@ def thirty_seventh_session(res) -> list[str]:
            f"streams {sv[64]['x_real_time']:.2f}x (500, missed), 100% smooth, TTFA p95 {sv[64]['ttfa_p95']:.0f} ms "
            "(met); capacity 128 with Poisson arrivals (met); served over engine "
            f"{sv[64]['x_real_time'] / statistics.median(e64):.2f} at 64 streams (0.85, missed).", "",
-           "**Next:** `VOXCPM_SPLIT_K=0` and `1` through `bench.py --timestep-buckets 10,100` and the closed loop, "
-           "`gpu_check.py` with it on, then served; on by default if those agree.", "",
+           "**Next:** the split in the engine: `closed_loop.py --settings behind,split_k` (new: the split on an "
+           "engine of its own in the same process, so that both see one machine and the rounds rotate; this session "
+           "saw 4-6% between processes) and `bench.py --timestep-buckets 10,100` with `VOXCPM_SPLIT_K` 0 and 1; "
+           "`gpu_check.py` with it on; then served. On by default if those agree.", "",
            "![thirty-seventh session: the fused gate/up kernel, cuBLASLt, split K, the engines](results_thirty_seventh.png)", ""]
     _plot_thirty_seventh(gated, blas, loops, split_k)
     return md
