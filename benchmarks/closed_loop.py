@@ -37,8 +37,8 @@ thing changed:
                 as vae_plain_units
   split_k       the output and down projections split along K (`model.split_k`, VOXCPM_SPLIT_K=1): an
                 engine of its own in this process (the same weights, VAE and audio thread; its own KV
-                cache and graphs, captured with the split on after torch.compile's caches are reset),
-                built before the rounds; its rounds run with the split on, the others' with it off
+                cache and graphs, captured with the split on: torch.compile traces its layers again), built
+                before the rounds; its rounds run with the split on, the others' with it off
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -72,6 +72,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python_backend"))
 
 import torch  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 import gpu_timeline  # noqa: E402
 
@@ -272,9 +273,12 @@ def main():
     eng = new_engine()
     engines = {}  # setting -> its own engine (ENGINE_FLAGS)
     for name in (n for n in settings if n in ENGINE_FLAGS):
-        torch._dynamo.reset()  # its layers are traced again, with its flags (the first engine's graphs stay)
+        # torch.compile guards on the flags: this engine's capture traces its layers again, with them set
+        graphs = counters["stats"]["unique_graphs"]
         with engine_flags(name):
             engines[name] = new_engine()
+        if gpu and counters["stats"]["unique_graphs"] == graphs:
+            raise SystemExit(f"{name}: its engine compiled no graph of its own: its flags did not reach the model")
     log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f" ({1 + len(engines)} engines)" if engines else "")
         + (f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
     prompt = vox.prepare_prompt(TEXT)
