@@ -396,7 +396,8 @@ def main():
     gpu = args.device == "cuda"
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision,
-              "max_autotune": args.max_autotune, "fused_max_tokens": args.fused_max_tokens}
+              "max_autotune": args.max_autotune, "fused_max_tokens": args.fused_max_tokens,
+              "timestep_buckets": args.timestep_buckets}
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
                                   attention=args.attention, compile=gpu and not args.no_compile,

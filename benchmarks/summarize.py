@@ -5491,7 +5491,7 @@ def thirty_seventh_session(res) -> list[str]:
            "`torch.backends.cuda.preferred_blas_library(\"cublaslt\")` sends it to cuBLASLt, whose heuristics pick "
            "among other kernels. At 1408 tokens LocDiT's output and down projections make 88 output tiles of "
            "128 x 128 for 132 SMs, and run at 455-490 TFLOP/s against 575-675 for the other two. us per call, "
-           "medians of 3 alternations, 12 weights each (the rows that differ by more than 2%, of 30):", "",
+           "medians of 3 alternations, 12 weights each (the rows that differ by more than 2%, of 32):", "",
            "| GEMM | tokens | N x K | cublasGemmEx | cuBLASLt | ratio |", "|---|---|---|---|---|---|"]
     for key, v in blas.items():
         r = v["cublas"]["us"] / v["cublaslt"]["us"]
@@ -5513,14 +5513,14 @@ def thirty_seventh_session(res) -> list[str]:
            f"{', '.join(f'{v:.1f}' for v in lp(lt, 64, 'x_real_time'))}x "
            f"({', '.join(f'{v:.2f}' for v in lp(lt, 64, 'ms_per_step'))} ms) and "
            f"{', '.join(f'{v:.1f}' for v in lp(lt, 8, 'x_real_time'))}x at 8 clients. Both engines of this call "
-           f"ran 4-6% longer a step than call 1's and call 2's first ({lp(LOOPS_37[0][1], 64, 'ms_per_step')[0]:.2f}"
+           f"ran 4-6% longer a step at 64 clients (the cuBLASLt one 6.5-7.5% at 8) than call 1's and call 2's first ({lp(LOOPS_37[0][1], 64, 'ms_per_step')[0]:.2f}"
            f" and {lp(g0, 64, 'ms_per_step')[0]:.2f} ms at 64): the spread between processes and machines is "
            "larger than what cuBLASLt could give, and one round of the baseline cannot pair it. Not changed.", "",
            "**The output and down projections split along K** (call 4: `benchmarks/kernel_split_k.py` (new), "
            "`raw/kernel_split_k_thirtyseventh.{json,log}`). cuBLAS runs y = x W^T as S batched GEMMs over K/S "
            "slices (`torch.bmm` on strided views of x and W, no copies), S times the output tiles, and the partial "
            "products are summed after. us per call as above; \"GEMM\" is the batched GEMM alone, with bf16 partials "
-           "(fp32 partials, `bmm(out_dtype=float32)`, ran within 1.3 us of them either way); \"+ sum\" adds a separate sum kernel, "
+           "(fp32 partials, `bmm(out_dtype=float32)`, ran within 1.3 us of them either way at S = 2); \"+ sum\" adds a separate sum kernel, "
            "which in the model would be the residual add's kernel reading S partials instead of one:", "",
            "| weight | tokens | one GEMM | S = 2: GEMM | S = 2: + sum | S = 4: GEMM | fastest GEMM over one |",
            "|---|---|---|---|---|---|---|"]
@@ -5539,20 +5539,24 @@ def thirty_seventh_session(res) -> list[str]:
     res["thirty_seventh"].update(split_k_us=split_k, engine_alone_xrt={"8": e8, "64": e64},
                                  served_over_engine_c64=sv[64]["x_real_time"] / statistics.median(e64))
     md += ["",
-           "- The GEMM alone runs 1.1-1.6x faster split, for both projections at every count measured. LocDiT's QKV "
+           "- The GEMM alone runs 1.1-1.6x faster split (1.12-1.45x at S = 2, the split the code makes), for both "
+           "projections at every count measured. LocDiT's QKV "
            "and gate/up projections (many tiles already) gain nothing (0.83-0.99x, not shown); the LMs' QKV at 32 "
-           "and 64 rows would gain 1.15x (not split). With a separate sum the down projection is 0.89-1.08x: the "
+           "and 64 rows would gain 1.15-1.18x (not split). With a separate sum the down projection is 0.88-1.08x: the "
            "gain needs the sum inside the residual add's kernel.",
            "- Kept, opt-in (`model/split_k.py`, `VOXCPM_SPLIT_K=1`; off by default): `LayerMath.attention_output_mlp` "
-           "splits the output and down projections in two where the call is on CUDA in bf16/fp16 with a plain weight "
+           "splits the output and down projections in two where the call is on CUDA in bf16/fp16 with a plain weight, "
+           "no adapter op on the projection "
            "and at most 1536 rows; torch.compile fuses the partials' sum into the residual add. CPU tests: the "
            "partial products summed equal one GEMM, the slices are views, the conditions, the two call sites.",
-           "- By proportion (the GEMM alone, less one more partial read), about 3.4 us a LocDiT layer at 176 tokens "
-           "and 8 at 1408: 0.37 ms of a 7.97 ms batch-8 step and 0.86 ms of a 16.9 ms batch-64 step, 4-5% each. Not "
+           "- By proportion (the two GEMMs alone at S = 2, less one more partial read for each sum): about 3.5 us a "
+           "LocDiT layer at 176 tokens (1.30 + 2.45 - 0.2) and 8 at 1408 (1.61 + 8.10 - 1.7): 0.38 ms of a 7.97 ms "
+           "batch-8 step and 0.86 ms of a 16.9 ms batch-64 step, 4.8% and 5.1%. Not "
            "measured in the engine: call 5 (`VOXCPM_SPLIT_K=0` then `1`, `bench.py --batches 8,64,8,64,32 --reference "
            "none --no-vae --graphs-only --no-profile`, `raw/offline_splitk{0,1}_thirtyseventh.*`) captured every loop "
-           "length (72 graphs in 131-145 s) and the split engine ran out of its time limit after its capture, which "
-           "did complete: torch.compile and the CUDA graphs take the split on the GPU. `bench.py` now takes "
+           "length (72 graphs in 131-145 s), and the split engine ran out of its time limit right after its decode "
+           "graphs' capture, which completed (its log stops there): torch.compile and CUDA graph capture accepted "
+           "the split; whether its graphs split, and how fast, is not shown. `bench.py` now takes "
            "`--timestep-buckets 10,100` (as served) for a shorter capture. No GPU check of its numerics yet.",
            f"- The engine alone, default (call 5): {', '.join(f'{v:.1f}' for v in e8)}x at batch 8 and "
            f"{', '.join(f'{v:.1f}' for v in e64)}x at batch 64 (no VAE, no request turns). Served over engine at 64: "

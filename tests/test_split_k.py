@@ -34,44 +34,89 @@ def test_the_slices_are_views_of_the_operands():
     assert a.shape == (4, 8, 64) and b.shape == (4, 64, 32)
 
 
+class _Cuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: `runs`' other conditions, on a machine without a GPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def _on_cuda(m, k=256, dt=torch.bfloat16):
+    return torch.randn(m, k, dtype=dt).as_subclass(_Cuda)
+
+
 def test_linear_is_the_plain_one_where_the_split_does_not_run(monkeypatch):
     monkeypatch.setattr(split_k, "ENABLED", True)
-    x, w = torch.randn(4, 256), torch.randn(16, 256)
-    assert not split_k.runs(x, w)  # the CPU
+    w = torch.randn(16, 256, dtype=torch.bfloat16)
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    assert not split_k.runs(x, w)  # a bf16 call on the CPU
     torch.testing.assert_close(split_k.linear(x, w), F.linear(x, w), rtol=0, atol=0)
+    assert split_k.runs(_on_cuda(4), w)
     q = fp8.quantize_weight(w)
-    assert not split_k.runs(x, q)  # an FP8 weight goes to its own GEMM
+    assert q.dtype == torch.bfloat16 and not split_k.runs(_on_cuda(4), q)  # an FP8 weight: its own GEMM
     monkeypatch.setattr(split_k, "ENABLED", False)
-    assert not split_k.runs(x, w)
+    assert not split_k.runs(_on_cuda(4), w)
 
 
 def test_runs_checks_rows_width_layout_and_dtype(monkeypatch):
-    """The conditions besides the device, on a stand-in for x.is_cuda (the CPU has no CUDA tensor)."""
     monkeypatch.setattr(split_k, "ENABLED", True)
-
-    class Cuda(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
-    bf = torch.bfloat16
+    bf, h = torch.bfloat16, torch.float16
     w = torch.randn(16, 256, dtype=bf)
-    x = lambda m, k=256, dt=bf: torch.randn(m, k, dtype=dt).as_subclass(Cuda)  # noqa: E731
-    assert split_k.runs(x(176), w)
-    assert not split_k.runs(x(split_k.MAX_TOKENS + 1), w)  # enough tiles without it
-    assert not split_k.runs(x(8, 192), torch.randn(16, 192, dtype=bf))  # K/2 is no whole 64-wide slice
-    assert not split_k.runs(x(8, dt=torch.float32), w.float())  # fp32: the plain GEMM
-    assert not split_k.runs(torch.randn(256, 8, dtype=bf).t().as_subclass(Cuda), w)  # columns not contiguous
-    monkeypatch.setattr(split_k, "ENABLED", False)
-    assert not split_k.runs(x(176), w)
+    assert split_k.runs(_on_cuda(176), w)
+    assert split_k.runs(_on_cuda(split_k.MAX_TOKENS), w)
+    assert not split_k.runs(_on_cuda(split_k.MAX_TOKENS + 1), w)  # enough tiles without it
+    assert split_k.runs(_on_cuda(8, dt=h), w.to(h))
+    assert not split_k.runs(_on_cuda(8), w.to(h))  # operands of two dtypes
+    assert not split_k.runs(_on_cuda(8, 192), torch.randn(16, 192, dtype=bf))  # K/2 is no whole 64-wide slice
+    assert not split_k.runs(_on_cuda(8, dt=torch.float32), w.float())  # fp32: the plain GEMM
+    assert not split_k.runs(torch.randn(256, 8, dtype=bf).t().as_subclass(_Cuda), w)  # columns not contiguous
 
 
-def test_the_layer_takes_it_for_the_output_and_down_projections(monkeypatch):
-    """LayerMath's MLP half asks `split_k.linear` for exactly those two (gate/up stays one GEMM)."""
+@pytest.mark.parametrize("value,enabled", [(None, False), ("0", False), ("true", False), ("1", True)])
+def test_the_flag_is_off_unless_set_to_1(monkeypatch, value, enabled):
+    import importlib
+
+    if value is None:
+        monkeypatch.delenv("VOXCPM_SPLIT_K", raising=False)
+    else:
+        monkeypatch.setenv("VOXCPM_SPLIT_K", value)
+    try:
+        assert importlib.reload(split_k).ENABLED is enabled
+    finally:
+        monkeypatch.delenv("VOXCPM_SPLIT_K", raising=False)
+        importlib.reload(split_k)
+
+
+def test_bf16_partials_stay_within_a_rounding_of_one_gemm():
+    """Each half rounded to bf16, then the sum: against float64, at most a few times one GEMM's error."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1024, generator=g).to(torch.bfloat16)
+    w = (torch.randn(256, 1024, generator=g) / 32).to(torch.bfloat16)
+    exact = x.double() @ w.double().t()
+    one = (F.linear(x, w).double() - exact).abs().max().item()
+    split = (split_k.split_matmul(x, w).double() - exact).abs().max().item()
+    assert split <= 3 * one, (split, one)
+
+
+def test_the_layer_splits_the_output_and_down_projections_without_an_adapter_op(monkeypatch):
+    """LayerMath's MLP half asks `split_k.linear` for exactly those two (gate/up stays one GEMM), and
+    for neither where an adapter's op follows the projection (its kernel would come between the
+    partials and their sum)."""
     calls = []
     monkeypatch.setattr(split_k, "linear", lambda x, w: calls.append(tuple(w.shape)) or F.linear(x, w))
     m = minicpm.LayerMath(2, 1, 8, 1e-5, None)
     H, I = 16, 32
     x, attn = torch.randn(3, H), torch.randn(3, 16)
-    out = m.attention_output_mlp(x, attn, torch.randn(H, 16), torch.ones(H), torch.randn(2 * I, H), torch.randn(H, I))
+    weights = (torch.randn(H, 16), torch.ones(H), torch.randn(2 * I, H), torch.randn(H, I))
+    out = m.attention_output_mlp(x, attn, *weights)
     assert calls == [(H, 16), (H, I)] and out.shape == (3, H)
+
+    class Ops:  # an adapter's op on the output projection only
+        o, gate_up, down = object(), None, None
+
+    seen = []
+    monkeypatch.setattr(minicpm, "lora_add", lambda y, x_, op: seen.append(op) or y)
+    calls.clear()
+    m.attention_output_mlp(x, attn, *weights, Ops())
+    assert calls == [(H, I)] and seen == [Ops.o, None]

@@ -166,11 +166,17 @@ class LayerMath:
         """x: [N, hidden] (the layer input), attn: [N, Hq * D] -> the layer output. lora: the layer's
         `LayerLora` (model.lora), or None."""
         o, gate_up, down = (None, None, None) if lora is None else (lora.o, lora.gate_up, lora.down)
-        x = self._residual(x, lora_add(split_k.linear(attn, o_w), attn, o))
+        x = self._residual(x, self._narrow_linear(attn, o_w, o))
         h = rms_norm(x, norm_w, self.eps)
         gate, up = lora_add(linear(h, gate_up_w), h, gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
-        return self._residual(x, lora_add(split_k.linear(act, down_w), act, down))
+        return self._residual(x, self._narrow_linear(act, down_w, down))
+
+    @staticmethod
+    def _narrow_linear(x, w, lora):
+        """The output and down projections (few output columns): split along K (`split_k`) unless an
+        adapter's op follows, whose kernel would stand between the partials and their sum."""
+        return split_k.linear(x, w) if lora is None else lora_add(linear(x, w), x, lora)
 
     def compiled(self) -> "LayerMath":
         """A LayerMath whose two functions are torch.compile'd, one per distinct shape key."""

@@ -4,13 +4,15 @@
 
 A decode step's output and down projections (LocDiT's [tokens, 1024] from K = 2048 and 4096, the LMs'
 [rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) cuBLAS runs 16 tiles of 128 x 128
-for 132 SMs, each streaming 1 MB of weights alone. S slices make S times the tiles; the partial
-products (in the activation dtype, as cuBLAS would round the whole) are summed by the kernel that
-adds the residual after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
+for 132 SMs, each streaming 1 MB of weights alone. S slices make S times the tiles. Each partial
+product is rounded to the activation dtype (one GEMM rounds once; bf16 partials keep the batched
+GEMM and the sum plain for inductor), and the sum is taken by the kernel that adds the residual
+after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
 
-Only where it measured faster: CUDA, bf16/fp16, a plain weight (not FP8), at most `MAX_TOKENS` rows,
-and only with VOXCPM_SPLIT_K=1 for now. Everywhere else (the CPU, fp32, prefills of long prompts)
-`linear` is the plain one.
+Only where it measured faster: CUDA, bf16/fp16, a plain weight (not FP8), no adapter op on the
+site (`LayerMath`), at most `MAX_TOKENS` rows, and only with VOXCPM_SPLIT_K=1 for now. Everywhere
+else (the CPU, fp32, prefills of long prompts) `linear` is the plain one. With the flag on, the row
+bound is a guard of the compiled layers: a call past it (a long prompt's prefill) compiles them again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from ..kernels.fp8 import linear as plain_linear
 
-ENABLED = os.environ.get("VOXCPM_SPLIT_K", "0") != "0"
+ENABLED = os.environ.get("VOXCPM_SPLIT_K", "0") == "1"  # experimental: off unless asked for
 SPLITS = 2
 MAX_TOKENS = 1536  # LocDiT up to batch 64 (1408 tokens); past it the GEMM has tiles enough
 _MIN_SLICE = 64  # K per slice: a whole K tile
