@@ -32,6 +32,17 @@ LINEARS = {"loc": {"qkv": (2560, 1024), "o": (1024, 2048), "gate_up": (8192, 102
 LIBRARIES = ("cublas", "cublaslt")
 
 
+def cases(shapes, copies: int, dev, dt):
+    """For each linear of LINEARS at each token count of `shapes` ("model:M,M,..."): (key, N, K, M, x,
+    weights), `copies` weights (each its own, past the L2) and one input."""
+    for spec in shapes:
+        model, counts = spec.split(":")
+        for name, (N, K) in LINEARS[model].items():
+            ws = [torch.randn(N, K, device=dev).to(dt) * K ** -0.5 for _ in range(copies)]
+            for M in (int(m) for m in counts.split(",")):
+                yield f"{model}.{name}.{M}", N, K, M, torch.randn(M, K, device=dev).to(dt), ws
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["loc:176,352,704,1408,2816", "lm:32,64,128"])
@@ -43,24 +54,19 @@ def main():
     start = torch.backends.cuda.preferred_blas_library()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "default": str(start),
            "copies": args.copies, "us": {}}
-    for spec in args.shapes:
-        model, counts = spec.split(":")
-        for name, (N, K) in LINEARS[model].items():
-            ws = [torch.randn(N, K, device=dev).to(dt) * K ** -0.5 for _ in range(args.copies)]
-            for M in (int(m) for m in counts.split(",")):
-                x = torch.randn(M, K, device=dev).to(dt)
-                times = {lib: [] for lib in LIBRARIES}
-                for _ in range(args.rounds):
-                    for lib in LIBRARIES:
-                        torch.backends.cuda.preferred_blas_library(lib)
-                        times[lib].append(time_calls([lambda w=w: F.linear(x, w) for w in ws], args.copies))
-                med = {lib: sorted(t)[len(t) // 2] for lib, t in times.items()}
-                flops = 2 * M * N * K
-                row = {lib: {"us": med[lib], "tflops": flops / med[lib] / 1e6, "runs": times[lib]} for lib in LIBRARIES}
-                out["us"][f"{model}.{name}.{M}"] = row
-                print(f"[blas] {model} {name:7s} M={M:5d} N={N:5d} K={K:5d}: "
-                      + ", ".join(f"{lib} {med[lib]:7.2f} us ({row[lib]['tflops']:5.0f} TFLOP/s)" for lib in LIBRARIES)
-                      + f"; lt/default {med['cublas'] / med['cublaslt']:.3f}x", flush=True)
+    for key, N, K, M, x, ws in cases(args.shapes, args.copies, dev, dt):
+        times = {lib: [] for lib in LIBRARIES}
+        for _ in range(args.rounds):
+            for lib in LIBRARIES:
+                torch.backends.cuda.preferred_blas_library(lib)
+                times[lib].append(time_calls([lambda w=w: F.linear(x, w) for w in ws], args.copies))
+        med = {lib: sorted(t)[len(t) // 2] for lib, t in times.items()}
+        flops = 2 * M * N * K
+        row = {lib: {"us": med[lib], "tflops": flops / med[lib] / 1e6, "runs": times[lib]} for lib in LIBRARIES}
+        out["us"][key] = row
+        print(f"[blas] {key} N={N} K={K}: "
+              + ", ".join(f"{lib} {med[lib]:7.2f} us ({row[lib]['tflops']:5.0f} TFLOP/s)" for lib in LIBRARIES)
+              + f"; lt/default {med['cublas'] / med['cublaslt']:.3f}x", flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     torch.backends.cuda.preferred_blas_library(start)

@@ -23,16 +23,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_blas_library import LINEARS  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_backend"))
+from kernel_blas_library import cases  # noqa: E402
 from kernel_skinny_gemm import time_calls  # noqa: E402
-
-
-def split_views(x, w, S):
-    """x [M, K], w [N, K] -> [S, M, K/S] and [S, K/S, N] views of the same memory."""
-    M, K = x.shape
-    N = w.shape[0]
-    return x.view(M, S, K // S).transpose(0, 1), w.view(N, S, K // S).permute(1, 2, 0)
+from voxcpm_triton.model.split_k import split_views  # noqa: E402  (the model's own operands)
 
 
 def main():
@@ -44,40 +40,34 @@ def main():
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copies": args.copies, "us": {}}
-    for spec in args.shapes:
-        model, counts = spec.split(":")
-        for name, (N, K) in LINEARS[model].items():
-            ws = [torch.randn(N, K, device=dev).to(dt) * K ** -0.5 for _ in range(args.copies)]
-            for M in (int(m) for m in counts.split(",")):
-                x = torch.randn(M, K, device=dev).to(dt)
-                ref = F.linear(x.float(), ws[0].float())
-                row = {"linear": time_calls([lambda w=w: F.linear(x, w) for w in ws], args.copies)}
-                for S in (int(s) for s in args.splits.split(",")):
-                    if K % S or (K // S) % 64:
-                        continue
-                    for kind, odt in (("fp32", torch.float32), ("bf16", dt)):
-                        def gemm(w, S=S, odt=odt):
-                            a, b = split_views(x, w, S)
-                            return torch.bmm(a, b, out_dtype=odt) if odt != dt else torch.bmm(a, b)
-                        try:
-                            y = gemm(ws[0]).sum(0)
-                            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-                            row[f"S{S}_{kind}"] = {
-                                "gemm": time_calls([lambda w=w: gemm(w) for w in ws], args.copies),
-                                "+sum": time_calls([lambda w=w: gemm(w).sum(0).to(dt) for w in ws], args.copies),
-                                "err": err}
-                        except Exception as e:  # noqa: BLE001 - out_dtype missing in this torch, say
-                            row[f"S{S}_{kind}"] = {"error": repr(e)[:200]}
-                out["us"][f"{model}.{name}.{M}"] = row
-                timed = {k: v["+sum"] for k, v in row.items() if isinstance(v, dict) and "+sum" in v}
-                best = min(timed, key=timed.get) if timed else None
-                print(f"[split-k] {model} {name:7s} M={M:5d} N={N:5d} K={K:5d}: linear {row['linear']:6.2f} us"
-                      + (f"; best {best} {row[best]['gemm']:6.2f} (+sum {row[best]['+sum']:6.2f}) us, "
-                         f"{row['linear'] / row[best]['+sum']:.3f}x with the sum, err {row[best]['err']:.1e}"
-                         if best else "; no split ran"), flush=True)
+    for key, N, K, M, x, ws in cases(args.shapes, args.copies, dev, dt):
+        ref = F.linear(x.float(), ws[0].float())
+        row = {"linear": time_calls([lambda w=w: F.linear(x, w) for w in ws], args.copies)}
+        for S in (int(s) for s in args.splits.split(",")):
+            if K % S or (K // S) % 64:
+                continue
+            for kind, odt in (("fp32", torch.float32), ("bf16", dt)):
+                def gemm(w, S=S, odt=odt):
+                    a, b = split_views(x, w, S)
+                    return torch.bmm(a, b, out_dtype=odt) if odt != dt else torch.bmm(a, b)
+                try:
+                    y = gemm(ws[0]).sum(0)
+                    err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
+                    row[f"S{S}_{kind}"] = {
+                        "gemm": time_calls([lambda w=w: gemm(w) for w in ws], args.copies),
+                        "+sum": time_calls([lambda w=w: gemm(w).sum(0).to(dt) for w in ws], args.copies),
+                        "err": err}
+                except Exception as e:  # noqa: BLE001 - out_dtype missing in this torch, say
+                    row[f"S{S}_{kind}"] = {"error": repr(e)[:200]}
+        out["us"][key] = row
+        timed = {k: v["+sum"] for k, v in row.items() if isinstance(v, dict) and "+sum" in v}
+        best = min(timed, key=timed.get) if timed else None
+        print(f"[split-k] {key} N={N} K={K}: linear {row['linear']:6.2f} us"
+              + (f"; best {best} {row[best]['gemm']:6.2f} (+sum {row[best]['+sum']:6.2f}) us, "
+                 f"{row['linear'] / row[best]['+sum']:.3f}x with the sum, err {row[best]['err']:.1e}"
+                 if best else "; no split ran"), flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
-
 
 if __name__ == "__main__":
     main()

@@ -29,13 +29,17 @@ MAX_TOKENS = 1536  # LocDiT up to batch 64 (1408 tokens); past it the GEMM has t
 _MIN_SLICE = 64  # K per slice: a whole K tile
 
 
-def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = SPLITS) -> torch.Tensor:
-    """x [M, K] (rows contiguous), w [N, K] -> x w^T as `splits` partial products summed (any device)."""
+def split_views(x: torch.Tensor, w: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (rows contiguous), w [N, K] -> [S, M, K/S] (row stride K) and [S, K/S, N] (column-major)
+    views of the same memory: the operands of the batched GEMM."""
     M, K = x.shape
     N = w.shape[0]
-    a = x.view(M, splits, K // splits).transpose(0, 1)  # [S, M, K/S], row stride K
-    b = w.view(N, splits, K // splits).permute(1, 2, 0)  # [S, K/S, N], column-major
-    return torch.bmm(a, b).sum(0)
+    return x.view(M, splits, K // splits).transpose(0, 1), w.view(N, splits, K // splits).permute(1, 2, 0)
+
+
+def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = SPLITS) -> torch.Tensor:
+    """x w^T as `splits` partial products summed (any device)."""
+    return torch.bmm(*split_views(x, w, splits)).sum(0)
 
 
 def runs(x: torch.Tensor, w, splits: int = SPLITS) -> bool:
