@@ -120,3 +120,41 @@ def test_the_layer_splits_the_output_and_down_projections_without_an_adapter_op(
     calls.clear()
     m.attention_output_mlp(x, attn, *weights, Ops())
     assert calls == [(H, I)] and seen == [Ops.o, None]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the split runs on CUDA only; torch.compile, CUDA graphs")
+@pytest.mark.parametrize("tokens", [176, 1408])  # LocDiT at batch buckets 8 and 64
+def test_on_the_gpu_the_compiled_layer_splits_captures_and_stays_within_a_rounding(monkeypatch, tokens):
+    """LayerMath's MLP half at LocDiT's sizes, torch.compile'd as the engine compiles it (dynamic), with
+    the flag on: the split is traced (split_views called while compiling), the result stays within a
+    few bf16 roundings of the unsplit compiled half, and a CUDA graph of it replays the same."""
+    dev, bf = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(tokens)
+    r = lambda *shape, scale=1.0: (torch.randn(*shape, device=dev, generator=g) * scale).to(bf)  # noqa: E731
+    H, I, D = 1024, 4096, 16 * 128
+    x, attn = r(tokens, H), r(tokens, D)
+    weights = (r(H, D, scale=D ** -0.5), 1 + r(H, scale=0.1), r(2 * I, H, scale=H ** -0.5), r(H, I, scale=I ** -0.5))
+    m = minicpm.LayerMath(16, 2, 128, 1e-5, None)
+
+    def compiled_half(enabled: bool):
+        torch._dynamo.reset()
+        monkeypatch.setattr(split_k, "ENABLED", enabled)
+        return torch.compile(m.attention_output_mlp, dynamic=True)
+
+    plain = compiled_half(False)(x, attn, *weights)
+    traced = []
+    real_views = split_k.split_views
+    monkeypatch.setattr(split_k, "split_views", lambda *a: traced.append(a[1].shape) or real_views(*a))
+    f = compiled_half(True)
+    split = f(x, attn, *weights)
+    assert sorted(set(traced)) == [(H, I), (H, D)]  # the down and output projections, nothing else
+    exact = m.attention_output_mlp(x.double(), attn.double(), *(w.double() for w in weights))
+    err = lambda y: (y.double() - exact).abs().max().item()  # noqa: E731
+    assert err(split) <= 2 * err(plain) + 1e-2, (err(split), err(plain))
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = f(x, attn, *weights)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, split, rtol=0, atol=0)
