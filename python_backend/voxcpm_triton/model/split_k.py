@@ -3,8 +3,8 @@
     y = x W^T = sum_s x[:, s] W[:, s]^T     (S slices of K, one batched GEMM on strided views, no copies)
 
 A decode step's output and down projections (LocDiT's [tokens, 1024] from K = 2048 and 4096, the LMs'
-[rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) cuBLAS runs 16 tiles of 128 x 128
-for 132 SMs, each streaming 1 MB of weights alone. S slices make S times the tiles. Each partial
+[rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) the [176, 1024] output is 16 tiles
+of 128 x 128 for 132 SMs, each streaming 1 MB of weights. S slices make S times the tiles. Each partial
 product is rounded to the activation dtype (one GEMM rounds once; bf16 partials keep the batched
 GEMM and the sum plain for inductor), and the sum is taken by the kernel that adds the residual
 after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
