@@ -5547,8 +5547,12 @@ def thirty_seventh_session(res) -> list[str]:
            "- Kept, opt-in (`model/split_k.py`, `VOXCPM_SPLIT_K=1`; off by default): `LayerMath.attention_output_mlp` "
            "splits the output and down projections in two where the call is on CUDA in bf16/fp16 with a plain weight, "
            "no adapter op on the projection "
-           "and at most 1536 rows; torch.compile fuses the partials' sum into the residual add. CPU tests: the "
-           "partial products summed equal one GEMM, the slices are views, the conditions, the two call sites.",
+           "and at most 1536 rows. torch.compile should fuse the partials' sum into the residual add: its CPU code "
+           "does, with the device check stubbed (the review's); its GPU code is not looked at yet. CPU tests: the "
+           "partial products summed equal one GEMM and stay within a rounding of it in bf16, the slices are views, "
+           "the conditions, the flag's default, the two call sites and none with an adapter op. A GPU test (the "
+           "compiled half traced with the split for those two projections only, within two roundings of the "
+           "unsplit one, the same from a CUDA graph) has not run yet.",
            "- By proportion (the two GEMMs alone at S = 2, less one more partial read for each sum): about 3.5 us a "
            "LocDiT layer at 176 tokens (1.30 + 2.45 - 0.2) and 8 at 1408 (1.61 + 8.10 - 1.7): 0.38 ms of a 7.97 ms "
            "batch-8 step and 0.86 ms of a 16.9 ms batch-64 step, 4.8% and 5.1%. Not "
