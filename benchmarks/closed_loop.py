@@ -264,6 +264,7 @@ def main():
     audio = StreamAudio(vox.vae, vox.patch_size, 2 * a.max_batch, cuda_graphs=gpu, graph_patches=SCHEDULE,
                         on_failure=lambda key, error: [e.cancel(key[0]) for e in (eng, *engines.values())])
     streams = {"highest": audio.cuda_stream, "normal": torch.cuda.Stream(dev) if gpu else None}
+
     def new_engine() -> Engine:
         return Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
                                         playback_margin_s=0.1,
@@ -278,6 +279,9 @@ def main():
         with engine_flags(name):
             engines[name] = new_engine()
         if gpu and counters["stats"]["unique_graphs"] == graphs:
+            for e in (eng, *engines.values()):
+                e.shutdown()
+            audio.stop()
             raise SystemExit(f"{name}: its engine compiled no graph of its own: its flags did not reach the model")
     log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f" ({1 + len(engines)} engines)" if engines else "")
         + (f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
@@ -333,7 +337,7 @@ def main():
             # (what kineto writes for CUPTI's calls)
             low = lambda th: th.ident & 0xFFFFFFFF  # noqa: E731
             t.update(round=s, setting=settings[0], threads={
-                str(i): name for th, name in ((eng._thread, "engine"), (audio.thread, "audio"))
+                str(i): name for th, name in ((engines.get(settings[0], eng)._thread, "engine"), (audio.thread, "audio"))
                 for i in (th.native_id, low(th), low(th) - (1 << 32) if low(th) >= 1 << 31 else low(th))})
             res["traces"][str(n)] = t
             causes = {sid: st.get("long_gaps_by_cause") for sid, st in t["streams"].items()}
