@@ -272,19 +272,7 @@ def main():
                       first_audio=audio)
 
     eng = new_engine()
-    engines = {}  # setting -> its own engine (ENGINE_FLAGS)
-    for name in (n for n in settings if n in ENGINE_FLAGS):
-        # torch.compile guards on the flags: this engine's capture traces its layers again, with them set
-        graphs = counters["stats"]["unique_graphs"]
-        with engine_flags(name):
-            engines[name] = new_engine()
-        if gpu and counters["stats"]["unique_graphs"] == graphs:
-            for e in (eng, *engines.values()):
-                e.shutdown()
-            audio.stop()
-            raise SystemExit(f"{name}: its engine compiled no graph of its own: its flags did not reach the model")
-    log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f" ({1 + len(engines)} engines)" if engines else "")
-        + (f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
+    engines = {}  # setting -> its own engine (ENGINE_FLAGS), built in the try below: its finally ends them
     prompt = vox.prepare_prompt(TEXT)
     audio_s = a.steps * vox.patch_seconds
     res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
@@ -305,6 +293,15 @@ def main():
         return s
 
     try:
+        for name in (n for n in settings if n in ENGINE_FLAGS):
+            # torch.compile guards on the flags: this engine's capture traces its layers again, with them set
+            graphs = counters["stats"]["unique_graphs"]
+            with engine_flags(name):
+                engines[name] = new_engine()
+            if gpu and counters["stats"]["unique_graphs"] == graphs:
+                raise SystemExit(f"{name}: its engine compiled no graph of its own: its flags did not reach the model")
+        log(f"engine ready in {time.monotonic() - t0:.0f} s" + (f" ({1 + len(engines)} engines)" if engines else "")
+            + (f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""))
         Round(eng, audio, prompt, 8, 1, a.steps, "warm").run()  # first-call effects out of the way
         for n in (int(x) for x in a.clients.split(",") if x):
             rounds = {k: [] for k in settings}
