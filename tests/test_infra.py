@@ -188,7 +188,8 @@ def test_perf_analyzer_http(server):
     cmd = [
         pa, "-m", "echo", "-u", server.http_url, "-i", "http",
         "--shape", "INPUT:16", "--concurrency-range", "2",
-        "--measurement-interval", "1000", "--max-trials", "5", "--stability-percentage", "50",
+        # A fixed count, not windows until stable: a busy CI runner's windows need not agree.
+        "--request-count", "400",
     ]  # fmt: skip
     t0 = time.monotonic()
     r = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=120)
