@@ -1,0 +1,76 @@
+"""Reading benchmarks/raw/ and the figures several sessions' sections share."""
+
+import gzip
+import json
+import os
+import re
+
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
+
+
+def load(name):
+    """raw/<name>, or raw/<name>.gz: served runs' JSON over 400 KB is kept gzipped (the device tool carries
+    the working tree and the tritonserver bundle in 64 MiB)."""
+    path = os.path.join(HERE, "raw", name)
+    with (open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt")) as f:
+        return json.load(f)
+
+
+def served_levels(name):
+    return {lv["concurrency"]: lv for lv in load(name)["levels"]}
+
+
+def served_row(lv) -> dict:
+    """One served level's headline figures, with the decoder's steps over it (bench_served.py's level)."""
+    return {"x_real_time": lv["x_real_time"], "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"],
+            "smooth": lv["smooth_playback_frac"], "errors": lv["errors"], "steps": lv["decoder_steps"]["steps"],
+            "rows_per_step": lv["decoder_steps"]["rows_per_step"]}
+
+
+def served_xrt(name):
+    """Aggregate x real time by concurrency, from a served run."""
+    return {c: lv["x_real_time"] for c, lv in served_levels(name).items()}
+
+
+def engine_runs(name, key="aggregate_xrt"):
+    """`key` by batch, from an offline run's graph engine."""
+    return {x["batch"]: x[key] for x in load(name)["engine"]["graphs"]["runs"]}
+
+
+def served_cell(lv) -> str:
+    """A served level as "smooth / x real time / TTFA p95" in a table cell."""
+    return (f"{lv['smooth_playback_frac']:.0%} / {lv['x_real_time']:.0f} / {lv['ttfa_ms']['p95']:.0f}")
+
+
+def set_served_headline(res, burst: dict, cap: dict, source: str):
+    """The served headline keys of results.json from a sweep: its burst levels and its capacity."""
+    res.update({"ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],
+                "aggregate_xrt_c64": burst[64]["x_real_time"], "aggregate_xrt_c128": burst[128]["x_real_time"],
+                "capacity_streams": cap, "single_stream_rtf_triton": burst[1]["rtf"]["p50"],
+                "ttfa_ms_p50": burst[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": burst[1]["ttfa_ms"]["p95"],
+                "served_headline_source": source})
+
+
+def ms_per_step_for(level: dict, target: float) -> float:
+    """The engine's ms per step at which a closed-loop level (`closed_loop.py`: x_real_time, and
+    ms_per_engine_step, its round's wall time over its steps) would make `target` x real time, the
+    round's time taken in proportion to its steps' (the thirtieth session corrected the twenty-ninth's
+    figures, which held each request's time over its 100 steps fixed and so understated the distance)."""
+    return level["ms_per_engine_step"] * level["x_real_time"] / target
+
+
+def vae_precision_log_runs(text: str) -> list:
+    """vae_precision.py's log -> [(variant, {"8x4", "64x4", "64x16": ms per call, "gpu": GPU ms of a 64 x 4
+    call})] in the order run (its JSON keeps one entry per variant name)."""
+    runs = []
+    for line in text.splitlines():
+        m = re.match(r"\[(\S+)\]\s+(\d+) streams x\s+(\d+) patches:\s+([\d.]+) ms", line)
+        if m:
+            if not runs or runs[-1][0] != m.group(1) or "gpu" in runs[-1][1]:
+                runs.append((m.group(1), {}))
+            runs[-1][1][f"{m.group(2)}x{m.group(3)}"] = float(m.group(4))
+        m = re.match(r"\[(\S+)\] profile 64 x 4: ([\d.]+) ms GPU", line)
+        if m:
+            runs[-1][1]["gpu"] = float(m.group(2))
+    return runs
