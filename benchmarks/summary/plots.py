@@ -7,7 +7,7 @@ from summary.raw import HERE, served_levels
 _figures_dir = HERE
 
 
-def write_figures_to(path: str):
+def set_figure_dir(path: str):
     """Where figure_path() puts figures: benchmarks/ unless summarize.py --out names another folder."""
     global _figures_dir
     _figures_dir = path
@@ -16,8 +16,9 @@ def write_figures_to(path: str):
 def figure_path(name: str) -> str:
     return os.path.join(_figures_dir, name)
 
+
 def pyplot():
-    """matplotlib.pyplot, headless (imported on first use: the tables need no matplotlib)."""
+    """matplotlib.pyplot, headless, imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,8 +56,7 @@ def save_panels(fig, axes, title: str, name: str):
     pyplot().close(fig)
 
 
-def plot_playback(runs, title="Served tts_stream on one H100, 2026-11-25: the decoder's playback margin",
-                   out="results_playback.png"):
+def plot_playback(runs, title: str, out: str):
     fig, (a, b) = stream_panels()
     for label, raw, style in runs:
         lv = served_levels(raw)

@@ -1,4 +1,4 @@
-"""Reading benchmarks/raw/ and the figures several sessions' sections share."""
+"""Readers of benchmarks/raw/, and the small helpers several sessions' sections share."""
 
 import gzip
 import json

@@ -112,5 +112,6 @@ def _playback_margin(res) -> list[str]:
     plot_playback([("margin 0 (call A)", "served_margin0_call7.json", "s:"),
                     ("margin 150 (call A)", "served_margin150_call7.json", "v--"),
                     ("margin 100 (call B)", "served_margin100_call8.json", "o-"),
-                    ("margin 100 + VAE pieces, fresh machine", "served_ninth_final.json", "^-")])
+                    ("margin 100 + VAE pieces, fresh machine", "served_ninth_final.json", "^-")],
+                   "Served tts_stream on one H100, 2026-11-25: the decoder's playback margin", "results_playback.png")
     return md

@@ -119,7 +119,8 @@ def _first_audio_phases(res) -> list[str]:
 
 def _lora_floor(m, base_ms: float, lora_ms: float, batch: int) -> str:
     """What reading every row's own adapter costs a step at `batch` at the H100's bandwidth alone."""
-    cfg = json.load(open(os.path.join(HERE, "voxcpm2_config.json")))
+    with open(os.path.join(HERE, "voxcpm2_config.json")) as f:
+        cfg = json.load(f)
     r, two = m["config"]["rank"], 2  # bf16 tables
 
     def attn(c, hidden, heads, kv, layers):  # q/k/v and o: A [r, in] and B [out, r] per target

@@ -167,7 +167,7 @@ def _plot_twenty_first(prof, shapes, quality):
     names = list(prof)
     labels = [{"before": "previous commit, fp32"}.get(n, f"now, {n}") for n in names]
     before = prof["before"]["by_kind_ms"]
-    kinds = sorted({k for p in prof.values() for k in p["by_kind_ms"]}, key=lambda k: -before.get(k, 0))
+    kinds = sorted({k for p in prof.values() for k in p["by_kind_ms"]}, key=lambda k: (-before.get(k, 0), k))
     left = [0.0] * len(names)
     for kind in kinds:
         vals = [prof[n]["by_kind_ms"].get(kind, 0.0) for n in names]
