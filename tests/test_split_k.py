@@ -1,6 +1,6 @@
 """The output and down projections split along K (`voxcpm_triton.model.split_k`): the partial products
 summed equal the one GEMM, the strided views copy nothing, and the split runs only where it was
-measured (CUDA, bf16/fp16, plain weights, few rows, VOXCPM_SPLIT_K=1): elsewhere `linear` is the plain one."""
+measured (CUDA, bf16, plain weights, few rows, VOXCPM_SPLIT_K=1): elsewhere `linear` is the plain one."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_runs_checks_rows_width_layout_and_dtype(monkeypatch):
     assert split_k.runs(_on_cuda(176), w)
     assert split_k.runs(_on_cuda(split_k.MAX_TOKENS), w)
     assert not split_k.runs(_on_cuda(split_k.MAX_TOKENS + 1), w)  # enough tiles without it
-    assert split_k.runs(_on_cuda(8, dt=h), w.to(h))
+    assert not split_k.runs(_on_cuda(8, dt=h), w.to(h))  # fp16: a half could overflow where the sum does not
     assert not split_k.runs(_on_cuda(8), w.to(h))  # operands of two dtypes
     assert not split_k.runs(_on_cuda(8, 192), torch.randn(16, 192, dtype=bf))  # K/2 is no whole 64-wide slice
     assert not split_k.runs(_on_cuda(8, dt=torch.float32), w.float())  # fp32: the plain GEMM
@@ -77,6 +77,7 @@ def test_runs_checks_rows_width_layout_and_dtype(monkeypatch):
 def test_the_flag_is_off_unless_set_to_1(monkeypatch, value, enabled):
     import importlib
 
+    was = split_k.ENABLED  # the session's own setting (a GPU run with VOXCPM_SPLIT_K=1) comes back after
     if value is None:
         monkeypatch.delenv("VOXCPM_SPLIT_K", raising=False)
     else:
@@ -84,8 +85,7 @@ def test_the_flag_is_off_unless_set_to_1(monkeypatch, value, enabled):
     try:
         assert importlib.reload(split_k).ENABLED is enabled
     finally:
-        monkeypatch.delenv("VOXCPM_SPLIT_K", raising=False)
-        importlib.reload(split_k)
+        split_k.ENABLED = was
 
 
 def test_bf16_partials_stay_within_a_rounding_of_one_gemm():
@@ -125,36 +125,44 @@ def test_the_layer_splits_the_output_and_down_projections_without_an_adapter_op(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the split runs on CUDA only; torch.compile, CUDA graphs")
 @pytest.mark.parametrize("tokens", [176, 1408])  # LocDiT at batch buckets 8 and 64
 def test_on_the_gpu_the_compiled_layer_splits_captures_and_stays_within_a_rounding(monkeypatch, tokens):
-    """LayerMath's MLP half at LocDiT's sizes, torch.compile'd as the engine compiles it (dynamic), with
-    the flag on: the split is traced (split_views called while compiling), the result stays within a
-    few bf16 roundings of the unsplit compiled half, and a CUDA graph of it replays the same."""
+    """LayerMath's MLP half at LocDiT's sizes, torch.compile'd as the engine compiles it (dynamic, weights
+    as Parameters), with the flag on: the split is traced in one graph (split_views called while
+    compiling, for the two projections only), the result stays within a few bf16 roundings of the
+    unsplit compiled half, and a CUDA graph of the compiled code replays the same."""
     dev, bf = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(tokens)
     r = lambda *shape, scale=1.0: (torch.randn(*shape, device=dev, generator=g) * scale).to(bf)  # noqa: E731
     H, I, D = 1024, 4096, 16 * 128
     x, attn = r(tokens, H), r(tokens, D)
-    weights = (r(H, D, scale=D ** -0.5), 1 + r(H, scale=0.1), r(2 * I, H, scale=H ** -0.5), r(H, I, scale=I ** -0.5))
+    weights = tuple(torch.nn.Parameter(w, requires_grad=False) for w in (
+        r(H, D, scale=D ** -0.5), 1 + r(H, scale=0.1), r(2 * I, H, scale=H ** -0.5), r(H, I, scale=I ** -0.5)))
     m = minicpm.LayerMath(16, 2, 128, 1e-5, None)
 
     def compiled_half(enabled: bool):
         torch._dynamo.reset()
         monkeypatch.setattr(split_k, "ENABLED", enabled)
-        return torch.compile(m.attention_output_mlp, dynamic=True)
+        return torch.compile(m.attention_output_mlp, dynamic=True, fullgraph=True)  # no graph break
 
-    plain = compiled_half(False)(x, attn, *weights)
-    traced = []
-    real_views = split_k.split_views
-    monkeypatch.setattr(split_k, "split_views", lambda *a: traced.append(a[1].shape) or real_views(*a))
-    f = compiled_half(True)
-    split = f(x, attn, *weights)
-    assert sorted(set(traced)) == [(H, I), (H, D)]  # the down and output projections, nothing else
-    exact = m.attention_output_mlp(x.double(), attn.double(), *(w.double() for w in weights))
-    err = lambda y: (y.double() - exact).abs().max().item()  # noqa: E731
-    assert err(split) <= 2 * err(plain) + 1e-2, (err(split), err(plain))
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        out = f(x, attn, *weights)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, split, rtol=0, atol=0)
+    with torch.no_grad():
+        plain = compiled_half(False)(x, attn, *weights)
+        traced = []
+        real_views = split_k.split_views
+        monkeypatch.setattr(split_k, "split_views", lambda *a: traced.append(tuple(a[1].shape)) or real_views(*a))
+        split = compiled_half(True)(x, attn, *weights)
+        assert set(traced) == {(H, I), (H, D)}  # the down and output projections, nothing else
+        exact = m.attention_output_mlp(x.double(), attn.double(), *(w.double() for w in weights))
+        err = lambda y: (y.double() - exact).abs().max().item()  # noqa: E731
+        assert err(split) <= 2 * err(plain) + 1e-2, (err(split), err(plain))
+        # compiled again without the tracing hook (whose list dynamo guards), warmed up, then captured
+        monkeypatch.setattr(split_k, "split_views", real_views)
+        f = compiled_half(True)
+        for _ in range(2):
+            again = f(x, attn, *weights)
+        assert err(again) <= 2 * err(plain) + 1e-2, (err(again), err(plain))
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            out = f(x, attn, *weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, again, rtol=0, atol=0)

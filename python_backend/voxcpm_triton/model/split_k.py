@@ -5,11 +5,11 @@
 A decode step's output and down projections (LocDiT's [tokens, 1024] from K = 2048 and 4096, the LMs'
 [rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) the [176, 1024] output is 16 tiles
 of 128 x 128 for 132 SMs, each streaming 1 MB of weights. S slices make S times the tiles. Each partial
-product is rounded to the activation dtype (one GEMM rounds once; bf16 partials keep the batched
+product is rounded to bf16 (one GEMM rounds once; bf16 partials keep the batched
 GEMM and the sum plain for inductor), and the sum is taken by the kernel that adds the residual
 after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
 
-Only where it measured faster: CUDA, bf16/fp16, a plain weight (not FP8), no adapter op on the
+Only where it measured faster: CUDA, bf16 (fp16 halves could overflow where their sum does not), a plain weight (not FP8), no adapter op on the
 site (`LayerMath`), at most `MAX_TOKENS` rows, and only with VOXCPM_SPLIT_K=1 for now. Everywhere
 else (the CPU, fp32, prefills of long prompts) `linear` is the plain one. With the flag on, the row
 bound is a guard of the compiled layers: a call past it (a long prompt's prefill) compiles them again.
@@ -45,7 +45,7 @@ def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = SPLITS) -> torc
 def runs(x: torch.Tensor, w, splits: int = SPLITS) -> bool:
     """Whether `linear` splits this call."""
     return (ENABLED and isinstance(w, torch.Tensor) and x.is_cuda and x.dim() == 2 and x.dtype == w.dtype
-            and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] <= MAX_TOKENS
+            and x.dtype == torch.bfloat16 and x.shape[0] <= MAX_TOKENS
             and x.shape[1] % (splits * _MIN_SLICE) == 0 and x.stride(1) == 1 and x.stride(0) == x.shape[1])
 
 
