@@ -5,14 +5,15 @@
 A decode step's output and down projections (LocDiT's [tokens, 1024] from K = 2048 and 4096, the LMs'
 [rows, 2048]) make few output tiles: at LocDiT's 176 tokens (batch 8) the [176, 1024] output is 16 tiles
 of 128 x 128 for 132 SMs, each streaming 1 MB of weights. S slices make S times the tiles. Each partial
-product is rounded to bf16 (one GEMM rounds once; bf16 partials keep the batched
-GEMM and the sum plain for inductor), and the sum is taken by the kernel that adds the residual
-after it (inductor fuses the two). `benchmarks/kernel_split_k.py` measures it.
+product is rounded to bf16 (one GEMM rounds once; bf16 partials keep the batched GEMM and the sum
+plain for inductor), and the sum is taken by the kernel that adds the residual after it (inductor
+fuses the two). `benchmarks/kernel_split_k.py` measures it.
 
-Only where it measured faster: CUDA, bf16 (fp16 halves could overflow where their sum does not), a plain weight (not FP8), no adapter op on the
-site (`LayerMath`), at most `MAX_TOKENS` rows, and only with VOXCPM_SPLIT_K=1 for now. Everywhere
-else (the CPU, fp32, prefills of long prompts) `linear` is the plain one. With the flag on, the row
-bound is a guard of the compiled layers: a call past it (a long prompt's prefill) compiles them again.
+Only where it measured faster: CUDA, bf16 (an fp16 half could overflow where the sum does not), a
+plain weight (not FP8), no adapter op on the site (`LayerMath`), at most `MAX_TOKENS` rows, and only
+with VOXCPM_SPLIT_K=1 for now. Everywhere else (the CPU, fp16, fp32, prefills of long prompts)
+`linear` is the plain one. With the flag on, the row bound is a guard of the compiled layers: a call
+past it (a long prompt's prefill) compiles them again.
 """
 
 from __future__ import annotations
