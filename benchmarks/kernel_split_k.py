@@ -69,5 +69,6 @@ def main():
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
 
+
 if __name__ == "__main__":
     main()
