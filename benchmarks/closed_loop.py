@@ -35,10 +35,10 @@ thing changed:
   vae_rows_tf32x3  the VAE's residual units as before the thirty-fourth session: none channels-last
                 (`kernels.vae.unit_cl`), their pointwise products in three TF32 passes; a bank of its own
                 as vae_plain_units
-  split_k       the output and down projections split along K (`model.split_k`, VOXCPM_SPLIT_K=1): an
-                engine of its own in this process (the same weights, VAE and audio thread; its own KV
-                cache and graphs, captured with the split on: torch.compile traces its layers again), built
-                before the rounds; its rounds run with the split on, the others' with it off
+  no_split_k    the output and down projections as one GEMM each, not split along K (`model.split_k`,
+                VOXCPM_SPLIT_K=0): an engine of its own in this process (the same weights, VAE and audio
+                thread; its own KV cache and graphs, captured with the split off: torch.compile traces its
+                layers again), built before the rounds; its rounds run with the split off, the others' on
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -210,9 +210,9 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
 
 
 SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units",
-            "vae_rows_tf32x3", "split_k")
+            "vae_rows_tf32x3", "no_split_k")
 # settings that run on an engine of their own, built with these module flags set (and set for their rounds)
-ENGINE_FLAGS = {"split_k": ((split_k, "ENABLED", True),)}
+ENGINE_FLAGS = {"no_split_k": ((split_k, "ENABLED", False),)}
 # settings that decode on a VAE stream bank of their own, captured with these kernels.vae constants
 VAE_BANKS = {"vae_plain_units": {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9,
                                  "UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"},

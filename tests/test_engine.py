@@ -12,6 +12,7 @@ from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, 
 from voxcpm_triton.engine.request import prompt_block_hashes
 from voxcpm_triton.engine.step_runner import check_timestep_buckets
 from voxcpm_triton.checks import TIMESTEPS_RANGE
+from voxcpm_triton.model import split_k
 from voxcpm_triton.model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
 
 TOL = 1e-4
@@ -196,14 +197,19 @@ def test_first_audio_fences_a_first_wave_once_and_never_holds_back_a_playing_req
     assert sum(len(p) for rid, p, _ in seen if rid == "newcomer") == 4
 
 
-def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox):
+def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox, monkeypatch):
     """The GPU start-up's throwaway prefills (`Engine.WARM_UP_PACKS`: one prompt, packs of two and
-    three, lengths that are and are not a block) run here too: no block is taken, and a request
-    after them equals its offline run."""
+    three, lengths that are and are not a block; then one prompt past `split_k.MAX_TOKENS` rows, whose
+    K/V wrap round the scratch block) run here too: no block is taken, and a request after them equals
+    its offline run."""
     eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+    rows, real = [], eng.model.prefill
+    monkeypatch.setattr(eng.model, "prefill", lambda tok, *a, **k: rows.append(tok.shape[1]) or real(tok, *a, **k))
     try:
         with torch.no_grad():
             eng._warm_up_prefill()
+        monkeypatch.undo()
+        assert max(rows) == split_k.MAX_TOKENS + 1 <= eng.max_positions  # the compiled layers' unsplit branch
         assert eng.kv.allocator.free == eng.kv.allocator.total
         prompt = prompt_for(vox, "zero_shot", "After the warm-up.")
         got, fin = eng.submit(EngineRequest("w", prompt, seed=3, min_len=4, max_len=4)).result(timeout=TIMEOUT)

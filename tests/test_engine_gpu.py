@@ -544,3 +544,26 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
     for rid in specs:
         err = (merged[rid] - ops[rid]).abs().max().item()
         assert merged[rid].shape[0] == specs[rid]["max_len"] and err <= 1e-3, (rid, err)
+
+
+def test_a_prompt_past_the_split_bound_compiles_nothing_after_start_up(checkpoint_dirs, monkeypatch):
+    """bf16 and compiled, as served, with the split along K on: its row bound (`split_k.MAX_TOKENS`) is
+    a guard of the compiled layers, and the start-up's throwaway prefill past it compiles their
+    unsplit branch. A request whose prompt is that long then makes dynamo compile no graph, and
+    finishes. Pack graphs off: their capture (2048 positions) would compile that branch too."""
+    from torch._dynamo.utils import counters
+
+    from voxcpm_triton.model import split_k
+
+    monkeypatch.setattr(split_k, "ENABLED", True)
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
+    prompt = vox.prepare_prompt(" ".join(["word"] * 560))
+    assert split_k.MAX_TOKENS < len(prompt) < vox.cfg.max_length - 8, len(prompt)
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=2, prefill_pack_graphs=False))
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        got, fin = eng.submit(EngineRequest("long", prompt, seed=1, min_len=4, max_len=4)).result(timeout=TIMEOUT)
+    finally:
+        eng.shutdown()
+    assert fin.error is None and got.shape[0] == 4 and torch.isfinite(got).all()
+    assert counters["stats"]["unique_graphs"] == graphs

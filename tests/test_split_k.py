@@ -1,6 +1,7 @@
 """The output and down projections split along K (`voxcpm_triton.model.split_k`): the partial products
 summed equal the one GEMM, the strided views copy nothing, and the split runs only where it was
-measured (CUDA, bf16, plain weights, few rows, VOXCPM_SPLIT_K=1): elsewhere `linear` is the plain one."""
+measured (CUDA, bf16, plain weights, few rows; on unless VOXCPM_SPLIT_K=0): elsewhere `linear` is the
+plain one."""
 
 from __future__ import annotations
 
@@ -73,11 +74,11 @@ def test_runs_checks_rows_width_layout_and_dtype(monkeypatch):
     assert not split_k.runs(torch.randn(256, 8, dtype=bf).t().as_subclass(_Cuda), w)  # columns not contiguous
 
 
-@pytest.mark.parametrize("value,enabled", [(None, False), ("0", False), ("true", False), ("1", True)])
-def test_the_flag_is_off_unless_set_to_1(monkeypatch, value, enabled):
+@pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("0", False)])
+def test_the_flag_is_on_unless_set_to_0(monkeypatch, value, enabled):
     import importlib
 
-    was = split_k.ENABLED  # the session's own setting (a GPU run with VOXCPM_SPLIT_K=1) comes back after
+    was = split_k.ENABLED  # the session's own setting (a run with VOXCPM_SPLIT_K=0) comes back after
     if value is None:
         monkeypatch.delenv("VOXCPM_SPLIT_K", raising=False)
     else:

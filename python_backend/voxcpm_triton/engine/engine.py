@@ -42,6 +42,7 @@ from .lora_merging import LoraMerging
 from .loras import EngineLoras
 from ..model.lora import LoraBatch
 from ..model.lora_merge import MergedWeights
+from ..model import split_k
 from .cuda_graph import capture_graph
 from .host_copies import to_device
 from .prefill_packs import PACK_BUCKETS, PackedPrefillGraphs
@@ -579,28 +580,40 @@ class Engine:
     WARM_UP_PACKS = ((1.0,), (1.0, 1.0), (0.75,), (1.0, 0.875, 0.6875))
 
     def _warm_up_prefill(self):
-        """Throwaway eager prefills into the scratch block (every prompt of a pack writes the same
-        slots), of the `WARM_UP_PACKS` lengths, so that the compiled code and the kernels meet the
-        packed prefill path's shape classes at start-up, not in a request's first audio."""
+        """Throwaway eager prefills into the scratch block, of the `WARM_UP_PACKS` lengths, so that the
+        compiled code and the kernels meet the packed prefill path's shape classes at start-up, not in
+        a request's first audio; then one prompt past `split_k.MAX_TOKENS` rows (or as long as a
+        prompt can be), whose row count is a guard of the compiled layers: their unsplit branch
+        compiles here, not in the first long prompt's prefill."""
+        n = self.cfg.block_size
+        for pack in self.WARM_UP_PACKS:
+            self._throwaway_prefill([max(1, round(f * n)) for f in pack], after_prefix=True)
+        self._throwaway_prefill([min(self.max_positions, split_k.MAX_TOKENS + 1)], after_prefix=False)
+
+    def _throwaway_prefill(self, lens: list, after_prefix: bool):
+        """One packed prefill of prompts of `lens` positions (zeros) whose K/V all go to the scratch
+        block's slots (wrapping round it): from position 0, and with `after_prefix` (prompts of at most
+        a block) also as after a cached prefix (rows of the paged decode kernel on the GPU)."""
         dev, n = self.device, self.cfg.block_size
         P, D = self.vox.patch_size, self.vox.feat_dim
-        for pack in self.WARM_UP_PACKS:
-            lens = [max(1, round(f * n)) for f in pack]
-            starts = [0]
-            for L in lens:
-                starts.append(starts[-1] + L)
-            S = starts[-1]
-            slots = torch.cat([torch.arange(L, device=dev) for L in lens]) + PagedKVCache.SCRATCH_BLOCK * n
-            positions = torch.cat([torch.arange(L, device=dev) for L in lens])[None]
-            zeros = torch.zeros(1, S, dtype=torch.int64, device=dev)
+        starts = [0]
+        for L in lens:
+            starts.append(starts[-1] + L)
+        S = starts[-1]
+        offsets = torch.cat([torch.arange(L, device=dev) for L in lens])
+        slots = offsets % n + PagedKVCache.SCRATCH_BLOCK * n
+        positions = offsets[None]
+        zeros = torch.zeros(1, S, dtype=torch.int64, device=dev)
+        metas = [PrefillMetadata(slots, starts)]
+        if after_prefix:
             tables = torch.full((S, 1), PagedKVCache.SCRATCH_BLOCK, dtype=torch.int64, device=dev)
-            # from position 0, and as after a cached prefix (rows of the paged decode kernel on the GPU)
-            for meta in (PrefillMetadata(slots, starts), PrefillRowsMetadata(slots, tables, positions[0] + 1)):
-                self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, S, P, D, device=dev), positions,
-                                   torch.tensor(starts[1:], device=dev) - 1,
-                                   PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
-                                   PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
-                                   lora=self._prefill_lora(0))
+            metas.append(PrefillRowsMetadata(slots, tables, offsets + 1))
+        for meta in metas:
+            self.model.prefill(zeros, zeros + 1, zeros, torch.zeros(1, S, P, D, device=dev), positions,
+                               torch.tensor(starts[1:], device=dev) - 1,
+                               PagedAttention(self.kv.base_k, self.kv.base_v, meta, self.runner.use_triton),
+                               PagedAttention(self.kv.res_k, self.kv.res_v, meta, self.runner.use_triton),
+                               lora=self._prefill_lora(0))
 
     # -- decode: step N+1 is launched before step N's result is read, so the GPU does not wait
     # for the host's bookkeeping. A request that stops at step N has run one extra step

@@ -10,10 +10,11 @@ plain for inductor), and the sum is taken by the kernel that adds the residual a
 fuses the two). `benchmarks/kernel_split_k.py` measures it.
 
 Only where it measured faster: CUDA, bf16 (an fp16 half could overflow where the sum does not), a
-plain weight (not FP8), no adapter op on the site (`LayerMath`), at most `MAX_TOKENS` rows, and only
-with VOXCPM_SPLIT_K=1 for now. Everywhere else (the CPU, fp16, fp32, prefills of long prompts)
-`linear` is the plain one. With the flag on, the row bound is a guard of the compiled layers: a call
-past it (a long prompt's prefill) compiles them again.
+plain weight (not FP8), no adapter op on the site (`LayerMath`), at most `MAX_TOKENS` rows. Everywhere
+else (the CPU, fp16, fp32, prefills of long prompts) `linear` is the plain one. On by default;
+VOXCPM_SPLIT_K=0 turns it off. The row bound is a guard of the compiled layers: the engine's start-up
+prefills a prompt past it (`Engine._warm_up_prefill`), so that both branches are compiled before
+any request.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from ..kernels.fp8 import linear as plain_linear
 
-ENABLED = os.environ.get("VOXCPM_SPLIT_K", "0") == "1"  # experimental: off unless asked for
+ENABLED = os.environ.get("VOXCPM_SPLIT_K", "1") != "0"
 SPLITS = 2
 MAX_TOKENS = 1536  # LocDiT up to batch 64 (1408 tokens); past it the GEMM has tiles enough
 _MIN_SLICE = 64  # K per slice: a whole K tile

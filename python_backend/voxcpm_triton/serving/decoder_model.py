@@ -26,6 +26,7 @@ from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
 from ..engine.loras import LoraFull
 from ..engine.stream_audio import StreamAudio
+from ..model import split_k
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
 from . import bls_stream, placement, runtime
@@ -117,8 +118,9 @@ class DecoderModel:
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
         graphs = self.engine.capture_summary
         log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
-                    "(captured in %.1f s)", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device,
-                    self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"])
+                    "(captured in %.1f s) split_k=%s", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory,
+                    self.vox.device, self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"],
+                    "on" if split_k.ENABLED else "off")
 
     def _end_requests_when_stopping(self):
         """Triton 2.51 unloads the models only once every request has ended: at the server's stop
