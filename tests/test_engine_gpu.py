@@ -556,7 +556,7 @@ def test_a_prompt_past_the_split_bound_compiles_nothing_after_start_up(checkpoin
     from voxcpm_triton.model import split_k
 
     monkeypatch.setattr(split_k, "ENABLED", True)
-    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
+    vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16", compile=True)
     prompt = vox.prepare_prompt(" ".join(["word"] * 560))
     assert split_k.MAX_TOKENS < len(prompt) < vox.cfg.max_length - 8, len(prompt)
     eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=2, prefill_pack_graphs=False))
