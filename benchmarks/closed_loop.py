@@ -39,6 +39,8 @@ thing changed:
                 VOXCPM_SPLIT_K=0): an engine of its own in this process (the same weights, VAE and audio
                 thread; its own KV cache and graphs, captured with the split off: torch.compile traces its
                 layers again), built before the rounds; its rounds run with the split off, the others' on
+  split_k4      the same projections split into four slices of K, not two (`split_k.SPLITS`): an engine of
+                its own as no_split_k
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -210,9 +212,9 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
 
 
 SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units",
-            "vae_rows_tf32x3", "no_split_k")
+            "vae_rows_tf32x3", "no_split_k", "split_k4")
 # settings that run on an engine of their own, built with these module flags set (and set for their rounds)
-ENGINE_FLAGS = {"no_split_k": ((split_k, "ENABLED", False),)}
+ENGINE_FLAGS = {"no_split_k": ((split_k, "ENABLED", False),), "split_k4": ((split_k, "SPLITS", 4),)}
 # settings that decode on a VAE stream bank of their own, captured with these kernels.vae constants
 VAE_BANKS = {"vae_plain_units": {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9,
                                  "UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"},

@@ -39,13 +39,14 @@ def split_views(x: torch.Tensor, w: torch.Tensor, splits: int) -> tuple[torch.Te
     return x.view(M, splits, K // splits).transpose(0, 1), w.view(N, splits, K // splits).permute(1, 2, 0)
 
 
-def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = SPLITS) -> torch.Tensor:
+def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
     """x w^T as `splits` partial products summed (any device)."""
     return torch.bmm(*split_views(x, w, splits)).sum(0)
 
 
-def runs(x: torch.Tensor, w, splits: int = SPLITS) -> bool:
-    """Whether `linear` splits this call."""
+def runs(x: torch.Tensor, w) -> bool:
+    """Whether `linear` splits this call (into `SPLITS`, read at the call: a benchmark may change it)."""
+    splits = SPLITS
     return (ENABLED and isinstance(w, torch.Tensor) and x.is_cuda and x.dim() == 2 and x.dtype == w.dtype
             and x.dtype == torch.bfloat16 and x.shape[0] <= MAX_TOKENS
             and x.shape[1] % (splits * _MIN_SLICE) == 0 and x.stride(1) == 1 and x.stride(0) == x.shape[1])
@@ -53,4 +54,4 @@ def runs(x: torch.Tensor, w, splits: int = SPLITS) -> bool:
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     """x W^T: split along K where that runs faster (`runs`), else the plain (or FP8) linear."""
-    return split_matmul(x, w) if runs(x, w) else plain_linear(x, w)
+    return split_matmul(x, w, SPLITS) if runs(x, w) else plain_linear(x, w)
