@@ -9,6 +9,7 @@ import torch
 from tests.conftest import sine_wave
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+from voxcpm_triton.engine.kv_cache import PagedKVCache
 from voxcpm_triton.engine.request import prompt_block_hashes
 from voxcpm_triton.engine.step_runner import check_timestep_buckets
 from voxcpm_triton.checks import TIMESTEPS_RANGE
@@ -199,17 +200,24 @@ def test_first_audio_fences_a_first_wave_once_and_never_holds_back_a_playing_req
 
 def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox, monkeypatch):
     """The GPU start-up's throwaway prefills (`Engine.WARM_UP_PACKS`: one prompt, packs of two and
-    three, lengths that are and are not a block; then one prompt past `split_k.MAX_TOKENS` rows, whose
-    K/V wrap round the scratch block) run here too: no block is taken, and a request after them equals
-    its offline run."""
+    three, lengths that are and are not a block; then a pack past `split_k.MAX_TOKENS` rows, whose
+    K/V wrap round the scratch block) run here too: they write no other block and take none, and a
+    request after them equals its offline run."""
     eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
     rows, real = [], eng.model.prefill
     monkeypatch.setattr(eng.model, "prefill", lambda tok, *a, **k: rows.append(tok.shape[1]) or real(tok, *a, **k))
+    pools = (eng.kv.base_k, eng.kv.base_v, eng.kv.res_k, eng.kv.res_v)
+    scratch = PagedKVCache.SCRATCH_BLOCK
+    for pool in pools:
+        pool.fill_(7.0)
     try:
         with torch.no_grad():
             eng._warm_up_prefill()
         monkeypatch.undo()
-        assert max(rows) == split_k.MAX_TOKENS + 1 <= eng.max_positions  # the compiled layers' unsplit branch
+        assert max(rows) == split_k.MAX_TOKENS + 1  # the compiled layers' unsplit branch
+        for pool in pools:  # [layers, blocks, block_size, heads, dim]: only the scratch block written
+            others = torch.cat([pool[:, :scratch], pool[:, scratch + 1:]], dim=1)
+            assert (others == 7.0).all() and (pool[:, scratch] != 7.0).any()
         assert eng.kv.allocator.free == eng.kv.allocator.total
         prompt = prompt_for(vox, "zero_shot", "After the warm-up.")
         got, fin = eng.submit(EngineRequest("w", prompt, seed=3, min_len=4, max_len=4)).result(timeout=TIMEOUT)
@@ -217,6 +225,22 @@ def test_start_up_warm_up_prefills_touch_only_the_scratch_block(vox, monkeypatch
         assert_same(got, solo(vox, prompt, seed=3, min_len=4, max_len=4))
     finally:
         eng.shutdown()
+
+
+def test_the_warm_up_pack_past_the_split_bound_keeps_each_prompt_within_the_model_length(vox, monkeypatch):
+    """Where a prompt can be no longer than MAX_TOKENS, the start-up still passes the bound with a pack
+    of several (an eager pack's rows can), each no longer than the model's limit."""
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4))
+    seen, real = [], eng.model.prefill
+    monkeypatch.setattr(eng.model, "prefill", lambda tok, zeros, mask, feats, positions, *a, **k: seen.append(
+        (tok.shape[1], int(positions.max()) + 1)) or real(tok, zeros, mask, feats, positions, *a, **k))
+    eng.max_positions = 700
+    try:
+        with torch.no_grad():
+            eng._warm_up_prefill()
+    finally:
+        eng.shutdown()
+    assert seen[-1] == (split_k.MAX_TOKENS + 1, 700)
 
 
 def test_staggered_mixed_requests_each_equal_their_solo_run(vox):

@@ -582,19 +582,21 @@ class Engine:
     def _warm_up_prefill(self):
         """Throwaway eager prefills into the scratch block, of the `WARM_UP_PACKS` lengths, so that the
         compiled code and the kernels meet the packed prefill path's shape classes at start-up, not in
-        a request's first audio; then one prompt past `split_k.MAX_TOKENS` rows (or as long as a
-        prompt can be), whose row count is a guard of the compiled layers: their unsplit branch
-        compiles here, not in the first long prompt's prefill."""
+        a request's first audio; then a pack past `split_k.MAX_TOKENS` rows (prompts of at most
+        `max_positions`), whose row count is a guard of the compiled layers: their unsplit branch
+        compiles here, not in the first long prompt's (or eager pack's) prefill."""
         n = self.cfg.block_size
         for pack in self.WARM_UP_PACKS:
             self._throwaway_prefill([max(1, round(f * n)) for f in pack], after_prefix=True)
-        self._throwaway_prefill([min(self.max_positions, split_k.MAX_TOKENS + 1)], after_prefix=False)
+        whole, rest = divmod(split_k.MAX_TOKENS + 1, self.max_positions)
+        self._throwaway_prefill([self.max_positions] * whole + [rest] * (rest > 0), after_prefix=False)
 
     def _throwaway_prefill(self, lens: list, after_prefix: bool):
         """One packed prefill of prompts of `lens` positions (zeros) whose K/V all go to the scratch
         block's slots (wrapping round it): from position 0, and with `after_prefix` (prompts of at most
         a block) also as after a cached prefix (rows of the paged decode kernel on the GPU)."""
         dev, n = self.device, self.cfg.block_size
+        assert not after_prefix or max(lens) <= n, "a cached prefix's rows read one block table entry"
         P, D = self.vox.patch_size, self.vox.feat_dim
         starts = [0]
         for L in lens:
