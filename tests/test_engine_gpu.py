@@ -550,11 +550,15 @@ def test_a_prompt_past_the_split_bound_compiles_nothing_after_start_up(checkpoin
     """bf16 and compiled, as served, with the split along K on: its row bound (`split_k.MAX_TOKENS`) is
     a guard of the compiled layers, and the start-up's throwaway prefill past it compiles their
     unsplit branch. A request whose prompt is that long then makes dynamo compile no graph, and
-    finishes. Pack graphs off: their capture (2048 positions) would compile that branch too."""
+    finishes. Pack graphs off: their capture (2048 positions) would compile that branch too. At this
+    checkpoint's widths only the LMs' down projection (K = 128) splits; dynamo starts empty, so no
+    earlier test's compiled code stands in for the warm-up."""
     from torch._dynamo.utils import counters
 
-    from voxcpm_triton.model import split_k
+    from voxcpm_triton.model import minicpm, split_k
 
+    torch._dynamo.reset()
+    monkeypatch.setattr(minicpm.LayerMath, "_compiled", {})
     monkeypatch.setattr(split_k, "ENABLED", True)
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16", compile=True)
     prompt = vox.prepare_prompt(" ".join(["word"] * 560))

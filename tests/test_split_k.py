@@ -74,6 +74,19 @@ def test_runs_checks_rows_width_layout_and_dtype(monkeypatch):
     assert not split_k.runs(torch.randn(256, 8, dtype=bf).t().as_subclass(_Cuda), w)  # columns not contiguous
 
 
+def test_the_slice_count_is_read_at_each_call(monkeypatch):
+    """A benchmark sets `SPLITS` after import (closed_loop.py's split_k4): `runs` and `linear` follow it."""
+    monkeypatch.setattr(split_k, "ENABLED", True)
+    w = torch.randn(16, 384, dtype=torch.bfloat16)
+    assert split_k.runs(_on_cuda(8, 384), w)  # two slices of 192
+    monkeypatch.setattr(split_k, "SPLITS", 4)
+    assert not split_k.runs(_on_cuda(8, 384), w)  # four of 96: no whole 64-wide K tile each
+    seen = []
+    monkeypatch.setattr(split_k, "split_matmul", lambda x, w, s: seen.append(s))
+    split_k.linear(_on_cuda(8, 512), torch.randn(16, 512, dtype=torch.bfloat16))
+    assert seen == [4]
+
+
 @pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("0", False)])
 def test_the_flag_is_on_unless_set_to_0(monkeypatch, value, enabled):
     import importlib
