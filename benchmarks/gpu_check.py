@@ -29,6 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
+from voxcpm_triton.model import split_k  # noqa: E402
 from voxcpm_triton.model.local_modules import CfmSchedule  # noqa: E402
 from voxcpm_triton.model.noise import noise_for_steps  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
@@ -207,7 +208,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "gpu_check.json"))
     ap.add_argument("--only", choices=["decoder", "vae"], help="run one group of checks")
     args = ap.parse_args()
-    res = {"device": torch.cuda.get_device_name(0)}
+    res = {"device": torch.cuda.get_device_name(0), "split_k": split_k.ENABLED}  # VOXCPM_SPLIT_K, as served
     if args.only != "vae":
         res["teacher_forced"] = teacher_forced(args.checkpoint, args.steps)
         res["graph_vs_eager"] = graph_vs_eager(args.checkpoint, [1, 3, 5, 32, 64])

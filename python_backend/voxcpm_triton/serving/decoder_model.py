@@ -117,10 +117,11 @@ class DecoderModel:
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
         graphs = self.engine.capture_summary
-        log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d decode_graphs=%d "
-                    "(captured in %.1f s) split_k=%s", placement.instance_name(args), time.monotonic() - t0, t1 - t0, phases, memory,
-                    self.vox.device, self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"],
-                    "on" if split_k.ENABLED else "off")
+        log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d "
+                    "decode_graphs=%d (captured in %.1f s) split_k=%s", placement.instance_name(args),
+                    time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device, self.vox.dtype,
+                    self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"],
+                    "on" if split_k.ENABLED else "off")  # the VOXCPM_SPLIT_K flag (bf16 weights split)
 
     def _end_requests_when_stopping(self):
         """Triton 2.51 unloads the models only once every request has ended: at the server's stop
