@@ -47,7 +47,7 @@ def thirty_ninth_session(res) -> list[str]:
     }
     md = ["", "## Thirty-ninth session (2026-11-30, H200): the output and down projections split along K, on by "
           "default: 8 served streams past 150x", "",
-          "Five device calls (about 26 of 30 min). The thirty-seventh session's split along K (`model/split_k.py`: "
+          "Six device calls (about 28 of 30 min). The thirty-seventh session's split along K (`model/split_k.py`: "
           "each of the compiled layers' output and down projections as two batched GEMMs over halves of K, the "
           "partials' sum left to the residual add's kernel) ran in the engine for the first time, passed the GPU "
           "checks, and is now on by default (`VOXCPM_SPLIT_K=0` turns it off).", "",
@@ -62,7 +62,9 @@ def thirty_ninth_session(res) -> list[str]:
                   f"{med(b['xrt']) / med(a['xrt']):.3f}x | {med(a['ms']):.2f} / {med(b['ms']):.2f} | "
                   f"{a['ttfa_p50']:.1f} / {b['ttfa_p50']:.1f} |")
     md += ["", "**Served** (`SET=\"decoder.timestep_buckets=10,100\" LEVELS=8,64 REQUESTS=5 bash "
-           "benchmarks/run_served_gpu.sh` with `VOXCPM_SPLIT_K=0` and `1`, on 98188f6: the final code but for a test's fix and `split_k.SPLITS` read at each call; call 2 ran the plain "
+           "benchmarks/run_served_gpu.sh` with `VOXCPM_SPLIT_K=0` and `1`, on 98188f6: the final code but for "
+           "a test's fix, `split_k.SPLITS` read at each call and the warm-up pack's prompts bounded by the "
+           "model's length (the same rows); call 2 ran the plain "
            "server first, call 3 the split one; the decoder's ready line in the tritonserver log names the setting; "
            "`raw/served_{off,on}_call{2,3}_thirtyninth.{json.gz,log}`):", "",
            "| call | split | 8 streams x RT | 64 streams x RT | 64: TTFA p50 / p95 ms | 64: smooth | "
@@ -80,11 +82,13 @@ def thirty_ninth_session(res) -> list[str]:
            "closed loop's 1.05x. Both runs of the split server passed 150x at 8 streams, which no run had done "
            "(149.66x at best before); 64 streams made "
            f"{on_off[0]['x_real_time']:.2f}x and {on_off[1]['x_real_time']:.2f}x, short of 500x.",
-           f"- One stream of 320 at 64 in call 2's split run missed smooth playback ({100 * on_off[0]['smooth']:.2f}%), "
+           "- One stream of 320 at 64 in call 2's split run missed smooth playback "
+           f"({100 * on_off[0]['smooth']:.2f}%), "
            "so that run's burst capacity printed 8; call 3's split run and both plain runs were 100% smooth. The "
            "thirty-fifth session's runs of one code spread from 95.3% to 100% at 64 streams: one stream is within "
            "that, but it is a miss of the target in that run.",
-           "- **Numerics** (call 1, `VOXCPM_SPLIT_K=1 gpu_check.py --checkpoint /tmp/full --only decoder`, "
+           "- **Numerics** (call 1, `VOXCPM_SPLIT_K=1 gpu_check.py --checkpoint /tmp/full --only decoder`: the flag "
+           "is in the command only, `gpu_check.py` records it from now on; "
            f"`raw/gpu_check_split_k_thirtyninth.{{json,log}}`): bf16 with the split against fp32, teacher-forced over "
            f"50 steps, patch cosine min {tf['cosine_min']:.5f} (mean {tf['cosine_mean']:.5f}); the thirtieth "
            f"session's run without it on the same checkpoint {tf0['cosine_min']:.5f} ({tf0['cosine_mean']:.5f}). "
@@ -93,16 +97,19 @@ def thirty_ninth_session(res) -> list[str]:
            + " at batches " + ", ".join(gve) + " (thirtieth: "
            + ", ".join(f"{gve0[b]['compiled_vs_plain_cosine_min']:.5f}" for b in gve0)
            + "). The plain eager step splits too (bf16 on CUDA), so the teacher-forced figure is the one that "
-           "sees the split's rounding. `tests/test_split_k.py` on the GPU: 14 passed (`raw/gpu_tests_thirtyninth.txt`).",
+           "sees the split's rounding. `tests/test_split_k.py` on the GPU (73bd035's, whose GPU tests are unchanged "
+           "since): 14 passed (`raw/gpu_tests_thirtyninth.txt`).",
            "- **No compile while serving.** The row bound (1536) is a guard of the compiled layers. The engine's "
            "start-up now prefills one throwaway prompt of 1537 positions (its K/V wrapping round the scratch block), "
            "so that the layers' unsplit branch compiles there, not in the first long prompt's prefill. "
            "A new GPU test (`test_engine_gpu.py -k split_bound`: bf16, compiled, pack graphs off, a 1,681-position "
            "prompt after start-up) checks that dynamo compiles no graph. It passed (call 4), and failed with the "
-           "warm-up's long prompt deleted (two graphs compiled after start-up). Its first version (calls 2-3) built the model "
-           "without `compile=True`, so it could not fail: its mutation passed in call 3. "
-           "Start-up with the split: prefill warm-up and prefill graphs 7.1 and 15.1 s against 2.9 and 6.0 s "
-           "without (calls 3 and 2; the decoder's ready lines in `raw/gpu_tests_thirtyninth.txt`).",
+           "warm-up's long prompt deleted (two graphs compiled after start-up); on the final code, with dynamo reset "
+           "at its start, it and `tests/test_split_k.py` passed again (call 6: 15 passed). Its first version "
+           "(calls 2-3) built the model without `compile=True`, so it could not fail: its mutation passed in call 3. "
+           "Start-up, the decoder's prefill warm-up and prefill graph phases together: 7.1 s with the split and "
+           "2.9 s without in call 3 (compile cache warm for both), 15.1 and 6.0 s in call 2 (the plain server "
+           "first, on a cold cache); the ready lines are in `raw/gpu_tests_thirtyninth.txt`.",
            "- **Four slices instead of two** (call 5: `closed_loop.py ... --settings behind,split_k4`, new setting, "
            "`raw/closed_loop_split_k4_thirtyninth.{json,log}`): "
            f"{med(loop4[8]['split_k4']['xrt']) / med(loop4[8]['behind']['xrt']):.3f}x at 8 clients, "
@@ -115,8 +122,9 @@ def thirty_ninth_session(res) -> list[str]:
            f"{on_off[0]['x_real_time']:.2f}x and {on_off[1]['x_real_time']:.2f}x (500: missed, by 0.4-1.0%), TTFA p95 "
            f"{on_off[0]['ttfa_p95']:.0f} and {on_off[1]['ttfa_p95']:.0f} ms (300: met), smooth "
            f"{100 * on_off[0]['smooth']:.1f}% and {100 * on_off[1]['smooth']:.0f}%. Unchanged, not re-measured "
-           "(at one stream the split runs in the prefill only; the persistent layer kernels do the decode step): one stream "
-           "RTF 0.043 (0.025, missed), TTFA p50 22.4 ms (met), capacity 128 with Poisson arrivals (met). Served "
+           "(at one stream the split runs in the prefill only; the persistent layer kernels do the decode "
+           "step): one stream RTF 0.043 (0.025, missed), TTFA p50 22.4 ms (met), capacity 128 with Poisson "
+           "arrivals (met). Served "
            "over engine at 64 streams: not re-measured with the split (0.81 before; 0.85, missed).", "",
            "![thirty-ninth session: split along K, served and in process](results_thirty_ninth.png)", ""]
     _plot(served, loop2, loop4)
