@@ -13,8 +13,8 @@ Only where it measured faster: CUDA, bf16 (an fp16 half could overflow where the
 plain weight (not FP8), no adapter op on the site (`LayerMath`), at most `MAX_TOKENS` rows. Everywhere
 else (the CPU, fp16, fp32, prefills of long prompts) `linear` is the plain one. On by default;
 VOXCPM_SPLIT_K=0 turns it off. The row bound is a guard of the compiled layers: the engine's start-up
-prefills a prompt past it (`Engine._warm_up_prefill`), so that both branches are compiled before
-any request.
+prefills a throwaway pack past it (`Engine._warm_up_prefill`), so that both branches are compiled
+before any request.
 """
 
 from __future__ import annotations
