@@ -28,6 +28,11 @@ def served_row(lv) -> dict:
             "rows_per_step": lv["decoder_steps"]["rows_per_step"]}
 
 
+def served_ms_per_step(lv) -> float:
+    """A served level's wall time over the decoder's steps in it, ms (not a step's GPU time)."""
+    return 1000 * lv["wall_s"] / lv["decoder_steps"]["steps"]
+
+
 def served_xrt(name):
     """Aggregate x real time by concurrency, from a served run."""
     return {c: lv["x_real_time"] for c, lv in served_levels(name).items()}

@@ -5,7 +5,7 @@ import re
 import statistics
 
 from summary.plots import pyplot, save_panels
-from summary.raw import HERE, load, served_row
+from summary.raw import HERE, load, served_ms_per_step, served_row
 
 
 SERVERS_36 = ((2, "HEAD (b99e7df)", "served_thirtysixth_call2_before.json"),
@@ -34,9 +34,8 @@ def thirty_sixth_session(res) -> list[str]:
     servers = []
     for call, label, name in SERVERS_36:
         for lv in load(name)["levels"]:
-            row = served_row(lv)
-            servers.append({"call": call, "server": label, "streams": lv["concurrency"], **row,
-                            "ms_per_step": 1000 * lv["wall_s"] / row["steps"]})
+            servers.append({"call": call, "server": label, "streams": lv["concurrency"], **served_row(lv),
+                            "ms_per_step": served_ms_per_step(lv)})
     res["thirty_sixth"] = {"device": "NVIDIA H200", "closed_loop_rounds": rounds, "servers": servers}
     cl = lambda n, setting, key: [r[key] for r in rounds if r["clients"] == n and r["setting"] == setting]  # noqa: E731
     srv = lambda call, n, tag: next(x for x in servers  # noqa: E731

@@ -5,7 +5,7 @@ import re
 import statistics
 
 from summary.plots import pyplot, save_panels
-from summary.raw import HERE, load, served_row
+from summary.raw import HERE, load, served_ms_per_step, served_row
 
 
 _CLOSED_LOOP_37 = re.compile(r"\[closed-loop\] (\d+) clients, (\w+), round (\d+): ([\d.]+)x, request p50 [\d.]+ ms, "
@@ -33,9 +33,9 @@ def thirty_seventh_session(res) -> list[str]:
                        "ms_per_step": float(m[8]), "late": int(m[9])} for m in _CLOSED_LOOP_37.finditer(f.read())]
     served = []
     for lv in load("served_thirtyseventh.json")["levels"]:
-        row = served_row(lv)
-        served.append({"streams": lv["concurrency"], **row, "late_launches": lv["decoder_steps"]["late_launches"],
-                       "ms_per_step": 1000 * lv["wall_s"] / row["steps"]})
+        served.append({"streams": lv["concurrency"], **served_row(lv),
+                       "late_launches": lv["decoder_steps"]["late_launches"],
+                       "ms_per_step": served_ms_per_step(lv)})
     gated = load("kernel_gated_mlp_thirtyseventh.json")["shapes"]
     blas = load("kernel_blas_library_thirtyseventh.json")["us"]
     split_k = load("kernel_split_k_thirtyseventh.json")["us"]

@@ -2,20 +2,16 @@
 
 import statistics
 
-from summary.plots import paired_bars, pyplot, save_panels
-from summary.raw import load, served_row
+from summary.plots import paired_bars, save_panels, stream_panels
+from summary.raw import load, served_ms_per_step, served_row
 
-# (call, order in the call, split on?) -> raw served run; calls 2 and 3 ran the two servers in opposite orders
+# (call, split on or off) -> raw served run, in the order each call ran them (calls 2 and 3: opposite orders)
 SERVED_39 = {(2, "off"): "served_off_call2_thirtyninth.json", (2, "on"): "served_on_call2_thirtyninth.json",
              (3, "on"): "served_on_call3_thirtyninth.json", (3, "off"): "served_off_call3_thirtyninth.json"}
 
 
 def _served(name: str) -> dict:
-    out = {}
-    for lv in load(name)["levels"]:
-        row = served_row(lv)
-        out[lv["concurrency"]] = {**row, "ms_per_step": 1000 * lv["wall_s"] / row["steps"]}
-    return out
+    return {lv["concurrency"]: {**served_row(lv), "ms_per_step": served_ms_per_step(lv)} for lv in load(name)["levels"]}
 
 
 def _loop(name: str) -> dict:
@@ -132,8 +128,7 @@ def thirty_ninth_session(res) -> list[str]:
 
 
 def _plot(served, loop2, loop4):
-    plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = stream_panels()
     ticks = [f"{n} streams, call {c}" for n in (8, 64) for c in (2, 3)]
     paired_bars(a, ticks, [(label, color, [served[(c, key)][n]["x_real_time"] for n in (8, 64) for c in (2, 3)])
                            for label, color, key in (("one GEMM", "#999", "off"), ("split along K", "#286", "on"))],
