@@ -46,10 +46,9 @@ def split_matmul(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
 
 def runs(x: torch.Tensor, w) -> bool:
     """Whether `linear` splits this call (into `SPLITS`, read at the call: a benchmark may change it)."""
-    splits = SPLITS
     return (ENABLED and isinstance(w, torch.Tensor) and x.is_cuda and x.dim() == 2 and x.dtype == w.dtype
             and x.dtype == torch.bfloat16 and x.shape[0] <= MAX_TOKENS
-            and x.shape[1] % (splits * _MIN_SLICE) == 0 and x.stride(1) == 1 and x.stride(0) == x.shape[1])
+            and x.shape[1] % (SPLITS * _MIN_SLICE) == 0 and x.stride(1) == 1 and x.stride(0) == x.shape[1])
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
