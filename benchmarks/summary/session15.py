@@ -2,7 +2,7 @@
 
 import statistics
 
-from summary.plots import pyplot, save_panels
+from summary.plots import save_panels, stream_panels
 from summary.raw import load
 
 
@@ -140,9 +140,7 @@ def fifteenth_session(res) -> list[str]:
 
 
 def _plot_fifteenth(layers, prof):
-    plt = pyplot()
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = stream_panels()
     Ms = sorted(layers)
     names = (("compiled_torch", "compiled path"), ("fused_tuned", "five kernels"),
              ("persistent_attn1", "persistent kernel"), ("compiled_torch_l2_resident", "compiled, weights in L2"))

@@ -1,6 +1,6 @@
 """results.md: the sixteenth session's section, and results_sixteenth.png."""
 
-from summary.plots import pyplot, save_panels
+from summary.plots import save_panels, stream_panels
 from summary.raw import load, served_levels
 
 
@@ -134,8 +134,7 @@ def sixteenth_session(res) -> list[str]:
 
 
 def _plot_sixteenth(lm, loops):
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = stream_panels()
     rows = [r["rows"] for r in lm["rows"]]
     w = 0.38
     axes[0].bar([i - w / 2 for i in range(len(rows))], [r["compiled_us"] for r in lm["rows"]], w, label="compiled path")

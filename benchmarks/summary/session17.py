@@ -1,6 +1,6 @@
 """results.md: the seventeenth session's section, and results_seventeenth.png."""
 
-from summary.plots import pyplot, save_panels
+from summary.plots import save_panels, stream_panels
 from summary.raw import load, served_levels
 
 
@@ -123,8 +123,7 @@ def seventeenth_session(res) -> list[str]:
 
 
 def _plot_seventeenth(steps, pf, pre, ao):
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = stream_panels()
     rows = [("committed", pf[22]["persistent"]), ("prefetch\n1 piece", pf[22]["persistent_pf1_all"]),
             ("prefetch\n128 pieces", pf[22]["persistent_pf128_all"]), ("committed", pre[22]["persistent_pre0"]),
             ("preload\n16 KB", pre[22]["persistent"]), ("committed", ao[22]["persistent_no_att_o"]),

@@ -4,7 +4,7 @@ import os
 import re
 
 from bench_served import parse_metric_samples
-from summary.plots import paired_bars, pyplot, save_panels
+from summary.plots import paired_bars, save_panels, stream_panels
 from summary.raw import HERE, load, served_levels, set_served_headline
 
 
@@ -114,8 +114,7 @@ def twenty_sixth_session(res) -> list[str]:
 
 
 def _plot_twenty_sixth(r10, e8, e64, sw, before):
-    plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = stream_panels()
     paired_bars(a, ["8 streams", "64 streams"], [
         ("served, 10 requests per stream", "#286", [r10[8]["x_real_time"], r10[64]["x_real_time"]]),
         ("engine alone, same call", "#999", [e8, e64])], lambda v: f"{v:.0f}x")

@@ -3,7 +3,7 @@
 import os
 import re
 
-from summary.plots import paired_bars, pyplot, save_panels
+from summary.plots import paired_bars, save_panels, stream_panels
 from summary.raw import HERE, load, served_levels
 
 
@@ -91,8 +91,7 @@ def twenty_seventh_session(res) -> list[str]:
 
 
 def _plot_twenty_seventh(drain, server_s, base, c32, fp8):
-    plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = stream_panels()
     e, t = drain["ended_s"], drain["exit_timeout_s"]
     a.barh([1], [e["median"]], color="#286", label=f"{drain['streams']} streams running")
     a.barh([0], [server_s - e["median"]], left=[e["median"]], color="#999", label="models unloading")

@@ -4,7 +4,7 @@ import os
 import re
 import statistics
 
-from summary.plots import paired_bars, pyplot, save_panels
+from summary.plots import paired_bars, save_panels, stream_panels
 from summary.raw import HERE, load, served_levels
 
 
@@ -129,8 +129,7 @@ def twenty_eighth_session(res) -> list[str]:
 
 
 def _plot_twenty_eighth(layers, us, sps, ab):
-    plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = stream_panels()
     dit = sorted(m for m in layers if layers[m]["seq_len"] == 11)
     for v, style, label in (("compiled_torch", "ks-", "compiled path"), ("persistent", "o--", "kernel, 64-row tiles"),
                             ("persistent_rows128_w8", "D-", "kernel, 128-row tiles, 8 warps")):

@@ -4,7 +4,7 @@ import os
 import re
 import statistics
 
-from summary.plots import paired_bars, pyplot, save_panels
+from summary.plots import paired_bars, save_panels, stream_panels
 from summary.raw import HERE, load, ms_per_step_for, served_levels
 
 
@@ -169,8 +169,7 @@ def twenty_ninth_session(res) -> list[str]:
 
 
 def _plot_twenty_ninth(loop, ab, ratio):
-    plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = stream_panels()
     ticks = ["closed loop, 1", "closed loop, 8", "closed loop, 64", "served 8 (4, 5)", "served 64 (4, 5)"]
     paired_bars(a, ticks, [
         ("after the step (before)", "#999", [1.0] * 5),
