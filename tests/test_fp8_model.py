@@ -56,16 +56,24 @@ def teacher_forced_cosines(ref, q, steps: int) -> list[float]:
 
 
 @pytest.mark.parametrize("attention,steps", [("torch", 12), ("triton", 1)])
-def test_fp8_network_stays_close_to_bf16_step_after_step(checkpoint_dirs, attention, steps):
-    """Both attention paths: the Triton one takes the packed QKV projection (`normed_qkv`)."""
+def test_fp8_network_stays_close_to_bf16_step_after_step(checkpoint_dirs, attention, steps, monkeypatch):
+    """Both attention paths: the Triton one runs LocDiT's and LocEnc's layers in the persistent layer
+    kernel, with the e4m3 weights."""
     from voxcpm_triton.kernels import local_attention
+    from voxcpm_triton.kernels import persistent_layer as pl
 
     if attention == "triton" and not local_attention._INTERPRETED:
         pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (set where there is no GPU)")
+    kinds, layer = [], pl.layer
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: kinds.append(type(a[2])) or layer(*a, **k))
     ref, q = pair(checkpoint_dirs["real_shaped"], attention)
     cos = teacher_forced_cosines(ref, q, steps)
     assert min(cos) >= 0.95 and sorted(cos)[len(cos) // 2] >= 0.99, cos
     assert max(cos) < 1.0, "the FP8 weights were not used"
+    if attention == "triton":  # the bf16 model's layers, then the FP8 model's as many
+        assert kinds and kinds.count(FP8Weight) == kinds.count(torch.Tensor) == len(kinds) // 2, kinds
+    else:
+        assert not kinds
 
 
 def test_compiled_layer_math_takes_fp8_weights_in_one_graph_for_all_layers(checkpoint_dirs):

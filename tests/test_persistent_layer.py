@@ -18,6 +18,7 @@ require_module("triton", "requirements-test.txt")
 
 from tests.layer_helpers import DEV, EPS, layer_weights, rand, reference_layer, rope, tol  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from voxcpm_triton.kernels.fp8 import FP8Weight, quantize_weight  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 skip_unless_kernels_run(pl)
@@ -137,11 +138,64 @@ def test_runs_only_where_it_should():
     assert not pl.runs(torch.zeros(pl.MAX_TOKENS + 1, 128, device=DEV, dtype=dt), 11, heads, n, qkv, o, n, gu, d)
     assert not pl.runs(x, 65, heads, n, qkv, o, n, gu, d)  # past the attention's longest sequence
     assert not pl.runs(x, 11, heads, n, qkv, o, n, gu, d.float())  # a weight of another dtype
-    assert not pl.runs(x, 11, heads, n, qkv, o, n, gu, object())  # not a tensor (an e4m3 FP8Weight)
+    assert not pl.runs(x, 11, heads, n, qkv, o, n, gu, object())  # neither a tensor nor an FP8Weight
     assert not pl.runs(x[:, :24], 11, heads, n, qkv, o, n, gu, d[:24])  # no launch for hidden 24
     # fp32 runs on the GPU the PyTorch way, interpreted in tests
     f = [t.float() for t in (n, qkv, o, n, gu, d)]
     assert pl.runs(x.float(), 11, heads, *f) == (not CUDA)
+
+
+def test_runs_takes_e4m3_weights_all_four_or_none(monkeypatch):
+    dt = torch.bfloat16
+    x, n = torch.zeros(22, 128, device=DEV, dtype=dt), torch.zeros(128, device=DEV, dtype=dt)
+    w = [torch.randn(*s, device=DEV).to(dt) for s in ((256, 128), (128, 128), (512, 128), (128, 256))]
+    q = [quantize_weight(t) for t in w]
+    heads = (4, 2, 32)
+    assert pl.runs(x, 11, heads, n, q[0], q[1], n, q[2], q[3])
+    assert pl.runs(x[:3], 1, heads, n, q[0], q[1], n, q[2], q[3], paged=True)
+    assert not pl.runs(x, 11, heads, n, q[0], w[1], n, q[2], q[3])  # mixed
+    assert not pl.runs(x, 11, heads, n.float(), q[0], q[1], n, q[2], q[3])  # a norm of another dtype
+    assert not pl.runs(x, 11, heads, n, *(FP8Weight(t.data, t.scale, torch.float16) for t in q[:2]), n,
+                       q[2], q[3])  # scaled for other activations
+    monkeypatch.setattr(pl, "ENABLED_FP8", False)
+    assert not pl.runs(x, 11, heads, n, q[0], q[1], n, q[2], q[3])
+    assert pl.runs(x, 11, heads, n, *w[:2], n, *w[2:])
+    # K tiles of FP8_BLOCK_K (as many weight bytes as bf16's 128) where they divide: LocDiT's and the LM's
+    assert pl.launch_for(1024, 2048, 4096, fp8=True).block_k == pl.FP8_BLOCK_K == 256
+    assert pl.launch_for(2048, 2048, 6144, fp8=True) == pl.launch_for(2048, 2048, 6144)._replace(block_k=256)
+    assert pl.launch_for(128, 128, 256, fp8=True).block_k == 32
+
+
+def e4m3(weights):
+    """One layer's weights with its four projections in e4m3 (`kernels.fp8.quantize_weight`), and the
+    same weights dequantised (the reference's: the kernel must compute with exactly these values)."""
+    q = tuple(quantize_weight(w) if i in (1, 2, 4, 5) else w for i, w in enumerate(weights))
+    return q, tuple(w.dequantize() if isinstance(w, FP8Weight) else w for w in q)
+
+
+FP8_SHAPES = SHAPES[:2] + ([SHAPES[4], SHAPES[6], SHAPES[7]] if CUDA else [])  # GPU: LocDiT 22 / 88, LocEnc 10
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
+@pytest.mark.parametrize("B,S,H,Hq,Hkv,D,I", FP8_SHAPES)
+def test_e4m3_weights_give_the_dequantised_layer(B, S, H, Hq, Hkv, D, I, dtype):
+    """LocDiT/LocEnc's layer with its projections in e4m3, through the backend and the custom op as
+    the model calls it: the layer the dequantised weights make (fp32: to the accumulation order;
+    bf16: the dequantised weights' own rounding besides), chained as stacked layers are."""
+    weights, deq = e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=B * S + H + 1))
+    x = rand(B * S, H, g=torch.Generator().manual_seed(4), dtype=dtype)
+    cos, sin = rope(S, D)
+    ref = reference_layer(x, deq, cos, sin, B, S, (Hq, Hkv, D))
+    plain = reference_layer(x, layer_weights(H, Hq, Hkv, D, I, dtype, seed=B * S + H + 1), cos, sin, B, S, (Hq, Hkv, D))
+    assert (plain.float() - ref.float()).abs().max().item() > tol(dtype, ref) / 4  # e4m3 moves the layer
+    out, nxt = pl.fused_local_layers.layer(0, x, S, (cos, sin), (Hq, Hkv, D), *weights, EPS, next_norm=weights[3])
+    assert out.dtype == dtype and (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    want = reference_layer_norm(out, weights[3])
+    assert (nxt.float() - want.float()).abs().max().item() <= tol(dtype, want)
+    again, _ = pl.fused_local_layers.layer(0, x, S, (cos, sin), (Hq, Hkv, D), *weights, EPS,
+                                           h_in=reference_layer_norm(x, weights[0]))
+    assert (again.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    assert int(pl._sync(x.device).abs().sum()) == 0
 
 
 def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):
@@ -272,6 +326,21 @@ def reference_layer_norm(x, w):
     from voxcpm_triton.model.minicpm import rms_norm
 
     return rms_norm(x, w, EPS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
+@pytest.mark.parametrize("H,Hq,Hkv,D,I,bs,ctx", PAGED_SHAPES[:1] + PAGED_SHAPES[2:])
+def test_paged_layer_with_e4m3_weights(H, Hq, Hkv, D, I, bs, ctx, dtype):
+    """An LM decode layer with its projections in e4m3: output and cache as the PyTorch path with the
+    dequantised weights."""
+    weights, x, cos, sin, cache = paged_case(H, Hq, Hkv, D, I, bs, ctx, dtype, seed=len(ctx) + H + 1)
+    weights, deq = e4m3(weights)
+    ref, ref_k, ref_v = reference_paged_layer(x, deq, cos, sin, (Hq, Hkv, D), cache)
+    out = pl.layer(x, weights[0], weights[1], cos, sin, 1, (Hq, Hkv, D), *weights[2:], EPS,
+                   paged=pl.Paged(*cache, num_splits=4))
+    assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    for got, want in ((cache[0], ref_k), (cache[1], ref_v)):
+        assert (got.float() - want.float()).abs().max().item() <= tol(dtype, want)
 
 
 def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):

@@ -32,13 +32,22 @@ Same roundings as `model.minicpm.LayerMath` run eagerly: each GEMM's output roun
 activation dtype before it is used (split-K partials summed in fp32, in split order, then rounded),
 the norm as `rms_norm`, SiLU rounded before the product. Every work item covers all tokens.
 
+With e4m3 weights (`precision` fp8, `kernels.fp8.FP8Weight`) the kernel reads half the weight
+bytes. It multiplies in fp16: e4m3 widens to fp16 in one instruction per pair (to bf16 it takes
+several, which made the phases slower than bf16's), and a bf16 activation rounds to fp16 exactly
+within fp16's normal range (clamped to its finite one); each output column's fp32 sum is then
+scaled by its weight row's scale. The activations are not quantised (weight-only), where the
+compiled layers of larger batches quantise them per token (`kernels.fp8.fp8_linear`): at these few
+tokens a step is bound by its weight reads, not by the GEMMs' arithmetic.
+
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
 on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
 that offers it whole layers; `engine.attention.PagedAttention.layer` offers it an LM's decode-step
 layers (called directly: the LM's layer loop is not compiled). VOXCPM_FUSED_LOCAL_LAYERS=0 and
-VOXCPM_FUSED_LM_LAYERS=0 turn them off: do that where other kernels could hold SMs indefinitely
-(persistent kernels of two processes under CUDA MPS, or of two engines on two streams of one process).
+VOXCPM_FUSED_LM_LAYERS=0 turn them off (VOXCPM_FUSED_FP8_LAYERS=0: only those of e4m3
+weights): do that where other kernels could hold SMs indefinitely (persistent kernels of two
+processes under CUDA MPS, or of two engines on two streams of one process).
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ import torch
 from . import local_attention, paged_attention
 from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton
 from ._triton import next_pow2 as _next_pow2
+from .fp8 import FP8Weight
 
 MAX_TOKENS = 96  # every program holds all tokens' rows: LocDiT at batch bucket 4 (88) is the last it wins
 WIDE_TOKENS = 64  # past this, 8 warps to a program (benchmarks/kernel_fused_layer.py)
@@ -61,9 +71,11 @@ TIM_COLS, TIM_START, TIM_END = 18, 16, 17  # timings: per program, 2 per barrier
 ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
 MAX_ROWS = 16  # LM decode rows: batch buckets up to 16 (larger batches keep cuBLAS's GEMMs)
 ENABLED_LM = os.environ.get("VOXCPM_FUSED_LM_LAYERS", "1") != "0"
+ENABLED_FP8 = os.environ.get("VOXCPM_FUSED_FP8_LAYERS", "1") != "0"  # layers of e4m3 weights (precision fp8)
 
 if HAVE_TRITON:
     _TIM_COLS, _TIM_START, _TIM_END = tl.constexpr(TIM_COLS), tl.constexpr(TIM_START), tl.constexpr(TIM_END)
+    _FP16_MAX = tl.constexpr(65504.0)
 
     @triton.jit
     def _clock():
@@ -105,10 +117,11 @@ if HAVE_TRITON:
     @triton.jit
     def _k_loop(a_rows, w_rows, up_rows, m_mask, n_mask, K_LEN: tl.constexpr, GATED: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
         """fp32 sums over K_LEN columns of [BLOCK_M] activation rows times [BLOCK_N] weight rows (and,
         GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up). STAGES: shared
-        memory buffers of the loop's software pipeline (STAGES - 1 K tiles in flight)."""
+        memory buffers of the loop's software pipeline (STAGES - 1 K tiles in flight). W_FP8: e4m3
+        weights, multiplied in fp16 (see the module doc)."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in tl.range(0, K_LEN, BLOCK_K, num_stages=STAGES):
@@ -117,38 +130,48 @@ if HAVE_TRITON:
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
             if UPCAST:
                 a, w = a.to(tl.float32), w.to(tl.float32)
+            elif W_FP8:
+                a = tl.clamp(a.to(tl.float32), -_FP16_MAX, _FP16_MAX).to(tl.float16)
+                w = w.to(tl.float16)
             acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
             if GATED:
                 u = tl.load(up_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
                 if UPCAST:
                     u = u.to(tl.float32)
+                elif W_FP8:
+                    u = u.to(tl.float16)
                 acc_up += tl.dot(a, tl.trans(u), input_precision=PRECISION)
         return acc, acc_up
 
     @triton.jit
-    def _tile(a_ptr, w_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
+    def _tile(a_ptr, w_ptr, ws_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
         """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
-        then up rows, and out = silu(gate) * up, SiLU rounded before the product)."""
+        then up rows, and out = silu(gate) * up, SiLU rounded before the product). W_FP8: each column's
+        fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = n0 + tl.arange(0, BLOCK_N)
         m_mask, n_mask = rm < M, rn < N
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
         acc, acc_up = _k_loop(a_ptr + rm[:, None] * K, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED,
-                              BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION)
+                              BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8)
+        if W_FP8:
+            acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
+            if GATED:
+                acc_up = acc_up * tl.load(ws_ptr + N + rn, mask=n_mask, other=0.0)[None, :]
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
 
     @triton.jit
-    def _split_k(a_ptr, w_ptr, part_ptr, M, N, pid, P, K: tl.constexpr, SPLIT: tl.constexpr,
+    def _split_k(a_ptr, w_ptr, ws_ptr, part_ptr, M, N, pid, P, K: tl.constexpr, SPLIT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
         """A [M, K] x [K, N] product's (column tile, K split) items over programs, each to its split's
-        fp32 partials, part[split]."""
+        fp32 partials, part[split] (W_FP8: scaled as in `_tile`)."""
         n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         K_SPLIT: tl.constexpr = K // SPLIT
         rm = tl.arange(0, BLOCK_M)
@@ -159,7 +182,9 @@ if HAVE_TRITON:
             n_mask = rn < N
             acc, _ = _k_loop(a_ptr + rm[:, None] * K + split * K_SPLIT,
                              w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT, w_ptr, m_mask, n_mask,
-                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION)
+                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8)
+            if W_FP8:
+                acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
             tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
                      mask=m_mask[:, None] & n_mask[None, :])
 
@@ -186,7 +211,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _layer_kernel(
-        x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, out_ptr,
+        x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, qkv_s, o_s, gu_s, d_s, out_ptr,
         h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr, h2_ptr, nn_ptr, hn_ptr,
         kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
         M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
@@ -199,7 +224,7 @@ if HAVE_TRITON:
         BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
-        UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr,
+        UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
         tim = tim_ptr + pid * _TIM_COLS
@@ -214,8 +239,8 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, (1 - FIRST) * P, tim, 0 - FIRST, TIMING)
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
-                _tile(h_ptr, qkv_w, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K, ST_QKV,
-                      UPCAST, PRECISION)
+                _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
+                      ST_QKV, UPCAST, PRECISION, W_FP8)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
@@ -242,8 +267,8 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (4 - FIRST) * P, tim, 3 - FIRST, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # attn Wo^T, split K
-            _split_k(attn_ptr, o_w, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O, UPCAST,
-                     PRECISION)
+            _split_k(attn_ptr, o_w, o_s, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O,
+                     UPCAST, PRECISION, W_FP8)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
@@ -252,13 +277,13 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, (5 + MERGE - FIRST) * P, tim, 4 + MERGE - FIRST, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
-                _tile(h2_ptr, gu_w, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU, UPCAST,
-                      PRECISION)
+                _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
+                      UPCAST, PRECISION, W_FP8)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
-            _split_k(act_ptr, d_w, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D, UPCAST,
-                     PRECISION)
+            _split_k(act_ptr, d_w, d_s, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D,
+                     UPCAST, PRECISION, W_FP8)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (7 + MERGE - FIRST) * P, tim, 6 + MERGE - FIRST, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
@@ -313,13 +338,16 @@ class Launch(NamedTuple):
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
+FP8_BLOCK_K = 256  # e4m3 weights: a K tile moves as many weight bytes as bf16's 128
 
 
-def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool, elem: int = 2) -> int:
-    """Pipeline buffers for one GEMM's K loop of elem-byte elements: launch.stages (stages - 1 K tiles
-    in flight: a program has one or two tiles per phase, so a deep pipeline is what keeps its loads
-    from waiting on each other), fewer where the loop has fewer K tiles or shared memory is short."""
-    per_stage = elem * launch.block_k * (block_m + bn * (2 if gated else 1))
+def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool, elem: int = 2,
+            w_elem: int = 2) -> int:
+    """Pipeline buffers for one GEMM's K loop of elem-byte activations and w_elem-byte weights:
+    launch.stages (stages - 1 K tiles in flight: a program has one or two tiles per phase, so a deep
+    pipeline is what keeps its loads from waiting on each other), fewer where the loop has fewer K
+    tiles or shared memory is short."""
+    per_stage = launch.block_k * (elem * block_m + w_elem * bn * (2 if gated else 1))
     want = k_len // launch.block_k + 1
     if launch.stages:
         want = min(want, launch.stages)
@@ -331,17 +359,18 @@ def _smem(device: torch.device) -> int:
     return shared_memory(device) if device.type == "cuda" else 1 << 30
 
 
-def launch_for(H: int, HO: int, I: int, tokens: int = 1) -> Launch | None:
+def launch_for(H: int, HO: int, I: int, tokens: int = 1, fp8: bool = False) -> Launch | None:
     """The launch for a layer of hidden size H, attention width HO and FFN width I over `tokens`
     rows: the measured one (LocDiT/LocEnc's 1024 / 2048 / 4096: benchmarks/kernel_fused_layer.py;
     from hidden 2048 on, the LM's 2048 / 2048 / 6144, wider output, gate/up and down tiles:
     benchmarks/kernel_lm_layer.py; past WIDE_TOKENS, 8 warps for the 128-row tiles), with splits
-    and K tiles cut down until they divide other sizes; None if none does."""
+    and K tiles cut down until they divide other sizes; None if none does. fp8 (e4m3 weights): K
+    tiles of FP8_BLOCK_K where they divide."""
     split_o = next((s for s in (4, 2, 1) if HO % (16 * s) == 0), None)
     split_d = next((s for s in (4, 2, 1) if I % (16 * s) == 0), None)
     if split_o is None or split_d is None:
         return None
-    block_k = next((k for k in (128, 64, 32, 16) if H % k == 0 and HO % (split_o * k) == 0
+    block_k = next((k for k in (FP8_BLOCK_K if fp8 else 128, 128, 64, 32, 16) if H % k == 0 and HO % (split_o * k) == 0
                     and I % (split_d * k) == 0), None)
     if block_k is None:
         return None
@@ -361,6 +390,18 @@ class Paged(NamedTuple):
     num_splits: int | None = None  # context splits of the attention; None: `paged_attention.choose_num_splits`
 
 
+def _plain_weights(x, qkv_w, o_w, gate_up_w, down_w):
+    """The four projections' weight tensors, and their scales: None for plain weights of x's dtype, or
+    the fp32 [1, N] per-row scales of e4m3 `FP8Weight`s (all four of one kind)."""
+    ws = (qkv_w, o_w, gate_up_w, down_w)
+    if not any(isinstance(w, FP8Weight) for w in ws):
+        return (*ws, None)
+    assert all(isinstance(w, FP8Weight) and w.dtype == x.dtype and w.data.is_contiguous()
+               and w.scale.dtype == torch.float32 and w.scale.is_contiguous() for w in ws), \
+        "persistent_layer: e4m3 weights for all four projections or none, scales fp32, of the activations' dtype"
+    return (*(w.data for w in ws), tuple(w.scale for w in ws))
+
+
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
           eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None,
           programs: int | None = None, paged: Paged | None = None, h_in: torch.Tensor | None = None,
@@ -371,6 +412,9 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     [seq_len, head_dim] fp32 RoPE tables, or None.
     Paged: T decode rows (seq_len 1), each its request's new token, attending to its cache, where
     the layer writes its K/V (`Paged`); cos, sin: [T, head_dim], each row's position, or None.
+    qkv_w, o_w, gate_up_w, down_w: tensors of x's dtype, or all four e4m3 `kernels.fp8.FP8Weight`s
+    (weight-only: bf16 activations times the e4m3 weights, each output column's fp32 sum scaled by
+    its row's scale, then rounded as a plain weight's).
 
     launch: tiles and splits (`Launch`), by default `launch_for` the sizes. timings: an int64 CUDA
     tensor of [programs, TIM_COLS] that gets each program's start (TIM_START), end (TIM_END), and per
@@ -385,9 +429,10 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
     T, H = x.shape
+    qkv_w, o_w, gate_up_w, down_w, scales = _plain_weights(x, qkv_w, o_w, gate_up_w, down_w)
     I = down_w.size(1)
     HO = n_heads * head_dim
-    launch = launch or launch_for(H, HO, I, T)
+    launch = launch or launch_for(H, HO, I, T, fp8=scales is not None)
     assert launch is not None, f"no persistent_layer launch for hidden {H}, attention {HO}, FFN {I}"
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
     split_o, split_d = launch.splits
@@ -445,8 +490,8 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
                T * n_heads if splits > 1 else 1)
     upcast = _INTERPRETED or dt == torch.float32
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
-    elem = x.element_size()
-    stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated, elem)  # noqa: E731
+    elem, w_elem = x.element_size(), qkv_w.element_size()
+    stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated, elem, w_elem)  # noqa: E731
     common = dict(
         H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
         HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
@@ -455,10 +500,10 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         BLOCK_M=block_m, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BN_D=bn_d, SPLIT_O=split_o, SPLIT_D=split_d,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
-        TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None,
+        TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
         num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
-            out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, h2,
+            *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, h2,
             next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
             T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
     if programs is not None:
@@ -495,43 +540,58 @@ def phase_times(timings: torch.Tensor) -> tuple[list, list, float]:
 
 def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = False) -> bool:
     """Whether `layer` takes this call: enabled (local layers, or with paged, LM decode layers),
-    triton able to run here (on a GPU: 16-bit activations), few enough tokens, plain contiguous
-    weight tensors of the activations' dtype (not e4m3 `kernels.fp8.FP8Weight`s), and a launch for
-    the sizes whose GEMM pipelines fit this GPU's shared memory."""
+    triton able to run here (on a GPU: 16-bit activations), few enough tokens, contiguous norm weights
+    of the activations' dtype and projections all of that dtype too or all e4m3
+    (`kernels.fp8.FP8Weight`s for it), and a launch for the sizes whose GEMM pipelines fit this GPU's
+    shared memory."""
     n_heads, n_kv, head_dim = heads
+    norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w = weights
+    plain = lambda w: isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous()  # noqa: E731
+    e4m3 = lambda w: (isinstance(w, FP8Weight) and w.dtype == x.dtype and w.data.is_contiguous()  # noqa: E731
+                      and w.scale.dtype == torch.float32 and w.scale.is_contiguous())
+    mats = (qkv_w, o_w, gate_up_w, down_w)
+    fp8 = ENABLED_FP8 and all(e4m3(w) for w in mats)
     if not ((ENABLED_LM if paged else ENABLED) and HAVE_TRITON
             and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
             and x.size(0) <= (MAX_ROWS if paged else MAX_TOKENS)
             and (seq_len == 1 if paged else seq_len <= local_attention.MAX_SEQ)
-            and all(isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous() for w in weights)):
+            and plain(norm1_w) and plain(norm2_w) and (fp8 or all(plain(w) for w in mats))):
         return False
-    launch = launch_for(x.size(1), n_heads * head_dim, weights[-1].size(1), x.size(0))
-    return launch is not None and _fits(launch, _smem(x.device), max(16, _next_pow2(x.size(0))), x.element_size())
+    launch = launch_for(x.size(1), n_heads * head_dim, down_w.shape[1], x.size(0), fp8=fp8)
+    return launch is not None and _fits(launch, _smem(x.device), max(16, _next_pow2(x.size(0))), x.element_size(),
+                                        1 if fp8 else x.element_size())
 
 
-def _fits(launch: Launch, smem: int, block_m: int, elem: int) -> bool:
+def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int | None = None) -> bool:
     """Whether two pipeline buffers (the fewest `_stages` gives) of the widest GEMM tile fit in shared
     memory beside the reserve: on GPUs with less of it than an H100, a kernel that does not fit
     would fail at its first launch, so `runs` leaves such layers to the compiled path."""
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
-    return 2 * elem * launch.block_k * (block_m + max(bn_qkv, bn_o, 2 * bn_gu, bn_d)) + SMEM_RESERVE <= smem
+    widest = max(bn_qkv, bn_o, 2 * bn_gu, bn_d)
+    return 2 * launch.block_k * (elem * block_m + (w_elem or elem) * widest) + SMEM_RESERVE <= smem
 
 
 @torch.library.custom_op("voxcpm::local_layer", mutates_args=())
 def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, cos: torch.Tensor | None,
                    sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
                    o_w: torch.Tensor, norm2_w: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor,
-                   eps: float, h_in: torch.Tensor | None = None,
-                   next_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, the next layer's h_in; empty without next_norm)."""
-    res = layer(x, norm1_w, qkv_w, cos, sin, seq_len, (n_heads, n_kv, head_dim), o_w, norm2_w, gate_up_w,
-                down_w, eps, h_in=h_in, next_norm=next_norm)
+                   eps: float, h_in: torch.Tensor | None = None, next_norm: torch.Tensor | None = None,
+                   qkv_s: torch.Tensor | None = None, o_s: torch.Tensor | None = None,
+                   gate_up_s: torch.Tensor | None = None,
+                   down_s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, the next layer's h_in; empty without next_norm). qkv_s ... down_s: the projections'
+    e4m3 scales, whose weights are then their e4m3 data (all four or none)."""
+    mats = (qkv_w, o_w, gate_up_w, down_w)
+    if qkv_s is not None:
+        mats = tuple(FP8Weight(w, s, x.dtype) for w, s in zip(mats, (qkv_s, o_s, gate_up_s, down_s)))
+    res = layer(x, norm1_w, mats[0], cos, sin, seq_len, (n_heads, n_kv, head_dim), mats[1], norm2_w, *mats[2:],
+                eps, h_in=h_in, next_norm=next_norm)
     return res if next_norm is not None else (res, x.new_empty(0))
 
 
 @local_layer_op.register_fake
 def _(x, norm1_w, qkv_w, cos, sin, seq_len, n_heads, n_kv, head_dim, o_w, norm2_w, gate_up_w, down_w, eps, h_in=None,
-      next_norm=None):
+      next_norm=None, qkv_s=None, o_s=None, gate_up_s=None, down_s=None):
     return x.new_empty(x.shape), x.new_empty(x.shape if next_norm is not None else (0,))
 
 
@@ -547,8 +607,11 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
         if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
             return None
         cos, sin = rope if rope is not None else (None, None)
-        out, hn = local_layer_op(x, norm1_w, qkv_w, cos, sin, seq_len, *heads, o_w, norm2_w, gate_up_w, down_w, eps,
-                                 h_in, next_norm)
+        mats, scales = (qkv_w, o_w, gate_up_w, down_w), (None,) * 4
+        if isinstance(qkv_w, FP8Weight):  # the op takes tensors: e4m3 data and scales apart
+            mats, scales = tuple(w.data for w in mats), tuple(w.scale for w in mats)
+        out, hn = local_layer_op(x, norm1_w, mats[0], cos, sin, seq_len, *heads, mats[1], norm2_w, *mats[2:], eps,
+                                 h_in, next_norm, *scales)
         return out, (hn if next_norm is not None else None)
 
 

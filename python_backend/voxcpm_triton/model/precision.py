@@ -6,7 +6,9 @@ output, fused gate/up and down projections (base LM, residual LM, LocEnc, LocDiT
 projections around them (LocDiT's input, condition, time and output projections, LocEnc's input
 projection, the bridges between the LMs and the local modules). The code that runs them does not
 change: the layer math calls `kernels.fp8.linear`, which dispatches on the weight it is given, and
-a projection module becomes an `FP8Linear` with the same call. The AudioVAE is not touched.
+a projection module becomes an `FP8Linear` with the same call. A layer of a few tokens (LocDiT and
+LocEnc at small batches, the LMs' decode rows up to 16) runs in `kernels.persistent_layer` with the
+same e4m3 weights, its activations not quantised there. The AudioVAE is not touched.
 
 Kept in the model dtype: the stop head and the FSQ bottleneck, whose outputs go through an argmax
 or a rounding (a small error there becomes a discrete one: a different length, a different
