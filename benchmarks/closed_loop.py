@@ -41,6 +41,9 @@ thing changed:
                 layers again), built before the rounds; its rounds run with the split off, the others' on
   split_k4      the same projections split into four slices of K, not two (`split_k.SPLITS`): an engine of
                 its own as no_split_k
+  no_fused_fp8  with `--precision fp8`: layers of e4m3 weights left to the compiled path at every batch,
+                not the persistent layer kernel at its few tokens (`persistent_layer.ENABLED_FP8`,
+                VOXCPM_FUSED_FP8_LAYERS=0): an engine of its own as no_split_k
 Per round: aggregate x real time, per-request time (submit to its audio's end) and first audio
 (submit to the first audio chunk; p50 and nearest-rank p95 over the round's requests), the
 round's wall time over the engine steps launched in it (prefills, fences and partial batches
@@ -54,6 +57,8 @@ torch.profiler, summarized by `gpu_timeline.py` (the engine's stream and the aud
 both, neither, the gaps in each); the trace itself is not kept.
 
     python3 benchmarks/closed_loop.py --checkpoint /tmp/full --clients 1,8,64 --out $OUT/closed_loop.json
+    python3 benchmarks/closed_loop.py --checkpoint /tmp/full --precision fp8 --clients 1,8 --max-batch 8 \
+        --settings behind,no_fused_fp8 --out $OUT/closed_loop_fp8.json
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
 from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
 from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
+from voxcpm_triton.kernels import persistent_layer  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.model import split_k  # noqa: E402
 from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
@@ -212,9 +218,10 @@ def apply_setting(name: str, eng: Engine, audio: StreamAudio, streams: dict) -> 
 
 
 SETTINGS = ("behind", "after", "no_fence", "audio_normal", "vae_off", "fast_switch", "long_pieces", "vae_plain_units",
-            "vae_rows_tf32x3", "no_split_k", "split_k4")
+            "vae_rows_tf32x3", "no_split_k", "split_k4", "no_fused_fp8")
 # settings that run on an engine of their own, built with these module flags set (and set for their rounds)
-ENGINE_FLAGS = {"no_split_k": ((split_k, "ENABLED", False),), "split_k4": ((split_k, "SPLITS", 4),)}
+ENGINE_FLAGS = {"no_split_k": ((split_k, "ENABLED", False),), "split_k4": ((split_k, "SPLITS", 4),),
+                "no_fused_fp8": ((persistent_layer, "ENABLED_FP8", False),)}
 # settings that decode on a VAE stream bank of their own, captured with these kernels.vae constants
 VAE_BANKS = {"vae_plain_units": {"SNAKE_ON_LOAD_WIDE": False, "SNAKE_ON_LOAD_UP_TO": 0, "ROW_ALIGN_FROM": 10**9,
                                  "UNIT_CL_CHANNELS": (), "UNIT_DOT_PRECISION": "tf32x3"},
@@ -249,6 +256,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--timestep-buckets", default="10,100")
+    ap.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="linear weights (model.precision)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs: "
                     "behind and after run the same eager prefills; no trace)")
     ap.add_argument("--out")
@@ -262,7 +270,7 @@ def main():
     t0 = time.monotonic()
     vae = decoding_vae(a.checkpoint, dev, triton_kernels=True, compile=True)[1]
     vox = VoxCPM2.from_pretrained(a.checkpoint, device=a.device, vae=vae, compile=gpu,
-                                  dtype=None if gpu else "float32")
+                                  dtype=None if gpu else "float32", precision=a.precision)
     audio = StreamAudio(vox.vae, vox.patch_size, 2 * a.max_batch, cuda_graphs=gpu, graph_patches=SCHEDULE,
                         on_failure=lambda key, error: [e.cancel(key[0]) for e in (eng, *engines.values())])
     streams = {"highest": audio.cuda_stream, "normal": torch.cuda.Stream(dev) if gpu else None}
@@ -277,7 +285,7 @@ def main():
     engines = {}  # setting -> its own engine (ENGINE_FLAGS), built in the try below: its finally ends them
     prompt = vox.prepare_prompt(TEXT)
     audio_s = a.steps * vox.patch_seconds
-    res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": a.steps, "requests_per_client": a.requests,
+    res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "precision": a.precision, "steps": a.steps, "requests_per_client": a.requests,
            "rounds": a.rounds, "settings": settings, "prompt_positions": len(prompt), "levels": {}, "traces": {}}
 
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:

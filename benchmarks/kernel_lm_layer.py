@@ -10,6 +10,11 @@ The LM's 28 layers run in a row, each with its own weights (2.6 GB: the L2 cache
 every row at a context of CONTEXT tokens over the engine's table width:
 
     python3 benchmarks/kernel_lm_layer.py --out $OUT/kernel_lm_layer.json
+    python3 benchmarks/kernel_lm_layer.py --fp8 --sweep 1 --variants default --out $OUT/kernel_lm_layer_fp8.json
+
+--fp8: the four projections' weights in e4m3 (`precision` fp8): the compiled path quantises the
+activations per token (`kernels.fp8.fp8_linear`), the persistent kernel widens the weights in
+registers; the sweep's `default` is then the bf16 launch (K tiles of 128 instead of FP8_BLOCK_K).
 
 Microseconds per layer, median of replays of a CUDA graph of the 28.
 """
@@ -29,6 +34,7 @@ from kernel_fused_layer import phase_summary  # noqa: E402
 from kernel_skinny_gemm import time_calls  # noqa: E402
 from voxcpm_triton.engine.attention import DecodeMetadata, PagedAttention  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from voxcpm_triton.kernels.fp8 import quantize_weight  # noqa: E402
 from voxcpm_triton.model.minicpm import LayerMath  # noqa: E402
 
 H, HQ, HKV, D, I, EPS = 2048, 16, 2, 128, 6144, 1e-5
@@ -85,15 +91,18 @@ def main():
     ap.add_argument("--out", default="kernel_lm_layer.json")
     ap.add_argument("--variants", default="", help="only these of VARIANTS (names, comma-separated)")
     ap.add_argument("--sweep", default="", help="rows (of --rows) at which to time the launch variants too")
+    ap.add_argument("--fp8", action="store_true", help="the projections' weights in e4m3")
     args = ap.parse_args()
     sweep_rows = {int(r) for r in args.sweep.split(",") if r}
     ONLY.update(v for v in args.variants.split(",") if v)
     dev = torch.device("cuda")
     t0 = time.time()
     layers = [weights(dev, s) for s in range(DEPTH)]
+    if args.fp8:
+        layers = [[quantize_weight(w) if i in (1, 2, 4, 5) else w for i, w in enumerate(ws)] for ws in layers]
     math_c = LayerMath(HQ, HKV, D, EPS, None).compiled()
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "context": args.context, "rows": []}
+           "context": args.context, "fp8": args.fp8, "rows": []}
     for rows in (int(r) for r in args.rows.split(",")):
         backend, rope = case(dev, rows, args.context)
         x = torch.randn(rows, H, device=dev).to(torch.bfloat16)
