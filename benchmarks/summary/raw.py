@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
@@ -55,6 +56,16 @@ def set_served_headline(res, burst: dict, cap: dict, source: str):
                 "capacity_streams": cap, "single_stream_rtf_triton": burst[1]["rtf"]["p50"],
                 "ttfa_ms_p50": burst[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": burst[1]["ttfa_ms"]["p95"],
                 "served_headline_source": source})
+
+
+def closed_loop_rounds(name: str) -> dict:
+    """closed_loop.py's JSON -> {clients: {setting: {"xrt": [x real time per round], "ms": [ms per engine
+    step per round], "ttfa_p50": the rounds' median first audio p50}}}."""
+    levels = load(name)["levels"]
+    return {int(n): {s: {"xrt": [r["x_real_time"] for r in v["rounds"]],
+                         "ms": [r["ms_per_engine_step"] for r in v["rounds"]],
+                         "ttfa_p50": statistics.median(r["first_audio_ms_p50"] for r in v["rounds"])}
+                     for s, v in lv.items() if isinstance(v, dict)} for n, lv in levels.items()}
 
 
 def ms_per_step_for(level: dict, target: float) -> float:

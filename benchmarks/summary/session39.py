@@ -3,7 +3,7 @@
 import statistics
 
 from summary.plots import paired_bars, save_panels, stream_panels
-from summary.raw import load, served_ms_per_step, served_row
+from summary.raw import closed_loop_rounds, load, served_ms_per_step, served_row
 
 # (call, split on or off) -> raw served run, in the order each call ran them (calls 2 and 3: opposite orders)
 SERVED_39 = {(2, "off"): "served_off_call2_thirtyninth.json", (2, "on"): "served_on_call2_thirtyninth.json",
@@ -14,21 +14,13 @@ def _served(name: str) -> dict:
     return {lv["concurrency"]: {**served_row(lv), "ms_per_step": served_ms_per_step(lv)} for lv in load(name)["levels"]}
 
 
-def _loop(name: str) -> dict:
-    """closed_loop.py's JSON -> {clients: {setting: [x real time per round], ...}, and ms per step}."""
-    levels = load(name)["levels"]
-    return {int(n): {s: {"xrt": [r["x_real_time"] for r in v["rounds"]],
-                         "ms": [r["ms_per_engine_step"] for r in v["rounds"]],
-                         "ttfa_p50": statistics.median(r["first_audio_ms_p50"] for r in v["rounds"])}
-                     for s, v in lv.items() if isinstance(v, dict)} for n, lv in levels.items()}
-
-
 def thirty_ninth_session(res) -> list[str]:
     """2026-11-30 (issue 17): the output and down projections split along K, measured in the engine (closed
     loop), checked (gpu_check.py) and served A/B in two orders; on by default. Sets res["thirty_ninth"],
     returns the markdown, draws results_thirty_ninth.png."""
     served = {k: _served(v) for k, v in SERVED_39.items()}
-    loop2, loop4 = _loop("closed_loop_split_k_thirtyninth.json"), _loop("closed_loop_split_k4_thirtyninth.json")
+    loop2, loop4 = (closed_loop_rounds("closed_loop_split_k_thirtyninth.json"),
+                    closed_loop_rounds("closed_loop_split_k4_thirtyninth.json"))
     chk = load("gpu_check_split_k_thirtyninth.json")
     before = load("gpu_check_thirtieth.json")
     med = statistics.median
