@@ -101,7 +101,7 @@ def main():
         from voxcpm_triton.kernels import persistent_layer as pl
         changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
         chosen = pl.launch_for
-        pl.launch_for = lambda *a: (lambda L: L and L._replace(**changes))(chosen(*a))
+        pl.launch_for = lambda *a, **k: (lambda L: L and L._replace(**changes))(chosen(*a, **k))
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)

@@ -62,7 +62,7 @@ import torch
 from . import local_attention, paged_attention
 from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton
 from ._triton import next_pow2 as _next_pow2
-from .fp8 import FP8Weight
+from .fp8 import FP8, FP8Weight
 
 MAX_TOKENS = 96  # every program holds all tokens' rows: LocDiT at batch bucket 4 (88) is the last it wins
 WIDE_TOKENS = 64  # past this, 8 warps to a program (benchmarks/kernel_fused_layer.py)
@@ -338,11 +338,11 @@ class Launch(NamedTuple):
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
-FP8_BLOCK_K = 256  # e4m3 weights: a K tile moves as many weight bytes as bf16's 128
+FP8_BLOCK_K = 256  # e4m3 weights: as many weight bytes per K tile as bf16's 128 (the bf16 launch where it does not fit)
 
 
-def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool, elem: int = 2,
-            w_elem: int = 2) -> int:
+def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated: bool, elem: int,
+            w_elem: int) -> int:
     """Pipeline buffers for one GEMM's K loop of elem-byte activations and w_elem-byte weights:
     launch.stages (stages - 1 K tiles in flight: a program has one or two tiles per phase, so a deep
     pipeline is what keeps its loads from waiting on each other), fewer where the loop has fewer K
@@ -390,16 +390,34 @@ class Paged(NamedTuple):
     num_splits: int | None = None  # context splits of the attention; None: `paged_attention.choose_num_splits`
 
 
-def _plain_weights(x, qkv_w, o_w, gate_up_w, down_w):
-    """The four projections' weight tensors, and their scales: None for plain weights of x's dtype, or
-    the fp32 [1, N] per-row scales of e4m3 `FP8Weight`s (all four of one kind)."""
+def _e4m3(w, dtype: torch.dtype) -> bool:
+    """Whether w is an `FP8Weight` the kernel takes for activations of `dtype`: contiguous e4m3 data
+    and one fp32 scale per row."""
+    return (isinstance(w, FP8Weight) and w.dtype == dtype and w.data.dtype == FP8 and w.data.is_contiguous()
+            and w.scale.dtype == torch.float32 and w.scale.is_contiguous() and w.scale.numel() == w.data.size(0))
+
+
+def _unwrap_weights(x, qkv_w, o_w, gate_up_w, down_w):
+    """The four projections' weight tensors, and their scales: None for plain weights, or the fp32
+    [1, N] per-row scales of e4m3 `FP8Weight`s (all four of one kind)."""
     ws = (qkv_w, o_w, gate_up_w, down_w)
     if not any(isinstance(w, FP8Weight) for w in ws):
         return (*ws, None)
-    assert all(isinstance(w, FP8Weight) and w.dtype == x.dtype and w.data.is_contiguous()
-               and w.scale.dtype == torch.float32 and w.scale.is_contiguous() for w in ws), \
-        "persistent_layer: e4m3 weights for all four projections or none, scales fp32, of the activations' dtype"
+    assert all(_e4m3(w, x.dtype) for w in ws), \
+        "persistent_layer: e4m3 weights for all four projections or none, scaled for the activations' dtype"
     return (*(w.data for w in ws), tuple(w.scale for w in ws))
+
+
+def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, elem: int,
+                  fp8: bool = False) -> Launch | None:
+    """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
+    fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None."""
+    block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
+    for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
+            (launch_for(H, HO, I, tokens),):
+        if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
+            return launch
+    return None
 
 
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
@@ -416,7 +434,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     (weight-only: bf16 activations times the e4m3 weights, each output column's fp32 sum scaled by
     its row's scale, then rounded as a plain weight's).
 
-    launch: tiles and splits (`Launch`), by default `launch_for` the sizes. timings: an int64 CUDA
+    launch: tiles and splits (`Launch`), by default `choose_launch`'s for the sizes. timings: an int64 CUDA
     tensor of [programs, TIM_COLS] that gets each program's start (TIM_START), end (TIM_END), and per
     barrier k its arrival (2k) and exit (2k + 1), in ns of the GPU's global timer
     (benchmarks/kernel_fused_layer.py). programs: fewer programs than work items (tests: each program
@@ -429,10 +447,10 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
     T, H = x.shape
-    qkv_w, o_w, gate_up_w, down_w, scales = _plain_weights(x, qkv_w, o_w, gate_up_w, down_w)
+    qkv_w, o_w, gate_up_w, down_w, scales = _unwrap_weights(x, qkv_w, o_w, gate_up_w, down_w)
     I = down_w.size(1)
     HO = n_heads * head_dim
-    launch = launch or launch_for(H, HO, I, T, fp8=scales is not None)
+    launch = launch or choose_launch(H, HO, I, T, x.device, x.element_size(), fp8=scales is not None)
     assert launch is not None, f"no persistent_layer launch for hidden {H}, attention {HO}, FFN {I}"
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
     split_o, split_d = launch.splits
@@ -503,8 +521,8 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
         num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
-            *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev), timings if timings is not None else x, h2,
-            next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
+            *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
+            timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
             T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
     if programs is not None:
         assert 1 <= programs, programs
@@ -547,28 +565,25 @@ def runs(x: torch.Tensor, seq_len: int, heads: tuple, *weights, paged: bool = Fa
     n_heads, n_kv, head_dim = heads
     norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w = weights
     plain = lambda w: isinstance(w, torch.Tensor) and w.dtype == x.dtype and w.is_contiguous()  # noqa: E731
-    e4m3 = lambda w: (isinstance(w, FP8Weight) and w.dtype == x.dtype and w.data.is_contiguous()  # noqa: E731
-                      and w.scale.dtype == torch.float32 and w.scale.is_contiguous())
     mats = (qkv_w, o_w, gate_up_w, down_w)
-    fp8 = ENABLED_FP8 and all(e4m3(w) for w in mats)
+    fp8 = ENABLED_FP8 and all(_e4m3(w, x.dtype) for w in mats)
     if not ((ENABLED_LM if paged else ENABLED) and HAVE_TRITON
             and (_INTERPRETED or x.is_cuda and x.element_size() == 2)
             and x.size(0) <= (MAX_ROWS if paged else MAX_TOKENS)
             and (seq_len == 1 if paged else seq_len <= local_attention.MAX_SEQ)
             and plain(norm1_w) and plain(norm2_w) and (fp8 or all(plain(w) for w in mats))):
         return False
-    launch = launch_for(x.size(1), n_heads * head_dim, down_w.shape[1], x.size(0), fp8=fp8)
-    return launch is not None and _fits(launch, _smem(x.device), max(16, _next_pow2(x.size(0))), x.element_size(),
-                                        1 if fp8 else x.element_size())
+    return choose_launch(x.size(1), n_heads * head_dim, down_w.shape[1], x.size(0), x.device, x.element_size(),
+                         fp8) is not None
 
 
-def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int | None = None) -> bool:
+def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int) -> bool:
     """Whether two pipeline buffers (the fewest `_stages` gives) of the widest GEMM tile fit in shared
     memory beside the reserve: on GPUs with less of it than an H100, a kernel that does not fit
     would fail at its first launch, so `runs` leaves such layers to the compiled path."""
     bn_qkv, bn_o, bn_gu, bn_d = launch.blocks
     widest = max(bn_qkv, bn_o, 2 * bn_gu, bn_d)
-    return 2 * launch.block_k * (elem * block_m + (w_elem or elem) * widest) + SMEM_RESERVE <= smem
+    return 2 * launch.block_k * (elem * block_m + w_elem * widest) + SMEM_RESERVE <= smem
 
 
 @torch.library.custom_op("voxcpm::local_layer", mutates_args=())
@@ -581,9 +596,10 @@ def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, 
                    down_s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, the next layer's h_in; empty without next_norm). qkv_s ... down_s: the projections'
     e4m3 scales, whose weights are then their e4m3 data (all four or none)."""
-    mats = (qkv_w, o_w, gate_up_w, down_w)
+    mats, scales = (qkv_w, o_w, gate_up_w, down_w), (qkv_s, o_s, gate_up_s, down_s)
+    assert all(s is None for s in scales) or all(s is not None for s in scales), "scales: all four or none"
     if qkv_s is not None:
-        mats = tuple(FP8Weight(w, s, x.dtype) for w, s in zip(mats, (qkv_s, o_s, gate_up_s, down_s)))
+        mats = tuple(FP8Weight(w, s, x.dtype) for w, s in zip(mats, scales))
     res = layer(x, norm1_w, mats[0], cos, sin, seq_len, (n_heads, n_kv, head_dim), mats[1], norm2_w, *mats[2:],
                 eps, h_in=h_in, next_norm=next_norm)
     return res if next_norm is not None else (res, x.new_empty(0))
