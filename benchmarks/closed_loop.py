@@ -265,6 +265,8 @@ def main():
     for name in settings:
         if name not in SETTINGS and not (name.startswith("green") and name[len("green"):].isdigit()):
             raise SystemExit(f"unknown setting {name!r}: one of {', '.join(SETTINGS)}, green<N>")
+    if "no_fused_fp8" in settings and a.precision != "fp8":
+        raise SystemExit("no_fused_fp8 compares layers of e4m3 weights: it needs --precision fp8")
     dev = torch.device(a.device)
     gpu = dev.type == "cuda"
     t0 = time.monotonic()
