@@ -287,8 +287,9 @@ def main():
     engines = {}  # setting -> its own engine (ENGINE_FLAGS), built in the try below: its finally ends them
     prompt = vox.prepare_prompt(TEXT)
     audio_s = a.steps * vox.patch_seconds
-    res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "precision": a.precision, "steps": a.steps, "requests_per_client": a.requests,
-           "rounds": a.rounds, "settings": settings, "prompt_positions": len(prompt), "levels": {}, "traces": {}}
+    res = {"device": torch.cuda.get_device_name() if gpu else "cpu", "precision": a.precision, "steps": a.steps,
+           "requests_per_client": a.requests, "rounds": a.rounds, "settings": settings,
+           "prompt_positions": len(prompt), "levels": {}, "traces": {}}
 
     def one_round(name: str, n: int, requests: int, tag: str) -> dict:
         e = engines.get(name, eng)
