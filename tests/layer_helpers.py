@@ -32,11 +32,14 @@ def layer_weights(H, Hq, Hkv, D, I, dtype, seed):
     return n1, qkv, o, n2, gate_up, down
 
 
-def rope(S, D):
-    """cos, sin [S, D] fp32; the halves differ, which catches a swapped table half."""
+def rope(S, D, halves_differ=False):
+    """cos, sin [S, D] fp32 in rotate-half form: both halves repeat the D/2 frequencies, as
+    `minicpm.LongRoPE` builds them (the local attention kernel reads the first half only).
+    halves_differ: a second half of other frequencies, which catches a swapped half in a kernel that
+    reads both (the LM's paged attention)."""
     pos = torch.arange(S, dtype=torch.float32)[:, None]
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    ang = torch.cat([pos * inv, pos * inv * 1.3], dim=-1)
+    ang = torch.cat([pos * inv, pos * inv * (1.3 if halves_differ else 1.0)], dim=-1)
     return ang.cos().to(DEV), ang.sin().to(DEV)
 
 

@@ -34,7 +34,7 @@ def make_case(B, S, Hq, Hkv, D, dtype, rope=True, seed=0):
         return qkv, None, None
     pos = torch.arange(S, dtype=torch.float32)[:, None]
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    ang = torch.cat([pos * inv, pos * inv * 1.3], dim=-1)  # halves differ: catches a swapped table half
+    ang = torch.cat([pos * inv, pos * inv], dim=-1)  # rotate-half tables, as minicpm.LongRoPE builds them
     return qkv, ang.cos().to(DEV), ang.sin().to(DEV)
 
 
@@ -78,6 +78,28 @@ def test_every_head_blocking_agrees(heads):
     qkv, cos, sin = make_case(3, 11, 16, 2, 128, torch.float32)
     out = lat._launch(qkv, cos, sin, 11, 16, 2, 128, heads=heads)
     assert (out - reference(qkv, cos, sin, 11, 16, 2, 128)).abs().max().item() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("config", ["full", "variant"])
+def test_local_modules_rope_tables_repeat_their_frequencies(config):
+    """The kernel reads the first half of the RoPE tables: LocDiT's and LocEnc's (LongRoPE, with the
+    full-size model's and the test variant's non-trivial factors) must repeat it in the second."""
+    import json
+    from pathlib import Path
+
+    from tests.conftest import variant_config
+    from voxcpm_triton.model.config import VoxCPM2Config
+    from voxcpm_triton.model.minicpm import LongRoPE
+
+    full = Path(__file__).resolve().parents[1] / "benchmarks" / "voxcpm2_config.json"
+    d = json.loads(full.read_text()) if config == "full" else variant_config()
+    cfg = VoxCPM2Config.from_dict(d)
+    for lm in (cfg.local_dit(), cfg.local_encoder()):
+        rope = LongRoPE(lm)
+        half = lm.head_dim // 2
+        for table in (rope.cos, rope.sin):
+            assert torch.equal(table[:, :half], table[:, half:]), lm
+        assert not torch.equal(rope.cos[1:, :half], rope.cos[1:, :half].roll(1, dims=1))  # frequencies differ
 
 
 def test_heads_per_program():

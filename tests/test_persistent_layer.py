@@ -277,7 +277,7 @@ def paged_case(H, Hq, Hkv, D, I, bs, ctx, dtype, seed):
     cl = torch.tensor(ctx)
     pos = cl - 1
     slots = bt.gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
-    table_cos, table_sin = rope(max(ctx), D)
+    table_cos, table_sin = rope(max(ctx), D, halves_differ=True)
     weights = layer_weights(H, Hq, Hkv, D, I, dtype, seed=seed)
     x = rand(T, H, g=g, dtype=dtype)
     return weights, x, table_cos[pos.to(DEV)], table_sin[pos.to(DEV)], (*pools, bt.to(DEV), cl.to(DEV), slots.to(DEV))

@@ -10,6 +10,9 @@ kernels are a large share of the step. Here it is one launch:
     cos, sin [S, D] fp32 or None       RoPE tables for positions 0..S-1 (every sequence starts at 0)
     ->   [B * S, Hq * D]               ready for the output projection
 
+The tables are in rotate-half form, whose two halves repeat the same D/2 frequencies (as
+`minicpm.LongRoPE` builds them): the kernel reads their first half only.
+
 Same arithmetic as the PyTorch path: RoPE in fp32 rounded to the input dtype, scores and softmax in
 fp32, probabilities rounded to the input dtype for the value product (as flash attention does),
 non-causal, scale 1/sqrt(D). One program per (sequence, block of query heads sharing a KV head);
@@ -36,15 +39,6 @@ MAX_SEQ = 64  # whole sequences sit in registers; LocDiT has 11 tokens, LocEnc 5
 if _HAVE_TRITON:
 
     @triton.jit
-    def _rope_half(x1, x2, cos_ptr, sin_ptr, tok, d, mask, HALF: tl.constexpr, D: tl.constexpr):
-        """Rotate-half RoPE on the two halves of [rows, HALF] tiles, in fp32."""
-        c1 = tl.load(cos_ptr + tok[:, None] * D + d[None, :], mask=mask, other=0.0)
-        c2 = tl.load(cos_ptr + tok[:, None] * D + HALF + d[None, :], mask=mask, other=0.0)
-        s1 = tl.load(sin_ptr + tok[:, None] * D + d[None, :], mask=mask, other=0.0)
-        s2 = tl.load(sin_ptr + tok[:, None] * D + HALF + d[None, :], mask=mask, other=0.0)
-        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
-
-    @triton.jit
     def _local_attention_kernel(
         qkv_ptr, cos_ptr, sin_ptr, out_ptr,
         stride_tok, stride_out, S, qk_scale,  # qk_scale = log2(e) / sqrt(D)
@@ -67,31 +61,37 @@ if _HAVE_TRITON:
         dtype = qkv_ptr.dtype.element_ty
 
         d = tl.arange(0, HALF_PAD)
-        d_ok = d < HALF
         tok = tl.arange(0, S_PAD)
-        kv_mask = (tok < S)[:, None] & d_ok[None, :]
-        kv_rows = qkv_ptr + (b * S + tok)[:, None] * stride_tok
+        mask = (tok < S)[:, None] & (d < HALF)[None, :]  # [S_PAD, HALF_PAD]: tokens x half a head
+        rows = qkv_ptr + (b * S + tok)[:, None] * stride_tok + d[None, :]
         k_col = (HQ + kvh) * D
         v_col = (HQ + HKV + kvh) * D
-        k1 = tl.load(kv_rows + k_col + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        k2 = tl.load(kv_rows + k_col + HALF + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        v1 = tl.load(kv_rows + v_col + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE)
-        v2 = tl.load(kv_rows + v_col + HALF + d[None, :], mask=kv_mask, other=0.0, cache_modifier=CACHE)
+        k1 = tl.load(rows + k_col, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        k2 = tl.load(rows + k_col + HALF, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        v1 = tl.load(rows + v_col, mask=mask, other=0.0, cache_modifier=CACHE)
+        v2 = tl.load(rows + v_col + HALF, mask=mask, other=0.0, cache_modifier=CACHE)
 
-        # Query rows: HEADS heads x S_PAD tokens, row r = head (h0 + r // S_PAD), token r % S_PAD.
-        r = tl.arange(0, HEADS * S_PAD)
-        q_tok = r % S_PAD
-        q_head = h0 + r // S_PAD
-        q_mask = (q_tok < S)[:, None] & d_ok[None, :]
-        q_ptrs = qkv_ptr + (b * S + q_tok)[:, None] * stride_tok + q_head[:, None] * D + d[None, :]
+        # RoPE in rotate-half form, in fp32: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), rounded to the input
+        # dtype as the PyTorch path stores roped q and k. c, s: the tables' first half.
+        if HAS_ROPE:
+            tab = tok[:, None] * D + d[None, :]
+            c = tl.load(cos_ptr + tab, mask=mask, other=0.0)
+            s = tl.load(sin_ptr + tab, mask=mask, other=0.0)
+            k1, k2 = k1 * c - k2 * s, k2 * c + k1 * s
+        k1, k2 = k1.to(dtype), k2.to(dtype)
+
+        # Query heads as [HEADS, S_PAD, HALF_PAD], so that one load of the tables serves them all (a
+        # table row per query row took registers enough to halve the programs an SM holds).
+        hh = tl.arange(0, HEADS)
+        q_ptrs = rows[None, :, :] + (h0 + hh)[:, None, None] * D
+        q_mask = mask[None, :, :] & (hh < HEADS)[:, None, None]
         q1 = tl.load(q_ptrs, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
         q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-
         if HAS_ROPE:
-            k1, k2 = _rope_half(k1, k2, cos_ptr, sin_ptr, tok, d, kv_mask, HALF, D)
-            q1, q2 = _rope_half(q1, q2, cos_ptr, sin_ptr, q_tok, d, q_mask, HALF, D)
-        # Rounded to the input dtype, as the PyTorch path stores roped q and k.
-        q1, q2, k1, k2 = q1.to(dtype), q2.to(dtype), k1.to(dtype), k2.to(dtype)
+            q1, q2 = q1 * c[None, :, :] - q2 * s[None, :, :], q2 * c[None, :, :] + q1 * s[None, :, :]
+        # Row r of the stacked queries: head h0 + r // S_PAD, token r % S_PAD.
+        q1 = tl.reshape(q1.to(dtype), (HEADS * S_PAD, HALF_PAD))
+        q2 = tl.reshape(q2.to(dtype), (HEADS * S_PAD, HALF_PAD))
         if DOT_UPCAST:  # interpreter: its tl.dot multiplies bf16 (kept as uint16) as integers
             q1, q2, k1, k2 = q1.to(tl.float32), q2.to(tl.float32), k1.to(tl.float32), k2.to(tl.float32)
             v1, v2 = v1.to(tl.float32), v2.to(tl.float32)
@@ -107,9 +107,13 @@ if _HAVE_TRITON:
         o1 = tl.dot(p, v1, input_precision=PRECISION) / l[:, None]
         o2 = tl.dot(p, v2, input_precision=PRECISION) / l[:, None]
 
+        r = tl.arange(0, HEADS * S_PAD)
+        q_tok = r % S_PAD
+        q_head = h0 + r // S_PAD
+        o_mask = (q_tok < S)[:, None] & (d < HALF)[None, :]
         o_ptrs = out_ptr + (b * S + q_tok)[:, None] * stride_out + q_head[:, None] * D + d[None, :]
-        tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=q_mask)
-        tl.store(o_ptrs + HALF, o2.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=o_mask)
+        tl.store(o_ptrs + HALF, o2.to(out_ptr.dtype.element_ty), mask=o_mask)
 
     _INTERPRETED = interpreted(_local_attention_kernel)
 else:
