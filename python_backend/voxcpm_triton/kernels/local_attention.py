@@ -122,8 +122,8 @@ else:
 
 def heads_per_program(n_heads: int, n_kv: int) -> int:
     """Query heads stacked in one program (64 rows for LocDiT): 4, or the largest power of 2 (for
-    tl.arange) that divides the group: 4 was fastest at every batch for both LocDiT and LocEnc
-    (benchmarks/kernel_local_attention.py)."""
+    tl.arange) that divides the group: 4 is the fastest at a few requests and within a few percent
+    of the fastest at many, for both LocDiT and LocEnc (benchmarks/README.md)."""
     group = n_heads // n_kv
     return min(4, group & -group)
 
