@@ -82,8 +82,9 @@ def test_every_head_blocking_agrees(heads):
 
 @pytest.mark.parametrize("config", ["full", "variant"])
 def test_local_modules_rope_tables_repeat_their_frequencies(config):
-    """The kernel reads the first half of the RoPE tables: LocDiT's and LocEnc's (LongRoPE, with the
-    full-size model's and the test variant's non-trivial factors) must repeat it in the second."""
+    """The kernel reads the first half of the RoPE tables: LocDiT's and LocEnc's (LongRoPE with the
+    full-size model's factors, and with the test variant's, which differ per frequency) must repeat it
+    in the second."""
     import json
     from pathlib import Path
 

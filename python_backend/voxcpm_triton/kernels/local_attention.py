@@ -71,24 +71,24 @@ if _HAVE_TRITON:
         v1 = tl.load(rows + v_col, mask=mask, other=0.0, cache_modifier=CACHE)
         v2 = tl.load(rows + v_col + HALF, mask=mask, other=0.0, cache_modifier=CACHE)
 
-        # RoPE in rotate-half form, in fp32: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), rounded to the input
-        # dtype as the PyTorch path stores roped q and k. c, s: the tables' first half.
+        # RoPE in rotate-half form, in fp32: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), rounded to the
+        # input dtype as the PyTorch path stores roped q and k; cos, sin: the tables' first half.
         if HAS_ROPE:
             tab = tok[:, None] * D + d[None, :]
-            c = tl.load(cos_ptr + tab, mask=mask, other=0.0)
-            s = tl.load(sin_ptr + tab, mask=mask, other=0.0)
-            k1, k2 = k1 * c - k2 * s, k2 * c + k1 * s
+            cos = tl.load(cos_ptr + tab, mask=mask, other=0.0)
+            sin = tl.load(sin_ptr + tab, mask=mask, other=0.0)
+            k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
         k1, k2 = k1.to(dtype), k2.to(dtype)
 
         # Query heads as [HEADS, S_PAD, HALF_PAD], so that one load of the tables serves them all (a
         # table row per query row took registers enough to halve the programs an SM holds).
         hh = tl.arange(0, HEADS)
         q_ptrs = rows[None, :, :] + (h0 + hh)[:, None, None] * D
-        q_mask = mask[None, :, :] & (hh < HEADS)[:, None, None]
-        q1 = tl.load(q_ptrs, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        q1 = tl.load(q_ptrs, mask=mask[None, :, :], other=0.0, cache_modifier=CACHE).to(tl.float32)
+        q2 = tl.load(q_ptrs + HALF, mask=mask[None, :, :], other=0.0, cache_modifier=CACHE).to(tl.float32)
         if HAS_ROPE:
-            q1, q2 = q1 * c[None, :, :] - q2 * s[None, :, :], q2 * c[None, :, :] + q1 * s[None, :, :]
+            cos, sin = cos[None, :, :], sin[None, :, :]
+            q1, q2 = q1 * cos - q2 * sin, q2 * cos + q1 * sin
         # Row r of the stacked queries: head h0 + r // S_PAD, token r % S_PAD.
         q1 = tl.reshape(q1.to(dtype), (HEADS * S_PAD, HALF_PAD))
         q2 = tl.reshape(q2.to(dtype), (HEADS * S_PAD, HALF_PAD))

@@ -427,9 +427,11 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     """One decoder layer over x [T, hidden] (T <= MAX_TOKENS); heads: (Hq, Hkv, head_dim).
 
     Local (paged None): T tokens are sequences of seq_len, attending within their sequence; cos, sin:
-    [seq_len, head_dim] fp32 RoPE tables, or None.
+    [seq_len, head_dim] fp32 RoPE tables in rotate-half form, whose first half alone is read
+    (`kernels.local_attention`), or None.
     Paged: T decode rows (seq_len 1), each its request's new token, attending to its cache, where
-    the layer writes its K/V (`Paged`); cos, sin: [T, head_dim], each row's position, or None.
+    the layer writes its K/V (`Paged`); cos, sin: [T, head_dim], each row's position (both halves
+    read), or None.
     qkv_w, o_w, gate_up_w, down_w: tensors of x's dtype, or all four e4m3 `kernels.fp8.FP8Weight`s
     (weight-only: bf16 activations times the e4m3 weights, each output column's fp32 sum scaled by
     its row's scale, then rounded as a plain weight's).

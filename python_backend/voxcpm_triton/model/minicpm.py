@@ -61,7 +61,7 @@ class LongRoPE(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim))
         t = torch.arange(n, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, 1.0 / torch.tensor(ext, dtype=torch.float32, device="cpu")) * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = torch.cat((freqs, freqs), dim=-1)  # rotate-half form: kernels.local_attention reads one half
         # Plain attributes, not buffers: module.to(bf16) must not round them.
         self.cos = emb.cos() * factor
         self.sin = emb.sin() * factor
