@@ -625,11 +625,9 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
         if not runs(x, seq_len, heads, norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w):
             return None
         cos, sin = rope if rope is not None else (None, None)
-        mats, scales = (qkv_w, o_w, gate_up_w, down_w), (None,) * 4
-        if isinstance(qkv_w, FP8Weight):  # the op takes tensors: e4m3 data and scales apart
-            mats, scales = tuple(w.data for w in mats), tuple(w.scale for w in mats)
+        *mats, scales = _unwrap_weights(x, qkv_w, o_w, gate_up_w, down_w)  # the op takes e4m3 data and scales apart
         out, hn = local_layer_op(x, norm1_w, mats[0], cos, sin, seq_len, *heads, mats[1], norm2_w, *mats[2:], eps,
-                                 h_in, next_norm, *scales)
+                                 h_in, next_norm, *(scales or (None,) * 4))
         return out, (hn if next_norm is not None else None)
 
 
