@@ -17,7 +17,10 @@ class FixedVelocity(nn.Module):
         super().__init__()
         self.v = v
 
-    def forward(self, x, mu, t, cond, dt):
+    def condition(self, mu, cond, dt, lora=None):
+        return ()
+
+    def velocity(self, x, t, condition, lora=None):
         return self.v
 
 
@@ -28,9 +31,10 @@ def test_guided_velocity_uses_the_exact_scale_in_bf16():
     x, cond = torch.zeros(B, D, P, dtype=torch.bfloat16), torch.zeros(B, D, P, dtype=torch.bfloat16)
     mu, t = torch.zeros(B, 6, dtype=torch.bfloat16), torch.zeros(B, dtype=torch.bfloat16)
     solver = CFMSolver(FixedVelocity(v))
-    got = solver.guided_velocity(x, mu, t, t, cond, torch.full((B,), 1.8))
+    shared = solver.condition(mu, cond, t)
+    got = solver.guided_velocity(x, t, shared, torch.full((B,), 1.8))
     assert got.dtype == torch.bfloat16
-    assert torch.equal(got, solver.guided_velocity(x, mu, t, t, cond, 1.8))  # a float alike
+    assert torch.equal(got, solver.guided_velocity(x, t, shared, 1.8))  # a float alike
     # The reference's expression (UnifiedCFM.solve_euler) with a Python float scale.
     pos, neg = v[:B], v[B:]
     st = ((pos * neg).reshape(B, -1).sum(1, keepdim=True)

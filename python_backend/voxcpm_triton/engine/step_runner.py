@@ -111,6 +111,10 @@ class DecodeStepRunner:
         plain_graphs: with tables, also capture the plain network's graphs, for steps that need no
         LoRA op (`launch(plain=True)`: base rows only, or one adapter merged into the weights)."""
         self.model, self.kv, self.dtype, self.device = model, kv, dtype, torch.device(device)
+        # Compiled with the model: one kernel, where eagerly the hash is some hundred tiny integer ops
+        # a step; integer math and the same float64 functions, so the same noise to the bit.
+        self.noise = torch.compile(gaussian_noise, dynamic=True) if getattr(model, "compiled", False) \
+            else gaussian_noise
         cfg = model.cfg
         H, P, D = cfg.lm_config.hidden_size, cfg.patch_size, cfg.feat_dim
         self.P, self.D = P, D
@@ -160,7 +164,7 @@ class DecodeStepRunner:
     # ------------------------------------------------------------------ the step body
     def _step(self, b: int, n_steps: int, first: int, plain: bool = False):
         idx = self.slots[:b]
-        noise = gaussian_noise(self.seed_key[:b], self.step_idx[:b], (self.D, self.P), self.dtype)
+        noise = self.noise(self.seed_key[:b], self.step_idx[:b], (self.D, self.P), self.dtype)
         sched = CfmSchedule.from_tables(self.t[:b], self.dt[:b], self.active[:b], first, n_steps)
         meta = DecodeMetadata(self.slot_mapping[:b], self.block_tables[:b], self.context_lens[:b])
         kv = self.kv

@@ -80,14 +80,25 @@ class LocalDiT(nn.Module):
     def forward(self, x, mu, t, cond, dt, lora=None):
         """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P].
         lora: this step's `DitLora` (model.lora: N holds each request twice, the CFG halves), or None."""
+        return self.velocity(x, t, self.condition(mu, cond, dt, lora), lora)
+
+    def condition(self, mu, cond, dt, lora=None) -> tuple:
+        """The inputs that do not depend on x or t, which a CFM loop's evaluations share when dt does
+        not change -> (mu as tokens [N, 2, h], the cond patch's tokens [N, P', h], the dt embedding [N, h])."""
         top = {} if lora is None else lora.top
-        xh = lora_linear(self.in_proj, x.transpose(1, 2), top.get("in_proj"))
         ch = lora_linear(self.cond_proj, cond.transpose(1, 2), top.get("cond_proj"))
+        td = self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(ch.dtype),
+                                 (top.get("delta_time_mlp.linear_1"), top.get("delta_time_mlp.linear_2")))
+        return mu.view(ch.size(0), -1, ch.size(-1)), ch, td
+
+    def velocity(self, x, t, condition: tuple, lora=None):
+        """x: [N, D, P], t: [N], condition: `condition`'s -> [N, D, P]."""
+        top = {} if lora is None else lora.top
+        mu, ch, td = condition
+        xh = lora_linear(self.in_proj, x.transpose(1, 2), top.get("in_proj"))
         te = self.time_mlp(timestep_embedding(t, self.hidden).to(xh.dtype),
                            (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
-        te = te + self.delta_time_mlp(timestep_embedding(dt, self.hidden).to(xh.dtype),
-                                      (top.get("delta_time_mlp.linear_1"), top.get("delta_time_mlp.linear_2")))
-        mu = mu.view(xh.size(0), -1, xh.size(-1))
+        te = te + td
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
         keep = slice(mu.size(1) + 1 + ch.size(1), None)
         if lora is None or lora.layers is None:
@@ -124,34 +135,32 @@ def zero_velocity_steps(n_steps: int) -> int:
 class CFMSolver(nn.Module):
     """Conditional flow matching sampler around LocDiT (reference: UnifiedCFM, inference only)."""
 
-    def __init__(self, estimator: LocalDiT, mean_mode: bool = False):
+    def __init__(self, estimator: LocalDiT, mean_mode: bool = False, compile: bool = False):
+        """compile: torch.compile each Euler step whole, and the conditioning its loop shares (GPU,
+        lazily on first call): the CFG batch's concatenations, the estimator, the guidance and the
+        update in one graph, where eagerly the glue around the estimator is some twenty small
+        kernels per evaluation (give it an estimator that is not compiled itself)."""
         super().__init__()
         self.estimator = estimator
         self.mean_mode = mean_mode
+        if compile:
+            self.condition = torch.compile(self.condition, dynamic=None)
+            self.euler_step = torch.compile(self.euler_step, dynamic=None)
 
-    def guided_velocity(self, x, mu, t, dt, cond, cfg_value, lora=None):
-        """One CFG evaluation as a 2B batch (conditional, then mu=0), with CFG-zero-star scaling.
+    def condition(self, mu, cond, dt, lora=None) -> tuple:
+        """The estimator's `condition` for the CFG batch (conditional, then mu = 0): mu [B, 2h],
+        cond [B, D, P'], dt [B] (zeros unless mean_mode)."""
+        dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(torch.cat([dt, dt]))
+        return self.estimator.condition(torch.cat([mu, torch.zeros_like(mu)]), torch.cat([cond, cond]), dt_in, lora)
 
-        x: [B, D, P]; mu: [B, 2h]; t, dt: [B]; cond: [B, D, P']; cfg_value: [B] or float;
+    def guided_velocity(self, x, t, condition: tuple, cfg_value, lora=None):
+        """One CFG evaluation as a 2B batch, with CFG-zero-star scaling.
+
+        x: [B, D, P]; t: [B]; condition: `condition`'s; cfg_value: [B] or float;
         lora: the rows' `DitLora` (model.lora), or None.
         """
         B = x.size(0)
-        x_in = torch.cat([x, x])
-        mu_in = torch.cat([mu, torch.zeros_like(mu)])
-        t_in = torch.cat([t, t])
-        dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(t_in)
-        cond_in = torch.cat([cond, cond])
-        # one compiled graph for the batch buckets past the persistent layer kernel's token bound (under it,
-        # persistent_layer.runs pads the count, so each count gets its own)
-        for a in (x_in, mu_in, t_in, cond_in, dt_in):
-            torch._dynamo.maybe_mark_dynamic(a, 0)
-        if lora is None:
-            v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in)
-        else:
-            for op in (*lora.top.values(), *(o for layer in lora.layers or () if layer for o in layer if o)):
-                for a in (op.a, op.b) if op.rows is None else (op.rows,):  # the per-row tensors
-                    torch._dynamo.maybe_mark_dynamic(a, 0)
-            v = self.estimator(x_in, mu_in, t_in, cond_in, dt_in, lora)
+        v = self.estimator.velocity(torch.cat([x, x]), torch.cat([t, t]), condition, lora)
         v_cond, v_uncond = v[:B], v[B:]
         pos, neg = v_cond.reshape(B, -1), v_uncond.reshape(B, -1)
         st = (pos * neg).sum(1, keepdim=True) / ((neg ** 2).sum(1, keepdim=True) + 1e-8)
@@ -164,17 +173,37 @@ class CFMSolver(nn.Module):
         diff = v_cond - v_uncond * st
         return v_uncond * st + (cfg_value * diff.float()).to(x.dtype)
 
+    def euler_step(self, x, t, dt, active, condition: tuple, cfg_value, lora=None):
+        """x [B, D, P] one Euler step on: x - dt * v where the row is `active`, else x as it was."""
+        v = self.guided_velocity(x, t, condition, cfg_value, lora)
+        return torch.where(active.view(-1, 1, 1), x - dt.view(-1, 1, 1) * v, x)
+
     def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value, lora=None):
         """z: [B, D, P] start noise -> sample [B, D, P]. lora: the rows' `DitLora`, or None.
 
         Rows may use different step counts: a row's padded steps have dt = 0 and
         are masked out, so its result equals a solo run with its own count.
         """
-        x = z
+        if not torch.is_tensor(cfg_value):  # a tensor: a compiled step would specialise on a float
+            cfg_value = torch.full((z.size(0),), float(cfg_value), dtype=torch.float32, device=z.device)
+        # Detached: no views, whose bases compiled code would guard on (see minicpm._as_non_views).
+        x, mu, cond, cfg_value = (a.detach() for a in (z, mu, cond, cfg_value))
+        per_row = [mu, cond, cfg_value]
+        if lora is not None:
+            per_row += [a for op in (*lora.top.values(), *(o for layer in lora.layers or () if layer for o in layer if o))
+                        for a in ((op.a, op.b) if op.rows is None else (op.rows,))]
+        for a in per_row:  # compiled: one graph for the batch buckets past the persistent layer kernel's
+            torch._dynamo.maybe_mark_dynamic(a, 0)  # token bound (under it, `runs` pads: a graph per count)
+        shared = None
         for i in range(schedule.first_velocity_step, schedule.n_steps):
-            v = self.guided_velocity(x, mu, schedule.t[:, i], schedule.dt[:, i], cond, cfg_value, lora)
-            step = schedule.dt[:, i].view(-1, 1, 1) * v
-            x = torch.where(schedule.active[:, i].view(-1, 1, 1), x - step, x)
+            t, dt, active = (a[:, i].detach() for a in (schedule.t, schedule.dt, schedule.active))
+            for a in (x, t, dt, active):
+                torch._dynamo.maybe_mark_dynamic(a, 0)
+            if shared is None or self.mean_mode:  # dt enters the conditioning only in mean mode
+                shared = tuple(a.detach() for a in self.condition(mu, cond, dt, lora))
+                for a in shared:
+                    torch._dynamo.maybe_mark_dynamic(a, 0)
+            x = self.euler_step(x, t, dt, active, shared, cfg_value, lora)
         return x
 
 

@@ -50,12 +50,13 @@ class VoxCPM2Model(nn.Module):
         """attention: LocEnc and LocDiT attention, "torch" (RoPE, head folding and SDPA as separate
         kernels, `minicpm.local_attention`) or "triton" (one Triton kernel from the packed QKV
         projection, `kernels.local_attention`; GPU, or triton's CPU interpreter in tests).
-        compile: torch.compile what a decode step runs (GPU, before CUDA-graph capture): LocDiT and
-        LocEnc whole, and in both LMs the layer math around attention (one compiled pair shared by
-        all layers; paged attention and prefill's per-prompt loop stay eager). Their callers mark the
-        batch (and prompt length) dimensions dynamic, so the first compile already serves every
-        bucket, while all other sizes stay static for good kernels. Compiled lazily, on first call;
-        the engine raises dynamo's recompile limit while it runs (`Engine`)."""
+        compile: torch.compile what a decode step runs (GPU, before CUDA-graph capture): LocEnc
+        whole, each CFM Euler step whole (LocDiT and the CFG glue around it, `CFMSolver`), and in
+        both LMs the layer math around attention (one compiled pair shared by all layers; paged
+        attention and prefill's per-prompt loop stay eager). Their callers mark the batch (and
+        prompt length) dimensions dynamic, so the first compile already serves every bucket, while
+        all other sizes stay static for good kernels. Compiled lazily, on first call; the engine
+        raises dynamo's recompile limit while it runs (`Engine`)."""
         super().__init__()
         if attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
@@ -71,8 +72,8 @@ class VoxCPM2Model(nn.Module):
         self.base_lm = MiniCPM(lm, compile_layers=compile)
         self.residual_lm = MiniCPM(cfg.residual_lm(), compile_layers=compile)
         self.feat_encoder = LocalEncoder(cfg.local_encoder(), cfg.feat_dim, local_attn, compile=compile)
-        self.feat_decoder = CFMSolver(LocalDiT(cfg.local_dit(), cfg.feat_dim, local_attn, compile=compile),
-                                      mean_mode=cfg.dit_config.dit_mean_mode)
+        self.feat_decoder = CFMSolver(LocalDiT(cfg.local_dit(), cfg.feat_dim, local_attn),
+                                      mean_mode=cfg.dit_config.dit_mean_mode, compile=compile)
         self.fsq_layer = ScalarQuantizer(h, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
         self.enc_to_lm_proj = nn.Linear(cfg.encoder_config.hidden_dim, h)
         self.lm_to_dit_proj = nn.Linear(h, cfg.dit_config.hidden_dim)
