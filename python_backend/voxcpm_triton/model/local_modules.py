@@ -62,8 +62,9 @@ class TimestepMLP(nn.Module):
 class LocalDiT(nn.Module):
     """Velocity estimator: tokens [mu_lm, mu_res, time, cond patch (P), x (P)] -> velocity of x."""
 
-    def __init__(self, cfg: LMConfig, feat_dim: int, attention=local_attention, compile: bool = False):
-        """attention, compile: as for `LocalEncoder`."""
+    def __init__(self, cfg: LMConfig, feat_dim: int, attention=local_attention):
+        """attention: as for `LocalEncoder`. Compiled by its solver (`CFMSolver(compile=True)`), which calls
+        `condition` and `velocity`, not `forward`."""
         super().__init__()
         h = cfg.hidden_size
         self.hidden = h
@@ -74,8 +75,6 @@ class LocalDiT(nn.Module):
         self.delta_time_mlp = TimestepMLP(h)
         self.decoder = MiniCPM(cfg)
         self.attention = attention
-        if compile:
-            self.forward = torch.compile(self.forward, dynamic=None)
 
     def forward(self, x, mu, t, cond, dt, lora=None):
         """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P].
@@ -139,7 +138,7 @@ class CFMSolver(nn.Module):
         """compile: torch.compile each Euler step whole, and the conditioning its loop shares (GPU,
         lazily on first call): the CFG batch's concatenations, the estimator, the guidance and the
         update in one graph, where eagerly the glue around the estimator is some twenty small
-        kernels per evaluation (give it an estimator that is not compiled itself)."""
+        kernels per evaluation."""
         super().__init__()
         self.estimator = estimator
         self.mean_mode = mean_mode
@@ -149,8 +148,8 @@ class CFMSolver(nn.Module):
 
     def condition(self, mu, cond, dt, lora=None) -> tuple:
         """The estimator's `condition` for the CFG batch (conditional, then mu = 0): mu [B, 2h],
-        cond [B, D, P'], dt [B] (zeros unless mean_mode)."""
-        dt_in = torch.cat([dt, dt]) if self.mean_mode else torch.zeros_like(torch.cat([dt, dt]))
+        cond [B, D, P'], dt [B], the step's (it enters only in mean mode: zeros otherwise)."""
+        dt_in = torch.cat([dt, dt]) if self.mean_mode else dt.new_zeros(2 * dt.size(0))
         return self.estimator.condition(torch.cat([mu, torch.zeros_like(mu)]), torch.cat([cond, cond]), dt_in, lora)
 
     def guided_velocity(self, x, t, condition: tuple, cfg_value, lora=None):
@@ -192,8 +191,12 @@ class CFMSolver(nn.Module):
         if lora is not None:
             per_row += [a for op in (*lora.top.values(), *(o for layer in lora.layers or () if layer for o in layer if o))
                         for a in ((op.a, op.b) if op.rows is None else (op.rows,))]
-        for a in per_row:  # compiled: one graph for the batch buckets past the persistent layer kernel's
-            torch._dynamo.maybe_mark_dynamic(a, 0)  # token bound (under it, `runs` pads: a graph per count)
+        # Compiled: one graph for the batch buckets past the persistent layer kernel's token bound (under it,
+        # `runs` pads the count: a graph per count; dynamo also specialises a batch of 1). The step's columns
+        # of the tables start at offset i: dynamo may compile a loop's first step apart from the rest. All
+        # of it happens in the warm-up before each CUDA-graph capture; serving replays the graphs.
+        for a in per_row:
+            torch._dynamo.maybe_mark_dynamic(a, 0)
         shared = None
         for i in range(schedule.first_velocity_step, schedule.n_steps):
             t, dt, active = (a[:, i].detach() for a in (schedule.t, schedule.dt, schedule.active))
