@@ -57,7 +57,7 @@ def forty_second_session(res) -> list[str]:
     }
     md = ["", "## Forty-second session (2026-11-30, H200): each CFM Euler step compiled whole; the batch-1 engine "
           "1.11x, one served stream at RTF 0.038", "",
-          "Four device calls (about 22 of 30 min). A fresh profile of the batch-1 step (call 1, the session's start) "
+          "Five device calls and a reviewer's check on the GPU (all 30 min). A fresh profile of the batch-1 step (call 1, the session's start) "
           f"counted {kernels['start, call 1'][0]} kernels a profiled step, {eng['start, call 1']['profiles'][0]['top'][0]['calls']:.0f} "
           "of them the persistent layer kernel. The rest were small: the CFM loop's glue around LocDiT ran eagerly "
           "(the CFG batch's five concatenations, the guidance's products and sums, the Euler update: some twenty "
@@ -112,9 +112,16 @@ def forty_second_session(res) -> list[str]:
            "split_bound or lora_rows or sweep'`, 4 passed: the compiled engine's latents against the eager engine's "
            "(fp32), no compile after start-up, a timesteps sweep against solo runs, and a new test, rows on two "
            "adapters and a base row through the compiled Euler steps against the eager engine. The compiled noise "
-           "test was deselected by that filter; call 2's script checked the same.", "",
+           "test was deselected by that filter; call 2's script checked the same, and call 5 ran it on the final "
+           "code: `tests/test_noise.py`, 2 passed (`raw/gpu_tests_noise_fortysecond.txt`). In call 5, "
+           "`tests/test_fp8_model.py -k engine` (bf16 and fp8 engines compiled and captured) ran out of its 140 s "
+           "limit with no result: fp8 through the compiled Euler steps has not run on a GPU.",
+           "- The review's changes after calls 1-4 (`LocalDiT` lost its own compile flag, which nothing passed "
+           "any more; the zero dt built without a concatenation; comments) ran on the GPU only in call 5's noise "
+           "test; the reviewer also ran `CFMSolver(compile=True)` with the persistent layers at batches 1-64 and "
+           "in mean mode on the H200 (not recorded here).", "",
            "**Served** (call 3: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
-           "benchmarks/run_served_gpu.sh`, `raw/served_cfm_compiled_fortysecond.{json,log}`):", "",
+           "benchmarks/run_served_gpu.sh`, `raw/served_cfm_compiled_fortysecond.{json.gz,log}`):", "",
            "| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | wall ms per decoder step |",
            "|---|---|---|---|---|---|"]
     for n, r in served.items():
