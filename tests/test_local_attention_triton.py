@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import require_module, skip_unless_kernels_run
+from tests.layer_helpers import rope as rope_tables
 
 require_module("triton", "requirements-test.txt")
 
@@ -32,10 +33,7 @@ def make_case(B, S, Hq, Hkv, D, dtype, rope=True, seed=0):
     qkv = torch.randn(B * S, (Hq + 2 * Hkv) * D, generator=g).to(DEV, dtype)
     if not rope:
         return qkv, None, None
-    pos = torch.arange(S, dtype=torch.float32)[:, None]
-    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    ang = torch.cat([pos * inv, pos * inv], dim=-1)  # rotate-half tables, as minicpm.LongRoPE builds them
-    return qkv, ang.cos().to(DEV), ang.sin().to(DEV)
+    return (qkv, *rope_tables(S, D))  # rotate-half tables, as minicpm.LongRoPE builds them
 
 
 def reference(qkv, cos, sin, S, Hq, Hkv, D):
