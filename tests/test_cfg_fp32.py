@@ -20,7 +20,7 @@ class FixedVelocity(nn.Module):
     def condition(self, mu, cond, dt, lora=None):
         return ()
 
-    def velocity(self, x, t, condition, lora=None):
+    def velocity(self, x, te, condition, lora=None):
         return self.v
 
 
@@ -30,11 +30,12 @@ def test_guided_velocity_uses_the_exact_scale_in_bf16():
     v = torch.randn(2 * B, D, P, generator=g).bfloat16()
     x, cond = torch.zeros(B, D, P, dtype=torch.bfloat16), torch.zeros(B, D, P, dtype=torch.bfloat16)
     mu, t = torch.zeros(B, 6, dtype=torch.bfloat16), torch.zeros(B, dtype=torch.bfloat16)
+    te = torch.zeros(2 * B, 6, dtype=torch.bfloat16)
     solver = CFMSolver(FixedVelocity(v))
     shared = solver.condition(mu, cond, t)
-    got = solver.guided_velocity(x, t, shared, torch.full((B,), 1.8))
+    got = solver.guided_velocity(x, te, shared, torch.full((B,), 1.8))
     assert got.dtype == torch.bfloat16
-    assert torch.equal(got, solver.guided_velocity(x, t, shared, 1.8))  # a float alike
+    assert torch.equal(got, solver.guided_velocity(x, te, shared, 1.8))  # a float alike
     # The reference's expression (UnifiedCFM.solve_euler) with a Python float scale.
     pos, neg = v[:B], v[B:]
     st = ((pos * neg).reshape(B, -1).sum(1, keepdim=True)

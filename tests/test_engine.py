@@ -490,7 +490,9 @@ def test_padded_single_prompt_prefill_matches_offline_api(vox, mode):
 
 def test_a_row_padded_to_its_loop_bucket_gives_exactly_its_own_result(vox):
     """A row of k timesteps run in a wider loop (steps past k inactive with dt = 0, and the loop
-    starting at the bucket's first velocity step) equals, bit for bit, a loop of exactly k."""
+    starting at the bucket's first velocity step) equals a loop of exactly k, to fp32 rounding: the
+    loop's time MLP is one product over all its steps (`CFMSolver.time_embeddings`), and a BLAS may
+    round a row differently at another row count (the Euler steps themselves are the same)."""
     eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4))
     eng.shutdown()
     r, dec = eng.runner, vox.model.feat_decoder
@@ -506,7 +508,7 @@ def test_a_row_padded_to_its_loop_bucket_gives_exactly_its_own_result(vox):
             want = dec.sample(z, mu, cond, CfmSchedule([k], torch.float32, "cpu"), 2.0)
             t, dt, active = (x[None] for x in row_tables(k, loop, torch.float32))
             got = dec.sample(z, mu, cond, CfmSchedule.from_tables(t, dt, active, r.loop_first[loop], loop), 2.0)
-        assert torch.equal(got, want), k
+        assert (got - want).abs().max().item() <= 1e-6 * want.abs().max().item(), k
 
 
 def test_every_timesteps_value_maps_to_a_start_up_graph_key(vox):

@@ -238,6 +238,33 @@ def linears(vox):
     return vox.loras.linears
 
 
+def test_a_cfm_loops_time_embeddings_at_once_equal_each_steps(vox, linears):
+    """`CFMSolver.time_embeddings`: the time MLP over every step of a loop in one product, rows on
+    different adapters of it (token and group ops over 2S halves) and a base row, against each step's
+    embedding of its CFG batch (2 halves), as `velocity` was given it one step at a time."""
+    dec, g = vox.model.feat_decoder, torch.Generator().manual_seed(0)
+    names = [f"{lora_model.DIT}.time_mlp.linear_1", f"{lora_model.DIT}.time_mlp.linear_2"]
+    sites = sites_for(linears, names)
+    t = LoraTables(sites, max_loras=2, max_rank=4, dtype=torch.float32, device="cpu")
+    for slot, r in ((1, 4), (2, 2)):
+        t.write(slot, {m: (torch.randn(r, linears[m][0], generator=g), torch.randn(linears[m][1], r, generator=g))
+                       for m in names}, scale=0.5 * slot)
+    rows, S = torch.tensor([2, 0, 1]), 4
+    times = torch.rand(S, len(rows), generator=g)
+    for mode in ("token", "group"):
+        top = {s.name.removeprefix(f"{lora_model.DIT}."):
+               LoraOp(mode, t.a[s.name], t.b[s.name], rows, None, s.splits, 2) for s in sites}
+        lora = lora_model.DitLora(top, None)
+        got = dec.time_embeddings(times, torch.float32, lora)
+        assert got.shape == (S, 2 * len(rows), dec.estimator.hidden)
+        ops = (top["time_mlp.linear_1"], top["time_mlp.linear_2"])
+        for i in range(S):
+            want = dec.estimator.time_embedding(torch.cat([times[i], times[i]]), torch.float32, ops)
+            assert (got[i] - want).abs().max().item() <= 1e-6 * want.abs().max().item(), (mode, i)  # fp32 rounding
+        plain = dec.estimator.time_embedding(torch.cat([times[1], times[1]]), torch.float32)
+        assert (got[1] - plain).abs().max().item() > 1e-3  # the adapters change it
+
+
 def _write(folder, tensors, config=None, name="lora_weights.safetensors"):
     os.makedirs(folder, exist_ok=True)
     if name.endswith(".safetensors"):

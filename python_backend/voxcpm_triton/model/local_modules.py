@@ -13,10 +13,6 @@ from .lora import lora_linear
 from .minicpm import MiniCPM, local_attention
 
 
-def _positions(seq_len: int, device) -> torch.Tensor:
-    return torch.arange(seq_len, device=device)[None]
-
-
 class LocalEncoder(nn.Module):
     """Summarises each latent patch [P, D] into one vector via a CLS token."""
 
@@ -36,7 +32,7 @@ class LocalEncoder(nn.Module):
         B, T, P, _ = x.shape
         h = self.in_proj(x)
         h = torch.cat([self.special_token.expand(B, T, 1, -1), h], dim=2).reshape(B * T, P + 1, -1)
-        out = self.encoder(h, _positions(P + 1, x.device), self.attention, keep=slice(0, 1))
+        out = self.encoder(h, None, self.attention, keep=slice(0, 1))
         return out[:, 0].reshape(B, T, -1)
 
 
@@ -79,7 +75,14 @@ class LocalDiT(nn.Module):
     def forward(self, x, mu, t, cond, dt, lora=None):
         """x: [N, D, P] current sample; mu: [N, 2*h]; t, dt: [N]; cond: [N, D, P'] -> [N, D, P].
         lora: this step's `DitLora` (model.lora: N holds each request twice, the CFG halves), or None."""
-        return self.velocity(x, t, self.condition(mu, cond, dt, lora), lora)
+        top = {} if lora is None else lora.top
+        te = self.time_embedding(t, x.dtype, (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
+        return self.velocity(x, te, self.condition(mu, cond, dt, lora), lora)
+
+    def time_embedding(self, t, dtype, lora=(None, None)):
+        """t [N] -> the time MLP's embedding [N, h] in dtype; lora: its two linears' `LoraOp`s, or None each.
+        Apart from `velocity`: a CFM loop's times are known before it starts (`CFMSolver.sample`)."""
+        return self.time_mlp(timestep_embedding(t, self.hidden).to(dtype), lora)
 
     def condition(self, mu, cond, dt, lora=None) -> tuple:
         """The inputs that do not depend on x or t, which a CFM loop's evaluations share when dt does
@@ -90,20 +93,19 @@ class LocalDiT(nn.Module):
                                  (top.get("delta_time_mlp.linear_1"), top.get("delta_time_mlp.linear_2")))
         return mu.view(ch.size(0), -1, ch.size(-1)), ch, td
 
-    def velocity(self, x, t, condition: tuple, lora=None):
-        """x: [N, D, P], t: [N], condition: `condition`'s -> [N, D, P]."""
+    def velocity(self, x, te, condition: tuple, lora=None):
+        """x: [N, D, P], te: the time embedding of its t ([N, h], `time_embedding`), condition:
+        `condition`'s -> [N, D, P]."""
         top = {} if lora is None else lora.top
         mu, ch, td = condition
         xh = lora_linear(self.in_proj, x.transpose(1, 2), top.get("in_proj"))
-        te = self.time_mlp(timestep_embedding(t, self.hidden).to(xh.dtype),
-                           (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
         te = te + td
         seq = torch.cat([mu, te[:, None], ch, xh], dim=1)
         keep = slice(mu.size(1) + 1 + ch.size(1), None)
         if lora is None or lora.layers is None:
-            out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention, keep=keep)
+            out = self.decoder(seq, None, self.attention, keep=keep)
         else:
-            out = self.decoder(seq, _positions(seq.size(1), x.device), self.attention, keep=keep, lora=lora.layers)
+            out = self.decoder(seq, None, self.attention, keep=keep, lora=lora.layers)
         return lora_linear(self.out_proj, out, top.get("out_proj")).transpose(1, 2)
 
 
@@ -144,6 +146,7 @@ class CFMSolver(nn.Module):
         self.mean_mode = mean_mode
         if compile:
             self.condition = torch.compile(self.condition, dynamic=None)
+            self.time_embeddings = torch.compile(self.time_embeddings, dynamic=None)
             self.euler_step = torch.compile(self.euler_step, dynamic=None)
 
     def condition(self, mu, cond, dt, lora=None) -> tuple:
@@ -152,14 +155,24 @@ class CFMSolver(nn.Module):
         dt_in = torch.cat([dt, dt]) if self.mean_mode else dt.new_zeros(2 * dt.size(0))
         return self.estimator.condition(torch.cat([mu, torch.zeros_like(mu)]), torch.cat([cond, cond]), dt_in, lora)
 
-    def guided_velocity(self, x, t, condition: tuple, cfg_value, lora=None):
+    def time_embeddings(self, t, dtype, lora=None):
+        """The time MLP over a whole loop's times at once, for the CFG batch: t [S, B] (evaluation,
+        row) -> [S, 2B, h] in dtype, where evaluating it per step was four small kernels each. lora: the
+        rows' `DitLora`, or None (its time-MLP ops cover B rows in `halves` blocks: here 2S)."""
+        S, B = t.shape
+        top = {} if lora is None else lora.top
+        ops = tuple(op._replace(halves=2 * S) if op is not None else None
+                    for op in (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
+        return self.estimator.time_embedding(torch.cat([t, t], dim=1).reshape(2 * S * B), dtype, ops).view(S, 2 * B, -1)
+
+    def guided_velocity(self, x, te, condition: tuple, cfg_value, lora=None):
         """One CFG evaluation as a 2B batch, with CFG-zero-star scaling.
 
-        x: [B, D, P]; t: [B]; condition: `condition`'s; cfg_value: [B] or float;
-        lora: the rows' `DitLora` (model.lora), or None.
+        x: [B, D, P]; te: the CFG batch's time embedding ([2B, h], `time_embeddings`); condition:
+        `condition`'s; cfg_value: [B] or float; lora: the rows' `DitLora` (model.lora), or None.
         """
         B = x.size(0)
-        v = self.estimator.velocity(torch.cat([x, x]), torch.cat([t, t]), condition, lora)
+        v = self.estimator.velocity(torch.cat([x, x]), te, condition, lora)
         v_cond, v_uncond = v[:B], v[B:]
         pos, neg = v_cond.reshape(B, -1), v_uncond.reshape(B, -1)
         st = (pos * neg).sum(1, keepdim=True) / ((neg ** 2).sum(1, keepdim=True) + 1e-8)
@@ -172,9 +185,10 @@ class CFMSolver(nn.Module):
         diff = v_cond - v_uncond * st
         return v_uncond * st + (cfg_value * diff.float()).to(x.dtype)
 
-    def euler_step(self, x, t, dt, active, condition: tuple, cfg_value, lora=None):
-        """x [B, D, P] one Euler step on: x - dt * v where the row is `active`, else x as it was."""
-        v = self.guided_velocity(x, t, condition, cfg_value, lora)
+    def euler_step(self, x, te, dt, active, condition: tuple, cfg_value, lora=None):
+        """x [B, D, P] one Euler step on: x - dt * v where the row is `active`, else x as it was
+        (te: the CFG batch's time embedding of the step's t, [2B, h])."""
+        v = self.guided_velocity(x, te, condition, cfg_value, lora)
         return torch.where(active.view(-1, 1, 1), x - dt.view(-1, 1, 1) * v, x)
 
     def sample(self, z, mu, cond, schedule: "CfmSchedule", cfg_value, lora=None):
@@ -193,20 +207,26 @@ class CFMSolver(nn.Module):
                         for a in ((op.a, op.b) if op.rows is None else (op.rows,))]
         # Compiled: one graph for the batch buckets past the persistent layer kernel's token bound (under it,
         # `runs` pads the count: a graph per count; dynamo also specialises a batch of 1). The step's columns
-        # of the tables start at offset i: dynamo may compile a loop's first step apart from the rest. All
-        # of it happens in the warm-up before each CUDA-graph capture; serving replays the graphs.
+        # of the tables and its row of the time embeddings start at an offset: dynamo may compile a loop's
+        # first step apart from the rest. All of it happens in the warm-up before each CUDA-graph capture;
+        # serving replays the graphs. The time MLP runs once for the whole loop (its times are known now).
         for a in per_row:
             torch._dynamo.maybe_mark_dynamic(a, 0)
-        shared = None
-        for i in range(schedule.first_velocity_step, schedule.n_steps):
-            t, dt, active = (a[:, i].detach() for a in (schedule.t, schedule.dt, schedule.active))
-            for a in (x, t, dt, active):
+        first, shared = schedule.first_velocity_step, None
+        if first >= schedule.n_steps:
+            return x
+        times = schedule.t[:, first:schedule.n_steps].t().contiguous()  # [S, B]
+        torch._dynamo.maybe_mark_dynamic(times, 1)
+        te_all = self.time_embeddings(times, x.dtype, lora).detach()
+        for i in range(first, schedule.n_steps):
+            te, dt, active = te_all[i - first], schedule.dt[:, i].detach(), schedule.active[:, i].detach()
+            for a in (x, te, dt, active):
                 torch._dynamo.maybe_mark_dynamic(a, 0)
             if shared is None or self.mean_mode:  # dt enters the conditioning only in mean mode
                 shared = tuple(a.detach() for a in self.condition(mu, cond, dt, lora))
                 for a in shared:
                     torch._dynamo.maybe_mark_dynamic(a, 0)
-            x = self.euler_step(x, t, dt, active, shared, cfg_value, lora)
+            x = self.euler_step(x, te, dt, active, shared, cfg_value, lora)
         return x
 
 

@@ -77,6 +77,13 @@ class LongRoPE(nn.Module):
             self.to_device_(positions.device)
         return self.cos[positions], self.sin[positions]
 
+    def first(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions 0..n-1 as [1, n, D] views of the tables: no gather (in a compiled step, none of
+        the index kernels that positions would cost each call)."""
+        if self.cos.device != device:
+            self.to_device_(device)
+        return self.cos[None, :n], self.sin[None, :n]
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [N, H, D]; cos/sin: [N, D] fp32."""
@@ -287,17 +294,18 @@ class MiniCPM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = None if cfg.no_rope else LongRoPE(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend, keep: slice | None = None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None, backend, keep: slice | None = None,
                 lora: list | None = None) -> torch.Tensor:
-        """x: [B, S, hidden]; positions: [B or 1, S] int64 -> [B, S, hidden], or [B, len(keep), hidden]:
+        """x: [B, S, hidden]; positions: [B or 1, S] int64, or None for 0..S-1 in every sequence
+        (LocEnc, LocDiT) -> [B, S, hidden], or [B, len(keep), hidden]:
         with `keep`, the last layer computes only those positions' outputs (LocDiT reads 4 of its 11,
         LocEnc 1 of 5). lora: per layer its `LayerLora` or None (`model.lora.LoraBatch.layers`)."""
         B, S, H = x.shape
         rope = None
         if self.rope is not None:
-            cos, sin = self.rope(positions)
+            cos, sin = self.rope(positions) if positions is not None else self.rope.first(S, x.device)
             if getattr(backend, "packed_qkv", False):  # one table row per position of a shared [1, S]
-                assert positions.size(0) == 1, "a packed-QKV backend needs the same positions in every sequence"
+                assert cos.size(0) == 1, "a packed-QKV backend needs the same positions in every sequence"
                 rope = (cos[0], sin[0])
             else:
                 rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
