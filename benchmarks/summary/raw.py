@@ -49,6 +49,20 @@ def served_cell(lv) -> str:
     return (f"{lv['smooth_playback_frac']:.0%} / {lv['x_real_time']:.0f} / {lv['ttfa_ms']['p95']:.0f}")
 
 
+def served_step_levels(name) -> dict:
+    """A served run -> {streams: `served_row` with its RTF p50 and wall ms per decoder step} (`served_step_table`)."""
+    return {n: {**served_row(lv), "rtf_p50": lv["rtf"]["p50"], "ms_per_step": served_ms_per_step(lv)}
+            for n, lv in served_levels(name).items()}
+
+
+def served_step_table(served: dict) -> list[str]:
+    """`served_step_levels` as a markdown table."""
+    return ["| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | wall ms per decoder step |",
+            "|---|---|---|---|---|---|"] + [
+        f"| {n} | {r['x_real_time']:.2f} | {r['rtf_p50']:.4f} | {r['ttfa_p50']:.1f} / {r['ttfa_p95']:.1f} | "
+        f"{100 * r['smooth']:.0f}% | {r['ms_per_step']:.2f} |" for n, r in served.items()]
+
+
 def set_served_headline(res, burst: dict, cap: dict, source: str):
     """The served headline keys of results.json from a sweep: its burst levels and its capacity."""
     res.update({"ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],

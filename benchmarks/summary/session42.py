@@ -1,7 +1,7 @@
 """results.md: the forty-second session's section, and results_forty_second.png."""
 
 from summary.plots import paired_bars, save_panels, stream_panels
-from summary.raw import load, served_levels, served_ms_per_step, served_row
+from summary.raw import load, served_step_levels, served_step_table
 
 # what ran in which call: call 1 the session's start (b1 and b64), call 2 the start at b1 between two runs of
 # the change, call 3 the change served
@@ -36,8 +36,7 @@ def forty_second_session(res) -> list[str]:
     kernels = {k: [round(p["kernels"]) for p in e["profiles"] if p["batch"] == 1] for k, e in eng.items()}
     k64 = {k: next(p["kernels"] for p in e["profiles"] if p["batch"] == 64) for k, e in eng.items()
            if 64 in e["runs"]}
-    served = {n: {**served_row(lv), "rtf_p50": lv["rtf"]["p50"], "ms_per_step": served_ms_per_step(lv)}
-              for n, lv in served_levels("served_cfm_compiled_fortysecond.json").items()}
+    served = served_step_levels("served_cfm_compiled_fortysecond.json")
     noise = load("noise_compiled_fortysecond.json")
     checks = {"start": _gpu_check("gpu_check_start_fortysecond.json"), "now": _gpu_check("gpu_check_fortysecond.json")}
     phases = {p["M"]: p for p in load("fused_layer_profile_fortysecond.json")["persistent_profiles"]}
@@ -122,11 +121,7 @@ def forty_second_session(res) -> list[str]:
            "in mean mode on the H200 (not recorded here).", "",
            "**Served** (call 3: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
            "benchmarks/run_served_gpu.sh`, `raw/served_cfm_compiled_fortysecond.{json.gz,log}`):", "",
-           "| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | wall ms per decoder step |",
-           "|---|---|---|---|---|---|"]
-    for n, r in served.items():
-        md.append(f"| {n} | {r['x_real_time']:.2f} | {r['rtf_p50']:.4f} | {r['ttfa_p50']:.1f} / {r['ttfa_p95']:.1f} | "
-                  f"{100 * r['smooth']:.0f}% | {r['ms_per_step']:.2f} |")
+           *served_step_table(served)]
     s1, s64 = served[1], served[64]
     md += ["",
            f"- One stream: RTF {s1['rtf_p50']:.3f}, where the twenty-eighth and fortieth sessions' servers made 0.043; "

@@ -6,7 +6,7 @@ import io
 import os
 
 from summary.plots import save_panels, stream_panels
-from summary.raw import HERE, load, served_levels, served_ms_per_step, served_row
+from summary.raw import HERE, load, served_step_levels, served_step_table
 
 # call 4: the change, the session's start (HEAD before it, a copy of the tree), the change again (the start's first
 # run ran out of its 110 s limit compiling on the fresh machine)
@@ -73,8 +73,7 @@ def forty_third_session(res) -> list[str]:
     lm_sync, lm_modes = _lm("kernel_lm_layer_sync_pdl_fortythird.json"), _lm("kernel_lm_layer_pdl_modes_fortythird.json")
     lm_acc = {a: _lm(f"kernel_lm_layer_acc{a}_fortythird.json") for a in (1, 2)}
     stalls = ncu_phase_stalls()
-    served = {n: {**served_row(lv), "rtf_p50": lv["rtf"]["p50"], "ms_per_step": served_ms_per_step(lv)}
-              for n, lv in served_levels("served_time_mlp_fortythird.json").items()}
+    served = served_step_levels("served_time_mlp_fortythird.json")
     start, now1, now3 = b1["start"], b1["now, run 1"], b1["now, run 3"]
     ratio = now3["steps_per_s"] / start["steps_per_s"]
     res["forty_third"] = {
@@ -186,11 +185,7 @@ def forty_third_session(res) -> list[str]:
            "through the compiled steps, and every timesteps value against its solo run.", "",
            "**Served** (call 5: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
            "benchmarks/run_served_gpu.sh`, `raw/served_time_mlp_fortythird.{json.gz,log}`):", "",
-           "| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | wall ms per decoder step |",
-           "|---|---|---|---|---|---|"]
-    for n, r in served.items():
-        md.append(f"| {n} | {r['x_real_time']:.2f} | {r['rtf_p50']:.4f} | {r['ttfa_p50']:.1f} / {r['ttfa_p95']:.1f} | "
-                  f"{100 * r['smooth']:.0f}% | {r['ms_per_step']:.2f} |")
+           *served_step_table(served)]
     s1, s64 = served[1], served[64]
     md += ["",
            f"- One stream: RTF {s1['rtf_p50']:.4f} (the forty-second session's 0.0382), TTFA p50 {s1['ttfa_p50']:.1f} ms "
