@@ -488,7 +488,7 @@ def test_padded_single_prompt_prefill_matches_offline_api(vox, mode):
 
 # -- CFM loop buckets: a fixed set of loop lengths, one launch per bucket in each engine step
 
-def test_a_row_padded_to_its_loop_bucket_gives_exactly_its_own_result(vox):
+def test_a_row_padded_to_its_loop_bucket_gives_its_own_result(vox):
     """A row of k timesteps run in a wider loop (steps past k inactive with dt = 0, and the loop
     starting at the bucket's first velocity step) equals a loop of exactly k, to fp32 rounding: the
     loop's time MLP is one product over all its steps (`CFMSolver.time_embeddings`), and a BLAS may

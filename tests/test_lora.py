@@ -240,7 +240,7 @@ def linears(vox):
 
 def test_a_cfm_loops_time_embeddings_at_once_equal_each_steps(vox, linears):
     """`CFMSolver.time_embeddings`: the time MLP over every step of a loop in one product, rows on
-    different adapters of it (token and group ops over 2S halves) and a base row, against each step's
+    different adapters of it (token, group and kernel ops over 2S halves) and a base row, against each step's
     embedding of its CFG batch (2 halves), as `velocity` was given it one step at a time."""
     dec, g = vox.model.feat_decoder, torch.Generator().manual_seed(0)
     names = [f"{lora_model.DIT}.time_mlp.linear_1", f"{lora_model.DIT}.time_mlp.linear_2"]
@@ -249,19 +249,24 @@ def test_a_cfm_loops_time_embeddings_at_once_equal_each_steps(vox, linears):
     for slot, r in ((1, 4), (2, 2)):
         t.write(slot, {m: (torch.randn(r, linears[m][0], generator=g), torch.randn(linears[m][1], r, generator=g))
                        for m in names}, scale=0.5 * slot)
+    kt = LoraTables(sites, max_loras=2, max_rank=4, dtype=torch.float32, device="cpu", kernel=True)
+    assert kt.kernel  # the Triton kernel, under the interpreter here
+    for slot in (1, 2):
+        for s in sites:
+            kt.a[s.name][slot], kt.b[s.name][slot] = t.a[s.name][slot], t.b[s.name][slot]
     rows, S = torch.tensor([2, 0, 1]), 4
-    times = torch.rand(S, len(rows), generator=g)
-    for mode in ("token", "group"):
+    times = torch.rand(len(rows), S, generator=g)  # [B, S]: the schedule's columns
+    for mode, tables in (("token", t), ("group", t), ("kernel", kt)):
         top = {s.name.removeprefix(f"{lora_model.DIT}."):
-               LoraOp(mode, t.a[s.name], t.b[s.name], rows, None, s.splits, 2) for s in sites}
+               LoraOp(mode, tables.a[s.name], tables.b[s.name], rows, None, s.splits, 2) for s in sites}
         lora = lora_model.DitLora(top, None)
         got = dec.time_embeddings(times, torch.float32, lora)
         assert got.shape == (S, 2 * len(rows), dec.estimator.hidden)
         ops = (top["time_mlp.linear_1"], top["time_mlp.linear_2"])
         for i in range(S):
-            want = dec.estimator.time_embedding(torch.cat([times[i], times[i]]), torch.float32, ops)
+            want = dec.estimator.time_embedding(torch.cat([times[:, i], times[:, i]]), torch.float32, ops)
             assert (got[i] - want).abs().max().item() <= 1e-6 * want.abs().max().item(), (mode, i)  # fp32 rounding
-        plain = dec.estimator.time_embedding(torch.cat([times[1], times[1]]), torch.float32)
+        plain = dec.estimator.time_embedding(torch.cat([times[:, 1], times[:, 1]]), torch.float32)
         assert (got[1] - plain).abs().max().item() > 1e-3  # the adapters change it
 
 

@@ -156,14 +156,15 @@ class CFMSolver(nn.Module):
         return self.estimator.condition(torch.cat([mu, torch.zeros_like(mu)]), torch.cat([cond, cond]), dt_in, lora)
 
     def time_embeddings(self, t, dtype, lora=None):
-        """The time MLP over a whole loop's times at once, for the CFG batch: t [S, B] (evaluation,
-        row) -> [S, 2B, h] in dtype, where evaluating it per step was four small kernels each. lora: the
-        rows' `DitLora`, or None (its time-MLP ops cover B rows in `halves` blocks: here 2S)."""
-        S, B = t.shape
+        """The time MLP over a whole loop's times at once, for the CFG batch: t [B, S] (row, evaluation)
+        -> [S, 2B, h] in dtype. A loop's times are known before it starts, so one product serves all its
+        steps. lora: the rows' `DitLora`, or None (its time-MLP ops cover B rows in `halves` blocks: 2S)."""
+        B, S = t.shape
         top = {} if lora is None else lora.top
         ops = tuple(op._replace(halves=2 * S) if op is not None else None
                     for op in (top.get("time_mlp.linear_1"), top.get("time_mlp.linear_2")))
-        return self.estimator.time_embedding(torch.cat([t, t], dim=1).reshape(2 * S * B), dtype, ops).view(S, 2 * B, -1)
+        rows = torch.cat([t, t]).t().reshape(2 * S * B)  # step by step, each step's cond rows, then uncond
+        return self.estimator.time_embedding(rows, dtype, ops).view(S, 2 * B, -1)
 
     def guided_velocity(self, x, te, condition: tuple, cfg_value, lora=None):
         """One CFG evaluation as a 2B batch, with CFG-zero-star scaling.
@@ -215,11 +216,11 @@ class CFMSolver(nn.Module):
         first, shared = schedule.first_velocity_step, None
         if first >= schedule.n_steps:
             return x
-        times = schedule.t[:, first:schedule.n_steps].t().contiguous()  # [S, B]
-        torch._dynamo.maybe_mark_dynamic(times, 1)
+        times = schedule.t[:, first:schedule.n_steps].detach()
+        torch._dynamo.maybe_mark_dynamic(times, 0)
         te_all = self.time_embeddings(times, x.dtype, lora).detach()
         for i in range(first, schedule.n_steps):
-            te, dt, active = te_all[i - first], schedule.dt[:, i].detach(), schedule.active[:, i].detach()
+            te, dt, active = (a.detach() for a in (te_all[i - first], schedule.dt[:, i], schedule.active[:, i]))
             for a in (x, te, dt, active):
                 torch._dynamo.maybe_mark_dynamic(a, 0)
             if shared is None or self.mean_mode:  # dt enters the conditioning only in mean mode
