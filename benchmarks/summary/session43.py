@@ -106,9 +106,9 @@ def forty_third_session(res) -> list[str]:
     for ph, s in stalls.items():
         md.append(f"| {ph} | {s['samples']} | " + ", ".join(f"{r} {v:.0%}" for r, v in s.items() if r != "samples") + " |")
     md += ["",
-           "- Gate/up, the largest phase, waits on memory (long scoreboard) in only 15% of its samples; most sit on "
-           "its tensor-core instructions and their fixed-latency waits. The split-K output and down projections wait "
-           "more on memory (a quarter to a third of their samples).", "",
+           "- Gate/up, the largest phase, waits on memory (long scoreboard) in only 15% of its samples; the largest "
+           "share sits on its tensor-core instructions (41%), mostly in fixed-latency waits. The split-K output and "
+           "down projections wait more on memory (a quarter to a third of their samples).", "",
            "**Measured and dropped** (the three switches: `raw/layer_launch_variants_fortythird.patch`). Whole layers, "
            "12 in a CUDA graph, us per layer (`kernel_fused_layer.py --no-sweep --tokens 22,10`, "
            "`kernel_lm_layer.py --rows 1,8 --sweep 1,8`; each variant beside the default in the same process):", "",
@@ -143,7 +143,8 @@ def forty_third_session(res) -> list[str]:
            "(0.8-1.0 us, unchanged in the phase profile of call 1) is, by the SASS, the release, the add and the "
            "poll's trips to L2.",
            "- Programmatic dependent launch lets the next layer's programs start before this one ends. The LM's "
-           "layers gained 1.0-1.8 us; LocDiT's lost up to 4.7 us when released at the last phase. A likely cause, "
+           "layers gained up to 1.8 us (none at one row when released at the last phase in call 2); LocDiT's lost up "
+           "to 4.7 us when released at the last phase. A likely cause, "
            "not isolated: the LM's pipelines (five stages of 64-column tiles) fill more than half an SM's shared "
            "memory, LocDiT's (96 KB at 22 tokens, compiled here for sm_90) less, so the next layer's programs can "
            "land beside this one's and two then share an SM for a whole layer. With six stages (120 KB by the "
@@ -153,16 +154,20 @@ def forty_third_session(res) -> list[str]:
            "| PDL | " + " | ".join(label for label, _ in pdl) + " |", "|---|" + "---|" * len(pdl),
            "| batch-1 steps/s | " + " | ".join(f"{r['steps_per_s']:.1f}" for _, r in pdl) + " |", "",
            "- Two accumulators (twice the independent MMA chains per warp, at half the pipeline stages) made every "
-           "phase slower (gate/up 7.42 -> 7.68 us, QKV 3.84 -> 4.61 in the phase profile), and so did 8 warps. So "
-           "MMA latency is not the limit either; at 22 tokens the layer stays about 2.6x its weights' read time "
-           "at the 3.3 TB/s that call 1's bulk L2 prefetch of one layer reached (10.5 us for 35 MB).", "",
+           "GEMM phase at 22 tokens slower (gate/up 7.42 -> 7.68 us, QKV 3.84 -> 4.61 in call 3's phase profiles; "
+           "at 10 tokens gate/up stayed at 5.63 us). 8 warps, timed per layer only, were slower too. So MMA latency "
+           "is not what limits the layer either. Its span at 22 tokens (27.65 us in the phase profile) stays about "
+           "2.6x its weights' read time at the 3.3 TB/s that call 1's bulk L2 prefetch of one layer reached "
+           "(10.5 us for 35 MB).", "",
            "**Kept: the time MLP once per CFM loop, the RoPE tables as slices** (`model/local_modules.py`, "
            "`model/minicpm.py`). The forty-second session's profile still showed per Euler step a sinusoid, two "
            "cuBLAS GEMMs of 1024 x 1024 at two rows (about 7 us each: 16 programs), a SiLU, and two index kernels "
            "gathering RoPE rows for positions 0..10. The times of a loop are known before it starts, so "
            "`CFMSolver.time_embeddings` runs the time MLP over all its steps' CFG rows in one product (a row's "
            "LoRA ops over 2S halves); LocEnc and LocDiT pass no positions and take the first rows of the RoPE "
-           "tables as views. The Euler steps are otherwise unchanged.", "",
+           "tables as views. The Euler steps are otherwise unchanged. After call 4 a review moved the times' "
+           "transpose into the compiled function (one eager copy less a step) and detached each step's row of "
+           "the embeddings like the tables' columns; that version ran on the CPU only.", "",
            "**The engine at batch 1** (call 4: `bench.py --checkpoint /tmp/full --timestep-buckets 10,100 --reference "
            "none --no-vae --graphs-only --batches 1`, 100 steps; the start from a copy of the tree with the two files "
            "as before; `raw/offline_{time_mlp,start}_run*_fortythird.json`):", "",
@@ -175,7 +180,7 @@ def forty_third_session(res) -> list[str]:
            f"- {ratio:.3f}x ({now1['steps_per_s'] / start['steps_per_s']:.3f}x against the first run); 52 kernels "
            "fewer a step and 0.17 ms less kernel time (the slow two-row GEMMs). The start's first run, on the fresh "
            "machine, ran out of its 110 s limit while compiling, so the pair is one start between two runs of the "
-           "change. Batch 64 was not run in the engine; served, below, it is unchanged.",
+           "change. Batch 64 was not run in the engine; served, below, 64 streams made about the same throughput.",
            "- On the CPU a padded loop now equals an exact-width loop to fp32 rounding, no longer bit for bit: the "
            "time MLP's row count is the loop's width, and the BLAS rounds a row differently at another count (2.6e-7 "
            "relative, at k = 2 only; `tests/test_engine.py`). A new test holds the whole loop's embeddings to each "
@@ -191,11 +196,13 @@ def forty_third_session(res) -> list[str]:
            f"- One stream: RTF {s1['rtf_p50']:.4f} (the forty-second session's 0.0382), TTFA p50 {s1['ttfa_p50']:.1f} ms "
            f"(22.7): just under vLLM-Omni's {VLLM_OMNI_RTF}, the issue's best peer (its CI median on an H100; this is "
            f"an H200). The served step, {s1['ms_per_step']:.2f} ms, is {s1['ms_per_step'] / (1000 / now3['steps_per_s']):.2f}x "
-           f"the engine's in process. 64 streams: {s64['x_real_time']:.2f}x (530.08x), 100% smooth. One run each, no "
-           "pair in this call.",
+           f"the engine's in process. 64 streams: {s64['x_real_time']:.2f}x (530.08x), 100% smooth, TTFA p95 "
+           f"{s64['ttfa_p95']:.0f} ms (155). One run each, no pair in this call.",
            "- The decoder's 20 graphs took 151 s to compile and capture on this fresh machine; cold starts in "
            "earlier sessions took 119-147 s (the forty-second session's 54 s came in a call that also ran "
-           "`gpu_check.py` on the same code).", "",
+           "`gpu_check.py` on the same code). The compiled `time_embeddings` adds a few small graphs to the "
+           "warm-up (on the CPU with the aot_eager backend, the review counted three per LoRA formulation: a "
+           "lone row, then dynamic steps, then dynamic rows); how much of the 151 s they take was not measured.", "",
            f"**Against issue 17's targets:** one stream RTF {s1['rtf_p50']:.4f} (0.025: missed), TTFA p50 "
            f"{s1['ttfa_p50']:.1f} ms (25: met); 64 streams {s64['x_real_time']:.2f}x (500: met), "
            f"{100 * s64['smooth']:.0f}% smooth (met), TTFA p95 {s64['ttfa_p95']:.0f} ms (300: met). Served over the "
