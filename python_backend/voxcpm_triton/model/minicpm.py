@@ -67,21 +67,20 @@ class LongRoPE(nn.Module):
         self.sin = emb.sin() * factor
 
     def to_device_(self, device):
-        """Move the tables (model loading does, before anything is compiled: torch.compile would
-        trace a first call that moves them, then compile the whole module again)."""
-        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        """Move the tables if they are elsewhere (model loading does, before anything is compiled:
+        torch.compile would trace a first call that moves them, then compile the whole module again)."""
+        if self.cos.device != device:
+            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         return self
 
     def forward(self, positions: torch.Tensor):
-        if self.cos.device != positions.device:
-            self.to_device_(positions.device)
+        self.to_device_(positions.device)
         return self.cos[positions], self.sin[positions]
 
     def first(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions 0..n-1 as [1, n, D] views of the tables: no gather (in a compiled step, none of
         the index kernels that positions would cost each call)."""
-        if self.cos.device != device:
-            self.to_device_(device)
+        self.to_device_(device)
         return self.cos[None, :n], self.sin[None, :n]
 
 
