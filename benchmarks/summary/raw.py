@@ -55,6 +55,14 @@ def served_step_levels(name) -> dict:
             for n, lv in served_levels(name).items()}
 
 
+def served_step_run(call: int, name: str) -> tuple[dict, list[str]]:
+    """A `run_served_gpu.sh` run at 1 and 64 streams (raw/<name>, gzipped, and its log) -> its
+    `served_step_levels`, and markdown: which call ran what, then `served_step_table`."""
+    served = served_step_levels(f"{name}.json")
+    return served, [f"**Served** (call {call}: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
+                    f"benchmarks/run_served_gpu.sh`, `raw/{name}.{{json.gz,log}}`):", "", *served_step_table(served)]
+
+
 def served_step_table(served: dict) -> list[str]:
     """`served_step_levels` as a markdown table."""
     return ["| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | wall ms per decoder step |",

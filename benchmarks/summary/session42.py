@@ -1,7 +1,7 @@
 """results.md: the forty-second session's section, and results_forty_second.png."""
 
 from summary.plots import paired_bars, save_panels, stream_panels
-from summary.raw import load, served_step_levels, served_step_table
+from summary.raw import load, served_step_run
 
 # what ran in which call: call 1 the session's start (b1 and b64), call 2 the start at b1 between two runs of
 # the change, call 3 the change served
@@ -36,7 +36,7 @@ def forty_second_session(res) -> list[str]:
     kernels = {k: [round(p["kernels"]) for p in e["profiles"] if p["batch"] == 1] for k, e in eng.items()}
     k64 = {k: next(p["kernels"] for p in e["profiles"] if p["batch"] == 64) for k, e in eng.items()
            if 64 in e["runs"]}
-    served = served_step_levels("served_cfm_compiled_fortysecond.json")
+    served, served_md = served_step_run(3, "served_cfm_compiled_fortysecond")
     noise = load("noise_compiled_fortysecond.json")
     checks = {"start": _gpu_check("gpu_check_start_fortysecond.json"), "now": _gpu_check("gpu_check_fortysecond.json")}
     phases = {p["M"]: p for p in load("fused_layer_profile_fortysecond.json")["persistent_profiles"]}
@@ -119,9 +119,7 @@ def forty_second_session(res) -> list[str]:
            "any more; the zero dt built without a concatenation; comments) ran on the GPU only in call 5's noise "
            "test; the reviewer also ran `CFMSolver(compile=True)` with the persistent layers at batches 1-64 and "
            "in mean mode on the H200 (not recorded here).", "",
-           "**Served** (call 3: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
-           "benchmarks/run_served_gpu.sh`, `raw/served_cfm_compiled_fortysecond.{json.gz,log}`):", "",
-           *served_step_table(served)]
+           *served_md]
     s1, s64 = served[1], served[64]
     md += ["",
            f"- One stream: RTF {s1['rtf_p50']:.3f}, where the twenty-eighth and fortieth sessions' servers made 0.043; "

@@ -6,7 +6,7 @@ import io
 import os
 
 from summary.plots import save_panels, stream_panels
-from summary.raw import HERE, load, served_step_levels, served_step_table
+from summary.raw import HERE, load, served_step_run
 
 # call 4: the change, the session's start (HEAD before it, a copy of the tree), the change again (the start's first
 # run ran out of its 110 s limit compiling on the fresh machine)
@@ -73,7 +73,7 @@ def forty_third_session(res) -> list[str]:
     lm_sync, lm_modes = _lm("kernel_lm_layer_sync_pdl_fortythird.json"), _lm("kernel_lm_layer_pdl_modes_fortythird.json")
     lm_acc = {a: _lm(f"kernel_lm_layer_acc{a}_fortythird.json") for a in (1, 2)}
     stalls = ncu_phase_stalls()
-    served = served_step_levels("served_time_mlp_fortythird.json")
+    served, served_md = served_step_run(5, "served_time_mlp_fortythird")
     start, now1, now3 = b1["start"], b1["now, run 1"], b1["now, run 3"]
     ratio = now3["steps_per_s"] / start["steps_per_s"]
     res["forty_third"] = {
@@ -184,13 +184,11 @@ def forty_third_session(res) -> list[str]:
            "- On the CPU a padded loop now equals an exact-width loop to fp32 rounding, no longer bit for bit: the "
            "time MLP's row count is the loop's width, and the BLAS rounds a row differently at another count (2.6e-7 "
            "relative, at k = 2 only; `tests/test_engine.py`). A new test holds the whole loop's embeddings to each "
-           "step's, with rows on two adapters' token and group LoRA ops and a base row (`tests/test_lora.py`).",
+           "step's, with rows on two adapters' token, group and kernel LoRA ops and a base row (`tests/test_lora.py`).",
            "- GPU tests on the change (call 4, `raw/gpu_tests_fortythird.txt`): `tests/test_engine_gpu.py -k "
            "'graphs_compile or lora_rows or sweep'`, 3 passed: the compiled engine against the eager one, LoRA rows "
            "through the compiled steps, and every timesteps value against its solo run.", "",
-           "**Served** (call 5: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,64 REQUESTS=5 bash "
-           "benchmarks/run_served_gpu.sh`, `raw/served_time_mlp_fortythird.{json.gz,log}`):", "",
-           *served_step_table(served)]
+           *served_md]
     s1, s64 = served[1], served[64]
     md += ["",
            f"- One stream: RTF {s1['rtf_p50']:.4f} (the forty-second session's 0.0382), TTFA p50 {s1['ttfa_p50']:.1f} ms "
