@@ -2,11 +2,12 @@
 
 A real tritonserver (nvidia-pytriton 2.51 binary, python backend) is started by
 tests/server.py with the environment of scripts/triton_env.sh; scripts/serve.sh
-is exercised too. The models live in tests/fixtures/echo_repo.
+is exercised too. The models live in tests/fixtures/echo_repo (and exit_repo).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import json
 import os
@@ -28,6 +29,7 @@ from tests.server import REPO, TritonServer, _cmdline, _free_ports, _pids_in_gro
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
 ECHO_REPO = REPO / "tests" / "fixtures" / "echo_repo"
+EXIT_REPO = REPO / "tests" / "fixtures" / "exit_repo"
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +364,36 @@ def test_server_helper_stop_reaps_everything(tmp_path):
     assert len(list(tmp_path.glob("*.finalized"))) == 2
 
 
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "exit_without_teardown"])
+def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(hook, tmp_path):
+    """Python 3.11's teardown ends a daemon thread that takes the GIL again with pthread_exit;
+    inside a torch op (the GIL released in C++) that aborts the whole stub, which leaves a fatal
+    error in the server's log. runtime.exit_without_teardown (every model.py calls it) ends the
+    process before, after the other exit handlers. Without it the abort shows: the fixture is the
+    one the product's processes would hit."""
+    srv = TritonServer(EXIT_REPO, env={"SPIN_EXIT_HOOK": str(int(hook)), "SPIN_MARKER_DIR": str(tmp_path)})
+    with srv:
+        assert len(srv.stub_pids()) == 1
+        srv.stop(timeout=60)
+    log = srv.log
+    assert srv.returncode == 0 and srv.leftover_processes == [], srv.log_tail()
+    assert "successfully unloaded 'spinning'" in log, srv.log_tail()
+    assert len(list(tmp_path.glob("atexit.*"))) == 1  # the handlers registered after it ran
+    if hook:
+        assert "Fatal Python error" not in log and "terminate called" not in log, srv.log_tail()
+    else:
+        assert "terminate called without an active exception" in log, srv.log_tail()
+
+
+def test_exit_without_teardown_does_nothing_outside_a_stub():
+    """Called in pytest (or any other Python) it must not end that process at its exit."""
+    from voxcpm_triton.serving import runtime
+
+    before = atexit._ncallbacks()
+    runtime.exit_without_teardown()
+    assert not runtime.in_stub() and atexit._ncallbacks() == before
 # --- deployment files -----------------------------------------------------------------------
 
 

@@ -6,4 +6,8 @@ import sys
 sys.path.insert(0, os.environ.get("VOXCPM_PYTHON_BACKEND") or
                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python_backend"))
 
+from voxcpm_triton.serving import runtime  # noqa: E402
+
+runtime.exit_without_teardown()  # first: before torch is imported (see its doc)
+
 from voxcpm_triton.serving.vae_models import VAEDecoderModel as TritonPythonModel  # noqa: E402,F401

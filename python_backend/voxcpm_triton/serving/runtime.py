@@ -15,6 +15,9 @@ processes import this too.
   orchestrator reads the beacons to fail fast instead of waiting forever.
 - Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
   a server outlives it; one that crashes leaves its threads' stacks in the server's log.
+- Exit: a model process ends with os._exit once its interpreter starts to shut down, after
+  its finalize and every exit handler (`exit_without_teardown`, which each model.py calls
+  first): Python 3.11's teardown aborts a process whose daemon thread is inside a torch op.
 - Stopping: scripts/supervise.py writes `stopping` (a time, epoch seconds) before it sends
   SIGTERM. Triton 2.51 tells a model nothing until its finalize, which waits for its requests:
   from then on the orchestrators take no new request, and at that time the decoder ends the
@@ -24,6 +27,8 @@ processes import this too.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import faulthandler
 import functools
 import hmac
@@ -222,6 +227,42 @@ def model_process():
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 <pid>`: every thread's stack, now
     watch_parent()
+
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+
+
+def in_stub() -> bool:
+    """Whether this process is a python_backend stub (a model process of a tritonserver)."""
+    try:
+        return os.path.basename(os.readlink("/proc/self/exe")) == STUB_EXECUTABLE
+    except OSError:
+        return False
+
+
+def exit_without_teardown():
+    """In a stub process (elsewhere: nothing): end it with os._exit(0) once its interpreter starts
+    to shut down, instead of tearing the interpreter down.
+
+    By then the stub has finalized the model and let go of its shared memory, and the exit
+    handlers registered after this one have run (call it before importing torch, whose handlers
+    then run first). Python 3.11's teardown ends every daemon thread that next takes the GIL with
+    pthread_exit; one inside a C++ call that had released the GIL (any torch op) aborts the whole
+    process ("terminate called without an active exception") and leaves a fatal error in the
+    server's log. The handlers registered before this one (logging's) are done here."""
+    if in_stub():
+        atexit.register(_exit_now)
+
+
+def _exit_now():
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    ctypes.CDLL(None).fflush(None)  # the stub's own C stdio buffers
+    os._exit(0)
 
 
 def watch_parent(period_s: float = 1.0):
