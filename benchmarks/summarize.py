@@ -61,6 +61,7 @@ from summary import (
     session17, session18, session19, session20, session21, session22, session23, session24, session25,
     session26, session27, session28, session29, session30, session31, session32, session33, session34,
     session35, session36, session37, session38, session39, session40, session41, session42, session43,
+    session44,
 )
 from summary.plots import figure_path, pyplot, set_figure_dir
 from summary.raw import HERE, engine_runs, load, served_levels, served_xrt
@@ -126,6 +127,7 @@ SECTIONS = (
     session41.forty_first_session,
     session42.forty_second_session,
     session43.forty_third_session,
+    session44.forty_fourth_session,
 )
 
 
@@ -448,6 +450,12 @@ def main(out_dir: str = HERE):
                    res["single_stream_rtf_triton"]]
     for section in SECTIONS:
         md += section(res)
+    md[2:2] = [f"**Latest served headline** ({res['served_headline_source']}): one stream RTF "
+               f"{res['single_stream_rtf_triton']:.4f}, TTFA p50 {res['ttfa_ms_p50']:.1f} ms; 64 streams at once "
+               f"{res['aggregate_xrt_c64']:.1f}x, {100 * res['smooth_frac_c64']:.0f}% smooth, TTFA p95 "
+               f"{res['ttfa_ms_p95_c64']:.0f} ms; 128 streams {res['aggregate_xrt_c128']:.1f}x; capacity "
+               f"{res['capacity_streams']['burst']} (burst) / {res['capacity_streams']['poisson']} (Poisson). "
+               "The tables just below are the sixth session's H100 run; the sessions follow in order.", ""]
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
