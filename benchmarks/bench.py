@@ -30,6 +30,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
+from cli import int_list  # noqa: E402
 from kernel_kinds import KERNEL_KINDS, VAE_KERNEL_KINDS  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
@@ -196,8 +197,7 @@ def engine_bench(vox, prompt, args) -> dict:
                                               precision=args.precision,
                                               attention=args.attention)
         t0 = time.perf_counter()
-        buckets = {} if args.timestep_buckets is None else {
-            "timestep_buckets": tuple(int(x) for x in args.timestep_buckets.split(","))}
+        buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
         eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
                                        kv_memory_bytes=int(args.kv_gb * 2**30), **buckets))
         startup = time.perf_counter() - t0
@@ -367,7 +367,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--kv-gb", type=float, default=8.0)
-    ap.add_argument("--timestep-buckets", default=None,
+    ap.add_argument("--timestep-buckets", type=int_list, default=None,
                     help="CFM loop buckets captured, e.g. 10,100 as served (default: the engine's, every length)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "offline.json"))
     ap.add_argument("--reference", choices=["none", "eager", "compiled"], default="compiled")
@@ -397,7 +397,7 @@ def main():
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "steps": args.steps, "text": TEXT, "precision": args.precision,
               "max_autotune": args.max_autotune, "fused_max_tokens": args.fused_max_tokens,
-              "timestep_buckets": args.timestep_buckets}
+              "timestep_buckets": None if args.timestep_buckets is None else ",".join(map(str, args.timestep_buckets))}
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device=args.device, dtype="bfloat16" if gpu else "float32",
                                   attention=args.attention, compile=gpu and not args.no_compile,

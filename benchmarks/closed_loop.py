@@ -82,6 +82,7 @@ import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import gpu_timeline  # noqa: E402
+from cli import int_list  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
@@ -255,7 +256,7 @@ def main():
     ap.add_argument("--trace-requests", type=int, default=2, help="per client in a profiled round")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--max-batch", type=int, default=128)
-    ap.add_argument("--timestep-buckets", default="10,100")
+    ap.add_argument("--timestep-buckets", type=int_list, default=(10, 100))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="linear weights (model.precision)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs: "
                     "behind and after run the same eager prefills; no trace)")
@@ -280,7 +281,7 @@ def main():
     def new_engine() -> Engine:
         return Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
                                         playback_margin_s=0.1,
-                                        timestep_buckets=tuple(int(x) for x in a.timestep_buckets.split(","))),
+                                        timestep_buckets=a.timestep_buckets),
                       first_audio=audio)
 
     eng = new_engine()

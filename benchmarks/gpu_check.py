@@ -34,6 +34,8 @@ from voxcpm_triton.model.local_modules import CfmSchedule  # noqa: E402
 from voxcpm_triton.model.noise import noise_for_steps  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 
+from cli import int_list  # noqa: E402
+
 TEXT = "Teacher forcing keeps both precisions on the same path, step after step."
 
 
@@ -208,14 +210,13 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "gpu_check.json"))
     ap.add_argument("--only", choices=["decoder", "vae"], help="run one group of checks")
-    ap.add_argument("--timestep-buckets", default=None,
+    ap.add_argument("--timestep-buckets", type=int_list, default=None,
                     help="the served engine's CFM loop buckets, e.g. 10,100 (as served): fewer decode graphs")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(0), "split_k": split_k.ENABLED}  # VOXCPM_SPLIT_K, as served
     if args.only != "vae":
         res["teacher_forced"] = teacher_forced(args.checkpoint, args.steps)
-        buckets = None if args.timestep_buckets is None else tuple(int(x) for x in args.timestep_buckets.split(","))
-        res["graph_vs_eager"] = graph_vs_eager(args.checkpoint, [1, 3, 5, 32, 64], buckets)
+        res["graph_vs_eager"] = graph_vs_eager(args.checkpoint, [1, 3, 5, 32, 64], args.timestep_buckets)
         tf = res["teacher_forced"]
         print(f"[bf16 vs fp32, teacher-forced] cosine min {tf['cosine_min']:.5f} mean {tf['cosine_mean']:.5f} "
               f"-> {'PASS' if tf['pass'] else 'FAIL'}")
