@@ -39,6 +39,8 @@ def forty_fourth_session(res) -> list[str]:
     one = {p: served_levels(f"served_{p}_fortyfourth.json")[1] for p in ("bf16", "fp8")}
     log = _text("served_fortyfourth_sweep_tritonserver.log")
     fatal, unloaded = log.count("Fatal Python error"), log.count("successfully unloaded")
+    pa, pa_h100 = load("perf_analyzer_fortyfourth.json"), served_levels("perf_analyzer.json")
+    pa_fatal = _text("perf_analyzer_fortyfourth_tritonserver.log").count("Fatal Python error")
     tests = {"fp8_engine": _passed("gpu_tests_fp8_engine_fortyfourth.txt"),
              "engine": _passed("gpu_tests_engine_fortyfourth.txt")}
     b = sweep["burst"]
@@ -59,12 +61,15 @@ def forty_fourth_session(res) -> list[str]:
         "one_stream_10_requests": {p: _short(lv) for p, lv in one.items()},
         "sweep_server_exit": {"fatal_python_errors": fatal, "models_unloaded": unloaded},
         "gpu_tests": tests,
+        "perf_analyzer_tts_stream": {lv["concurrency"]: {"infer_per_s": lv["infer_per_s"], "latency_ms_p50":
+                                                         lv["latency_ms"]["p50"], "x_real_time": lv["x_real_time"]}
+                                     for lv in pa["levels"]},
     }
     cell = lambda lv: (f"{lv['smooth_playback_frac']:.0%} / {lv['x_real_time']:.1f} / {lv['ttfa_ms']['p50']:.0f} / "  # noqa: E731
                        f"{lv['ttfa_ms']['p95']:.0f}")
     md = ["", "## Forty-fourth session (2026-12-01, H200): model processes no longer abort at exit; the served sweep "
           f"on this code: 128 streams at {b[128]['x_real_time']:.0f}x, every level smooth", "",
-          "Four device calls (about 17.5 of 30 min). No new speed lever: the session fixed the exit abort that failed CI "
+          "Five device calls (about 23 of 30 min). No new speed lever: the session fixed the exit abort that failed CI "
           "now and then, then measured the code as it stands, for the record and for the targets.", "",
           "**The abort at exit** (CPU; `runtime.exit_without_teardown`). Now and then, while Triton unloaded the "
           "models, a model process printed `terminate called without an active exception` / `Fatal Python error: "
@@ -121,6 +126,19 @@ def forty_fourth_session(res) -> list[str]:
            "the compiled Euler steps, for the first time on a GPU (it ran out of its time limit in the forty-second "
            "session). `tests/test_engine_gpu.py -k 'graphs_compile or lora_rows or sweep'` "
            f"{tests['engine']} (`raw/gpu_tests_engine_fortyfourth.txt`).", "",
+           "**`perf_analyzer --streaming` on the H200** (call 5: `PERF_ANALYZER=1 SET=\"decoder.timestep_buckets=10,100\" "
+           "bash benchmarks/run_served_gpu.sh`, perf_analyzer 2.51 from `.cache/perf_analyzer_bundle`, 100-step requests, "
+           "windows of 6 s; `raw/perf_analyzer_fortyfourth.{json,csv,log}`; latency is a request's whole utterance, "
+           f"send to last audio chunk; the server log holds {pa_fatal} fatal errors). Against the ninth session's run on "
+           "an H100 (`raw/perf_analyzer.json`):", "",
+           "| concurrency | requests/s | latency p50 ms | x real time | ninth session (H100): requests/s, x real time |",
+           "|---|---|---|---|---|"]
+    for lv in pa["levels"]:
+        old = pa_h100.get(lv["concurrency"], {})
+        md.append(f"| {lv['concurrency']} | {lv['infer_per_s']:.2f} | {lv['latency_ms']['p50']:.0f} | "
+                  f"{lv['x_real_time']:.1f} | {old.get('infer_per_s', 0):.2f}, {old.get('x_real_time', 0):.1f} |")
+    md += ["", "- perf_analyzer keeps every stream busy for its windows (no burst's ramp up and down), so its 64-stream "
+           f"figure ({pa['levels'][-1]['x_real_time']:.1f}x) is above `bench_served.py`'s burst level.", "",
            "**Against issue 17's targets** (this session's figures):", "",
            "| target | measured | |", "|---|---|---|",
            f"| one stream RTF <= 0.025 | {one['bf16']['rtf']['p50']:.4f} | missed |",
