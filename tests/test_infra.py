@@ -7,6 +7,7 @@ is exercised too. The models live in tests/fixtures/echo_repo (and exit_repo).
 
 from __future__ import annotations
 
+import ast
 import atexit
 import importlib.metadata
 import json
@@ -365,35 +366,52 @@ def test_server_helper_stop_reaps_everything(tmp_path):
 
 
 
-
 @pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "exit_without_teardown"])
 def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(hook, tmp_path):
-    """Python 3.11's teardown ends a daemon thread that takes the GIL again with pthread_exit;
+    """The interpreter's teardown ends a daemon thread that takes the GIL again with pthread_exit;
     inside a torch op (the GIL released in C++) that aborts the whole stub, which leaves a fatal
     error in the server's log. runtime.exit_without_teardown (every model.py calls it) ends the
-    process before, after the other exit handlers. Without it the abort shows: the fixture is the
-    one the product's processes would hit."""
+    process before, after the exit handlers registered later, with stdout flushed. Without it the
+    abort shows: the fixture is the one the product's processes would hit."""
     srv = TritonServer(EXIT_REPO, env={"SPIN_EXIT_HOOK": str(int(hook)), "SPIN_MARKER_DIR": str(tmp_path)})
     with srv:
         assert len(srv.stub_pids()) == 1
+        pid = srv.stub_pids()[0]
         srv.stop(timeout=60)
     log = srv.log
     assert srv.returncode == 0 and srv.leftover_processes == [], srv.log_tail()
     assert "successfully unloaded 'spinning'" in log, srv.log_tail()
-    assert len(list(tmp_path.glob("atexit.*"))) == 1  # the handlers registered after it ran
+    assert (tmp_path / f"atexit.{pid}").exists()  # the handler registered after it ran
     if hook:
         assert "Fatal Python error" not in log and "terminate called" not in log, srv.log_tail()
+        assert f"spinning: exit handler ran in {pid}" in log, srv.log_tail()
     else:
         assert "terminate called without an active exception" in log, srv.log_tail()
 
 
-def test_exit_without_teardown_does_nothing_outside_a_stub():
-    """Called in pytest (or any other Python) it must not end that process at its exit."""
+def test_exit_without_teardown_registers_nothing_outside_a_stub(monkeypatch):
+    """In pytest (or any other Python) it must not end that process at its exit."""
     from voxcpm_triton.serving import runtime
 
-    before = atexit._ncallbacks()
+    registered = []
+    monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
     runtime.exit_without_teardown()
-    assert not runtime.in_stub() and atexit._ncallbacks() == before
+    assert not runtime.in_stub() and registered == []
+
+
+def test_every_model_calls_exit_without_teardown_before_anything_else_it_imports():
+    """Torch's exit handlers must be registered after it (they then run first), and a model added
+    without it would bring the abort back."""
+    for path in sorted((REPO / "model_repository").glob("*/1/model.py")):
+        body = ast.parse(path.read_text()).body
+        call = next(i for i, node in enumerate(body) if ast.unparse(node) == "runtime.exit_without_teardown()")
+        imported = [n.module for n in body[:call] if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in body[:call] if isinstance(n, ast.Import) for a in n.names]
+        assert set(imported) <= {"os", "sys", "voxcpm_triton.serving"}, (path, imported)
+        assert any(isinstance(n, ast.ImportFrom) and n.module.startswith("voxcpm_triton.serving.")
+                   for n in body[call + 1:]), path
+
+
 # --- deployment files -----------------------------------------------------------------------
 
 

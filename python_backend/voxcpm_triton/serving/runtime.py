@@ -16,8 +16,9 @@ processes import this too.
 - Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
   a server outlives it; one that crashes leaves its threads' stacks in the server's log.
 - Exit: a model process ends with os._exit once its interpreter starts to shut down, after
-  its finalize and every exit handler (`exit_without_teardown`, which each model.py calls
-  first): Python 3.11's teardown aborts a process whose daemon thread is inside a torch op.
+  its finalize and the exit handlers registered after `exit_without_teardown` (each model.py
+  calls it first): the interpreter's teardown aborts a process whose daemon thread is inside a
+  torch op.
 - Stopping: scripts/supervise.py writes `stopping` (a time, epoch seconds) before it sends
   SIGTERM. Triton 2.51 tells a model nothing until its finalize, which waits for its requests:
   from then on the orchestrators take no new request, and at that time the decoder ends the
@@ -235,9 +236,10 @@ STUB_EXECUTABLE = "triton_python_backend_stub"
 def in_stub() -> bool:
     """Whether this process is a python_backend stub (a model process of a tritonserver)."""
     try:
-        return os.path.basename(os.readlink("/proc/self/exe")) == STUB_EXECUTABLE
+        exe = os.readlink("/proc/self/exe").removesuffix(" (deleted)")  # a backend directory replaced since
     except OSError:
         return False
+    return os.path.basename(exe) == STUB_EXECUTABLE
 
 
 def exit_without_teardown():
@@ -246,23 +248,28 @@ def exit_without_teardown():
 
     By then the stub has finalized the model and let go of its shared memory, and the exit
     handlers registered after this one have run (call it before importing torch, whose handlers
-    then run first). Python 3.11's teardown ends every daemon thread that next takes the GIL with
-    pthread_exit; one inside a C++ call that had released the GIL (any torch op) aborts the whole
-    process ("terminate called without an active exception") and leaves a fatal error in the
-    server's log. The handlers registered before this one (logging's) are done here."""
+    then run first). CPython's teardown (up to 3.13) ends every daemon thread that next takes the
+    GIL with pthread_exit; one inside a C++ call that had released the GIL (any torch op) aborts
+    the whole process ("terminate called without an active exception") and leaves a fatal error
+    in the server's log. Skipped: the handlers registered before this one (logging's, whose work
+    is done here), C-level atexit handlers and static destructors."""
     if in_stub():
-        atexit.register(_exit_now)
+        atexit.register(_exit_now, os.getpid())
 
 
-def _exit_now():
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
-    ctypes.CDLL(None).fflush(None)  # the stub's own C stdio buffers
-    os._exit(0)
+def _exit_now(pid: int):
+    if os.getpid() != pid:  # a forked child inherited the handler: it exits as it would have
+        return
+    try:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        ctypes.CDLL(None).fflush(None)  # the stub's own C stdio buffers
+    finally:
+        os._exit(0)
 
 
 def watch_parent(period_s: float = 1.0):
