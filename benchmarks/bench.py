@@ -30,7 +30,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
-from cli import int_list  # noqa: E402
+from cli import timestep_buckets  # noqa: E402
 from kernel_kinds import KERNEL_KINDS, VAE_KERNEL_KINDS  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
@@ -367,7 +367,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--kv-gb", type=float, default=8.0)
-    ap.add_argument("--timestep-buckets", type=int_list, default=None,
+    ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="CFM loop buckets captured, e.g. 10,100 as served (default: the engine's, every length)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "offline.json"))
     ap.add_argument("--reference", choices=["none", "eager", "compiled"], default="compiled")

@@ -12,3 +12,13 @@ def int_list(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 10,100), got {text!r}")
     return values
+
+
+def timestep_buckets(text: str) -> tuple[int, ...]:
+    """argparse type: CFM loop buckets as the engine takes them ("10,100"), checked before any model loads."""
+    from voxcpm_triton.engine.step_runner import check_timestep_buckets  # the scripts put python_backend on the path
+
+    try:
+        return check_timestep_buckets(int_list(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -82,7 +82,7 @@ import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import gpu_timeline  # noqa: E402
-from cli import int_list  # noqa: E402
+from cli import timestep_buckets  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
@@ -256,7 +256,7 @@ def main():
     ap.add_argument("--trace-requests", type=int, default=2, help="per client in a profiled round")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--max-batch", type=int, default=128)
-    ap.add_argument("--timestep-buckets", type=int_list, default=(10, 100))
+    ap.add_argument("--timestep-buckets", type=timestep_buckets, default=(10, 100))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="linear weights (model.precision)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs: "
                     "behind and after run the same eager prefills; no trace)")

@@ -34,7 +34,7 @@ from voxcpm_triton.model.local_modules import CfmSchedule  # noqa: E402
 from voxcpm_triton.model.noise import noise_for_steps  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 
-from cli import int_list  # noqa: E402
+from cli import timestep_buckets  # noqa: E402
 
 TEXT = "Teacher forcing keeps both precisions on the same path, step after step."
 
@@ -210,7 +210,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "gpu_check.json"))
     ap.add_argument("--only", choices=["decoder", "vae"], help="run one group of checks")
-    ap.add_argument("--timestep-buckets", type=int_list, default=None,
+    ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="the served engine's CFM loop buckets, e.g. 10,100 (as served): fewer decode graphs")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(0), "split_k": split_k.ENABLED}  # VOXCPM_SPLIT_K, as served

@@ -32,7 +32,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
 from bench import TEXT  # noqa: E402
-from cli import int_list  # noqa: E402
+from cli import timestep_buckets  # noqa: E402
 
 
 def wave(eng, prompts: list, steps: int, tag: str) -> dict:
@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--max-batch", type=int, default=128)
-    ap.add_argument("--timestep-buckets", type=int_list, default=(10, 100))
+    ap.add_argument("--timestep-buckets", type=timestep_buckets, default=(10, 100))
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the tiny checkpoint (no graphs)")
     ap.add_argument("--out")
     a = ap.parse_args()
