@@ -11,8 +11,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks
 
 
 def load(name):
-    """raw/<name>, or raw/<name>.gz: served runs' JSON over 400 KB is kept gzipped (the device tool carries
-    the working tree and the tritonserver bundle in 64 MiB)."""
+    """raw/<name>, or raw/<name>.gz: served runs' JSON over 250 KB is kept gzipped (the device tool carries
+    the working tree and the tritonserver bundle in 64 MiB); sections may cite such a file without its .gz."""
     path = os.path.join(HERE, "raw", name)
     with (open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt")) as f:
         return json.load(f)
