@@ -315,7 +315,15 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         t_kill = time.monotonic()
         for s in streams:
             assert s.done.wait(30 + runtime.BEACON_STALE_S), f"a client was left hanging after the decoder was {fault}"
-            assert s.error is not None and "unhealthy" in str(s.error) and "decoder" in str(s.error), s.error
+        # Killed while it held one of python_backend's interprocess locks, the stub takes the whole
+        # tritonserver 2.51 down with it (lock_exception in the backend's execute, SIGABRT): then every
+        # client's stream is cut (UNAVAILABLE), and the supervisor restores service as below.
+        server_aborted = fault == "killed" and "boost::interprocess::lock_exception" in log.read_text()
+        for s in streams:
+            if server_aborted:
+                assert s.error is not None and "UNAVAILABLE" in str(s.error), s.error
+            else:
+                assert s.error is not None and "unhealthy" in str(s.error) and "decoder" in str(s.error), s.error
         errors_after = time.monotonic() - t_kill
         wait_for(lambda: not ready(), timeout=60, what="readiness to turn false")
         restored = None
@@ -327,7 +335,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
             except Exception:  # noqa: BLE001 - down or still loading
                 time.sleep(0.5)
         assert audio.shape == (2 * P * 1920,)
-        print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault")
+        print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault"
+              + (" (tritonserver itself aborted)" if server_aborted else ""))
         assert "restarting" in log.read_text()
         assert "shared-memory region(s) the server's model processes left" in log.read_text(), log.read_text()[-3000:]
         regions |= _shm_regions(mark)  # the restarted server's
