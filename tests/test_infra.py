@@ -365,7 +365,6 @@ def test_server_helper_stop_reaps_everything(tmp_path):
     assert len(list(tmp_path.glob("*.finalized"))) == 2
 
 
-
 @pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "exit_without_teardown"])
 def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(hook, tmp_path):
     """The interpreter's teardown ends a daemon thread that takes the GIL again with pthread_exit;
