@@ -45,6 +45,8 @@ def forty_fourth_session(res) -> list[str]:
     fatal, unloaded = log.count("Fatal Python error"), log.count("successfully unloaded")
     pa, pa_h100 = load("perf_analyzer_fortyfourth.json"), served_levels("perf_analyzer.json")
     pa_fatal = _text("perf_analyzer_fortyfourth_tritonserver.log").count("Fatal Python error")
+    chained = {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if k.startswith("persistent_chained")}
+               for r in load("kernel_fused_layer_pdl_modes_fortythird.json")["layers"] if "M" in r}
     tests = {"fp8_engine": _passed("gpu_tests_fp8_engine_fortyfourth.txt"),
              "engine": _passed("gpu_tests_engine_fortyfourth.txt")}
     b = sweep["burst"]
@@ -151,6 +153,14 @@ def forty_fourth_session(res) -> list[str]:
                   f"{lv['x_real_time']:.1f} | {old.get('infer_per_s', 0):.2f}, {old.get('x_real_time', 0):.1f} |")
     md += ["", "- perf_analyzer keeps every stream busy for its windows (no burst's ramp up and down), so its 64-stream "
            f"figure ({pa['levels'][-1]['x_real_time']:.1f}x) is above `bench_served.py`'s burst level.", "",
+           "**The forty-third session's one lead, not run.** Six pipeline stages with programmatic dependent launch "
+           "were about 1 us faster per layer in isolation. In the same call (`raw/kernel_fused_layer_pdl_modes_"
+           "fortythird.json`), the chained layers the engine runs took "
+           f"{chained[22]['persistent_chained']:.2f} -> {chained[22]['persistent_chained_stages6_pdl']:.2f} us at 22 "
+           f"tokens (LocDiT) and {chained[10]['persistent_chained']:.2f} -> "
+           f"{chained[10]['persistent_chained_stages6_pdl']:.2f} us at 10 (LocEnc)"
+           + (": slower at one of the two, so nothing to take into the engine." if any(
+               c["persistent_chained_stages6_pdl"] > c["persistent_chained"] for c in chained.values()) else "."), "",
            "**Against issue 17's targets** (this session's figures):", "",
            "| target | measured | |", "|---|---|---|",
            f"| one stream RTF <= 0.025 | {one['bf16']['rtf']['p50']:.4f} | {_met(one['bf16']['rtf']['p50'] <= 0.025)} |",
