@@ -18,6 +18,24 @@ def load(name):
         return json.load(f)
 
 
+def text(name) -> str:
+    """raw/<name> as text (a log, a test run's output)."""
+    with open(os.path.join(HERE, "raw", name)) as f:
+        return f.read()
+
+
+def tests_passed(name) -> str:
+    """A pytest run's output (raw/<name>) -> its last summary, up to its time ("12 passed, 3 deselected")."""
+    return re.findall(r"(\d+ passed[^\n]*?) in ", text(name))[-1]
+
+
+def served_summary(lv) -> dict:
+    """One served level's figures as results.json keeps them in a sweep."""
+    return {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"], "ttfa_ms_p50": lv["ttfa_ms"]["p50"],
+            "ttfa_ms_p95": lv["ttfa_ms"]["p95"], "rtf_p50": lv["rtf"]["p50"], "streams": len(lv["streams"]),
+            "errors": lv["errors"]}
+
+
 def served_levels(name):
     return {lv["concurrency"]: lv for lv in load(name)["levels"]}
 

@@ -5,7 +5,7 @@ import re
 
 from bench_served import parse_metric_samples
 from summary.plots import paired_bars, save_panels, stream_panels
-from summary.raw import HERE, load, served_levels, set_served_headline
+from summary.raw import HERE, load, served_levels, served_summary, set_served_headline
 
 
 def twenty_sixth_session(res) -> list[str]:
@@ -36,15 +36,12 @@ def twenty_sixth_session(res) -> list[str]:
     b = sw["burst"]
     set_served_headline(res, b, cap, "twenty-sixth session, NVIDIA H200, 2026-11-29, "
                          "raw/served_twentysixth_sweep*.json")
-    short = lambda lv: {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"],  # noqa: E731
-                        "ttfa_ms_p50": lv["ttfa_ms"]["p50"], "ttfa_ms_p95": lv["ttfa_ms"]["p95"],
-                        "rtf_p50": lv["rtf"]["p50"], "streams": len(lv["streams"]), "errors": lv["errors"]}
     res["twentysixth"] = {
-        "device": "NVIDIA H200", "served_10_requests_per_stream": {c: short(lv) for c, lv in r10.items()},
+        "device": "NVIDIA H200", "served_10_requests_per_stream": {c: served_summary(lv) for c, lv in r10.items()},
         "engine_same_call_xrt": {"8": e8, "64": e64},
         "served_over_engine_same_call": {"8": r10[8]["x_real_time"] / e8, "64": r10[64]["x_real_time"] / e64[-1]},
         "decoder_calls_read": {"counted": counted, "waiting": waiting},
-        "served_sweep": {a: {c: short(lv) for c, lv in x.items()} for a, x in sw.items()},
+        "served_sweep": {a: {c: served_summary(lv) for c, lv in x.items()} for a, x in sw.items()},
         "model_processes_crashed_at_exit": {"before": crashes_before, "after": crashes_after},
         "gpu_check": {"bf16_vs_fp32_teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
                       "vae_served_vs_exact_fp32_max_abs":

@@ -5,7 +5,7 @@ import re
 import statistics
 
 from summary.plots import decoder_run_bars, pyplot, save_panels
-from summary.raw import HERE, load, vae_precision_log_runs
+from summary.raw import HERE, load, tests_passed, vae_precision_log_runs
 
 
 def thirty_first_session(res) -> list[str]:
@@ -92,8 +92,7 @@ def thirty_first_session(res) -> list[str]:
     after16 = [r["64x16"] for n, r in decoder_rows if n.startswith("aligned")]
     same_audio = ra["quality"]["fp32"]["vs_served_fp32"]["max_abs"]
     vae_check = load("gpu_check_vae_thirtyfirst.json")["vae_graphs_vs_eager"]["served_vs_exact_fp32_max_abs"]
-    with open(os.path.join(HERE, "raw", "gpu_tests_thirtyfirst.txt")) as f:
-        gpu_tests = re.findall(r"(\d+ passed[^\n]*?) in ", f.read())[-1]
+    gpu_tests = tests_passed("gpu_tests_thirtyfirst.txt")
     res["thirty_first"] = {
         "device": "NVIDIA H200",
         "engine_stream_per_step_ms": per_step,

@@ -1,11 +1,10 @@
 """results.md: the thirty-second session's section, and results_thirty_second.png."""
 
 import os
-import re
 import statistics
 
 from summary.plots import decoder_run_bars, pyplot, save_panels
-from summary.raw import HERE, load, vae_precision_log_runs
+from summary.raw import HERE, load, tests_passed, vae_precision_log_runs
 
 
 def thirty_second_session(res) -> list[str]:
@@ -69,11 +68,7 @@ def thirty_second_session(res) -> list[str]:
                 "smooth": lv["smooth_playback_frac"], "errors": lv["errors"]}
     vae_check = load("gpu_check_vae_thirtysecond.json")["vae_graphs_vs_eager"]
     final_check = load("gpu_check_vae_final_thirtysecond.json")["vae_graphs_vs_eager"]
-    tests = {}
-    for name in ("gpu_tests_thirtysecond.txt", "gpu_tests_final_thirtysecond.txt"):
-        with open(os.path.join(HERE, "raw", name)) as f:
-            tests[name] = re.findall(r"(\d+ passed[^\n]*?) in ", f.read())[-1]
-    gpu_tests, final_tests = tests.values()
+    gpu_tests, final_tests = (tests_passed(n) for n in ("gpu_tests_thirtysecond.txt", "gpu_tests_final_thirtysecond.txt"))
     res["thirty_second"] = {
         "device": "NVIDIA H200",
         "units_us_64x16": [dict(zip(("C", "T", "dilation", "lookback_pass_us", "on_load_us"), r)) for r in rows16],

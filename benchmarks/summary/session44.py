@@ -1,32 +1,14 @@
 """results.md: the forty-fourth session's section, and results_forty_fourth.png."""
 
-import os
-import re
-
 from summary.plots import save_stream_panels, stream_panels
-from summary.raw import HERE, engine_runs, load, served_levels, set_served_headline
+from summary.raw import engine_runs, load, served_levels, served_summary, set_served_headline, tests_passed, text
 
 SWEEP_44 = {"burst": "served_fortyfourth_sweep.json", "poisson": "served_fortyfourth_sweep_poisson.json"}
 SWEEP_26 = {"burst": "served_twentysixth_sweep.json", "poisson": "served_twentysixth_sweep_poisson.json"}
 
 
-def _text(name: str) -> str:
-    with open(os.path.join(HERE, "raw", name)) as f:
-        return f.read()
-
-
-def _passed(name: str) -> str:
-    return re.findall(r"(\d+ passed[^\n]*?) in ", _text(name))[-1]
-
-
 def _met(ok: bool) -> str:
     return "met" if ok else "missed"
-
-
-def _short(lv) -> dict:
-    return {"xrt": lv["x_real_time"], "smooth": lv["smooth_playback_frac"], "ttfa_ms_p50": lv["ttfa_ms"]["p50"],
-            "ttfa_ms_p95": lv["ttfa_ms"]["p95"], "rtf_p50": lv["rtf"]["p50"], "requests": lv["requests"],
-            "errors": lv["errors"]}
 
 
 def forty_fourth_session(res) -> list[str]:
@@ -41,14 +23,14 @@ def forty_fourth_session(res) -> list[str]:
     engine_b1 = next(r for r in load("offline_b64_b1_fortyfourth.json")["engine"]["graphs"]["runs"] if r["batch"] == 1)
     r5 = served_levels("served_r5_fortyfourth.json")
     one = {p: served_levels(f"served_{p}_fortyfourth.json")[1] for p in ("bf16", "fp8")}
-    log = _text("served_fortyfourth_sweep_tritonserver.log")
+    log = text("served_fortyfourth_sweep_tritonserver.log")
     fatal, unloaded = log.count("Fatal Python error"), log.count("successfully unloaded")
     pa, pa_h100 = load("perf_analyzer_fortyfourth.json"), served_levels("perf_analyzer.json")
-    pa_fatal = _text("perf_analyzer_fortyfourth_tritonserver.log").count("Fatal Python error")
+    pa_fatal = text("perf_analyzer_fortyfourth_tritonserver.log").count("Fatal Python error")
     chained = {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if k.startswith("persistent_chained")}
                for r in load("kernel_fused_layer_pdl_modes_fortythird.json")["layers"] if "M" in r}
-    tests = {"fp8_engine": _passed("gpu_tests_fp8_engine_fortyfourth.txt"),
-             "engine": _passed("gpu_tests_engine_fortyfourth.txt")}
+    tests = {"fp8_engine": tests_passed("gpu_tests_fp8_engine_fortyfourth.txt"),
+             "engine": tests_passed("gpu_tests_engine_fortyfourth.txt")}
     b = sweep["burst"]
     ratio = b[64]["x_real_time"] / engine[64]
     set_served_headline(res, b, cap, "forty-fourth session, NVIDIA H200, 2026-12-01, raw/served_fortyfourth_sweep*.json "
@@ -59,12 +41,12 @@ def forty_fourth_session(res) -> list[str]:
                 "single_stream_rtf_triton_fp8": one["fp8"]["rtf"]["p50"], "ttfa_ms_p50_fp8": one["fp8"]["ttfa_ms"]["p50"]})
     res["forty_fourth"] = {
         "device": "NVIDIA H200",
-        "served_sweep": {a: {c: _short(lv) for c, lv in x.items()} for a, x in sweep.items()},
+        "served_sweep": {a: {c: served_summary(lv) for c, lv in x.items()} for a, x in sweep.items()},
         "capacity": cap,
         "engine_same_call_xrt": engine, "engine_b1_steps_per_s": engine_b1["steps_per_s"],
         "served_over_engine_c64_same_call": ratio,
-        "served_1_64_requests_5": {c: _short(lv) for c, lv in r5.items()},
-        "one_stream_10_requests": {p: _short(lv) for p, lv in one.items()},
+        "served_1_64_requests_5": {c: served_summary(lv) for c, lv in r5.items()},
+        "one_stream_10_requests": {p: served_summary(lv) for p, lv in one.items()},
         "sweep_server_exit": {"fatal_python_errors": fatal, "models_unloaded": unloaded},
         "gpu_tests": tests,
         "perf_analyzer_tts_stream": {lv["concurrency"]: {"infer_per_s": lv["infer_per_s"], "latency_ms_p50":
