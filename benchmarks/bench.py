@@ -30,7 +30,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
-from cli import timestep_buckets  # noqa: E402
+from cli import int_list, timestep_buckets  # noqa: E402
 from kernel_kinds import KERNEL_KINDS, VAE_KERNEL_KINDS  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
@@ -365,7 +365,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--batches", type=int_list, default=(1, 8, 32, 64, 128))
     ap.add_argument("--kv-gb", type=float, default=8.0)
     ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="CFM loop buckets captured, e.g. 10,100 as served (default: the engine's, every length)")
@@ -391,7 +391,6 @@ def main():
         import torch._inductor.config as inductor_config
         inductor_config.max_autotune_gemm = True
         inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
-    args.batches = [int(x) for x in args.batches.split(",")]
 
     gpu = args.device == "cuda"
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "date": time.strftime("%Y-%m-%d"),

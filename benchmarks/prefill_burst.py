@@ -32,7 +32,7 @@ from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
 from bench import TEXT  # noqa: E402
-from cli import timestep_buckets  # noqa: E402
+from cli import int_list, timestep_buckets  # noqa: E402
 
 
 def wave(eng, prompts: list, steps: int, tag: str) -> dict:
@@ -75,7 +75,7 @@ def timed_prefill(eng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--sizes", default="4,8,32,64,128")
+    ap.add_argument("--sizes", type=int_list, default=(4, 8, 32, 64, 128))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--max-batch", type=int, default=128)
@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     gpu = a.device == "cuda"
-    sizes = [int(x) for x in a.sizes.split(",")]
+    sizes = a.sizes
     vox = VoxCPM2.from_pretrained(a.checkpoint, device=a.device, dtype="bfloat16" if gpu else "float32", compile=gpu)
     distinct = [vox.prepare_prompt(f"Request {i}: {TEXT}") for i in range(max(sizes))]
     shared = vox.prepare_prompt(TEXT)
