@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python_backend"))
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
+from cli import timestep_buckets  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it keeps on running through the field."
 WARM = 20
@@ -90,6 +91,8 @@ def main():
     ap.add_argument("--out", default="engine_loop.json")
     ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
+    ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
+                    help="the CFM loop buckets to capture (as served: 10,100); default: the engine's")
     ap.add_argument("--no-chain", action="store_true",
                     help="stacked persistent layers each compute their own input norm (an A/B of the hand-on)")
     args = ap.parse_args()
@@ -105,7 +108,8 @@ def main():
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)
-    eng = Engine(vox, EngineConfig(max_batch_size=1, cuda_graphs=True))
+    buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
+    eng = Engine(vox, EngineConfig(max_batch_size=1, cuda_graphs=True, **buckets))
     print(f"[engine_loop] ready after {time.perf_counter() - t0:.1f} s", flush=True)
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,

@@ -102,7 +102,7 @@ def persistent_chained(layers, x, cos, sin, S):
 
 
 L = pl.Launch()
-PERSISTENT = {  # name -> launch (None: the server's, pl.launch_for the sizes and token count)
+PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the sizes, token count and GPU)
     "persistent": None,
     "persistent_stages3": L._replace(stages=3),
     "persistent_stages_all": L._replace(stages=0),
@@ -113,6 +113,9 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.launch_for the sizes an
     "persistent_o64_d64_split8": L._replace(blocks=(32, 64, 32, 64), splits=(8, 8)),
     "persistent_split2_2": L._replace(splits=(2, 2)),
     "persistent_w8": L._replace(num_warps=8),
+    "persistent_unswapped": L,  # activation rows as the products' M side (the server's before Launch.swap)
+    "persistent_swap64": L._replace(blocks=(64, 64, 32, 64), splits=(8, 8), swap=True),  # every GEMM phase 64 rows
+    "persistent_swap64_s4": L._replace(blocks=(64, 64, 32, 64), swap=True),
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 
@@ -294,7 +297,8 @@ def phase_profile(dev, dt, M, launch=None):
         if rep == 0:
             continue  # compiles
         times += [pl.phase_times(buf) for buf in bufs]
-    res = {"M": M, "launch": (launch or pl.launch_for(H, HQ * D, I, M))._asdict(), **phase_summary(times, PHASE_NAMES)}
+    launch = launch or pl.choose_launch(H, HQ * D, I, M, dev, x.element_size())
+    res = {"M": M, "launch": launch._asdict(), **phase_summary(times, PHASE_NAMES)}
     print(f"persistent M={M} {res['launch']}: total {res['total_us']:.2f} us (start of first program to end of last)", flush=True)
     for p in res["phases"]:
         print(f"   {p['phase']:15s} span {p['span_us']:6.2f} us  barrier {p['barrier_us'] or 0:5.2f} us", flush=True)

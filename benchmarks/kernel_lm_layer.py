@@ -14,7 +14,8 @@ every row at a context of CONTEXT tokens over the engine's table width:
 
 --fp8: the four projections' weights in e4m3 (`precision` fp8): the compiled path quantises the
 activations per token (`kernels.fp8.fp8_linear`), the persistent kernel widens the weights in
-registers; the sweep's `default` is then the bf16 launch (K tiles of 128 instead of FP8_BLOCK_K).
+registers; the sweep's `default` is then the server's e4m3 launch (K tiles of FP8_BLOCK_K), `unswapped`
+the bf16 one (K tiles of 128), `fp8_swap` the e4m3 one with its products swapped.
 
 Microseconds per layer, median of replays of a CUDA graph of the 28.
 """
@@ -40,8 +41,9 @@ from voxcpm_triton.model.minicpm import LayerMath  # noqa: E402
 H, HQ, HKV, D, I, EPS = 2048, 16, 2, 128, 6144, 1e-5
 DEPTH, BLOCK, WIDTH = 28, 16, 512  # layers; the engine's block size and table width (8192 positions)
 L = pl.Launch()
-VARIANTS = {  # name -> launch: pl.launch_for's choice at the LM's sizes, and others
-    "default": pl.launch_for(H, HQ * D, I), "launch_local": L, "gu16": L._replace(blocks=(32, 32, 16, 32)),
+VARIANTS = {  # name -> launch: None, the server's (pl.choose_launch for the LM's sizes and the GPU), and others
+    "default": None, "unswapped": pl.launch_for(H, HQ * D, I), "launch_local": L,
+    "gu16": L._replace(blocks=(32, 32, 16, 32)),
     "qkv16_gu16": L._replace(blocks=(16, 32, 16, 32)), "stages8": L._replace(stages=8),
     "gu16_stages8": L._replace(blocks=(32, 32, 16, 32), stages=8), "bk256": L._replace(block_k=256),
     "gu16_split8": L._replace(blocks=(32, 32, 16, 32), splits=(8, 8)), "w8": L._replace(num_warps=8),
@@ -49,6 +51,9 @@ VARIANTS = {  # name -> launch: pl.launch_for's choice at the LM's sizes, and ot
     "gu64_stages4": L._replace(blocks=(32, 32, 64, 32), stages=4), "gu64_bk64": L._replace(blocks=(32, 32, 64, 32),
                                                                                            block_k=64),
     "o64_gu64_d64": L._replace(blocks=(32, 64, 64, 64)), "qkv64_gu64": L._replace(blocks=(64, 32, 64, 32)),
+    # weight rows as the products' M side (wgmma from 64 rows; the server's on Hopper)
+    "swap_qkv64": pl.launch_for(H, HQ * D, I)._replace(blocks=(64, 64, 64, 64), swap=True),
+    "fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),  # with --fp8
 }
 ONLY: set = set()
 PHASES = ["norm", "qkv", "attention (context splits)", "merge splits", "o (split K)", "sum+residual+norm",

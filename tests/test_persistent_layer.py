@@ -97,6 +97,10 @@ LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, attn_heads=1), None),
     # fewer programs than work items: each takes several, in every phase
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 16, 16, 16), splits=(2, 2), block_k=16, attn_heads=1), 3),
+    # weight rows as the products' M side: gate and up rows stacked in one tile, partial last tiles,
+    # several items a program
+    ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 32, 32, 16), splits=(1, 2), block_k=32, swap=True), None),
+    ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True), 3),
 ]
 
 
@@ -164,6 +168,18 @@ def test_runs_takes_e4m3_weights_all_four_or_none(monkeypatch):
     assert pl.launch_for(1024, 2048, 4096, fp8=True).block_k == pl.FP8_BLOCK_K == 256
     assert pl.launch_for(2048, 2048, 6144, fp8=True) == pl.launch_for(2048, 2048, 6144)._replace(block_k=256)
     assert pl.launch_for(128, 128, 256, fp8=True).block_k == 32
+
+
+def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
+    """On Hopper (wgmma) the bf16 layers' products take the weight rows as their M side; e4m3 layers
+    and other devices keep the activation rows there (`Launch.swap`)."""
+    dev = torch.device("cpu")
+    assert not pl.warpgroup_mma(dev)
+    for hopper in (False, True):
+        monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
+        assert pl.choose_launch(1024, 2048, 4096, 22, dev, 2).swap == hopper  # LocDiT
+        assert pl.choose_launch(2048, 2048, 6144, 1, dev, 2).swap == hopper  # an LM row
+        assert not pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True).swap
 
 
 def test_e4m3_launches_fall_back_where_shared_memory_is_short(monkeypatch):

@@ -51,3 +51,9 @@ def shared_memory(device: torch.device) -> int:
     """Shared memory one program may use on a CUDA device (bytes, with the opt-in above the default)."""
     props = _cuda_properties(device)
     return getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block
+
+
+def warpgroup_mma(device: torch.device) -> bool:
+    """Whether a CUDA device multiplies with Hopper's warpgroup MMA (wgmma: compute capability 9.x),
+    which triton uses for a product whose M side has 64 rows or more."""
+    return device.type == "cuda" and _cuda_properties(device).major == 9

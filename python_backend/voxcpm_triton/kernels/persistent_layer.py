@@ -40,6 +40,11 @@ scaled by its weight row's scale. The activations are not quantised (weight-only
 compiled layers of larger batches quantise them per token (`kernels.fp8.fp8_linear`): at these few
 tokens a step is bound by its weight reads, not by the GEMMs' arithmetic.
 
+On Hopper the 16-bit products are swapped (`Launch.swap`): out^T = W x^T, the weight tile on the
+product's M side. Hopper's warpgroup MMA (wgmma) takes M from 64 rows, which a few tokens' rows
+never reach, and reads both operands from the pipeline's shared memory buffers where the
+older MMA waits on loads into registers; a gated tile stacks its gate and up rows to reach 64.
+
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
 on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
@@ -60,7 +65,7 @@ from typing import NamedTuple
 import torch
 
 from . import local_attention, paged_attention
-from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton
+from ._triton import HAVE_TRITON, interpreted, shared_memory, sm_count, tl, triton, warpgroup_mma
 from ._triton import next_pow2 as _next_pow2
 from .fp8 import FP8, FP8Weight
 
@@ -117,12 +122,16 @@ if HAVE_TRITON:
     @triton.jit
     def _k_loop(a_rows, w_rows, up_rows, m_mask, n_mask, K_LEN: tl.constexpr, GATED: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr):
         """fp32 sums over K_LEN columns of [BLOCK_M] activation rows times [BLOCK_N] weight rows (and,
-        GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up). STAGES: shared
-        memory buffers of the loop's software pipeline (STAGES - 1 K tiles in flight). W_FP8: e4m3
-        weights, multiplied in fp16 (see the module doc)."""
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up), [BLOCK_M, BLOCK_N].
+        SWAP: the weight rows are the product's M side, (acc, acc_up) [BLOCK_N, BLOCK_M] (see `_tile`;
+        not GATED). STAGES: shared memory buffers of the loop's software pipeline (STAGES - 1 K tiles in
+        flight). W_FP8: e4m3 weights, multiplied in fp16 (see the module doc)."""
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in tl.range(0, K_LEN, BLOCK_K, num_stages=STAGES):
             kk = k0 + tl.arange(0, BLOCK_K)
@@ -133,7 +142,10 @@ if HAVE_TRITON:
             elif W_FP8:
                 a = tl.clamp(a.to(tl.float32), -_FP16_MAX, _FP16_MAX).to(tl.float16)
                 w = w.to(tl.float16)
-            acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+            if SWAP:
+                acc += tl.dot(w, tl.trans(a), input_precision=PRECISION)
+            else:
+                acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
             if GATED:
                 u = tl.load(up_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
                 if UPCAST:
@@ -146,21 +158,42 @@ if HAVE_TRITON:
     @triton.jit
     def _tile(a_ptr, w_ptr, ws_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr):
         """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
         then up rows, and out = silu(gate) * up, SiLU rounded before the product). W_FP8: each column's
-        fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding."""
+        fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding.
+
+        SWAP: multiply W's rows by the activations' (out^T = W a^T): the weight tile is the product's
+        M side, which Hopper's warpgroup MMA takes from 64 rows, where a few tokens' rows would be
+        too few. Gated, the tile stacks its gate rows over its up rows (2 x BLOCK_N), one product."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = n0 + tl.arange(0, BLOCK_N)
         m_mask, n_mask = rm < M, rn < N
-        w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
-        acc, acc_up = _k_loop(a_ptr + rm[:, None] * K, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED,
-                              BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8)
-        if W_FP8:
-            acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
-            if GATED:
-                acc_up = acc_up * tl.load(ws_ptr + N + rn, mask=n_mask, other=0.0)[None, :]
+        a_rows = a_ptr + rm[:, None] * K
+        if SWAP and GATED:
+            r2 = tl.arange(0, 2 * BLOCK_N)
+            col = n0 + r2 % BLOCK_N
+            row = col + (r2 // BLOCK_N) * N  # gate rows, then the same columns' up rows
+            both, _ = _k_loop(a_rows, w_ptr + row.to(tl.int64)[:, None] * K, w_ptr, m_mask, col < N, K, False,
+                              BLOCK_M, 2 * BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, True)
+            if W_FP8:
+                both = both * tl.load(ws_ptr + row, mask=col < N, other=0.0)[:, None]
+            gate, up = tl.split(tl.permute(tl.reshape(both, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+            acc, acc_up = tl.trans(gate), tl.trans(up)
+        else:
+            w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
+            acc, acc_up = _k_loop(a_rows, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED, BLOCK_M, BLOCK_N,
+                                  BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, SWAP)
+            if W_FP8:
+                if SWAP:
+                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[:, None]
+                else:
+                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
+                if GATED:
+                    acc_up = acc_up * tl.load(ws_ptr + N + rn, mask=n_mask, other=0.0)[None, :]
+            if SWAP:
+                acc = tl.trans(acc)
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
@@ -169,9 +202,9 @@ if HAVE_TRITON:
     @triton.jit
     def _split_k(a_ptr, w_ptr, ws_ptr, part_ptr, M, N, pid, P, K: tl.constexpr, SPLIT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr):
         """A [M, K] x [K, N] product's (column tile, K split) items over programs, each to its split's
-        fp32 partials, part[split] (W_FP8: scaled as in `_tile`)."""
+        fp32 partials, part[split] (W_FP8: scaled as in `_tile`; SWAP: multiplied as there)."""
         n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         K_SPLIT: tl.constexpr = K // SPLIT
         rm = tl.arange(0, BLOCK_M)
@@ -182,9 +215,14 @@ if HAVE_TRITON:
             n_mask = rn < N
             acc, _ = _k_loop(a_ptr + rm[:, None] * K + split * K_SPLIT,
                              w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT, w_ptr, m_mask, n_mask,
-                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8)
+                             K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, SWAP)
             if W_FP8:
-                acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
+                if SWAP:
+                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[:, None]
+                else:
+                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
+            if SWAP:
+                acc = tl.trans(acc)
             tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
                      mask=m_mask[:, None] & n_mask[None, :])
 
@@ -225,6 +263,7 @@ if HAVE_TRITON:
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
+        SWAP: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
         tim = tim_ptr + pid * _TIM_COLS
@@ -240,7 +279,7 @@ if HAVE_TRITON:
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
                 _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
-                      ST_QKV, UPCAST, PRECISION, W_FP8)
+                      ST_QKV, UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
@@ -268,7 +307,7 @@ if HAVE_TRITON:
                 _grid_sync(sync_ptr, (4 - FIRST) * P, tim, 3 - FIRST, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # attn Wo^T, split K
             _split_k(attn_ptr, o_w, o_s, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O,
-                     UPCAST, PRECISION, W_FP8)
+                     UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
@@ -278,12 +317,12 @@ if HAVE_TRITON:
         if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
                 _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
-                      UPCAST, PRECISION, W_FP8)
+                      UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
             _split_k(act_ptr, d_w, d_s, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D,
-                     UPCAST, PRECISION, W_FP8)
+                     UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (7 + MERGE - FIRST) * P, tim, 6 + MERGE - FIRST, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
@@ -335,6 +374,7 @@ class Launch(NamedTuple):
     attn_heads: int = 1  # query heads per attention work item
     num_warps: int = 4
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
+    swap: bool = False  # weight rows as the products' M side (`_tile`)
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
@@ -411,12 +451,14 @@ def _unwrap_weights(x, qkv_w, o_w, gate_up_w, down_w):
 def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, elem: int,
                   fp8: bool = False) -> Launch | None:
     """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
-    fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None."""
+    fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None. On Hopper the
+    16-bit weights' products are swapped (`Launch.swap`), so that their 64-row tiles take wgmma
+    (benchmarks/kernel_fused_layer.py, kernel_lm_layer.py)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
-            return launch
+            return launch._replace(swap=not fp8 and warpgroup_mma(device))
     return None
 
 
@@ -521,7 +563,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
-        num_warps=launch.num_warps)
+        SWAP=launch.swap, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
