@@ -116,6 +116,9 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     "persistent_unswapped": L,  # activation rows as the products' M side (the server's before Launch.swap)
     "persistent_swap64": L._replace(blocks=(64, 64, 32, 64), splits=(8, 8), swap=True),  # every GEMM phase 64 rows
     "persistent_swap64_s4": L._replace(blocks=(64, 64, 32, 64), swap=True),
+    "persistent_gu64": L._replace(blocks=(32, 32, 64, 32), swap=True),
+    # each program asks L2 for its next GEMM item's first K tiles before the barrier
+    **{f"persistent_pf{n}": L._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 

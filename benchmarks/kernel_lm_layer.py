@@ -54,6 +54,7 @@ VARIANTS = {  # name -> launch: None, the server's (pl.choose_launch for the LM'
     # weight rows as the products' M side (wgmma from 64 rows; the server's on Hopper)
     "swap_qkv64": pl.launch_for(H, HQ * D, I)._replace(blocks=(64, 64, 64, 64), swap=True),
     "fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),  # with --fp8
+    **{f"pf{n}": pl.launch_for(H, HQ * D, I)._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
 }
 ONLY: set = set()
 PHASES = ["norm", "qkv", "attention (context splits)", "merge splits", "o (split K)", "sum+residual+norm",

@@ -101,6 +101,8 @@ LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
     # several items a program
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 32, 32, 16), splits=(1, 2), block_k=32, swap=True), None),
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True), 3),
+    # L2 prefetches of the next items' K tiles (a hint, compiled on a GPU only), past an item's K span
+    ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 32, 32, 16), splits=(1, 2), block_k=32, swap=True, prefetch=8), None),
 ]
 
 
@@ -171,15 +173,17 @@ def test_runs_takes_e4m3_weights_all_four_or_none(monkeypatch):
 
 
 def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
-    """On Hopper (wgmma) the bf16 layers' products take the weight rows as their M side; e4m3 layers
-    and other devices keep the activation rows there (`Launch.swap`)."""
+    """On Hopper (wgmma) the bf16 layers' products take the weight rows as their M side and their
+    programs prefetch their next items' first K tiles; e4m3 layers and other devices keep the
+    activation rows there and prefetch nothing (`Launch.swap`, `Launch.prefetch`)."""
     dev = torch.device("cpu")
     assert not pl.warpgroup_mma(dev)
     for hopper in (False, True):
         monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
-        assert pl.choose_launch(1024, 2048, 4096, 22, dev, 2).swap == hopper  # LocDiT
-        assert pl.choose_launch(2048, 2048, 6144, 1, dev, 2).swap == hopper  # an LM row
-        assert not pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True).swap
+        local, lm = pl.choose_launch(1024, 2048, 4096, 22, dev, 2), pl.choose_launch(2048, 2048, 6144, 1, dev, 2)
+        assert (local.swap, local.prefetch, lm.swap, lm.prefetch) == ((True, 2, True, 1) if hopper else (False, 0) * 2)
+        e4m3 = pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True)
+        assert not e4m3.swap and e4m3.prefetch == 0
 
 
 def test_e4m3_launches_fall_back_where_shared_memory_is_short(monkeypatch):

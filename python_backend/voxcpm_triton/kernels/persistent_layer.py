@@ -44,6 +44,9 @@ On Hopper the 16-bit products are swapped (`Launch.swap`): out^T = W x^T, the we
 product's M side. Hopper's warpgroup MMA (wgmma) takes M from 64 rows, which a few tokens' rows
 never reach, and reads both operands from the pipeline's shared memory buffers where the
 older MMA waits on loads into registers; a gated tile stacks its gate and up rows to reach 64.
+Each GEMM phase also starts from weights already on their way: before the barrier in front of it,
+every program asks L2 for the first K tiles of its item there (`Launch.prefetch`, a `prefetch.global.L2`
+hint per line; more tiles than a few queue behind the phase's own reads and cost more than they save).
 
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
@@ -86,6 +89,18 @@ if HAVE_TRITON:
     def _clock():
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                          pack=1)
+
+    @triton.jit
+    def _prefetch(w_ptr, row0, n_rows, K: tl.constexpr, k0, K_LEN: tl.constexpr, ROWS: tl.constexpr,
+                  PF: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr):
+        """Ask L2 for the first PF K tiles (of K_LEN columns from column k0) of weight rows row0 ..
+        row0 + ROWS (of n_rows, K long), LINE elements to a 128-byte line: a program's next GEMM item,
+        before the barrier that starts it."""
+        LINES: tl.constexpr = max(1, min(PF * BLOCK_K, K_LEN) // LINE)
+        r = tl.minimum(row0 + tl.arange(0, ROWS), n_rows - 1)
+        ptrs = w_ptr + r.to(tl.int64)[:, None] * K + k0 + tl.arange(0, LINES)[None, :] * LINE
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
     @triton.jit
     def _grid_sync(sync_ptr, target, tim_ptr, slot, TIMING: tl.constexpr):
@@ -263,7 +278,7 @@ if HAVE_TRITON:
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
-        SWAP: tl.constexpr,
+        SWAP: tl.constexpr, PF: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
         tim = tim_ptr + pid * _TIM_COLS
@@ -272,7 +287,12 @@ if HAVE_TRITON:
         NQKV: tl.constexpr = (HQ + 2 * HKV) * D
         HO: tl.constexpr = HQ * D
         MERGE: tl.constexpr = 1 if PAGED and ATT_SPLITS > 1 else 0  # the merge phase and its barrier
+        LINE: tl.constexpr = 128 // (1 if W_FP8 else 2)  # weight elements per 128-byte line
+        N_O: tl.constexpr = (H + BN_O - 1) // BN_O
+        N_D: tl.constexpr = (H + BN_D - 1) // BN_D
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
+            if PF and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, H, BN_QKV, PF, BLOCK_K, LINE)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (1 - FIRST) * P, tim, 0 - FIRST, TIMING)
@@ -283,6 +303,9 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
+            if PF and pid < N_O * SPLIT_O:
+                _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), HO // SPLIT_O, BN_O, PF, BLOCK_K,
+                          LINE)
             if PAGED:  # (row, kv head, context split); the new K/V into the cache
                 for u in range(pid, M * HKV * ATT_SPLITS, P):
                     bk = u // ATT_SPLITS
@@ -311,6 +334,9 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
+            if PF and pid < tl.cdiv(I, BN_GU):
+                _prefetch(gu_w, pid * BN_GU, I, H, 0, H, BN_GU, PF, BLOCK_K, LINE)
+                _prefetch(gu_w, I + pid * BN_GU, 2 * I, H, 0, H, BN_GU, PF, BLOCK_K, LINE)
             _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (5 + MERGE - FIRST) * P, tim, 4 + MERGE - FIRST, TIMING)
@@ -318,6 +344,9 @@ if HAVE_TRITON:
             for t in range(pid, tl.cdiv(I, BN_GU), P):
                 _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
                       UPCAST, PRECISION, W_FP8, SWAP)
+            if PF and pid < N_D * SPLIT_D:
+                _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), I // SPLIT_D, BN_D, PF, BLOCK_K,
+                          LINE)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
@@ -375,6 +404,7 @@ class Launch(NamedTuple):
     num_warps: int = 4
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
     swap: bool = False  # weight rows as the products' M side (`_tile`)
+    prefetch: int = 0  # K tiles of its next GEMM item each program asks L2 for before the barrier (0: none)
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
@@ -452,13 +482,17 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
                   fp8: bool = False) -> Launch | None:
     """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
     fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None. On Hopper the
-    16-bit weights' products are swapped (`Launch.swap`), so that their 64-row tiles take wgmma
-    (benchmarks/kernel_fused_layer.py, kernel_lm_layer.py)."""
+    16-bit weights' products are swapped (`Launch.swap`), so that their 64-row tiles take wgmma, and
+    each program asks L2 for its next GEMM item's first K tiles before the barrier (`Launch.prefetch`:
+    two tiles for LocDiT/LocEnc, one for the LM's wider layers); measured there
+    (benchmarks/kernel_fused_layer.py, kernel_lm_layer.py, engine_loop.py), not with e4m3 weights."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
-            return launch._replace(swap=not fp8 and warpgroup_mma(device))
+            if fp8 or not warpgroup_mma(device):
+                return launch
+            return launch._replace(swap=True, prefetch=1 if H >= 2048 else 2)
     return None
 
 
@@ -563,7 +597,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
-        SWAP=launch.swap, num_warps=launch.num_warps)
+        SWAP=launch.swap, PF=0 if _INTERPRETED else launch.prefetch, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
