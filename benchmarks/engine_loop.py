@@ -91,6 +91,9 @@ def main():
     ap.add_argument("--out", default="engine_loop.json")
     ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
+    ap.add_argument("--max-batch", type=int, default=1,
+                    help="the engine's max_batch_size: 1 runs the lone request in a bucket of 1, more in the "
+                         "server's smallest (2)")
     ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="the CFM loop buckets to capture (as served: 10,100); default: the engine's")
     ap.add_argument("--no-chain", action="store_true",
@@ -103,17 +106,18 @@ def main():
     if args.launch:
         from voxcpm_triton.kernels import persistent_layer as pl
         changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
-        chosen = pl.launch_for
-        pl.launch_for = lambda *a, **k: (lambda L: L and L._replace(**changes))(chosen(*a, **k))
+        chosen = pl.choose_launch
+        pl.choose_launch = lambda *a, **k: (lambda L: L and L._replace(**changes))(chosen(*a, **k))
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)
     buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
-    eng = Engine(vox, EngineConfig(max_batch_size=1, cuda_graphs=True, **buckets))
+    eng = Engine(vox, EngineConfig(max_batch_size=args.max_batch, cuda_graphs=True, **buckets))
     print(f"[engine_loop] ready after {time.perf_counter() - t0:.1f} s", flush=True)
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
+           "max_batch": args.max_batch,
            "no_chain": args.no_chain, "runs": []}
     try:
         trace(eng, prompt, 40)  # warm

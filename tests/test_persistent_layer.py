@@ -173,7 +173,7 @@ def test_runs_takes_e4m3_weights_all_four_or_none(monkeypatch):
 
 
 def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
-    """On Hopper (wgmma) the bf16 layers' products take the weight rows as their M side and their
+    """On Hopper (wgmma) the bf16 layers' products under 64 token rows take the weight rows as their M side and their
     programs prefetch their next items' first K tiles; e4m3 layers and other devices keep the
     activation rows there and prefetch nothing (`Launch.swap`, `Launch.prefetch`)."""
     dev = torch.device("cpu")
@@ -182,6 +182,8 @@ def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
         monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
         local, lm = pl.choose_launch(1024, 2048, 4096, 22, dev, 2), pl.choose_launch(2048, 2048, 6144, 1, dev, 2)
         assert (local.swap, local.prefetch, lm.swap, lm.prefetch) == ((True, 2, True, 1) if hopper else (False, 0) * 2)
+        wide = pl.choose_launch(1024, 2048, 4096, 44, dev, 2)  # 64-row token tiles take wgmma as they are
+        assert (wide.swap, wide.prefetch) == ((False, 2) if hopper else (False, 0))
         e4m3 = pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True)
         assert not e4m3.swap and e4m3.prefetch == 0
 

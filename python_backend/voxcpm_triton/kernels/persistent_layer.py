@@ -482,7 +482,8 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
                   fp8: bool = False) -> Launch | None:
     """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
     fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None. On Hopper the
-    16-bit weights' products are swapped (`Launch.swap`), so that their 64-row tiles take wgmma, and
+    16-bit weights' products are swapped (`Launch.swap`) below 64 token rows, so that their 64-row
+    weight tiles take wgmma (from 64 rows the tokens' own tiles do), and
     each program asks L2 for its next GEMM item's first K tiles before the barrier (`Launch.prefetch`:
     two tiles for LocDiT/LocEnc, one for the LM's wider layers); measured there
     (benchmarks/kernel_fused_layer.py, kernel_lm_layer.py, engine_loop.py), not with e4m3 weights."""
@@ -492,7 +493,7 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
             if fp8 or not warpgroup_mma(device):
                 return launch
-            return launch._replace(swap=True, prefetch=1 if H >= 2048 else 2)
+            return launch._replace(swap=block_m < 64, prefetch=1 if H >= 2048 else 2)
     return None
 
 
