@@ -1,0 +1,124 @@
+"""Which matrix instructions the persistent layer kernel compiles to on Hopper, on any machine (no GPU).
+
+Triton compiles a LocDiT/LocEnc layer's launch (`persistent_layer.layer`'s arguments for the sizes and
+token count, as the server would launch it on an H100/H200) for sm_90, then counts the warpgroup MMAs
+(`wgmma.mma_async`) and the older `mma.sync` in its PTX, and runs triton's ptxas for registers and spills:
+
+    python3 benchmarks/kernel_sm90_mma.py --tokens 22,44 --launch swap=True --launch prefetch=2
+
+Pointer arguments are taken as 16-byte aligned, as triton specialises them at a real launch: without
+that its K loops would not be pipelined at all. --launch changes fields of the launch that
+`persistent_layer.choose_launch` gives on this machine (no Hopper here: neither swapped nor prefetching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
+from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+
+H, HQ, HKV, D, I, EPS = 1024, 16, 2, 128, 4096, 1e-5  # LocDiT's and LocEnc's layer
+H100_SMEM, H100_SMS = 232448, 132
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+
+
+def launch_arguments(tokens: int, seq_len: int, changes: dict) -> tuple[tuple, dict]:
+    """`persistent_layer.layer`'s launch of a chained layer (h_in given, next_norm asked for) over `tokens`
+    zero rows -> (positional arguments, keyword arguments) of its `_layer_kernel` call, as on an H100."""
+    seen = {}
+
+    class Capture:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.update(args=args, kw=kw)
+
+    saved = (pl._layer_kernel, pl._INTERPRETED, pl._smem, pl._programs, pl._sync, pl.choose_launch)
+    chosen = pl.choose_launch
+    pl._layer_kernel, pl._INTERPRETED = Capture(), False
+    pl._smem, pl._programs = (lambda dev: H100_SMEM), (lambda dev, work: min(work, H100_SMS))
+    pl._sync = lambda dev: torch.zeros(2, dtype=torch.int32)
+    pl.choose_launch = lambda *a, **k: chosen(*a, **k)._replace(**changes)
+    try:
+        bf = torch.bfloat16
+        x, norm = torch.zeros(tokens, H, dtype=bf), torch.ones(H, dtype=bf)
+        qkv, o = torch.zeros((HQ + 2 * HKV) * D, H, dtype=bf), torch.zeros(H, HQ * D, dtype=bf)
+        gate_up, down = torch.zeros(2 * I, H, dtype=bf), torch.zeros(H, I, dtype=bf)
+        cos = sin = torch.zeros(seq_len, D)
+        pl.layer(x, norm, qkv, cos, sin, seq_len, (HQ, HKV, D), o, norm, gate_up, down, EPS, h_in=x, next_norm=norm)
+    finally:
+        pl._layer_kernel, pl._INTERPRETED, pl._smem, pl._programs, pl._sync, pl.choose_launch = saved
+    return seen["args"], seen["kw"]
+
+
+def compile_sm90(args: tuple, kw: dict):
+    """The kernel compiled for sm_90 with these arguments (ints of 1 specialised, pointers 16-byte aligned)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = pl._layer_kernel
+    kw = dict(kw)
+    num_warps = kw.pop("num_warps")
+    signature, constants, attrs, it = {}, {}, {}, iter(args)
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
+        if param.is_constexpr:
+            signature[name], constants[(i,)] = "constexpr", kw[name]
+            continue
+        a = next(it)
+        if isinstance(a, torch.Tensor):
+            signature[name], attrs[(i,)] = TYPES[a.dtype], [["tt.divisibility", 16]]
+        elif isinstance(a, int) and a == 1:
+            signature[name], constants[(i,)] = "constexpr", 1
+        elif isinstance(a, int):
+            signature[name] = "i32"
+            if a % 16 == 0 and a:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    src = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def ptxas_stats(ptx: str) -> str:
+    """triton's ptxas -v on the PTX for sm_90a: registers, spills."""
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        r = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True)
+    return " ".join(line.split(":", 1)[-1].strip() for line in r.stderr.splitlines() if "Used" in line or "spill" in line)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", default="22,44,10", help="token counts (LocDiT: 22 per request, LocEnc: 10)")
+    ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
+    args = ap.parse_args()
+    changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        seq_len = 5 if tokens % 11 else 11
+        a, kw = launch_arguments(tokens, seq_len, changes)
+        k = compile_sm90(a, kw)
+        ptx = k.asm["ptx"]
+        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF")}
+        print(f"{tokens} tokens {launch}: wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, mma.sync "
+              f"{len(re.findall(r'mma.sync', ptx))}, shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
