@@ -103,11 +103,18 @@ def main():
         from voxcpm_triton.model import minicpm
         forward = minicpm.DecoderLayer.forward
         minicpm.DecoderLayer.forward = lambda self, *a, next_norm=None, **k: forward(self, *a, **k)
-    if args.launch:
-        from voxcpm_triton.kernels import persistent_layer as pl
-        changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
-        chosen = pl.choose_launch
-        pl.choose_launch = lambda *a, **k: (lambda L: L and L._replace(**changes))(chosen(*a, **k))
+    # every persistent layer launch the engine resolves (with --launch's changes), for the record
+    from voxcpm_triton.kernels import persistent_layer as pl
+    changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
+    chosen, launches = pl.choose_launch, {}
+
+    def choose_launch(H, HO, I, tokens, device, elem, fp8=False):
+        launch = chosen(H, HO, I, tokens, device, elem, fp8)
+        launch = launch and launch._replace(**changes)
+        launches[f"hidden {H}, {tokens} tokens{', e4m3' if fp8 else ''}"] = launch and launch._asdict()
+        return launch
+
+    pl.choose_launch = choose_launch
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)
@@ -117,8 +124,8 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
-           "max_batch": args.max_batch,
-           "no_chain": args.no_chain, "runs": []}
+           "max_batch": args.max_batch, "timestep_buckets": args.timestep_buckets,
+           "no_chain": args.no_chain, "launches": launches, "runs": []}
     try:
         trace(eng, prompt, 40)  # warm
         for steps in (int(s) for s in args.steps.split(",")):

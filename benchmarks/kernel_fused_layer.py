@@ -113,11 +113,11 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     "persistent_o64_d64_split8": L._replace(blocks=(32, 64, 32, 64), splits=(8, 8)),
     "persistent_split2_2": L._replace(splits=(2, 2)),
     "persistent_w8": L._replace(num_warps=8),
-    "persistent_unswapped": L,  # activation rows as the products' M side (the server's before Launch.swap)
+    "persistent_unswapped": L,  # activation rows as the products' M side (the server's from 64 tokens, or off Hopper)
     "persistent_swap64": L._replace(blocks=(64, 64, 32, 64), splits=(8, 8), swap=True),  # every GEMM phase 64 rows
     "persistent_swap64_s4": L._replace(blocks=(64, 64, 32, 64), swap=True),
     "persistent_gu64": L._replace(blocks=(32, 32, 64, 32), swap=True),
-    # each program asks L2 for its next GEMM item's first K tiles before the barrier
+    # swapped (as the server launches under 64 tokens), each program asking L2 for its next GEMM item's first K tiles
     **{f"persistent_pf{n}": L._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)

@@ -145,6 +145,7 @@ def main():
                "persistent_us": time_calls([fused], 1, reps=20) / DEPTH,
                "chained_max_abs_diff": (chained().float() - fused().float()).abs().max().item(),
                "chained_us": time_calls([chained], 1, reps=20) / DEPTH}
+        row["launch"] = pl.choose_launch(H, HQ * D, I, rows, dev, x.element_size(), fp8=args.fp8)._asdict()
         row["speedup"] = row["compiled_us"] / row["persistent_us"]
         row["chained_speedup"] = row["persistent_us"] / row["chained_us"]
         if rows in sweep_rows:

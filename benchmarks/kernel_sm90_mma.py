@@ -7,8 +7,8 @@ token count, as the server would launch it on an H100/H200) for sm_90, then coun
     python3 benchmarks/kernel_sm90_mma.py --tokens 22,44 --launch swap=True --launch prefetch=2
 
 Pointer arguments are taken as 16-byte aligned, as triton specialises them at a real launch: without
-that its K loops would not be pipelined at all. --launch changes fields of the launch that
-`persistent_layer.choose_launch` gives on this machine (no Hopper here: neither swapped nor prefetching).
+that its K loops would not be pipelined at all. The launch is `persistent_layer.choose_launch`'s for CPU
+tensors (so neither swapped nor prefetching, as off Hopper) with the fields --launch names changed.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def ptxas_stats(ptx: str) -> str:
         f.write(ptx)
         f.flush()
         r = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True)
-    return " ".join(line.split(":", 1)[-1].strip() for line in r.stderr.splitlines() if "Used" in line or "spill" in line)
+    return " ".join(line.split(":", 1)[-1].strip() for line in r.stderr.splitlines()
+                    if "Used" in line or "spill" in line)
 
 
 def main():
@@ -114,10 +115,10 @@ def main():
         a, kw = launch_arguments(tokens, seq_len, changes)
         k = compile_sm90(a, kw)
         ptx = k.asm["ptx"]
-        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF")}
+        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF_O", "PF_GU", "PF_D")}
         print(f"{tokens} tokens {launch}: wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, mma.sync "
-              f"{len(re.findall(r'mma.sync', ptx))}, shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}",
-              flush=True)
+              f"{len(re.findall(r'mma.sync', ptx))}, L2 prefetches {len(re.findall(r'prefetch.global.L2', ptx))}, "
+              f"shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}", flush=True)
 
 
 if __name__ == "__main__":

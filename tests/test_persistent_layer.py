@@ -184,6 +184,10 @@ def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
         assert (local.swap, local.prefetch, lm.swap, lm.prefetch) == ((True, 2, True, 1) if hopper else (False, 0) * 2)
         wide = pl.choose_launch(1024, 2048, 4096, 44, dev, 2)  # 64-row token tiles take wgmma as they are
         assert (wide.swap, wide.prefetch) == ((False, 2) if hopper else (False, 0))
+        # the bounds: 32 rows swap, 33 pad to 64 and do not; past 64 (not measured) neither
+        assert pl.choose_launch(1024, 2048, 4096, 32, dev, 2).swap == hopper
+        assert not pl.choose_launch(1024, 2048, 4096, 33, dev, 2).swap
+        assert pl.choose_launch(1024, 2048, 4096, 88, dev, 2).prefetch == 0
         e4m3 = pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True)
         assert not e4m3.swap and e4m3.prefetch == 0
 
@@ -239,6 +243,23 @@ def test_e4m3_weights_give_the_dequantised_layer(B, S, H, Hq, Hkv, D, I, dtype):
     again, _ = pl.fused_local_layers.layer(0, x, S, (cos, sin), (Hq, Hkv, D), *weights, EPS,
                                            h_in=reference_layer_norm(x, weights[0]))
     assert (again.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+    assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("launch", [  # weight tiles narrower and wider than the 32 token rows
+    pl.Launch(blocks=(16, 64, 32, 16), splits=(2, 2), block_k=32, swap=True),
+    pl.Launch(blocks=(64, 16, 64, 32), splits=(1, 2), block_k=32, swap=True)])
+def test_e4m3_weights_in_swapped_products(launch):
+    """Swapped (`Launch.swap`), each e4m3 weight row's scale still multiplies its own output column,
+    in the stacked gate/up tile too: against the PyTorch path on the dequantised weights."""
+    B, S, H, Hq, Hkv, D, I = SHAPES[0]
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    weights, exact = e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=7))
+    x = rand(B * S, H, g=torch.Generator().manual_seed(4), dtype=dtype)
+    cos, sin = rope(S, D)
+    ref = reference_layer(x.float(), exact, cos, sin, B, S, (Hq, Hkv, D))
+    out = pl.layer(x, weights[0], weights[1], cos, sin, S, (Hq, Hkv, D), *weights[2:], EPS, launch=launch)
+    assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
     assert int(pl._sync(x.device).abs().sum()) == 0
 
 

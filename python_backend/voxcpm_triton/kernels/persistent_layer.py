@@ -40,13 +40,16 @@ scaled by its weight row's scale. The activations are not quantised (weight-only
 compiled layers of larger batches quantise them per token (`kernels.fp8.fp8_linear`): at these few
 tokens a step is bound by its weight reads, not by the GEMMs' arithmetic.
 
-On Hopper the 16-bit products are swapped (`Launch.swap`): out^T = W x^T, the weight tile on the
-product's M side. Hopper's warpgroup MMA (wgmma) takes M from 64 rows, which a few tokens' rows
-never reach, and reads both operands from the pipeline's shared memory buffers where the
-older MMA waits on loads into registers; a gated tile stacks its gate and up rows to reach 64.
-Each GEMM phase also starts from weights already on their way: before the barrier in front of it,
-every program asks L2 for the first K tiles of its item there (`Launch.prefetch`, a `prefetch.global.L2`
-hint per line; more tiles than a few queue behind the phase's own reads and cost more than they save).
+Below 64 token rows, on Hopper, the 16-bit products are swapped (`Launch.swap`): out^T = W x^T,
+the weight tile on the product's M side. Hopper's warpgroup MMA (wgmma) takes M from 64 rows, which
+a few tokens' rows never reach, and reads both operands from the pipeline's shared memory buffers
+where the older MMA waits on loads into registers. A gated tile stacks its gate and up rows into
+one product; tiles of 64 weight rows or more (gate/up's 2 x 32 in LocDiT/LocEnc; the LM's output,
+gate/up and down tiles) then take wgmma, narrower ones (QKV's 32) stay on the older MMA.
+The output, gate/up and down phases (and QKV after a computed norm) start from weights already on
+their way: in the phase before, every program asks L2 for the first K tiles of its item there
+(`Launch.prefetch`, a `prefetch.global.L2` hint per line). A chained layer starts at QKV, so its
+QKV weights are not asked for.
 
 Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
 compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
@@ -91,12 +94,11 @@ if HAVE_TRITON:
                                          pack=1)
 
     @triton.jit
-    def _prefetch(w_ptr, row0, n_rows, K: tl.constexpr, k0, K_LEN: tl.constexpr, ROWS: tl.constexpr,
-                  PF: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr):
-        """Ask L2 for the first PF K tiles (of K_LEN columns from column k0) of weight rows row0 ..
-        row0 + ROWS (of n_rows, K long), LINE elements to a 128-byte line: a program's next GEMM item,
-        before the barrier that starts it."""
-        LINES: tl.constexpr = max(1, min(PF * BLOCK_K, K_LEN) // LINE)
+    def _prefetch(w_ptr, row0, n_rows, K: tl.constexpr, k0, ROWS: tl.constexpr, LINES: tl.constexpr,
+                  LINE: tl.constexpr):
+        """Ask L2 for LINES lines of LINE elements (128 bytes) from column k0 of weight rows row0 ..
+        row0 + ROWS (of n_rows, K long): the start of a program's next GEMM item, before the barrier
+        in front of it. A hint: nothing waits for it."""
         r = tl.minimum(row0 + tl.arange(0, ROWS), n_rows - 1)
         ptrs = w_ptr + r.to(tl.int64)[:, None] * K + k0 + tl.arange(0, LINES)[None, :] * LINE
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
@@ -140,9 +142,11 @@ if HAVE_TRITON:
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr):
         """fp32 sums over K_LEN columns of [BLOCK_M] activation rows times [BLOCK_N] weight rows (and,
         GATED, times the up rows too, sharing the activation loads) -> (acc, acc_up), [BLOCK_M, BLOCK_N].
-        SWAP: the weight rows are the product's M side, (acc, acc_up) [BLOCK_N, BLOCK_M] (see `_tile`;
-        not GATED). STAGES: shared memory buffers of the loop's software pipeline (STAGES - 1 K tiles in
-        flight). W_FP8: e4m3 weights, multiplied in fp16 (see the module doc)."""
+        SWAP (never GATED: `_tile` stacks a gated tile's rows instead): the weight rows are the product's
+        M side, acc is [BLOCK_N, BLOCK_M] and acc_up unused. STAGES: shared memory buffers of the loop's
+        software pipeline (STAGES - 1 K tiles in flight). W_FP8: e4m3 weights, multiplied in fp16 (see
+        the module doc)."""
+        tl.static_assert(not (SWAP and GATED), "a swapped gated tile is one stacked product (_tile)")
         if SWAP:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
@@ -169,6 +173,19 @@ if HAVE_TRITON:
                     u = u.to(tl.float16)
                 acc_up += tl.dot(a, tl.trans(u), input_precision=PRECISION)
         return acc, acc_up
+
+    @triton.jit
+    def _scaled_rows(acc, ws_ptr, rn, n_mask, W_FP8: tl.constexpr, SWAP: tl.constexpr):
+        """A product's fp32 sums as [BLOCK_M, BLOCK_N] (SWAP: given [BLOCK_N, BLOCK_M], transposed),
+        each column rn times its weight row's scale (W_FP8)."""
+        if W_FP8:
+            if SWAP:
+                acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[:, None]
+            else:
+                acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
+        if SWAP:
+            acc = tl.trans(acc)
+        return acc
 
     @triton.jit
     def _tile(a_ptr, w_ptr, ws_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
@@ -200,15 +217,9 @@ if HAVE_TRITON:
             w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
             acc, acc_up = _k_loop(a_rows, w_rows, w_rows + N * K, m_mask, n_mask, K, GATED, BLOCK_M, BLOCK_N,
                                   BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, SWAP)
-            if W_FP8:
-                if SWAP:
-                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[:, None]
-                else:
-                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
-                if GATED:
-                    acc_up = acc_up * tl.load(ws_ptr + N + rn, mask=n_mask, other=0.0)[None, :]
-            if SWAP:
-                acc = tl.trans(acc)
+            acc = _scaled_rows(acc, ws_ptr, rn, n_mask, W_FP8, SWAP)
+            if GATED:
+                acc_up = _scaled_rows(acc_up, ws_ptr + N, rn, n_mask, W_FP8, False)
         y = acc.to(dtype).to(tl.float32)
         if GATED:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
@@ -231,13 +242,7 @@ if HAVE_TRITON:
             acc, _ = _k_loop(a_ptr + rm[:, None] * K + split * K_SPLIT,
                              w_ptr + rn.to(tl.int64)[:, None] * K + split * K_SPLIT, w_ptr, m_mask, n_mask,
                              K_SPLIT, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, SWAP)
-            if W_FP8:
-                if SWAP:
-                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[:, None]
-                else:
-                    acc = acc * tl.load(ws_ptr + rn, mask=n_mask, other=0.0)[None, :]
-            if SWAP:
-                acc = tl.trans(acc)
+            acc = _scaled_rows(acc, ws_ptr, rn, n_mask, W_FP8, SWAP)
             tl.store(part_ptr + split * M * N + rm[:, None] * N + rn[None, :], acc,
                      mask=m_mask[:, None] & n_mask[None, :])
 
@@ -278,7 +283,7 @@ if HAVE_TRITON:
         ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
-        SWAP: tl.constexpr, PF: tl.constexpr,
+        SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
     ):
         pid, P = tl.program_id(0), tl.num_programs(0)
         tim = tim_ptr + pid * _TIM_COLS
@@ -287,12 +292,12 @@ if HAVE_TRITON:
         NQKV: tl.constexpr = (HQ + 2 * HKV) * D
         HO: tl.constexpr = HQ * D
         MERGE: tl.constexpr = 1 if PAGED and ATT_SPLITS > 1 else 0  # the merge phase and its barrier
-        LINE: tl.constexpr = 128 // (1 if W_FP8 else 2)  # weight elements per 128-byte line
-        N_O: tl.constexpr = (H + BN_O - 1) // BN_O
+        LINE: tl.constexpr = 1024 // qkv_w.dtype.element_ty.primitive_bitwidth  # weight elements per 128-byte line
+        N_O: tl.constexpr = (H + BN_O - 1) // BN_O  # `_split_k`'s column tiles
         N_D: tl.constexpr = (H + BN_D - 1) // BN_D
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
-            if PF and pid < tl.cdiv(NQKV, BN_QKV):
-                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, H, BN_QKV, PF, BLOCK_K, LINE)
+            if PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (1 - FIRST) * P, tim, 0 - FIRST, TIMING)
@@ -303,9 +308,8 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
-            if PF and pid < N_O * SPLIT_O:
-                _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), HO // SPLIT_O, BN_O, PF, BLOCK_K,
-                          LINE)
+            if PF_O and pid < N_O * SPLIT_O:  # its first item, as `_split_k` numbers them
+                _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), BN_O, PF_O, LINE)
             if PAGED:  # (row, kv head, context split); the new K/V into the cache
                 for u in range(pid, M * HKV * ATT_SPLITS, P):
                     bk = u // ATT_SPLITS
@@ -334,9 +338,9 @@ if HAVE_TRITON:
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
-            if PF and pid < tl.cdiv(I, BN_GU):
-                _prefetch(gu_w, pid * BN_GU, I, H, 0, H, BN_GU, PF, BLOCK_K, LINE)
-                _prefetch(gu_w, I + pid * BN_GU, 2 * I, H, 0, H, BN_GU, PF, BLOCK_K, LINE)
+            if PF_GU and pid < tl.cdiv(I, BN_GU):
+                _prefetch(gu_w, pid * BN_GU, I, H, 0, BN_GU, PF_GU, LINE)
+                _prefetch(gu_w, I + pid * BN_GU, 2 * I, H, 0, BN_GU, PF_GU, LINE)
             _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (5 + MERGE - FIRST) * P, tim, 4 + MERGE - FIRST, TIMING)
@@ -344,9 +348,8 @@ if HAVE_TRITON:
             for t in range(pid, tl.cdiv(I, BN_GU), P):
                 _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
                       UPCAST, PRECISION, W_FP8, SWAP)
-            if PF and pid < N_D * SPLIT_D:
-                _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), I // SPLIT_D, BN_D, PF, BLOCK_K,
-                          LINE)
+            if PF_D and pid < N_D * SPLIT_D:
+                _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), BN_D, PF_D, LINE)
             if GRID_SYNC:
                 _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
@@ -424,6 +427,15 @@ def _stages(launch: Launch, smem: int, block_m: int, bn: int, k_len: int, gated:
     return max(2, min(want, (smem - SMEM_RESERVE) // per_stage))
 
 
+def _prefetch_lines(launch: Launch, k_len: int, w_elem: int) -> int:
+    """128-byte lines of each weight row that a program asks L2 for ahead of a GEMM item of k_len
+    columns: launch.prefetch K tiles, at most the item's, rounded down to a power of two (0: none)."""
+    if not launch.prefetch:
+        return 0
+    n = max(1, min(launch.prefetch * launch.block_k, k_len) * w_elem // 128)
+    return 1 << (n.bit_length() - 1)
+
+
 def _smem(device: torch.device) -> int:
     """Shared memory one program may use (bytes); the interpreter's is unbounded."""
     return shared_memory(device) if device.type == "cuda" else 1 << 30
@@ -481,17 +493,18 @@ def _unwrap_weights(x, qkv_w, o_w, gate_up_w, down_w):
 def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, elem: int,
                   fp8: bool = False) -> Launch | None:
     """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
-    fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None. On Hopper the
-    16-bit weights' products are swapped (`Launch.swap`) below 64 token rows, so that their 64-row
-    weight tiles take wgmma (from 64 rows the tokens' own tiles do), and
-    each program asks L2 for its next GEMM item's first K tiles before the barrier (`Launch.prefetch`:
-    two tiles for LocDiT/LocEnc, one for the LM's wider layers); measured there
-    (benchmarks/kernel_fused_layer.py, kernel_lm_layer.py, engine_loop.py), not with e4m3 weights."""
+    fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None.
+
+    On Hopper, with 16-bit weights, up to 64 token rows (the sizes measured there: LocDiT and LocEnc
+    at a lone request's buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py,
+    engine_loop.py): each program asks L2 for its next GEMM item's first K tiles before the barrier
+    (`Launch.prefetch`: two for LocDiT/LocEnc, one for the LM's wider layers), and below 64 rows the
+    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
-            if fp8 or not warpgroup_mma(device):
+            if fp8 or not warpgroup_mma(device) or block_m > 64:
                 return launch
             return launch._replace(swap=block_m < 64, prefetch=1 if H >= 2048 else 2)
     return None
@@ -589,6 +602,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
     elem, w_elem = x.element_size(), qkv_w.element_size()
     stages = lambda bn, k_len, gated=False: _stages(launch, smem, block_m, bn, k_len, gated, elem, w_elem)  # noqa: E731
+    lines = lambda k_len: 0 if _INTERPRETED else _prefetch_lines(launch, k_len, w_elem)  # noqa: E731
     common = dict(
         H=H, H_PAD=_next_pow2(H), I=I, HQ=n_heads, HKV=n_kv, D=head_dim, HALF=head_dim // 2,
         HALF_PAD=max(16, _next_pow2(head_dim // 2)), S_PAD=max(16, _next_pow2(seq_len)), HEADS=attn_heads,
@@ -598,7 +612,8 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         BLOCK_K=block_k, ST_QKV=stages(bn_qkv, H), ST_O=stages(bn_o, HO // split_o), ST_GU=stages(bn_gu, H, True),
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
-        SWAP=launch.swap, PF=0 if _INTERPRETED else launch.prefetch, num_warps=launch.num_warps)
+        SWAP=launch.swap, PF_QKV=lines(H), PF_O=lines(HO // split_o), PF_GU=lines(H), PF_D=lines(I // split_d),
+        num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
