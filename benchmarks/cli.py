@@ -1,6 +1,7 @@
 """Argument types the benchmark scripts share."""
 
 import argparse
+import ast
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -22,3 +23,18 @@ def timestep_buckets(text: str) -> tuple[int, ...]:
         return check_timestep_buckets(int_list(text))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def launch_field(text: str) -> tuple:
+    """argparse type: a `persistent_layer.Launch` field changed, "FIELD=VALUE" (a Python literal:
+    swap=True, blocks=(64, 64, 32, 64)) -> (field, value); an unknown field or value is a usage error."""
+    from voxcpm_triton.kernels.persistent_layer import Launch  # the scripts put python_backend on the path
+
+    field, sep, value = text.partition("=")
+    if not sep or field not in Launch._fields:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with FIELD one of {', '.join(Launch._fields)}, "
+                                         f"got {text!r}")
+    try:
+        return field, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{field}: {value!r} is not a Python literal") from None

@@ -16,7 +16,6 @@ Medians over the steady steps (the first WARM steps left out).
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python_backend"))
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
-from cli import timestep_buckets  # noqa: E402
+from cli import launch_field, timestep_buckets  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it keeps on running through the field."
 WARM = 20
@@ -89,7 +88,7 @@ def main():
     ap.add_argument("--steps", default="100,400")
     ap.add_argument("--attention", default="triton")
     ap.add_argument("--out", default="engine_loop.json")
-    ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
+    ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
     ap.add_argument("--max-batch", type=int, default=1,
                     help="the engine's max_batch_size: 1 runs the lone request in a bucket of 1, more in the "
@@ -105,7 +104,7 @@ def main():
         minicpm.DecoderLayer.forward = lambda self, *a, next_norm=None, **k: forward(self, *a, **k)
     # every persistent layer launch the engine resolves (with --launch's changes), for the record
     from voxcpm_triton.kernels import persistent_layer as pl
-    changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
+    changes = dict(args.launch)
     chosen, launches = pl.choose_launch, {}
 
     def choose_launch(H, HO, I, tokens, device, elem, fp8=False):

@@ -14,7 +14,6 @@ tensors (so neither swapped nor prefetching, as off Hopper) with the fields --la
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from cli import launch_field  # noqa: E402
 
 H, HQ, HKV, D, I, EPS = 1024, 16, 2, 128, 4096, 1e-5  # LocDiT's and LocEnc's layer
 H100_SMEM, H100_SMS = 232448, 132
@@ -106,10 +106,10 @@ def ptxas_stats(ptx: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="22,44,10", help="token counts (LocDiT: 22 per request, LocEnc: 10)")
-    ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE",
+    ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
     args = ap.parse_args()
-    changes = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.launch)}
+    changes = dict(args.launch)
     for tokens in (int(t) for t in args.tokens.split(",")):
         seq_len = 5 if tokens % 11 else 11
         a, kw = launch_arguments(tokens, seq_len, changes)

@@ -24,3 +24,12 @@ def test_timestep_buckets_are_checked_as_the_engine_checks_them():
         cli.timestep_buckets("100,10")
     with pytest.raises(argparse.ArgumentTypeError, match="must end at the largest"):
         cli.timestep_buckets("10")
+
+
+def test_launch_field_takes_a_launch_field_and_a_literal():
+    assert cli.launch_field("swap=True") == ("swap", True)
+    assert cli.launch_field("blocks=(64, 64, 32, 64)") == ("blocks", (64, 64, 32, 64))
+    for bad, match in (("swap", "FIELD=VALUE"), ("swapped=True", "FIELD=VALUE"),
+                       ("prefetch=two", "not a Python literal")):
+        with pytest.raises(argparse.ArgumentTypeError, match=match):
+            cli.launch_field(bad)
