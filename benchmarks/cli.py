@@ -25,6 +25,16 @@ def timestep_buckets(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def batch_buckets(text: str) -> tuple[int, ...]:
+    """argparse type: batch buckets as the engine takes them ("2,4,8")."""
+    from voxcpm_triton.engine.step_runner import check_batch_buckets  # the scripts put python_backend on the path
+
+    try:
+        return check_batch_buckets(int_list(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def launch_field(text: str) -> tuple:
     """argparse type: a `persistent_layer.Launch` field changed, "FIELD=VALUE" (a Python literal:
     swap=True, blocks=(64, 64, 32, 64)) -> (field, value); an unknown field or value is a usage error."""

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python_backend"))
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
-from cli import launch_field, timestep_buckets  # noqa: E402
+from cli import batch_buckets, launch_field, timestep_buckets  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it keeps on running through the field."
 WARM = 20
@@ -92,7 +92,9 @@ def main():
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
     ap.add_argument("--max-batch", type=int, default=1,
                     help="the engine's max_batch_size: 1 runs the lone request in a bucket of 1, more in the "
-                         "server's smallest (2)")
+                         "smallest of --batch-buckets")
+    ap.add_argument("--batch-buckets", type=batch_buckets, default=None,
+                    help="the batch buckets with graphs (2,4: a lone request padded to 2 rows); default: the engine's")
     ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="the CFM loop buckets to capture (as served: 10,100); default: the engine's")
     ap.add_argument("--no-chain", action="store_true",
@@ -118,12 +120,18 @@ def main():
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
                                   compile=True)
     buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
+    if args.batch_buckets is not None:
+        buckets["batch_buckets"] = args.batch_buckets
     eng = Engine(vox, EngineConfig(max_batch_size=args.max_batch, cuda_graphs=True, **buckets))
-    print(f"[engine_loop] ready after {time.perf_counter() - t0:.1f} s", flush=True)
+    ready_s = time.perf_counter() - t0
+    print(f"[engine_loop] ready after {ready_s:.1f} s; capture seconds per batch bucket "
+          f"{eng.runner.capture_seconds}", flush=True)
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
            "max_batch": args.max_batch, "timestep_buckets": args.timestep_buckets,
+           "batch_buckets": eng.runner.buckets, "ready_s": ready_s, "startup_s": eng.startup_s,
+           "capture_seconds": eng.runner.capture_seconds,
            "no_chain": args.no_chain, "launches": launches, "runs": []}
     try:
         trace(eng, prompt, 40)  # warm

@@ -26,6 +26,12 @@ def test_timestep_buckets_are_checked_as_the_engine_checks_them():
         cli.timestep_buckets("10")
 
 
+def test_batch_buckets_are_checked_as_the_engine_checks_them():
+    assert cli.batch_buckets("2,4,8") == (2, 4, 8) and cli.batch_buckets("1") == (1,)
+    with pytest.raises(argparse.ArgumentTypeError, match="batch_buckets must be sorted and unique"):
+        cli.batch_buckets("4,2")
+
+
 def test_launch_field_takes_a_launch_field_and_a_literal():
     assert cli.launch_field("swap=True") == ("swap", True)
     assert cli.launch_field("blocks=(64, 64, 32, 64)") == ("blocks", (64, 64, 32, 64))

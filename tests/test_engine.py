@@ -11,7 +11,7 @@ from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
 from voxcpm_triton.engine.kv_cache import PagedKVCache
 from voxcpm_triton.engine.request import prompt_block_hashes
-from voxcpm_triton.engine.step_runner import check_timestep_buckets
+from voxcpm_triton.engine.step_runner import check_batch_buckets, check_timestep_buckets
 from voxcpm_triton.checks import TIMESTEPS_RANGE
 from voxcpm_triton.model import split_k
 from voxcpm_triton.model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
@@ -594,6 +594,28 @@ def test_bad_timestep_buckets_are_refused(bad):
         check_timestep_buckets(bad)
 
 
+@pytest.mark.parametrize("bad", [(4, 2), (2, 2, 4), (0, 2), (1, 2.0), (True, 2), (), "1,2", 8])
+def test_bad_batch_buckets_are_refused(bad):
+    with pytest.raises(ValueError, match="batch_buckets"):
+        EngineConfig(batch_buckets=bad)
+    with pytest.raises(ValueError, match="batch_buckets"):
+        check_batch_buckets(bad)
+
+
+def test_batch_buckets_below_max_batch_size_and_it(vox):
+    """Buckets past max_batch_size are dropped and max_batch_size always has one; a step of b rows
+    runs in the smallest bucket that holds it (the eager CPU runner runs exactly b, so this reads
+    the graph side's lookup)."""
+    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_batch_size=6, batch_buckets=(2, 4, 8),
+                                   timestep_buckets=(10, TIMESTEPS_RANGE[1])))
+    eng.shutdown()
+    r = eng.runner
+    assert r.buckets == [2, 4, 6]
+    assert [r.batch_bucket(b) for b in (1, 2, 3, 5, 6)] == [2, 2, 4, 6, 6]
+    assert r.graph_keys() == {(b, loop) for b in (2, 4, 6) for loop in (10, 100)}
+    assert EngineConfig().batch_buckets[0] == 1  # a lone request is not padded by default
+
+
 def test_custom_timestep_buckets(vox):
     cfg = EngineConfig(num_blocks=8, block_size=4, max_batch_size=4, timestep_buckets=[10, TIMESTEPS_RANGE[1]])
     assert cfg.timestep_buckets == (10, 100)
@@ -601,7 +623,7 @@ def test_custom_timestep_buckets(vox):
     eng.shutdown()
     r = eng.runner
     assert r.loop_buckets == (10, 100) and r.loop_first == {10: 1, 100: zero_velocity_steps(11)}
-    assert r.graph_keys() == {(b, loop) for b in (2, 4) for loop in (10, 100)}
+    assert r.graph_keys() == {(b, loop) for b in (1, 2, 4) for loop in (10, 100)}
     assert [r.loop_bucket(k) for k in (1, 10, 11, 100)] == [10, 10, 100, 100]
 
 

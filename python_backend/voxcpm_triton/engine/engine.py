@@ -47,7 +47,8 @@ from .cuda_graph import capture_graph
 from .host_copies import to_device
 from .prefill_packs import PACK_BUCKETS, PackedPrefillGraphs
 from .prefill_runner import PrefillGraphs
-from .step_runner import DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_timestep_buckets
+from .step_runner import (DEFAULT_BUCKETS, DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_batch_buckets,
+                          check_timestep_buckets)
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
                       prompt_block_hashes, resolve_seed)
 from .scheduler import EngineBusy, Scheduler  # noqa: F401 - EngineBusy: callers import it from here
@@ -82,6 +83,9 @@ class EngineConfig:
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
     timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
+    # Batch sizes with a decode graph each (those below max_batch_size; it always has one): a step
+    # of b rows runs in the smallest >= b, padded. Sorted, unique, positive.
+    batch_buckets: tuple = DEFAULT_BUCKETS
     max_waiting: int | None = None  # requests queued for admission; one more is refused as busy (None: no bound)
     # Requests whose prompts start alike (a voice, a reference) share the K/V blocks of that prefix
     # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
@@ -97,6 +101,7 @@ class EngineConfig:
 
     def __post_init__(self):
         self.timestep_buckets = check_timestep_buckets(self.timestep_buckets)
+        self.batch_buckets = check_batch_buckets(self.batch_buckets)
 
 
 class EngineShutdown(RuntimeError):
@@ -139,7 +144,7 @@ class Engine:
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
         self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
-                                       timestep_buckets=self.cfg.timestep_buckets,
+                                       buckets=self.cfg.batch_buckets, timestep_buckets=self.cfg.timestep_buckets,
                                        lora=vox.loras.tables if vox.loras is not None else None,
                                        plain_graphs=self.merged is not None)
         self.lora_weights = LoraMerging(self.merged, self.runner.lora is not None)

@@ -46,26 +46,36 @@ from .kv_cache import PagedKVCache
 
 log = logging.getLogger("voxcpm_triton.engine")
 
-# No bucket of 1: a lone request runs padded to 2 rows (free at these weight-bound sizes), so
-# compiled code never meets a batch dimension of 1, which torch.compile would specialise in a
-# separate graph (a long extra compile at start-up).
-DEFAULT_BUCKETS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Batch sizes with a decode graph each (the engine's max_batch_size is always one); a step of b
+# rows runs in the smallest >= b, padded. The bucket of 1 costs a graph that torch.compile
+# specialises to that size (a longer start-up), and saves a lone request the padding row.
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 # CFM loop lengths (Euler steps) the graphs are captured for. The default of 10 timesteps is
 # exact; the last must be the largest timesteps a request may ask for.
 DEFAULT_TIMESTEP_BUCKETS = (4, 8, 10, 12, 16, 24, 32, 50, 100)
 
 
-def check_timestep_buckets(buckets) -> tuple:
-    """Validate a loop-bucket list -> it as a tuple; ValueError naming `timestep_buckets` if bad."""
+def _sorted_positive(name: str, buckets) -> tuple:
     try:
         b = tuple(buckets)
     except TypeError:
-        raise ValueError(f"timestep_buckets must be a sequence of integers, got {buckets!r}") from None
+        raise ValueError(f"{name} must be a sequence of integers, got {buckets!r}") from None
     if not b or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b):
-        raise ValueError(f"timestep_buckets must be positive integers, got {buckets!r}")
+        raise ValueError(f"{name} must be positive integers, got {buckets!r}")
     if any(x >= y for x, y in zip(b, b[1:])):
-        raise ValueError(f"timestep_buckets must be sorted and unique, got {buckets!r}")
+        raise ValueError(f"{name} must be sorted and unique, got {buckets!r}")
+    return b
+
+
+def check_batch_buckets(buckets) -> tuple:
+    """Validate a batch-bucket list -> it as a tuple; ValueError naming `batch_buckets` if bad."""
+    return _sorted_positive("batch_buckets", buckets)
+
+
+def check_timestep_buckets(buckets) -> tuple:
+    """Validate a loop-bucket list -> it as a tuple; ValueError naming `timestep_buckets` if bad."""
+    b = _sorted_positive("timestep_buckets", buckets)
     if b[-1] != TIMESTEPS_RANGE[1]:
         raise ValueError(f"timestep_buckets must end at the largest inference_timesteps allowed "
                          f"({TIMESTEPS_RANGE[1]}), got {buckets!r}")
@@ -139,7 +149,7 @@ class DecodeStepRunner:
         self._host_free = list(self.host)
         self.capture_host = self._new_host()
 
-        self.buckets = sorted(b for b in buckets if b < max_batch) + [max_batch]
+        self.buckets = sorted(b for b in check_batch_buckets(buckets) if b < max_batch) + [max_batch]
         self.loop_buckets = check_timestep_buckets(timestep_buckets)
         # A loop bucket's graph skips the zero-velocity steps of the fewest timesteps it serves; rows
         # with more zero-velocity steps have them masked out (`active`).

@@ -92,6 +92,7 @@ class DecoderModel:
             chunk_schedule=params["chunk_schedule"],
             playback_margin_s=params["playback_margin_ms"] / 1000,
             cuda_graphs=params["cuda_graphs"],
+            batch_buckets=params["batch_buckets"],
             timestep_buckets=params["timestep_buckets"],
             enable_prefix_caching=params["enable_prefix_caching"],
             lora_merge=params["lora_merge"],

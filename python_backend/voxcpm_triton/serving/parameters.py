@@ -121,6 +121,9 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "precision", "choice", "bf16",
           "linear weights: bf16 (as loaded) or fp8 (e4m3; a GPU of compute capability >= 8.9, dtype bfloat16)",
           ("bf16", "fp8")),
+    Param("decoder", "batch_buckets", "ints", "1,2,4,8,16,24,32,48,64,96,128,192,256",
+          "batch sizes with a decode graph each, those below max_batch_size (which always has one); a step "
+          "runs padded to the smallest that holds its requests"),
     Param("decoder", "timestep_buckets", "ints", "4,8,10,12,16,24,32,50,100",
           "CFM loop lengths with a decode graph each; the last must be 100"),
     Param("decoder", "enable_prefix_caching", "bool", "true",
