@@ -101,6 +101,13 @@ def persistent_chained(layers, x, cos, sin, S):
     return run
 
 
+def persistent_stack(layers, x, cos, sin, S):
+    """The persistent kernel as `minicpm.MiniCPM` runs LocDiT/LocEnc: all layers in one launch
+    (`persistent_layer.stack`), the final norm included (the first layer's weight stands in)."""
+    ws = [(w["n1"], w["qkv"], w["o"], w["n2"], w["gate_up"], w["down"]) for w in layers]
+    return lambda: pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS)[0]
+
+
 L = pl.Launch()
 PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the sizes, token count and GPU)
     "persistent": None,
@@ -226,7 +233,8 @@ def time_layers(dev, dt, token_counts, tuned):
                     "fused_prefetch_side4": stack(fused_layer, "side", programs=4),
                     **{name: stack(persistent(launch)) for name, launch in PERSISTENT.items()},
                     "persistent_l2_resident": stack(persistent(), resident=True),
-                    "persistent_chained": persistent_chained(layers, x, cos, sin, S)}
+                    "persistent_chained": persistent_chained(layers, x, cos, sin, S),
+                    "persistent_stack": persistent_stack(layers, x, cos, sin, S)}
         if tuned:
             variants["fused_tuned"] = stack(fused_layer)
         if ONLY:

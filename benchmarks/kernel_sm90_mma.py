@@ -5,6 +5,7 @@ token count, as the server would launch it on an H100/H200) for sm_90, then coun
 (`wgmma.mma_async`) and the older `mma.sync` in its PTX, and runs triton's ptxas for registers and spills:
 
     python3 benchmarks/kernel_sm90_mma.py --tokens 22,44 --launch swap=True --launch prefetch=2
+    python3 benchmarks/kernel_sm90_mma.py --tokens 22 --layers 12 --launch swap=True --launch prefetch=2
 
 Pointer arguments are taken as 16-byte aligned, as triton specialises them at a real launch: without
 that its K loops would not be pipelined at all. The launch is `persistent_layer.choose_launch`'s for CPU
@@ -32,9 +33,10 @@ H100_SMEM, H100_SMS = 232448, 132
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 
 
-def launch_arguments(tokens: int, seq_len: int, changes: dict) -> tuple[tuple, dict]:
+def launch_arguments(tokens: int, seq_len: int, changes: dict, layers: int = 0) -> tuple[tuple, dict]:
     """`persistent_layer.layer`'s launch of a chained layer (h_in given, next_norm asked for) over `tokens`
-    zero rows -> (positional arguments, keyword arguments) of its `_layer_kernel` call, as on an H100."""
+    zero rows, or (layers) `persistent_layer.stack`'s of that many -> (positional arguments, keyword
+    arguments) of its `_layer_kernel` call, as on an H100."""
     seen = {}
 
     class Capture:
@@ -53,7 +55,11 @@ def launch_arguments(tokens: int, seq_len: int, changes: dict) -> tuple[tuple, d
         qkv, o = torch.zeros((HQ + 2 * HKV) * D, H, dtype=bf), torch.zeros(H, HQ * D, dtype=bf)
         gate_up, down = torch.zeros(2 * I, H, dtype=bf), torch.zeros(H, I, dtype=bf)
         cos = sin = torch.zeros(seq_len, D)
-        pl.layer(x, norm, qkv, cos, sin, seq_len, (HQ, HKV, D), o, norm, gate_up, down, EPS, h_in=x, next_norm=norm)
+        if layers:
+            pl.stack(x, [(norm, qkv, o, norm, gate_up, down)] * layers, norm, cos, sin, seq_len, (HQ, HKV, D), EPS)
+        else:
+            pl.layer(x, norm, qkv, cos, sin, seq_len, (HQ, HKV, D), o, norm, gate_up, down, EPS, h_in=x,
+                     next_norm=norm)
     finally:
         pl._layer_kernel, pl._INTERPRETED, pl._smem, pl._programs, pl._sync, pl.choose_launch = saved
     return seen["args"], seen["kw"]
@@ -108,14 +114,16 @@ def main():
     ap.add_argument("--tokens", default="22,44,10", help="token counts (LocDiT: 22 per request, LocEnc: 10)")
     ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
+    ap.add_argument("--layers", type=int, default=0, help="a stack of this many layers in one launch (0: one layer)")
     args = ap.parse_args()
     changes = dict(args.launch)
     for tokens in (int(t) for t in args.tokens.split(",")):
         seq_len = 5 if tokens % 11 else 11
-        a, kw = launch_arguments(tokens, seq_len, changes)
+        a, kw = launch_arguments(tokens, seq_len, changes, args.layers)
         k = compile_sm90(a, kw)
         ptx = k.asm["ptx"]
-        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF_O", "PF_GU", "PF_D")}
+        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF_QKV", "PF_O", "PF_GU",
+                                     "PF_D", "LAYERS")}
         print(f"{tokens} tokens {launch}: wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, mma.sync "
               f"{len(re.findall(r'mma.sync', ptx))}, L2 prefetches {len(re.findall(r'prefetch.global.L2', ptx))}, "
               f"shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}", flush=True)

@@ -90,6 +90,69 @@ def test_stacked_layers_hand_on_the_input_norm():
     assert int(pl._sync(x.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("programs", [None, 3], ids=["grid", "3programs"])
+def test_a_stack_is_its_layers_chained(programs):
+    """`stack`: three layers in one launch, barriers between them, give what the chained layers give
+    (to the bit where the interpreter runs the same arithmetic), and the final norm of the output;
+    x is only read, and the barrier's counters are back at zero. With 3 programs each takes several
+    work items of every phase."""
+    B, S, H, Hq, Hkv, D, I = 2, 11, 128, 4, 2, 32, 256
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    layers = [layer_weights(H, Hq, Hkv, D, I, dtype, seed=30 + i) for i in range(3)]
+    final = (1 + 0.1 * rand(H, g=torch.Generator().manual_seed(3))).to(dtype)
+    x = rand(B * S, H, g=torch.Generator().manual_seed(4), dtype=dtype)
+    kept = x.clone()
+    cos, sin = rope(S, D)
+    h, normed = x, None
+    for i, w in enumerate(layers):
+        nxt = layers[i + 1][0] if i + 1 < len(layers) else final
+        h, normed = pl.layer(h, w[0], w[1], cos, sin, S, (Hq, Hkv, D), *w[2:], EPS, h_in=normed, next_norm=nxt,
+                             programs=programs)
+    ref = x
+    for w in layers:
+        ref = reference_layer(ref, w, cos, sin, B, S, (Hq, Hkv, D))
+    launch = pl.choose_launch(H, Hq * D, I, B * S, x.device, x.element_size())
+    for _ in range(2):  # a second launch finds the counters at zero
+        if programs is None:
+            out, hn = pl.local_stack_op(x, [t for w in layers for t in w], final, cos, sin, S, Hq, Hkv, D, EPS)
+        else:
+            out, hn = pl.layer(x, *layers[0][:2], cos, sin, S, (Hq, Hkv, D), *layers[0][2:], EPS, launch=launch,
+                               programs=programs, next_norm=final, _stack=(pl._offsets(layers, final), 3))
+        if CUDA:
+            assert (out.float() - h.float()).abs().max().item() <= tol(dtype, h)
+            assert (hn.float() - normed.float()).abs().max().item() <= tol(dtype, normed)
+        else:
+            assert torch.equal(out, h) and torch.equal(hn, normed)
+        assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
+        want = reference_layer_norm(ref, final)
+        assert (hn.float() - want.float()).abs().max().item() <= tol(dtype, want)
+        assert torch.equal(x, kept) and int(pl._sync(x.device).abs().sum()) == 0
+
+
+def test_stacks_takes_only_layers_it_can_offset(monkeypatch):
+    """`stacks` says no, and the layers run one by one, where `stack` could not take them: another
+    layer's shape, a tensor not 16 elements apart from the first layer's, a layer `runs` refuses
+    (past MAX_TOKENS), e4m3 weights, or stacks turned off."""
+    H, Hq, Hkv, D, I = 128, 4, 2, 32, 256
+    dt = torch.bfloat16
+    heads, x = (Hq, Hkv, D), torch.zeros(22, H, device=DEV, dtype=dt)
+    layers = [layer_weights(H, Hq, Hkv, D, I, dt, seed=i) for i in range(3)]
+    layers = [tuple(t.to(DEV) for t in w) for w in layers]
+    final = layers[0][0].clone()
+    assert pl.stacks(x, 11, heads, layers, final)
+    wide = layer_weights(H, Hq, Hkv, D, 2 * I, dt, seed=5)
+    assert not pl.stacks(x, 11, heads, layers[:2] + [tuple(t.to(DEV) for t in wide)], final)
+    buf = torch.zeros(H + 1, device=DEV, dtype=dt)
+    assert not pl.stacks(x, 11, heads, layers, buf[1:])  # one element off
+    assert pl.stacks(x, 11, heads, layers, torch.zeros(H + 16, device=DEV, dtype=dt)[16:])
+    assert not pl.stacks(torch.zeros(pl.MAX_TOKENS + 11, H, device=DEV, dtype=dt), 11, heads, layers, final)
+    e4m3 = [(w[0], *map(quantize_weight, w[1:3]), w[3], *map(quantize_weight, w[4:])) for w in layers]
+    assert pl.runs(x, 11, heads, *e4m3[0]) and not pl.stacks(x, 11, heads, e4m3, final)
+    monkeypatch.setattr(pl, "ENABLED_STACKS", False)
+    assert not pl.stacks(x, 11, heads, layers, final)
+    assert pl.fused_local_layers.stack(x, 11, None, heads, layers, final, EPS) is None
+
+
 LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 16, 16, 16), splits=(1, 2), block_k=16, attn_heads=2), None),
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(64, 16, 32, 16), splits=(2, 1), block_k=32, attn_heads=1), None),
@@ -432,19 +495,23 @@ def test_the_lm_decode_step_hands_it_its_layers(monkeypatch):
     assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
 
 
-def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch):
+@pytest.mark.parametrize("stacks", [True, False], ids=["stacks", "layers"])
+def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch, stacks):
     """In the engine's decode step, LocDiT's layers (a lone request: 2 x 11 tokens, the CFG halves),
     LocEnc's (5 tokens) and the two LMs' (one row, paged) run in the kernel: per step, LocDiT's
-    layers once per CFM evaluation, LocEnc's and the LMs' once, every layer of a stack but the first
-    taking its input norm from the one before; and the latents are the PyTorch path's."""
+    layers once per CFM evaluation, LocEnc's and the LMs' once; LocDiT's and LocEnc's each as one
+    stack (`persistent_layer.stack`), or (stacks off) one by one like the LMs', every layer of a
+    stack but the first taking its input norm from the one before; and the latents are the
+    PyTorch path's."""
     from voxcpm_triton import VoxCPM2
     from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest
     from voxcpm_triton.model.local_modules import zero_velocity_steps
 
-    calls, chained = [], []
+    monkeypatch.setattr(pl, "ENABLED_STACKS", stacks)
+    calls = []  # per launch: (tokens, hidden), takes its input norm, layers (0: one, unstacked)
     layer = pl.layer
-    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(tuple(a[0].shape))
-                        or chained.append(k.get("h_in") is not None) or layer(*a, **k))
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(
+        (tuple(a[0].shape), k.get("h_in") is not None, (k.get("_stack") or (None, 0))[1])) or layer(*a, **k))
     steps, timesteps = 3, 10
 
     def latents(attention):
@@ -467,30 +534,38 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
         assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() >= 0.99
     else:
         assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item())
-    dit_tokens = 2 * (3 + 2 * cfg.patch_size)  # [mu_lm, mu_res, time, cond patch, x patch], twice
+    dit = (2 * (3 + 2 * cfg.patch_size), cfg.dit_config.hidden_dim)  # [mu_lm, mu_res, time, cond patch, x patch], twice
+    enc = (cfg.patch_size + 1, cfg.encoder_config.hidden_dim)
+    lm = (1, cfg.lm_config.hidden_size)
     evals = timesteps - zero_velocity_steps(timesteps)
-    assert calls.count((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * cfg.dit_config.num_layers
-    assert calls.count((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * cfg.encoder_config.num_layers
+    launches = {dit: steps * evals, enc: steps}
+    depth = {dit: cfg.dit_config.num_layers, enc: cfg.encoder_config.num_layers}
     lm_layers = cfg.lm_config.num_hidden_layers + cfg.residual_lm_num_layers
-    assert calls.count((1, cfg.lm_config.hidden_size)) == steps * lm_layers
-    # every layer after a stack's first takes its input norm from the layer before
-    def handed(shape):
-        return sum(c for s, c in zip(calls, chained) if s == shape)
-    assert handed((dit_tokens, cfg.dit_config.hidden_dim)) == steps * evals * (cfg.dit_config.num_layers - 1)
-    assert handed((cfg.patch_size + 1, cfg.encoder_config.hidden_dim)) == steps * (cfg.encoder_config.num_layers - 1)
-    assert handed((1, cfg.lm_config.hidden_size)) == steps * (lm_layers - 2)
+    for shape in (dit, enc):
+        mine = [c for c in calls if c[0] == shape]
+        if stacks:  # one launch of the whole stack, norm included
+            assert len(mine) == launches[shape] and all(not h_in and n == depth[shape] for _, h_in, n in mine)
+        else:  # every layer after a stack's first takes its input norm from the layer before
+            assert len(mine) == launches[shape] * depth[shape] and not any(n for *_, n in mine)
+            assert sum(h_in for _, h_in, _ in mine) == launches[shape] * (depth[shape] - 1)
+    mine = [c for c in calls if c[0] == lm]  # the LMs' layers one by one, in both
+    assert len(mine) == steps * lm_layers and not any(n for *_, n in mine)
+    assert sum(h_in for _, h_in, _ in mine) == steps * (lm_layers - 2)
 
 
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
-@pytest.mark.parametrize("tokens", [44, 88])  # LocDiT at batch buckets 2 and 4 (128-row tiles, 8 warps)
-def test_compiles_captures_and_replays(tokens):
-    """As the engine runs it: inside torch.compile'd code, each layer handing the next its input norm,
-    then replayed from a CUDA graph many times (each replay's barrier finds its counters at zero),
-    with new inputs."""
+@pytest.mark.parametrize("stacked", [False, True], ids=["chained", "stack"])
+@pytest.mark.parametrize("tokens", [22, 44, 88])  # LocDiT at batch buckets 1, 2 and 4 (128-row tiles, 8 warps)
+def test_compiles_captures_and_replays(tokens, stacked):
+    """As the engine runs it: inside torch.compile'd code, each layer handing the next its input norm
+    (or the three as one stack), then replayed from a CUDA graph many times (each replay's barrier
+    finds its counters at zero), with new inputs."""
     weights = layer_weights(1024, 16, 2, 128, 4096, torch.bfloat16, seed=7)
     cos, sin = rope(11, 128)
 
     def body(h):
+        if stacked:
+            return pl.local_stack_op(h * 1.0, list(weights) * 3, weights[0], cos, sin, 11, 16, 2, 128, EPS)[0]
         normed = None
         for i in range(3):
             nxt = weights[0] if i < 2 else None

@@ -83,6 +83,7 @@ ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
 MAX_ROWS = 16  # LM decode rows: batch buckets up to 16 (larger batches keep cuBLAS's GEMMs)
 ENABLED_LM = os.environ.get("VOXCPM_FUSED_LM_LAYERS", "1") != "0"
 ENABLED_FP8 = os.environ.get("VOXCPM_FUSED_FP8_LAYERS", "1") != "0"  # layers of e4m3 weights (precision fp8)
+ENABLED_STACKS = os.environ.get("VOXCPM_FUSED_STACKS", "1") != "0"  # LocDiT's/LocEnc's layers in one launch
 
 if HAVE_TRITON:
     _TIM_COLS, _TIM_START, _TIM_END = tl.constexpr(TIM_COLS), tl.constexpr(TIM_START), tl.constexpr(TIM_END)
@@ -268,10 +269,10 @@ if HAVE_TRITON:
                 tl.store(h_ptr + r * H + cols, _rms_norm_row(y.to(tl.float32), w, eps, h_ptr, H), mask=cm)
 
     @triton.jit
-    def _layer_kernel(
-        x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, qkv_s, o_s, gu_s, d_s, out_ptr,
-        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr, h2_ptr, nn_ptr, hn_ptr,
-        kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
+    def _layer_phases(
+        res_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, qkv_s, o_s, gu_s, d_s, out_ptr,
+        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim, h2_ptr, nn_ptr, hn_ptr,
+        kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr, nxt_qkv, more, nb, pid, P,
         M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
         H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr,
         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
@@ -285,28 +286,22 @@ if HAVE_TRITON:
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
         SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
     ):
-        pid, P = tl.program_id(0), tl.num_programs(0)
-        tim = tim_ptr + pid * _TIM_COLS
-        if TIMING:
-            tl.store(tim + _TIM_START, _clock())
+        """Phases 1-8 of one layer (module doc), whose input norm is at h_ptr and residual at res_ptr;
+        nb: the barriers passed so far -> nb after this layer's. more (a stack's layer with one after
+        it): a barrier after phase 8, whose h' at hn_ptr the next layer reads, and nxt_qkv, that
+        layer's QKV weights, asked of L2 in phase 8."""
         NQKV: tl.constexpr = (HQ + 2 * HKV) * D
         HO: tl.constexpr = HQ * D
-        MERGE: tl.constexpr = 1 if PAGED and ATT_SPLITS > 1 else 0  # the merge phase and its barrier
         LINE: tl.constexpr = 1024 // qkv_w.dtype.element_ty.primitive_bitwidth  # weight elements per 128-byte line
         N_O: tl.constexpr = (H + BN_O - 1) // BN_O  # `_split_k`'s column tiles
         N_D: tl.constexpr = (H + BN_D - 1) // BN_D
-        if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
-            if PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
-                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
-            _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
-            if GRID_SYNC:
-                _grid_sync(sync_ptr, (1 - FIRST) * P, tim, 0 - FIRST, TIMING)
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
             for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
                 _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
                       ST_QKV, UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (2 - FIRST) * P, tim, 1 - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
             if PF_O and pid < N_O * SPLIT_O:  # its first item, as `_split_k` numbers them
                 _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), BN_O, PF_O, LINE)
@@ -325,25 +320,29 @@ if HAVE_TRITON:
                                            u // blocks, (u % blocks) * HEADS, HQ, HKV, D, HALF, HALF_PAD, S_PAD,
                                            HEADS, HAS_ROPE, UPCAST, PRECISION, ".cg")
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (3 - FIRST) * P, tim, 2 - FIRST, TIMING)
-        if MERGE and FIRST <= 3 and 3 <= LAST:  # the context splits' partial softmaxes
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
+        if PAGED and ATT_SPLITS > 1 and FIRST <= 3 and 3 <= LAST:  # the context splits' partial softmaxes
             for bh in range(pid, M * HQ, P):
                 paged_attention.merge_split_row(pm_ptr, pl_ptr, pacc_ptr, attn_ptr, bh, HO, D, 1, HQ, D, D_PAD,
                                                 ATT_SPLITS, ".cg")
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (4 - FIRST) * P, tim, 3 - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 4 and 4 <= LAST:  # attn Wo^T, split K
             _split_k(attn_ptr, o_w, o_s, part_ptr, M, H, pid, P, HO, SPLIT_O, BLOCK_M, BN_O, BLOCK_K, ST_O,
                      UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (4 + MERGE - FIRST) * P, tim, 3 + MERGE - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
             if PF_GU and pid < tl.cdiv(I, BN_GU):
                 _prefetch(gu_w, pid * BN_GU, I, H, 0, BN_GU, PF_GU, LINE)
                 _prefetch(gu_w, I + pid * BN_GU, 2 * I, H, 0, BN_GU, PF_GU, LINE)
-            _finish_rows(part_ptr, x_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
+            _finish_rows(part_ptr, res_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (5 + MERGE - FIRST) * P, tim, 4 + MERGE - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
             for t in range(pid, tl.cdiv(I, BN_GU), P):
                 _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
@@ -351,14 +350,96 @@ if HAVE_TRITON:
             if PF_D and pid < N_D * SPLIT_D:
                 _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), BN_D, PF_D, LINE)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (6 + MERGE - FIRST) * P, tim, 5 + MERGE - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 7 and 7 <= LAST:  # act Wd^T, split K
             _split_k(act_ptr, d_w, d_s, part_ptr, M, H, pid, P, I, SPLIT_D, BLOCK_M, BN_D, BLOCK_K, ST_D,
                      UPCAST, PRECISION, W_FP8, SWAP)
             if GRID_SYNC:
-                _grid_sync(sync_ptr, (7 + MERGE - FIRST) * P, tim, 6 + MERGE - FIRST, TIMING)
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
+            if more and PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(nxt_qkv, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
             _finish_rows(part_ptr, x1_ptr, out_ptr, nn_ptr, hn_ptr, M, eps, pid, P, SPLIT_D, NEXT_NORM, H, H_PAD)
+            if GRID_SYNC:
+                if more:
+                    nb += 1
+                    _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
+        return nb
+
+    @triton.jit
+    def _layer_kernel(
+        x_ptr, n1_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, qkv_s, o_s, gu_s, d_s, out_ptr,
+        h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim_ptr, h2_ptr, nn_ptr, hn_ptr,
+        kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr, off_ptr,
+        M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks, layer0, n_layers,
+        H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr,
+        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+        S_PAD: tl.constexpr, HEADS: tl.constexpr, HAS_ROPE: tl.constexpr,
+        PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, ATT_N: tl.constexpr, G_PAD: tl.constexpr,
+        D_PAD: tl.constexpr, ATT_SPLITS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+        BN_D: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_K: tl.constexpr,
+        ST_QKV: tl.constexpr, ST_O: tl.constexpr, ST_GU: tl.constexpr, ST_D: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
+        UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
+        SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
+        LAYERS: tl.constexpr,
+    ):
+        """One layer (LAYERS 0), or layers layer0 .. layer0 + LAYERS - 1 of a stack of n_layers
+        (`stack`): each layer's weights and norms at its row of off_ptr [n_layers + 1, 6], element
+        offsets from the pointers given (layer 0's) of its QKV, output, gate/up and down weights,
+        input and post-attention norms (row n_layers: the final norm's, column 4); x in, each
+        layer's output in place at out_ptr, each next input norm (after the last: the final norm of
+        its output) at h_ptr."""
+        pid, P = tl.program_id(0), tl.num_programs(0)
+        tim = tim_ptr + pid * _TIM_COLS
+        if TIMING:
+            tl.store(tim + _TIM_START, _clock())
+        NQKV: tl.constexpr = (HQ + 2 * HKV) * D
+        LINE: tl.constexpr = 1024 // qkv_w.dtype.element_ty.primitive_bitwidth
+        nb = 0  # barriers passed
+        if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
+            if PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
+            _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
+            if GRID_SYNC:
+                nb += 1
+                _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
+        if LAYERS == 0:
+            nb = _layer_phases(
+                x_ptr, qkv_w, cos_ptr, sin_ptr, o_w, n2_ptr, gu_w, d_w, qkv_s, o_s, gu_s, d_s, out_ptr,
+                h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim, h2_ptr, nn_ptr, hn_ptr,
+                kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr, qkv_w, False, nb, pid, P,
+                M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
+                H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N, G_PAD,
+                D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
+                ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, NEXT_NORM, UPCAST, PRECISION, TIMING, W_FP8,
+                SWAP, PF_QKV, PF_O, PF_GU, PF_D)
+        else:
+            res_ptr = x_ptr
+            for l in range(layer0, layer0 + LAYERS):
+                if l > 0:  # the residual stream, in place from the second layer on
+                    res_ptr = out_ptr
+                # offsets of 16 elements' multiples (`stack` checks): the weights stay as aligned as
+                # layer 0's, which the K loops' vector loads and pipelining need
+                o = off_ptr + l * 6
+                more = l + 1 < n_layers
+                nb = _layer_phases(
+                    res_ptr, qkv_w + tl.multiple_of(tl.load(o), 16), cos_ptr, sin_ptr,
+                    o_w + tl.multiple_of(tl.load(o + 1), 16), n2_ptr + tl.multiple_of(tl.load(o + 5), 16),
+                    gu_w + tl.multiple_of(tl.load(o + 2), 16), d_w + tl.multiple_of(tl.load(o + 3), 16),
+                    qkv_s, o_s, gu_s, d_s, out_ptr, h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr,
+                    tim, h2_ptr,
+                    n1_ptr + tl.multiple_of(tl.load(o + 10), 16), h_ptr,  # the next input norm (row n_layers: the final)
+                    kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                    qkv_w + tl.multiple_of(tl.load(o + 6), 16), more, nb, pid, P,
+                    M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
+                    H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N,
+                    G_PAD, D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
+                    ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, True, UPCAST, PRECISION, TIMING, W_FP8,
+                    SWAP, PF_QKV, PF_O, PF_GU, PF_D)
         if TIMING:
             tl.debug_barrier()
             tl.store(tim + _TIM_END, _clock())
@@ -513,7 +594,7 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
           eps: float, launch: Launch | None = None, timings: torch.Tensor | None = None,
           programs: int | None = None, paged: Paged | None = None, h_in: torch.Tensor | None = None,
-          next_norm: torch.Tensor | None = None):
+          next_norm: torch.Tensor | None = None, _stack: tuple | None = None):
     """One decoder layer over x [T, hidden] (T <= MAX_TOKENS); heads: (Hq, Hkv, head_dim).
 
     Local (paged None): T tokens are sequences of seq_len, attending within their sequence; cos, sin:
@@ -534,7 +615,8 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
 
     h_in: rms_norm(x) with norm1_w, as a previous call's next_norm made it (phase 0 is skipped).
     next_norm: the next layer's input norm weight: returns (out, rms_norm(out) with it), the next
-    call's h_in; otherwise out."""
+    call's h_in; otherwise out.
+    _stack: (offsets, n_layers) from `stack`, whose layer 0 the weights are."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     n_heads, n_kv, head_dim = heads
@@ -594,6 +676,10 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         assert next_norm.shape == norm1_w.shape and next_norm.dtype == norm1_w.dtype, next_norm.shape
         next_norm = next_norm.contiguous()
     hn = empty(T, H) if next_norm is not None else h2
+    offsets, n_layers = _stack or (x, 0)
+    if n_layers:
+        assert h_in is None and next_norm is not None and timings is None and paged is None
+        hn = h  # each layer's h' for the next one: h is read in QKV only, barriers before the next write
     first = 0 if h_in is None else 1
     part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
     work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T, attn_items,
@@ -617,20 +703,66 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
-            T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
+            offsets, T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:], 0, n_layers)
     if programs is not None:
         assert 1 <= programs, programs
         work = min(work, programs)
-    if _INTERPRETED:  # programs run one after another: a launch per phase
-        for phase in range(first, PHASES):
-            _layer_kernel[(work,)](*args, FIRST=phase, LAST=phase, GRID_SYNC=False, **common)
+    if _INTERPRETED:  # programs run one after another: a launch per phase (and layer)
+        for lay in range(max(1, n_layers)):
+            at = args[:-2] + (lay, n_layers)
+            for phase in range(first if lay == 0 else 1, PHASES):
+                _layer_kernel[(work,)](*at, FIRST=phase, LAST=phase, GRID_SYNC=False, LAYERS=min(1, n_layers),
+                                       **common)
     else:
         grid = _programs(dev, work)
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
                                    and timings.shape[0] >= grid and timings.shape[1] == TIM_COLS), \
             f"timings must be int64 [>= {grid}, {TIM_COLS}]"
-        _layer_kernel[(grid,)](*args, FIRST=first, LAST=PHASES - 1, GRID_SYNC=True, **common)
+        _layer_kernel[(grid,)](*args, FIRST=first, LAST=PHASES - 1, GRID_SYNC=True, LAYERS=n_layers, **common)
     return (out, hn) if next_norm is not None else out
+
+
+_OFFSETS: dict = {}  # (device, the stack's pointers) -> its offsets table
+
+
+def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor:
+    """The stack's table for `_layer_kernel`: per layer (and a last row for the final norm) the
+    element offsets of its six tensors from layer 0's. A pure function of the pointers, so cached
+    by them: made on the first call (outside any CUDA graph capture), replayed ever after."""
+    key = (final_norm.device, final_norm.data_ptr(), *(t.data_ptr() for w in ws for t in w))
+    tab = _OFFSETS.get(key)
+    if tab is None:
+        if final_norm.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("persistent_layer.stack: call it with these weights before capturing a CUDA graph")
+        rows = []
+        for w in ws + [(final_norm,) * 6]:
+            row = []
+            for j in (1, 2, 4, 5, 0, 3):  # QKV, output, gate/up, down, input norm, post-attention norm
+                d, e = w[j].data_ptr() - ws[0][j].data_ptr(), w[j].element_size()
+                assert d % (16 * e) == 0, "persistent_layer.stack: tensors 16 elements apart (`stacks`)"
+                row.append(d // e)
+            rows.append(row)
+        rows[-1][:4] = [0] * 4  # past the last layer: only its final norm is read
+        tab = _OFFSETS[key] = torch.tensor(rows, dtype=torch.int64, device=final_norm.device)
+    return tab
+
+
+def stack(x, layers: list, final_norm: torch.Tensor, cos, sin, seq_len: int, heads: tuple, eps: float,
+          launch: Launch | None = None):
+    """Decoder layers one after another over x [T, hidden] in one launch (local attention, as `layer`
+    without paged): layers, per layer (norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w), all of x's
+    dtype, each the shape of the first layer's -> (out, rms_norm(out) with final_norm). A grid-wide
+    barrier between layers replaces the launch, and each layer's last phase asks L2 for the next
+    one's first QKV tiles."""
+    ws = [tuple(w) for w in layers]
+    assert ws and all(len(w) == 6 for w in ws), "persistent_layer.stack: six tensors per layer"
+    for w in ws:
+        assert all(t.dtype == x.dtype and t.is_contiguous() and t.shape == w0.shape for t, w0 in zip(w, ws[0])), \
+            "persistent_layer.stack: every layer's tensors contiguous, of x's dtype and the first layer's shapes"
+    assert final_norm.shape == ws[0][0].shape and final_norm.dtype == x.dtype and final_norm.is_contiguous()
+    n1, qkv, o, n2, gu, d = ws[0]
+    return layer(x, n1, qkv, cos, sin, seq_len, heads, o, n2, gu, d, eps, launch=launch, next_norm=final_norm,
+                 _stack=(_offsets(ws, final_norm), len(ws)))
 
 
 def phase_times(timings: torch.Tensor) -> tuple[list, list, float]:
@@ -680,6 +812,34 @@ def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int) -> bo
     return 2 * launch.block_k * (elem * block_m + w_elem * widest) + SMEM_RESERVE <= smem
 
 
+def stacks(x: torch.Tensor, seq_len: int, heads: tuple, layers: list, final_norm: torch.Tensor) -> bool:
+    """Whether `stack` takes these layers: enabled (VOXCPM_FUSED_STACKS), each layer one that `runs`
+    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes,
+    and every tensor 16 elements' multiple apart from the first layer's (the kernel keeps their
+    alignment; the CUDA allocator's blocks are)."""
+    if not (ENABLED_STACKS and layers and runs(x, seq_len, heads, *layers[0])):
+        return False
+    first = layers[0]
+    ok = lambda t, t0: (isinstance(t, torch.Tensor) and t.dtype == x.dtype and t.is_contiguous()  # noqa: E731
+                        and t.shape == t0.shape and (t.data_ptr() - t0.data_ptr()) % (16 * t.element_size()) == 0)
+    return (all(len(w) == 6 and all(ok(t, t0) for t, t0 in zip(w, first)) for w in layers)
+            and ok(final_norm, first[0]))
+
+
+@torch.library.custom_op("voxcpm::local_stack", mutates_args=())
+def local_stack_op(x: torch.Tensor, weights: list[torch.Tensor], final_norm: torch.Tensor, cos: torch.Tensor | None,
+                   sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`stack`: weights, six per layer in `stack`'s order, flat -> (out, rms_norm(out) with final_norm)."""
+    layers = [weights[i:i + 6] for i in range(0, len(weights), 6)]
+    return stack(x, layers, final_norm, cos, sin, seq_len, (n_heads, n_kv, head_dim), eps)
+
+
+@local_stack_op.register_fake
+def _(x, weights, final_norm, cos, sin, seq_len, n_heads, n_kv, head_dim, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 @torch.library.custom_op("voxcpm::local_layer", mutates_args=())
 def local_layer_op(x: torch.Tensor, norm1_w: torch.Tensor, qkv_w: torch.Tensor, cos: torch.Tensor | None,
                    sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
@@ -721,6 +881,14 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
         out, hn = local_layer_op(x, norm1_w, mats[0], cos, sin, seq_len, *heads, mats[1], norm2_w, *mats[2:], eps,
                                  h_in, next_norm, *(scales or (None,) * 4))
         return out, (hn if next_norm is not None else None)
+
+    def stack(self, x, seq_len, rope, heads, layers, final_norm, eps):
+        """(out, rms_norm(out) with final_norm) of all the layers (`layer`'s six weights each) in
+        one launch, as `stack` makes them, or None (`stacks` says no): they then run one by one."""
+        if not stacks(x, seq_len, heads, layers, final_norm):
+            return None
+        cos, sin = rope if rope is not None else (None, None)
+        return local_stack_op(x, [t for w in layers for t in w], final_norm, cos, sin, seq_len, *heads, eps)
 
 
 fused_local_layers = FusedLocalLayers()

@@ -243,6 +243,16 @@ class DecoderLayer(nn.Module):
         if compiled:  # one compiled pair shared by every layer of the same shape (GPU)
             self.math = self.math.compiled()
 
+    def heads(self) -> tuple:
+        return self.math.n_heads, self.math.n_kv, self.math.head_dim
+
+    def weights(self) -> tuple:
+        """What a backend that runs whole layers takes: the input norm, QKV, output, post-attention
+        norm, gate/up and down weights."""
+        attn, mlp = self.self_attn, self.mlp
+        return (self.input_layernorm.weight, attn.qkv_weight(), attn.o_proj.weight,
+                self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight)
+
     def forward(self, x, batch_shape, rope, backend, keep: slice | None = None, lora=None, normed=None,
                 next_norm=None):
         """x: [N, hidden] with N = B * S tokens; batch_shape: (B, S); rope: (cos, sin) or None,
@@ -258,9 +268,7 @@ class DecoderLayer(nn.Module):
         # Without adapters the calls are exactly the plain ones (no extra argument for compiled code).
         qkv_lora = () if lora is None else (lora.qkv,)
         if lora is None and m.branch_scale is None and hasattr(backend, "layer"):  # the whole layer fused
-            res = backend.layer(self.layer_idx, x, S, rope, (m.n_heads, m.n_kv, m.head_dim),
-                                self.input_layernorm.weight, attn.qkv_weight(), attn.o_proj.weight,
-                                self.post_attention_layernorm.weight, mlp.gate_up_weight(), mlp.down_proj.weight, m.eps,
+            res = backend.layer(self.layer_idx, x, S, rope, self.heads(), *self.weights(), m.eps,
                                 h_in=normed, next_norm=None if keep is not None else next_norm)
             if res is not None:
                 out, nxt = res
@@ -309,6 +317,13 @@ class MiniCPM(nn.Module):
             else:
                 rope = (cos.expand(B, S, -1).reshape(B * S, -1), sin.expand(B, S, -1).reshape(B * S, -1))
         h, normed = x.reshape(B * S, H), None
+        first = self.layers[0]
+        if lora is None and first.math.branch_scale is None and hasattr(backend, "stack"):  # all layers, one launch
+            res = backend.stack(h, S, rope, first.heads(), [layer.weights() for layer in self.layers],
+                                self.norm.weight, first.math.eps)
+            if res is not None:
+                out = res[1]  # the final norm's output
+                return (out if keep is None else out.view(B, S, -1)[:, keep]).reshape(B, -1, H)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             args = (h, (B, S), rope, backend, keep if i == last else None)
