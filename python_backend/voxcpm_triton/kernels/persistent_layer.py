@@ -19,7 +19,9 @@ program per SM runs the layer's phases, with a grid-wide barrier between them:
              (next_norm: also h' = rms_norm(out), the next layer's phase 0 done here)
 
 A layer given h_in (the previous layer's h') starts at phase 1: stacked layers save a phase and a
-barrier each.
+barrier each. `stack` runs a whole stack in one launch instead (LocDiT's, LocEnc's): after phase 8
+a barrier, then the next layer from phase 1, its weights at offsets from the first layer's; the
+last layer's h' is the stack's final norm.
 
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
@@ -51,14 +53,16 @@ their way: in the phase before, every program asks L2 for the first K tiles of i
 (`Launch.prefetch`, a `prefetch.global.L2` hint per line). A chained layer starts at QKV, so its
 QKV weights are not asked for.
 
-Registered as the custom op `voxcpm::local_layer`: torch.compile keeps it as one opaque call in the
-compiled LocDiT/LocEnc, and CUDA graphs capture it (the barrier's counters are zero at rest, made
-on the first call, before any capture). `FusedLocalLayers` is the LocDiT/LocEnc attention backend
-that offers it whole layers; `engine.attention.PagedAttention.layer` offers it an LM's decode-step
+Registered as the custom ops `voxcpm::local_layer` and `voxcpm::local_stack`: torch.compile keeps
+each as one opaque call in the compiled LocDiT/LocEnc, and CUDA graphs capture them (the barrier's
+counters are zero at rest, made on the first call, before any capture, as is a stack's offsets
+table). `FusedLocalLayers` is the LocDiT/LocEnc attention backend that offers them whole stacks
+and whole layers; `engine.attention.PagedAttention.layer` offers it an LM's decode-step
 layers (called directly: the LM's layer loop is not compiled). VOXCPM_FUSED_LOCAL_LAYERS=0 and
-VOXCPM_FUSED_LM_LAYERS=0 turn them off (VOXCPM_FUSED_FP8_LAYERS=0: only those of e4m3
-weights): do that where other kernels could hold SMs indefinitely (persistent kernels of two
-processes under CUDA MPS, or of two engines on two streams of one process).
+VOXCPM_FUSED_LM_LAYERS=0 turn them off (VOXCPM_FUSED_FP8_LAYERS=0: only those of e4m3 weights;
+VOXCPM_FUSED_STACKS=0: a launch per layer, not per stack): do that where other kernels could hold
+SMs indefinitely (persistent kernels of two processes under CUDA MPS, or of two engines on two
+streams of one process).
 """
 
 from __future__ import annotations
