@@ -79,7 +79,7 @@ def compile_sm90(args: tuple, kw: dict):
         if param.is_constexpr:
             signature[name], constants[(i,)] = "constexpr", kw[name]
             continue
-        a = next(it)
+        a = kw.pop(name) if name in kw else next(it)
         if isinstance(a, torch.Tensor):
             signature[name], attrs[(i,)] = TYPES[a.dtype], [["tt.divisibility", 16]]
         elif isinstance(a, int) and a == 1:

@@ -129,28 +129,74 @@ def test_a_stack_is_its_layers_chained(programs):
         assert torch.equal(x, kept) and int(pl._sync(x.device).abs().sum()) == 0
 
 
-def test_stacks_takes_only_layers_it_can_offset(monkeypatch):
-    """`stacks` says no, and the layers run one by one, where `stack` could not take them: another
-    layer's shape, a tensor not 16 elements apart from the first layer's, a layer `runs` refuses
-    (past MAX_TOKENS), e4m3 weights, or stacks turned off."""
+def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeypatch):
+    """`stacks` says no, and the layers run one by one, where a layer has another shape, `runs`
+    refuses them (past MAX_TOKENS), they have e4m3 weights, or stacks are off. Tensors that are not
+    ALIGN elements apart from the first layer's pass `stacks` (it reads no pointers: torch.compile
+    calls it while tracing), and `stack` runs them as chained layers instead of one launch."""
     H, Hq, Hkv, D, I = 128, 4, 2, 32, 256
-    dt = torch.bfloat16
-    heads, x = (Hq, Hkv, D), torch.zeros(22, H, device=DEV, dtype=dt)
-    layers = [layer_weights(H, Hq, Hkv, D, I, dt, seed=i) for i in range(3)]
-    layers = [tuple(t.to(DEV) for t in w) for w in layers]
+    dt = torch.bfloat16 if CUDA else torch.float32
+    heads, S = (Hq, Hkv, D), 11
+    x = rand(2 * S, H, g=torch.Generator().manual_seed(6), dtype=dt)
+    layers = [layer_weights(H, Hq, Hkv, D, I, dt, seed=40 + i) for i in range(3)]
     final = layers[0][0].clone()
-    assert pl.stacks(x, 11, heads, layers, final)
+    assert pl.stacks(x, S, heads, layers, final)
     wide = layer_weights(H, Hq, Hkv, D, 2 * I, dt, seed=5)
-    assert not pl.stacks(x, 11, heads, layers[:2] + [tuple(t.to(DEV) for t in wide)], final)
-    buf = torch.zeros(H + 1, device=DEV, dtype=dt)
-    assert not pl.stacks(x, 11, heads, layers, buf[1:])  # one element off
-    assert pl.stacks(x, 11, heads, layers, torch.zeros(H + 16, device=DEV, dtype=dt)[16:])
-    assert not pl.stacks(torch.zeros(pl.MAX_TOKENS + 11, H, device=DEV, dtype=dt), 11, heads, layers, final)
+    assert not pl.stacks(x, S, heads, layers[:2] + [wide], final)
+    assert not pl.stacks(x, S, heads, layers, final[:-1])
+    assert not pl.stacks(torch.zeros(pl.MAX_TOKENS + S, H, device=DEV, dtype=dt), S, heads, layers, final)
     e4m3 = [(w[0], *map(quantize_weight, w[1:3]), w[3], *map(quantize_weight, w[4:])) for w in layers]
-    assert pl.runs(x, 11, heads, *e4m3[0]) and not pl.stacks(x, 11, heads, e4m3, final)
+    assert pl.runs(x, S, heads, *e4m3[0]) and not pl.stacks(x, S, heads, e4m3, final)
+    with pytest.raises(ValueError, match="six tensors per layer"):
+        pl.stack(x, layers[:2] + [wide], final, None, None, S, heads, EPS)
+    # layer 1's QKV weights 8 elements into a buffer: not a multiple of ALIGN from layer 0's
+    odd = torch.empty(layers[1][1].numel() + 8, device=DEV, dtype=dt)[8:].view_as(layers[1][1])
+    odd.copy_(layers[1][1])
+    shifted = [layers[0], (layers[1][0], odd, *layers[1][2:]), layers[2]]
+    assert pl.stacks(x, S, heads, shifted, final) and pl._offsets(shifted, final) is None
+    assert pl._offsets(layers, final) is not None
+    cos, sin = rope(S, D)
+    launches = []
+    kernel = pl.layer
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: launches.append(k.get("_stack")) or kernel(*a, **k))
+    want = pl.stack(x, layers, final, cos, sin, S, heads, EPS)
+    got = pl.stack(x, shifted, final, cos, sin, S, heads, EPS)
+    assert len(launches) == 4 and launches[0] is not None and launches[1:] == [None] * 3  # one stack, 3 layers
+    for g, w in zip(got, want):
+        assert (g.float() - w.float()).abs().max().item() <= (tol(dt, w) if CUDA else 0.0)
     monkeypatch.setattr(pl, "ENABLED_STACKS", False)
-    assert not pl.stacks(x, 11, heads, layers, final)
-    assert pl.fused_local_layers.stack(x, 11, None, heads, layers, final, EPS) is None
+    assert not pl.stacks(x, S, heads, layers, final)
+    assert pl.fused_local_layers.stack(x, S, None, heads, layers, final, EPS) is None
+
+
+def test_a_compiled_stack_is_one_graph():
+    """torch.compile traces LocEnc with the fused backend into one graph around the stack's op: the
+    backend's checks read no pointers (a data_ptr() while tracing broke the graph into pieces)."""
+    from torch._dynamo.utils import counters
+
+    from voxcpm_triton.model.config import VoxCPM2Config
+    from voxcpm_triton.model.local_modules import LocalEncoder
+    from voxcpm_triton.model.minicpm import fuse_projections
+    from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG
+
+    cfg = VoxCPM2Config.from_dict(TINY_CONFIG)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    enc = fuse_projections(LocalEncoder(cfg.local_encoder(), cfg.feat_dim, pl.fused_local_layers).to(DEV, dt).eval())
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(1, 1, cfg.patch_size, cfg.feat_dim, device=DEV, dtype=dt)
+    with torch.no_grad():
+        got = torch.compile(enc.forward, backend=count)(x)
+        want = enc(x)
+    assert len(graphs) == 1 and not counters["graph_break"], (graphs, dict(counters["graph_break"]))
+    assert sum("local_stack" in t for t in graphs[0]) == 1, graphs[0]
+    assert torch.equal(got, want)
 
 
 LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs

@@ -679,11 +679,10 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     if next_norm is not None:
         assert next_norm.shape == norm1_w.shape and next_norm.dtype == norm1_w.dtype, next_norm.shape
         next_norm = next_norm.contiguous()
-    hn = empty(T, H) if next_norm is not None else h2
     offsets, n_layers = _stack or (x, 0)
-    if n_layers:
-        assert h_in is None and next_norm is not None and timings is None and paged is None
-        hn = h  # each layer's h' for the next one: h is read in QKV only, barriers before the next write
+    assert not n_layers or (h_in is None and next_norm is not None and timings is None and paged is None)
+    # A stack's layers each write the next one's h' into h: h is read in QKV only, barriers before the next write.
+    hn = h if n_layers else empty(T, H) if next_norm is not None else h2
     first = 0 if h_in is None else 1
     part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
     work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T, attn_items,
@@ -707,48 +706,62 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
-            offsets, T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:], 0, n_layers)
+            offsets, T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
     if programs is not None:
         assert 1 <= programs, programs
         work = min(work, programs)
     if _INTERPRETED:  # programs run one after another: a launch per phase (and layer)
-        for lay in range(max(1, n_layers)):
-            at = args[:-2] + (lay, n_layers)
+        for lay in range(max(1, n_layers)):  # a stack's layers one at a time (LAYERS=1 from layer0)
             for phase in range(first if lay == 0 else 1, PHASES):
-                _layer_kernel[(work,)](*at, FIRST=phase, LAST=phase, GRID_SYNC=False, LAYERS=min(1, n_layers),
-                                       **common)
+                _layer_kernel[(work,)](*args, layer0=lay, n_layers=n_layers, FIRST=phase, LAST=phase,
+                                       GRID_SYNC=False, LAYERS=min(1, n_layers), **common)
     else:
         grid = _programs(dev, work)
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
                                    and timings.shape[0] >= grid and timings.shape[1] == TIM_COLS), \
             f"timings must be int64 [>= {grid}, {TIM_COLS}]"
-        _layer_kernel[(grid,)](*args, FIRST=first, LAST=PHASES - 1, GRID_SYNC=True, LAYERS=n_layers, **common)
+        _layer_kernel[(grid,)](*args, layer0=0, n_layers=n_layers, FIRST=first, LAST=PHASES - 1, GRID_SYNC=True,
+                               LAYERS=n_layers, **common)
     return (out, hn) if next_norm is not None else out
 
 
-_OFFSETS: dict = {}  # (device, the stack's pointers) -> its offsets table
+# (device, dtype, the stack's pointers) -> its offsets table, or None where they are not aligned for
+# it. Never evicted: a captured CUDA graph reads its table at the address it had at capture.
+_OFFSETS: dict = {}
+ALIGN = 16  # elements: every stack tensor's offset from the first layer's a multiple (`tl.multiple_of`)
 
 
-def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor:
+def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor | None:
     """The stack's table for `_layer_kernel`: per layer (and a last row for the final norm) the
-    element offsets of its six tensors from layer 0's. A pure function of the pointers, so cached
-    by them: made on the first call (outside any CUDA graph capture), replayed ever after."""
-    key = (final_norm.device, final_norm.data_ptr(), *(t.data_ptr() for w in ws for t in w))
-    tab = _OFFSETS.get(key)
-    if tab is None:
-        if final_norm.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("persistent_layer.stack: call it with these weights before capturing a CUDA graph")
-        rows = []
-        for w in ws + [(final_norm,) * 6]:
-            row = []
-            for j in (1, 2, 4, 5, 0, 3):  # QKV, output, gate/up, down, input norm, post-attention norm
-                d, e = w[j].data_ptr() - ws[0][j].data_ptr(), w[j].element_size()
-                assert d % (16 * e) == 0, "persistent_layer.stack: tensors 16 elements apart (`stacks`)"
-                row.append(d // e)
-            rows.append(row)
-        rows[-1][:4] = [0] * 4  # past the last layer: only its final norm is read
-        tab = _OFFSETS[key] = torch.tensor(rows, dtype=torch.int64, device=final_norm.device)
+    element offsets of its six tensors from layer 0's; None if one is not a multiple of ALIGN (the
+    kernel's vector loads and pipelines assume it). A pure function of the pointers, so cached by
+    them: made on the first call, outside any CUDA graph capture."""
+    key = (final_norm.device, final_norm.dtype, final_norm.data_ptr(), *(t.data_ptr() for w in ws for t in w))
+    if key in _OFFSETS:
+        return _OFFSETS[key]
+    e = final_norm.element_size()
+    rows = [[w[j].data_ptr() - ws[0][j].data_ptr() for j in (1, 2, 4, 5, 0, 3)]  # QKV, o, gate/up, down, n1, n2
+            for w in ws]
+    rows.append([0, 0, 0, 0, final_norm.data_ptr() - ws[0][0].data_ptr(), 0])  # past the last layer: its norm
+    if any(d % (ALIGN * e) for row in rows for d in row):
+        _OFFSETS[key] = None
+        return None
+    if final_norm.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("persistent_layer.stack: call it with these weights before capturing a CUDA graph")
+    tab = _OFFSETS[key] = torch.tensor([[d // e for d in row] for row in rows], dtype=torch.int64,
+                                       device=final_norm.device)
     return tab
+
+
+def _like(t, t0, dtype: torch.dtype) -> bool:
+    """t a contiguous tensor of dtype and t0's shape (a stack's tensor against the first layer's)."""
+    return isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_contiguous() and t.shape == t0.shape
+
+
+def _uniform(layers: list, final_norm, dtype: torch.dtype) -> bool:
+    """Six tensors per layer, each like the first layer's, and a final norm like its input norm."""
+    return (bool(layers) and all(len(w) == 6 and all(_like(t, t0, dtype) for t, t0 in zip(w, layers[0]))
+                                 for w in layers) and _like(final_norm, layers[0][0], dtype))
 
 
 def stack(x, layers: list, final_norm: torch.Tensor, cos, sin, seq_len: int, heads: tuple, eps: float,
@@ -757,16 +770,23 @@ def stack(x, layers: list, final_norm: torch.Tensor, cos, sin, seq_len: int, hea
     without paged): layers, per layer (norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w), all of x's
     dtype, each the shape of the first layer's -> (out, rms_norm(out) with final_norm). A grid-wide
     barrier between layers replaces the launch, and each layer's last phase asks L2 for the next
-    one's first QKV tiles."""
+    one's first QKV tiles. Tensors not ALIGN elements apart from the first layer's run as the same
+    layers chained, a launch each (the same results)."""
     ws = [tuple(w) for w in layers]
-    assert ws and all(len(w) == 6 for w in ws), "persistent_layer.stack: six tensors per layer"
-    for w in ws:
-        assert all(t.dtype == x.dtype and t.is_contiguous() and t.shape == w0.shape for t, w0 in zip(w, ws[0])), \
-            "persistent_layer.stack: every layer's tensors contiguous, of x's dtype and the first layer's shapes"
-    assert final_norm.shape == ws[0][0].shape and final_norm.dtype == x.dtype and final_norm.is_contiguous()
+    if not _uniform(ws, final_norm, x.dtype):
+        raise ValueError("persistent_layer.stack: six tensors per layer, each contiguous, of x's dtype and the "
+                         "first layer's shape, and a final norm the shape of its input norm")
+    tab = _offsets(ws, final_norm)
+    if tab is None:
+        h, normed = x, None
+        for i, w in enumerate(ws):
+            nxt = ws[i + 1][0] if i + 1 < len(ws) else final_norm
+            h, normed = layer(h, w[0], w[1], cos, sin, seq_len, heads, *w[2:], eps, launch=launch, h_in=normed,
+                              next_norm=nxt)
+        return h, normed
     n1, qkv, o, n2, gu, d = ws[0]
     return layer(x, n1, qkv, cos, sin, seq_len, heads, o, n2, gu, d, eps, launch=launch, next_norm=final_norm,
-                 _stack=(_offsets(ws, final_norm), len(ws)))
+                 _stack=(tab, len(ws)))
 
 
 def phase_times(timings: torch.Tensor) -> tuple[list, list, float]:
@@ -818,16 +838,11 @@ def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int) -> bo
 
 def stacks(x: torch.Tensor, seq_len: int, heads: tuple, layers: list, final_norm: torch.Tensor) -> bool:
     """Whether `stack` takes these layers: enabled (VOXCPM_FUSED_STACKS), each layer one that `runs`
-    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes,
-    and every tensor 16 elements' multiple apart from the first layer's (the kernel keeps their
-    alignment; the CUDA allocator's blocks are)."""
-    if not (ENABLED_STACKS and layers and runs(x, seq_len, heads, *layers[0])):
-        return False
-    first = layers[0]
-    ok = lambda t, t0: (isinstance(t, torch.Tensor) and t.dtype == x.dtype and t.is_contiguous()  # noqa: E731
-                        and t.shape == t0.shape and (t.data_ptr() - t0.data_ptr()) % (16 * t.element_size()) == 0)
-    return (all(len(w) == 6 and all(ok(t, t0) for t, t0 in zip(w, first)) for w in layers)
-            and ok(final_norm, first[0]))
+    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes.
+    torch.compile calls it while tracing, so it reads no pointers: their alignment is `stack`'s to
+    check, inside the op."""
+    return ENABLED_STACKS and bool(layers) and runs(x, seq_len, heads, *layers[0]) \
+        and _uniform(layers, final_norm, x.dtype)
 
 
 @torch.library.custom_op("voxcpm::local_stack", mutates_args=())
