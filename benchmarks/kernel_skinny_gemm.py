@@ -77,8 +77,8 @@ def candidates(M: int, N: int, K: int, block_ks=(64, 128, 256), block_ns=(16, 32
 
 
 # LoRA sites of the official default targets (q/k/v/o of the LMs and LocDiT): name -> (target
-# widths, K, tokens, halves, rows), at batch 1 in its decode bucket of 2 rows (the second a padding
-# row on the base slot 0).
+# widths, K, tokens, halves, rows), at batch 1 in a decode bucket of 2 rows (the second a padding
+# row on the base slot 0), the smallest bucket the server had until the forty-sixth session.
 LORA_SITES = {
     "lm_qkv": ((2048, 256, 256), 2048, 2, 1, 2),
     "lm_o": ((2048,), 2048, 2, 1, 2),

@@ -516,9 +516,9 @@ def test_every_timesteps_value_maps_to_a_start_up_graph_key(vox):
     eng.shutdown()
     r = eng.runner
     keys = r.graph_keys()
-    assert r.buckets == [2, 4, 8, 16, 24, 32, 48, 64]
+    assert r.buckets == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     assert r.loop_buckets == (4, 8, 10, 12, 16, 24, 32, 50, 100)
-    assert len(keys) == len(r.buckets) * len(r.loop_buckets) == 72
+    assert len(keys) == len(r.buckets) * len(r.loop_buckets) == 81
     for k in range(TIMESTEPS_RANGE[0], TIMESTEPS_RANGE[1] + 1):
         loop = r.loop_bucket(k)
         assert loop >= k and not any(k <= x < loop for x in r.loop_buckets), k  # the smallest that fits
@@ -614,6 +614,10 @@ def test_batch_buckets_below_max_batch_size_and_it(vox):
     assert [r.batch_bucket(b) for b in (1, 2, 3, 5, 6)] == [2, 2, 4, 6, 6]
     assert r.graph_keys() == {(b, loop) for b in (2, 4, 6) for loop in (10, 100)}
     assert EngineConfig().batch_buckets[0] == 1  # a lone request is not padded by default
+    from voxcpm_triton.serving.parameters import PARAMETERS
+
+    served = next(p.default for p in PARAMETERS if (p.model, p.name) == ("decoder", "batch_buckets"))
+    assert tuple(int(b) for b in served.split(",")) == EngineConfig().batch_buckets  # the server's default too
 
 
 def test_custom_timestep_buckets(vox):

@@ -125,9 +125,10 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name, B, fused
     from voxcpm_triton.kernels import persistent_layer
     from voxcpm_triton.voxcpm2 import VoxCPM2
 
-    calls = []
+    calls = []  # per layer run, its input's shape (a stack's one launch runs several)
     layer = persistent_layer.layer
-    monkeypatch.setattr(persistent_layer, "layer", lambda *a, **k: calls.append(a[0].shape) or layer(*a, **k))
+    monkeypatch.setattr(persistent_layer, "layer", lambda *a, **k: calls.extend(
+        [a[0].shape] * (k.get("_stack") or (0, 1))[1]) or layer(*a, **k))
     m = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="torch").model
     fused = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="triton").model
     assert fused.feat_decoder.estimator.attention is persistent_layer.fused_local_layers

@@ -169,6 +169,23 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     assert pl.fused_local_layers.stack(x, S, None, heads, layers, final, EPS) is None
 
 
+def test_stacks_only_on_the_launches_measured_faster(monkeypatch):
+    """Compiled (not interpreted), a stack runs only where it was measured faster than chained layers:
+    on Hopper's swapped launches, below 64 token rows (LocDiT's 22, LocEnc's 10); at 40 and 44 tokens,
+    and off Hopper, the layers run one launch each."""
+    monkeypatch.setattr(pl, "_INTERPRETED", False)
+    monkeypatch.setattr(pl, "runs", lambda *a, **k: True)
+    bf = torch.bfloat16
+    shapes = ((1024,), (2560, 1024), (1024, 2048), (1024,), (8192, 1024), (1024, 4096))
+    layers = [tuple(torch.zeros(s, dtype=bf) for s in shapes)] * 2
+    for hopper in (False, True):
+        monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
+        for tokens, want in ((22, hopper), (10, hopper), (32, hopper), (40, False), (44, False), (88, False)):
+            x = torch.zeros(tokens, 1024, dtype=bf)
+            assert pl.stacks(x, 11 if tokens % 11 == 0 else 5, (16, 2, 128), layers, layers[0][0]) == want, \
+                (hopper, tokens)
+
+
 def test_a_compiled_stack_is_one_graph():
     """torch.compile traces LocEnc with the fused backend into one graph around the stack's op: the
     backend's checks read no pointers (a data_ptr() while tracing broke the graph into pieces)."""

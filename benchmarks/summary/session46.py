@@ -12,9 +12,11 @@ BUCKETS = {"b2_cold": ("bucket 2 (batch_buckets 2), cold caches", "engine_loop_b
            "b1_cold": ("bucket 1 (batch_buckets 1,2), cold caches", "engine_loop_b1_cold_fortysixth.json"),
            "b2_warm": ("bucket 2, warm caches", "engine_loop_b2_warm_fortysixth.json"),
            "b1_warm": ("bucket 1, warm caches", "engine_loop_b1_warm_fortysixth.json")}
-STACKS = {"stack": ("stacks, cold caches", "engine_loop_stack_fortysixth.json"),
-          "layers": ("VOXCPM_FUSED_STACKS=0 (layer by layer), cold caches", "engine_loop_layers_fortysixth.json"),
-          "stack2": ("stacks, warm caches", "engine_loop_stack2_fortysixth.json")}
+STACKS = {"stack": ("call 2: stacks", "engine_loop_stack_fortysixth.json"),
+          "layers": ("call 2: VOXCPM_FUSED_STACKS=0 (layer by layer)", "engine_loop_layers_fortysixth.json"),
+          "stack2": ("call 2: stacks, rerun (its inductor cache warm)", "engine_loop_stack2_fortysixth.json"),
+          "stack_final": ("call 5, the code after the review: stacks", "engine_loop_stack_final_fortysixth.json"),
+          "layers_final": ("call 5: VOXCPM_FUSED_STACKS=0", "engine_loop_layers_final_fortysixth.json")}
 
 
 def _met(ok: bool) -> str:
@@ -34,10 +36,15 @@ def _layers(name: str) -> dict:
 
 
 def _sm90(name: str = "kernel_sm90_mma_fortysixth.txt") -> list:
-    """kernel_sm90_mma.py's output -> [(tokens, layers, registers, spill store bytes, shared memory bytes)]."""
+    """kernel_sm90_mma.py's output -> [(tokens, layers, hinted, registers, spill store bytes, shared memory bytes)];
+    hinted False: the block run with the stack's alignment hints removed."""
     pat = (r"(\d+) tokens .*'LAYERS': (\d+)\}.*shared memory (\d+) B; .*?(\d+) bytes spill stores.*?"
            r"Used (\d+) registers")
-    return [(int(m[1]), int(m[2]), int(m[5]), int(m[4]), int(m[3])) for m in re.finditer(pat, text(name))]
+    out = []
+    for block in text(name).split("$ ")[1:]:
+        hinted = "hints on the stack offsets removed" not in block.splitlines()[0]
+        out += [(int(m[1]), int(m[2]), hinted, int(m[5]), int(m[4]), int(m[3])) for m in re.finditer(pat, block)]
+    return out
 
 
 def _decoder_ready(name: str) -> dict:
@@ -53,6 +60,7 @@ def forty_sixth_session(res) -> list[str]:
     b = {k: _loop(name) for k, (_, name) in BUCKETS.items()}
     s = {k: _loop(name) for k, (_, name) in STACKS.items()}
     lay = _layers("kernel_fused_layer_stack_fortysixth.json")
+    wide = _layers("kernel_fused_layer_stack_44_40_fortysixth.json")
     sm90 = _sm90()
     served = served_levels("served_fortysixth.json")
     ready = _decoder_ready("served_fortysixth_tritonserver.log")
@@ -65,6 +73,7 @@ def forty_sixth_session(res) -> list[str]:
     fatal = text("served_fortysixth_tritonserver.log").count("Fatal Python error")
     gain_bucket = b["b1_cold"]["steps_per_s"] / b["b2_cold"]["steps_per_s"]
     gain_stack = s["stack"]["steps_per_s"] / s["layers"]["steps_per_s"]
+    gain_final = s["stack_final"]["steps_per_s"] / s["layers_final"]["steps_per_s"]
     both = s["stack"]["steps_per_s"] / b["b2_cold"]["steps_per_s"]
     rtf_in_process = 1 / (s["stack"]["steps_per_s"] * AUDIO_S_PER_STEP)
     one, eight, many = served[1], served[8], served[64]
@@ -75,10 +84,11 @@ def forty_sixth_session(res) -> list[str]:
         "engine_buckets": {k: {"run": BUCKETS[k][0], **v} for k, v in b.items()},
         "engine_stacks": {k: {"run": STACKS[k][0], **v} for k, v in s.items()},
         "bucket1_over_bucket2": gain_bucket, "stack_over_layers": gain_stack, "both_over_forty_fifth": both,
+        "stack_over_layers_after_review": gain_final, "layer_us_unswapped_sizes": wide,
         "rtf_in_process": rtf_in_process,
         "layer_us": lay,
-        "sm90_compile": [{"tokens": t, "layers": n, "registers": r, "spill_store_bytes": sp, "shared_bytes": sh}
-                         for t, n, r, sp, sh in sm90],
+        "sm90_compile": [{"tokens": t, "layers": n, "alignment_hints": hi, "registers": r, "spill_store_bytes": sp,
+                          "shared_bytes": sh} for t, n, hi, r, sp, sh in sm90],
         "served": {c: served_summary(lv) for c, lv in served.items()},
         "decoder_ready_s": ready,
         "gpu_check": {"teacher_forced_cosine_min": g["teacher_forced"]["cosine_min"],
@@ -94,12 +104,13 @@ def forty_sixth_session(res) -> list[str]:
                 "served_headline_source": "one and 64 streams: forty-sixth session, NVIDIA H200, 2026-12-01, "
                 "raw/served_fortysixth.json (10 requests per stream); 128 streams and capacity: forty-fourth "
                 "session's sweep, raw/served_fortyfourth_sweep*.json"})
-    reg = {(t, n): (r, sp, sh) for t, n, r, sp, sh in sm90}
+    reg = {(t, n): (r, sp, sh) for t, n, hi, r, sp, sh in sm90 if hi}
+    unhinted = {t: sh for t, n, hi, r, sp, sh in sm90 if not hi}
     md = ["", "## Forty-sixth session (2026-12-01, H200): a lone request unpadded, LocDiT's and LocEnc's layers one "
           f"launch each: the lone request's engine step {both:.3f}x, one served stream at RTF {one['rtf']['p50']:.4f}",
-          "", "Four device calls (about 23 of the 30 min). The forty-fifth session left two leads for one stream: the "
-          "server ran a lone request padded to a bucket of 2 rows, and every persistent layer was a launch of its "
-          "own. Both were taken.", "",
+          "", "Six device calls (all 30 min; calls 5 and 6 after a review). The forty-fifth session left two leads for "
+          "one stream: the server ran a lone request padded to a bucket of 2 rows, and every persistent layer was a "
+          "launch of its own. Both were taken.", "",
           "**A bucket of 1** (`decoder` parameter `batch_buckets`, new, default `1,2,4,8,16,24,32,48,64,96,128,192,"
           "256`; validated like `timestep_buckets`, the buckets below `max_batch_size` kept, which always has one). "
           "Call 1 (`engine_loop.py --checkpoint /tmp/full --max-batch 2 --steps 200 --timestep-buckets 10,100`, "
@@ -127,12 +138,14 @@ def forty_sixth_session(res) -> list[str]:
            "One persistent launch loops over the layers with a grid-wide barrier between them, where each layer "
            "was a launch before. Each layer's weights are found at element offsets from the first layer's (a "
            "small table, cached by the pointers, made before any graph capture); the offsets are multiples of 16 "
-           "elements, and the kernel says so (`tl.multiple_of`): without the hint, a development compile for sm_90 "
-           "had 57,344 B of shared memory at 22 tokens instead of 122,880, its K loops not pipelined (that compile "
-           "is not in raw/). The residual stream "
+           "elements, and the kernel says so (`tl.multiple_of`): without the hint the sm_90 compile below had "
+           + " and ".join(f"{unhinted[t]:,} B of shared memory at {t} tokens instead of {reg[(t, 12)][2]:,}"
+                          for t in (22, 10))
+           + ", its K loops not pipelined. The residual stream "
            "is updated in place from the second layer on, the final norm is the last layer's last phase (no "
            "separate kernel), and each layer's last phase asks L2 for the next layer's first QKV tiles. e4m3 "
-           "weights keep the per-layer launches; `VOXCPM_FUSED_STACKS=0` turns stacks off.",
+           "weights keep the per-layer launches; `VOXCPM_FUSED_STACKS=0` turns stacks off. Stacks whose tensors "
+           "are not 16 elements apart run as the same layers chained (inside the op).",
            "- Compiled for sm_90 on this machine (`kernel_sm90_mma.py --tokens 22,10 [--layers 12] --launch "
            "swap=True --launch prefetch=2`, `raw/kernel_sm90_mma_fortysixth.txt`): the 12-layer launch has the "
            "same products and pipelines as one layer (shared memory "
@@ -155,7 +168,9 @@ def forty_sixth_session(res) -> list[str]:
            + " (" + " and ".join(f"{lay[m]['persistent_chained'] - lay[m]['persistent_stack']:.2f}" for m in (22, 10))
            + " us less a layer).",
            "", "The engine, a lone request in a bucket of 1 (call 2: `engine_loop.py --max-batch 1 --steps 200 "
-           "--timestep-buckets 10,100`, a process each; `raw/engine_loop_{stack,layers,stack2}_fortysixth.json`):",
+           "--timestep-buckets 10,100`, a process each, fresh inductor caches but triton's shared with the kernel "
+           "run before, so their ready times compare with each other only; "
+           "`raw/engine_loop_{stack,layers,stack2,stack_final,layers_final}_fortysixth.json`):",
            "", "| run | steps/s over the request | GPU ms per step | engine ready s |", "|---|---|---|---|"]
     for k, (label, _) in STACKS.items():
         x = s[k]
@@ -166,9 +181,18 @@ def forty_sixth_session(res) -> list[str]:
            f"With the bucket of 1 that is {both:.3f}x the forty-fifth session's server bucket (call 1's "
            f"{b['b2_cold']['steps_per_s']:.1f} steps/s in bucket 2 against call 2's {s['stack']['steps_per_s']:.1f}; "
            f"two calls). In process that is RTF {rtf_in_process:.4f}.",
-           "- At 8 streams LocEnc's 80 tokens run as a stack too (8 warps, unswapped, no prefetch: past 64 rows); "
-           "that size was not timed per layer, only served (below). LocDiT at 8 streams and everything at 64 "
-           "streams are past the persistent kernel's bounds.", "",
+           f"- Call 5 ran the code after the review (below) the same way: {gain_final:.3f}x "
+           f"({s['layers_final']['steps_per_s']:.1f} -> {s['stack_final']['steps_per_s']:.1f} steps/s).", "",
+           "**Where a stack loses** (call 5: `kernel_fused_layer.py --no-sweep --tokens 44,40 --variants "
+           "persistent_chained,persistent_stack`, `raw/kernel_fused_layer_stack_44_40_fortysixth.json`): at 44 tokens "
+           "(LocDiT of two requests) and 40 (LocEnc at 8 streams), both unswapped 64-row tiles, the stack was slower: "
+           + ", ".join(f"{m} tokens {wide[m]['persistent_chained']:.2f} us chained against "
+                       f"{wide[m]['persistent_stack']:.2f} stacked" for m in (44, 40))
+           + ". Why was not looked into (the 12-layer kernel's 255 registers are one candidate). `stacks` now "
+           "takes only the launches measured faster: Hopper's swapped ones, below 64 token rows (LocDiT in the "
+           "batch bucket of 1, LocEnc in buckets up to 4); elsewhere the layers run a launch each as before. Calls 2-4 ran before that "
+           "change: call 3's 8 served streams ran LocEnc's 40 tokens as stacks, so that level stands for the slower "
+           "kernel. LocDiT at 8 streams and everything at 64 streams are past the persistent kernel's bounds.", "",
            "**Served on this code** (call 3: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`; `raw/served_fortysixth.json.gz`, `raw/served_fortysixth_tritonserver.log`):",
            "", "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth |",
@@ -198,7 +222,19 @@ def forty_sixth_session(res) -> list[str]:
            "- GPU tests (`raw/gpu_tests_fortysixth.txt`): call 2, `tests/test_persistent_layer.py -k 'stack or "
            f"compiles_captures or hands_it'`, {tests[0]} (the stack against the chained layers and the PyTorch "
            "layers, compiled, captured and replayed at 22, 44 and 88 tokens, and the engine's step handing LocDiT "
-           f"and LocEnc their stacks); call 4, `tests/test_engine_gpu.py -k several_launches`, {tests[1]}.", "",
+           f"and LocEnc their stacks); call 4, `tests/test_engine_gpu.py -k several_launches`, {tests[1]}.",
+           "- The review found that `stacks`, which torch.compile traces inside the compiled LocDiT/LocEnc, read "
+           "tensor pointers to check their alignment: dynamo cannot trace that, and on torch 2.13 (this machine) "
+           "the compiled LocEnc fell apart into pieces. The check moved into the op. A new test counts the graphs "
+           "of a compiled LocEnc; on the CPU it is one. On the H200 (call 5, then call 6 alone) it failed: "
+           "five graphs, six graph breaks of one kind (gb0059), with the pointer check gone. They most likely "
+           "come from the device-property queries the launch choice makes while tracing (`kernels/_triton.py`: "
+           "`shared_memory`, `warpgroup_mma`; on the CPU neither reads the device), which earlier sessions' "
+           "compiled LocDiT/LocEnc made too: not verified on the GPU. The decode step is replayed "
+           "from CUDA graphs, so the breaks cost start-up work and fusion across them, not launches. Those three "
+           "helpers are now `torch.compiler.assume_constant_result` (dynamo calls them once while tracing and keeps "
+           "the result): traced on the CPU only; no device time was left to run the test on the GPU again, so the "
+           "GPU figures above are all from the code with those breaks.", "",
            "**Against issue 17's targets** (this session's served run; capacity and 128 streams: the forty-fourth "
            "session's sweep; served over engine at 64 streams: the forty-fifth session's 0.776, this session "
            "changed nothing that runs at 64 streams):", "",

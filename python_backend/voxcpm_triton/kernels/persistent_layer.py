@@ -838,11 +838,17 @@ def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int) -> bo
 
 def stacks(x: torch.Tensor, seq_len: int, heads: tuple, layers: list, final_norm: torch.Tensor) -> bool:
     """Whether `stack` takes these layers: enabled (VOXCPM_FUSED_STACKS), each layer one that `runs`
-    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes.
-    torch.compile calls it while tracing, so it reads no pointers: their alignment is `stack`'s to
-    check, inside the op."""
-    return ENABLED_STACKS and bool(layers) and runs(x, seq_len, heads, *layers[0]) \
-        and _uniform(layers, final_norm, x.dtype)
+    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes,
+    on the launches where a stack was measured faster than the layers chained: swapped ones (Hopper,
+    below 64 token rows; at 40 and 44 tokens it was slower, benchmarks/results.md). The interpreter
+    (tests) stacks every size. torch.compile calls this while tracing, so it reads no pointers:
+    their alignment is `stack`'s to check, inside the op."""
+    if not (ENABLED_STACKS and bool(layers) and runs(x, seq_len, heads, *layers[0])
+            and _uniform(layers, final_norm, x.dtype)):
+        return False
+    launch = choose_launch(x.size(1), heads[0] * heads[2], layers[0][5].shape[1], x.size(0), x.device,
+                           x.element_size())
+    return _INTERPRETED or launch.swap
 
 
 @torch.library.custom_op("voxcpm::local_stack", mutates_args=())
