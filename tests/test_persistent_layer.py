@@ -30,6 +30,8 @@ SHAPES = [(2, 11, 128, 4, 2, 32, 256), (2, 5, 64, 4, 1, 16, 128), (4, 11, 96, 3,
 if CUDA:  # LocDiT at 22, 44 and 88 tokens (batch bucket 4: 128-row tiles, 8 warps), LocEnc at 10 and 80 (bucket 16)
     SHAPES += [(2, 11, 1024, 16, 2, 128, 4096), (4, 11, 1024, 16, 2, 128, 4096), (8, 11, 1024, 16, 2, 128, 4096),
                (2, 5, 1024, 16, 2, 128, 4096), (16, 5, 1024, 16, 2, 128, 4096)]
+# a lone request's LocDiT/LocEnc layers run as stacks: under the interpreter, and on Hopper (`stacks`)
+STACKS_HERE = not CUDA or pl.warpgroup_mma(DEV)
 # fp32 on the GPU: the kernel is launched with 16-bit tiles in mind (`runs` keeps the model's fp32 off it)
 DTYPES = [torch.bfloat16] if CUDA else [torch.float32, torch.bfloat16]
 
@@ -140,7 +142,7 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     x = rand(2 * S, H, g=torch.Generator().manual_seed(6), dtype=dt)
     layers = [layer_weights(H, Hq, Hkv, D, I, dt, seed=40 + i) for i in range(3)]
     final = layers[0][0].clone()
-    assert pl.stacks(x, S, heads, layers, final)
+    assert pl.stacks(x, S, heads, layers, final) == STACKS_HERE
     wide = layer_weights(H, Hq, Hkv, D, 2 * I, dt, seed=5)
     assert not pl.stacks(x, S, heads, layers[:2] + [wide], final)
     assert not pl.stacks(x, S, heads, layers, final[:-1])
@@ -153,7 +155,7 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     odd = torch.empty(layers[1][1].numel() + 8, device=DEV, dtype=dt)[8:].view_as(layers[1][1])
     odd.copy_(layers[1][1])
     shifted = [layers[0], (layers[1][0], odd, *layers[1][2:]), layers[2]]
-    assert pl.stacks(x, S, heads, shifted, final) and pl._offsets(shifted, final) is None
+    assert pl.stacks(x, S, heads, shifted, final) == STACKS_HERE and pl._offsets(shifted, final) is None
     assert pl._offsets(layers, final) is not None
     cos, sin = rope(S, D)
     launches = []
@@ -188,7 +190,8 @@ def test_stacks_only_on_the_launches_measured_faster(monkeypatch):
 
 def test_a_compiled_stack_is_one_graph():
     """torch.compile traces LocEnc with the fused backend into one graph around the stack's op: the
-    backend's checks read no pointers (a data_ptr() while tracing broke the graph into pieces)."""
+    backend's checks read no pointers and call nothing dynamo cannot trace (a data_ptr(), and on
+    torch 2.11 a bool() of a list, broke the graph into pieces on the GPU)."""
     from torch._dynamo.utils import counters
 
     from voxcpm_triton.model.config import VoxCPM2Config
@@ -212,7 +215,7 @@ def test_a_compiled_stack_is_one_graph():
         got = torch.compile(enc.forward, backend=count)(x)
         want = enc(x)
     assert len(graphs) == 1 and not counters["graph_break"], (graphs, dict(counters["graph_break"]))
-    assert sum("local_stack" in t for t in graphs[0]) == 1, graphs[0]
+    assert sum("local_stack" in t for t in graphs[0]) == STACKS_HERE, graphs[0]
     assert torch.equal(got, want)
 
 
@@ -606,7 +609,7 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
     lm_layers = cfg.lm_config.num_hidden_layers + cfg.residual_lm_num_layers
     for shape in (dit, enc):
         mine = [c for c in calls if c[0] == shape]
-        if stacks:  # one launch of the whole stack, norm included
+        if stacks and STACKS_HERE:  # one launch of the whole stack, norm included
             assert len(mine) == launches[shape] and all(not h_in and n == depth[shape] for _, h_in, n in mine)
         else:  # every layer after a stack's first takes its input norm from the layer before
             assert len(mine) == launches[shape] * depth[shape] and not any(n for *_, n in mine)

@@ -3,7 +3,7 @@
 import re
 
 from summary.plots import pyplot, save_panels
-from summary.raw import load, served_levels, served_summary, tests_passed, text
+from summary.raw import load, served_levels, served_summary, text
 
 ISSUE_RTF, ISSUE_XRT8, ISSUE_XRT64, ISSUE_TTFA, ISSUE_TTFA95_64 = 0.025, 150, 500, 25, 300
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
@@ -69,7 +69,8 @@ def forty_sixth_session(res) -> list[str]:
     g = load("gpu_check_fortysixth.json")
     gpu_ok = g["teacher_forced"]["pass"] and all(x["pass"] for x in g["graph_vs_eager"].values()) \
         and g["prefill_graph_vs_eager"]["pass"]
-    tests = re.findall(r"(\d+ passed[^\n]*?) in ", text("gpu_tests_fortysixth.txt"))
+    # every pytest summary line of the calls, in order, failures included
+    tests = re.findall(r"^((?:\d+ \w+, )*\d+ \w+(?:, \d+ warnings)?) in [\d.]+s", text("gpu_tests_fortysixth.txt"), re.M)
     fatal = text("served_fortysixth_tritonserver.log").count("Fatal Python error")
     gain_bucket = b["b1_cold"]["steps_per_s"] / b["b2_cold"]["steps_per_s"]
     gain_stack = s["stack"]["steps_per_s"] / s["layers"]["steps_per_s"]
@@ -110,7 +111,11 @@ def forty_sixth_session(res) -> list[str]:
           f"launch each: the lone request's engine step {both:.3f}x, one served stream at RTF {one['rtf']['p50']:.4f}",
           "", "Six device calls (all 30 min; calls 5 and 6 after a review). The forty-fifth session left two leads for "
           "one stream: the server ran a lone request padded to a bucket of 2 rows, and every persistent layer was a "
-          "launch of its own. Both were taken.", "",
+          "launch of its own. Both were taken. Which code each call ran: call 1 a97b60f (the bucket), calls 2-4 "
+          "8230859 (stacks at every size the kernel takes; f781f6f changed only the results), calls 5-6 d26ad6e "
+          "(the first review's fix of `stacks`). The final code also limits stacks to the sizes measured faster "
+          "and no longer breaks the compiled LocDiT/LocEnc graph on the GPU's torch (below); it has not run on a "
+          "GPU.", "",
           "**A bucket of 1** (`decoder` parameter `batch_buckets`, new, default `1,2,4,8,16,24,32,48,64,96,128,192,"
           "256`; validated like `timestep_buckets`, the buckets below `max_batch_size` kept, which always has one). "
           "Call 1 (`engine_loop.py --checkpoint /tmp/full --max-batch 2 --steps 200 --timestep-buckets 10,100`, "
@@ -189,11 +194,12 @@ def forty_sixth_session(res) -> list[str]:
            + ", ".join(f"{m} tokens {wide[m]['persistent_chained']:.2f} us chained against "
                        f"{wide[m]['persistent_stack']:.2f} stacked" for m in (44, 40))
            + ". Why was not looked into (the 12-layer kernel's 255 registers are one candidate). `stacks` now "
-           "takes only the launches measured faster: Hopper's swapped ones, below 64 token rows (LocDiT in the "
-           "batch bucket of 1, LocEnc in buckets up to 4); elsewhere the layers run a launch each as before. Calls 2-4 ran before that "
+           "takes only the launches measured faster: Hopper's swapped ones, at most 32 tokens (tiles under 64 "
+           "rows: LocDiT in the batch bucket of 1, LocEnc in buckets up to 4); elsewhere the layers run a launch each as before. Calls 2-4 ran before that "
            "change: call 3's 8 served streams ran LocEnc's 40 tokens as stacks, so that level stands for the slower "
            "kernel. LocDiT at 8 streams and everything at 64 streams are past the persistent kernel's bounds.", "",
-           "**Served on this code** (call 3: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
+           "**Served** (call 3, on 8230859: for one stream the same Triton kernels as the final code, but the "
+           "compiled LocDiT/LocEnc broken into pieces, below: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`; `raw/served_fortysixth.json.gz`, `raw/served_fortysixth_tritonserver.log`):",
            "", "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth |",
            "|---|---|---|---|---|---|---|"]
@@ -222,19 +228,21 @@ def forty_sixth_session(res) -> list[str]:
            "- GPU tests (`raw/gpu_tests_fortysixth.txt`): call 2, `tests/test_persistent_layer.py -k 'stack or "
            f"compiles_captures or hands_it'`, {tests[0]} (the stack against the chained layers and the PyTorch "
            "layers, compiled, captured and replayed at 22, 44 and 88 tokens, and the engine's step handing LocDiT "
-           f"and LocEnc their stacks); call 4, `tests/test_engine_gpu.py -k several_launches`, {tests[1]}.",
-           "- The review found that `stacks`, which torch.compile traces inside the compiled LocDiT/LocEnc, read "
-           "tensor pointers to check their alignment: dynamo cannot trace that, and on torch 2.13 (this machine) "
-           "the compiled LocEnc fell apart into pieces. The check moved into the op. A new test counts the graphs "
-           "of a compiled LocEnc; on the CPU it is one. On the H200 (call 5, then call 6 alone) it failed: "
-           "five graphs, six graph breaks of one kind (gb0059), with the pointer check gone. They most likely "
-           "come from the device-property queries the launch choice makes while tracing (`kernels/_triton.py`: "
-           "`shared_memory`, `warpgroup_mma`; on the CPU neither reads the device), which earlier sessions' "
-           "compiled LocDiT/LocEnc made too: not verified on the GPU. The decode step is replayed "
-           "from CUDA graphs, so the breaks cost start-up work and fusion across them, not launches. Those three "
-           "helpers are now `torch.compiler.assume_constant_result` (dynamo calls them once while tracing and keeps "
-           "the result): traced on the CPU only; no device time was left to run the test on the GPU again, so the "
-           "GPU figures above are all from the code with those breaks.", "",
+           f"and LocEnc their stacks); call 4, `tests/test_engine_gpu.py -k several_launches`, {tests[1]}; call 5, "
+           f"`-k 'compiled_stack_is_one or stack_chains'`, {tests[2]} (the unaligned stack's chained fallback "
+           f"passed, the one-graph test failed); call 6, the one-graph test alone, {tests[3]} (below).",
+           "- **Every stacked GPU figure above ran with graph breaks in the compiled LocDiT/LocEnc.** A review "
+           "found that `stacks`, which torch.compile traces, read tensor pointers to check their alignment "
+           "(8230859, calls 2-4): dynamo cannot trace that, and the compiled LocEnc fell apart into pieces. The "
+           "check moved into the op (d26ad6e). A new test counts the graphs of a compiled LocEnc: one on the CPU "
+           "(torch 2.13, as CI installs), five on the H200 (calls 5 and 6, torch 2.11), with six breaks of one "
+           "kind (gb0059). A second review reproduced that on the CPU with torch 2.11: its dynamo does not trace "
+           "`bool()` of a list, which `stacks` called. `len(layers) > 0` now; with torch 2.11 on the CPU the test "
+           "then passes (one graph, one stack op), and fails again with `bool(layers)` put back. The runs without "
+           "stacks stop in `stacks` before either break, so the stacked runs alone had them: the stacks' gains "
+           "above (1.050x, 1.039x) were measured against that handicap, and call 5's stacked start-up (decode "
+           "graphs 45.2 s against 24.8 s) probably paid for it too. None of this ran on a GPU again: no device "
+           "time was left.", "",
            "**Against issue 17's targets** (this session's served run; capacity and 128 streams: the forty-fourth "
            "session's sweep; served over engine at 64 streams: the forty-fifth session's 0.776, this session "
            "changed nothing that runs at 64 streams):", "",

@@ -42,23 +42,17 @@ def _cuda_properties(device: torch.device):
     return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# The three below are called while torch.compile traces the layers (`persistent_layer.runs`): their
-# results are constants of the device, which dynamo takes as such instead of tracing the device
-# properties (an object it cannot hold: a graph break per call).
-@torch.compiler.assume_constant_result
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (None index: the current one)."""
     return _cuda_properties(device).multi_processor_count
 
 
-@torch.compiler.assume_constant_result
 def shared_memory(device: torch.device) -> int:
     """Shared memory one program may use on a CUDA device (bytes, with the opt-in above the default)."""
     props = _cuda_properties(device)
     return getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block
 
 
-@torch.compiler.assume_constant_result
 def warpgroup_mma(device: torch.device) -> bool:
     """Whether a CUDA device multiplies with Hopper's warpgroup MMA (wgmma: compute capability 9.x),
     which triton uses for a product whose M side has 64 rows or more."""

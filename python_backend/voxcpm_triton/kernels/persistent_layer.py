@@ -760,7 +760,7 @@ def _like(t, t0, dtype: torch.dtype) -> bool:
 
 def _uniform(layers: list, final_norm, dtype: torch.dtype) -> bool:
     """Six tensors per layer, each like the first layer's, and a final norm like its input norm."""
-    return (bool(layers) and all(len(w) == 6 and all(_like(t, t0, dtype) for t, t0 in zip(w, layers[0]))
+    return (len(layers) > 0 and all(len(w) == 6 and all(_like(t, t0, dtype) for t, t0 in zip(w, layers[0]))
                                  for w in layers) and _like(final_norm, layers[0][0], dtype))
 
 
@@ -840,10 +840,11 @@ def stacks(x: torch.Tensor, seq_len: int, heads: tuple, layers: list, final_norm
     """Whether `stack` takes these layers: enabled (VOXCPM_FUSED_STACKS), each layer one that `runs`
     takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes,
     on the launches where a stack was measured faster than the layers chained: swapped ones (Hopper,
-    below 64 token rows; at 40 and 44 tokens it was slower, benchmarks/results.md). The interpreter
-    (tests) stacks every size. torch.compile calls this while tracing, so it reads no pointers:
-    their alignment is `stack`'s to check, inside the op."""
-    if not (ENABLED_STACKS and bool(layers) and runs(x, seq_len, heads, *layers[0])
+    at most 32 tokens, tiles under 64 rows; at 40 and 44 tokens it was slower, benchmarks/results.md).
+    The interpreter (tests) stacks every size. torch.compile traces this, so it reads no pointers
+    (their alignment is `stack`'s to check, inside the op) and keeps to what dynamo traces on the
+    GPU machine's torch too (`len(layers) > 0`, not `bool(layers)`: torch 2.11 breaks the graph there)."""
+    if not (ENABLED_STACKS and len(layers) > 0 and runs(x, seq_len, heads, *layers[0])
             and _uniform(layers, final_norm, x.dtype)):
         return False
     launch = choose_launch(x.size(1), heads[0] * heads[2], layers[0][5].shape[1], x.size(0), x.device,
