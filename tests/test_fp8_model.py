@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.layer_helpers import stack_depth
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
 from voxcpm_triton.kernels.fp8 import FP8Weight
@@ -65,7 +66,7 @@ def test_fp8_network_stays_close_to_bf16_step_after_step(checkpoint_dirs, attent
     if attention == "triton" and not local_attention._INTERPRETED:
         pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (set where there is no GPU)")
     kinds, layer = [], pl.layer  # per layer run, its QKV weight's type (a bf16 stack's launch runs several)
-    monkeypatch.setattr(pl, "layer", lambda *a, **k: kinds.extend([type(a[2])] * (k.get("_stack") or (0, 1))[1])
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: kinds.extend([type(a[2])] * max(1, stack_depth(k)))
                         or layer(*a, **k))
     ref, q = pair(checkpoint_dirs["real_shaped"], attention)
     cos = teacher_forced_cosines(ref, q, steps)

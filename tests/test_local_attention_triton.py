@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import require_module, skip_unless_kernels_run
 from tests.layer_helpers import rope as rope_tables
+from tests.layer_helpers import stack_depth
 
 require_module("triton", "requirements-test.txt")
 
@@ -128,7 +129,7 @@ def test_locdit_and_locenc_match_with_the_kernel(checkpoint_dirs, name, B, fused
     calls = []  # per layer run, its input's shape (a stack's one launch runs several)
     layer = persistent_layer.layer
     monkeypatch.setattr(persistent_layer, "layer", lambda *a, **k: calls.extend(
-        [a[0].shape] * (k.get("_stack") or (0, 1))[1]) or layer(*a, **k))
+        [a[0].shape] * max(1, stack_depth(k))) or layer(*a, **k))
     m = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="torch").model
     fused = VoxCPM2.from_pretrained(checkpoint_dirs[name], device=DEV.type, dtype="float32", attention="triton").model
     assert fused.feat_decoder.estimator.attention is persistent_layer.fused_local_layers

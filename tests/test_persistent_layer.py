@@ -16,7 +16,7 @@ from tests.conftest import require_module, skip_unless_kernels_run
 
 require_module("triton", "requirements-test.txt")
 
-from tests.layer_helpers import DEV, EPS, layer_weights, rand, reference_layer, rope, tol  # noqa: E402
+from tests.layer_helpers import DEV, EPS, layer_weights, rand, reference_layer, rope, stack_depth, tol  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
 from voxcpm_triton.kernels.fp8 import FP8Weight, quantize_weight  # noqa: E402
 
@@ -160,10 +160,10 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     cos, sin = rope(S, D)
     launches = []
     kernel = pl.layer
-    monkeypatch.setattr(pl, "layer", lambda *a, **k: launches.append(k.get("_stack")) or kernel(*a, **k))
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: launches.append(stack_depth(k)) or kernel(*a, **k))
     want = pl.stack(x, layers, final, cos, sin, S, heads, EPS)
     got = pl.stack(x, shifted, final, cos, sin, S, heads, EPS)
-    assert len(launches) == 4 and launches[0] is not None and launches[1:] == [None] * 3  # one stack, 3 layers
+    assert launches == [3, 0, 0, 0]  # one stack of 3, then the same 3 layers one launch each
     for g, w in zip(got, want):
         assert (g.float() - w.float()).abs().max().item() <= (tol(dt, w) if CUDA else 0.0)
     monkeypatch.setattr(pl, "ENABLED_STACKS", False)
@@ -577,7 +577,7 @@ def test_the_engine_step_hands_it_locdit_and_locenc(checkpoint_dirs, monkeypatch
     calls = []  # per launch: (tokens, hidden), takes its input norm, layers (0: one, unstacked)
     layer = pl.layer
     monkeypatch.setattr(pl, "layer", lambda *a, **k: calls.append(
-        (tuple(a[0].shape), k.get("h_in") is not None, (k.get("_stack") or (None, 0))[1])) or layer(*a, **k))
+        (tuple(a[0].shape), k.get("h_in") is not None, stack_depth(k))) or layer(*a, **k))
     steps, timesteps = 3, 10
 
     def latents(attention):
