@@ -101,11 +101,11 @@ def persistent_chained(layers, x, cos, sin, S):
     return run
 
 
-def persistent_stack(layers, x, cos, sin, S):
+def persistent_stack(layers, x, cos, sin, S, launch=None):
     """The persistent kernel as `minicpm.MiniCPM` runs LocDiT/LocEnc: all layers in one launch
     (`persistent_layer.stack`), the final norm included (the first layer's weight stands in)."""
     ws = [(w["n1"], w["qkv"], w["o"], w["n2"], w["gate_up"], w["down"]) for w in layers]
-    return lambda: pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS)[0]
+    return lambda: pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS, launch=launch)[0]
 
 
 L = pl.Launch()
@@ -234,7 +234,10 @@ def time_layers(dev, dt, token_counts, tuned):
                     **{name: stack(persistent(launch)) for name, launch in PERSISTENT.items()},
                     "persistent_l2_resident": stack(persistent(), resident=True),
                     "persistent_chained": persistent_chained(layers, x, cos, sin, S),
-                    "persistent_stack": persistent_stack(layers, x, cos, sin, S)}
+                    "persistent_stack": persistent_stack(layers, x, cos, sin, S),
+                    # every QKV and gate/up item a whole tile (Launch.balance off)
+                    "persistent_stack_unbalanced": persistent_stack(
+                        layers, x, cos, sin, S, pl.choose_launch(H, HQ * D, I, M, dev, 2)._replace(balance=False))}
         if tuned:
             variants["fused_tuned"] = stack(fused_layer)
         if ONLY:

@@ -23,6 +23,10 @@ barrier each. `stack` runs a whole stack in one launch instead (LocDiT's, LocEnc
 a barrier, then the next layer from phase 1, its weights at offsets from the first layer's; the
 last layer's h' is the stack's final norm.
 
+The QKV and gate/up phases' items are column tiles; with `Launch.balance` an item fills only as many of
+its tile's rows as spread the columns over every program (`_columns`): 80 QKV tiles or the LM's 96
+gate/up tiles would leave a third of an H100's or H200's 132 SMs idle while the others read whole tiles.
+
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
 
@@ -100,11 +104,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _prefetch(w_ptr, row0, n_rows, K: tl.constexpr, k0, ROWS: tl.constexpr, LINES: tl.constexpr,
-                  LINE: tl.constexpr):
+                  LINE: tl.constexpr, COLS: tl.constexpr):
         """Ask L2 for LINES lines of LINE elements (128 bytes) from column k0 of weight rows row0 ..
-        row0 + ROWS (of n_rows, K long): the start of a program's next GEMM item, before the barrier
-        in front of it. A hint: nothing waits for it."""
-        r = tl.minimum(row0 + tl.arange(0, ROWS), n_rows - 1)
+        row0 + COLS (of n_rows, K long; ROWS: COLS to a power of two, the rows past COLS repeat the
+        last): the start of a program's next GEMM item, before the barrier in front of it. A hint:
+        nothing waits for it."""
+        r = tl.minimum(row0 + tl.minimum(tl.arange(0, ROWS), COLS - 1), n_rows - 1)
         ptrs = w_ptr + r.to(tl.int64)[:, None] * K + k0 + tl.arange(0, LINES)[None, :] * LINE
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                   is_pure=False, pack=1)
@@ -195,8 +200,10 @@ if HAVE_TRITON:
     @triton.jit
     def _tile(a_ptr, w_ptr, ws_ptr, out_ptr, M, N, n0, K: tl.constexpr, GATED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr):
-        """out[:, n0 : n0 + BLOCK_N] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr,
+              COLS: tl.constexpr):
+        """out[:, n0 : n0 + COLS] (COLS <= BLOCK_N: the tile's rows past COLS are masked, neither read
+        nor written) of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
         then up rows, and out = silu(gate) * up, SiLU rounded before the product). W_FP8: each column's
         fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding.
 
@@ -206,16 +213,17 @@ if HAVE_TRITON:
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = n0 + tl.arange(0, BLOCK_N)
-        m_mask, n_mask = rm < M, rn < N
+        m_mask, n_mask = rm < M, (rn < N) & (tl.arange(0, BLOCK_N) < COLS)
         a_rows = a_ptr + rm[:, None] * K
         if SWAP and GATED:
             r2 = tl.arange(0, 2 * BLOCK_N)
             col = n0 + r2 % BLOCK_N
             row = col + (r2 // BLOCK_N) * N  # gate rows, then the same columns' up rows
-            both, _ = _k_loop(a_rows, w_ptr + row.to(tl.int64)[:, None] * K, w_ptr, m_mask, col < N, K, False,
+            c_mask = (col < N) & (r2 % BLOCK_N < COLS)
+            both, _ = _k_loop(a_rows, w_ptr + row.to(tl.int64)[:, None] * K, w_ptr, m_mask, c_mask, K, False,
                               BLOCK_M, 2 * BLOCK_N, BLOCK_K, STAGES, UPCAST, PRECISION, W_FP8, True)
             if W_FP8:
-                both = both * tl.load(ws_ptr + row, mask=col < N, other=0.0)[:, None]
+                both = both * tl.load(ws_ptr + row, mask=c_mask, other=0.0)[:, None]
             gate, up = tl.split(tl.permute(tl.reshape(both, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
             acc, acc_up = tl.trans(gate), tl.trans(up)
         else:
@@ -289,6 +297,7 @@ if HAVE_TRITON:
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
         SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
+        C_QKV: tl.constexpr, C_GU: tl.constexpr,
     ):
         """Phases 1-8 of one layer (module doc), whose input norm is at h_ptr and residual at res_ptr;
         nb: the barriers passed so far -> nb after this layer's. more (a stack's layer with one after
@@ -300,15 +309,15 @@ if HAVE_TRITON:
         N_O: tl.constexpr = (H + BN_O - 1) // BN_O  # `_split_k`'s column tiles
         N_D: tl.constexpr = (H + BN_D - 1) // BN_D
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
-            for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
-                _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
-                      ST_QKV, UPCAST, PRECISION, W_FP8, SWAP)
+            for t in range(pid, tl.cdiv(NQKV, C_QKV), P):
+                _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * C_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
+                      ST_QKV, UPCAST, PRECISION, W_FP8, SWAP, C_QKV)
             if GRID_SYNC:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 2 and 2 <= LAST:  # attention
             if PF_O and pid < N_O * SPLIT_O:  # its first item, as `_split_k` numbers them
-                _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), BN_O, PF_O, LINE)
+                _prefetch(o_w, (pid % N_O) * BN_O, H, HO, (pid // N_O) * (HO // SPLIT_O), BN_O, PF_O, LINE, BN_O)
             if PAGED:  # (row, kv head, context split); the new K/V into the cache
                 for u in range(pid, M * HKV * ATT_SPLITS, P):
                     bk = u // ATT_SPLITS
@@ -340,19 +349,19 @@ if HAVE_TRITON:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 5 and 5 <= LAST:  # x1 = x + (sum), h = rms_norm(x1)
-            if PF_GU and pid < tl.cdiv(I, BN_GU):
-                _prefetch(gu_w, pid * BN_GU, I, H, 0, BN_GU, PF_GU, LINE)
-                _prefetch(gu_w, I + pid * BN_GU, 2 * I, H, 0, BN_GU, PF_GU, LINE)
+            if PF_GU and pid < tl.cdiv(I, C_GU):
+                _prefetch(gu_w, pid * C_GU, I, H, 0, BN_GU, PF_GU, LINE, C_GU)
+                _prefetch(gu_w, I + pid * C_GU, 2 * I, H, 0, BN_GU, PF_GU, LINE, C_GU)
             _finish_rows(part_ptr, res_ptr, x1_ptr, n2_ptr, h2_ptr, M, eps, pid, P, SPLIT_O, True, H, H_PAD)
             if GRID_SYNC:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 6 and 6 <= LAST:  # act = silu(h Wg^T) * (h Wu^T)
-            for t in range(pid, tl.cdiv(I, BN_GU), P):
-                _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * BN_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
-                      UPCAST, PRECISION, W_FP8, SWAP)
+            for t in range(pid, tl.cdiv(I, C_GU), P):
+                _tile(h2_ptr, gu_w, gu_s, act_ptr, M, I, t * C_GU, H, True, BLOCK_M, BN_GU, BLOCK_K, ST_GU,
+                      UPCAST, PRECISION, W_FP8, SWAP, C_GU)
             if PF_D and pid < N_D * SPLIT_D:
-                _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), BN_D, PF_D, LINE)
+                _prefetch(d_w, (pid % N_D) * BN_D, H, I, (pid // N_D) * (I // SPLIT_D), BN_D, PF_D, LINE, BN_D)
             if GRID_SYNC:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
@@ -363,8 +372,8 @@ if HAVE_TRITON:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
-            if more and PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
-                _prefetch(nxt_qkv, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
+            if more and PF_QKV and pid < tl.cdiv(NQKV, C_QKV):
+                _prefetch(nxt_qkv, pid * C_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, C_QKV)
             _finish_rows(part_ptr, x1_ptr, out_ptr, nn_ptr, hn_ptr, M, eps, pid, P, SPLIT_D, NEXT_NORM, H, H_PAD)
             if GRID_SYNC:
                 if more:
@@ -389,7 +398,7 @@ if HAVE_TRITON:
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
         SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
-        LAYERS: tl.constexpr,
+        C_QKV: tl.constexpr, C_GU: tl.constexpr, LAYERS: tl.constexpr,
     ):
         """One layer (LAYERS 0), or layers layer0 .. layer0 + LAYERS - 1 of a stack of n_layers
         (`stack`): each layer's weights and norms at its row of off_ptr [n_layers + 1, 6], element
@@ -405,8 +414,8 @@ if HAVE_TRITON:
         LINE: tl.constexpr = 1024 // qkv_w.dtype.element_ty.primitive_bitwidth
         nb = 0  # barriers passed
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
-            if PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
-                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE)
+            if PF_QKV and pid < tl.cdiv(NQKV, C_QKV):
+                _prefetch(qkv_w, pid * C_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, C_QKV)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
                 nb += 1
@@ -420,7 +429,7 @@ if HAVE_TRITON:
                 H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N, G_PAD,
                 D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
                 ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, NEXT_NORM, UPCAST, PRECISION, TIMING, W_FP8,
-                SWAP, PF_QKV, PF_O, PF_GU, PF_D)
+                SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_QKV, C_GU)
         else:
             res_ptr = x_ptr
             for l in range(layer0, layer0 + LAYERS):
@@ -443,7 +452,7 @@ if HAVE_TRITON:
                     H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N,
                     G_PAD, D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
                     ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, True, UPCAST, PRECISION, TIMING, W_FP8,
-                    SWAP, PF_QKV, PF_O, PF_GU, PF_D)
+                    SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_QKV, C_GU)
         if TIMING:
             tl.debug_barrier()
             tl.store(tim + _TIM_END, _clock())
@@ -493,6 +502,7 @@ class Launch(NamedTuple):
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
     swap: bool = False  # weight rows as the products' M side (`_tile`)
     prefetch: int = 0  # K tiles of its next GEMM item each program asks L2 for before the barrier (0: none)
+    balance: bool = False  # QKV and gate/up items of `_columns` columns: fewer than a tile's, every program busy
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
@@ -519,6 +529,17 @@ def _prefetch_lines(launch: Launch, k_len: int, w_elem: int) -> int:
         return 0
     n = max(1, min(launch.prefetch * launch.block_k, k_len) * w_elem // 128)
     return 1 << (n.bit_length() - 1)
+
+
+def _columns(n: int, block_n: int, programs: int, balance: bool) -> int:
+    """Output columns per work item of a column-tile phase (QKV, gate/up) over n columns: the tile's
+    block_n, or with balance as few as spread the items over all programs (a multiple of 8, at most
+    block_n). Tiles alone leave SMs idle where n / block_n < programs: the LM's gate/up (6144 / 64 =
+    96 items) and every QKV (2560 / 32 = 80) on 132 SMs; there the busiest program reads fewer weights."""
+    if not balance:
+        return block_n
+    per = -(-n // programs)
+    return min(block_n, max(8, -(-per // 8) * 8))
 
 
 def _smem(device: torch.device) -> int:
@@ -584,14 +605,17 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     at a lone request's buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py,
     engine_loop.py): each program asks L2 for its next GEMM item's first K tiles before the barrier
     (`Launch.prefetch`: two for LocDiT/LocEnc, one for the LM's wider layers), and below 64 rows the
-    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma)."""
+    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma), and the LM's
+    QKV and gate/up items are narrowed to keep every program busy (`Launch.balance`; LocDiT's stack
+    was slower with it)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
             if fp8 or not warpgroup_mma(device) or block_m > 64:
                 return launch
-            return launch._replace(swap=block_m < 64, prefetch=1 if H >= 2048 else 2)
+            wide = H >= 2048  # the LM's
+            return launch._replace(swap=block_m < 64, prefetch=1 if wide else 2, balance=wide)
     return None
 
 
@@ -687,6 +711,11 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     part = torch.empty(max(split_o, split_d) * T * H, device=dev, dtype=torch.float32)
     work = max(-(-nqkv // bn_qkv), -(-H // bn_o) * split_o, -(-I // bn_gu), -(-H // bn_d) * split_d, T, attn_items,
                T * n_heads if splits > 1 else 1)
+    if programs is not None:
+        assert 1 <= programs, programs
+        work = min(work, programs)
+    grid = work if _INTERPRETED else _programs(dev, work)  # the interpreter runs a program per item
+    c_qkv, c_gu = _columns(nqkv, bn_qkv, grid, launch.balance), _columns(I, bn_gu, grid, launch.balance)
     upcast = _INTERPRETED or dt == torch.float32
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
     elem, w_elem = x.element_size(), qkv_w.element_size()
@@ -702,21 +731,17 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
         SWAP=launch.swap, PF_QKV=lines(H), PF_O=lines(HO // split_o), PF_GU=lines(H), PF_D=lines(I // split_d),
-        num_warps=launch.num_warps)
+        C_QKV=c_qkv, C_GU=c_gu, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
             offsets, T, seq_len, eps, 1.4426950408889634 / math.sqrt(head_dim), *cache[8:])
-    if programs is not None:
-        assert 1 <= programs, programs
-        work = min(work, programs)
     if _INTERPRETED:  # programs run one after another: a launch per phase (and layer)
         for lay in range(max(1, n_layers)):  # a stack's layers one at a time (LAYERS=1 from layer0)
             for phase in range(first if lay == 0 else 1, PHASES):
                 _layer_kernel[(work,)](*args, layer0=lay, n_layers=n_layers, FIRST=phase, LAST=phase,
                                        GRID_SYNC=False, LAYERS=min(1, n_layers), **common)
     else:
-        grid = _programs(dev, work)
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
                                    and timings.shape[0] >= grid and timings.shape[1] == TIM_COLS), \
             f"timings must be int64 [>= {grid}, {TIM_COLS}]"
