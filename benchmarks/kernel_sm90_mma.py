@@ -123,7 +123,7 @@ def main():
         k = compile_sm90(a, kw)
         ptx = k.asm["ptx"]
         launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF_QKV", "PF_O", "PF_GU",
-                                     "PF_D", "LAYERS")}
+                                     "PF_D", "C_GU", "LAYERS")}
         print(f"{tokens} tokens {launch}: wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, mma.sync "
               f"{len(re.findall(r'mma.sync', ptx))}, L2 prefetches {len(re.findall(r'prefetch.global.L2', ptx))}, "
               f"shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}", flush=True)

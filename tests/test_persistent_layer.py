@@ -232,14 +232,14 @@ LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True), 3),
     # L2 prefetches of the next items' K tiles (a hint, compiled on a GPU only), past an item's K span
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 32, 32, 16), splits=(1, 2), block_k=32, swap=True, prefetch=8), None),
-    # QKV and gate/up items narrower than their tiles (`Launch.balance`): 22 programs (a row each in the
-    # sums) take QKV's 160 columns 8 at a time and gate/up's 192 16 at a time; with 3 programs 56 and
-    # 64, the last QKV item part full; swapped (gate and up rows stacked) and not
+    # gate/up items narrower than their tiles (`Launch.balance`): 22 programs (a row each in the sums)
+    # take its 192 columns 16 at a time, 5 programs 40 at a time (the last item 32); swapped (gate and
+    # up rows stacked in one product) and not
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, balance=True), None),
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True, balance=True),
      None),
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True, balance=True,
-                                    prefetch=2), 3),
+                                    prefetch=2), 5),
 ]
 
 
@@ -260,12 +260,11 @@ def test_every_launch_gives_the_same_layer(shape, launch, programs):
 
 
 def test_balanced_items_spread_the_columns_over_every_program():
-    """`Launch.balance`: a column-tile phase's items narrowed (to multiples of 8) until there is one for
-    every program, never wider than the tile; off, every item is a whole tile."""
+    """`Launch.balance`: gate/up items narrowed (to multiples of 8) until there is one for every program,
+    never wider than the tile; off, every item is a whole tile."""
     assert pl._columns(6144, 64, 132, True) == 48  # the LM's gate/up: 128 items, not 96
-    assert pl._columns(2560, 32, 132, True) == 24  # QKV: 107 items, not 80
-    assert pl._columns(4096, 32, 132, True) == 32  # LocDiT's gate/up: 128 tiles already
-    assert pl._columns(160, 64, 22, True) == 8 and pl._columns(192, 128, 3, True) == 64
+    assert pl._columns(4096, 32, 132, True) == 32  # LocDiT's and LocEnc's: 128 tiles already
+    assert pl._columns(192, 128, 22, True) == 16 and pl._columns(192, 128, 5, True) == 40
     assert pl._columns(100, 64, 132, True) == 8  # never under 8 columns
     assert pl._columns(6144, 64, 132, False) == 64
 
@@ -330,7 +329,7 @@ def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
         monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
         local, lm = pl.choose_launch(1024, 2048, 4096, 22, dev, 2), pl.choose_launch(2048, 2048, 6144, 1, dev, 2)
         assert (local.swap, local.prefetch, lm.swap, lm.prefetch) == ((True, 2, True, 1) if hopper else (False, 0) * 2)
-        assert (local.balance, lm.balance) == (False, hopper)  # the LM's items narrowed, not LocDiT's
+        assert local.balance == lm.balance == hopper
         wide = pl.choose_launch(1024, 2048, 4096, 44, dev, 2)  # 64-row token tiles take wgmma as they are
         assert (wide.swap, wide.prefetch) == ((False, 2) if hopper else (False, 0))
         # the bounds: 32 rows swap, 33 pad to 64 and do not; past 64 (not measured) neither

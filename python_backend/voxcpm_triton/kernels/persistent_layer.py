@@ -23,9 +23,9 @@ barrier each. `stack` runs a whole stack in one launch instead (LocDiT's, LocEnc
 a barrier, then the next layer from phase 1, its weights at offsets from the first layer's; the
 last layer's h' is the stack's final norm.
 
-The QKV and gate/up phases' items are column tiles; with `Launch.balance` an item fills only as many of
-its tile's rows as spread the columns over every program (`_columns`): 80 QKV tiles or the LM's 96
-gate/up tiles would leave a third of an H100's or H200's 132 SMs idle while the others read whole tiles.
+The gate/up phase's items are column tiles; with `Launch.balance` an item fills only as many of its
+tile's rows as spread the columns over every program (`_columns`): the LM's 96 gate/up tiles would
+leave a third of an H100's or H200's 132 SMs idle through the layer's largest phase.
 
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
@@ -297,7 +297,7 @@ if HAVE_TRITON:
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
         SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
-        C_QKV: tl.constexpr, C_GU: tl.constexpr,
+        C_GU: tl.constexpr,
     ):
         """Phases 1-8 of one layer (module doc), whose input norm is at h_ptr and residual at res_ptr;
         nb: the barriers passed so far -> nb after this layer's. more (a stack's layer with one after
@@ -309,9 +309,9 @@ if HAVE_TRITON:
         N_O: tl.constexpr = (H + BN_O - 1) // BN_O  # `_split_k`'s column tiles
         N_D: tl.constexpr = (H + BN_D - 1) // BN_D
         if FIRST <= 1 and 1 <= LAST:  # qkv = h Wqkv^T
-            for t in range(pid, tl.cdiv(NQKV, C_QKV), P):
-                _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * C_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
-                      ST_QKV, UPCAST, PRECISION, W_FP8, SWAP, C_QKV)
+            for t in range(pid, tl.cdiv(NQKV, BN_QKV), P):
+                _tile(h_ptr, qkv_w, qkv_s, qkv_ptr, M, NQKV, t * BN_QKV, H, False, BLOCK_M, BN_QKV, BLOCK_K,
+                      ST_QKV, UPCAST, PRECISION, W_FP8, SWAP, BN_QKV)
             if GRID_SYNC:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
@@ -372,8 +372,8 @@ if HAVE_TRITON:
                 nb += 1
                 _grid_sync(sync_ptr, nb * P, tim, nb - 1, TIMING)
         if FIRST <= 8 and 8 <= LAST:  # out = x1 + (sum)
-            if more and PF_QKV and pid < tl.cdiv(NQKV, C_QKV):
-                _prefetch(nxt_qkv, pid * C_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, C_QKV)
+            if more and PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(nxt_qkv, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, BN_QKV)
             _finish_rows(part_ptr, x1_ptr, out_ptr, nn_ptr, hn_ptr, M, eps, pid, P, SPLIT_D, NEXT_NORM, H, H_PAD)
             if GRID_SYNC:
                 if more:
@@ -398,7 +398,7 @@ if HAVE_TRITON:
         FIRST: tl.constexpr, LAST: tl.constexpr, GRID_SYNC: tl.constexpr, NEXT_NORM: tl.constexpr,
         UPCAST: tl.constexpr, PRECISION: tl.constexpr, TIMING: tl.constexpr, W_FP8: tl.constexpr,
         SWAP: tl.constexpr, PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
-        C_QKV: tl.constexpr, C_GU: tl.constexpr, LAYERS: tl.constexpr,
+        C_GU: tl.constexpr, LAYERS: tl.constexpr,
     ):
         """One layer (LAYERS 0), or layers layer0 .. layer0 + LAYERS - 1 of a stack of n_layers
         (`stack`): each layer's weights and norms at its row of off_ptr [n_layers + 1, 6], element
@@ -414,8 +414,8 @@ if HAVE_TRITON:
         LINE: tl.constexpr = 1024 // qkv_w.dtype.element_ty.primitive_bitwidth
         nb = 0  # barriers passed
         if FIRST <= 0 and 0 <= LAST:  # h = rms_norm(x)
-            if PF_QKV and pid < tl.cdiv(NQKV, C_QKV):
-                _prefetch(qkv_w, pid * C_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, C_QKV)
+            if PF_QKV and pid < tl.cdiv(NQKV, BN_QKV):
+                _prefetch(qkv_w, pid * BN_QKV, NQKV, H, 0, BN_QKV, PF_QKV, LINE, BN_QKV)
             _norm_rows(x_ptr, n1_ptr, h_ptr, M, eps, pid, P, H, H_PAD)
             if GRID_SYNC:
                 nb += 1
@@ -429,7 +429,7 @@ if HAVE_TRITON:
                 H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N, G_PAD,
                 D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
                 ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, NEXT_NORM, UPCAST, PRECISION, TIMING, W_FP8,
-                SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_QKV, C_GU)
+                SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_GU)
         else:
             res_ptr = x_ptr
             for l in range(layer0, layer0 + LAYERS):
@@ -452,7 +452,7 @@ if HAVE_TRITON:
                     H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N,
                     G_PAD, D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
                     ST_QKV, ST_O, ST_GU, ST_D, FIRST, LAST, GRID_SYNC, True, UPCAST, PRECISION, TIMING, W_FP8,
-                    SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_QKV, C_GU)
+                    SWAP, PF_QKV, PF_O, PF_GU, PF_D, C_GU)
         if TIMING:
             tl.debug_barrier()
             tl.store(tim + _TIM_END, _clock())
@@ -502,7 +502,7 @@ class Launch(NamedTuple):
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
     swap: bool = False  # weight rows as the products' M side (`_tile`)
     prefetch: int = 0  # K tiles of its next GEMM item each program asks L2 for before the barrier (0: none)
-    balance: bool = False  # QKV and gate/up items of `_columns` columns: fewer than a tile's, every program busy
+    balance: bool = False  # gate/up items of `_columns` columns: fewer than a tile's where that keeps every program busy
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
@@ -532,10 +532,10 @@ def _prefetch_lines(launch: Launch, k_len: int, w_elem: int) -> int:
 
 
 def _columns(n: int, block_n: int, programs: int, balance: bool) -> int:
-    """Output columns per work item of a column-tile phase (QKV, gate/up) over n columns: the tile's
-    block_n, or with balance as few as spread the items over all programs (a multiple of 8, at most
-    block_n). Tiles alone leave SMs idle where n / block_n < programs: the LM's gate/up (6144 / 64 =
-    96 items) and every QKV (2560 / 32 = 80) on 132 SMs; there the busiest program reads fewer weights."""
+    """Output columns per gate/up work item over n columns: the tile's block_n, or with balance as few
+    as spread the items over all programs (a multiple of 8, at most block_n). Tiles alone leave SMs
+    idle where n / block_n < programs: the LM's gate/up (6144 / 64 = 96 items on 132 SMs). (QKV's 80
+    tiles were measured narrowed too: LocDiT's layer slower, the LM's no faster.)"""
     if not balance:
         return block_n
     per = -(-n // programs)
@@ -605,17 +605,15 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     at a lone request's buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py,
     engine_loop.py): each program asks L2 for its next GEMM item's first K tiles before the barrier
     (`Launch.prefetch`: two for LocDiT/LocEnc, one for the LM's wider layers), and below 64 rows the
-    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma), and the LM's
-    QKV and gate/up items are narrowed to keep every program busy (`Launch.balance`; LocDiT's stack
-    was slower with it)."""
+    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma), and gate/up
+    items are narrowed where its tiles are fewer than the programs (`Launch.balance`: the LM's)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
             if fp8 or not warpgroup_mma(device) or block_m > 64:
                 return launch
-            wide = H >= 2048  # the LM's
-            return launch._replace(swap=block_m < 64, prefetch=1 if wide else 2, balance=wide)
+            return launch._replace(swap=block_m < 64, prefetch=1 if H >= 2048 else 2, balance=True)
     return None
 
 
@@ -715,7 +713,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         assert 1 <= programs, programs
         work = min(work, programs)
     grid = work if _INTERPRETED else _programs(dev, work)  # the interpreter runs a program per item
-    c_qkv, c_gu = _columns(nqkv, bn_qkv, grid, launch.balance), _columns(I, bn_gu, grid, launch.balance)
+    c_gu = _columns(I, bn_gu, grid, launch.balance)
     upcast = _INTERPRETED or dt == torch.float32
     block_m, smem = max(16, _next_pow2(T)), _smem(dev)
     elem, w_elem = x.element_size(), qkv_w.element_size()
@@ -731,7 +729,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
         ST_D=stages(bn_d, I // split_d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
         TIMING=timings is not None and not _INTERPRETED, NEXT_NORM=next_norm is not None, W_FP8=scales is not None,
         SWAP=launch.swap, PF_QKV=lines(H), PF_O=lines(HO // split_o), PF_GU=lines(H), PF_D=lines(I // split_d),
-        C_QKV=c_qkv, C_GU=c_gu, num_warps=launch.num_warps)
+        C_GU=c_gu, num_warps=launch.num_warps)
     args = (x, norm1_w, qkv_w, cos if has_rope else x, sin if has_rope else x, o_w, norm2_w, gate_up_w, down_w,
             *(scales or (x,) * 4), out, h, qkv, attn, x1, act, part, _sync(dev),
             timings if timings is not None else x, h2, next_norm if next_norm is not None else norm2_w, hn, *cache[:8],
