@@ -101,11 +101,18 @@ def persistent_chained(layers, x, cos, sin, S):
     return run
 
 
-def persistent_stack(layers, x, cos, sin, S, launch=None):
+def persistent_stack(layers, x, cos, sin, S, **changes):
     """The persistent kernel as `minicpm.MiniCPM` runs LocDiT/LocEnc: all layers in one launch
-    (`persistent_layer.stack`), the final norm included (the first layer's weight stands in)."""
+    (`persistent_layer.stack`), the final norm included (the first layer's weight stands in);
+    changes: Launch fields changed from the server's launch."""
     ws = [(w["n1"], w["qkv"], w["o"], w["n2"], w["gate_up"], w["down"]) for w in layers]
-    return lambda: pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS, launch=launch)[0]
+
+    def run():
+        launch = None
+        if changes:
+            launch = pl.choose_launch(H, HQ * D, I, x.size(0), x.device, x.element_size())._replace(**changes)
+        return pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS, launch=launch)[0]
+    return run
 
 
 L = pl.Launch()
@@ -235,9 +242,9 @@ def time_layers(dev, dt, token_counts, tuned):
                     "persistent_l2_resident": stack(persistent(), resident=True),
                     "persistent_chained": persistent_chained(layers, x, cos, sin, S),
                     "persistent_stack": persistent_stack(layers, x, cos, sin, S),
-                    # every QKV and gate/up item a whole tile (Launch.balance off)
-                    "persistent_stack_unbalanced": persistent_stack(
-                        layers, x, cos, sin, S, pl.choose_launch(H, HQ * D, I, M, dev, 2)._replace(balance=False))}
+                    # every gate/up item a whole tile (Launch.balance off): the same launch where the
+                    # 128 tiles cover the programs (H100/H200), a check that balance changes nothing there
+                    "persistent_stack_unbalanced": persistent_stack(layers, x, cos, sin, S, balance=False)}
         if tuned:
             variants["fused_tuned"] = stack(fused_layer)
         if ONLY:

@@ -234,7 +234,7 @@ LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
     ((128, 4, 2, 32, 256), pl.Launch(blocks=(16, 32, 32, 16), splits=(1, 2), block_k=32, swap=True, prefetch=8), None),
     # gate/up items narrower than their tiles (`Launch.balance`): 22 programs (a row each in the sums)
     # take its 192 columns 16 at a time, 5 programs 40 at a time (the last item 32); swapped (gate and
-    # up rows stacked in one product) and not
+    # up rows stacked in one product) and not. (Prefetches are compiled on a GPU only.)
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, balance=True), None),
     ((96, 3, 1, 32, 192), pl.Launch(blocks=(64, 64, 128, 64), splits=(1, 2), block_k=32, swap=True, balance=True),
      None),
@@ -243,26 +243,50 @@ LAUNCHES = [  # (hidden, Hq, Hkv, D, FFN), launch, programs
 ]
 
 
+def nan_scratch(monkeypatch):
+    """persistent_layer's scratch buffers (torch.empty) filled with NaN, so that a column the kernel
+    never writes cannot pass by holding an earlier call's right values."""
+    empty = torch.empty
+    monkeypatch.setattr(pl.torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def spy_gate_up_columns(monkeypatch) -> list:
+    """Each `_layer_kernel` launch's gate/up columns per item (C_GU), recorded as `layer` launches it."""
+    seen, kernel = [], pl._layer_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["C_GU"])
+                return kernel[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(pl, "_layer_kernel", Spy())
+    return seen
+
+
 @pytest.mark.parametrize("shape,launch,programs", LAUNCHES)
-def test_every_launch_gives_the_same_layer(shape, launch, programs):
+def test_every_launch_gives_the_same_layer(shape, launch, programs, monkeypatch):
     """Tiles, K splits, attention items and the program count change who computes what, not the
-    result (beyond fp32 summation order)."""
+    result (beyond fp32 summation order). Balanced launches narrow their gate/up items."""
     H, Hq, Hkv, D, I = shape
     dtype = torch.bfloat16 if CUDA else torch.float32
     weights = layer_weights(H, Hq, Hkv, D, I, dtype, seed=5)
     x = rand(22, H, g=torch.Generator().manual_seed(4), dtype=dtype)
     cos, sin = rope(11, D)
     ref = reference_layer(x, weights, cos, sin, 2, 11, (Hq, Hkv, D))
+    nan_scratch(monkeypatch)
+    columns = spy_gate_up_columns(monkeypatch)
     out = pl.layer(x, weights[0], weights[1], cos, sin, 11, (Hq, Hkv, D), *weights[2:], EPS, launch=launch,
                    programs=programs)
     assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
     assert int(pl._sync(x.device).abs().sum()) == 0
+    assert columns and all((c < launch.blocks[2]) == launch.balance for c in columns), columns
 
 
 def test_balanced_items_spread_the_columns_over_every_program():
     """`Launch.balance`: gate/up items narrowed (to multiples of 8) until there is one for every program,
     never wider than the tile; off, every item is a whole tile."""
-    assert pl._columns(6144, 64, 132, True) == 48  # the LM's gate/up: 128 items, not 96
+    assert pl._columns(6144, 64, 128, True) == 48  # the LM's gate/up over its 128 programs: 128 items, not 96
     assert pl._columns(4096, 32, 132, True) == 32  # LocDiT's and LocEnc's: 128 tiles already
     assert pl._columns(192, 128, 22, True) == 16 and pl._columns(192, 128, 5, True) == 40
     assert pl._columns(100, 64, 132, True) == 8  # never under 8 columns
@@ -396,19 +420,26 @@ def test_e4m3_weights_give_the_dequantised_layer(B, S, H, Hq, Hkv, D, I, dtype):
 
 @pytest.mark.parametrize("launch", [  # weight tiles narrower and wider than the 32 token rows
     pl.Launch(blocks=(16, 64, 32, 16), splits=(2, 2), block_k=32, swap=True),
-    pl.Launch(blocks=(64, 16, 64, 32), splits=(1, 2), block_k=32, swap=True)])
-def test_e4m3_weights_in_swapped_products(launch):
+    pl.Launch(blocks=(64, 16, 64, 32), splits=(1, 2), block_k=32, swap=True),
+    # gate/up items of 16 of a 64-row tile's columns (`Launch.balance`), swapped and not
+    pl.Launch(blocks=(64, 16, 64, 32), splits=(1, 2), block_k=32, swap=True, balance=True),
+    pl.Launch(blocks=(64, 16, 64, 32), splits=(1, 2), block_k=32, balance=True)])
+def test_e4m3_weights_in_swapped_products(launch, monkeypatch):
     """Swapped (`Launch.swap`), each e4m3 weight row's scale still multiplies its own output column,
-    in the stacked gate/up tile too: against the PyTorch path on the dequantised weights."""
+    in the stacked gate/up tile too, and in narrowed gate/up items: against the PyTorch path on the
+    dequantised weights."""
     B, S, H, Hq, Hkv, D, I = SHAPES[0]
     dtype = torch.bfloat16 if CUDA else torch.float32
     weights, exact = e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=7))
     x = rand(B * S, H, g=torch.Generator().manual_seed(4), dtype=dtype)
     cos, sin = rope(S, D)
     ref = reference_layer(x.float(), exact, cos, sin, B, S, (Hq, Hkv, D))
+    nan_scratch(monkeypatch)
+    columns = spy_gate_up_columns(monkeypatch)
     out = pl.layer(x, weights[0], weights[1], cos, sin, S, (Hq, Hkv, D), *weights[2:], EPS, launch=launch)
     assert (out.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
     assert int(pl._sync(x.device).abs().sum()) == 0
+    assert all((c < launch.blocks[2]) == launch.balance for c in columns), columns
 
 
 def test_runs_only_where_the_pipelines_fit_shared_memory(monkeypatch):

@@ -27,7 +27,7 @@ def compiled(tokens: int, *changes: str) -> dict:
 
 def test_swapped_products_take_the_warpgroup_mma_below_64_token_rows():
     plain = compiled(22)  # LocDiT at one request: 32-row token tiles, too few for wgmma
-    swapped = compiled(22, "swap=True", "prefetch=2")  # as choose_launch launches it on Hopper
+    swapped = compiled(22, "swap=True", "prefetch=2")  # as choose_launch launches it on Hopper (balance: no-op)
     assert (plain["swap"], swapped["swap"]) == (False, True)
     assert plain["wgmma"] == 0 and plain["mma_sync"] > 0
     assert swapped["wgmma"] > 0  # gate/up's stacked 2 x 32 weight rows

@@ -25,7 +25,7 @@ last layer's h' is the stack's final norm.
 
 The gate/up phase's items are column tiles; with `Launch.balance` an item fills only as many of its
 tile's rows as spread the columns over every program (`_columns`): the LM's 96 gate/up tiles would
-leave a third of an H100's or H200's 132 SMs idle through the layer's largest phase.
+leave a quarter of its 128 programs idle through the layer's largest phase.
 
 The output and down projections split K because every program of a column tile reads all of its
 input rows: unsplit, 64 tiles would read the [T, 4096] activations 64 times over from L2.
@@ -106,9 +106,9 @@ if HAVE_TRITON:
     def _prefetch(w_ptr, row0, n_rows, K: tl.constexpr, k0, ROWS: tl.constexpr, LINES: tl.constexpr,
                   LINE: tl.constexpr, COLS: tl.constexpr):
         """Ask L2 for LINES lines of LINE elements (128 bytes) from column k0 of weight rows row0 ..
-        row0 + COLS (of n_rows, K long; ROWS: COLS to a power of two, the rows past COLS repeat the
-        last): the start of a program's next GEMM item, before the barrier in front of it. A hint:
-        nothing waits for it."""
+        row0 + COLS (of n_rows, K long; ROWS, the tile's, a power of two >= COLS: the rows past COLS
+        repeat the last): the start of a program's next GEMM item, before the barrier in front of it.
+        A hint: nothing waits for it."""
         r = tl.minimum(row0 + tl.minimum(tl.arange(0, ROWS), COLS - 1), n_rows - 1)
         ptrs = w_ptr + r.to(tl.int64)[:, None] * K + k0 + tl.arange(0, LINES)[None, :] * LINE
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
@@ -202,10 +202,11 @@ if HAVE_TRITON:
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr, SWAP: tl.constexpr,
               COLS: tl.constexpr):
-        """out[:, n0 : n0 + COLS] (COLS <= BLOCK_N: the tile's rows past COLS are masked, neither read
-        nor written) of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
+        """out[:, n0 : n0 + COLS] of a [M, K] x [K, N] product, rounded (gated: W is [2N, K], gate rows
         then up rows, and out = silu(gate) * up, SiLU rounded before the product). W_FP8: each column's
-        fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding.
+        fp32 sum times its weight row's scale (ws_ptr, one per row of W) before the rounding. COLS <=
+        BLOCK_N: the tile's rows past COLS are masked, neither read nor written (unmasked, they would
+        only repeat the next item's columns: the tests cannot tell, the weight reads can).
 
         SWAP: multiply W's rows by the activations' (out^T = W a^T): the weight tile is the product's
         M side, which Hopper's warpgroup MMA takes from 64 rows, where a few tokens' rows would be
@@ -502,7 +503,7 @@ class Launch(NamedTuple):
     stages: int = 5  # most pipeline buffers per GEMM's K loop (fewer where K or shared memory is short); 0: no cap
     swap: bool = False  # weight rows as the products' M side (`_tile`)
     prefetch: int = 0  # K tiles of its next GEMM item each program asks L2 for before the barrier (0: none)
-    balance: bool = False  # gate/up items of `_columns` columns: fewer than a tile's where that keeps every program busy
+    balance: bool = False  # gate/up items of `_columns` columns: narrower than a tile where tiles < programs
 
 
 SMEM_RESERVE = 32 * 1024  # for the rest of the kernel (epilogue layout changes, the barrier's broadcast)
@@ -533,9 +534,9 @@ def _prefetch_lines(launch: Launch, k_len: int, w_elem: int) -> int:
 
 def _columns(n: int, block_n: int, programs: int, balance: bool) -> int:
     """Output columns per gate/up work item over n columns: the tile's block_n, or with balance as few
-    as spread the items over all programs (a multiple of 8, at most block_n). Tiles alone leave SMs
-    idle where n / block_n < programs: the LM's gate/up (6144 / 64 = 96 items on 132 SMs). (QKV's 80
-    tiles were measured narrowed too: LocDiT's layer slower, the LM's no faster.)"""
+    as spread the items over all programs (a multiple of 8, at most block_n). Tiles alone leave
+    programs idle where n / block_n < programs: the LM's gate/up (6144 / 64 = 96 items for 128
+    programs). (QKV's 80 tiles were measured narrowed too: LocDiT's layer slower, the LM's no faster.)"""
     if not balance:
         return block_n
     per = -(-n // programs)
@@ -606,7 +607,7 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     engine_loop.py): each program asks L2 for its next GEMM item's first K tiles before the barrier
     (`Launch.prefetch`: two for LocDiT/LocEnc, one for the LM's wider layers), and below 64 rows the
     products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma), and gate/up
-    items are narrowed where its tiles are fewer than the programs (`Launch.balance`: the LM's)."""
+    items are narrowed where their tiles are fewer than the programs (`Launch.balance`: the LM's)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
