@@ -79,6 +79,18 @@ def paired_bars(ax, ticks: list, series: list, fmt):
     ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
 
 
+def run_bars(ax, runs: list, colors: list, xlim: tuple, xlabel: str):
+    """One labelled horizontal bar per run, the first on top: runs [(label, value)]."""
+    ys = [v for _, v in runs]
+    ax.barh(range(len(ys)), ys, color=colors)
+    for y, v in enumerate(ys):
+        ax.text(v + 0.3, y, f"{v:.1f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(ys)), [r for r, _ in runs], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(*xlim)
+    ax.set_xlabel(xlabel)
+
+
 def ttfa_bars(ax, series: list, xlabel: str, fmt):
     """Served TTFA p50 per level, two runs side by side: series [(label, color, {streams: level})]."""
     levels = sorted(series[0][2])

@@ -2,10 +2,10 @@
 
 import re
 
-from summary.plots import pyplot, save_panels
+from summary.issue17 import headline_keys, targets_table
+from summary.plots import pyplot, run_bars, save_panels
 from summary.raw import load, served_levels, served_summary, text
 
-ISSUE_RTF, ISSUE_XRT8, ISSUE_XRT64, ISSUE_TTFA, ISSUE_TTFA95_64 = 0.025, 150, 500, 25, 300
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py runs: key -> (label, file); call 1 at --max-batch 2, call 2 at --max-batch 1
 BUCKETS = {"b2_cold": ("bucket 2 (batch_buckets 2), cold caches", "engine_loop_b2_cold_fortysixth.json"),
@@ -18,9 +18,6 @@ STACKS = {"stack": ("call 2: stacks", "engine_loop_stack_fortysixth.json"),
           "stack_final": ("call 5, the code after the review: stacks", "engine_loop_stack_final_fortysixth.json"),
           "layers_final": ("call 5: VOXCPM_FUSED_STACKS=0", "engine_loop_layers_final_fortysixth.json")}
 
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "missed"
 
 
 def _loop(name: str) -> dict:
@@ -99,12 +96,9 @@ def forty_sixth_session(res) -> list[str]:
                       "pass": gpu_ok},
         "gpu_tests": tests,
     }
-    res.update({"single_stream_rtf_triton": one["rtf"]["p50"], "ttfa_ms_p50": one["ttfa_ms"]["p50"],
-                "ttfa_ms_p95": one["ttfa_ms"]["p95"], "aggregate_xrt_c64": many["x_real_time"],
-                "smooth_frac_c64": many["smooth_playback_frac"], "ttfa_ms_p95_c64": many["ttfa_ms"]["p95"],
-                "served_headline_source": "one and 64 streams: forty-sixth session, NVIDIA H200, 2026-12-01, "
-                "raw/served_fortysixth.json (10 requests per stream); 128 streams and capacity: forty-fourth "
-                "session's sweep, raw/served_fortyfourth_sweep*.json"})
+    res.update(headline_keys(one, many, "one and 64 streams: forty-sixth session, NVIDIA H200, 2026-12-01, "
+                             "raw/served_fortysixth.json (10 requests per stream); 128 streams and capacity: "
+                             "forty-fourth session's sweep, raw/served_fortyfourth_sweep*.json"))
     reg = {(t, n): (r, sp, sh) for t, n, hi, r, sp, sh in sm90 if hi}
     unhinted = {t: sh for t, n, hi, r, sp, sh in sm90 if not hi}
     md = ["", "## Forty-sixth session (2026-12-01, H200): a lone request unpadded, LocDiT's and LocEnc's layers one "
@@ -206,8 +200,6 @@ def forty_sixth_session(res) -> list[str]:
     for n, lv in served.items():
         md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
                   f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} |")
-    ok64 = many["x_real_time"] >= ISSUE_XRT64 and many["smooth_playback_frac"] == 1 \
-        and many["ttfa_ms"]["p95"] <= ISSUE_TTFA95_64
     md += ["",
            f"- One stream: RTF {one['rtf']['p50']:.4f} against {prev_one['rtf_p50']:.4f} on the forty-fifth session's "
            f"commit 1b3fabf (same command, another machine), TTFA p50 {one['ttfa_ms']['p50']:.1f} ms. The served "
@@ -246,14 +238,7 @@ def forty_sixth_session(res) -> list[str]:
            "**Against issue 17's targets** (this session's served run; capacity and 128 streams: the forty-fourth "
            "session's sweep; served over engine at 64 streams: the forty-fifth session's 0.776, this session "
            "changed nothing that runs at 64 streams):", "",
-           "| target | measured | status |", "|---|---|---|",
-           f"| one stream RTF <= {ISSUE_RTF} | {one['rtf']['p50']:.4f} | {_met(one['rtf']['p50'] <= ISSUE_RTF)} |",
-           f"| one stream TTFA p50 <= {ISSUE_TTFA} ms | {one['ttfa_ms']['p50']:.1f} ms | "
-           f"{_met(one['ttfa_ms']['p50'] <= ISSUE_TTFA)} |",
-           f"| 8 streams >= {ISSUE_XRT8}x | {eight['x_real_time']:.1f}x | {_met(eight['x_real_time'] >= ISSUE_XRT8)} |",
-           f"| 64 streams >= {ISSUE_XRT64}x / smooth 100% / TTFA p95 <= {ISSUE_TTFA95_64} ms | "
-           f"{many['x_real_time']:.1f}x / {many['smooth_playback_frac']:.0%} / {many['ttfa_ms']['p95']:.0f} ms | "
-           f"{_met(ok64)} |", "",
+           *targets_table(one, eight, many), "",
            "results.json's one-stream and 64-stream headline keys are now this run's.", "",
            "![forty-sixth session: stacked layers and the lone request's engine step](results_forty_sixth.png)", ""]
     _plot(lay, b, s)
@@ -279,13 +264,7 @@ def _plot(lay, b, s):
     runs = [("call 1: bucket 2, layer by layer", b["b2_cold"]), ("call 1: bucket 1, layer by layer", b["b1_cold"]),
             ("call 2: bucket 1, layer by layer", s["layers"]), ("call 2: bucket 1, stacks", s["stack"]),
             ("call 2: bucket 1, stacks (rerun)", s["stack2"])]
-    ys = [x["steps_per_s"] for _, x in runs]
-    c.barh(range(len(ys)), ys, color=["tab:gray", "tab:blue", "tab:blue", "tab:green", "tab:green"])
-    for y, v in enumerate(ys):
-        c.text(v + 0.3, y, f"{v:.1f}", va="center", fontsize=7)
-    c.set_yticks(range(len(ys)), [r for r, _ in runs], fontsize=7)
-    c.invert_yaxis()
-    c.set_xlim(170, 205)
-    c.set_xlabel("engine steps/s, lone request (engine_loop.py)")
+    run_bars(c, [(r, x["steps_per_s"]) for r, x in runs],
+             ["tab:gray", "tab:blue", "tab:blue", "tab:green", "tab:green"], (170, 205), "engine steps/s, lone request (engine_loop.py)")
     save_panels(fig, (a, c), "forty-sixth session (H200): a bucket of 1 and LocDiT/LocEnc as one launch each",
                 "results_forty_sixth.png")

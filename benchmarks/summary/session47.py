@@ -2,10 +2,10 @@
 
 import re
 
-from summary.plots import pyplot, save_panels
+from summary.issue17 import headline_keys, targets_table
+from summary.plots import paired_bars, pyplot, run_bars, save_panels
 from summary.raw import load, served_levels, served_ms_per_step, served_summary, text
 
-ISSUE_RTF, ISSUE_XRT8, ISSUE_XRT64, ISSUE_TTFA, ISSUE_TTFA95_64 = 0.025, 150, 500, 25, 300
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
 ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engine_loop_layers_fortyseventh.json"),
@@ -14,9 +14,6 @@ ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engi
           "balanced": ("call 3: balance on every Hopper launch (not the final policy)",
                        "engine_loop_balanced_fortyseventh.json")}
 
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "missed"
 
 
 def _loop(name: str) -> dict:
@@ -86,7 +83,8 @@ def forty_seventh_session(res) -> list[str]:
                              for p in prof["persistent_profiles"]},
         "step_profile_b1": {"gpu_ms": step["gpu_ms"], "kernels": step["kernels"], "persistent_ms": persistent_ms,
                             "persistent_launches": persistent_calls},
-        "layer_us_local": lay, "layer_us_lm": {r: {k: v for k, v in x.items() if k != "profile"} for r, x in lm.items()},
+        "layer_us_local": lay,
+        "layer_us_lm": {r: {k: v for k, v in x.items() if k != "profile"} for r, x in lm.items()},
         "lm_balanced_over_tiles": lm_gain,
         "lm_1_row_call5_us": {"whole_tiles": lm5["pf1"], "qkv_and_gate_up_narrowed": lm5["default"],
                               "gate_up_narrowed": lm5["gate_up_only"]},
@@ -97,12 +95,9 @@ def forty_seventh_session(res) -> list[str]:
                       "pass": gpu_ok},
         "gpu_tests": [tests1, tests3],
     }
-    res.update({"single_stream_rtf_triton": one["rtf"]["p50"], "ttfa_ms_p50": one["ttfa_ms"]["p50"],
-                "ttfa_ms_p95": one["ttfa_ms"]["p95"], "aggregate_xrt_c64": many["x_real_time"],
-                "smooth_frac_c64": many["smooth_playback_frac"], "ttfa_ms_p95_c64": many["ttfa_ms"]["p95"],
-                "served_headline_source": "one and 64 streams: forty-seventh session, NVIDIA H200, 2026-12-01, "
-                "raw/served_fortyseventh.json (10 requests per stream, commit 999dd44); 128 streams and capacity: "
-                "forty-fourth session's sweep, raw/served_fortyfourth_sweep*.json"})
+    res.update(headline_keys(one, many, "one and 64 streams: forty-seventh session, NVIDIA H200, 2026-12-01, "
+                             "raw/served_fortyseventh.json (10 requests per stream, commit 999dd44); 128 streams "
+                             "and capacity: forty-fourth session's sweep, raw/served_fortyfourth_sweep*.json"))
     p22 = res["forty_seventh"]["phase_profile_us"][22]
     md = ["", "## Forty-seventh session (2026-12-01, H200): the stacks checked on the GPU without graph breaks, the "
           f"LM's gate/up items spread over all its programs (its layer about 2% faster at one row), one served stream at RTF "
@@ -195,8 +190,6 @@ def forty_seventh_session(res) -> list[str]:
         md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
                   f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
                   f"{p['xrt']:.2f}x, RTF {p['rtf_p50']:.4f} |")
-    ok64 = many["x_real_time"] >= ISSUE_XRT64 and many["smooth_playback_frac"] == 1 \
-        and many["ttfa_ms"]["p95"] <= ISSUE_TTFA95_64
     md += ["",
            f"- One stream: the served wall time per decoder step is {step_ratio:.2f}x call 1's engine GPU step with "
            "stacks; the VAE's decodes and the request's prefill and end are the difference. 64 streams: the most "
@@ -205,14 +198,7 @@ def forty_seventh_session(res) -> list[str]:
            "errors.", "",
            "**Against issue 17's targets** (this session's served run; capacity and 128 streams: the forty-fourth "
            "session's sweep; served over engine at 64 streams: the forty-fifth session's 0.776, not re-measured):", "",
-           "| target | measured | status |", "|---|---|---|",
-           f"| one stream RTF <= {ISSUE_RTF} | {one['rtf']['p50']:.4f} | {_met(one['rtf']['p50'] <= ISSUE_RTF)} |",
-           f"| one stream TTFA p50 <= {ISSUE_TTFA} ms | {one['ttfa_ms']['p50']:.1f} ms | "
-           f"{_met(one['ttfa_ms']['p50'] <= ISSUE_TTFA)} |",
-           f"| 8 streams >= {ISSUE_XRT8}x | {eight['x_real_time']:.1f}x | {_met(eight['x_real_time'] >= ISSUE_XRT8)} |",
-           f"| 64 streams >= {ISSUE_XRT64}x / smooth 100% / TTFA p95 <= {ISSUE_TTFA95_64} ms | "
-           f"{many['x_real_time']:.1f}x / {many['smooth_playback_frac']:.0%} / {many['ttfa_ms']['p95']:.0f} ms | "
-           f"{_met(ok64)} |", "",
+           *targets_table(one, eight, many), "",
            "results.json's one-stream and 64-stream headline keys are now this run's.", "",
            "![forty-seventh session: balanced work items and the lone request's engine step](results_forty_seventh.png)",
            ""]
@@ -226,24 +212,13 @@ def _plot(lm, lay, e):
     groups = [(f"LM\n{r} row{'s' if r > 1 else ''}", lm[r]["pf1"], lm[r]["default"]) for r in lm] + \
         [(f"{'LocDiT' if m == 22 else 'LocEnc'} stack\n{m} tokens", lay[m]["persistent_stack_unbalanced"],
           lay[m]["persistent_stack"]) for m in (22, 10)]
-    w = 0.38
-    for i, (label, color) in enumerate((("whole tiles", "tab:gray"), ("QKV and gate/up narrowed (999dd44)", "tab:green"))):
-        xs = [g + (i - 0.5) * w for g in range(len(groups))]
-        ys = [grp[1 + i] for grp in groups]
-        a.bar(xs, ys, w, label=label, color=color)
-        for x, y in zip(xs, ys):
-            a.text(x, y + 0.3, f"{y:.1f}", ha="center", fontsize=7)
-    a.set_xticks(range(len(groups)), [grp[0] for grp in groups], fontsize=7)
+    paired_bars(a, [grp[0] for grp in groups],
+                [("whole tiles", "tab:gray", [grp[1] for grp in groups]),
+                 ("QKV and gate/up narrowed (999dd44)", "tab:green", [grp[2] for grp in groups])], lambda v: f"{v:.1f}")
     a.set_ylabel("us per layer (CUDA graph, call 3)")
     a.set_ylim(0, 68)
     a.legend(fontsize=7, loc="upper right")
-    runs = [(ENGINE[k][0], e[k]["steps_per_s"]) for k in ENGINE]
-    c.barh(range(len(runs)), [v for _, v in runs], color=["tab:gray", "tab:blue", "tab:gray", "tab:green"])
-    for y, (_, v) in enumerate(runs):
-        c.text(v + 0.3, y, f"{v:.1f}", va="center", fontsize=7)
-    c.set_yticks(range(len(runs)), [r for r, _ in runs], fontsize=7)
-    c.invert_yaxis()
-    c.set_xlim(180, 202)
-    c.set_xlabel("engine steps/s, lone request (engine_loop.py --max-batch 1)")
+    run_bars(c, [(ENGINE[k][0], e[k]["steps_per_s"]) for k in ENGINE],
+             ["tab:gray", "tab:blue", "tab:gray", "tab:green"], (180, 202), "engine steps/s, lone request (engine_loop.py --max-batch 1)")
     save_panels(fig, (a, c), "forty-seventh session (H200): the LM's work items over every SM; stacks in the engine",
                 "results_forty_seventh.png")
