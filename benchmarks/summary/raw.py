@@ -89,13 +89,18 @@ def served_step_table(served: dict) -> list[str]:
         f"{100 * r['smooth']:.0f}% | {r['ms_per_step']:.2f} |" for n, r in served.items()]
 
 
+def headline_keys(one: dict, many: dict, source: str) -> dict:
+    """results.json's one-stream and 64-stream headline keys from served levels at 1 and 64 streams."""
+    return {"ttfa_ms_p95_c64": many["ttfa_ms"]["p95"], "smooth_frac_c64": many["smooth_playback_frac"],
+            "aggregate_xrt_c64": many["x_real_time"], "single_stream_rtf_triton": one["rtf"]["p50"],
+            "ttfa_ms_p50": one["ttfa_ms"]["p50"], "ttfa_ms_p95": one["ttfa_ms"]["p95"],
+            "served_headline_source": source}
+
+
 def set_served_headline(res, burst: dict, cap: dict, source: str):
     """The served headline keys of results.json from a sweep: its burst levels and its capacity."""
-    res.update({"ttfa_ms_p95_c64": burst[64]["ttfa_ms"]["p95"], "smooth_frac_c64": burst[64]["smooth_playback_frac"],
-                "aggregate_xrt_c64": burst[64]["x_real_time"], "aggregate_xrt_c128": burst[128]["x_real_time"],
-                "capacity_streams": cap, "single_stream_rtf_triton": burst[1]["rtf"]["p50"],
-                "ttfa_ms_p50": burst[1]["ttfa_ms"]["p50"], "ttfa_ms_p95": burst[1]["ttfa_ms"]["p95"],
-                "served_headline_source": source})
+    res.update({**headline_keys(burst[1], burst[64], source), "aggregate_xrt_c128": burst[128]["x_real_time"],
+                "capacity_streams": cap})
 
 
 def closed_loop_rounds(name: str) -> dict:

@@ -1,14 +1,11 @@
 """results.md: the forty-fourth session's section, and results_forty_fourth.png."""
 
+from summary.issue17 import met
 from summary.plots import save_stream_panels, stream_panels
 from summary.raw import engine_runs, load, served_levels, served_summary, set_served_headline, tests_passed, text
 
 SWEEP_44 = {"burst": "served_fortyfourth_sweep.json", "poisson": "served_fortyfourth_sweep_poisson.json"}
 SWEEP_26 = {"burst": "served_twentysixth_sweep.json", "poisson": "served_twentysixth_sweep_poisson.json"}
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "missed"
 
 
 def forty_fourth_session(res) -> list[str]:
@@ -145,16 +142,16 @@ def forty_fourth_session(res) -> list[str]:
                c["persistent_chained_stages6_pdl"] > c["persistent_chained"] for c in chained.values()) else "."), "",
            "**Against issue 17's targets** (this session's figures):", "",
            "| target | measured | |", "|---|---|---|",
-           f"| one stream RTF <= 0.025 | {one['bf16']['rtf']['p50']:.4f} | {_met(one['bf16']['rtf']['p50'] <= 0.025)} |",
+           f"| one stream RTF <= 0.025 | {one['bf16']['rtf']['p50']:.4f} | {met(one['bf16']['rtf']['p50'] <= 0.025)} |",
            f"| one stream TTFA p50 <= 25 ms | {one['bf16']['ttfa_ms']['p50']:.1f} ms | "
-           f"{_met(one['bf16']['ttfa_ms']['p50'] <= 25)} |",
-           f"| 8 streams >= 150x | {b[8]['x_real_time']:.1f}x | {_met(b[8]['x_real_time'] >= 150)} |",
+           f"{met(one['bf16']['ttfa_ms']['p50'] <= 25)} |",
+           f"| 8 streams >= 150x | {b[8]['x_real_time']:.1f}x | {met(b[8]['x_real_time'] >= 150)} |",
            f"| 64 streams >= 500x, smooth 100%, TTFA p95 <= 300 ms | {b[64]['x_real_time']:.1f}x, "
            f"{b[64]['smooth_playback_frac']:.0%}, {b[64]['ttfa_ms']['p95']:.0f} ms | "
-           f"{_met(b[64]['x_real_time'] >= 500 and b[64]['smooth_playback_frac'] == 1 and b[64]['ttfa_ms']['p95'] <= 300)} |",
+           f"{met(b[64]['x_real_time'] >= 500 and b[64]['smooth_playback_frac'] == 1 and b[64]['ttfa_ms']['p95'] <= 300)} |",
            f"| capacity >= 128 (burst / Poisson) | {cap['burst']} / {cap['poisson']} | "
-           f"{_met(min(cap.values()) >= 128)} |",
-           f"| served / engine at 64 streams >= 0.85 | {ratio:.3f} | {_met(ratio >= 0.85)} |", "",
+           f"{met(min(cap.values()) >= 128)} |",
+           f"| served / engine at 64 streams >= 0.85 | {ratio:.3f} | {met(ratio >= 0.85)} |", "",
            "![forty-fourth session: the served sweep, burst and Poisson, against the twenty-sixth session's]"
            "(results_forty_fourth.png)", ""]
     _plot(sweep, before)

@@ -2,6 +2,7 @@
 
 import re
 
+from summary.issue17 import ISSUE_RATIO, ISSUE_RTF, ISSUE_TTFA, ISSUE_TTFA95_64, ISSUE_XRT64, ISSUE_XRT8, met, ok_c64
 from summary.plots import pyplot, save_panels
 from summary.raw import load, served_levels, served_summary, tests_passed, text
 
@@ -15,13 +16,8 @@ LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's laun
             ("c4_now", "call 4: this code", 2, "engine_loop_b2_now_fortyfifth.json"),
             ("c4_old", "call 4: the forty-fourth session's launch", 2, "engine_loop_b2_old_fortyfifth.json"),
             ("c4_nopf", "call 4: this code without the prefetch", 2, "engine_loop_b2_nopf_fortyfifth.json")]
-ISSUE_RTF, ISSUE_XRT8, ISSUE_XRT64, ISSUE_TTFA, ISSUE_TTFA95_64, ISSUE_RATIO = 0.025, 150, 500, 25, 300, 0.85
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 GEMMS = {"qkv": "QKV", "o (split K)": "output", "gate/up+silu": "gate/up", "down (split K)": "down"}
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "missed"
 
 
 def _layers(name: str) -> dict:
@@ -239,8 +235,7 @@ def forty_fifth_session(res) -> list[str]:
     for n, lv in served.items():
         md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
                   f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} |")
-    ok64 = served[64]["x_real_time"] >= ISSUE_XRT64 and served[64]["smooth_playback_frac"] == 1 \
-        and served[64]["ttfa_ms"]["p95"] <= ISSUE_TTFA95_64
+    ok64 = ok_c64(served[64])
     md += ["",
            f"- Engine alone, same call: batch 64 {engine[64]['aggregate_xrt']:.1f}x, batch 1 "
            f"{engine[1]['steps_per_s']:.1f} steps/s. Served over engine at 64 streams: "
@@ -259,15 +254,15 @@ def forty_fifth_session(res) -> list[str]:
            "are the forty-fourth session's.", "",
            "| target | measured | status |", "|---|---|---|",
            f"| one stream RTF <= {ISSUE_RTF} | {served[1]['rtf']['p50']:.4f} served on 1b3fabf; {rtf_b2:.4f} in "
-           f"process on this code | {_met(min(served[1]['rtf']['p50'], rtf_b2) <= ISSUE_RTF)} |",
+           f"process on this code | {met(min(served[1]['rtf']['p50'], rtf_b2) <= ISSUE_RTF)} |",
            f"| one stream TTFA p50 <= {ISSUE_TTFA} ms | {served[1]['ttfa_ms']['p50']:.1f} ms (1b3fabf) | "
-           f"{_met(served[1]['ttfa_ms']['p50'] <= ISSUE_TTFA)} |",
+           f"{met(served[1]['ttfa_ms']['p50'] <= ISSUE_TTFA)} |",
            f"| 8 streams >= {ISSUE_XRT8}x | {served[8]['x_real_time']:.1f}x (1b3fabf) | "
-           f"{_met(served[8]['x_real_time'] >= ISSUE_XRT8)} |",
+           f"{met(served[8]['x_real_time'] >= ISSUE_XRT8)} |",
            f"| 64 streams >= {ISSUE_XRT64}x / smooth 100% / TTFA p95 <= {ISSUE_TTFA95_64} ms | "
            f"{served[64]['x_real_time']:.1f}x / {served[64]['smooth_playback_frac']:.0%} / "
-           f"{served[64]['ttfa_ms']['p95']:.0f} ms | {_met(ok64)} |",
-           f"| served / engine at 64 >= {ISSUE_RATIO} | {ratio:.3f} | {_met(ratio >= ISSUE_RATIO)} |", "",
+           f"{served[64]['ttfa_ms']['p95']:.0f} ms | {met(ok64)} |",
+           f"| served / engine at 64 >= {ISSUE_RATIO} | {ratio:.3f} | {met(ratio >= ISSUE_RATIO)} |", "",
            "The headline keys of results.json stay the forty-fourth session's (a full sweep on one commit).", "",
            "![forty-fifth session: per-layer launches and the lone request's engine step](results_forty_fifth.png)", ""]
     _plot(pf2, lm2, list(loops.values()))

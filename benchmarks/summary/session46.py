@@ -2,9 +2,9 @@
 
 import re
 
-from summary.issue17 import headline_keys, targets_table
+from summary.issue17 import targets_table
 from summary.plots import pyplot, run_bars, save_panels
-from summary.raw import load, served_levels, served_summary, text
+from summary.raw import headline_keys, load, served_levels, served_summary, text
 
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py runs: key -> (label, file); call 1 at --max-batch 2, call 2 at --max-batch 1
@@ -17,7 +17,6 @@ STACKS = {"stack": ("call 2: stacks", "engine_loop_stack_fortysixth.json"),
           "stack2": ("call 2: stacks, rerun (its inductor cache warm)", "engine_loop_stack2_fortysixth.json"),
           "stack_final": ("call 5, the code after the review: stacks", "engine_loop_stack_final_fortysixth.json"),
           "layers_final": ("call 5: VOXCPM_FUSED_STACKS=0", "engine_loop_layers_final_fortysixth.json")}
-
 
 
 def _loop(name: str) -> dict:

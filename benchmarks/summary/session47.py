@@ -2,9 +2,9 @@
 
 import re
 
-from summary.issue17 import headline_keys, targets_table
+from summary.issue17 import targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import load, served_levels, served_ms_per_step, served_summary, text
+from summary.raw import headline_keys, load, served_levels, served_ms_per_step, served_summary, text
 
 AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
@@ -13,7 +13,6 @@ ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engi
           "unbalanced": ("call 3: --launch balance=False", "engine_loop_unbalanced_fortyseventh.json"),
           "balanced": ("call 3: balance on every Hopper launch (not the final policy)",
                        "engine_loop_balanced_fortyseventh.json")}
-
 
 
 def _loop(name: str) -> dict:
