@@ -738,7 +738,7 @@ def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w,
     if _INTERPRETED:  # programs run one after another: a launch per phase (and layer)
         for lay in range(max(1, n_layers)):  # a stack's layers one at a time (LAYERS=1 from layer0)
             for phase in range(first if lay == 0 else 1, PHASES):
-                _layer_kernel[(work,)](*args, layer0=lay, n_layers=n_layers, FIRST=phase, LAST=phase,
+                _layer_kernel[(grid,)](*args, layer0=lay, n_layers=n_layers, FIRST=phase, LAST=phase,
                                        GRID_SYNC=False, LAYERS=min(1, n_layers), **common)
     else:
         assert timings is None or (timings.dtype == torch.int64 and timings.is_contiguous()
