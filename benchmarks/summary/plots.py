@@ -69,10 +69,10 @@ def plot_playback(runs, title: str, out: str):
 
 
 def paired_bars(ax, ticks: list, series: list, fmt):
-    """Two bars per tick, side by side: series [(label, color, values per tick)], each bar labelled fmt(value)."""
-    w = 0.38
+    """Bars side by side per tick, one per series [(label, color, values per tick)], each labelled fmt(value)."""
+    w = 0.76 / len(series)
     for j, (label, color, vals) in enumerate(series):
-        xs = [i + (j - 0.5) * w for i in range(len(ticks))]
+        xs = [i + (j - (len(series) - 1) / 2) * w for i in range(len(ticks))]
         ax.bar(xs, vals, w, color=color, label=label)
         for x, v in zip(xs, vals):
             ax.text(x, v, fmt(v), ha="center", va="bottom", fontsize=7)
