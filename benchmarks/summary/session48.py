@@ -108,7 +108,7 @@ def forty_eighth_session(res) -> list[str]:
            "- Every variant's time differs from one program per SM's, so none fell back to it.",
            f"- Slower everywhere but the LM at 8 rows ({lm_pair[8]['default']:.2f} -> {lm_pair[8]['pair']:.2f} us, "
            f"{lm_pair[8]['default'] / lm_pair[8]['pair']:.3f}x), which a lone request never runs.",
-           f"- Phases at 22 tokens, one layer's launch (us, one / two per SM): "
+           "- Phases at 22 tokens, one layer's launch (us, one / two per SM): "
            + ", ".join(f"{k} {p1[k]:.2f} / {p2[k]:.2f}" for k in p1 if k != "total")
            + f"; total {p1['total']:.2f} / {p2['total']:.2f}. The phases that multiply get longer, those that "
            "do not stay: a second program's loads and products on the same SM do not run beside the first's "
