@@ -31,8 +31,8 @@ def _engine(name: str) -> list[dict]:
 
 
 def forty_eighth_session(res) -> list[str]:
-    """2026-12-01 (issue 17): two programs per SM and the split-K sums folded into their neighbouring
-    phases, both measured on the GPU and dropped; the final code (e0f8672) in the engine, served at 1, 8
+    """2026-12-01 (issue 17): two programs per SM, the split-K sums folded into their neighbouring
+    phases and the LMs' layers as stacks, each measured on the GPU and dropped; the final code (e0f8672) in the engine, served at 1, 8
     and 64 streams, the engine at batch 64 beside it, and gpu_check. Sets res["forty_eighth"] and the
     one-stream and 64-stream headline keys, returns the markdown, draws results_forty_eighth.png."""
     pair = _layers("kernel_fused_layer_pair_fortyeighth.json")
@@ -43,6 +43,10 @@ def forty_eighth_session(res) -> list[str]:
     sums = _layers("kernel_fused_layer_sums_fortyeighth.json")
     nonorm = _layers("kernel_fused_layer_sums_nonorm_fortyeighth.json")
     base, folded = _loop("engine_loop_base_fortyeighth.json"), _loop("engine_loop_sums_fortyeighth.json")
+    lm_stack = {r["rows"]: {k: r[k] for k in ("chained_us", "stack_us", "stack_max_abs_diff")}
+                for r in load("kernel_lm_layer_stack_fortyeighth.json")["rows"]}
+    lm_off, lm_on = _loop("engine_loop_lm_stacks_off_fortyeighth.json"), _loop("engine_loop_lm_stacks_fortyeighth.json")
+    tests8 = re.search(r"(\d+ failed, \d+ passed)", text("gpu_fortyeighth_call8.txt"))[1]
     tests2 = tests_passed("gpu_fortyeighth_call2.txt")
     served = served_levels("served_fortyeighth.json")
     one, eight, many = served[1], served[8], served[64]
@@ -63,7 +67,8 @@ def forty_eighth_session(res) -> list[str]:
         "two_programs_per_sm_us": {"local_stack": pair, "lm": lm_pair},
         "phase_profile_us": {f"{m} tokens, {n} per SM": v for (m, n), v in profiles.items()},
         "sums_folded_us": {"with_norm_on_the_way_in": sums, "without_the_norm_timing_only": nonorm},
-        "engine_loop": {"final_code": base, "sums_folded": folded},
+        "engine_loop": {"final_code": base, "sums_folded": folded, "lm_stacks_off": lm_off, "lm_stacks": lm_on},
+        "lm_stack_us": lm_stack,
         "served": {c: served_summary(lv) for c, lv in served.items()}, "served_step_over_engine_step": step_ratio,
         "engine_b64_xrt": {"warm": [r["aggregate_xrt"] for r in warm if r["batch"] == 64],
                            "cold_first_run": cold[0]["aggregate_xrt"], "cold_first_run_steady": cold64_steady},
@@ -78,16 +83,17 @@ def forty_eighth_session(res) -> list[str]:
                              "raw/served_fortyeighth.json (10 requests per stream, commit e0f8672); 128 streams "
                              "and capacity: forty-fourth session's sweep, raw/served_fortyfourth_sweep*.json"))
     p1, p2 = profiles[(22, 1)], profiles[(22, 2)]
-    md = ["", "## Forty-eighth session (2026-12-01, H200): two programs per SM and the residual sums folded into "
-          "their neighbouring phases, measured and dropped; the final code served, one stream at RTF "
+    md = ["", "## Forty-eighth session (2026-12-01, H200): two programs per SM, the residual sums folded into "
+          "their neighbouring phases and the LMs' layers as stacks, measured and dropped; the final code served, one stream at RTF "
           f"{one['rtf']['p50']:.4f}, 64 streams at {many['x_real_time']:.1f}x; served over engine at 64 streams "
           f"{ratio:.3f}",
-          "", "Seven device calls on one H200 (about 18 of 30 min). The persistent layer kernel is 94% of a lone "
+          "", "Eight device calls on one H200 (about 25 of 30 min). The persistent layer kernel is 94% of a lone "
           "request's step (forty-seventh session), and its phases are latency-bound: an SM holds one 4-warp "
-          "program. Calls 1-3 tried two ways to shorten a layer; neither gains, so the kernel is unchanged "
-          "(each one's diff against the final code is kept: `raw/per_sm_fortyeighth.patch`, "
-          "`raw/launch_sums_fortyeighth.patch`). Calls 4-7 measured the final code, e0f8672, whose balance "
-          "narrows only the gate/up items, which the last session had not run in the engine or served.", "",
+          "program. Calls 1-3 and 8 tried three ways to shorten the step; none gains, so the kernel is "
+          "unchanged (each one's diff against the final code is kept: `raw/per_sm_fortyeighth.patch`, "
+          "`raw/launch_sums_fortyeighth.patch`, `raw/lm_stack_fortyeighth.patch`). Calls 4-7 measured the "
+          "final code, e0f8672, whose balance narrows only the gate/up items, which the last session had not "
+          "run in the engine or served.", "",
           "**Two programs per SM** (`Launch.per_sm`, call 1: `kernel_fused_layer.py --no-sweep --tokens 22,10 "
           "--profile-launch persistent_pair ...`, `kernel_lm_layer.py --rows 1,8 --sweep 1,8 ...`; `raw/kernel_"
           "{fused,lm}_layer_pair_fortyeighth.json`). Each program gets half the SM's shared memory (4 pipeline "
@@ -139,6 +145,18 @@ def forty_eighth_session(res) -> list[str]:
            "profiled) is that the products' activation operands no longer come straight from the loads' "
            "pipeline. Dropped; with them goes the last session's "
            "estimate of 0.6-1 us a layer from this fusion.", "",
+           "**An LM's layers as one stack** (call 8, `raw/lm_stack_fortyeighth.patch`): `stack` took a decode "
+           "step's paged layers too, each layer's K/V pools a fixed stride after the one before's in the LM's "
+           "[layers, ...] pools, and `PagedAttention.stack` offered the LMs' 28 and 8 layers to it (the "
+           "forty-seventh session's estimate: about 1%). Per layer (`kernel_lm_layer.py --rows 1,8`, 28 layers, "
+           "`raw/kernel_lm_layer_stack_fortyeighth.json`): "
+           + "; ".join(f"{r} row{'s' if r > 1 else ''}: chained {v['chained_us']:.2f}, one stack {v['stack_us']:.2f} us "
+                       f"(outputs max abs diff {v['stack_max_abs_diff']:.1f})" for r, v in lm_stack.items())
+           + f". In the engine (`engine_loop.py --max-batch 1 ...`, `VOXCPM_FUSED_LM_STACKS` 0 and 1): "
+           f"{lm_off['steps_per_s']:.1f} and {lm_on['steps_per_s']:.1f} steps/s. Slower per layer and no faster "
+           "a step: dropped. The GPU tests of that call: "
+           f"{tests8}, the failure an existing test whose private `_stack` argument the patch had not been "
+           "updated for (a 2-tuple where it took three), not the kernel.", "",
            f"**The final code in the engine** (call 2, the run above without `--launch`): {base['steps_per_s']:.1f} "
            f"steps/s, GPU step {base['gpu_step_ms']:.3f} ms, in process RTF "
            f"{1 / (base['steps_per_s'] * AUDIO_S_PER_STEP):.4f} (the last session, other calls: 196.8 on "
@@ -205,5 +223,5 @@ def _plot(pair, lm_pair, sums, nonorm, served, prev):
     run_bars(c, [(f"{n} stream{'s' if n > 1 else ''}: 47th (999dd44)", prev[n]["xrt"]) for n in served]
              + [(f"{n} stream{'s' if n > 1 else ''}: 48th (e0f8672)", lv["x_real_time"]) for n, lv in served.items()],
              ["tab:gray"] * len(served) + ["tab:green"] * len(served), (0, 640), "served x real time")
-    save_panels(fig, (a, c), "forty-eighth session (H200): two levers measured and dropped; the final code served",
+    save_panels(fig, (a, c), "forty-eighth session (H200): three levers measured and dropped; the final code served",
                 "results_forty_eighth.png")
