@@ -8,6 +8,7 @@ import statistics
 
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
+AUDIO_S_PER_STEP = 0.16  # a decode step's audio: a patch of 4 latent frames at 25 Hz
 
 
 def load(name):
@@ -27,6 +28,34 @@ def text(name) -> str:
 def tests_passed(name) -> str:
     """A pytest run's output (raw/<name>) -> its last summary, up to its time ("12 passed, 3 deselected")."""
     return re.findall(r"(\d+ passed[^\n]*?) in ", text(name))[-1]
+
+
+def layer_us(name) -> dict:
+    """kernel_fused_layer.py's whole-layer timings (raw/<name>) -> {tokens: {variant: us per layer}}."""
+    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
+            for r in load(name)["layers"] if "M" in r}
+
+
+def engine_loop_run(name) -> dict:
+    """engine_loop.py's first request (raw/<name>) -> its steps/s, median GPU ms per step, engine ready s."""
+    d = load(name)
+    run = d["runs"][0]
+    return {"steps_per_s": run["steps_per_s_whole_request"], "gpu_step_ms": run["median"]["gpu_step_ms"],
+            "ready_s": d["ready_s"]}
+
+
+def gpu_check_passed(g: dict) -> bool:
+    """gpu_check.py's JSON (loaded): the teacher-forced check and every graph-against-eager check passed."""
+    return g["teacher_forced"]["pass"] and all(x["pass"] for x in g["graph_vs_eager"].values()) \
+        and g["prefill_graph_vs_eager"]["pass"]
+
+
+def served_rows_against(served: dict, prev: dict) -> list[str]:
+    """Markdown rows of served levels ({streams: level}) with an earlier run's figures ({streams:
+    `served_summary`}) in a last column."""
+    return [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
+            f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
+            f"{prev[n]['xrt']:.2f}x, RTF {prev[n]['rtf_p50']:.4f} |" for n, lv in served.items()]
 
 
 def served_summary(lv) -> dict:

@@ -6,7 +6,7 @@ import io
 import os
 
 from summary.plots import save_panels, stream_panels
-from summary.raw import HERE, load, served_step_run
+from summary.raw import HERE, layer_us, load, served_step_run
 
 # call 4: the change, the session's start (HEAD before it, a copy of the tree), the change again (the start's first
 # run ran out of its 110 s limit compiling on the fresh machine)
@@ -26,11 +26,6 @@ def _b1(name: str) -> dict:
     profiles = [g[k] for k in ("profile_batch1", "profile_batch_max") if g.get(k)]
     return {**run, "kernels": [round(p["kernels"]) for p in profiles], "gpu_ms": [p["gpu_ms"] for p in profiles]}
 
-
-def _layers(name: str) -> dict:
-    """kernel_fused_layer.py's whole-layer timings -> {tokens: {variant: us per layer}}."""
-    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
-            for r in load(name)["layers"] if "M" in r}
 
 
 def _lm(name: str) -> dict:
@@ -67,9 +62,9 @@ def forty_third_session(res) -> list[str]:
     results_forty_third.png."""
     b1 = {k: _b1(v) for k, v in ENGINE_43.items()}
     pdl = [(label, _b1(v)) for label, v in PDL_43]
-    sync = _layers("kernel_fused_layer_sync_pdl_fortythird.json")
-    modes = _layers("kernel_fused_layer_pdl_modes_fortythird.json")
-    acc = {a: _layers(f"kernel_fused_layer_acc{a}_fortythird.json") for a in (1, 2)}
+    sync = layer_us("kernel_fused_layer_sync_pdl_fortythird.json")
+    modes = layer_us("kernel_fused_layer_pdl_modes_fortythird.json")
+    acc = {a: layer_us(f"kernel_fused_layer_acc{a}_fortythird.json") for a in (1, 2)}
     lm_sync, lm_modes = _lm("kernel_lm_layer_sync_pdl_fortythird.json"), _lm("kernel_lm_layer_pdl_modes_fortythird.json")
     lm_acc = {a: _lm(f"kernel_lm_layer_acc{a}_fortythird.json") for a in (1, 2)}
     stalls = ncu_phase_stalls()

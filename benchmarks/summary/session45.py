@@ -4,7 +4,7 @@ import re
 
 from summary.issue17 import ISSUE_RATIO, ISSUE_RTF, ISSUE_TTFA, ISSUE_TTFA95_64, ISSUE_XRT64, ISSUE_XRT8, met, ok_c64
 from summary.plots import pyplot, save_panels
-from summary.raw import load, served_levels, served_summary, tests_passed, text
+from summary.raw import AUDIO_S_PER_STEP, layer_us, load, served_levels, served_summary, tests_passed, text
 
 # engine_loop.py runs: (key, label, bucket, file), in each call's order
 LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's launch)", 1,
@@ -16,13 +16,8 @@ LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's laun
             ("c4_now", "call 4: this code", 2, "engine_loop_b2_now_fortyfifth.json"),
             ("c4_old", "call 4: the forty-fourth session's launch", 2, "engine_loop_b2_old_fortyfifth.json"),
             ("c4_nopf", "call 4: this code without the prefetch", 2, "engine_loop_b2_nopf_fortyfifth.json")]
-AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 GEMMS = {"qkv": "QKV", "o (split K)": "output", "gate/up+silu": "gate/up", "down (split K)": "down"}
 
-
-def _layers(name: str) -> dict:
-    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
-            for r in load(name)["layers"] if "M" in r}
 
 
 def _lm(name: str, key: str = "us") -> dict:
@@ -56,8 +51,8 @@ def forty_fifth_session(res) -> list[str]:
     rows and its next GEMM items' first K tiles prefetched into L2 (kept), per layer and in the engine at a lone
     request's buckets of 1 and 2; served at 1, 8 and 64 streams on the intermediate commit. Sets res["forty_fifth"],
     returns the markdown, draws results_forty_fifth.png."""
-    swap1 = _layers("kernel_fused_layer_swap_fortyfifth.json")
-    pf2 = _layers("kernel_fused_layer_prefetch_fortyfifth.json")
+    swap1 = layer_us("kernel_fused_layer_swap_fortyfifth.json")
+    pf2 = layer_us("kernel_fused_layer_prefetch_fortyfifth.json")
     lm1, lm2 = _lm("kernel_lm_layer_swap_fortyfifth.json"), _lm("kernel_lm_layer_prefetch_fortyfifth.json")
     lm_diff = max(v for name in ("kernel_lm_layer_swap_fortyfifth.json", "kernel_lm_layer_prefetch_fortyfifth.json")
                   for rows in _lm(name, "max_abs_diff").values() for v in rows.values())

@@ -4,9 +4,9 @@ import re
 
 from summary.issue17 import targets_table
 from summary.plots import pyplot, run_bars, save_panels
-from summary.raw import headline_keys, load, served_levels, served_summary, text
+from summary.raw import (AUDIO_S_PER_STEP, gpu_check_passed, headline_keys, layer_us, load, served_levels, served_summary,
+                         text)
 
-AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py runs: key -> (label, file); call 1 at --max-batch 2, call 2 at --max-batch 1
 BUCKETS = {"b2_cold": ("bucket 2 (batch_buckets 2), cold caches", "engine_loop_b2_cold_fortysixth.json"),
            "b1_cold": ("bucket 1 (batch_buckets 1,2), cold caches", "engine_loop_b1_cold_fortysixth.json"),
@@ -25,10 +25,6 @@ def _loop(name: str) -> dict:
     return {"steps_per_s": run["steps_per_s_whole_request"], "gpu_step_ms": run["median"]["gpu_step_ms"],
             "ready_s": d["ready_s"], "capture_s": d["capture_seconds"], "buckets": d["batch_buckets"]}
 
-
-def _layers(name: str) -> dict:
-    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
-            for r in load(name)["layers"] if "M" in r}
 
 
 def _sm90(name: str = "kernel_sm90_mma_fortysixth.txt") -> list:
@@ -55,16 +51,15 @@ def forty_sixth_session(res) -> list[str]:
     results_forty_sixth.png."""
     b = {k: _loop(name) for k, (_, name) in BUCKETS.items()}
     s = {k: _loop(name) for k, (_, name) in STACKS.items()}
-    lay = _layers("kernel_fused_layer_stack_fortysixth.json")
-    wide = _layers("kernel_fused_layer_stack_44_40_fortysixth.json")
+    lay = layer_us("kernel_fused_layer_stack_fortysixth.json")
+    wide = layer_us("kernel_fused_layer_stack_44_40_fortysixth.json")
     sm90 = _sm90()
     served = served_levels("served_fortysixth.json")
     ready = _decoder_ready("served_fortysixth_tritonserver.log")
     before = [_decoder_ready(n) for n in ("served_r10_call3_fortyfifth_tritonserver.log",
                                           "served_fortyfourth_sweep_tritonserver.log")]
     g = load("gpu_check_fortysixth.json")
-    gpu_ok = g["teacher_forced"]["pass"] and all(x["pass"] for x in g["graph_vs_eager"].values()) \
-        and g["prefill_graph_vs_eager"]["pass"]
+    gpu_ok = gpu_check_passed(g)
     # every pytest summary line of the calls, in order, failures included
     tests = re.findall(r"^((?:\d+ \w+, )*\d+ \w+(?:, \d+ warnings)?) in [\d.]+s", text("gpu_tests_fortysixth.txt"), re.M)
     fatal = text("served_fortysixth_tritonserver.log").count("Fatal Python error")

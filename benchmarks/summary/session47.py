@@ -4,9 +4,9 @@ import re
 
 from summary.issue17 import targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import headline_keys, load, served_levels, served_ms_per_step, served_summary, text
+from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_passed, headline_keys, layer_us, load,
+                         served_levels, served_ms_per_step, served_rows_against, served_summary, text)
 
-AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
 ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engine_loop_layers_fortyseventh.json"),
           "stack": ("call 1: stacks (the forty-sixth session's final code)", "engine_loop_stack_fortyseventh.json"),
@@ -15,16 +15,6 @@ ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engi
                        "engine_loop_balanced_fortyseventh.json")}
 
 
-def _loop(name: str) -> dict:
-    d = load(name)
-    run = d["runs"][0]
-    return {"steps_per_s": run["steps_per_s_whole_request"], "gpu_step_ms": run["median"]["gpu_step_ms"],
-            "ready_s": d["ready_s"]}
-
-
-def _layers(name: str) -> dict:
-    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
-            for r in load(name)["layers"] if "M" in r}
 
 
 def _lm(name: str) -> dict:
@@ -49,15 +39,14 @@ def forty_seventh_session(res) -> list[str]:
     gpu_check, the step's profile), `Launch.balance` for the LM's layers, and 999dd44 served at 1, 8 and 64
     streams. Sets res["forty_seventh"] and the one-stream and 64-stream headline keys, returns the
     markdown, draws results_forty_seventh.png."""
-    e = {k: _loop(name) for k, (_, name) in ENGINE.items()}
+    e = {k: engine_loop_run(name) for k, (_, name) in ENGINE.items()}
     prof = load("fused_layer_profile_fortyseventh.json")
     g = load("gpu_check_fortyseventh.json")
-    gpu_ok = g["teacher_forced"]["pass"] and all(x["pass"] for x in g["graph_vs_eager"].values()) \
-        and g["prefill_graph_vs_eager"]["pass"]
+    gpu_ok = gpu_check_passed(g)
     step = load("offline_b1_profile_fortyseventh.json")["engine"]["graphs"]["profile_batch1"]
     persistent_ms = sum(k["cuda_ms"] for k in step["all"] if k["kernel"] == "_layer_kernel")
     persistent_calls = sum(k["calls"] for k in step["all"] if k["kernel"] == "_layer_kernel")
-    lay = _layers("kernel_fused_layer_balance_fortyseventh.json")
+    lay = layer_us("kernel_fused_layer_balance_fortyseventh.json")
     lm = _lm("kernel_lm_layer_balance_fortyseventh.json")
     lm5 = {k: v for k, v in _lm("kernel_lm_layer_balance_call5_fortyseventh.json")[1].items() if k != "profile"}
     gu_only = load("kernel_lm_layer_gate_up_only_fortyseventh.json")["rows"][0]
@@ -183,12 +172,7 @@ def forty_seventh_session(res) -> list[str]:
            "REQUESTS=10 bash benchmarks/run_served_gpu.sh`, on call 3's machine, its compile caches warm; "
            "`raw/served_fortyseventh.{json.gz,log}`, `raw/served_fortyseventh_tritonserver.log`):", "",
            "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | forty-sixth session |",
-           "|---|---|---|---|---|---|---|---|"]
-    for n, lv in served.items():
-        p = prev[n]
-        md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
-                  f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
-                  f"{p['xrt']:.2f}x, RTF {p['rtf_p50']:.4f} |")
+           "|---|---|---|---|---|---|---|---|", *served_rows_against(served, prev)]
     md += ["",
            f"- One stream: the served wall time per decoder step is {step_ratio:.2f}x call 1's engine GPU step with "
            "stacks; the VAE's decodes and the request's prefill and end are the difference. 64 streams: the most "

@@ -4,9 +4,9 @@ import re
 
 from summary.issue17 import ISSUE_RATIO, met, targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import headline_keys, load, served_levels, served_ms_per_step, served_summary, text, tests_passed
+from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_passed, headline_keys, layer_us, load,
+                         served_levels, served_ms_per_step, served_rows_against, served_summary, text, tests_passed)
 
-AUDIO_S_PER_STEP = 0.16  # a patch of 4 latent frames at 25 Hz
 PAIR_LOCAL = {"persistent_stack": "one program per SM (the server's)", "persistent_stack_pair": "two per SM",
               "persistent_stack_pair_split8": "two, 8 K splits", "persistent_stack_pair_gu16": "two, gate/up tiles of 16",
               "persistent_stack_pair_split8_gu16": "two, 8 K splits, gate/up tiles of 16"}
@@ -14,16 +14,6 @@ PAIR_LM = {"default": "one program per SM (the server's)", "pair": "two per SM, 
            "pair_split4": "two, 4 K splits, gate/up tiles of 32", "pair_gu64": "two, 8 K splits, gate/up tiles of 64"}
 
 
-def _layers(name: str) -> dict:
-    return {r["M"]: {k: v["us_per_layer"] for k, v in r.items() if isinstance(v, dict) and "us_per_layer" in v}
-            for r in load(name)["layers"] if "M" in r}
-
-
-def _loop(name: str) -> dict:
-    d = load(name)
-    run = d["runs"][0]
-    return {"steps_per_s": run["steps_per_s_whole_request"], "gpu_step_ms": run["median"]["gpu_step_ms"],
-            "ready_s": d["ready_s"]}
 
 
 def _engine(name: str) -> list[dict]:
@@ -35,17 +25,17 @@ def forty_eighth_session(res) -> list[str]:
     phases and the LMs' layers as stacks, each measured on the GPU and dropped; the final code (e0f8672) in the engine, served at 1, 8
     and 64 streams, the engine at batch 64 beside it, and gpu_check. Sets res["forty_eighth"] and the
     one-stream and 64-stream headline keys, returns the markdown, draws results_forty_eighth.png."""
-    pair = _layers("kernel_fused_layer_pair_fortyeighth.json")
+    pair = layer_us("kernel_fused_layer_pair_fortyeighth.json")
     lm_pair = {r["rows"]: {k: v["us"] for k, v in r["launches"].items()}
                for r in load("kernel_lm_layer_pair_fortyeighth.json")["rows"]}
     profiles = {(p["M"], p["launch"]["per_sm"]): {q["phase"]: q["span_us"] for q in p["phases"]} | {"total": p["total_us"]}
                 for p in load("kernel_fused_layer_pair_fortyeighth.json")["persistent_profiles"]}
-    sums = _layers("kernel_fused_layer_sums_fortyeighth.json")
-    nonorm = _layers("kernel_fused_layer_sums_nonorm_fortyeighth.json")
-    base, folded = _loop("engine_loop_base_fortyeighth.json"), _loop("engine_loop_sums_fortyeighth.json")
+    sums = layer_us("kernel_fused_layer_sums_fortyeighth.json")
+    nonorm = layer_us("kernel_fused_layer_sums_nonorm_fortyeighth.json")
+    base, folded = engine_loop_run("engine_loop_base_fortyeighth.json"), engine_loop_run("engine_loop_sums_fortyeighth.json")
     lm_stack = {r["rows"]: {k: r[k] for k in ("chained_us", "stack_us", "stack_max_abs_diff")}
                 for r in load("kernel_lm_layer_stack_fortyeighth.json")["rows"]}
-    lm_off, lm_on = _loop("engine_loop_lm_stacks_off_fortyeighth.json"), _loop("engine_loop_lm_stacks_fortyeighth.json")
+    lm_off, lm_on = engine_loop_run("engine_loop_lm_stacks_off_fortyeighth.json"), engine_loop_run("engine_loop_lm_stacks_fortyeighth.json")
     tests8 = re.search(r"(\d+ failed, \d+ passed)", text("gpu_fortyeighth_call8.txt"))[1]
     tests2 = tests_passed("gpu_fortyeighth_call2.txt")
     served = served_levels("served_fortyeighth.json")
@@ -55,8 +45,7 @@ def forty_eighth_session(res) -> list[str]:
     cold64_steady = 64 * AUDIO_S_PER_STEP * 100 / (cold[0]["wall_s"] - cold[0]["ttfa_ms_p50"] / 1e3)
     ratio = many["x_real_time"] / engine64["aggregate_xrt"]
     g = load("gpu_check_fortyeighth.json")
-    gpu_ok = g["teacher_forced"]["pass"] and all(x["pass"] for x in g["graph_vs_eager"].values()) \
-        and g["prefill_graph_vs_eager"]["pass"]
+    gpu_ok = gpu_check_passed(g)
     log = text("served_fortyeighth_tritonserver.log")
     fatal = log.count("Fatal Python error")
     ready = float(re.search(r"decoder instance decoder_0_0 ready in ([\d.]+) s", log)[1])
@@ -167,12 +156,7 @@ def forty_eighth_session(res) -> list[str]:
            "benchmarks/run_served_gpu.sh`; `raw/served_fortyeighth.{json.gz,log}`, "
            "`raw/served_fortyeighth_tritonserver.log`):", "",
            "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | forty-seventh session |",
-           "|---|---|---|---|---|---|---|---|"]
-    for n, lv in served.items():
-        p = prev[n]
-        md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
-                  f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
-                  f"{p['xrt']:.2f}x, RTF {p['rtf_p50']:.4f} |")
+           "|---|---|---|---|---|---|---|---|", *served_rows_against(served, prev)]
     md += ["",
            f"- Level with the last session's run of 999dd44 at every count. One stream: the served wall time per "
            f"decoder step is {step_ratio:.2f}x call 2's engine GPU step. The decoder was ready in {ready:.1f} s; "
