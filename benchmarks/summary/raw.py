@@ -50,10 +50,19 @@ def gpu_check_passed(g: dict) -> bool:
         and g["prefill_graph_vs_eager"]["pass"]
 
 
-def served_rows_against(served: dict, prev: dict) -> list[str]:
-    """Markdown rows of served levels ({streams: level}) with an earlier run's figures ({streams:
-    `served_summary`}) in a last column."""
-    return [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
+def gpu_check_record(g: dict) -> dict:
+    """gpu_check.py's JSON (loaded) as results.json keeps it: the least teacher-forced cosine, the largest
+    graph-against-eager difference, and whether every check passed."""
+    return {"teacher_forced_cosine_min": g["teacher_forced"]["cosine_min"],
+            "graph_vs_eager_max_abs": max(x["max_abs"] for x in g["graph_vs_eager"].values()),
+            "pass": gpu_check_passed(g)}
+
+
+def served_table_against(served: dict, prev: dict, prev_label: str) -> list[str]:
+    """A markdown table of served levels ({streams: level}) with an earlier run's figures ({streams:
+    `served_summary`}) in a last column headed prev_label."""
+    return [f"| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | {prev_label} |",
+            "|---|---|---|---|---|---|---|---|"] + [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
             f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
             f"{prev[n]['xrt']:.2f}x, RTF {prev[n]['rtf_p50']:.4f} |" for n, lv in served.items()]
 

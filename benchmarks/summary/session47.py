@@ -4,8 +4,8 @@ import re
 
 from summary.issue17 import targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_passed, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_rows_against, served_summary, text)
+from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
+                         served_levels, served_ms_per_step, served_table_against, served_summary, text)
 
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
 ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engine_loop_layers_fortyseventh.json"),
@@ -42,7 +42,7 @@ def forty_seventh_session(res) -> list[str]:
     e = {k: engine_loop_run(name) for k, (_, name) in ENGINE.items()}
     prof = load("fused_layer_profile_fortyseventh.json")
     g = load("gpu_check_fortyseventh.json")
-    gpu_ok = gpu_check_passed(g)
+    check = gpu_check_record(g)
     step = load("offline_b1_profile_fortyseventh.json")["engine"]["graphs"]["profile_batch1"]
     persistent_ms = sum(k["cuda_ms"] for k in step["all"] if k["kernel"] == "_layer_kernel")
     persistent_calls = sum(k["calls"] for k in step["all"] if k["kernel"] == "_layer_kernel")
@@ -78,9 +78,7 @@ def forty_seventh_session(res) -> list[str]:
                               "gate_up_narrowed": lm5["gate_up_only"]},
         "served": {c: served_summary(lv) for c, lv in served.items()}, "served_step_over_engine_step": step_ratio,
         "decoder_ready_s": ready,
-        "gpu_check": {"teacher_forced_cosine_min": g["teacher_forced"]["cosine_min"],
-                      "graph_vs_eager_max_abs": max(x["max_abs"] for x in g["graph_vs_eager"].values()),
-                      "pass": gpu_ok},
+        "gpu_check": check,
         "gpu_tests": [tests1, tests3],
     }
     res.update(headline_keys(one, many, "one and 64 streams: forty-seventh session, NVIDIA H200, 2026-12-01, "
@@ -105,8 +103,8 @@ def forty_seventh_session(res) -> list[str]:
           "**GPU correctness** (call 2: `gpu_check.py --checkpoint /tmp/full --only decoder --timestep-buckets 10,100`, "
           f"`raw/gpu_check_fortyseventh.{{json,log}}`): bf16 against fp32 teacher-forced, patch cosine min "
           f"{g['teacher_forced']['cosine_min']:.5f}; graph replay against the eager step, max abs "
-          f"{res['forty_seventh']['gpu_check']['graph_vs_eager_max_abs']:.1f} at every batch: "
-          f"{'PASS' if gpu_ok else 'FAIL'}. (Call 1's try ran out of its 150 s limit while capturing.)", "",
+          f"{check['graph_vs_eager_max_abs']:.1f} at every batch: "
+          f"{'PASS' if check['pass'] else 'FAIL'}. (Call 1's try ran out of its 150 s limit while capturing.)", "",
           "**Where a lone request's step goes** (call 2: `bench.py --checkpoint /tmp/full --timestep-buckets 10,100 "
           "--reference none --no-vae --graphs-only --batches 1`, 8 profiled steps, `raw/offline_b1_profile_"
           f"fortyseventh.json`): {step['gpu_ms']:.2f} ms of GPU work in {step['kernels']:.0f} kernels a step; the "
@@ -171,8 +169,7 @@ def forty_seventh_session(res) -> list[str]:
            "**Served** (call 4, 999dd44, the LM's QKV and gate/up narrowed; the final code narrows gate/up only: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 "
            "REQUESTS=10 bash benchmarks/run_served_gpu.sh`, on call 3's machine, its compile caches warm; "
            "`raw/served_fortyseventh.{json.gz,log}`, `raw/served_fortyseventh_tritonserver.log`):", "",
-           "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | forty-sixth session |",
-           "|---|---|---|---|---|---|---|---|", *served_rows_against(served, prev)]
+           *served_table_against(served, prev, "forty-sixth session")]
     md += ["",
            f"- One stream: the served wall time per decoder step is {step_ratio:.2f}x call 1's engine GPU step with "
            "stacks; the VAE's decodes and the request's prefill and end are the difference. 64 streams: the most "

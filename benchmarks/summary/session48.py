@@ -4,8 +4,8 @@ import re
 
 from summary.issue17 import ISSUE_RATIO, met, targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_passed, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_rows_against, served_summary, text, tests_passed)
+from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
+                         served_levels, served_ms_per_step, served_table_against, served_summary, text, tests_passed)
 
 PAIR_LOCAL = {"persistent_stack": "one program per SM (the server's)", "persistent_stack_pair": "two per SM",
               "persistent_stack_pair_split8": "two, 8 K splits", "persistent_stack_pair_gu16": "two, gate/up tiles of 16",
@@ -45,7 +45,7 @@ def forty_eighth_session(res) -> list[str]:
     cold64_steady = 64 * AUDIO_S_PER_STEP * 100 / (cold[0]["wall_s"] - cold[0]["ttfa_ms_p50"] / 1e3)
     ratio = many["x_real_time"] / engine64["aggregate_xrt"]
     g = load("gpu_check_fortyeighth.json")
-    gpu_ok = gpu_check_passed(g)
+    check = gpu_check_record(g)
     log = text("served_fortyeighth_tritonserver.log")
     fatal = log.count("Fatal Python error")
     ready = float(re.search(r"decoder instance decoder_0_0 ready in ([\d.]+) s", log)[1])
@@ -63,9 +63,7 @@ def forty_eighth_session(res) -> list[str]:
                            "cold_first_run": cold[0]["aggregate_xrt"], "cold_first_run_steady": cold64_steady},
         "engine_b1_steps_per_s": [r["steps_per_s"] for r in cold + warm if r["batch"] == 1],
         "served_over_engine_c64": ratio, "decoder_ready_s": ready, "fatal_python_errors": fatal,
-        "gpu_check": {"teacher_forced_cosine_min": g["teacher_forced"]["cosine_min"],
-                      "graph_vs_eager_max_abs": max(x["max_abs"] for x in g["graph_vs_eager"].values()),
-                      "pass": gpu_ok},
+        "gpu_check": check,
         "gpu_tests": tests2,
     }
     res.update(headline_keys(one, many, "one and 64 streams: forty-eighth session, NVIDIA H200, 2026-12-01, "
@@ -155,8 +153,7 @@ def forty_eighth_session(res) -> list[str]:
            "**Served** (call 4, e0f8672: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`; `raw/served_fortyeighth.{json.gz,log}`, "
            "`raw/served_fortyeighth_tritonserver.log`):", "",
-           "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | forty-seventh session |",
-           "|---|---|---|---|---|---|---|---|", *served_rows_against(served, prev)]
+           *served_table_against(served, prev, "forty-seventh session")]
     md += ["",
            f"- Level with the last session's run of 999dd44 at every count. One stream: the served wall time per "
            f"decoder step is {step_ratio:.2f}x call 2's engine GPU step. The decoder was ready in {ready:.1f} s; "
@@ -173,8 +170,8 @@ def forty_eighth_session(res) -> list[str]:
            f"**GPU correctness** (call 6: `gpu_check.py --checkpoint /tmp/full --only decoder --timestep-buckets "
            f"10,100`, `raw/gpu_check_fortyeighth.{{json,log}}`; call 5 named the wrong path and ran nothing): "
            f"teacher-forced cosine min {g['teacher_forced']['cosine_min']:.5f}, graph against eager max abs "
-           f"{res['forty_eighth']['gpu_check']['graph_vs_eager_max_abs']:.1f} at every batch: "
-           f"{'PASS' if gpu_ok else 'FAIL'}.", "",
+           f"{check['graph_vs_eager_max_abs']:.1f} at every batch: "
+           f"{'PASS' if check['pass'] else 'FAIL'}.", "",
            "**Against issue 17's targets** (this session's served run; capacity and 128 streams: the forty-fourth "
            "session's sweep):", "",
            *targets_table(one, eight, many),
