@@ -61,10 +61,11 @@ def gpu_check_record(g: dict) -> dict:
 def served_table_against(served: dict, prev: dict, prev_label: str) -> list[str]:
     """A markdown table of served levels ({streams: level}) with an earlier run's figures ({streams:
     `served_summary`}) in a last column headed prev_label."""
-    return [f"| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | {prev_label} |",
-            "|---|---|---|---|---|---|---|---|"] + [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
+    rows = [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
             f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
             f"{prev[n]['xrt']:.2f}x, RTF {prev[n]['rtf_p50']:.4f} |" for n, lv in served.items()]
+    return [f"| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | {prev_label} |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def served_summary(lv) -> dict:

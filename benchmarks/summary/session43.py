@@ -27,7 +27,6 @@ def _b1(name: str) -> dict:
     return {**run, "kernels": [round(p["kernels"]) for p in profiles], "gpu_ms": [p["gpu_ms"] for p in profiles]}
 
 
-
 def _lm(name: str) -> dict:
     """kernel_lm_layer.py's launch sweep -> {rows: {launch: us per layer}}."""
     return {r["rows"]: {k: v["us"] for k, v in r.get("launches", {}).items() if "us" in v} for r in load(name)["rows"]}

@@ -19,7 +19,6 @@ LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's laun
 GEMMS = {"qkv": "QKV", "o (split K)": "output", "gate/up+silu": "gate/up", "down (split K)": "down"}
 
 
-
 def _lm(name: str, key: str = "us") -> dict:
     return {r["rows"]: {k: v[key] for k, v in r.get("launches", {}).items() if key in v} for r in load(name)["rows"]}
 

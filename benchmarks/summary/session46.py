@@ -4,8 +4,8 @@ import re
 
 from summary.issue17 import targets_table
 from summary.plots import pyplot, run_bars, save_panels
-from summary.raw import (AUDIO_S_PER_STEP, gpu_check_passed, headline_keys, layer_us, load, served_levels, served_summary,
-                         text)
+from summary.raw import (AUDIO_S_PER_STEP, gpu_check_passed, headline_keys, layer_us, load, served_levels,
+                         served_summary, text)
 
 # engine_loop.py runs: key -> (label, file); call 1 at --max-batch 2, call 2 at --max-batch 1
 BUCKETS = {"b2_cold": ("bucket 2 (batch_buckets 2), cold caches", "engine_loop_b2_cold_fortysixth.json"),
@@ -24,7 +24,6 @@ def _loop(name: str) -> dict:
     run = d["runs"][0]
     return {"steps_per_s": run["steps_per_s_whole_request"], "gpu_step_ms": run["median"]["gpu_step_ms"],
             "ready_s": d["ready_s"], "capture_s": d["capture_seconds"], "buckets": d["batch_buckets"]}
-
 
 
 def _sm90(name: str = "kernel_sm90_mma_fortysixth.txt") -> list:

@@ -15,8 +15,6 @@ ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engi
                        "engine_loop_balanced_fortyseventh.json")}
 
 
-
-
 def _lm(name: str) -> dict:
     """kernel_lm_layer.py -> rows -> {launch name: us per layer, "profile": [(phase, span us)]}."""
     out = {}

@@ -8,7 +8,8 @@ from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, he
                          served_levels, served_ms_per_step, served_summary, served_table_against, tests_passed, text)
 
 PAIR_LOCAL = {"persistent_stack": "one program per SM (the server's)", "persistent_stack_pair": "two per SM",
-              "persistent_stack_pair_split8": "two, 8 K splits", "persistent_stack_pair_gu16": "two, gate/up tiles of 16",
+              "persistent_stack_pair_split8": "two, 8 K splits",
+              "persistent_stack_pair_gu16": "two, gate/up tiles of 16",
               "persistent_stack_pair_split8_gu16": "two, 8 K splits, gate/up tiles of 16"}
 PAIR_LM = {"default": "one program per SM (the server's)", "pair": "two per SM, 8 K splits, gate/up tiles of 32",
            "pair_split4": "two, 4 K splits, gate/up tiles of 32", "pair_gu64": "two, 8 K splits, gate/up tiles of 64"}
@@ -27,15 +28,16 @@ def forty_eighth_session(res) -> list[str]:
     and the one-stream and 64-stream headline keys, returns the markdown, draws results_forty_eighth.png."""
     pair_raw = load("kernel_fused_layer_pair_fortyeighth.json")
     pair = layer_us("kernel_fused_layer_pair_fortyeighth.json")
-    profiles = {(p["M"], p["launch"]["per_sm"]): {q["phase"]: q["span_us"] for q in p["phases"]} | {"total": p["total_us"]}
-                for p in pair_raw["persistent_profiles"]}
+    profiles = {(p["M"], p["launch"]["per_sm"]): {q["phase"]: q["span_us"] for q in p["phases"]}
+                | {"total": p["total_us"]} for p in pair_raw["persistent_profiles"]}
     lm_pair = {r["rows"]: {k: v["us"] for k, v in r["launches"].items()}
                for r in load("kernel_lm_layer_pair_fortyeighth.json")["rows"]}
     sm90 = text("kernel_sm90_mma_pair_fortyeighth.txt")
     regs, smem = re.search(r"^22 tokens .*shared memory (\d+) B;.*Used (\d+) registers", sm90, re.M).group(2, 1)
     sums = layer_us("kernel_fused_layer_sums_fortyeighth.json")
     nonorm = layer_us("kernel_fused_layer_sums_nonorm_fortyeighth.json")
-    base, folded = engine_loop_run("engine_loop_base_fortyeighth.json"), engine_loop_run("engine_loop_sums_fortyeighth.json")
+    base = engine_loop_run("engine_loop_base_fortyeighth.json")
+    folded = engine_loop_run("engine_loop_sums_fortyeighth.json")
     lm_stack = {r["rows"]: {k: r[k] for k in ("chained_us", "stack_us", "stack_max_abs_diff")}
                 for r in load("kernel_lm_layer_stack_fortyeighth.json")["rows"]}
     lm_off = engine_loop_run("engine_loop_lm_stacks_off_fortyeighth.json")
@@ -133,17 +135,18 @@ def forty_eighth_session(res) -> list[str]:
         md.append(f"| {name} | {sums[m]['persistent_stack']:.2f} | {sums[m]['persistent_stack_sums']:.2f} | "
                   f"{nonorm[m]['persistent_stack_sums']:.2f} (the server's {nonorm[m]['persistent_stack']:.2f}) |")
     cost22 = nonorm[22]["persistent_stack_sums"] - nonorm[22]["persistent_stack"]
+    slower = {m: sums[m]["persistent_stack_sums"] / sums[m]["persistent_stack"] for m in (22, 10)}
     save10 = nonorm[10]["persistent_stack"] - nonorm[10]["persistent_stack_sums"]
     md += ["",
            f"- In the engine, a lone request (`engine_loop.py --checkpoint /tmp/full --max-batch 1 --steps 200 "
            f"--timestep-buckets 10,100 [--launch sums=True]`, the patch applied): {base['steps_per_s']:.1f} -> "
-           f"{folded['steps_per_s']:.1f} steps/s (GPU step {base['gpu_step_ms']:.2f} -> {folded['gpu_step_ms']:.2f} ms).",
+           f"{folded['steps_per_s']:.1f} steps/s (GPU step {base['gpu_step_ms']:.2f} -> "
+           f"{folded['gpu_step_ms']:.2f} ms).",
            "- Call 3 ran the folded stack with the products reading the residual stream un-normed (a timing "
            f"probe; its outputs are wrong): two phases and two barriers fewer cost {cost22:.2f} us at 22 tokens "
            f"and saved {save10:.2f} at 10. A likely reading (not profiled): waiting for a tile's last split "
            "takes what the barrier did, the slowest item still setting the pace. The norm applied to each K tile "
-           f"of the activations makes the layer {sums[22]['persistent_stack_sums'] / sums[22]['persistent_stack']:.2f}x "
-           f"longer at 22 tokens and {sums[10]['persistent_stack_sums'] / sums[10]['persistent_stack']:.2f}x at 10; "
+           f"of the activations makes the layer {slower[22]:.2f}x longer at 22 tokens and {slower[10]:.2f}x at 10; "
            "the likely cause, not profiled either, is that the products' activation operands no longer come "
            "straight from the loads' pipeline. Dropped; so is the forty-seventh session's closing note's "
            "estimate of 0.6-1 us a layer from this fusion.", "",
@@ -152,8 +155,9 @@ def forty_eighth_session(res) -> list[str]:
            "[layers, ...] pools, and `PagedAttention.stack` offered the LMs' 28 and 8 layers to it (the "
            "forty-seventh session's closing note estimated about 1%). Per layer (`kernel_lm_layer.py --rows 1,8`, "
            "28 layers, `raw/kernel_lm_layer_stack_fortyeighth.json`): "
-           + "; ".join(f"{r} row{'s' if r > 1 else ''}: chained {v['chained_us']:.2f}, one stack {v['stack_us']:.2f} us "
-                       f"(outputs max abs diff {v['stack_max_abs_diff']:.1f})" for r, v in lm_stack.items())
+           + "; ".join(f"{r} row{'s' if r > 1 else ''}: chained {v['chained_us']:.2f}, one stack "
+                       f"{v['stack_us']:.2f} us (outputs max abs diff {v['stack_max_abs_diff']:.1f})"
+                       for r, v in lm_stack.items())
            + ". In the engine (`engine_loop.py --max-batch 1 ...` with the patch, `VOXCPM_FUSED_LM_STACKS` 0 and 1): "
            f"{lm_off['steps_per_s']:.1f} and {lm_on['steps_per_s']:.1f} steps/s. Slower per layer and no faster "
            f"a step: dropped. The GPU tests of that call: {tests8}; the failure is an existing test whose private "
