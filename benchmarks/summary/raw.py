@@ -58,14 +58,18 @@ def gpu_check_record(g: dict) -> dict:
             "pass": gpu_check_passed(g)}
 
 
-def served_table_against(served: dict, prev: dict, prev_label: str) -> list[str]:
-    """A markdown table of served levels ({streams: level}) with an earlier run's figures ({streams:
+def served_table(served: dict, prev: dict | None = None, prev_label: str = "") -> list[str]:
+    """A markdown table of served levels ({streams: level}); with prev, an earlier run's figures ({streams:
     `served_summary`}) in a last column headed prev_label."""
+    head = ["| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth |",
+            "|---|---|---|---|---|---|---|"]
     rows = [f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
-            f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | "
-            f"{prev[n]['xrt']:.2f}x, RTF {prev[n]['rtf_p50']:.4f} |" for n, lv in served.items()]
-    return [f"| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | {prev_label} |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+            f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} |"
+            for n, lv in served.items()]
+    if prev:
+        head = [head[0] + f" {prev_label} |", head[1] + "---|"]
+        rows = [row + f" {prev[n]['xrt']:.2f}x, RTF {prev[n]['rtf_p50']:.4f} |" for row, n in zip(rows, served)]
+    return head + rows
 
 
 def served_summary(lv) -> dict:

@@ -4,7 +4,8 @@ import re
 
 from summary.issue17 import ISSUE_RATIO, ISSUE_RTF, ISSUE_TTFA, ISSUE_TTFA95_64, ISSUE_XRT64, ISSUE_XRT8, met, ok_c64
 from summary.plots import pyplot, save_panels
-from summary.raw import AUDIO_S_PER_STEP, layer_us, load, served_levels, served_summary, tests_passed, text
+from summary.raw import (AUDIO_S_PER_STEP, layer_us, load, served_levels, served_summary, served_table, tests_passed,
+                         text)
 
 # engine_loop.py runs: (key, label, bucket, file), in each call's order
 LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's launch)", 1,
@@ -224,11 +225,7 @@ def forty_fifth_session(res) -> list[str]:
            "rows. They differ in LocDiT's 44 tokens at one stream and LocEnc's 40 at 8 streams.",
            "- At 64 streams no decode step runs a persistent layer (LocDiT 1,408 tokens, LocEnc 320, 64 LM rows: all "
            "past the kernel's bounds). So that level and the engine's batch 64 stand for this code too.", "",
-           "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth |",
-           "|---|---|---|---|---|---|---|"]
-    for n, lv in served.items():
-        md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
-                  f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} |")
+           *served_table(served)]
     ok64 = ok_c64(served[64])
     md += ["",
            f"- Engine alone, same call: batch 64 {engine[64]['aggregate_xrt']:.1f}x, batch 1 "

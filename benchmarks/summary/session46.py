@@ -5,7 +5,7 @@ import re
 from summary.issue17 import targets_table
 from summary.plots import pyplot, run_bars, save_panels
 from summary.raw import (AUDIO_S_PER_STEP, gpu_check_passed, headline_keys, layer_us, load, served_levels,
-                         served_summary, text)
+                         served_summary, served_table, text)
 
 # engine_loop.py runs: key -> (label, file); call 1 at --max-batch 2, call 2 at --max-batch 1
 BUCKETS = {"b2_cold": ("bucket 2 (batch_buckets 2), cold caches", "engine_loop_b2_cold_fortysixth.json"),
@@ -188,11 +188,7 @@ def forty_sixth_session(res) -> list[str]:
            "**Served** (call 3, on 8230859: for one stream the same Triton kernels as the final code, but the "
            "compiled LocDiT/LocEnc broken into pieces, below: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`; `raw/served_fortysixth.json.gz`, `raw/served_fortysixth_tritonserver.log`):",
-           "", "| streams | requests | errors | x real time | RTF p50 | TTFA p50 / p95 ms | smooth |",
-           "|---|---|---|---|---|---|---|"]
-    for n, lv in served.items():
-        md.append(f"| {n} | {len(lv['streams'])} | {lv['errors']} | {lv['x_real_time']:.2f} | {lv['rtf']['p50']:.4f} "
-                  f"| {lv['ttfa_ms']['p50']:.1f} / {lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} |")
+           "", *served_table(served)]
     md += ["",
            f"- One stream: RTF {one['rtf']['p50']:.4f} against {prev_one['rtf_p50']:.4f} on the forty-fifth session's "
            f"commit 1b3fabf (same command, another machine), TTFA p50 {one['ttfa_ms']['p50']:.1f} ms. The served "

@@ -5,7 +5,7 @@ import re
 from summary.issue17 import targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
 from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_table_against, served_summary, text)
+                         served_levels, served_ms_per_step, served_table, served_summary, text)
 
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
 ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engine_loop_layers_fortyseventh.json"),
@@ -167,7 +167,7 @@ def forty_seventh_session(res) -> list[str]:
            "**Served** (call 4, 999dd44, the LM's QKV and gate/up narrowed; the final code narrows gate/up only: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 "
            "REQUESTS=10 bash benchmarks/run_served_gpu.sh`, on call 3's machine, its compile caches warm; "
            "`raw/served_fortyseventh.{json.gz,log}`, `raw/served_fortyseventh_tritonserver.log`):", "",
-           *served_table_against(served, prev, "forty-sixth session")]
+           *served_table(served, prev, "forty-sixth session")]
     md += ["",
            f"- One stream: the served wall time per decoder step is {step_ratio:.2f}x call 1's engine GPU step with "
            "stacks; the VAE's decodes and the request's prefill and end are the difference. 64 streams: the most "

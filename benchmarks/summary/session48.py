@@ -5,7 +5,7 @@ import re
 from summary.issue17 import ISSUE_RATIO, met, targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
 from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_summary, served_table_against, tests_passed, text)
+                         served_levels, served_ms_per_step, served_summary, served_table, tests_passed, text)
 
 PAIR_LOCAL = {"persistent_stack": "one program per SM (the server's)", "persistent_stack_pair": "two per SM",
               "persistent_stack_pair_split8": "two, 8 K splits",
@@ -172,7 +172,7 @@ def forty_eighth_session(res) -> list[str]:
            "**Served** (call 4, e0f8672: `SET=\"decoder.timestep_buckets=10,100\" LEVELS=1,8,64 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`; `raw/served_fortyeighth.{json.gz,log}`, "
            "`raw/served_fortyeighth_tritonserver.log`):", "",
-           *served_table_against(served, prev, "forty-seventh session")]
+           *served_table(served, prev, "forty-seventh session")]
     md += ["",
            f"- Level with the last session's run of 999dd44 at every count. One stream: the served wall time per "
            f"decoder step is {step_ratio:.2f}x call 2's engine GPU step. The decoder was ready in {ready:.1f} s; "
