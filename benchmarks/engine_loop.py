@@ -97,6 +97,7 @@ def main():
                     help="the batch buckets with graphs (2,4: a lone request padded to 2 rows); default: the engine's")
     ap.add_argument("--timestep-buckets", type=timestep_buckets, default=None,
                     help="the CFM loop buckets to capture (as served: 10,100); default: the engine's")
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"], help="linear weights (model.precision)")
     ap.add_argument("--no-chain", action="store_true",
                     help="stacked persistent layers each compute their own input norm (an A/B of the hand-on)")
     args = ap.parse_args()
@@ -118,7 +119,7 @@ def main():
     pl.choose_launch = choose_launch
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention=args.attention,
-                                  compile=True)
+                                  compile=True, precision=args.precision)
     buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
     if args.batch_buckets is not None:
         buckets["batch_buckets"] = args.batch_buckets
@@ -129,7 +130,7 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
-           "max_batch": args.max_batch, "timestep_buckets": args.timestep_buckets,
+           "precision": args.precision, "max_batch": args.max_batch, "timestep_buckets": args.timestep_buckets,
            "batch_buckets": eng.runner.buckets, "ready_s": ready_s, "startup_s": eng.startup_s,
            "capture_seconds": eng.runner.capture_seconds,
            "no_chain": args.no_chain, "launches": launches, "runs": []}

@@ -38,6 +38,7 @@ from kernel_skinny_gemm import time_calls  # noqa: E402
 from experiments import five_kernel_layer as fl  # noqa: E402  (benchmarks/experiments/)
 from experiments import l2_prefetch  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from voxcpm_triton.kernels.fp8 import quantize_weight  # noqa: E402
 from voxcpm_triton.kernels.local_attention import local_attention_op  # noqa: E402
 from voxcpm_triton.model.minicpm import LayerMath, rms_norm  # noqa: E402
 
@@ -50,13 +51,19 @@ LINEARS = {"qkv": ((HQ + 2 * HKV) * D, H, "norm"), "o": (H, HQ * D, "residual"),
 TOKENS = {22: 11, 44: 11, 88: 11, 176: 11, 352: 11, 704: 11, 1408: 11, 10: 5, 40: 5, 80: 5, 160: 5, 320: 5}
 
 
+FP8_WEIGHTS = False  # --fp8: the four projections' weights in e4m3 (`precision` fp8)
+
+
 def layer_weights(dev, dt, seed):
     g = torch.Generator(device=dev).manual_seed(seed)
     r = lambda *s, scale: (torch.randn(*s, device=dev, generator=g) * scale).to(dt)  # noqa: E731
-    return dict(n1=(1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(dt),
-                qkv=r((HQ + 2 * HKV) * D, H, scale=H ** -0.5), o=r(H, HQ * D, scale=(HQ * D) ** -0.5),
-                n2=(1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(dt),
-                gate_up=r(2 * I, H, scale=H ** -0.5), down=r(H, I, scale=I ** -0.5))
+    w = dict(n1=(1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(dt),
+             qkv=r((HQ + 2 * HKV) * D, H, scale=H ** -0.5), o=r(H, HQ * D, scale=(HQ * D) ** -0.5),
+             n2=(1 + 0.1 * torch.randn(H, device=dev, generator=g)).to(dt),
+             gate_up=r(2 * I, H, scale=H ** -0.5), down=r(H, I, scale=I ** -0.5))
+    if FP8_WEIGHTS:
+        w.update({k: quantize_weight(w[k]) for k in ("qkv", "o", "gate_up", "down")})
+    return w
 
 
 def rope(S, dev):
@@ -110,7 +117,8 @@ def persistent_stack(layers, x, cos, sin, S, **changes):
     def run():
         launch = None
         if changes:
-            launch = pl.choose_launch(H, HQ * D, I, x.size(0), x.device, x.element_size())._replace(**changes)
+            launch = pl.choose_launch(H, HQ * D, I, x.size(0), x.device, x.element_size(),
+                                      fp8=FP8_WEIGHTS)._replace(**changes)
         return pl.stack(x, ws, layers[0]["n1"], cos, sin, S, (HQ, HKV, D), EPS, launch=launch)[0]
     return run
 
@@ -133,6 +141,11 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     "persistent_gu64": L._replace(blocks=(32, 32, 64, 32), swap=True),
     # swapped (as the server launches under 64 tokens), each program asking L2 for its next GEMM item's first K tiles
     **{f"persistent_pf{n}": L._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
+    # with --fp8: e4m3 launches (K tiles of FP8_BLOCK_K) without a prefetch, prefetching, swapped, or both
+    "persistent_fp8_plain": pl.launch_for(H, HQ * D, I, fp8=True),
+    **{f"persistent_fp8_pf{n}": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=n) for n in (1, 2, 4)},
+    "persistent_fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),
+    "persistent_fp8_swap_pf2": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True, prefetch=2),
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 
@@ -242,6 +255,7 @@ def time_layers(dev, dt, token_counts, tuned):
                     "persistent_l2_resident": stack(persistent(), resident=True),
                     "persistent_chained": persistent_chained(layers, x, cos, sin, S),
                     "persistent_stack": persistent_stack(layers, x, cos, sin, S),
+                    "persistent_stack_pf0": persistent_stack(layers, x, cos, sin, S, prefetch=0),
                     # every gate/up item a whole tile (Launch.balance off): the same launch where the
                     # 128 tiles cover the programs (H100/H200), a check that balance changes nothing there
                     "persistent_stack_unbalanced": persistent_stack(layers, x, cos, sin, S, balance=False)}
@@ -273,8 +287,8 @@ def time_layers(dev, dt, token_counts, tuned):
                 print(f"layer M={M:3d} {k:32s} " + (f"{v['us_per_layer']:6.2f} us  x{v['speedup']:.2f}  err "
                       f"{v['max_err_vs_eager']:.3g}" if "us_per_layer" in v else v["error"]), flush=True)
         out.append(row)
-    # the prefetch kernel alone, over one layer's weights
-    for programs in (4, 32, 132):
+    # the prefetch kernel alone, over one layer's weights (16-bit ones)
+    for programs in () if FP8_WEIGHTS else (4, 32, 132):
         us = time_calls([lambda w=w: l2_prefetch.prefetch([w["qkv"], w["o"], w["gate_up"], w["down"]], programs)
                          for w in layers], len(layers))
         print(f"prefetch of one layer (35 MB), {programs} programs: {us:.2f} us", flush=True)
@@ -318,7 +332,7 @@ def phase_profile(dev, dt, M, launch=None):
         if rep == 0:
             continue  # compiles
         times += [pl.phase_times(buf) for buf in bufs]
-    launch = launch or pl.choose_launch(H, HQ * D, I, M, dev, x.element_size())
+    launch = launch or pl.choose_launch(H, HQ * D, I, M, dev, x.element_size(), fp8=FP8_WEIGHTS)
     res = {"M": M, "launch": launch._asdict(), **phase_summary(times, PHASE_NAMES)}
     print(f"persistent M={M} {res['launch']}: total {res['total_us']:.2f} us (start of first program to end of last)", flush=True)
     for p in res["phases"]:
@@ -337,7 +351,11 @@ def main():
                     help="the persistent layer's token bound for this run (past the server's: what more would give)")
     ap.add_argument("--variants", default="", help="only these layer variants (names, comma-separated)")
     ap.add_argument("--profile-launch", default="", help="the phase profile with this PERSISTENT launch")
+    ap.add_argument("--fp8", action="store_true",
+                    help="e4m3 projection weights (with --no-sweep and --variants of persistent launches)")
     args = ap.parse_args()
+    global FP8_WEIGHTS
+    FP8_WEIGHTS = args.fp8
     pl.MAX_TOKENS = args.max_tokens
     ONLY.update(v for v in args.variants.split(",") if v)
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -349,7 +367,7 @@ def main():
         profiles += [phase_profile(dev, dt, M, PERSISTENT[args.profile_launch]) for M in fits]
     if args.profile_only:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "fp8": args.fp8,
                        "persistent_profiles": profiles}, f, indent=1)
         return
     rows = [] if args.no_sweep else sweep_linears(dev, dt, [int(t) for t in args.sweep_tokens.split(",")])
@@ -357,7 +375,7 @@ def main():
              for r in rows if r["best"]}
     layers = time_layers(dev, dt, tokens, tuned if rows else dict(fl.TUNED))
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "seconds": round(time.time() - t0, 1), "linears": rows, "layers": layers, "persistent_profiles": profiles,
+           "fp8": args.fp8, "seconds": round(time.time() - t0, 1), "linears": rows, "layers": layers, "persistent_profiles": profiles,
            "tuned": [[list(k), list(v)] for k, v in tuned.items()],
            # the five-kernel experiment's; it fails past 64 tokens (those rows hold its error)
            "layer_median_speedup": statistics.median(

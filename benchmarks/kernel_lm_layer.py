@@ -54,6 +54,11 @@ VARIANTS = {  # name -> launch: None, the server's (pl.choose_launch for the LM'
     # weight rows as the products' M side (wgmma from 64 rows; the server's on Hopper)
     "swap_qkv64": pl.launch_for(H, HQ * D, I)._replace(blocks=(64, 64, 64, 64), swap=True),
     "fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),  # with --fp8
+    "fp8_plain": pl.launch_for(H, HQ * D, I, fp8=True),  # with --fp8: no prefetch
+    # with --fp8: the e4m3 launch prefetching (K tiles) and/or with balanced gate/up items
+    **{f"fp8_pf{n}": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=n) for n in (1, 2)},
+    "fp8_balance": pl.launch_for(H, HQ * D, I, fp8=True)._replace(balance=True),
+    "fp8_pf1_balance": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=1, balance=True),
     **{f"pf{n}": pl.launch_for(H, HQ * D, I)._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
 }
 ONLY: set = set()

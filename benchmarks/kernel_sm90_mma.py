@@ -26,17 +26,20 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_backend"))
 from voxcpm_triton.kernels import persistent_layer as pl  # noqa: E402
+from voxcpm_triton.kernels.fp8 import quantize_weight  # noqa: E402
 from cli import launch_field  # noqa: E402
 
 H, HQ, HKV, D, I, EPS = 1024, 16, 2, 128, 4096, 1e-5  # LocDiT's and LocEnc's layer
 H100_SMEM, H100_SMS = 232448, 132
-TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
+         torch.float8_e4m3fn: "*fp8e4nv"}
 
 
-def launch_arguments(tokens: int, seq_len: int, changes: dict, layers: int = 0) -> tuple[tuple, dict]:
+def launch_arguments(tokens: int, seq_len: int, changes: dict, layers: int = 0,
+                     fp8: bool = False) -> tuple[tuple, dict]:
     """`persistent_layer.layer`'s launch of a chained layer (h_in given, next_norm asked for) over `tokens`
     zero rows, or (layers) `persistent_layer.stack`'s of that many -> (positional arguments, keyword
-    arguments) of its `_layer_kernel` call, as on an H100."""
+    arguments) of its `_layer_kernel` call, as on an H100. fp8: the projections' weights in e4m3."""
     seen = {}
 
     class Capture:
@@ -54,6 +57,8 @@ def launch_arguments(tokens: int, seq_len: int, changes: dict, layers: int = 0) 
         x, norm = torch.zeros(tokens, H, dtype=bf), torch.ones(H, dtype=bf)
         qkv, o = torch.zeros((HQ + 2 * HKV) * D, H, dtype=bf), torch.zeros(H, HQ * D, dtype=bf)
         gate_up, down = torch.zeros(2 * I, H, dtype=bf), torch.zeros(H, I, dtype=bf)
+        if fp8:
+            qkv, o, gate_up, down = map(quantize_weight, (qkv, o, gate_up, down))
         cos = sin = torch.zeros(seq_len, D)
         if layers:
             pl.stack(x, [(norm, qkv, o, norm, gate_up, down)] * layers, norm, cos, sin, seq_len, (HQ, HKV, D), EPS)
@@ -115,15 +120,16 @@ def main():
     ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
     ap.add_argument("--layers", type=int, default=0, help="a stack of this many layers in one launch (0: one layer)")
+    ap.add_argument("--fp8", action="store_true", help="the projections' weights in e4m3")
     args = ap.parse_args()
     changes = dict(args.launch)
     for tokens in (int(t) for t in args.tokens.split(",")):
         seq_len = 5 if tokens % 11 else 11
-        a, kw = launch_arguments(tokens, seq_len, changes, args.layers)
+        a, kw = launch_arguments(tokens, seq_len, changes, args.layers, args.fp8)
         k = compile_sm90(a, kw)
         ptx = k.asm["ptx"]
-        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "SWAP", "PF_QKV", "PF_O", "PF_GU",
-                                     "PF_D", "C_GU", "LAYERS")}
+        launch = {f: kw[f] for f in ("BLOCK_M", "BN_QKV", "BN_O", "BN_GU", "BN_D", "BLOCK_K", "SWAP", "PF_QKV",
+                                     "PF_O", "PF_GU", "PF_D", "C_GU", "LAYERS", "W_FP8")}
         print(f"{tokens} tokens {launch}: wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, mma.sync "
               f"{len(re.findall(r'mma.sync', ptx))}, L2 prefetches {len(re.findall(r'prefetch.global.L2', ptx))}, "
               f"shared memory {k.metadata.shared} B; {ptxas_stats(ptx)}", flush=True)
