@@ -116,7 +116,7 @@ def test_a_stack_is_its_layers_chained(programs):
     launch = pl.choose_launch(H, Hq * D, I, B * S, x.device, x.element_size())
     for _ in range(2):  # a second launch finds the counters at zero
         if programs is None:
-            out, hn = pl.local_stack_op(x, [t for w in layers for t in w], final, cos, sin, S, Hq, Hkv, D, EPS)
+            out, hn = pl.local_stack_op(x, [t for w in layers for t in w], final, cos, sin, S, Hq, Hkv, D, EPS, [])
         else:
             out, hn = pl.layer(x, *layers[0][:2], cos, sin, S, (Hq, Hkv, D), *layers[0][2:], EPS, launch=launch,
                                programs=programs, next_norm=final, _stack=(pl._offsets(layers, final), 3))
@@ -133,7 +133,8 @@ def test_a_stack_is_its_layers_chained(programs):
 
 def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeypatch):
     """`stacks` says no, and the layers run one by one, where a layer has another shape, `runs`
-    refuses them (past MAX_TOKENS), they have e4m3 weights, or stacks are off. Tensors that are not
+    refuses them (past MAX_TOKENS), layers mix e4m3 and 16-bit weights, or stacks are off (e4m3
+    layers alone stack as 16-bit ones do). Tensors that are not
     ALIGN elements apart from the first layer's pass `stacks` (it reads no pointers: torch.compile
     calls it while tracing), and `stack` runs them as chained layers instead of one launch."""
     H, Hq, Hkv, D, I = 128, 4, 2, 32, 256
@@ -148,7 +149,9 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     assert not pl.stacks(x, S, heads, layers, final[:-1])
     assert not pl.stacks(torch.zeros(pl.MAX_TOKENS + S, H, device=DEV, dtype=dt), S, heads, layers, final)
     e4m3 = [(w[0], *map(quantize_weight, w[1:3]), w[3], *map(quantize_weight, w[4:])) for w in layers]
-    assert pl.runs(x, S, heads, *e4m3[0]) and not pl.stacks(x, S, heads, e4m3, final)
+    assert pl.runs(x, S, heads, *e4m3[0]) and pl.stacks(x, S, heads, e4m3, final) == STACKS_HERE
+    assert not pl.stacks(x, S, heads, e4m3[:2] + layers[2:], final)
+    assert not pl.stacks(x, S, heads, [e4m3[0][:2] + layers[0][2:]] + e4m3[1:], final)  # one layer's own mix
     with pytest.raises(ValueError, match="six tensors per layer"):
         pl.stack(x, layers[:2] + [wide], final, None, None, S, heads, EPS)
     # layer 1's QKV weights 8 elements into a buffer: not a multiple of ALIGN from layer 0's
@@ -173,19 +176,21 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
 
 def test_stacks_only_on_the_launches_measured_faster(monkeypatch):
     """Compiled (not interpreted), a stack runs only where it was measured faster than chained layers:
-    on Hopper's swapped launches, below 64 token rows (LocDiT's 22, LocEnc's 10); at 40 and 44 tokens,
-    and off Hopper, the layers run one launch each."""
+    on Hopper, below 64 token rows (LocDiT's 22, LocEnc's 10: 16-bit products swapped there), with
+    16-bit or e4m3 weights; at 40 and 44 tokens, and off Hopper, the layers run one launch each."""
     monkeypatch.setattr(pl, "_INTERPRETED", False)
     monkeypatch.setattr(pl, "runs", lambda *a, **k: True)
     bf = torch.bfloat16
     shapes = ((1024,), (2560, 1024), (1024, 2048), (1024,), (8192, 1024), (1024, 4096))
     layers = [tuple(torch.zeros(s, dtype=bf) for s in shapes)] * 2
+    e4m3 = [(w[0], *map(quantize_weight, w[1:3]), w[3], *map(quantize_weight, w[4:])) for w in layers[:1]] * 2
     for hopper in (False, True):
         monkeypatch.setattr(pl, "warpgroup_mma", lambda device, hopper=hopper: hopper)
         for tokens, want in ((22, hopper), (10, hopper), (32, hopper), (40, False), (44, False), (88, False)):
             x = torch.zeros(tokens, 1024, dtype=bf)
-            assert pl.stacks(x, 11 if tokens % 11 == 0 else 5, (16, 2, 128), layers, layers[0][0]) == want, \
-                (hopper, tokens)
+            for ws in (layers, e4m3):
+                assert pl.stacks(x, 11 if tokens % 11 == 0 else 5, (16, 2, 128), ws, ws[0][0]) == want, \
+                    (hopper, tokens, ws is e4m3)
 
 
 def test_a_compiled_stack_is_one_graph():
@@ -345,8 +350,8 @@ def test_runs_takes_e4m3_weights_all_four_or_none(monkeypatch):
 
 def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
     """On Hopper (wgmma) the bf16 layers' products under 64 token rows take the weight rows as their M side and their
-    programs prefetch their next items' first K tiles; e4m3 layers and other devices keep the
-    activation rows there and prefetch nothing (`Launch.swap`, `Launch.prefetch`)."""
+    programs prefetch their next items' first K tiles; e4m3 layers keep the activation rows there and
+    prefetch one K tile; other devices do neither (`Launch.swap`, `Launch.prefetch`)."""
     dev = torch.device("cpu")
     assert not pl.warpgroup_mma(dev)
     for hopper in (False, True):
@@ -360,8 +365,10 @@ def test_hopper_launches_swap_their_16_bit_products(monkeypatch):
         assert pl.choose_launch(1024, 2048, 4096, 32, dev, 2).swap == hopper
         assert not pl.choose_launch(1024, 2048, 4096, 33, dev, 2).swap
         assert pl.choose_launch(1024, 2048, 4096, 88, dev, 2).prefetch == 0
-        e4m3 = pl.choose_launch(1024, 2048, 4096, 22, dev, 2, fp8=True)
-        assert not e4m3.swap and e4m3.prefetch == 0
+        for tokens, H, I in ((22, 1024, 4096), (10, 1024, 4096), (1, 2048, 6144)):
+            e4m3 = pl.choose_launch(H, 2048, I, tokens, dev, 2, fp8=True)
+            assert (e4m3.swap, e4m3.balance, e4m3.prefetch, e4m3.block_k) == (False, False, int(hopper), 256)
+        assert pl.choose_launch(1024, 2048, 4096, 88, dev, 2, fp8=True).prefetch == 0
 
 
 def test_e4m3_launches_fall_back_where_shared_memory_is_short(monkeypatch):
@@ -416,6 +423,56 @@ def test_e4m3_weights_give_the_dequantised_layer(B, S, H, Hq, Hkv, D, I, dtype):
                                            h_in=reference_layer_norm(x, weights[0]))
     assert (again.float() - ref.float()).abs().max().item() <= tol(dtype, ref)
     assert int(pl._sync(x.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("programs", [None, 3], ids=["grid", "3programs"])
+def test_an_e4m3_stack_is_its_layers_chained(programs, monkeypatch):
+    """Three layers of e4m3 projections in one launch (the custom op, as the backend calls it: the
+    data and the scales apart) give what the same layers chained give, to the bit under the
+    interpreter, and the PyTorch path's on their dequantised weights; each layer's scales are its
+    own (the table's scale columns): with layer 0's scales for every layer the stack is far off."""
+    B, S, H, Hq, Hkv, D, I = 2, 11, 128, 4, 2, 32, 256
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    pairs = [e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=50 + i)) for i in range(3)]
+    layers, exact = [q for q, _ in pairs], [e for _, e in pairs]
+    for w in layers[1:]:  # scales that differ from layer 0's by far more than the tolerance
+        for j in (1, 2, 4, 5):
+            w[j].scale.mul_(1.5)
+    exact = [tuple(w.data.float() * w.scale.t() if isinstance(w, FP8Weight) else w.float() for w in q)
+             for q in layers]
+    final = (1 + 0.1 * rand(H, g=torch.Generator().manual_seed(5))).to(dtype)
+    x = rand(B * S, H, g=torch.Generator().manual_seed(6), dtype=dtype)
+    cos, sin = rope(S, D)
+    h, normed = x, None
+    for i, w in enumerate(layers):
+        nxt = layers[i + 1][0] if i + 1 < len(layers) else final
+        h, normed = pl.layer(h, w[0], w[1], cos, sin, S, (Hq, Hkv, D), *w[2:], EPS, h_in=normed, next_norm=nxt,
+                             programs=programs)
+    ref = x.float()
+    for w in exact:
+        ref = reference_layer(ref, w, cos, sin, B, S, (Hq, Hkv, D))
+    launches = []
+    kernel = pl.layer
+    monkeypatch.setattr(pl, "layer", lambda *a, **k: launches.append(stack_depth(k)) or kernel(*a, **k))
+    if programs is None:
+        res = pl.fused_local_layers.stack(x, S, (cos, sin), (Hq, Hkv, D), layers, final, EPS)
+        assert (res is not None) == STACKS_HERE
+        out, hn = res or pl.stack(x, layers, final, cos, sin, S, (Hq, Hkv, D), EPS)
+    else:
+        launch = pl.choose_launch(H, Hq * D, I, B * S, x.device, x.element_size(), fp8=True)
+        out, hn = pl.layer(x, *layers[0][:2], cos, sin, S, (Hq, Hkv, D), *layers[0][2:], EPS, launch=launch,
+                           programs=programs, next_norm=final, _stack=(pl._offsets(layers, final), 3))
+    assert launches == [3]
+    if CUDA:
+        assert (out.float() - h.float()).abs().max().item() <= tol(dtype, h)
+    else:
+        assert torch.equal(out, h) and torch.equal(hn, normed)
+    assert (out.float() - ref).abs().max().item() <= tol(dtype, ref)
+    assert int(pl._sync(x.device).abs().sum()) == 0
+    same = [tuple(FP8Weight(t.data, layers[0][j].scale, t.dtype) if isinstance(t, FP8Weight) else t
+                  for j, t in enumerate(w)) for w in layers]
+    off = pl.stack(x, same, final, cos, sin, S, (Hq, Hkv, D), EPS)[0]
+    assert (off.float() - ref).abs().max().item() > 10 * tol(dtype, ref)
 
 
 @pytest.mark.parametrize("launch", [  # weight tiles narrower and wider than the 32 token rows
@@ -681,7 +738,7 @@ def test_compiles_captures_and_replays(tokens, stacked):
 
     def body(h):
         if stacked:
-            return pl.local_stack_op(h * 1.0, list(weights) * 3, weights[0], cos, sin, 11, 16, 2, 128, EPS)[0]
+            return pl.local_stack_op(h * 1.0, list(weights) * 3, weights[0], cos, sin, 11, 16, 2, 128, EPS, [])[0]
         normed = None
         for i in range(3):
             nxt = weights[0] if i < 2 else None

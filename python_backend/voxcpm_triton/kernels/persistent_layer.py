@@ -87,6 +87,7 @@ MAX_TOKENS = 96  # every program holds all tokens' rows: LocDiT at batch bucket 
 WIDE_TOKENS = 64  # past this, 8 warps to a program (benchmarks/kernel_fused_layer.py)
 PHASES = 9  # the fourth (merging a paged attention's context splits) runs only for those
 TIM_COLS, TIM_START, TIM_END = 18, 16, 17  # timings: per program, 2 per barrier (at most 8), start, end
+STACK_COLS = 10  # a stack's offsets per layer: QKV, output, gate/up, down, the two norms, the four e4m3 scales
 ENABLED = os.environ.get("VOXCPM_FUSED_LOCAL_LAYERS", "1") != "0"
 MAX_ROWS = 16  # LM decode rows: batch buckets up to 16 (larger batches keep cuBLAS's GEMMs)
 ENABLED_LM = os.environ.get("VOXCPM_FUSED_LM_LAYERS", "1") != "0"
@@ -95,6 +96,7 @@ ENABLED_STACKS = os.environ.get("VOXCPM_FUSED_STACKS", "1") != "0"  # LocDiT's/L
 
 if HAVE_TRITON:
     _TIM_COLS, _TIM_START, _TIM_END = tl.constexpr(TIM_COLS), tl.constexpr(TIM_START), tl.constexpr(TIM_END)
+    _STACK_COLS = tl.constexpr(STACK_COLS)
     _FP16_MAX = tl.constexpr(65504.0)
 
     @triton.jit
@@ -402,11 +404,11 @@ if HAVE_TRITON:
         C_GU: tl.constexpr, LAYERS: tl.constexpr,
     ):
         """One layer (LAYERS 0), or layers layer0 .. layer0 + LAYERS - 1 of a stack of n_layers
-        (`stack`): each layer's weights and norms at its row of off_ptr [n_layers + 1, 6], element
-        offsets from the pointers given (layer 0's) of its QKV, output, gate/up and down weights,
-        input and post-attention norms (row n_layers: the final norm's, column 4); x in, each
-        layer's output in place at out_ptr, each next input norm (after the last: the final norm of
-        its output) at h_ptr."""
+        (`stack`): each layer's weights and norms at its row of off_ptr [n_layers + 1, STACK_COLS],
+        element offsets from the pointers given (layer 0's) of its QKV, output, gate/up and down
+        weights, input and post-attention norms, and (e4m3) the four weights' scales (row n_layers:
+        the final norm's, column 4); x in, each layer's output in place at out_ptr, each next input
+        norm (after the last: the final norm of its output) at h_ptr."""
         pid, P = tl.program_id(0), tl.num_programs(0)
         tim = tim_ptr + pid * _TIM_COLS
         if TIMING:
@@ -438,17 +440,18 @@ if HAVE_TRITON:
                     res_ptr = out_ptr
                 # offsets of 16 elements' multiples (`stack` checks): the weights stay as aligned as
                 # layer 0's, which the K loops' vector loads and pipelining need
-                o = off_ptr + l * 6
+                o = off_ptr + l * _STACK_COLS
                 more = l + 1 < n_layers
                 nb = _layer_phases(
                     res_ptr, qkv_w + tl.multiple_of(tl.load(o), 16), cos_ptr, sin_ptr,
                     o_w + tl.multiple_of(tl.load(o + 1), 16), n2_ptr + tl.multiple_of(tl.load(o + 5), 16),
                     gu_w + tl.multiple_of(tl.load(o + 2), 16), d_w + tl.multiple_of(tl.load(o + 3), 16),
-                    qkv_s, o_s, gu_s, d_s, out_ptr, h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr,
-                    tim, h2_ptr,
-                    n1_ptr + tl.multiple_of(tl.load(o + 10), 16), h_ptr,  # the next input norm (row n_layers: the final)
+                    qkv_s + tl.load(o + 6), o_s + tl.load(o + 7), gu_s + tl.load(o + 8), d_s + tl.load(o + 9),
+                    out_ptr, h_ptr, qkv_ptr, attn_ptr, x1_ptr, act_ptr, part_ptr, sync_ptr, tim, h2_ptr,
+                    # the next input norm (row n_layers: the final) and QKV weights
+                    n1_ptr + tl.multiple_of(tl.load(o + _STACK_COLS + 4), 16), h_ptr,
                     kp_ptr, vp_ptr, bt_ptr, ctx_ptr, slot_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                    qkv_w + tl.multiple_of(tl.load(o + 6), 16), more, nb, pid, P,
+                    qkv_w + tl.multiple_of(tl.load(o + _STACK_COLS), 16), more, nb, pid, P,
                     M, S, eps, qk_scale, stride_kb, stride_kt, stride_kh, stride_btb, max_blocks,
                     H, H_PAD, I, HQ, HKV, D, HALF, HALF_PAD, S_PAD, HEADS, HAS_ROPE, PAGED, BLOCK_SIZE, ATT_N,
                     G_PAD, D_PAD, ATT_SPLITS, BLOCK_M, BN_QKV, BN_O, BN_GU, BN_D, SPLIT_O, SPLIT_D, BLOCK_K,
@@ -602,20 +605,30 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     """`launch_for` the sizes if its GEMM pipelines fit this device's shared memory (`_fits`); with
     fp8 (e4m3 weights), the bf16 launch where FP8_BLOCK_K's does not fit; else None.
 
-    On Hopper, with 16-bit weights, up to 64 token rows (the sizes measured there: LocDiT and LocEnc
-    at a lone request's buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py,
-    engine_loop.py): each program asks L2 for its next GEMM item's first K tiles before the barrier
-    (`Launch.prefetch`: two for LocDiT/LocEnc, one for the LM's wider layers), and below 64 rows the
-    products are swapped (`Launch.swap`: from 64 rows the tokens' own tile takes wgmma), and gate/up
-    items are narrowed where their tiles are fewer than the programs (`Launch.balance`: the LM's)."""
+    On Hopper, up to 64 token rows (the sizes measured there: LocDiT and LocEnc at a lone request's
+    buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py, engine_loop.py):
+    each program asks L2 for its next GEMM item's first K tiles before the barrier (`Launch.prefetch`:
+    with 16-bit weights two for LocDiT/LocEnc and one for the LM's wider layers, with e4m3 one
+    everywhere). With 16-bit weights, below 64 rows the products are also swapped (`Launch.swap`:
+    from 64 rows the tokens' own tile takes wgmma), and gate/up items are narrowed where their tiles
+    are fewer than the programs (`Launch.balance`: the LM's); e4m3 products keep neither (swapped
+    they were no faster for LocDiT, slower for the LM; balanced, the LM's layer was slower)."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
         if launch is not None and _fits(launch, smem, block_m, elem, 1 if fp8 else elem):
-            if fp8 or not warpgroup_mma(device) or block_m > 64:
+            if not _hopper_few_rows(device, block_m, 64):
                 return launch
+            if fp8:
+                return launch._replace(prefetch=1)
             return launch._replace(swap=block_m < 64, prefetch=1 if H >= 2048 else 2, balance=True)
     return None
+
+
+def _hopper_few_rows(device: torch.device, block_m: int, most: int) -> bool:
+    """Hopper (warpgroup MMA), at most `most` token rows in the products' tile: where the launches
+    were tuned for a few tokens (`choose_launch`) and stacks measured faster (`stacks`)."""
+    return warpgroup_mma(device) and block_m <= most
 
 
 def layer(x, norm1_w, qkv_w, cos, sin, seq_len: int, heads: tuple, o_w, norm2_w, gate_up_w, down_w,
@@ -755,51 +768,75 @@ _OFFSETS: dict = {}
 ALIGN = 16  # elements: every stack tensor's offset from the first layer's a multiple (`tl.multiple_of`)
 
 
+def _columns_of(w: tuple) -> list:
+    """A stack layer's (n1, qkv, o, n2, gate_up, down) as its table row's tensors (STACK_COLS): the
+    QKV, output, gate/up and down weights (e4m3: their data), the two norms, and the four e4m3
+    weights' scales (None for 16-bit weights)."""
+    mats = (w[1], w[2], w[4], w[5])
+    return [*(m.data if isinstance(m, FP8Weight) else m for m in mats), w[0], w[3],
+            *(m.scale if isinstance(m, FP8Weight) else None for m in mats)]
+
+
 def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor | None:
     """The stack's table for `_layer_kernel`: per layer (and a last row for the final norm) the
-    element offsets of its six tensors from layer 0's; None if one is not a multiple of ALIGN (the
-    kernel's vector loads and pipelines assume it). A pure function of the pointers, so cached by
-    them: made on the first call, outside any CUDA graph capture."""
-    key = (final_norm.device, final_norm.dtype, final_norm.data_ptr(), *(t.data_ptr() for w in ws for t in w))
+    offsets of its tensors from layer 0's, in each one's elements (`_columns_of`); None if a weight's
+    or norm's is not a multiple of ALIGN (the kernel's vector loads and pipelines assume it). A pure
+    function of the pointers, so cached by them: made on the first call, outside any CUDA graph
+    capture."""
+    cols = [_columns_of(w) for w in ws]
+    key = (final_norm.device, final_norm.dtype, final_norm.data_ptr(),
+           *(t.data_ptr() for row in cols for t in row if t is not None))
     if key in _OFFSETS:
         return _OFFSETS[key]
-    e = final_norm.element_size()
-    rows = [[w[j].data_ptr() - ws[0][j].data_ptr() for j in (1, 2, 4, 5, 0, 3)]  # QKV, o, gate/up, down, n1, n2
-            for w in ws]
-    rows.append([0, 0, 0, 0, final_norm.data_ptr() - ws[0][0].data_ptr(), 0])  # past the last layer: its norm
-    if any(d % (ALIGN * e) for row in rows for d in row):
+    rows = [[0 if t is None else (t.data_ptr() - t0.data_ptr(), t.element_size(), j < 6)
+             for j, (t, t0) in enumerate(zip(row, cols[0]))] for row in cols]
+    rows.append([0] * 4 + [(final_norm.data_ptr() - ws[0][0].data_ptr(), final_norm.element_size(), True)]
+                + [0] * (STACK_COLS - 5))  # past the last layer: its final norm
+    if any(c and c[0] % ((ALIGN if c[2] else 1) * c[1]) for row in rows for c in row):
         _OFFSETS[key] = None
         return None
     if final_norm.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("persistent_layer.stack: call it with these weights before capturing a CUDA graph")
-    tab = _OFFSETS[key] = torch.tensor([[d // e for d in row] for row in rows], dtype=torch.int64,
+    tab = _OFFSETS[key] = torch.tensor([[c and c[0] // c[1] for c in row] for row in rows], dtype=torch.int64,
                                        device=final_norm.device)
     return tab
 
 
 def _like(t, t0, dtype: torch.dtype) -> bool:
-    """t a contiguous tensor of dtype and t0's shape (a stack's tensor against the first layer's)."""
+    """t like t0 (a stack's weight against the first layer's): a contiguous tensor of dtype and
+    t0's shape, or where t0 is an e4m3 `FP8Weight`, one the kernel takes (`_e4m3`) of its shape."""
+    if isinstance(t0, FP8Weight):
+        return isinstance(t, FP8Weight) and _e4m3(t, dtype) and t.data.shape == t0.data.shape
     return isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_contiguous() and t.shape == t0.shape
 
 
 def _uniform(layers: list, final_norm, dtype: torch.dtype) -> bool:
-    """Six tensors per layer, each like the first layer's, and a final norm like its input norm."""
-    return (len(layers) > 0 and all(len(w) == 6 and all(_like(t, t0, dtype) for t, t0 in zip(w, layers[0]))
-                                 for w in layers) and _like(final_norm, layers[0][0], dtype))
+    """Six weights per layer, each like the first layer's, its four projections all 16-bit or all
+    e4m3 and its norms tensors, and a final norm like its input norm."""
+    if not (len(layers) > 0 and all(len(w) == 6 for w in layers)):
+        return False
+    first = layers[0]
+    fp8 = isinstance(first[1], FP8Weight)
+    return (all(isinstance(first[j], FP8Weight) == fp8 for j in (2, 4, 5))
+            and isinstance(first[0], torch.Tensor) and isinstance(first[3], torch.Tensor)
+            and all(_like(t, t0, dtype) for w in layers for t, t0 in zip(w, first))
+            and _like(final_norm, first[0], dtype))
 
 
 def stack(x, layers: list, final_norm: torch.Tensor, cos, sin, seq_len: int, heads: tuple, eps: float,
           launch: Launch | None = None):
     """Decoder layers one after another over x [T, hidden] in one launch (local attention, as `layer`
     without paged): layers, per layer (norm1_w, qkv_w, o_w, norm2_w, gate_up_w, down_w), all of x's
-    dtype, each the shape of the first layer's -> (out, rms_norm(out) with final_norm). A grid-wide
+    dtype (or the four projections e4m3 `FP8Weight`s for it, in every layer), each the shape of the
+    first layer's -> (out, rms_norm(out) with final_norm). A grid-wide
     barrier between layers replaces the launch, and each layer's last phase asks L2 for the next
     one's first QKV tiles. Tensors not ALIGN elements apart from the first layer's run as the same
     layers chained, a launch each (the same results)."""
     ws = [tuple(w) for w in layers]
     if not _uniform(ws, final_norm, x.dtype):
-        raise ValueError("persistent_layer.stack: six tensors per layer, each contiguous, of x's dtype and the "
-                         "first layer's shape, and a final norm the shape of its input norm")
+        raise ValueError("persistent_layer.stack: six tensors per layer, each contiguous, of x's dtype (or all four "
+                         "projections e4m3 in every layer) and the first layer's shape, and a final norm the shape "
+                         "of its input norm")
     tab = _offsets(ws, final_norm)
     if tab is None:
         h, normed = x, None
@@ -862,31 +899,36 @@ def _fits(launch: Launch, smem: int, block_m: int, elem: int, w_elem: int) -> bo
 
 def stacks(x: torch.Tensor, seq_len: int, heads: tuple, layers: list, final_norm: torch.Tensor) -> bool:
     """Whether `stack` takes these layers: enabled (VOXCPM_FUSED_STACKS), each layer one that `runs`
-    takes as `layer` with 16-bit weights (e4m3 layers run one by one), all of the first one's shapes,
-    on the launches where a stack was measured faster than the layers chained: swapped ones (Hopper,
-    at most 32 tokens, tiles under 64 rows; at 40 and 44 tokens it was slower, benchmarks/results.md).
+    takes as `layer` (16-bit or e4m3 weights), all of the first one's shapes and kinds, where a stack
+    was measured faster than the layers chained: on Hopper, at most 32 tokens (tiles under 64 rows:
+    the 16-bit products swapped there; at 40 and 44 tokens it was slower, benchmarks/results.md).
     The interpreter (tests) stacks every size. torch.compile traces this, so it reads no pointers
     (their alignment is `stack`'s to check, inside the op) and keeps to what dynamo traces on the
     GPU machine's torch too (`len(layers) > 0`, not `bool(layers)`: torch 2.11 breaks the graph there)."""
     if not (ENABLED_STACKS and len(layers) > 0 and runs(x, seq_len, heads, *layers[0])
             and _uniform(layers, final_norm, x.dtype)):
         return False
-    launch = choose_launch(x.size(1), heads[0] * heads[2], layers[0][5].shape[1], x.size(0), x.device,
-                           x.element_size())
-    return _INTERPRETED or launch.swap
+    return _INTERPRETED or _hopper_few_rows(x.device, max(16, _next_pow2(x.size(0))), 32)
 
 
 @torch.library.custom_op("voxcpm::local_stack", mutates_args=())
 def local_stack_op(x: torch.Tensor, weights: list[torch.Tensor], final_norm: torch.Tensor, cos: torch.Tensor | None,
                    sin: torch.Tensor | None, seq_len: int, n_heads: int, n_kv: int, head_dim: int,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`stack`: weights, six per layer in `stack`'s order, flat -> (out, rms_norm(out) with final_norm)."""
-    layers = [weights[i:i + 6] for i in range(0, len(weights), 6)]
+                   eps: float, scales: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`stack`: weights, six per layer in `stack`'s order, flat -> (out, rms_norm(out) with final_norm).
+    scales: none (16-bit weights), or the e4m3 projections' scales, four per layer (QKV, output,
+    gate/up, down), whose weights are then their e4m3 data."""
+    layers = [list(weights[i:i + 6]) for i in range(0, len(weights), 6)]
+    if len(scales) > 0:
+        assert len(scales) == 4 * len(layers), "scales: four per layer"
+        for w, sc in zip(layers, (scales[i:i + 4] for i in range(0, len(scales), 4))):
+            for j, s in zip((1, 2, 4, 5), sc):
+                w[j] = FP8Weight(w[j], s, x.dtype)
     return stack(x, layers, final_norm, cos, sin, seq_len, (n_heads, n_kv, head_dim), eps)
 
 
 @local_stack_op.register_fake
-def _(x, weights, final_norm, cos, sin, seq_len, n_heads, n_kv, head_dim, eps):
+def _(x, weights, final_norm, cos, sin, seq_len, n_heads, n_kv, head_dim, eps, scales):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
@@ -938,7 +980,10 @@ class FusedLocalLayers(local_attention.FusedLocalAttention):
         if not stacks(x, seq_len, heads, layers, final_norm):
             return None
         cos, sin = rope if rope is not None else (None, None)
-        return local_stack_op(x, [t for w in layers for t in w], final_norm, cos, sin, seq_len, *heads, eps)
+        # the op takes e4m3 data and scales apart
+        flat = [t.data if isinstance(t, FP8Weight) else t for w in layers for t in w]
+        scales = [t.scale for w in layers for t in w if isinstance(t, FP8Weight)]
+        return local_stack_op(x, flat, final_norm, cos, sin, seq_len, *heads, eps, scales)
 
 
 fused_local_layers = FusedLocalLayers()
