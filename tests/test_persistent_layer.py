@@ -92,6 +92,16 @@ def test_stacked_layers_hand_on_the_input_norm():
     assert int(pl._sync(x.device).abs().sum()) == 0
 
 
+def chained(x, layers, final, cos, sin, S, heads, programs):
+    """The layers a launch each, each handing the next its input norm -> (out, rms_norm(out) with final)."""
+    h, normed = x, None
+    for i, w in enumerate(layers):
+        nxt = layers[i + 1][0] if i + 1 < len(layers) else final
+        h, normed = pl.layer(h, w[0], w[1], cos, sin, S, heads, *w[2:], EPS, h_in=normed, next_norm=nxt,
+                             programs=programs)
+    return h, normed
+
+
 @pytest.mark.parametrize("programs", [None, 3], ids=["grid", "3programs"])
 def test_a_stack_is_its_layers_chained(programs):
     """`stack`: three layers in one launch, barriers between them, give what the chained layers give
@@ -105,11 +115,7 @@ def test_a_stack_is_its_layers_chained(programs):
     x = rand(B * S, H, g=torch.Generator().manual_seed(4), dtype=dtype)
     kept = x.clone()
     cos, sin = rope(S, D)
-    h, normed = x, None
-    for i, w in enumerate(layers):
-        nxt = layers[i + 1][0] if i + 1 < len(layers) else final
-        h, normed = pl.layer(h, w[0], w[1], cos, sin, S, (Hq, Hkv, D), *w[2:], EPS, h_in=normed, next_norm=nxt,
-                             programs=programs)
+    h, normed = chained(x, layers, final, cos, sin, S, (Hq, Hkv, D), programs)
     ref = x
     for w in layers:
         ref = reference_layer(ref, w, cos, sin, B, S, (Hq, Hkv, D))
@@ -393,7 +399,12 @@ def e4m3(weights):
     """One layer's weights with its four projections in e4m3 (`kernels.fp8.quantize_weight`), and the
     values the kernel must compute with, in fp32: each e4m3 weight times its row's scale, exactly."""
     q = tuple(quantize_weight(w) if i in (1, 2, 4, 5) else w for i, w in enumerate(weights))
-    return q, tuple(w.data.float() * w.scale.t() if isinstance(w, FP8Weight) else w.float() for w in q)
+    return q, dequantised(q)
+
+
+def dequantised(weights):
+    """A layer's weights in fp32, each e4m3 one times its row's scale, exactly."""
+    return tuple(w.data.float() * w.scale.t() if isinstance(w, FP8Weight) else w.float() for w in weights)
 
 
 FP8_SHAPES = SHAPES[:2] + ([SHAPES[4], SHAPES[6], SHAPES[7]] if CUDA else [])  # GPU: LocDiT 22 / 88, LocEnc 10
@@ -433,23 +444,16 @@ def test_an_e4m3_stack_is_its_layers_chained(programs, monkeypatch):
     own (the table's scale columns): with layer 0's scales for every layer the stack is far off."""
     B, S, H, Hq, Hkv, D, I = 2, 11, 128, 4, 2, 32, 256
     dtype = torch.bfloat16 if CUDA else torch.float32
-    pairs = [e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=50 + i)) for i in range(3)]
-    layers, exact = [q for q, _ in pairs], [e for _, e in pairs]
+    layers = [e4m3(layer_weights(H, Hq, Hkv, D, I, dtype, seed=50 + i))[0] for i in range(3)]
     for w in layers[1:]:  # scales that differ from layer 0's by far more than the tolerance
         for j in (1, 2, 4, 5):
             w[j].scale.mul_(1.5)
-    exact = [tuple(w.data.float() * w.scale.t() if isinstance(w, FP8Weight) else w.float() for w in q)
-             for q in layers]
     final = (1 + 0.1 * rand(H, g=torch.Generator().manual_seed(5))).to(dtype)
     x = rand(B * S, H, g=torch.Generator().manual_seed(6), dtype=dtype)
     cos, sin = rope(S, D)
-    h, normed = x, None
-    for i, w in enumerate(layers):
-        nxt = layers[i + 1][0] if i + 1 < len(layers) else final
-        h, normed = pl.layer(h, w[0], w[1], cos, sin, S, (Hq, Hkv, D), *w[2:], EPS, h_in=normed, next_norm=nxt,
-                             programs=programs)
+    h, normed = chained(x, layers, final, cos, sin, S, (Hq, Hkv, D), programs)
     ref = x.float()
-    for w in exact:
+    for w in map(dequantised, layers):
         ref = reference_layer(ref, w, cos, sin, B, S, (Hq, Hkv, D))
     launches = []
     kernel = pl.layer

@@ -68,6 +68,7 @@ def forty_ninth_session(res) -> list[str]:
     prof = {p: _kernels(f"offline_b1_{p}_fortyninth.json") for p in ("fp8", "bf16")}
     weights = {p: load(f"offline_b1_{p}_fortyninth.json")["weights_gib"] for p in prof}
     sm90 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fp8_fortyninth.txt")}
+    sm90_bf16 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fortyseventh.txt")}  # its last: balanced
     # earlier sessions' figures this section compares against
     bf16_lm = {p["phase"]: p["span_us"]
                for p in load("kernel_lm_layer_balance_fortyseventh.json")["rows"][0]["profile"]["phases"]}
@@ -179,7 +180,9 @@ def forty_ninth_session(res) -> list[str]:
            + "; ".join(f"{'the 12-layer stack' if c['layers'] else 'one layer'} at {c['tokens']} tokens "
                        f"{c['registers']} registers, {c['spilled']} bytes spilled, {c['wgmma']} wgmma, "
                        f"{c['mma_sync']} `mma.sync`" for c in sm90.values())
-           + " (the bf16 stack at 22 tokens: 255 registers, 24 bytes spilled, forty-sixth session).", "",
+           + "; the bf16 stack (forty-seventh session's record): "
+           + ", ".join(f"{c['registers']} registers and {c['spilled']} bytes spilled at {c['tokens']} tokens"
+                       for (_, n), c in sm90_bf16.items() if n) + ".", "",
            "**Per layer on this code** (call 2: `kernel_fused_layer.py --fp8 --no-sweep --tokens 22,10,44 "
            "--variants persistent,persistent_fp8_plain,persistent_chained,persistent_stack,persistent_stack_pf0`; "
            "`raw/kernel_fused_layer_fp8_fortyninth.{json,log}`), us per layer:", "",
