@@ -199,20 +199,25 @@ def test_stacks_only_on_the_launches_measured_faster(monkeypatch):
                     (hopper, tokens, ws is e4m3)
 
 
-def test_a_compiled_stack_is_one_graph():
+@pytest.mark.parametrize("e4m3", [False, True], ids=["16bit", "e4m3"])
+def test_a_compiled_stack_is_one_graph(e4m3):
     """torch.compile traces LocEnc with the fused backend into one graph around the stack's op: the
     backend's checks read no pointers and call nothing dynamo cannot trace (a data_ptr(), and on
-    torch 2.11 a bool() of a list, broke the graph into pieces on the GPU)."""
+    torch 2.11 a bool() of a list, broke the graph into pieces on the GPU); with e4m3 weights
+    (`precision` fp8) too, whose data and scales the backend hands the op apart."""
     from torch._dynamo.utils import counters
 
     from voxcpm_triton.model.config import VoxCPM2Config
     from voxcpm_triton.model.local_modules import LocalEncoder
     from voxcpm_triton.model.minicpm import fuse_projections
+    from voxcpm_triton.model.precision import quantize_model_fp8
     from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG
 
     cfg = VoxCPM2Config.from_dict(TINY_CONFIG)
     dt = torch.bfloat16 if CUDA else torch.float32
     enc = fuse_projections(LocalEncoder(cfg.local_encoder(), cfg.feat_dim, pl.fused_local_layers).to(DEV, dt).eval())
+    if e4m3:
+        assert any(n.endswith("mlp.gate_up") for n in quantize_model_fp8(enc)["quantized"])
     graphs = []
 
     def count(gm, example_inputs):
