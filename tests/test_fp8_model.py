@@ -59,13 +59,13 @@ def teacher_forced_cosines(ref, q, steps: int) -> list[float]:
 @pytest.mark.parametrize("attention,steps", [("torch", 12), ("triton", 1)])
 def test_fp8_network_stays_close_to_bf16_step_after_step(checkpoint_dirs, attention, steps, monkeypatch):
     """Both attention paths: the Triton one runs LocDiT's and LocEnc's layers in the persistent layer
-    kernel, with the e4m3 weights (one launch each; the bf16 model's as stacks)."""
+    kernel, with the e4m3 weights as with the bf16 ones (as stacks where `stacks` takes them)."""
     from voxcpm_triton.kernels import local_attention
     from voxcpm_triton.kernels import persistent_layer as pl
 
     if attention == "triton" and not local_attention._INTERPRETED:
         pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (set where there is no GPU)")
-    kinds, layer = [], pl.layer  # per layer run, its QKV weight's type (a bf16 stack's launch runs several)
+    kinds, layer = [], pl.layer  # per layer run, its QKV weight's type (a stack's launch runs several)
     monkeypatch.setattr(pl, "layer", lambda *a, **k: kinds.extend([type(a[2])] * max(1, stack_depth(k)))
                         or layer(*a, **k))
     ref, q = pair(checkpoint_dirs["real_shaped"], attention)

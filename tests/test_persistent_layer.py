@@ -160,6 +160,8 @@ def test_stacks_takes_only_uniform_layers_and_stack_chains_the_unaligned(monkeyp
     assert not pl.stacks(x, S, heads, [e4m3[0][:2] + layers[0][2:]] + e4m3[1:], final)  # one layer's own mix
     with pytest.raises(ValueError, match="six tensors per layer"):
         pl.stack(x, layers[:2] + [wide], final, None, None, S, heads, EPS)
+    with pytest.raises(ValueError, match="six tensors per layer"):  # every layer the same mix of kinds
+        pl.stack(x, [e4m3[0][:2] + layers[0][2:]] * 3, final, None, None, S, heads, EPS)
     # layer 1's QKV weights 8 elements into a buffer: not a multiple of ALIGN from layer 0's
     odd = torch.empty(layers[1][1].numel() + 8, device=DEV, dtype=dt)[8:].view_as(layers[1][1])
     odd.copy_(layers[1][1])
@@ -482,6 +484,39 @@ def test_an_e4m3_stack_is_its_layers_chained(programs, monkeypatch):
                   for j, t in enumerate(w)) for w in layers]
     off = pl.stack(x, same, final, cos, sin, S, (Hq, Hkv, D), EPS)[0]
     assert (off.float() - ref).abs().max().item() > 10 * tol(dtype, ref)
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
+def test_an_e4m3_stack_compiles_captures_and_replays():
+    """The fp8 engine's stack: the custom op with the e4m3 data and scales apart, inside torch.compile'd
+    code, captured and replayed with new inputs: the eager op's output to the bit, and the PyTorch
+    path's on the dequantised weights within three layers' tolerance."""
+    weights, exact = e4m3(layer_weights(1024, 16, 2, 128, 4096, torch.bfloat16, seed=7))
+    mats = (1, 2, 4, 5)
+    flat = [w.data if j in mats else w for j, w in enumerate(weights)] * 3
+    scales = [weights[j].scale for j in mats] * 3
+    cos, sin = rope(11, 128)
+
+    def body(h):
+        return pl.local_stack_op(h * 1.0, flat, weights[0], cos, sin, 11, 16, 2, 128, EPS, scales)[0]
+
+    f = torch.compile(body, dynamic=True)
+    static = rand(22, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
+    f(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(static)
+    for seed in range(1, 3):
+        static.copy_(rand(22, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, body(static))
+        ref = static.float()
+        for _ in range(3):
+            ref = reference_layer(ref, exact, cos, sin, 2, 11, (16, 2, 128))
+        assert (out.float() - ref).abs().max().item() <= 3 * tol(torch.bfloat16, ref)
+    assert int(pl._sync(static.device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("launch", [  # weight tiles narrower and wider than the 32 token rows

@@ -68,7 +68,8 @@ def forty_ninth_session(res) -> list[str]:
     prof = {p: _kernels(f"offline_b1_{p}_fortyninth.json") for p in ("fp8", "bf16")}
     weights = {p: load(f"offline_b1_{p}_fortyninth.json")["weights_gib"] for p in prof}
     sm90 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fp8_fortyninth.txt")}
-    sm90_bf16 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fortyseventh.txt")}  # its last: balanced
+    sm90_bf16 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_bf16_fortyninth.txt")}
+    sm90_bf16_before = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fortyseventh.txt")}  # last: balanced
     # earlier sessions' figures this section compares against
     bf16_lm = {p["phase"]: p["span_us"]
                for p in load("kernel_lm_layer_balance_fortyseventh.json")["rows"][0]["profile"]["phases"]}
@@ -161,12 +162,16 @@ def forty_ninth_session(res) -> list[str]:
            "", "| e4m3 launch | LM, 1 row |", "|---|---|"]
     md += [f"| {label} | {lm[k]:.2f} |" for k, label in CALL1_LM.items()]
     md += ["",
-           f"- One prefetched K tile (256 bytes of each weight row) is the fastest or within 1% of it everywhere: "
+           f"- One prefetched K tile (256 bytes of each weight row) is the best unswapped launch everywhere: "
            f"LocDiT {c22['persistent'] / c22['persistent_fp8_pf1']:.3f}x, LocEnc "
-           f"{c10['persistent'] / c10['persistent_fp8_pf1']:.3f}x, the LM {lm['default'] / lm['fp8_pf1']:.3f}x. "
-           "Swapped products (the weight rows as the products' M side, which gives bf16 its warpgroup MMA) and "
-           "balanced gate/up items gain e4m3 nothing beyond that (LocEnc's swapped 2-tile launch, "
-           f"{c10['persistent_fp8_swap_pf2']:.2f} us, is the one exception, by 1%).",
+           f"{c10['persistent'] / c10['persistent_fp8_pf1']:.3f}x, the LM {lm['default'] / lm['fp8_pf1']:.3f}x "
+           "over none. Balanced gate/up items make the LM's layer slower. Swapped products (the weight rows as the "
+           "products' M side, which gives bf16 its warpgroup MMA) are within 0.5% for LocDiT at the same prefetch, "
+           f"but LocEnc's are ({c10['persistent']:.2f} -> {c10['persistent_fp8_swap']:.2f} us without a prefetch, "
+           f"{c10['persistent_fp8_pf2']:.2f} -> {c10['persistent_fp8_swap_pf2']:.2f} with 2 tiles, its best, "
+           f"{c10['persistent_fp8_pf1'] / c10['persistent_fp8_swap_pf2']:.3f}x the 1-tile launch taken); swapped "
+           "with 1 tile was not measured. Not taken: LocEnc's 12 layers a step at 10 tokens make that about 4 us "
+           "a step, and a second e4m3 launch rule would want its own stack measured.",
            "- The LM's e4m3 phases at one row (no prefetch): "
            + ", ".join(f"{k} {v:.2f}" for k, v in lm_phases.items() if k != "total")
            + " us; the forty-seventh session's bf16 ones (its call 3's launch: swapped, prefetching, QKV and gate/up items narrowed): "
@@ -177,7 +182,9 @@ def forty_ninth_session(res) -> list[str]:
            "columns per layer, the four e4m3 scales' offsets beside the weights' and norms', each in its own "
            "tensor's elements; the custom op `voxcpm::local_stack` takes the scales as a list of their own (empty "
            "for 16-bit weights). `choose_launch` gives e4m3 launches on Hopper up to 64 rows one prefetched K tile "
-           "(`Launch.prefetch`), and neither swap nor balance. A new test runs three e4m3 layers with different "
+           "(`Launch.prefetch`), and neither swap nor balance. The prefetch was measured at the LM's 1 row and "
+           "LocDiT's 22 and 44 and LocEnc's 10 tokens; the other sizes up to 64 rows (LM rows 2-16, LocEnc's "
+           "40 tokens at batch 8) take it as bf16's launches do, unmeasured for e4m3. A new test runs three e4m3 layers with different "
            "scales as one stack against the same layers chained (to the bit under the interpreter) and against "
            "the PyTorch path on the dequantised weights. With layer 0's scales in every layer it fails, and it "
            "failed with the kernel reading layer 0's scales. Compiled for sm_90 on the CPU "
@@ -186,9 +193,17 @@ def forty_ninth_session(res) -> list[str]:
            + "; ".join(f"{'the 12-layer stack' if c['layers'] else 'one layer'} at {c['tokens']} tokens "
                        f"{c['registers']} registers, {c['spilled']} bytes spilled, {c['wgmma']} wgmma, "
                        f"{c['mma_sync']} `mma.sync`" for c in sm90.values())
-           + "; the bf16 stack (forty-seventh session's record): "
+           + ". The bf16 launches compiled on this code (`kernel_sm90_mma.py --tokens 22,10 --layers 0|12 --launch "
+           "swap=True --launch prefetch=2 --launch balance=True`, `raw/kernel_sm90_mma_bf16_fortyninth.txt`) give "
+           + ("the same registers, spills, wgmma and `mma.sync` counts as the forty-seventh session's record of "
+              "them" if all((c["registers"], c["spilled"], c["wgmma"], c["mma_sync"]) == (b["registers"], b["spilled"],
+                                                                                     b["wgmma"], b["mma_sync"])
+                            for k, c in sm90_bf16.items() for b in [sm90_bf16_before[k]]) else
+              "OTHER counts than the forty-seventh session's record")
+           + " (the 12-layer stack: "
            + ", ".join(f"{c['registers']} registers and {c['spilled']} bytes spilled at {c['tokens']} tokens"
-                       for (_, n), c in sm90_bf16.items() if n) + ".", "",
+                       for (_, n), c in sm90_bf16.items() if n) + "): the stack's longer table changes their code "
+           "by four loads a layer, not their resources.", "",
            "**Per layer on this code** (call 2: `kernel_fused_layer.py --fp8 --no-sweep --tokens 22,10,44 "
            "--variants persistent,persistent_fp8_plain,persistent_chained,persistent_stack,persistent_stack_pf0`; "
            "`raw/kernel_fused_layer_fp8_fortyninth.{json,log}`), us per layer:", "",
@@ -236,9 +251,9 @@ def forty_ninth_session(res) -> list[str]:
            f"the stacks; their per-step cosines differ by up to {step_diff:.3f} while their medians agree. On the "
            "GPU a stack is another compiled kernel, whose roundings the tests bound by bf16's tolerance, not to "
            "the bit, and the minimum over 50 steps moves with single steps (whether one run repeats to the bit "
-           f"was not checked). `fp8_patch_cosine_min` in results.json is now this code's {tf['stacks']['min']:.5f} "
-           f"(was {prev_cos:.5f}, the fortieth session's; the bf16 it is measured against has changed since too: "
-           "swapped products, prefetch, stacks).", "",
+           "was not checked; each figure is one run). `fp8_patch_cosine_min` in results.json is now this code's "
+           f"{tf['stacks']['min']:.5f}, one run (was {prev_cos:.5f}, the fortieth session's, on the code of then; "
+           "what moved it since, fp8's side or the bf16 it is measured against, was not measured).", "",
            "**Served, fp8 and bf16 in one call** (call 3: `SET=\"decoder.precision=fp8|bf16 "
            "decoder.timestep_buckets=10,100 decoder.max_batch_size=8\" LEVELS=1,8 REQUESTS=10 bash "
            "benchmarks/run_served_gpu.sh`, fp8's server first; small servers to fit both in the call; "

@@ -609,10 +609,12 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     buckets, the LM's rows; benchmarks/kernel_fused_layer.py, kernel_lm_layer.py, engine_loop.py):
     each program asks L2 for its next GEMM item's first K tiles before the barrier (`Launch.prefetch`:
     with 16-bit weights two for LocDiT/LocEnc and one for the LM's wider layers, with e4m3 one
-    everywhere). With 16-bit weights, below 64 rows the products are also swapped (`Launch.swap`:
-    from 64 rows the tokens' own tile takes wgmma), and gate/up items are narrowed where their tiles
-    are fewer than the programs (`Launch.balance`: the LM's); e4m3 products keep neither (swapped
-    they were no faster for LocDiT, slower for the LM; balanced, the LM's layer was slower)."""
+    everywhere, measured at the LM's 1 row and 22-44 local tokens). With 16-bit weights, below 64
+    rows the products are also swapped (`Launch.swap`: from 64 rows the tokens' own tile takes
+    wgmma), and gate/up items are narrowed where their tiles are fewer than the programs
+    (`Launch.balance`: the LM's). e4m3 products keep neither: swapped, the LM's layer was slower and
+    LocDiT's no faster (LocEnc's was 1-4% faster, a few us a step, not taken); balanced, the LM's
+    layer was slower."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):
@@ -777,6 +779,12 @@ def _columns_of(w: tuple) -> list:
             *(m.scale if isinstance(m, FP8Weight) else None for m in mats)]
 
 
+def _element_offset(t: torch.Tensor, t0: torch.Tensor, align: int) -> int | None:
+    """t's offset from t0 in t's elements, or None where it is not a multiple of `align` of them."""
+    d, e = t.data_ptr() - t0.data_ptr(), t.element_size()
+    return d // e if d % (align * e) == 0 else None
+
+
 def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor | None:
     """The stack's table for `_layer_kernel`: per layer (and a last row for the final norm) the
     offsets of its tensors from layer 0's, in each one's elements (`_columns_of`); None if a weight's
@@ -788,17 +796,16 @@ def _offsets(ws: list, final_norm: torch.Tensor) -> torch.Tensor | None:
            *(t.data_ptr() for row in cols for t in row if t is not None))
     if key in _OFFSETS:
         return _OFFSETS[key]
-    rows = [[0 if t is None else (t.data_ptr() - t0.data_ptr(), t.element_size(), j < 6)
+    # weights and norms ALIGN elements apart (`tl.multiple_of`); the scales, only whole elements
+    rows = [[0 if t is None else _element_offset(t, t0, ALIGN if j < 6 else 1)
              for j, (t, t0) in enumerate(zip(row, cols[0]))] for row in cols]
-    rows.append([0] * 4 + [(final_norm.data_ptr() - ws[0][0].data_ptr(), final_norm.element_size(), True)]
-                + [0] * (STACK_COLS - 5))  # past the last layer: its final norm
-    if any(c and c[0] % ((ALIGN if c[2] else 1) * c[1]) for row in rows for c in row):
+    rows.append([0] * 4 + [_element_offset(final_norm, ws[0][0], ALIGN)] + [0] * (STACK_COLS - 5))  # the final norm
+    if any(c is None for row in rows for c in row):
         _OFFSETS[key] = None
         return None
     if final_norm.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("persistent_layer.stack: call it with these weights before capturing a CUDA graph")
-    tab = _OFFSETS[key] = torch.tensor([[c and c[0] // c[1] for c in row] for row in rows], dtype=torch.int64,
-                                       device=final_norm.device)
+    tab = _OFFSETS[key] = torch.tensor(rows, dtype=torch.int64, device=final_norm.device)
     return tab
 
 
