@@ -124,6 +124,7 @@ def persistent_stack(layers, x, cos, sin, S, **changes):
 
 
 L = pl.Launch()
+L8 = pl.launch_for(H, HQ * D, I, fp8=True)  # the e4m3 launch's tiles (K tiles of FP8_BLOCK_K), nothing else on
 PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the sizes, token count and GPU)
     "persistent": None,
     "persistent_stages3": L._replace(stages=3),
@@ -142,10 +143,10 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     # swapped (as the server launches under 64 tokens), each program asking L2 for its next GEMM item's first K tiles
     **{f"persistent_pf{n}": L._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
     # with --fp8: e4m3 launches (K tiles of FP8_BLOCK_K) without a prefetch, prefetching, swapped, or both
-    "persistent_fp8_plain": pl.launch_for(H, HQ * D, I, fp8=True),
-    **{f"persistent_fp8_pf{n}": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=n) for n in (1, 2, 4)},
-    "persistent_fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),
-    "persistent_fp8_swap_pf2": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True, prefetch=2),
+    "persistent_fp8_plain": L8,
+    **{f"persistent_fp8_pf{n}": L8._replace(prefetch=n) for n in (1, 2, 4)},
+    "persistent_fp8_swap": L8._replace(swap=True),
+    "persistent_fp8_swap_pf2": L8._replace(swap=True, prefetch=2),
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 
@@ -375,7 +376,8 @@ def main():
              for r in rows if r["best"]}
     layers = time_layers(dev, dt, tokens, tuned if rows else dict(fl.TUNED))
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "fp8": args.fp8, "seconds": round(time.time() - t0, 1), "linears": rows, "layers": layers, "persistent_profiles": profiles,
+           "fp8": args.fp8, "seconds": round(time.time() - t0, 1), "linears": rows, "layers": layers,
+           "persistent_profiles": profiles,
            "tuned": [[list(k), list(v)] for k, v in tuned.items()],
            # the five-kernel experiment's; it fails past 64 tokens (those rows hold its error)
            "layer_median_speedup": statistics.median(

@@ -41,6 +41,7 @@ from voxcpm_triton.model.minicpm import LayerMath  # noqa: E402
 H, HQ, HKV, D, I, EPS = 2048, 16, 2, 128, 6144, 1e-5
 DEPTH, BLOCK, WIDTH = 28, 16, 512  # layers; the engine's block size and table width (8192 positions)
 L = pl.Launch()
+L8 = pl.launch_for(H, HQ * D, I, fp8=True)  # the e4m3 launch's tiles (K tiles of FP8_BLOCK_K), nothing else on
 VARIANTS = {  # name -> launch: None, the server's (pl.choose_launch for the LM's sizes and the GPU), and others
     "default": None, "unswapped": pl.launch_for(H, HQ * D, I), "launch_local": L,
     "gu16": L._replace(blocks=(32, 32, 16, 32)),
@@ -53,12 +54,10 @@ VARIANTS = {  # name -> launch: None, the server's (pl.choose_launch for the LM'
     "o64_gu64_d64": L._replace(blocks=(32, 64, 64, 64)), "qkv64_gu64": L._replace(blocks=(64, 32, 64, 32)),
     # weight rows as the products' M side (wgmma from 64 rows; the server's on Hopper)
     "swap_qkv64": pl.launch_for(H, HQ * D, I)._replace(blocks=(64, 64, 64, 64), swap=True),
-    "fp8_swap": pl.launch_for(H, HQ * D, I, fp8=True)._replace(swap=True),  # with --fp8
-    "fp8_plain": pl.launch_for(H, HQ * D, I, fp8=True),  # with --fp8: no prefetch
-    # with --fp8: the e4m3 launch prefetching (K tiles) and/or with balanced gate/up items
-    **{f"fp8_pf{n}": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=n) for n in (1, 2)},
-    "fp8_balance": pl.launch_for(H, HQ * D, I, fp8=True)._replace(balance=True),
-    "fp8_pf1_balance": pl.launch_for(H, HQ * D, I, fp8=True)._replace(prefetch=1, balance=True),
+    # with --fp8: the e4m3 launch swapped, plain (no prefetch), prefetching K tiles and/or with balanced gate/up items
+    "fp8_swap": L8._replace(swap=True), "fp8_plain": L8,
+    **{f"fp8_pf{n}": L8._replace(prefetch=n) for n in (1, 2)},
+    "fp8_balance": L8._replace(balance=True), "fp8_pf1_balance": L8._replace(prefetch=1, balance=True),
     **{f"pf{n}": pl.launch_for(H, HQ * D, I)._replace(swap=True, prefetch=n) for n in (1, 2, 4, 8)},
 }
 ONLY: set = set()
