@@ -486,6 +486,18 @@ def test_an_e4m3_stack_is_its_layers_chained(programs, monkeypatch):
     assert (off.float() - ref).abs().max().item() > 10 * tol(dtype, ref)
 
 
+def compiled_graph(body, static):
+    """body torch.compile'd (dynamic shapes, as the engine compiles), run once, then captured in a
+    CUDA graph over static -> (graph, its output tensor)."""
+    f = torch.compile(body, dynamic=True)
+    f(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(static)
+    return graph, out
+
+
 @pytest.mark.skipif(not CUDA, reason="torch.compile and CUDA graphs need a GPU")
 def test_an_e4m3_stack_compiles_captures_and_replays():
     """The fp8 engine's stack: the custom op with the e4m3 data and scales apart, inside torch.compile'd
@@ -500,13 +512,8 @@ def test_an_e4m3_stack_compiles_captures_and_replays():
     def body(h):
         return pl.local_stack_op(h * 1.0, flat, weights[0], cos, sin, 11, 16, 2, 128, EPS, scales)[0]
 
-    f = torch.compile(body, dynamic=True)
     static = rand(22, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
-    f(static)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = f(static)
+    graph, out = compiled_graph(body, static)
     for seed in range(1, 3):
         static.copy_(rand(22, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
         graph.replay()
@@ -791,13 +798,8 @@ def test_compiles_captures_and_replays(tokens, stacked):
             normed = hn if nxt is not None else None
         return h
 
-    f = torch.compile(body, dynamic=True)
     static = rand(tokens, 1024, g=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
-    f(static)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = f(static)
+    graph, out = compiled_graph(body, static)
     for seed in range(1, 4):
         static.copy_(rand(tokens, 1024, g=torch.Generator().manual_seed(seed), dtype=torch.bfloat16))
         for _ in range(20):
