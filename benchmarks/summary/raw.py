@@ -36,6 +36,11 @@ def layer_us(name) -> dict:
             for r in load(name)["layers"] if "M" in r}
 
 
+def phase_spans(profile: dict) -> dict:
+    """A persistent layer's phase profile (`kernel_fused_layer.phase_summary`'s) -> {phase: span us}."""
+    return {p["phase"]: p["span_us"] for p in profile["phases"]}
+
+
 def engine_loop_run(name) -> dict:
     """engine_loop.py's first request (raw/<name>) -> its steps/s, median GPU ms per step, engine ready s."""
     d = load(name)

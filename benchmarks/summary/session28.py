@@ -5,7 +5,7 @@ import re
 import statistics
 
 from summary.plots import paired_bars, save_panels, stream_panels
-from summary.raw import HERE, load, served_levels
+from summary.raw import HERE, load, phase_spans, served_levels
 
 
 def twenty_eighth_session(res) -> list[str]:
@@ -56,7 +56,7 @@ def twenty_eighth_session(res) -> list[str]:
           "| tokens | " + " | ".join(names[v] for v in variants) + " |", "|---" * (len(variants) + 1) + "|"]
     md += [f"| {m} ({'LocDiT' if layers[m]['seq_len'] == 11 else 'LocEnc'}) | "
            + " | ".join(f"{us(m, v):.1f}" for v in variants) + " |" for m in layers]
-    p176, p44 = ({x["phase"]: x["span_us"] for x in prof[m]["phases"]} for m in (176, 44))
+    p176, p44 = (phase_spans(prof[m]) for m in (176, 44))
     md += ["", f"- Row tiles lose wherever they are needed: at 176 tokens (LocDiT at bucket 8) the kernel takes "
            f"{us(176, 'persistent'):.1f} us against {us(176, 'compiled_torch'):.1f} compiled, at 352 "
            f"{us(352, 'persistent'):.1f} against {us(352, 'compiled_torch'):.1f}. Its phases at 176 tokens "

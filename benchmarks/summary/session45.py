@@ -4,8 +4,8 @@ import re
 
 from summary.issue17 import ISSUE_RATIO, ISSUE_RTF, ISSUE_TTFA, ISSUE_TTFA95_64, ISSUE_XRT64, ISSUE_XRT8, met, ok_c64
 from summary.plots import pyplot, save_panels
-from summary.raw import (AUDIO_S_PER_STEP, layer_us, load, served_levels, served_summary, served_table, tests_passed,
-                         text)
+from summary.raw import (AUDIO_S_PER_STEP, layer_us, load, phase_spans, served_levels, served_summary, served_table,
+                         tests_passed, text)
 
 # engine_loop.py runs: (key, label, bucket, file), in each call's order
 LOOPS_45 = [("c1_unswapped", "call 1: unswapped (the forty-fourth session's launch)", 1,
@@ -27,7 +27,7 @@ def _lm(name: str, key: str = "us") -> dict:
 def _profiles(name: str) -> list:
     """kernel_fused_layer.py's phase profiles -> [(tokens, swap, prefetch, total us, {phase: span us})]."""
     return [(p["M"], p["launch"].get("swap", False), p["launch"].get("prefetch") or 0, p["total_us"],
-             {q["phase"]: q["span_us"] for q in p["phases"]}) for p in load(name)["persistent_profiles"]]
+             phase_spans(p)) for p in load(name)["persistent_profiles"]]
 
 
 def _loop(name: str) -> dict:

@@ -5,7 +5,7 @@ import re
 from summary.issue17 import targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
 from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_table, served_summary, text)
+                         phase_spans, served_levels, served_ms_per_step, served_summary, served_table, text)
 
 # engine_loop.py --max-batch 1 runs: key -> (label, file)
 ENGINE = {"layers": ("call 1: VOXCPM_FUSED_STACKS=0 (a launch per layer)", "engine_loop_layers_fortyseventh.json"),
@@ -64,7 +64,7 @@ def forty_seventh_session(res) -> list[str]:
         "device": "NVIDIA H200",
         "engine": {k: {"run": ENGINE[k][0], **v} for k, v in e.items()},
         "stack_over_layers": stack_gain, "rtf_in_process": 1 / (e["stack"]["steps_per_s"] * AUDIO_S_PER_STEP),
-        "phase_profile_us": {p["M"]: {"total": p["total_us"], "phases": {q["phase"]: q["span_us"] for q in p["phases"]},
+        "phase_profile_us": {p["M"]: {"total": p["total_us"], "phases": phase_spans(p),
                                       "barriers": sum(q["barrier_us"] or 0 for q in p["phases"])}
                              for p in prof["persistent_profiles"]},
         "step_profile_b1": {"gpu_ms": step["gpu_ms"], "kernels": step["kernels"], "persistent_ms": persistent_ms,

@@ -5,7 +5,8 @@ import re
 from summary.issue17 import ISSUE_RATIO, met, targets_table
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
 from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, gpu_check_record, headline_keys, layer_us, load,
-                         served_levels, served_ms_per_step, served_summary, served_table, tests_passed, text)
+                         phase_spans, served_levels, served_ms_per_step, served_summary, served_table, tests_passed,
+                         text)
 
 PAIR_LOCAL = {"persistent_stack": "one program per SM (the server's)", "persistent_stack_pair": "two per SM",
               "persistent_stack_pair_split8": "two, 8 K splits",
@@ -28,8 +29,8 @@ def forty_eighth_session(res) -> list[str]:
     and the one-stream and 64-stream headline keys, returns the markdown, draws results_forty_eighth.png."""
     pair_raw = load("kernel_fused_layer_pair_fortyeighth.json")
     pair = layer_us("kernel_fused_layer_pair_fortyeighth.json")
-    profiles = {(p["M"], p["launch"]["per_sm"]): {q["phase"]: q["span_us"] for q in p["phases"]}
-                | {"total": p["total_us"]} for p in pair_raw["persistent_profiles"]}
+    profiles = {(p["M"], p["launch"]["per_sm"]): phase_spans(p) | {"total": p["total_us"]}
+                for p in pair_raw["persistent_profiles"]}
     lm_pair = {r["rows"]: {k: v["us"] for k, v in r["launches"].items()}
                for r in load("kernel_lm_layer_pair_fortyeighth.json")["rows"]}
     sm90 = text("kernel_sm90_mma_pair_fortyeighth.txt")

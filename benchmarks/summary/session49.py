@@ -3,7 +3,8 @@
 import re
 
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import engine_loop_run, layer_us, load, served_levels, served_summary, tests_passed, text
+from summary.raw import (engine_loop_run, layer_us, load, phase_spans, served_levels, served_summary, tests_passed,
+                         text)
 
 # kernel_fused_layer.py --fp8 variants -> what the row says (call 1 ran per-layer launches only)
 CALL1_LOCAL = {"persistent": "no prefetch (the server's e4m3 launch before this session)",
@@ -24,15 +25,15 @@ def _call1_layers() -> dict:
     """kernel_fused_layer.py --fp8's log of call 1 (its JSON was not written: the run's last part, a
     16-bit-only prefetch timing, failed on e4m3 weights) -> {tokens: {variant: us per layer}}."""
     out: dict = {}
-    for m, name, us in re.findall(r"^layer M=\s*(\d+) (\S+)\s+([\d.]+) us", text("kernel_fused_layer_fp8_call1_fortyninth.log"),
-                                  re.M):
+    log = text("kernel_fused_layer_fp8_call1_fortyninth.log")
+    for m, name, us in re.findall(r"^layer M=\s*(\d+) (\S+)\s+([\d.]+) us", log, re.M):
         out.setdefault(int(m), {})[name] = float(us)
     return out
 
 
 def _profile(d: dict) -> dict:
     """A profile's phases as {phase: span us} and its total."""
-    return {p["phase"]: p["span_us"] for p in d["phases"]} | {"total": d["total_us"]}
+    return phase_spans(d) | {"total": d["total_us"]}
 
 
 def _kernels(name: str) -> dict:
@@ -56,7 +57,8 @@ def _sm90(name: str) -> list[dict]:
         m = re.match(r"(\d+) tokens .*'LAYERS': (\d+).*wgmma (\d+), mma.sync (\d+),.*?(\d+) bytes spill stores.*Used "
                      r"(\d+) registers", line)
         if m:
-            out.append(dict(zip(("tokens", "layers", "wgmma", "mma_sync", "spilled", "registers"), map(int, m.groups()))))
+            keys = ("tokens", "layers", "wgmma", "mma_sync", "spilled", "registers")
+            out.append(dict(zip(keys, map(int, m.groups()))))
     return out
 
 
@@ -69,10 +71,10 @@ def forty_ninth_session(res) -> list[str]:
     weights = {p: load(f"offline_b1_{p}_fortyninth.json")["weights_gib"] for p in prof}
     sm90 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fp8_fortyninth.txt")}
     sm90_bf16 = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_bf16_fortyninth.txt")}
-    sm90_bf16_before = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fortyseventh.txt")}  # last: balanced
+    # the forty-seventh session's record (its last compiles: balanced, as the code is)
+    sm90_bf16_before = {(c["tokens"], c["layers"]): c for c in _sm90("kernel_sm90_mma_fortyseventh.txt")}
     # earlier sessions' figures this section compares against
-    bf16_lm = {p["phase"]: p["span_us"]
-               for p in load("kernel_lm_layer_balance_fortyseventh.json")["rows"][0]["profile"]["phases"]}
+    bf16_lm = phase_spans(load("kernel_lm_layer_balance_fortyseventh.json")["rows"][0]["profile"])
     bf16_local = res["forty_seventh"]["phase_profile_us"][22]["phases"]
     before44 = res["forty_fourth"]["one_stream_10_requests"]
     last = res["forty_eighth"]
@@ -127,7 +129,8 @@ def forty_ninth_session(res) -> list[str]:
           f"{one['fp8']['rtf']['p50']:.4f} against bf16's {one['bf16']['rtf']['p50']:.4f}",
           "", "Four device calls on one H200 (about 27 of 30 min). Issue 17's third item is FP8 as an opt-in "
           "precision; served at one stream it has been slower than bf16 since the persistent layer kernels came "
-          f"(the forty-fourth session: RTF {before44['fp8']['rtf_p50']:.4f} against {before44['bf16']['rtf_p50']:.4f}). "
+          f"(the forty-fourth session: RTF {before44['fp8']['rtf_p50']:.4f} against "
+          f"{before44['bf16']['rtf_p50']:.4f}). "
           "This session measured where fp8's "
           "lone-request step goes and gave its e4m3 layers two things bf16's already had: one launch per LocDiT/"
           "LocEnc stack and a prefetched K tile. bf16, the default, is unchanged: its launches and stacks are "
@@ -174,7 +177,8 @@ def forty_ninth_session(res) -> list[str]:
            "a step, and a second e4m3 launch rule would want its own stack measured.",
            "- The LM's e4m3 phases at one row (no prefetch): "
            + ", ".join(f"{k} {v:.2f}" for k, v in lm_phases.items() if k != "total")
-           + " us; the forty-seventh session's bf16 ones (its call 3's launch: swapped, prefetching, QKV and gate/up items narrowed): "
+           + " us; the forty-seventh session's bf16 ones (its call 3's launch: swapped, prefetching, QKV and "
+           "gate/up items narrowed): "
            + ", ".join(f"{k} {bf16_lm[k]:.2f}" for k in ("qkv", "o (split K)", "gate/up+silu", "down (split K)"))
            + ". With half the bytes e4m3 gains in gate/up and down; its QKV and output phases are longer.", "",
            "**The change** (76560ac). e4m3 layers stack as 16-bit ones do: on Hopper, at most 32 tokens (LocDiT's "
@@ -184,7 +188,8 @@ def forty_ninth_session(res) -> list[str]:
            "for 16-bit weights). `choose_launch` gives e4m3 launches on Hopper up to 64 rows one prefetched K tile "
            "(`Launch.prefetch`), and neither swap nor balance. The prefetch was measured at the LM's 1 row and "
            "LocDiT's 22 and 44 and LocEnc's 10 tokens; the other sizes up to 64 rows (LM rows 2-16, LocEnc's "
-           "40 tokens at batch 8) take it as bf16's launches do, unmeasured for e4m3. A new test runs three e4m3 layers with different "
+           "40 tokens at batch 8) take it as bf16's launches do, unmeasured for e4m3. A new test runs three e4m3 "
+           "layers with different "
            "scales as one stack against the same layers chained (to the bit under the interpreter) and against "
            "the PyTorch path on the dequantised weights. With layer 0's scales in every layer it fails, and it "
            "failed with the kernel reading layer 0's scales. Compiled for sm_90 on the CPU "
@@ -218,7 +223,8 @@ def forty_ninth_session(res) -> list[str]:
            "bf16's does; 88 tokens and more were not measured and keep none.",
            "- Phases of one e4m3 LocDiT layer at 22 tokens (a launch of its own, prefetching): "
            + ", ".join(f"{k} {v:.2f}" for k, v in p22.items() if k != "total")
-           + f" us, total {p22['total']:.2f}. bf16's swapped, prefetching layer (forty-seventh session, one layer's launch): "
+           + f" us, total {p22['total']:.2f}. bf16's swapped, prefetching layer (forty-seventh session, one layer's "
+           "launch): "
            + ", ".join(f"{k} {bf16_local[k]:.2f}" for k in ("qkv", "o (split K)", "gate/up+silu", "down (split K)"))
            + ". At these few tokens e4m3's products (weights widened to fp16 in "
            "registers, `mma.sync`) are slower than bf16's warpgroup MMA, half the bytes or not; why exactly was "
@@ -303,7 +309,8 @@ def _plot(d22, d10, before, after, bf16, served):
     a.set_ylabel("us per e4m3 layer")
     a.set_ylim(0, 42)
     a.legend(fontsize=7, loc="upper right")
-    run_bars(b, [("engine steps/s: fp8 before", before["steps_per_s"]), ("engine steps/s: fp8 now", after["steps_per_s"]),
+    run_bars(b, [("engine steps/s: fp8 before", before["steps_per_s"]),
+                 ("engine steps/s: fp8 now", after["steps_per_s"]),
                  ("engine steps/s: bf16", bf16["steps_per_s"])]
              + [(f"served x real time, {c} stream{'s' if c > 1 else ''}: {p}", served[p][c]["x_real_time"])
                 for c in (1, 8) for p in ("fp8", "bf16")],
