@@ -17,7 +17,9 @@ activations per token (`kernels.fp8.fp8_linear`), the persistent kernel widens t
 registers; the sweep's `default` is then the server's e4m3 launch (K tiles of FP8_BLOCK_K), `unswapped`
 the bf16 one (K tiles of 128), `fp8_swap` the e4m3 one with its products swapped.
 
-Microseconds per layer, median of replays of a CUDA graph of the 28.
+Microseconds per layer, median of replays of a CUDA graph of the 28; a sweep's launches both as layers
+of their own (`us`) and chained as the engine runs them (`chained_us`: each given its input norm by the
+layer before).
 """
 
 from __future__ import annotations
@@ -132,12 +134,12 @@ def main():
                              paged=paged(backend, i))
             return h
 
-        def chained():  # as `minicpm.MiniCPM` stacks them: each layer hands the next its input norm
+        def chained(launch=None):  # as `minicpm.MiniCPM` runs them: each layer hands the next its input norm
             h, normed = x, None
             for i, w in enumerate(layers):
                 nxt = layers[i + 1][0] if i + 1 < DEPTH else None
-                res = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, paged=paged(backend, i),
-                               h_in=normed, next_norm=nxt)
+                res = pl.layer(h, w[0], w[1], *rope, 1, (HQ, HKV, D), *w[2:], EPS, launch=launch,
+                               paged=paged(backend, i), h_in=normed, next_norm=nxt)
                 h, normed = res if nxt is not None else (res, None)
             return h
 
@@ -158,9 +160,13 @@ def main():
                 if ONLY and name not in ONLY:
                     continue
                 variant = lambda launch=launch: fused(launch)  # noqa: E731
+                in_chain = lambda launch=launch: chained(launch)  # noqa: E731
                 try:
                     diff = (variant().float() - fused().float()).abs().max().item()
-                    row["launches"][name] = {"us": time_calls([variant], 1, reps=20) / DEPTH, "max_abs_diff": diff}
+                    chain_diff = (in_chain().float() - fused().float()).abs().max().item()
+                    row["launches"][name] = {"us": time_calls([variant], 1, reps=20) / DEPTH, "max_abs_diff": diff,
+                                             "chained_us": time_calls([in_chain], 1, reps=20) / DEPTH,
+                                             "chained_max_abs_diff": chain_diff}
                 except Exception as e:  # out of shared memory and the like
                     row["launches"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
                 print(f"[lm layer] rows {rows:3d} launch {name:22s} {row['launches'][name]}", flush=True)
