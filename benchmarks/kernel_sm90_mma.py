@@ -128,15 +128,19 @@ def ptxas_stats(ptx: str) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", default="22,44,10", help="token counts (LocDiT: 22 per request, LocEnc: 10)")
+    ap.add_argument("--tokens", default=None,
+                    help="token counts (default 22,44,10: LocDiT 22 a request, LocEnc 5; with --lm, rows: 1)")
     ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
     ap.add_argument("--layers", type=int, default=0, help="a stack of this many layers in one launch (0: one layer)")
     ap.add_argument("--fp8", action="store_true", help="the projections' weights in e4m3")
     ap.add_argument("--lm", action="store_true", help="an LM decode layer, paged (tokens: its rows)")
     args = ap.parse_args()
+    counts = [int(t) for t in (args.tokens or ("1" if args.lm else "22,44,10")).split(",")]
+    if args.lm and (args.layers or max(counts) > pl.MAX_ROWS):
+        ap.error(f"--lm: one layer (no --layers) of at most {pl.MAX_ROWS} rows, as the engine launches them")
     changes = dict(args.launch)
-    for tokens in (int(t) for t in args.tokens.split(",")):
+    for tokens in counts:
         seq_len = 5 if tokens % 11 else 11
         a, kw = launch_arguments(tokens, seq_len, changes, args.layers, args.fp8, args.lm)
         k = compile_sm90(a, kw)
