@@ -182,7 +182,7 @@ def forty_ninth_session(res) -> list[str]:
            + ", ".join(f"{k} {bf16_lm[k]:.2f}" for k in ("qkv", "o (split K)", "gate/up+silu", "down (split K)"))
            + ". With half the bytes e4m3 gains in gate/up and down; its QKV and output phases are longer.", "",
            "**The change** (76560ac). e4m3 layers stack as 16-bit ones do: on Hopper, at most 32 tokens (LocDiT's "
-           "22, LocEnc's 10 at a lone request). A stack's offsets table (`persistent_layer._offsets`) now has ten "
+           "22, LocEnc's 5 at a lone request). A stack's offsets table (`persistent_layer._offsets`) now has ten "
            "columns per layer, the four e4m3 scales' offsets beside the weights' and norms', each in its own "
            "tensor's elements; the custom op `voxcpm::local_stack` takes the scales as a list of their own (empty "
            "for 16-bit weights). `choose_launch` gives e4m3 launches on Hopper up to 64 rows one prefetched K tile "
