@@ -257,6 +257,9 @@ def time_layers(dev, dt, token_counts, tuned):
                     "persistent_chained": persistent_chained(layers, x, cos, sin, S),
                     "persistent_stack": persistent_stack(layers, x, cos, sin, S),
                     "persistent_stack_pf0": persistent_stack(layers, x, cos, sin, S, prefetch=0),
+                    # deeper pipelines: as many stages as K tiles (and shared memory) allow, or K tiles of 256
+                    "persistent_stack_stages_all": persistent_stack(layers, x, cos, sin, S, stages=0),
+                    "persistent_stack_bk256": persistent_stack(layers, x, cos, sin, S, block_k=256),
                     # every gate/up item a whole tile (Launch.balance off): the same launch where the
                     # 128 tiles cover the programs (H100/H200), a check that balance changes nothing there
                     "persistent_stack_unbalanced": persistent_stack(layers, x, cos, sin, S, balance=False)}

@@ -129,7 +129,8 @@ def ptxas_stats(ptx: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default=None,
-                    help="token counts (default 22,44,10: LocDiT 22 a request, LocEnc 5; with --lm, rows: 1)")
+                    help="token counts (default 22,44,10: LocDiT's 22 a request, LocEnc's 5 a request, so 10 at two; "
+                         "with --lm, rows: 1)")
     ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="a persistent_layer.Launch field changed, repeatable (e.g. swap=True)")
     ap.add_argument("--layers", type=int, default=0, help="a stack of this many layers in one launch (0: one layer)")

@@ -58,6 +58,8 @@ def fiftieth_session(res) -> list[str]:
     prof1, prof2 = (phase_spans(lm_raw[n]["profile"]) for n in (1, 2))
     local = layer_us("kernel_fused_layer_fiftieth.json")
     engine = {k: engine_loop_run(f"engine_loop_{k}_fiftieth.json") for k in ENGINE}
+    deep = layer_us("kernel_fused_layer_stages_fiftieth.json")
+    deep_engine = {k: engine_loop_run(f"engine_loop_{k}_fiftieth.json") for k in ("base", "stages_all")}
     tests = {c: tests_passed(f"gpu_tests_call{c}_fiftieth.txt") for c in (2, 3)}
     call1_tests = text("gpu_tests_call1_fiftieth.txt").count(".")
     last = res["forty_eighth"]
@@ -74,6 +76,7 @@ def fiftieth_session(res) -> list[str]:
         "lm_layer_chained_us": lm, "lm_layer_alone_us": lm_alone,
         "local_layer_us": {m: local[m] for m in (22, 10)},
         "engine_loop": engine, "engine_gain_both": gain, "gpu_tests": tests,
+        "deeper_pipelines": {"layer_us": {m: deep[m] for m in (22, 10)}, "engine_loop": deep_engine},
         "step_weights": {k: {"layers": n, "mb_per_layer": w, "us_per_layer": measured[k]}
                          for k, (n, w) in weights.items()},
     }
@@ -85,7 +88,7 @@ def fiftieth_session(res) -> list[str]:
     md = ["", "## Fiftieth session (2026-12-01, H200): the LM's context-split merge folded into its output "
           "projection and the next layer's QKV tiles asked of L2 across launches, measured and dropped (engine "
           f"{gain:.3f}x); GPU-only tests of the forty-ninth session's code pass",
-          "", "Three device calls on one H200 (about 15 of 30 min by the device tool's count). Two of the small leads "
+          "", "Four device calls on one H200 (about 20 of 30 min by the device tool's count). Two of the small leads "
           "the forty-eighth session left for a lone request's step, both in the LM's decode layers "
           f"({n_lm} a step, one row each, each its own launch of the persistent layer kernel). Neither gains in the "
           "engine, so the server's code is unchanged; the patch is kept as a record "
@@ -157,6 +160,21 @@ def fiftieth_session(res) -> list[str]:
            "and e4m3 weights. With the patch (call 2, `-k 'merges_the_context or next_qkv or e4m3_stack_compiles or "
            f"compiled_stack_is_one_graph'`, `raw/gpu_tests_call2_fiftieth.txt`): {tests[2]}. Call 1's test run "
            f"ran past its time limit after {call1_tests} tests passed (`raw/gpu_tests_call1_fiftieth.txt`).", "",
+           "**Deeper pipelines, measured and not taken** (call 4, no code change but two benchmark variants: "
+           "`kernel_fused_layer.py --no-sweep --tokens 22,10 --variants persistent_stack,persistent_stack_stages_all,"
+           "persistent_stack_bk256`, then `engine_loop.py ... --launch stages=0` and without; "
+           "`raw/kernel_fused_layer_stages_fiftieth.{json,log}`, `raw/engine_loop_{stages_all,base}_fiftieth.json`). "
+           "The GEMM phases with 32-row weight tiles (QKV, output, down) read their weights at 1.6-2.5 TB/s (the "
+           "forty-seventh session's phase profile at 22 tokens). If each program's few K tiles in flight were what "
+           "held them there, more in flight would help; it did not. "
+           "Per layer, us (the server's stack, as many pipeline stages as K tiles and shared memory allow, K "
+           f"tiles of 256): at 22 tokens {deep[22]['persistent_stack']:.2f}, "
+           f"{deep[22]['persistent_stack_stages_all']:.2f}, {deep[22]['persistent_stack_bk256']:.2f}; at 10 "
+           f"{deep[10]['persistent_stack']:.2f}, {deep[10]['persistent_stack_stages_all']:.2f}, "
+           f"{deep[10]['persistent_stack_bk256']:.2f}. The engine with every launch's stages uncapped: "
+           f"{deep_engine['stages_all']['steps_per_s']:.1f} steps/s against {deep_engine['base']['steps_per_s']:.1f} "
+           "(one run each, the latter the code before this session again). The sixteenth session found the cap of "
+           "5 as good on the launches of then (H100, unswapped, without the prefetch).", "",
            "**A lone request's step against its weight reads** (bf16; the weights from the model config, "
            f"`benchmarks/voxcpm2_config.json`; the floor at the H200's {H200_TBS} TB/s; us per layer from call 1, "
            "the launches of the code before the patch, microbenchmarks: the LM at a context of 300, LocEnc at 10 "
