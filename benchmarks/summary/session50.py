@@ -87,11 +87,13 @@ def fiftieth_session(res) -> list[str]:
     n_lm, n_dit = weights[LM][0], weights[DIT][0]
     md = ["", "## Fiftieth session (2026-12-01, H200): the LM's context-split merge folded into its output "
           "projection and the next layer's QKV tiles asked of L2 across launches, measured and dropped (engine "
-          f"{gain:.3f}x); GPU-only tests of the forty-ninth session's code pass",
+          f"{gain:.3f}x), deeper GEMM pipelines in LocDiT's stack too; GPU-only tests of the forty-ninth session's "
+          "code pass",
           "", "Four device calls on one H200 (about 20 of 30 min by the device tool's count). Two of the small leads "
           "the forty-eighth session left for a lone request's step, both in the LM's decode layers "
           f"({n_lm} a step, one row each, each its own launch of the persistent layer kernel). Neither gains in the "
-          "engine, so the server's code is unchanged; the patch is kept as a record "
+          "engine, so the server's code is unchanged (call 4 then tried deeper pipelines in LocDiT's and LocEnc's "
+          "stacks, a launch field only: no gain either); the patch is kept as a record "
           "(`raw/merge_o_next_qkv_fiftieth.patch`, against ffff83c, with its tests). The variants and `--launch` "
           "fields the commands below name exist only with the patch applied.",
           "", "- **Splits merged in the output projection** (`Launch.merge_o`, on at one row only): no merge phase and "
