@@ -94,8 +94,8 @@ def fiftieth_session(res) -> list[str]:
           f"({n_lm} a step, one row each, each its own launch of the persistent layer kernel). Neither gains in the "
           "engine, so the server's code is unchanged (call 4 then tried deeper pipelines in LocDiT's and LocEnc's "
           "stacks, a launch field only: no gain either); the patch is kept as a record "
-          "(`raw/merge_o_next_qkv_fiftieth.patch`, against ffff83c, with its tests). Calls 1 and 2's variants and `--launch` "
-          "fields (`merge_o`, `prefetch_next`) exist only with the patch applied.",
+          "(`raw/merge_o_next_qkv_fiftieth.patch`, against ffff83c, with its tests). Calls 1 and 2's variants "
+          "and `--launch` fields (`merge_o`, `prefetch_next`) exist only with the patch applied.",
           "", "- **Splits merged in the output projection** (`Launch.merge_o`, on at one row only): no merge phase and "
           "no barrier of its own after the paged attention; each output projection item first merges its own K "
           "split's 4 query heads from the 16 context splits' partial softmaxes into scratch rows of its program, "
