@@ -64,7 +64,7 @@ from summary import (
     session44, session45, session46, session47, session48, session49, session50,
 )
 from summary.plots import figure_path, pyplot, set_figure_dir
-from summary.raw import HERE, engine_runs, load, served_levels, served_xrt
+from summary.raw import HERE, engine_runs, layer_weights, load, model_config, served_levels, served_xrt
 
 
 def step_flops(cfg: dict, timesteps: int = 10) -> dict:
@@ -72,18 +72,16 @@ def step_flops(cfg: dict, timesteps: int = 10) -> dict:
     runs its CFG pair (2 x 11 tokens) once per velocity evaluation (timesteps - 1: the first is
     zero velocity), its last layer's output projection and MLP for the 4 kept tokens only; LocEnc
     encodes the new patch (5 tokens, 1 kept); the base and residual LMs take one token each."""
-    def layer(h, heads, kv, d, ffn):  # (qkv, o + mlp) weight counts of one layer
-        return h * (heads + 2 * kv) * d, heads * d * h + 3 * h * ffn
-
     lm, P = cfg["lm_config"], cfg["patch_size"]
     kv = lm["num_key_value_heads"]
-    qkv, rest = layer(lm["hidden_size"], lm["num_attention_heads"], kv, lm["kv_channels"], lm["intermediate_size"])
+    qkv, rest = layer_weights(lm["hidden_size"], lm["num_attention_heads"], kv, lm["kv_channels"],
+                              lm["intermediate_size"])
     out = {"base_lm": 2 * lm["num_hidden_layers"] * (qkv + rest),
            "residual_lm": 2 * cfg["residual_lm_num_layers"] * (qkv + rest)}
     for name, sub, tokens, kept, runs in (("locdit", "dit_config", 2 * (3 + 2 * P), 2 * P, timesteps - 1),
                                           ("locenc", "encoder_config", P + 1, 1, 1)):
         c = cfg[sub]
-        q, r = layer(c["hidden_dim"], c["num_heads"], kv, c["kv_channels"], c["ffn_dim"])
+        q, r = layer_weights(c["hidden_dim"], c["num_heads"], kv, c["kv_channels"], c["ffn_dim"])
         per_run = (c["num_layers"] - 1) * tokens * (q + r) + tokens * q + kept * r
         out[name] = 2 * runs * per_run
     return out
@@ -393,8 +391,7 @@ def main(out_dir: str = HERE):
     worst_abs = max(x["max_abs"] for x in g["graph_vs_eager"].values())
     pf = g["prefill_graph_vs_eager"]
     gpu_bound = 1 / (1 / runs[64]["aggregate_xrt"] + 1 / vae_rate)
-    with open(os.path.join(HERE, "voxcpm2_config.json")) as f:
-        flops = step_flops(json.load(f))
+    flops = step_flops(model_config())
     p64, audio_per_step = res["profile_batch64"], 0.16  # 4 latent frames at 25 Hz
     gemm64 = p64["by_kind_ms"]["GEMM (cuBLAS)"]
     tflops64 = 64 * sum(flops.values()) / (gemm64 / 1000) / 1e12

@@ -19,6 +19,18 @@ def load(name):
         return json.load(f)
 
 
+def model_config() -> dict:
+    """benchmarks/voxcpm2_config.json: the full-size model's config, the benchmarks' checkpoint."""
+    with open(os.path.join(HERE, "voxcpm2_config.json")) as f:
+        return json.load(f)
+
+
+def layer_weights(h: int, heads: int, kv: int, d: int, ffn: int) -> tuple[int, int]:
+    """A decoder layer's weight counts (hidden h, heads query and kv key/value heads of d, gated MLP of
+    ffn): (its QKV projection, its output projection and MLP)."""
+    return h * (heads + 2 * kv) * d, heads * d * h + 3 * h * ffn
+
+
 def text(name) -> str:
     """raw/<name> as text (a log, a test run's output)."""
     with open(os.path.join(HERE, "raw", name)) as f:

@@ -1,10 +1,7 @@
 """results.md: the twelfth session's section, and results_twelfth.png."""
 
-import json
-import os
-
 from summary.plots import figure_path, pyplot
-from summary.raw import HERE, load, served_levels
+from summary.raw import load, model_config, served_levels
 
 
 def twelfth_session(res) -> list[str]:
@@ -119,8 +116,7 @@ def _first_audio_phases(res) -> list[str]:
 
 def _lora_floor(m, base_ms: float, lora_ms: float, batch: int) -> str:
     """What reading every row's own adapter costs a step at `batch` at the H100's bandwidth alone."""
-    with open(os.path.join(HERE, "voxcpm2_config.json")) as f:
-        cfg = json.load(f)
+    cfg = model_config()
     r, two = m["config"]["rank"], 2  # bf16 tables
 
     def attn(c, hidden, heads, kv, layers):  # q/k/v and o: A [r, in] and B [out, r] per target

@@ -1,11 +1,9 @@
 """results.md: the fiftieth session's section, and results_fiftieth.png."""
 
-import json
-import os
-
 from summary.issue17 import ISSUE_RATIO, ISSUE_RTF
 from summary.plots import paired_bars, pyplot, run_bars, save_panels
-from summary.raw import AUDIO_S_PER_STEP, HERE, engine_loop_run, layer_us, load, phase_spans, tests_passed, text
+from summary.raw import (AUDIO_S_PER_STEP, engine_loop_run, layer_us, layer_weights, load, model_config, phase_spans,
+                         tests_passed, text)
 
 ROWS = (1, 2, 4, 8)
 # kernel_lm_layer.py's sweep variants of call 1 (the patch's Launch fields) -> what the row says
@@ -24,12 +22,11 @@ LM, DIT, ENC = ("LMs (base and residual, 1 row)", "LocDiT (22 tokens, one stack 
 def _step_weights(cfg: dict, timesteps: int = 10) -> dict:
     """{module: (layers a lone request's decode step runs, MB of bf16 weights per layer)} from the model config:
     every layer reads its four projections whole, LocDiT's once per velocity evaluation (timesteps - 1, the
-    server's default of 10 timesteps). LocDiT and LocEnc have the LM's KV heads, as `summarize.step_flops`
-    counts them."""
+    server's default of 10 timesteps). LocDiT and LocEnc have the LM's KV heads (as `summarize.step_flops`)."""
     lm, kv = cfg["lm_config"], cfg["lm_config"]["num_key_value_heads"]
 
     def mb(h, heads, d, ffn):
-        return 2 * (h * (heads + 2 * kv) * d + heads * d * h + 3 * h * ffn) / 1e6
+        return 2 * sum(layer_weights(h, heads, kv, d, ffn)) / 1e6
 
     dit, enc = cfg["dit_config"], cfg["encoder_config"]
     return {LM: (lm["num_hidden_layers"] + cfg["residual_lm_num_layers"],
@@ -65,8 +62,7 @@ def fiftieth_session(res) -> list[str]:
     last = res["forty_eighth"]
     spread = (res["forty_ninth"]["engine_loop"]["bf16"]["steps_per_s"],
               last["engine_loop"]["sums_patch_sums_off"]["steps_per_s"])
-    with open(os.path.join(HERE, "voxcpm2_config.json")) as f:
-        weights = _step_weights(json.load(f))
+    weights = _step_weights(model_config())
     # the launches as the code before the patch runs them (neither change; stacks not asking for layer 0's QKV)
     measured = {LM: lm[1]["merge_o_False_next_False"], DIT: local[22]["persistent_stack_no_next"],
                 ENC: local[10]["persistent_stack_no_next"]}
