@@ -90,6 +90,10 @@ def main():
     ap.add_argument("--out", default="engine_loop.json")
     ap.add_argument("--launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="persistent layers with this persistent_layer.Launch field changed (an A/B), repeatable")
+    ap.add_argument("--local-launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
+                    help="as --launch, LocDiT's and LocEnc's layers only (hidden below the LM's)")
+    ap.add_argument("--lm-launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
+                    help="as --launch, the LMs' layers only")
     ap.add_argument("--max-batch", type=int, default=1,
                     help="the engine's max_batch_size: 1 runs the lone request in a bucket of 1, more in the "
                          "smallest of --batch-buckets")
@@ -107,11 +111,13 @@ def main():
         minicpm.DecoderLayer.forward = lambda self, *a, next_norm=None, **k: forward(self, *a, **k)
     # every persistent layer launch the engine resolves (with --launch's changes), for the record
     from voxcpm_triton.kernels import persistent_layer as pl
-    changes = dict(args.launch)
+    with open(os.path.join(args.checkpoint, "config.json")) as f:
+        lm_hidden = json.load(f)["lm_config"]["hidden_size"]
     chosen, launches = pl.choose_launch, {}
 
     def choose_launch(H, HO, I, tokens, device, elem, fp8=False):
         launch = chosen(H, HO, I, tokens, device, elem, fp8)
+        changes = dict(args.launch) | dict(args.lm_launch if H >= lm_hidden else args.local_launch)
         launch = launch and launch._replace(**changes)
         launches[f"hidden {H}, {tokens} tokens{', e4m3' if fp8 else ''}"] = launch and launch._asdict()
         return launch
@@ -130,6 +136,7 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith("VOXCPM_")}, "launch": args.launch,
+           "local_launch": args.local_launch, "lm_launch": args.lm_launch,
            "precision": args.precision, "max_batch": args.max_batch, "timestep_buckets": args.timestep_buckets,
            "batch_buckets": eng.runner.buckets, "ready_s": ready_s, "startup_s": eng.startup_s,
            "capture_seconds": eng.runner.capture_seconds,

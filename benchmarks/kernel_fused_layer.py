@@ -147,6 +147,7 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     **{f"persistent_fp8_pf{n}": L8._replace(prefetch=n) for n in (1, 2, 4)},
     "persistent_fp8_swap": L8._replace(swap=True),
     "persistent_fp8_swap_pf2": L8._replace(swap=True, prefetch=2),
+    "persistent_server": L._replace(swap=True, prefetch=2, balance=True),  # the server's under 64 tokens on Hopper
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 
@@ -354,7 +355,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=pl.MAX_TOKENS,
                     help="the persistent layer's token bound for this run (past the server's: what more would give)")
     ap.add_argument("--variants", default="", help="only these layer variants (names, comma-separated)")
-    ap.add_argument("--profile-launch", default="", help="the phase profile with this PERSISTENT launch")
+    ap.add_argument("--profile-launch", default="",
+                    help="the phase profile with these PERSISTENT launches too (comma-separated)")
     ap.add_argument("--fp8", action="store_true",
                     help="e4m3 projection weights (with --no-sweep and --variants of persistent launches)")
     args = ap.parse_args()
@@ -368,7 +370,8 @@ def main():
     fits = [M for M in tokens if M <= pl.MAX_TOKENS]  # the persistent layer's phases: under its bound only
     profiles = [phase_profile(dev, dt, M) for M in fits]
     if args.profile_launch:
-        profiles += [phase_profile(dev, dt, M, PERSISTENT[args.profile_launch]) for M in fits]
+        profiles += [phase_profile(dev, dt, M, PERSISTENT[name]) for name in args.profile_launch.split(",")
+                     for M in fits]
     if args.profile_only:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "fp8": args.fp8,
