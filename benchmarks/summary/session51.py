@@ -166,9 +166,12 @@ def fifty_first_session(res) -> list[str]:
     lo, hi = min(hold["behind"]["xrt"]), max(hold["behind"]["xrt"])
     md += ["",
            f"- Both holds fall inside the server's own rounds ({lo:.1f} to {hi:.1f}x): no gain to tell from the "
-           "spread, so the parameter was not added and no served run was spent on it. These rounds are short "
-           "(3 requests of 100 steps per client, about 5.4 s), and a 100-step request has only five chunks after "
-           "its first three: longer requests would have more to hold.",
+           "spread, so the parameter was not added and no served run was spent on it. A likely reason: the "
+           "closed loop's clients (like the served burst's) run in near-lockstep waves, so their 16-patch chunks "
+           "fill in the same step and a round already takes them all (the thirtieth session's trace saw 64 x 16 "
+           "decodes); a hold has little left to gather there. Staggered (Poisson) arrivals were not run. These "
+           "rounds are also short (3 requests of 100 steps per client, about 5.4 s), and a 100-step request has "
+           "only five chunks after its first three.",
            f"- In process the 64 clients make {med['behind']:.0f}x, against the engine's 699x at batch 64 (the "
            f"forty-eighth session): {med['behind'] / 699.4:.2f} before any serving cost, under the "
            f"{ISSUE_RATIO} the issue asks of the served path (served: {last['served_over_engine_c64']:.3f}).", "",
