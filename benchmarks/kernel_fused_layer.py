@@ -147,7 +147,6 @@ PERSISTENT = {  # name -> launch (None: the server's, pl.choose_launch for the s
     **{f"persistent_fp8_pf{n}": L8._replace(prefetch=n) for n in (1, 2, 4)},
     "persistent_fp8_swap": L8._replace(swap=True),
     "persistent_fp8_swap_pf2": L8._replace(swap=True, prefetch=2),
-    "persistent_server": L._replace(swap=True, prefetch=2, balance=True),  # the server's under 64 tokens on Hopper
 }
 ONLY: set = set()  # --variants: the layer variants to time (besides compiled_torch, the baseline)
 

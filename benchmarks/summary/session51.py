@@ -15,16 +15,31 @@ STACKS = {"parts_qkv32": ("partials summed by the attention, 32-row QKV tiles (1
                           "kernel_fused_layer_qkv_parts_fiftyfirst.json", "persistent_stack_qkv64_split2"),
           "sums_qkv64": ("fp32 sums by atomic adds, 64-row QKV tiles (80 items)",
                          "kernel_fused_layer_qkv_split_fiftyfirst.json", "persistent_stack_qkv64_split2")}
-PHASES = ("qkv", "attention", "o (split K)")
+PHASES = ("norm", "qkv", "attention", "o (split K)")
 HOLDS = {"behind": "each round at once (the server's)", "hold50": "held up to 50 ms",
          "hold100": "held up to 100 ms"}
 
 
-def _profiles(name: str) -> dict:
-    """kernel_fused_layer.py's phase profiles (raw/<name>) -> {(tokens, split_qkv, QKV tile rows): profile}:
-    the later of equal launches (the server's launch profiled twice, as the default and by name)."""
-    return {(p["M"], p["launch"].get("split_qkv", 1), p["launch"]["blocks"][0]): p
-            for p in load(name)["persistent_profiles"]}
+# kernel_fused_layer.py's phase profiles, in the order --profile-launch ran them (each at 22, then 10 tokens):
+# name -> (raw file, index of its 22-token profile, split_qkv, QKV tile rows)
+PROFILES = {"server_default": ("kernel_fused_layer_qkv_parts_fiftyfirst.json", 0, 1, 32),  # call 2, the default
+            "server": ("kernel_fused_layer_qkv_parts_fiftyfirst.json", 2, 1, 32),  # call 2, the same by name
+            "parts_qkv32": ("kernel_fused_layer_qkv_parts_fiftyfirst.json", 4, 2, 32),
+            "parts_qkv64": ("kernel_fused_layer_qkv_parts_fiftyfirst.json", 6, 2, 64),
+            "server_sums_call": ("kernel_fused_layer_qkv_split_fiftyfirst.json", 0, 1, 32),  # call 3
+            "sums_qkv64": ("kernel_fused_layer_qkv_split_fiftyfirst.json", 2, 2, 64)}
+TIMER_US = 0.256  # the phase spans' step (the GPU's global timer)
+
+
+def _profiles() -> dict:
+    """{PROFILES name: {tokens: phase profile}}, each checked to be the launch its name says."""
+    out = {}
+    for name, (raw, i, split, rows) in PROFILES.items():
+        ps = load(raw)["persistent_profiles"][i:i + 2]
+        assert [(p["M"], p["launch"].get("split_qkv", 1), p["launch"]["blocks"][0]) for p in ps] == \
+            [(m, split, rows) for m in TOKENS], (name, [p["launch"] for p in ps])
+        out[name] = {p["M"]: p for p in ps}
+    return out
 
 
 def fifty_first_session(res) -> list[str]:
@@ -36,30 +51,26 @@ def fifty_first_session(res) -> list[str]:
     stack = {"server_parts_call": {m: parts[m]["persistent_stack"] for m in TOKENS},
              "server_sums_call": {m: sums[m]["persistent_stack"] for m in TOKENS},
              **{k: {m: layer_us(f)[m][v] for m in TOKENS} for k, (_, f, v) in STACKS.items()}}
-    prof_parts, prof_sums = _profiles(STACKS["parts_qkv64"][1]), _profiles(STACKS["sums_qkv64"][1])
-    profiles = {"server": {m: phase_spans(prof_parts[(m, 1, 32)]) for m in TOKENS},
-                "parts_qkv32": {m: phase_spans(prof_parts[(m, 2, 32)]) for m in TOKENS},
-                "parts_qkv64": {m: phase_spans(prof_parts[(m, 2, 64)]) for m in TOKENS},
-                "server_sums_call": {m: phase_spans(prof_sums[(m, 1, 32)]) for m in TOKENS},
-                "sums_qkv64": {m: phase_spans(prof_sums[(m, 2, 64)]) for m in TOKENS}}
-    totals = {"parts_qkv64": {m: prof_parts[(m, 2, 64)]["total_us"] for m in TOKENS},
-              "server_sums_call": {m: prof_sums[(m, 1, 32)]["total_us"] for m in TOKENS},
-              "sums_qkv64": {m: prof_sums[(m, 2, 64)]["total_us"] for m in TOKENS}}
+    prof = _profiles()
+    profiles = {k: {m: phase_spans(p[m]) for m in TOKENS} for k, p in prof.items()}
+    totals = {k: {m: p[m]["total_us"] for m in TOKENS} for k, p in prof.items()}
     lm_parts = load("kernel_lm_layer_qkv_parts_fiftyfirst.json")["rows"][0]["launches"]
     lm_sums = load("kernel_lm_layer_qkv_split_fiftyfirst.json")["rows"][0]["launches"]
     lm = {"parts": {k: lm_parts[k]["chained_us"] for k in ("default", "qkv32_split2", "qkv64_split2")},
           "sums": {k: lm_sums[k]["chained_us"] for k in ("default", "qkv64_split2")}}
+    lm_qkv = phase_spans(load("kernel_lm_layer_qkv_parts_fiftyfirst.json")["rows"][0]["profile"])["qkv"]
     engine = {"parts": {k: engine_loop_run(f"engine_loop_qkv_parts_{k}_fiftyfirst.json")
                         for k in ("base", "split", "base2")},
               "sums": {k: engine_loop_run(f"engine_loop_qkv_split_{k}_fiftyfirst.json")
                        for k in ("base", "both", "base2")}}
-    tests = text("gpu_tests_qkv_split_fiftyfirst.txt").count(".")
+    tests = len(re.fullmatch(r"\.+", text("gpu_tests_qkv_split_fiftyfirst.txt").strip()).group())  # cut off: dots
     sm90 = text("kernel_sm90_mma_qkv_split_fiftyfirst.txt")
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", sm90)]
     hold = closed_loop_rounds("closed_loop_hold_fiftyfirst.json")[64]
     med = {k: statistics.median(hold[k]["xrt"]) for k in HOLDS}
     base_e = {k: statistics.mean(engine[k][b]["steps_per_s"] for b in ("base", "base2")) for k in engine}
     last = res["forty_eighth"]
+    engine_b64 = last["engine_b64_xrt"]["call7"][0]
     res["fifty_first"] = {
         "device": "NVIDIA H200",
         "patches": ["raw/qkv_split_parts_fiftyfirst.patch", "raw/qkv_split_fiftyfirst.patch",
@@ -68,7 +79,8 @@ def fifty_first_session(res) -> list[str]:
         "lm_layer_chained_us": lm, "engine_loop": engine,
         "closed_loop_c64_xrt": {k: hold[k]["xrt"] for k in HOLDS}, "closed_loop_c64_median_xrt": med,
     }
-    sp, sv = profiles["server"], profiles["parts_qkv64"]
+    sp, sv, sa = profiles["server"], profiles["parts_qkv64"], profiles["sums_qkv64"]
+    sc = profiles["server_sums_call"]
     md = ["", "## Fifty-first session (2026-12-01, H200): the QKV projection in two K splits, its sums in the "
           "attention or in fp32 atomics, and the audio thread's rounds held for more chunks: measured and dropped",
           "", "Four device calls on one H200, and a one-second fifth that looked for call 1's lost files (about "
@@ -80,57 +92,69 @@ def fifty_first_session(res) -> list[str]:
           "change only LocDiT/LocEnc's or only the LMs' persistent launches, and `kernel_fused_layer.py "
           "--profile-launch` takes several launches.", "",
           "**Why the QKV phase.** In the server's LocDiT layer at 22 tokens (the forty-seventh session's profile, "
-          f"again in call 2: {sp[22]['qkv']:.2f} us) its 2560 columns make 80 tiles of 32 weight rows: 52 of the "
-          "132 programs wait at the barrier while each of the others walks 8 K tiles of 128. Two K splits halve "
+          f"again in call 2: {sp[22]['qkv']:.2f} us) its 2560 columns make 80 tiles of 32 weight rows: 48 of the "
+          "launch's 128 programs wait at the barrier while each of the others walks 8 K tiles of 128. Two K "
+          "splits halve "
           "each item's walk, and 64-row tiles (80 items again) put its products on Hopper's warpgroup MMA. The "
           "splits' fp32 sums must then reach the attention phase, which reads q, k and v:",
           "- **partials summed by the attention** (calls 1-2): each split writes its own fp32 partials; the "
           "attention loads both and rounds their sum as it loads q, k and v (local and paged attention alike);",
-          "- **sums by atomic adds** (call 3): each split adds into one fp32 buffer (`red.global.add`; two "
-          "addends from zero sum the same in either order, so the result stays deterministic), zero at rest: "
-          "every launch's output phase zeroes the rows it used. The attention then loads one fp32 value where "
-          "it loaded one bf16 one.",
+          "- **sums by atomic adds** (call 3): each split adds into one fp32 buffer (`tl.atomic_add`, relaxed; "
+          "two addends from zero sum the same in either order, so the result stays deterministic), zero at "
+          "rest: every launch's output projection phase zeroes the rows it used. The attention then loads one "
+          "fp32 value where it loaded one bf16 one.",
+          "", "The launches (`persistent_layer.Launch` fields changed from the server's, in the benchmarks' "
+          "variants of calls 1-3, which the patches do not carry): LocDiT/LocEnc `split_qkv=2, "
+          "blocks=(32 or 64, 32, 32, 32)`; the LM `split_qkv=2, blocks=(32 or 64, 64, 64, 64)`.",
           "", "Both were checked under the CPU interpreter against the PyTorch layer (local launches, and a paged "
           "LM layer), and mutation-checked there: summing one partial fewer, never zeroing the sums, and storing "
           f"instead of adding each failed. On the GPU, call 3's test run (the atomic form) passed {tests} tests "
           "before its time ran out, none failed (`raw/gpu_tests_qkv_split_fiftyfirst.txt`).", "",
           "**Per layer** (`kernel_fused_layer.py --no-sweep --tokens 22,10 --variants persistent_stack,...`: 12 "
-          "LocDiT layers as one stack, replayed back to back, us per layer; `raw/kernel_fused_layer_qkv_"
-          "{parts,split}_fiftyfirst.json`):", "",
-          "| stack | 22 tokens | 10 tokens |", "|---|---|---|",
+          "layers as one stack, replayed back to back, us per layer; LocDiT's 22 tokens, LocEnc's 10 (two "
+          "sequences of 5: a lone request runs one); `raw/kernel_fused_layer_qkv_{parts,split}_fiftyfirst.json`):",
+          "", "| stack | LocDiT, 22 tokens | LocEnc, 10 tokens |", "|---|---|---|",
           f"| the server's (call 2) | {stack['server_parts_call'][22]:.2f} | {stack['server_parts_call'][10]:.2f} |"]
-    md += [f"| {STACKS[k][0]} (call {'2' if k.startswith('parts') else '3'}) | {stack[k][22]:.2f} | "
-           f"{stack[k][10]:.2f} |" for k in ("parts_qkv32", "parts_qkv64")]
+    md += [f"| {STACKS[k][0]} (call 2) | {stack[k][22]:.2f} | {stack[k][10]:.2f} |"
+           for k in ("parts_qkv32", "parts_qkv64")]
     md += [f"| the server's (call 3) | {stack['server_sums_call'][22]:.2f} | {stack['server_sums_call'][10]:.2f} |",
            f"| {STACKS['sums_qkv64'][0]} (call 3) | {stack['sums_qkv64'][22]:.2f} | {stack['sums_qkv64'][10]:.2f} |",
-           "", "Phases of one layer's launch (unchained, the GPU's global timer in every program; spans in us):", "",
-           "| launch | tokens | qkv | attention | o (split K) | whole launch |", "|---|---|---|---|---|---|"]
-    rows = (("the server's (call 2)", "server", prof_parts, (1, 32)),
-            ("partials, 32-row tiles", "parts_qkv32", prof_parts, (2, 32)),
-            ("partials, 64-row tiles", "parts_qkv64", prof_parts, (2, 64)),
-            ("the server's (call 3)", "server_sums_call", prof_sums, (1, 32)),
-            ("atomic sums, 64-row tiles", "sums_qkv64", prof_sums, (2, 64)))
-    for label, k, prof, key in rows:
+           "", "Phases of one layer's launch (unchained; the GPU's global timer in every program, spans in us, in "
+           f"steps of {TIMER_US} us: differences of a step or two are the timer's):", "",
+           "| launch | tokens | norm | qkv | attention | o (split K) | whole launch |", "|---|---|---|---|---|---|---|"]
+    rows = (("the server's (call 2, as the default)", "server_default"),
+            ("the same launch, by name (call 2's variant `persistent_server`, since removed)", "server"),
+            ("partials, 32-row tiles", "parts_qkv32"), ("partials, 64-row tiles", "parts_qkv64"),
+            ("the server's (call 3)", "server_sums_call"), ("atomic sums, 64-row tiles", "sums_qkv64"))
+    for label, k in rows:
         md += [f"| {label} | {m} | " + " | ".join(f"{profiles[k][m][p]:.2f}" for p in PHASES)
-               + f" | {prof[(m, *key)]['total_us']:.2f} |" for m in TOKENS]
+               + f" | {totals[k][m]:.2f} |" for m in TOKENS]
     md += ["",
            f"- The split does shorten the QKV phase: {sp[22]['qkv']:.2f} -> {sv[22]['qkv']:.2f} us at 22 tokens with "
-           f"64-row tiles ({sp[10]['qkv']:.2f} -> {sv[10]['qkv']:.2f} at 10). 32-row tiles make 160 items for 132 "
-           "programs, 28 of which take two: longer, as the item count says.",
-           f"- The attention pays more than that: {sp[22]['attention']:.2f} -> {sv[22]['attention']:.2f} us summing "
-           f"partials, {profiles['server_sums_call'][22]['attention']:.2f} -> "
-           f"{profiles['sums_qkv64'][22]['attention']:.2f} loading the atomic sums (fp32: twice the bytes of "
-           "bf16, on a phase of 32 items that is all latency). One layer's launch with the atomic sums takes as "
-           f"long as without ({totals['server_sums_call'][22]:.2f} and {totals['sums_qkv64'][22]:.2f} us), and "
-           f"the stack longer. Compiled for sm_90 on the CPU (`kernel_sm90_mma.py`, "
-           f"`raw/kernel_sm90_mma_qkv_split_fiftyfirst.txt`), the 12-layer stack spills {spills[0]} and "
-           f"{spills[1]} bytes at 22 and 10 tokens, {spills[2]} and {spills[3]} with the atomic split (255 "
-           "registers a thread either way): the stack, not one layer, is where the split loses most.",
+           f"64-row tiles ({sp[10]['qkv']:.2f} -> {sv[10]['qkv']:.2f} at 10). 32-row tiles make 160 items for the "
+           "132 programs (one per SM) that launch runs, 28 of which take two: longer, as the item count says.",
+           f"- Summing partials, the attention pays more than the split saves ({sp[22]['attention']:.2f} -> "
+           f"{sv[22]['attention']:.2f} us at 22 tokens). Loading the atomic sums it pays "
+           f"{sa[22]['attention'] - sc[22]['attention']:.2f} of the {sc[22]['qkv'] - sa[22]['qkv']:.2f} us saved "
+           f"({sc[22]['attention']:.2f} -> {sa[22]['attention']:.2f}), and the norm phase before it "
+           f"{sa[22]['norm'] - sc[22]['norm']:.2f} more (one timer step; it asks L2 for the QKV items' first tiles, "
+           "now of 64 rows): one layer's launch takes as long as without "
+           f"({totals['server_sums_call'][22]:.2f} and {totals['sums_qkv64'][22]:.2f} us). "
+           "The likely reason for the attention's share (not measured apart): fp32 loads are twice bf16's bytes, "
+           "in a phase of 32 items that is all latency.",
+           "- In the stack, where these layers run, the 64-row splits lose 1.2-1.8 us a layer (the table above). "
+           "Compiled for sm_90 on the CPU (`kernel_sm90_mma.py`, `raw/kernel_sm90_mma_qkv_split_fiftyfirst.txt`), "
+           f"the 12-layer stack spills {spills[0]} and {spills[1]} bytes at 22 and 10 tokens, {spills[2]} and "
+           f"{spills[3]} with the atomic split, at 255 registers a thread either way; whether the spills are what "
+           "costs the stack its extra time was not measured.",
+           "- The server's launch profiled twice in call 2 (as the default and by name) gives the spread of one "
+           f"launch: {totals['server_default'][22]:.2f} and {totals['server'][22]:.2f} us at 22 tokens.",
            f"- The LM's layer at one row, chained (28 layers, context 300; `kernel_lm_layer.py --rows 1 --sweep 1`): "
            f"{lm['parts']['default']:.2f} us as served, {lm['parts']['qkv64_split2']:.2f} with the partials and "
            f"64-row tiles, {lm['parts']['qkv32_split2']:.2f} with 32-row ones (call 2); "
-           f"{lm['sums']['default']:.2f} and {lm['sums']['qkv64_split2']:.2f} with the atomic sums (call 3). Its "
-           "QKV phase is 5.1 us at one row (2048-long K), so it gains where LocDiT's does not.", "",
+           f"{lm['sums']['default']:.2f} and {lm['sums']['qkv64_split2']:.2f} with the atomic sums (call 3); one "
+           f"run each. Its QKV phase is longer ({lm_qkv:.2f} us at one row in call 2's profile, a K of 2048), which "
+           "may be why the split helps it a little where it does not help LocDiT's.", "",
            "**The engine, a lone request** (`engine_loop.py --checkpoint /tmp/full --max-batch 1 --steps 200 "
            "--timestep-buckets 10,100`, one process per row, in the order listed; `raw/engine_loop_qkv_"
            "{parts,split}_*_fiftyfirst.json`):", "",
@@ -145,19 +169,21 @@ def fifty_first_session(res) -> list[str]:
     gain_lm = engine["parts"]["split"]["steps_per_s"] / base_e["parts"]
     loss = engine["sums"]["both"]["steps_per_s"] / base_e["sums"]
     md += ["",
-           f"- The LMs' split alone: {gain_lm:.4f}x the mean of its call's two plain runs (its GPU step "
+           f"- The LMs' split alone, one run: {gain_lm:.4f}x the mean of its call's two plain runs (its GPU step "
            f"{1e3 * (engine['parts']['base']['gpu_step_ms'] - engine['parts']['split']['gpu_step_ms']):.0f} us "
-           "shorter than the first's): about the 36 layers' 0.7 us each, and within the 0.7% the same kernels have "
-           "spread over earlier sessions' runs. With LocDiT's and LocEnc's split too: "
-           f"{loss:.3f}x, slower, as their stacks were. Dropped, both forms.", "",
+           "shorter than the first's), about the 36 layers' 0.7 us each. The two plain runs differ by 0.1%, and "
+           "the same kernels have spread 0.7% between earlier sessions' runs. Dropped: 0.45% at best, for a "
+           "second sum path in both attention kernels. With LocDiT's and LocEnc's split too: "
+           f"{loss:.3f}x, slower, as their stacks were. Dropped.", "",
            "**The audio thread's rounds held for more chunks** (call 4). Issue 17's second lever asks for the VAE "
            "batched across the streams with a chunk ready. The decoder's audio thread takes whatever is queued "
-           "each round: what came while the last round ran (how much at 64 streams was not measured). The patch let a round wait up to "
-           "N ms, until 256 patches were queued (`vae_streams.MAX_GRAPH_PATCHES`, the largest decode with a CUDA "
-           "graph), but never for a request's first three "
-           "chunks, its end, a first-audio fence or a stop (`StreamAudio(hold_s=, hold_patches=)`, decoder "
-           "parameters `audio_hold_ms`, `audio_hold_patches`, default off; its CPU test mutation-checked on each "
-           "of those rules). In process, as served (`closed_loop.py --checkpoint /tmp/full --clients 64 "
+           "each round: what came while the last round ran (how much at 64 streams was not measured). The "
+           "patch let a round wait up to N ms, until 256 patches were queued (`vae_streams.MAX_GRAPH_PATCHES`, "
+           "the largest decode with a CUDA graph), but never for a request's first three chunks, its end, a "
+           "request put back for want of a stream slot, a first-audio fence or a stop "
+           "(`StreamAudio(hold_s=, hold_patches=)`, decoder parameters `audio_hold_ms`, `audio_hold_patches`, "
+           "default off; its CPU test was mutation-checked on the first chunks, the end, the fence and the patch "
+           "count). In process, with the server's settings (`closed_loop.py --checkpoint /tmp/full --clients 64 "
            "--requests 3 --rounds 3 --max-batch 64 --settings behind,hold50,hold100`, the settings' order "
            "rotating; `raw/closed_loop_hold_fiftyfirst.{json,log}`), x real time:", "",
            "| rounds | round 1 | round 2 | round 3 | median | over the server's |", "|---|---|---|---|---|---|"]
@@ -165,27 +191,28 @@ def fifty_first_session(res) -> list[str]:
            f"{med[k] / med['behind']:.3f}x |" for k, label in HOLDS.items()]
     lo, hi = min(hold["behind"]["xrt"]), max(hold["behind"]["xrt"])
     md += ["",
-           f"- Both holds fall inside the server's own rounds ({lo:.1f} to {hi:.1f}x): no gain to tell from the "
-           "spread, so the parameter was not added and no served run was spent on it. A likely reason: the "
+           f"- Both holds' medians fall inside the server's own rounds ({lo:.1f} to {hi:.1f}x): no gain to tell "
+           "from the spread, so the parameter was not added and no served run was spent on it. A likely reason: the "
            "closed loop's clients (like the served burst's) run in near-lockstep waves, so their 16-patch chunks "
            "fill in the same step and a round already takes them all (the thirtieth session's trace saw 64 x 16 "
            "decodes); a hold has little left to gather there. Staggered (Poisson) arrivals were not run. These "
            "rounds are also short (3 requests of 100 steps per client, about 5.4 s), and a 100-step request has "
            "only five chunks after its first three.",
-           f"- In process the 64 clients make {med['behind']:.0f}x, against the engine's 699x at batch 64 (the "
-           f"forty-eighth session): {med['behind'] / 699.4:.2f} before any serving cost, under the "
+           f"- In process the 64 clients make {med['behind']:.0f}x, against the engine's {engine_b64:.0f}x at batch "
+           f"64 (the forty-eighth session): {med['behind'] / engine_b64:.2f} before any serving cost, under the "
            f"{ISSUE_RATIO} the issue asks of the served path (served: {last['served_over_engine_c64']:.3f}).", "",
            "**Against issue 17's targets**: unchanged (the server's code is the forty-eighth session's). Missed: "
            f"one stream RTF <= {ISSUE_RTF} ({last['served'][1]['rtf_p50']:.4f}) and served/engine at 64 streams >= "
            f"{ISSUE_RATIO} ({last['served_over_engine_c64']:.3f}); the others met.", "",
-           "![fifty-first session: LocDiT's stack with the QKV split; the closed loop's rounds with the audio "
+           "![fifty-first session: LocDiT's and LocEnc's stacks with the QKV split; the closed loop's rounds "
+           "with the audio "
            "hold](results_fifty_first.png)", ""]
     _plot(stack, hold)
     return md
 
 
 def _plot(stack, hold):
-    """Left: us per stacked LocDiT layer, server's and split, per token count; right: the closed loop's rounds."""
+    """Left: us per stacked layer, the server's and split, per token count; right: the closed loop's rounds."""
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     series = [("the server's (call 2)", "tab:gray", [stack["server_parts_call"][m] for m in TOKENS]),
@@ -193,8 +220,8 @@ def _plot(stack, hold):
               ("partials, 64-row QKV", "tab:red", [stack["parts_qkv64"][m] for m in TOKENS]),
               ("the server's (call 3)", "tab:olive", [stack["server_sums_call"][m] for m in TOKENS]),
               ("atomic sums, 64-row QKV", "tab:blue", [stack["sums_qkv64"][m] for m in TOKENS])]
-    paired_bars(a, [f"{m} tokens" for m in TOKENS], series, lambda v: f"{v:.1f}")
-    a.set_ylabel("us per LocDiT layer (stack of 12)")
+    paired_bars(a, ["LocDiT, 22 tokens", "LocEnc, 10 tokens"], series, lambda v: f"{v:.1f}")
+    a.set_ylabel("us per layer (stack of 12)")
     a.set_ylim(0, 38)
     a.legend(fontsize=7, loc="upper center", ncol=3)
     runs = [(f"{k}, round {i + 1}", x) for k in HOLDS for i, x in enumerate(hold[k]["xrt"])]
