@@ -109,7 +109,7 @@ def main():
         from voxcpm_triton.model import minicpm
         forward = minicpm.DecoderLayer.forward
         minicpm.DecoderLayer.forward = lambda self, *a, next_norm=None, **k: forward(self, *a, **k)
-    # every persistent layer launch the engine resolves (with --launch's changes), for the record
+    # every persistent layer launch the engine resolves (with the --launch options' changes), for the record
     from voxcpm_triton.kernels import persistent_layer as pl
     with open(os.path.join(args.checkpoint, "config.json")) as f:
         lm_hidden = json.load(f)["lm_config"]["hidden_size"]
