@@ -21,6 +21,13 @@ the whole round's: until then its client cannot send its next request.
 until what is queued has been launched and returns an event after it on the audio stream, for the
 engine's stream to wait on. (A high priority only orders kernels that wait at the same time: a
 step's persistent kernels hold every SM, and a decode launched behind them trickles between them.)
+
+A round's largest batch is delivered last, one request at a time (each send is a round trip to the
+server), which under load takes tens of milliseconds. A chunk queued meanwhile would wait for all of
+it; so between those deliveries, a request whose client has heard nothing yet, or would run out of
+audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
+delivered at once ("rushed"), alone or with others like it. Only then: the round's decodes are done
+on the GPU by that time, so the rushed decode does not queue behind them.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ log = logging.getLogger("voxcpm_triton.stream_audio")
 # Out-of-range priorities are clamped: this asks for the highest the device has.
 HIGHEST_PRIORITY = -100
 
+# A queued chunk is rushed (module doc) when its client would otherwise be left with less audio than
+# this once the round's remaining deliveries are done.
+RUSH_MARGIN_S = 0.05
+
 _NO_END = object()
 
 
@@ -57,6 +68,12 @@ class _Request:
     opened: bool = False
     failed: bool = False
     done: bool = False  # its end (or its failure) has been delivered
+    first_at: float | None = None  # monotonic time of its first chunk's delivery
+    sent_s: float = 0.0  # seconds of audio delivered
+
+    def buffered_s(self, now: float) -> float | None:
+        """The audio its client still has to play at `now`, if it plays from its first chunk on."""
+        return None if self.first_at is None else self.sent_s - (now - self.first_at)
 
 
 class StreamAudio:
@@ -65,8 +82,10 @@ class StreamAudio:
     nothing after; `on_failure(key, error)` is told so that its generation stops too."""
 
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
-                 graph_patches, on_failure: Callable[[Any, Exception], None]):
+                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True):
+        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc)."""
         self.P = patch_size
+        self.rate = vae.out_sample_rate
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
         # behind decodes in pieces, not as one ever larger decode.
         self.max_patches = max(graph_patches)
@@ -90,6 +109,10 @@ class StreamAudio:
         self.round_upto = None  # while a round runs: chunks_queued when it took its work
         self.stopping = False
         self.last_batch = 0  # requests decoded together in the latest round
+        self.send_s = 1e-3  # a delivery's time, a moving average (the rush's estimate of a round's rest)
+        self.rushed = 0  # rushes so far
+        self.rush = rush
+        self._rushing = False
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
         self.thread.start()
 
@@ -223,11 +246,15 @@ class StreamAudio:
             self.chunks_launched, self.launch_event = upto, event
             self.fences.notify_all()
 
-    def _take(self) -> list:
-        """This round's work, under the lock: (key, request, chunks, end) for each request queued,
-        its pending chunks up to max_patches (at least one), and its end once no chunk is left."""
+    def _take(self, keys=None) -> list:
+        """This round's work, under the lock: (key, request, chunks, end) for each request queued
+        (those of `keys` only, if given), its pending chunks up to max_patches (at least one), and its
+        end once no chunk is left."""
         work, later = [], {}
         for key, r in self.queued.items():
+            if keys is not None and key not in keys:
+                later[key] = r
+                continue
             take, n = 0, 0
             while take < len(r.pending) and (take == 0 or n + len(r.pending[take]) <= self.max_patches):
                 n += len(r.pending[take])
@@ -286,25 +313,67 @@ class StreamAudio:
                 self._fail([(key, r) for key, r, *_ in group], e)
         self.last_batch = len(decodes)
         launched()
-        for group, frames, pending in batches:
+        undelivered = {key for key, *_ in decodes}
+        for b, (group, frames, pending) in enumerate(batches):
             try:
                 audio = pending.result()
             except Exception as e:  # noqa: BLE001
                 self._fail([(key, r) for key, r, *_ in group], e)
+                undelivered.difference_update(key for key, *_ in group)
                 continue
             per_patch = audio.shape[-1] // frames * self.P  # samples
             # Requests that end first: their clients wait for the end to send their next request.
-            for (key, r, chunks, _), a in sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends):
+            items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
+            for i, ((key, r, chunks, _), a) in enumerate(items):
+                if b == len(batches) - 1:  # the round's decodes are all done on the GPU
+                    self._rush(undelivered, len(items) - i)
                 start = 0
                 for c in chunks:
-                    self._deliver(key, r, c, a[start:start + len(c) * per_patch])
+                    self._send_chunk(key, r, c, a[start:start + len(c) * per_patch])
                     start += len(c) * per_patch
+                undelivered.discard(key)
                 if key in ends:
                     self._end(key, r, ends.pop(key))
         for key, r, _, _ in work:
             if key in ends and not r.failed and key not in waiting:
                 self._end(key, r, ends.pop(key))
         return waiting
+
+    def _send_chunk(self, key, r: _Request, patches, audio):
+        """Deliver one chunk's audio, and keep the books the rush reads."""
+        t0 = time.monotonic()
+        if r.first_at is None:
+            r.first_at = t0
+        r.sent_s += len(audio) / self.rate
+        self._deliver(key, r, patches, audio)
+        self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
+
+    def _rush(self, busy: set, left: int):
+        """Between a round's last deliveries (`left` to go, to the requests in `busy`): decode and
+        deliver now the queued chunks whose clients cannot wait for them (module doc)."""
+        if not self.rush or self._rushing or not self.queued:  # unlocked: a chunk queued now waits one delivery
+            return
+        now = time.monotonic()
+        wait = left * self.send_s
+        with self.cond:
+            keys = {key for key, r in self.queued.items() if key not in busy and not r.failed and (
+                not r.pending and r.end is not _NO_END  # an end alone: its client waits for it to go on
+                or r.pending and (r.first_at is None or r.buffered_s(now) < wait + RUSH_MARGIN_S))}
+            if not keys:
+                return
+            work = self._take(keys)
+            # What a fence waits for: with nothing left queued, every chunk so far is launched with these.
+            upto = None if self.queued else self.chunks_queued
+        self._rushing, last_batch = True, self.last_batch
+        self.rushed += 1
+        try:
+            # A request with no stream slot free yet is put back, for the next round.
+            self._round(work, lambda: upto is not None and self._launched(upto))
+        except Exception as e:  # noqa: BLE001 - as a failed round: these requests fail, the round goes on
+            log.exception("rushed audio decoding failed")
+            self._fail([(key, r) for key, r, *_ in work if not r.done], e)
+        finally:
+            self._rushing, self.last_batch = False, last_batch
 
     def _frames(self, chunks: list, frames: int) -> torch.Tensor:
         """A request's chunks as [1, D, frames] latent frames, silence after them up to `frames`."""

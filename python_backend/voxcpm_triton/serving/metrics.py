@@ -113,6 +113,11 @@ class EngineMetrics:
                                     "the engine's GPU stream idle: it waited for the engine's thread", labels,
                                     "COUNTER"),
         }
+        if audio is not None:
+            self.counters["audio_rushes"] = metric(
+                "voxcpm_decoder_audio_rushes_total", "Times the decoder's audio thread decoded and sent chunks "
+                "between a round's deliveries, for clients about to run out of audio or still waiting for their "
+                "first", labels, "COUNTER")
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
@@ -129,7 +134,7 @@ class EngineMetrics:
         if not s["up"]:  # a dead engine runs nothing: don't leave it looking busy
             s.update(running=0, waiting=0, steps_per_s=0.0)
         if self.audio is not None:
-            s.update(audio_streams=len(self.audio), audio_batch=self.audio.last_batch)
+            s.update(audio_streams=len(self.audio), audio_batch=self.audio.last_batch, audio_rushes=self.audio.rushed)
         with IPC_LOCK:
             for k, m in self.gauges.items():
                 m.set(s[k])

@@ -149,6 +149,11 @@ PARAMETERS: tuple[Param, ...] = (
           "with decode_audio: a step whose running rows all fill their first chunks (a lone request, a "
           "burst's first wave) has that audio decoded before the next step starts, so a newcomer's first "
           "audio does not wait behind a step; no request already playing is held back"),
+    Param("decoder", "audio_rush", "bool", "true",
+          "with decode_audio: while the audio thread sends a round's audio, a chunk queued for a client that "
+          "has none yet, or that would run out before the round is sent, is decoded and sent between two "
+          "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
+          "at some throughput); false: every chunk waits for the next round"),
     Param("decoder", "prefill_pack_graphs", "bool", "true",
           "GPU with cuda_graphs: prompts admitted together (a burst) prefill as one CUDA graph per total-length "
           "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),
