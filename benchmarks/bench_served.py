@@ -299,6 +299,13 @@ def _fmt(v, spec):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def share(frac) -> str:
+    """A share as a percentage, rounded down to 0.1% below 1 (0.9969 is 99.6%, never 100%)."""
+    if frac is None:
+        return "-"
+    return "100%" if frac >= 1 else f"{math.floor(frac * 1000) / 10:.1f}%"
+
+
 def markdown_table(levels: list[dict]) -> str:
     head = ("| conc | streams | errors | TTFA p50 ms | TTFA p95 ms | RTF p50 | RTF p95 | faster than RT "
             "| smooth | agg x-RT | audio s/stream | wall s |")
@@ -308,7 +315,7 @@ def markdown_table(levels: list[dict]) -> str:
             f"| {lv['concurrency']} | {lv['requests']} | {lv['errors']} "
             f"| {_fmt(lv['ttfa_ms']['p50'], '.1f')} | {_fmt(lv['ttfa_ms']['p95'], '.1f')} "
             f"| {_fmt(lv['rtf']['p50'], '.3f')} | {_fmt(lv['rtf']['p95'], '.3f')} "
-            f"| {_fmt(lv['faster_than_realtime_frac'], '.0%')} | {_fmt(lv['smooth_playback_frac'], '.0%')} "
+            f"| {share(lv['faster_than_realtime_frac'])} | {share(lv['smooth_playback_frac'])} "
             f"| {_fmt(lv['x_real_time'], '.2f')} | {_fmt(lv['audio_s']['mean'], '.2f')} | {_fmt(lv['wall_s'], '.2f')} |"
         )
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """results.md: the twentieth session's section, and results_twentieth.png."""
 
+from bench_served import share
 from summary.plots import paired_bars, pyplot, save_panels
 from summary.raw import engine_runs, load, served_levels
 
@@ -28,7 +29,7 @@ def twentieth_session(res) -> list[str]:
                 label = "off" if fence == "false" else version.split(":")[0]
                 rows.append(f"| {call} ({order}) | {label} | {c} | {lv['ttfa_ms']['p50']:.1f} / "
                             f"{lv['ttfa_ms']['p95']:.1f} | {ph.get('decoder', 0.0):.1f} | {lv['rtf']['p50']:.3f} | "
-                            f"{lv['smooth_playback_frac']:.0%} | {lv['x_real_time']:.1f} |")
+                            f"{share(lv['smooth_playback_frac'])} | {lv['x_real_time']:.1f} |")
     eng = engine_runs("offline_twentieth_b64.json")  # two runs at batch 64: the second is warm
     runs64 = [r for r in load("offline_twentieth_b64.json")["engine"]["graphs"]["runs"] if r["batch"] == 64]
     eng1 = [r for r in load("offline_twentieth_b1_cold64.json")["engine"]["graphs"]["runs"] if r["batch"] == 1][0]
@@ -91,11 +92,15 @@ def twentieth_session(res) -> list[str]:
            "- v1 and v2 fenced every step that filled any first chunk. In a wave of newcomers, that is most steps. "
            "Each fence idles the GPU for the hand-off and the decode, and holds back all 64 rows.",
            "- v2 also lost 5% of its streams to underruns, with TTFA p95 at 868 ms. It was the first server on a "
-           "fresh machine, and the same level ran 100% smooth on the other five servers. One run does not tell "
+           "fresh machine, and the same level ran "
+           + ", ".join(share(out[c][f][64]["smooth"]) for c in sorted(out) for f in ("false", "true")
+                       if (c, f) != ("call 2", "true"))
+           + " smooth on the other five servers. One run does not tell "
            "whether the fence or the cold machine caused it.",
            "- v3, the rule kept (`Scheduler.first_audio_first`), fences only a step all of whose running rows are "
            "newcomers: a lone request, or a burst's first wave. No request that is already playing waits for a "
-           "newcomer's audio. In its one call it left 64 streams as they were (1.01x, 100% smooth on both servers). "
+           "newcomer's audio. In its one call it left 64 streams as they were (1.01x; smooth "
+           f"{share(final['false'][64]['smooth'])} without the fence and {share(final['true'][64]['smooth'])} with it). "
            "8 streams' TTFA p50 / p95 fell "
            f"{final['false'][8]['ttfa_ms_p50']:.0f} / {final['false'][8]['ttfa_ms_p95']:.0f} -> "
            f"{final['true'][8]['ttfa_ms_p50']:.0f} / {final['true'][8]['ttfa_ms_p95']:.0f} ms, which is within "
