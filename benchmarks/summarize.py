@@ -61,7 +61,7 @@ from summary import (
     session17, session18, session19, session20, session21, session22, session23, session24, session25,
     session26, session27, session28, session29, session30, session31, session32, session33, session34,
     session35, session36, session37, session38, session39, session40, session41, session42, session43,
-    session44, session45, session46, session47, session48, session49, session50, session51,
+    session44, session45, session46, session47, session48, session49, session50, session51, session52,
 )
 from summary.plots import figure_path, pyplot, set_figure_dir
 from summary.raw import HERE, engine_runs, layer_weights, load, model_config, served_levels, served_xrt
@@ -133,6 +133,7 @@ SECTIONS = (
     session49.forty_ninth_session,
     session50.fiftieth_session,
     session51.fifty_first_session,
+    session52.fifty_second_session,
 )
 
 
