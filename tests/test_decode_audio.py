@@ -256,10 +256,11 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
 
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
-    a chunk for a client that has heard nothing yet is decoded and delivered before the round's next
-    delivery, and so is an end that came alone; a chunk for a client with plenty of audio still to
-    play waits for the next round, and so does a request whose own delivery in this round is still to
-    come."""
+    a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded
+    and delivered before the round's next delivery, and so is an end that came alone; a chunk for a
+    client with plenty of audio still to play waits for the next round, and so does a request whose own
+    delivery in this round is still to come."""
+    from voxcpm_triton.engine import stream_audio
     from voxcpm_triton.engine.stream_audio import StreamAudio
 
     cfg, vae = vae
@@ -281,40 +282,46 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
             super().__call__(patches, payload)
 
     try:
-        recv = {k: Logged(k) for k in ("ahead", "ender", "s1", "s2", "old_a", "old_b", "young")}
+        recv = {k: Logged(k) for k in ("ahead", "ender", "short", "s1", "s2", "old_a", "old_b", "young")}
         for k, r in recv.items():
             audio.open(k, r)
         with audio.cond:  # round 0
             audio.chunk("ahead", _latents(1, 1, P, D))
             audio.chunk("ender", _latents(2, 1, P, D))
+            audio.chunk("short", _latents(10, 1, P, D))
         deadline = time.monotonic() + 60
-        while not (recv["ahead"].chunks and recv["ender"].chunks):
+        while not (recv["ahead"].chunks and recv["ender"].chunks and recv["short"].chunks):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         ender = audio.requests["ender"]  # the books the rush reads: audio sent, from the first chunk on
         assert ender.sent_s == pytest.approx(recv["ender"].chunks[0][1].size / vae.out_sample_rate)
         assert 0 <= ender.sent_s - ender.buffered_s(time.monotonic()) < 60
         audio.requests["ahead"].sent_s += 60.0  # its client has a minute of audio still to play
+        short = audio.requests["short"]  # and this one's 10 ms (less as time goes by)
+        short.sent_s = time.monotonic() - short.first_at + 0.01
         with audio.cond:  # round 1: a batch of two 1-patch chunks, then the last, of two 2-patch ones
             for i, (k, n) in enumerate((("s1", 1), ("s2", 1), ("old_a", 2), ("old_b", 2))):
                 audio.chunk(k, _latents(3 + i, n, P, D))
         assert entered.wait(60)  # the thread is in s1's delivery
+        assert short.buffered_s(time.monotonic()) < stream_audio.RUSH_MARGIN_S
         audio.chunk("young", _latents(7, 1, P, D))  # its first chunk: rushed
         audio.chunk("ahead", _latents(8, 1, P, D))  # 60 s to spare: the next round
         audio.end("ender", "end")  # an end alone: rushed
         audio.chunk("old_b", _latents(9, 1, P, D))  # old_b's chunk of round 1 is not delivered yet: next round
+        audio.chunk("short", _latents(11, 1, P, D))  # about to run out: rushed
         rushed = audio.rushed
         release.set()
         deadline = time.monotonic() + 60
-        while len(order) < 10:
+        while len(order) < 12:
             assert time.monotonic() < deadline, order
             time.sleep(0.01)
-        assert sorted(order[:2]) == [("ahead", 1), ("ender", 1)], order
-        assert order[2:8] == [("s1", 1), ("s2", 1), ("young", 1), ("ender", "end"), ("old_a", 2), ("old_b", 2)], order
-        assert sorted(order[8:10]) == [("ahead", 1), ("old_b", 1)], order
+        assert sorted(order[:3]) == [("ahead", 1), ("ender", 1), ("short", 1)], order
+        assert order[3:10] == [("s1", 1), ("s2", 1), ("young", 1), ("short", 1), ("ender", "end"), ("old_a", 2),
+                               ("old_b", 2)], order
+        assert sorted(order[10:12]) == [("ahead", 1), ("old_b", 1)], order
         assert rushed == 0 and audio.rushed == 1
         assert recv["ender"].end == "end" and recv["ender"].done.is_set()
-        for k in ("ahead", "s1", "s2", "old_a", "old_b", "young"):
+        for k in ("ahead", "short", "s1", "s2", "old_a", "old_b", "young"):
             audio.end(k, "end")
             assert recv[k].done.wait(60)
         assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0

@@ -102,14 +102,15 @@ def fifty_second_session(res) -> list[str]:
           f"{ratio:.3f}** (target {ISSUE_RATIO}: missed). The forty-eighth session's two calls gave 0.773.",
           "", "**What the 64-stream level's two unsmooth streams were.** Two of its 640 streams ran dry by 9 ms, "
           "both at their second chunk: the client plays the first chunk (1 patch, 0.16 s) from its arrival, "
-          "and the second (4 patches) came 169 ms later. In that level the second chunk came p50 "
+          "and the second came 169 ms later, itself 1 patch: the engine had sent it early, its client down to "
+          "the playback margin (100 ms). In that level the second chunk came p50 "
           f"{chunk_slack(many)['second_after_first_ms']['p50']:.0f} ms after the first, p99 "
-          f"{chunk_slack(many)['second_after_first_ms']['p99']:.0f} ms. Four steps take about 73 ms at 64 streams; "
-          "the tail is a chunk that reaches the decoder's audio thread while it is busy with a round. A round "
+          f"{chunk_slack(many)['second_after_first_ms']['p99']:.0f} ms. The tail is a chunk that reaches the "
+          "decoder's audio thread while it is busy with a round. A round "
           "decodes everything queued (at 64 streams mostly one eager 64 x 16 decode) and then sends each "
           "request's audio in turn, each send a round trip to the server (about 0.9 ms, the thirty-fifth "
           "session's probe): tens of ms in which a newcomer's chunk, queued just after the round began, waits. "
-          "The engine's playback margin (100 ms) cannot see that wait.", "",
+          "The engine's playback margin cannot see that wait.", "",
           "**Kept: the audio rush** (decoder parameter `audio_rush`, default `true`; `StreamAudio._rush`). "
           "Between the sends of a round's last batch, when all its decodes are done on the GPU, the audio thread "
           "looks at what has been queued since: a chunk for a client that has no audio yet, or that would run "
@@ -117,16 +118,20 @@ def fifty_second_session(res) -> list[str]:
           f"time, {int(1000 * 0.05)} ms to spare), is decoded and sent at once, alone or with others like it, "
           "and so is an end that came alone (its client waits for it to send its next request). A request whose "
           "own audio in the round is still to be sent is left alone, so each request's chunks keep their order. "
-          "`voxcpm_decoder_audio_rushes_total` counts the rushes. CPU tests (`tests/test_decode_audio.py`): the "
-          "order of a round with a rush (a newcomer's chunk and a lone end rushed, a client with a minute of "
-          "audio and a request still in the round not, nothing rushed before the round's last batch), the "
-          "fence (a rush that leaves nothing queued lets it pass), and `rush=False`; each fails with its part "
-          "of the change undone.", "",
+          "`voxcpm_decoder_audio_rushes_total` counts the rushes that decode something. A rush that takes "
+          "everything queued tells the first-audio fence that what was queued is launched. CPU tests "
+          "(`tests/test_decode_audio.py`): the order of a round with a rush (a newcomer's chunk, a client "
+          "about to run out and a lone end rushed; a client with a minute of audio and a request still in the "
+          "round not; nothing before the round's last batch), the audio sent that the rush reads, the count, "
+          "and `rush=False`; each fails with its part of the change undone. The fence's part, a rushed decode "
+          "that fails and a rushed request put back for want of a stream slot are not tested apart.", "",
           "64 streams, one server after the other on one machine (call 2: 20 requests a stream, `SET=\"decoder."
           "timestep_buckets=10,100\" LEVELS=64 REQUESTS=20 bash benchmarks/run_served_gpu.sh`, the rush first, "
           "then 742198c's `python_backend` through `VOXCPM_PYTHON_BACKEND`; call 3: 12 requests a stream, "
           "`decoder.audio_rush=false`, its second server, the rush, cut off by the session's device time; "
-          "`raw/served_rush_*_fiftysecond.{json.gz,log}`). Slack: how much audio a stream's client still had "
+          "`raw/served_rush_*_fiftysecond.{json.gz,log}`). Call 2's rush was this session's working tree before "
+          "624b337 (no parameter yet, on), call 3 ran 624b337; the final code also counts a round's remaining "
+          "sends by chunks and ends, not by requests, and counts only rushes that decode. Slack: how much audio a stream's client still had "
           "when that chunk came (negative: it ran dry):", "",
           "| run | x real time | TTFA p50 / p95 ms | smooth | rows a step | steps launched late | 2nd chunk after "
           "the 1st, p50 / p99 / max ms | 2nd chunk slack, min / p1 ms | 3rd chunk slack, min ms |",
@@ -155,7 +160,8 @@ def fifty_second_session(res) -> list[str]:
            f"({100 * cost[0]:.1f}% less), and {100 * cost[1]:.1f}% and {100 * cost[2]:.1f}% less than calls 3 "
            "and 1 without it. Its run had fewer rows a step (the clients' turnarounds longer) and three times the "
            "steps launched late (the engine thread waiting for the interpreter more often), and "
-           f"{rushes} rushes, each one more small decode on the GPU. Which of these costs what was not measured. "
+           f"{rushes} rushes (that run's counter also counted rushes that only sent an end), most of them one "
+           "more small decode on the GPU. Which of these costs what was not measured. "
            "It is one run of the rush, the first server of its call, against three without it; the served runs' "
            "spread between servers is 1-2%.",
            f"- Kept on by default: it meets the 64-stream row of the targets ({on['x_real_time']:.1f}x / "

@@ -22,12 +22,13 @@ until what is queued has been launched and returns an event after it on the audi
 engine's stream to wait on. (A high priority only orders kernels that wait at the same time: a
 step's persistent kernels hold every SM, and a decode launched behind them trickles between them.)
 
-A round's largest batch is delivered last, one request at a time (each send is a round trip to the
-server), which under load takes tens of milliseconds. A chunk queued meanwhile would wait for all of
-it; so between those deliveries, a request whose client has heard nothing yet, or would run out of
-audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
-delivered at once ("rushed"), alone or with others like it. Only then: the round's decodes are done
-on the GPU by that time, so the rushed decode does not queue behind them.
+A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
+request at a time (each send is a round trip to the server), which under load takes tens of
+milliseconds. A chunk queued meanwhile would wait for all of it; so between those deliveries, a
+request whose client has heard nothing yet, or would run out of audio before the round's remaining
+deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or
+with others like it, and so is an end queued alone. Only then: the round's decodes are done on the
+GPU by that time, so the rushed decode does not queue behind them.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class StreamAudio:
         self.stopping = False
         self.last_batch = 0  # requests decoded together in the latest round
         self.send_s = 1e-3  # a delivery's time, a moving average (the rush's estimate of a round's rest)
-        self.rushed = 0  # rushes so far
+        self.rushed = 0  # rushes that decoded something, so far
         self.rush = rush
         self._rushing = False
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
@@ -324,9 +325,10 @@ class StreamAudio:
             per_patch = audio.shape[-1] // frames * self.P  # samples
             # Requests that end first: their clients wait for the end to send their next request.
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
+            sends = [len(chunks) + (key in ends) for (key, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
                 if b == len(batches) - 1:  # the round's decodes are all done on the GPU
-                    self._rush(undelivered, len(items) - i)
+                    self._rush(undelivered, sum(sends[i:]))
                 start = 0
                 for c in chunks:
                     self._send_chunk(key, r, c, a[start:start + len(c) * per_patch])
@@ -349,7 +351,7 @@ class StreamAudio:
         self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
 
     def _rush(self, busy: set, left: int):
-        """Between a round's last deliveries (`left` to go, to the requests in `busy`): decode and
+        """Between a round's last deliveries (`left` sends to go, to the requests in `busy`): decode and
         deliver now the queued chunks whose clients cannot wait for them (module doc)."""
         if not self.rush or self._rushing or not self.queued:  # unlocked: a chunk queued now waits one delivery
             return
@@ -365,13 +367,15 @@ class StreamAudio:
             # What a fence waits for: with nothing left queued, every chunk so far is launched with these.
             upto = None if self.queued else self.chunks_queued
         self._rushing, last_batch = True, self.last_batch
-        self.rushed += 1
+        self.rushed += any(chunks for _, _, chunks, _ in work)
         try:
             # A request with no stream slot free yet is put back, for the next round.
             self._round(work, lambda: upto is not None and self._launched(upto))
         except Exception as e:  # noqa: BLE001 - as a failed round: these requests fail, the round goes on
             log.exception("rushed audio decoding failed")
             self._fail([(key, r) for key, r, *_ in work if not r.done], e)
+            if upto is not None:  # as a failed round's: its chunks are not waited for
+                self._launched(upto)
         finally:
             self._rushing, self.last_batch = False, last_batch
 

@@ -117,7 +117,7 @@ class EngineMetrics:
             self.counters["audio_rushes"] = metric(
                 "voxcpm_decoder_audio_rushes_total", "Times the decoder's audio thread decoded and sent chunks "
                 "between a round's deliveries, for clients about to run out of audio or still waiting for their "
-                "first", labels, "COUNTER")
+                "first (parameter audio_rush)", labels, "COUNTER")
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
