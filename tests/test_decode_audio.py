@@ -302,6 +302,7 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
         with audio.cond:  # round 1: a batch of two 1-patch chunks, then the last, of two 2-patch ones
             for i, (k, n) in enumerate((("s1", 1), ("s2", 1), ("old_a", 2), ("old_b", 2))):
                 audio.chunk(k, _latents(3 + i, n, P, D))
+            audio.end("old_a", "end")  # its end goes before any rush
         assert entered.wait(60)  # the thread is in s1's delivery
         assert short.buffered_s(time.monotonic()) < stream_audio.RUSH_MARGIN_S
         audio.chunk("young", _latents(7, 1, P, D))  # its first chunk: rushed
@@ -312,21 +313,112 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
         rushed = audio.rushed
         release.set()
         deadline = time.monotonic() + 60
-        while len(order) < 12:
+        while len(order) < 13:
             assert time.monotonic() < deadline, order
             time.sleep(0.01)
         assert sorted(order[:3]) == [("ahead", 1), ("ender", 1), ("short", 1)], order
-        assert order[3:10] == [("s1", 1), ("s2", 1), ("young", 1), ("short", 1), ("ender", "end"), ("old_a", 2),
-                               ("old_b", 2)], order
-        assert sorted(order[10:12]) == [("ahead", 1), ("old_b", 1)], order
+        # (a round's ends that came alone go as soon as its decodes are launched, a rush's too)
+        assert order[3:11] == [("s1", 1), ("s2", 1), ("old_a", 2), ("old_a", "end"), ("ender", "end"), ("young", 1),
+                               ("short", 1), ("old_b", 2)], order
+        assert sorted(order[11:13]) == [("ahead", 1), ("old_b", 1)], order
         assert rushed == 0 and audio.rushed == 1
         assert recv["ender"].end == "end" and recv["ender"].done.is_set()
-        for k in ("ahead", "short", "s1", "s2", "old_a", "old_b", "young"):
+        for k in ("ahead", "short", "s1", "s2", "old_b", "young"):
             audio.end(k, "end")
             assert recv[k].done.wait(60)
         assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
     finally:
         release.set()
+        audio.stop()
+
+
+def test_stream_audio_a_rush_that_takes_everything_queued_tells_the_fence(vae):
+    """A fence for chunks that a rush has launched passes (the engine's first-audio priority need not
+    wait for the round in progress), where before the rush it would give up at once (busy round)."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: None)
+    held = {k: (threading.Event(), threading.Event()) for k in ("a", "b")}  # (entered, release)
+
+    class Held(_Receiver):
+        def __init__(self, key):
+            super().__init__()
+            self.key = key
+
+        def __call__(self, patches, payload):
+            if patches is not None and self.key in held:
+                held[self.key][0].set()
+                assert held[self.key][1].wait(60)
+            super().__call__(patches, payload)
+
+    try:
+        recv = {k: Held(k) for k in ("a", "b", "young")}
+        for k, r in recv.items():
+            audio.open(k, r)
+        with audio.cond:
+            audio.chunk("a", _latents(1, 1, P, D))
+            audio.chunk("b", _latents(2, 1, P, D))
+        assert held["a"][0].wait(60)  # the round delivers a; b is still to come
+        mark = audio.mark()
+        audio.chunk("young", _latents(3, 1, P, D))
+        assert audio.fence(mark, 30) == (False, None)  # busy with older chunks: at once
+        held["a"][1].set()
+        assert held["b"][0].wait(60)  # the rush ran before b's delivery
+        assert recv["young"].chunks and audio.rushed == 1
+        assert audio.fence(mark, 30) == (True, None)  # launched (the CPU has no event)
+        held["b"][1].set()
+        for k, r in recv.items():
+            audio.end(k, "end")
+            assert r.done.wait(60)
+    finally:
+        for _, release in held.values():
+            release.set()
+        audio.stop()
+
+
+def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
+    """A round's end with no chunk of its own (its audio went out in earlier rounds) is sent as soon as
+    the round's decodes are launched, not after the round's audio."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: None, rush=False)
+    order = []
+
+    class Logged(_Receiver):
+        def __init__(self, key):
+            super().__init__()
+            self.key = key
+
+        def __call__(self, patches, payload):
+            order.append((self.key, "end" if patches is None else len(patches)))
+            super().__call__(patches, payload)
+
+    try:
+        recv = {k: Logged(k) for k in ("x", "y")}
+        for k, r in recv.items():
+            audio.open(k, r)
+        audio.chunk("x", _latents(1, 1, P, D))
+        deadline = time.monotonic() + 60
+        while not recv["x"].chunks:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with audio.cond:  # one round: x's end alone, y's chunk
+            audio.end("x", "end")
+            audio.chunk("y", _latents(2, 1, P, D))
+        assert recv["x"].done.wait(60)
+        while len(order) < 3:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        assert order == [("x", 1), ("x", "end"), ("y", 1)], order
+        audio.end("y", "end")
+        assert recv["y"].done.wait(60)
+    finally:
         audio.stop()
 
 

@@ -122,16 +122,23 @@ def fifty_second_session(res) -> list[str]:
           "everything queued tells the first-audio fence that what was queued is launched. CPU tests "
           "(`tests/test_decode_audio.py`): the order of a round with a rush (a newcomer's chunk, a client "
           "about to run out and a lone end rushed; a client with a minute of audio and a request still in the "
-          "round not; nothing before the round's last batch), the audio sent that the rush reads, the count, "
-          "and `rush=False`; each fails with its part of the change undone. The fence's part, a rushed decode "
-          "that fails and a rushed request put back for want of a stream slot are not tested apart.", "",
+          "round not; nothing before the round's last batch or its ends), the audio sent that the rush reads, "
+          "the count, the fence (it passes for chunks a rush launched, where it gave up before), a round's ends "
+          "that came alone sent before its audio, and `rush=False`; each fails with its part of the change "
+          "undone. A rushed decode that fails and a rushed request put back for want of a stream slot are not "
+          "tested apart.", "",
           "64 streams, one server after the other on one machine (call 2: 20 requests a stream, `SET=\"decoder."
           "timestep_buckets=10,100\" LEVELS=64 REQUESTS=20 bash benchmarks/run_served_gpu.sh`, the rush first, "
           "then 742198c's `python_backend` through `VOXCPM_PYTHON_BACKEND`; call 3: 12 requests a stream, "
           "`decoder.audio_rush=false`, its second server, the rush, cut off by the session's device time; "
           "`raw/served_rush_*_fiftysecond.{json.gz,log}`). Call 2's rush was this session's working tree before "
-          "624b337 (no parameter yet, on), call 3 ran 624b337; the final code also counts a round's remaining "
-          "sends by chunks and ends, not by requests, and counts only rushes that decode. Slack: how much audio a stream's client still had "
+          "624b337 (no parameter yet, on), call 3 ran 624b337. The final code differs from both in ways no GPU "
+          "has run (the session's device time was spent): it counts a round's remaining sends by chunks and "
+          "ends, not by requests; it counts only rushes that decode; a batch's ends go out before any rush "
+          "in it; and a round's ends that came alone go out as soon as its decodes are launched, not after "
+          "its audio (a rush's too). The last two only move ends earlier, for the clients' turnaround, which "
+          "the rush's run had longer (fewer rows a step, below); whether they give back part of its cost is "
+          "not measured. Slack: how much audio a stream's client still had "
           "when that chunk came (negative: it ran dry):", "",
           "| run | x real time | TTFA p50 / p95 ms | smooth | rows a step | steps launched late | 2nd chunk after "
           "the 1st, p50 / p99 / max ms | 2nd chunk slack, min / p1 ms | 3rd chunk slack, min ms |",

@@ -15,7 +15,8 @@ frames is the same (to rounding), and its state after the padding is never read 
 closes). Last chunks come in any length (what is left when the request stops), and another length
 costs several graph replays (in a batch too large for that length's graphs, the padded batch
 decodes eagerly, as any such batch does). Its end goes out right after its own audio, not after
-the whole round's: until then its client cannot send its next request.
+the whole round's: until then its client cannot send its next request. An end that comes alone
+(its audio sent in earlier rounds) goes as soon as the round's decodes are launched.
 
 `mark` and `fence` let the engine put first chunks' decode ahead of its next step: the fence waits
 until what is queued has been launched and returns an event after it on the audio stream, for the
@@ -24,7 +25,8 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
 request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds. A chunk queued meanwhile would wait for all of it; so between those deliveries, a
+milliseconds. A chunk queued meanwhile would wait for all of it; so between those deliveries (after
+the batch's ends, which go first), a
 request whose client has heard nothing yet, or would run out of audio before the round's remaining
 deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or
 with others like it, and so is an end queued alone. Only then: the round's decodes are done on the
@@ -314,6 +316,9 @@ class StreamAudio:
                 self._fail([(key, r) for key, r, *_ in group], e)
         self.last_batch = len(decodes)
         launched()
+        for key, r, chunks, _ in work:  # ends that came alone: their audio went out in earlier rounds
+            if not chunks and key in ends and not r.failed:
+                self._end(key, r, ends.pop(key))
         undelivered = {key for key, *_ in decodes}
         for b, (group, frames, pending) in enumerate(batches):
             try:
@@ -327,7 +332,8 @@ class StreamAudio:
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
             sends = [len(chunks) + (key in ends) for (key, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
-                if b == len(batches) - 1:  # the round's decodes are all done on the GPU
+                # In the last batch (the round's decodes all done on the GPU), after its ends.
+                if b == len(batches) - 1 and key not in ends:
                     self._rush(undelivered, sum(sends[i:]))
                 start = 0
                 for c in chunks:
