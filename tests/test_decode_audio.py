@@ -84,6 +84,21 @@ class _Receiver:
             self.chunks.append((patches.clone(), np.array(payload)))
 
 
+class _Logged(_Receiver):
+    """A request's deliveries, each also logged in `order` as (key, patches, or "end"); `hold(key)`, if
+    given, runs in each chunk's delivery after that (a slow send, holding the audio thread)."""
+
+    def __init__(self, key, order: list, hold=None):
+        super().__init__()
+        self.key, self.order, self.hold = key, order, hold
+
+    def __call__(self, patches, payload):
+        self.order.append((self.key, "end" if patches is None else len(patches)))
+        if self.hold is not None and patches is not None:
+            self.hold(self.key)
+        super().__call__(patches, payload)
+
+
 def _latents(seed: int, n: int, P: int, D: int) -> torch.Tensor:
     return torch.randn(n, P, D, generator=torch.Generator().manual_seed(seed)) * 0.5
 
@@ -219,17 +234,8 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
                         on_failure=lambda key, e: None)
     order = []
 
-    class Logged(_Receiver):
-        def __init__(self, key):
-            super().__init__()
-            self.key = key
-
-        def __call__(self, patches, payload):
-            order.append((self.key, "end" if patches is None else len(patches)))
-            super().__call__(patches, payload)
-
     try:
-        recv = {k: Logged(k) for k in ("a_mid", "b_last", "c_mid", "d_last")}
+        recv = {k: _Logged(k, order) for k in ("a_mid", "b_last", "c_mid", "d_last")}
         for k, r in recv.items():
             audio.open(k, r)
         with audio.cond:  # one round: a batch of 1 patch (c_mid, then d_last), one of 2 (a_mid, b_last)
@@ -269,20 +275,14 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
                         on_failure=lambda key, e: None)
     order, entered, release = [], threading.Event(), threading.Event()
 
-    class Logged(_Receiver):
-        def __init__(self, key):
-            super().__init__()
-            self.key = key
-
-        def __call__(self, patches, payload):
-            order.append((self.key, "end" if patches is None else len(patches)))
-            if self.key == "s1" and patches is not None:  # a slow send: the round is held here
-                entered.set()
-                assert release.wait(60)
-            super().__call__(patches, payload)
+    def hold(key):  # s1's is a slow send: the round is held there
+        if key == "s1":
+            entered.set()
+            assert release.wait(60)
 
     try:
-        recv = {k: Logged(k) for k in ("ahead", "ender", "short", "s1", "s2", "old_a", "old_b", "young")}
+        keys = ("ahead", "ender", "short", "s1", "s2", "old_a", "old_b", "young")
+        recv = {k: _Logged(k, order, hold) for k in keys}
         for k, r in recv.items():
             audio.open(k, r)
         with audio.cond:  # round 0
@@ -343,19 +343,13 @@ def test_stream_audio_a_rush_that_takes_everything_queued_tells_the_fence(vae):
                         on_failure=lambda key, e: None)
     held = {k: (threading.Event(), threading.Event()) for k in ("a", "b")}  # (entered, release)
 
-    class Held(_Receiver):
-        def __init__(self, key):
-            super().__init__()
-            self.key = key
-
-        def __call__(self, patches, payload):
-            if patches is not None and self.key in held:
-                held[self.key][0].set()
-                assert held[self.key][1].wait(60)
-            super().__call__(patches, payload)
+    def hold(key):
+        if key in held:
+            held[key][0].set()
+            assert held[key][1].wait(60)
 
     try:
-        recv = {k: Held(k) for k in ("a", "b", "young")}
+        recv = {k: _Logged(k, [], hold) for k in ("a", "b", "young")}
         for k, r in recv.items():
             audio.open(k, r)
         with audio.cond:
@@ -390,17 +384,8 @@ def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
                         on_failure=lambda key, e: None, rush=False)
     order = []
 
-    class Logged(_Receiver):
-        def __init__(self, key):
-            super().__init__()
-            self.key = key
-
-        def __call__(self, patches, payload):
-            order.append((self.key, "end" if patches is None else len(patches)))
-            super().__call__(patches, payload)
-
     try:
-        recv = {k: Logged(k) for k in ("x", "y")}
+        recv = {k: _Logged(k, order) for k in ("x", "y")}
         for k, r in recv.items():
             audio.open(k, r)
         audio.chunk("x", _latents(1, 1, P, D))
@@ -433,20 +418,13 @@ def test_stream_audio_without_rush_leaves_a_waiting_clients_chunk_to_the_next_ro
                         on_failure=lambda key, e: None, rush=False)
     order, entered, release = [], threading.Event(), threading.Event()
 
-    class Logged(_Receiver):
-        def __init__(self, key):
-            super().__init__()
-            self.key = key
-
-        def __call__(self, patches, payload):
-            order.append(self.key)
-            if self.key == "a" and patches is not None:
-                entered.set()
-                assert release.wait(60)
-            super().__call__(patches, payload)
+    def hold(key):
+        if key == "a":
+            entered.set()
+            assert release.wait(60)
 
     try:
-        recv = {k: Logged(k) for k in ("a", "b", "young")}
+        recv = {k: _Logged(k, order, hold) for k in ("a", "b", "young")}
         for k, r in recv.items():
             audio.open(k, r)
         with audio.cond:
@@ -459,7 +437,7 @@ def test_stream_audio_without_rush_leaves_a_waiting_clients_chunk_to_the_next_ro
         while len(order) < 3:
             assert time.monotonic() < deadline, order
             time.sleep(0.01)
-        assert order == ["a", "b", "young"] and audio.rushed == 0
+        assert order == [("a", 1), ("b", 1), ("young", 1)] and audio.rushed == 0
     finally:
         release.set()
         audio.stop()
