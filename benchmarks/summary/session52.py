@@ -151,8 +151,8 @@ def fifty_second_session(res) -> list[str]:
                   f"{g['p50']:.1f} / {g['p99']:.1f} / {g['max']:.1f} | {s2['min']:.1f} / {s2['p1']:.1f} | "
                   f"{r['third_slack_ms']['min']:.1f} |")
     md += ["",
-           f"- With the rush every stream played smoothly, its tightest second chunk {r_on['second_slack_ms']['min']:.1f} ms "
-           "ahead of its player; without it no run did (three runs, "
+           "- With the rush every stream played smoothly, its tightest second chunk "
+           f"{r_on['second_slack_ms']['min']:.1f} ms ahead of its player; without it no run did (three runs, "
            + ", ".join(share(rows[k]["smooth"]) for k in ("before_call2", "off_call3", "head_call1"))
            + "), the tightest second chunk "
            + ", ".join(f"{rows[k]['second_slack_ms']['min']:.1f}" for k in ("before_call2", "off_call3", "head_call1"))
