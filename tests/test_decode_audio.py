@@ -103,6 +103,27 @@ def _latents(seed: int, n: int, P: int, D: int) -> torch.Tensor:
     return torch.randn(n, P, D, generator=torch.Generator().manual_seed(seed)) * 0.5
 
 
+def _held_round(audio, P: int, D: int, order: list, keys: tuple, later: tuple = ()):
+    """Open a `_Logged` receiver for each of keys and later, queue a 1-patch chunk for each of keys in
+    one round, and return once the audio thread is held in the first one's delivery: (receivers, the
+    event that lets it go on)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(key):
+        if key == keys[0]:
+            entered.set()
+            assert release.wait(60)
+
+    recv = {k: _Logged(k, order, hold) for k in (*keys, *later)}
+    for k, r in recv.items():
+        audio.open(k, r)
+    with audio.cond:
+        for i, k in enumerate(keys):
+            audio.chunk(k, _latents(1 + i, 1, P, D))
+    assert entered.wait(60)
+    return recv, release
+
+
 def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
     """The reference: the whole latent sequence decoded at once (the context's audio dropped)."""
     D = lat.shape[-1]
@@ -373,6 +394,93 @@ def test_stream_audio_a_rush_that_takes_everything_queued_tells_the_fence(vae):
         audio.stop()
 
 
+def test_stream_audio_a_rushed_decode_that_fails_fails_its_requests_and_the_round_goes_on(vae):
+    """A rushed request whose decode fails gets the error as its end (and its generation is told to
+    stop), and the round it was rushed into delivers the rest; a rushed request with no stream slot
+    free is put back, and rushed again once one is (here the failed request's)."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    failures, order = [], []
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: failures.append(key))
+    decode_async = audio.streams.decode_async
+
+    def faulty(keys, z):
+        if "bad" in keys:
+            raise RuntimeError("injected VAE fault")
+        return decode_async(keys, z)
+
+    audio.streams.decode_async = faulty
+    release = threading.Event()
+    try:  # one round of a, b and c (a's delivery held): three of the four stream slots
+        recv, release = _held_round(audio, P, D, order, ("a", "b", "c"), ("bad", "late"))
+        with audio.cond:  # rushed together: bad takes the last slot and fails, late finds none
+            audio.chunk("bad", _latents(4, 1, P, D))
+            audio.chunk("late", _latents(5, 1, P, D))
+        release.set()
+        assert recv["bad"].done.wait(60) and "injected VAE fault" in str(recv["bad"].end)
+        assert recv["bad"].chunks == [] and failures == ["bad"]
+        deadline = time.monotonic() + 60
+        while not recv["late"].chunks:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        assert order == [("a", 1), ("bad", "end"), ("b", 1), ("late", 1), ("c", 1)], order
+        assert audio.rushed == 2
+        audio.end("bad", "end")  # the engine's, after its cancel: dropped, and clears it
+        for k in ("a", "b", "c", "late"):
+            audio.end(k, "end")
+            assert recv[k].done.wait(60) and len(recv[k].chunks) == 1, k
+        assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
+    finally:
+        release.set()
+        audio.stop()
+
+
+def test_stream_audio_a_broken_rush_fails_its_requests_and_the_round_goes_on(vae):
+    """A fault in a rush outside any one decode (a bug) ends the rushed requests with the error, tells
+    the fence their chunks are not to be waited for, and the round it broke into delivers the rest."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    failures, order = [], []
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: failures.append(key))
+    real = audio._round
+
+    def round_(work, launched):
+        if audio._rushing:
+            raise RuntimeError("injected bug")
+        return real(work, launched)
+
+    audio._round = round_
+    release = threading.Event()
+    try:
+        recv, release = _held_round(audio, P, D, order, ("a", "b"), ("young",))
+        mark = audio.mark()
+        audio.chunk("young", _latents(3, 1, P, D))
+        release.set()
+        assert recv["young"].done.wait(60) and "injected bug" in str(recv["young"].end)
+        assert failures == ["young"] and recv["young"].chunks == []
+        assert recv["b"].done.wait(0) is False
+        deadline = time.monotonic() + 60
+        while not recv["b"].chunks:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        assert order == [("a", 1), ("young", "end"), ("b", 1)], order
+        assert audio.fence(mark, 30) == (True, None)  # not waited for
+        audio.end("young", "end")  # the engine's, after its cancel: dropped, and clears it
+        for k in ("a", "b"):
+            audio.end(k, "end")
+            assert recv[k].done.wait(60) and len(recv[k].chunks) == 1, k
+        assert len(audio) == 0 and len(audio.streams) == 0
+    finally:
+        release.set()
+        audio.stop()
+
+
 def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
     """A round's end with no chunk of its own (its audio went out in earlier rounds) is sent as soon as
     the round's decodes are launched, not after the round's audio."""
@@ -416,21 +524,9 @@ def test_stream_audio_without_rush_leaves_a_waiting_clients_chunk_to_the_next_ro
     P, D = cfg.patch_size, cfg.feat_dim
     audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1,),
                         on_failure=lambda key, e: None, rush=False)
-    order, entered, release = [], threading.Event(), threading.Event()
-
-    def hold(key):
-        if key == "a":
-            entered.set()
-            assert release.wait(60)
-
+    order, release = [], threading.Event()
     try:
-        recv = {k: _Logged(k, order, hold) for k in ("a", "b", "young")}
-        for k, r in recv.items():
-            audio.open(k, r)
-        with audio.cond:
-            audio.chunk("a", _latents(1, 1, P, D))
-            audio.chunk("b", _latents(2, 1, P, D))
-        assert entered.wait(60)
+        _, release = _held_round(audio, P, D, order, ("a", "b"), ("young",))
         audio.chunk("young", _latents(3, 1, P, D))
         release.set()
         deadline = time.monotonic() + 60

@@ -124,9 +124,9 @@ def fifty_second_session(res) -> list[str]:
           "about to run out and a lone end rushed; a client with a minute of audio and a request still in the "
           "round not; nothing before the round's last batch or its ends), the audio sent that the rush reads, "
           "the count, the fence (it passes for chunks a rush launched, where it gave up before), a round's ends "
-          "that came alone sent before its audio, and `rush=False`; each fails with its part of the change "
-          "undone. A rushed decode that fails and a rushed request put back for want of a stream slot are not "
-          "tested apart.", "",
+          "that came alone sent before its audio, a rushed decode that fails, a rushed request put back for want "
+          "of a stream slot (rushed again once one is free), a fault in a rush outside any decode, and "
+          "`rush=False`; each fails with its part of the change undone.", "",
           "64 streams, one server after the other on one machine (call 2: 20 requests a stream, `SET=\"decoder."
           "timestep_buckets=10,100\" LEVELS=64 REQUESTS=20 bash benchmarks/run_served_gpu.sh`, the rush first, "
           "then 742198c's `python_backend` through `VOXCPM_PYTHON_BACKEND`; call 3: 12 requests a stream, "
