@@ -55,6 +55,7 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
     while fenced(metrics(server)) < 1:
         assert time.monotonic() < deadline, metrics(server)
         time.sleep(0.1)
+    assert metrics(server)["voxcpm_decoder_audio_rushes_total"] >= 0  # audio_rush (default): counted
 
 
 # ---------------------------------------------------------------------- engine.stream_audio itself
