@@ -2,7 +2,7 @@
 
 import re
 
-from bench_served import share
+from bench_served import _pct, share
 from summary.issue17 import ISSUE_RATIO, ISSUE_TTFA95_64, ok_c64, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
 from summary.raw import headline_keys, load, served_levels, served_row, served_summary, text
@@ -19,14 +19,10 @@ SHORT = {"on_call2": "rush (call 2)", "before_call2": "742198c (call 2)", "off_c
          "head_call1": "742198c (call 1, 10 requests)"}
 
 
-def _quantile(v: list, q: float) -> float:
-    v = sorted(v)
-    return v[min(len(v) - 1, int(q * len(v)))]
-
-
-def chunk_slack(lv: dict) -> dict:
-    """Per stream, how far ahead of a player that starts at the first chunk its 2nd and 3rd chunks came
-    (ms of audio it still had; negative: it ran dry), and the 2nd chunk's time after the first."""
+def chunk_times(lv: dict) -> tuple[list, list, list]:
+    """Per stream of a served level: its 2nd chunk's time after the first, and how far ahead of a player
+    that starts at the first chunk its 2nd and 3rd chunks came (ms of audio it still had; negative: it
+    ran dry) -> (gaps, 2nd chunk slacks, 3rd chunk slacks), ms."""
     gap, s2, s3 = [], [], []
     for s in lv["streams"]:
         c = s["chunk_ms"]  # [[arrival ms, audio ms], ...]
@@ -35,9 +31,15 @@ def chunk_slack(lv: dict) -> dict:
             s2.append(c[0][1] - gap[-1])
         if len(c) > 2:
             s3.append(c[0][1] + c[1][1] - (c[2][0] - c[0][0]))
-    return {"second_after_first_ms": {"p50": _quantile(gap, 0.5), "p99": _quantile(gap, 0.99), "max": max(gap)},
-            "second_slack_ms": {"min": min(s2), "p1": _quantile(s2, 0.01)},
-            "third_slack_ms": {"min": min(s3), "p1": _quantile(s3, 0.01)}, "streams": len(gap)}
+    return gap, s2, s3
+
+
+def chunk_slack(times: tuple) -> dict:
+    """`chunk_times`' lists summarised (percentiles as bench_served's)."""
+    gap, s2, s3 = times
+    return {"second_after_first_ms": {"p50": _pct(gap, 50), "p99": _pct(gap, 99), "max": max(gap)},
+            "second_slack_ms": {"min": min(s2), "p1": _pct(s2, 1)},
+            "third_slack_ms": {"min": min(s3), "p1": _pct(s3, 1)}, "streams": len(gap)}
 
 
 def fifty_second_session(res) -> list[str]:
@@ -48,11 +50,13 @@ def fifty_second_session(res) -> list[str]:
     eng = load("offline_b64x2_b1_fiftysecond.json")["engine"]["graphs"]["runs"]
     b64 = [r["aggregate_xrt"] for r in eng if r["batch"] == 64]
     b1 = [r for r in eng if r["batch"] == 1][0]
-    served = served_levels("served_fiftysecond.json")
+    files = {f: served_levels(f) for *_, f in AB.values()}  # each read once (call 1's is in AB too)
+    served = files["served_fiftysecond.json"]
     one, eight, many = served[1], served[8], served[64]
     ratio = many["x_real_time"] / max(b64)
-    ab = {k: served_levels(f)[64] for k, (_, _, f) in AB.items()}
-    rows = {k: served_row(lv) | chunk_slack(lv) for k, lv in ab.items()}
+    ab = {k: files[f][64] for k, (_, _, f) in AB.items()}
+    times = {k: chunk_times(lv) for k, lv in ab.items()}
+    rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in ab.items()}
     rushes = int(float(re.search(r"^voxcpm_decoder_audio_rushes_total\{.*\} ([\d.e+]+)$",
                                  text("metrics_rush_on_call2_fiftysecond.txt"), re.M)[1]))
     late = {k: ab[k]["decoder_steps"]["late_launches"] for k in ab}
@@ -106,8 +110,8 @@ def fifty_second_session(res) -> list[str]:
           "both at their second chunk: the client plays the first chunk (1 patch, 0.16 s) from its arrival, "
           "and the second came 169 ms later, itself 1 patch: the engine had sent it early, its client down to "
           "the playback margin (100 ms). In that level the second chunk came p50 "
-          f"{chunk_slack(many)['second_after_first_ms']['p50']:.0f} ms after the first, p99 "
-          f"{chunk_slack(many)['second_after_first_ms']['p99']:.0f} ms. The tail is a chunk that reaches the "
+          f"{rows['head_call1']['second_after_first_ms']['p50']:.0f} ms after the first, p99 "
+          f"{rows['head_call1']['second_after_first_ms']['p99']:.0f} ms. The tail is a chunk that reaches the "
           "decoder's audio thread while it is busy with a round. A round "
           "decodes everything queued (at 64 streams mostly one eager 64 x 16 decode) and then sends each "
           "request's audio in turn, each send a round trip to the server (about 0.9 ms, the thirty-fifth "
@@ -196,17 +200,16 @@ def fifty_second_session(res) -> list[str]:
            "results.json's headline keys now come from these runs: one stream from call 1, 64 streams from "
            "call 2's rush.", "",
            "![fifty-second session: the audio rush at 64 streams](results_fifty_second.png)", ""]
-    _plot(ab, rows)
+    _plot({k: t[1] for k, t in times.items()}, rows)
     return md
 
 
-def _plot(ab: dict, rows: dict):
-    """Left: each 64-stream run's second-chunk slack, sorted; right: x real time and TTFA p95."""
+def _plot(slack: dict, rows: dict):
+    """Left: each 64-stream run's second-chunk slack (`chunk_times`), sorted; right: x real time and TTFA p95."""
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for k, lv in ab.items():
-        s = sorted(c[0][1] - (c[1][0] - c[0][0]) for c in (st["chunk_ms"] for st in lv["streams"]) if len(c) > 1)
-        n = len(s)
+    for k, s in slack.items():
+        s, n = sorted(s), len(s)
         a.plot([100 * i / n for i in range(n)], s, color=COLORS[k], label=SHORT[k])
     a.axhline(0, color="k", lw=0.8)
     a.set_xlim(0, 10)
