@@ -449,3 +449,26 @@ def test_every_model_process_exits_cleanly(ckpt, tmp_path):
     for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "voices", "loras"):
         assert f"successfully unloaded '{model}'" in log, model
     assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]
+
+
+def test_model_processes_freeze_start_up_objects_and_the_decoder_counts_its_collections(server):
+    """gc_pauses: each streaming model process (decoder, the orchestrators, vae_decoder) times a full
+    garbage collection at the end of its start-up, then freezes what start-up left (the log says
+    both); the decoder's collections while serving are on /metrics, by generation."""
+    for process in ("decoder instance decoder_0_0", "tts_stream_0_0", "tts_0_0", "vae_decoder instance vae_decoder_0_0"):
+        m = re.search(rf"{process}: a full garbage collection takes (\d+) ms over \d+ objects; "
+                      r"with them frozen, ([\d.]+) ms", server.log)
+        assert m, (process, server.log_tail())
+        if process.startswith("decoder"):  # torch and the engine: a heap worth freezing (~0.2 s a walk here)
+            assert float(m[2]) * 10 < float(m[1]), m[0]
+    tts_http(server, "Collect me.", SEED=3, MIN_LENGTH=3, MAX_LENGTH=3)
+    deadline = time.monotonic() + 10
+    while True:
+        samples = [(labels, v) for name, labels, v in metric_samples(server)
+                   if name == "voxcpm_gc_collections_total" and labels.get("model") == "decoder"]
+        assert sorted(labels["generation"] for labels, _ in samples) == ["0", "1", "2"]
+        if sum(v for labels, v in samples if labels["generation"] == "0") > 0:
+            break
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.2)
+    assert metrics(server)["voxcpm_gc_pause_seconds_max"] > 0

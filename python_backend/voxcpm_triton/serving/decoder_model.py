@@ -29,7 +29,7 @@ from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
-from . import bls_stream, placement, runtime
+from . import bls_stream, gc_pauses, placement, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
@@ -111,8 +111,11 @@ class DecoderModel:
                       if placement.instance_count(args) > 1 else None)
         self._closing = threading.Event()
         threading.Thread(target=self._end_requests_when_stopping, name="stopping-watch", daemon=True).start()
+        gc_pauses.freeze(f"decoder instance {placement.instance_name(args)}")  # start-up's objects, done
+        self.gc_pauses = gc_pauses.Pauses()
         # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
-        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio)
+        self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio,
+                                     self.gc_pauses)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         memory = ""
         if self.vox.device.type == "cuda":
@@ -358,6 +361,7 @@ class DecoderModel:
             if self.peers is not None:
                 self.peers.stop()
             self.metrics.close()
+            self.gc_pauses.close()
             self.engine.shutdown(timeout=10.0)
             if self.audio is not None:  # after the engine: the ends of its last requests are queued
                 self.audio.stop()

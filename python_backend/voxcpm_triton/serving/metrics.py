@@ -61,9 +61,10 @@ class EngineMetrics:
     """Publishes the decoder engine's state a few times a second from a background thread, labelled
     with the instance and its device (each decoder instance is an engine of its own)."""
 
-    def __init__(self, engine, labels: dict, audio=None, period_s: float = 0.2):
-        """audio: the instance's `StreamAudio` (decoder parameter decode_audio), if any."""
-        self.engine, self.audio, self.period = engine, audio, period_s
+    def __init__(self, engine, labels: dict, audio=None, gc=None, period_s: float = 0.2):
+        """audio: the instance's `StreamAudio` (decoder parameter decode_audio), if any; gc: its
+        process's `gc_pauses.Pauses`, if any."""
+        self.engine, self.audio, self.gc, self.period = engine, audio, gc, period_s
         self.gauges = {
             "running": metric("voxcpm_engine_running_requests", "Requests decoding now", labels),
             "waiting": metric("voxcpm_engine_waiting_requests", "Requests queued for admission", labels),
@@ -118,6 +119,17 @@ class EngineMetrics:
                 "voxcpm_decoder_audio_rushes_total", "Times the decoder's audio thread decoded and sent chunks "
                 "between a round's deliveries, for clients about to run out of audio or still waiting for their "
                 "first (parameter audio_rush)", labels, "COUNTER")
+        if gc is not None:
+            for g in range(3):
+                gen = {**labels, "generation": str(g)}
+                self.counters[f"gc_collections_{g}"] = metric(
+                    "voxcpm_gc_collections_total", "Garbage collections of this process, by generation (2: every "
+                    "object not frozen at start-up walked)", gen, "COUNTER")
+                self.counters[f"gc_seconds_{g}"] = metric(
+                    "voxcpm_gc_pause_seconds_total", "Time in garbage collections, by generation: every thread of "
+                    "the process waits for them", gen, "COUNTER")
+            self.gauges["gc_longest"] = metric("voxcpm_gc_pause_seconds_max",
+                                               "The longest garbage collection of this process so far", labels)
         self._last = dict.fromkeys(self.counters, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
@@ -135,6 +147,10 @@ class EngineMetrics:
             s.update(running=0, waiting=0, steps_per_s=0.0)
         if self.audio is not None:
             s.update(audio_streams=len(self.audio), audio_batch=self.audio.last_batch, audio_rushes=self.audio.rushed)
+        if self.gc is not None:
+            for g in range(3):
+                s[f"gc_collections_{g}"], s[f"gc_seconds_{g}"] = self.gc.count[g], self.gc.seconds[g]
+            s["gc_longest"] = self.gc.longest_s
         with IPC_LOCK:
             for k, m in self.gauges.items():
                 m.set(s[k])

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import bls_stream, contract, runtime
+from . import bls_stream, contract, gc_pauses, runtime
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import (SHUTTING_DOWN, Busy, InputError, Unhealthy, bls, downstream_error, error_response, get,
@@ -365,6 +365,7 @@ class TTSModel:
                                  "(>= 6 patches per target token)", labels, "COUNTER")
         self.m_retries = metric("voxcpm_retries_total", "Whole utterances synthesized again after a bad case",
                                 labels, "COUNTER")
+        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
@@ -430,6 +431,7 @@ class TTSStreamModel:
         self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
 
     async def execute(self, requests):
         """Each stream runs as a task of its own; execute returns once they have all ended. The

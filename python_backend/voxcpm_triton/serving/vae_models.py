@@ -18,7 +18,7 @@ from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
 from ..voxcpm2 import encode_patches, load_audio_vae
-from . import placement, runtime
+from . import gc_pauses, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
@@ -129,6 +129,7 @@ class VAEDecoderModel:
         self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
         self.m_started = metric("voxcpm_vae_streams_started_total", "VAE decode streams opened (START)", labels,
                                 "COUNTER")
+        gc_pauses.freeze(f"vae_decoder instance {placement.instance_name(args)}")
 
     def _sweeper(self):
         # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
