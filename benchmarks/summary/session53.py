@@ -1,0 +1,249 @@
+"""results.md: the fifty-third session's section, and results_fifty_third.png."""
+
+import re
+import statistics
+
+from bench_served import share
+from summary.issue17 import ISSUE_RATIO, targets_table
+from summary.plots import paired_bars, pyplot, save_panels
+from summary.raw import headline_keys, load, served_levels, served_row, text
+from summary.session52 import AB as AB52, chunk_slack, chunk_times
+
+# 64-stream runs of this session: key -> (call, label, raw file, metrics file)
+RUNS = {"off_c1": (1, "audio_rush=false (first server)", "served_rush_off_call1_fiftythird.json",
+                   "metrics_rush_off_call1_fiftythird.txt"),
+        "on_c1": (1, "audio rush (second server)", "served_rush_on_call1_fiftythird.json",
+                  "metrics_rush_on_call1_fiftythird.txt"),
+        "nofreeze_c3": (3, "rush, VOXCPM_GC_FREEZE=0 (first server)", "served_gc_nofreeze_call3_fiftythird.json",
+                        "metrics_gc_nofreeze_call3_fiftythird.txt"),
+        "freeze_c3": (3, "rush, start-up frozen: the final code (second server)",
+                      "served_gc_freeze_call3_fiftythird.json", "metrics_gc_freeze_call3_fiftythird.txt")}
+COLORS = {"off_c1": "tab:gray", "on_c1": "tab:blue", "nofreeze_c3": "tab:olive", "freeze_c3": "tab:green"}
+# The vae_first_decodes.py runs of call 2: key -> (label, raw file)
+FIRST = {"eager_cold": ("HEAD, fresh caches", "vae_first_before_cold_fiftythird.json"),
+         "eager_warm": ("HEAD, the same caches again", "vae_first_before_warm_fiftythird.json"),
+         "plan_cold": ("every decode through graphs (patch), fresh caches", "vae_first_plan_cold_fiftythird.json")}
+GC_LINE = re.compile(r"(\S+(?: instance \S+)?): a full garbage collection takes (\d+) ms over (\d+) objects"
+                     r"(?:; with them frozen, ([\d.]+) ms)?")
+
+
+def arrivals(lv: dict) -> list:
+    """Every chunk's arrival in a served level, s from the level's start, sorted."""
+    return sorted(s["start_s"] + c[0] / 1000 for s in lv["streams"] for c in s["chunk_ms"])
+
+
+def longest_gap(lv: dict) -> tuple:
+    """The longest time no stream got a chunk -> (seconds, when it began)."""
+    t = arrivals(lv)
+    return max((b - a, a) for a, b in zip(t, t[1:]))
+
+
+def gc_metrics(name: str) -> dict:
+    """The decoder's garbage collections while serving, from a metrics file."""
+    out = {"collections": {}, "seconds": {}}
+    for line in text(name).splitlines():
+        m = re.match(r'^voxcpm_gc_(collections_total|pause_seconds_total|pause_seconds_max)\{(.*)\} ([\d.e+-]+)$',
+                     line)
+        if m:
+            gen = re.search(r'generation="(\d)"', m[2])
+            key = {"collections_total": "collections", "pause_seconds_total": "seconds"}.get(m[1])
+            if key:
+                out[key][int(gen[1])] = float(m[3])
+            else:
+                out["longest_s"] = float(m[3])
+    return out
+
+
+def start_up_collections(name: str) -> dict:
+    """A server log's start-up collections (gc_pauses.freeze) -> {process: (ms, objects, frozen ms or None)}."""
+    return {m[1]: (int(m[2]), int(m[3]), None if m[4] is None else float(m[4])) for m in GC_LINE.finditer(text(name))}
+
+
+def fifty_third_session(res) -> list[str]:
+    """2026-12-02 (issue 17): the audio rush's final form against audio_rush=false (the other order); one
+    run's stall of every stream, the VAE's eager decodes ruled out as its cause and the decoder's garbage
+    collector found able to cause it, start-up's objects now frozen. Sets res["fifty_third"] and the 64-stream
+    headline keys, returns the markdown, draws results_fifty_third.png."""
+    levels = {k: served_levels(f)[64] for k, (_, _, f, _) in RUNS.items()}
+    times = {k: chunk_times(lv) for k, lv in levels.items()}
+    rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in levels.items()}
+    gaps = {k: longest_gap(lv) for k, lv in levels.items()}
+    rushes = {k: float(re.search(r"^voxcpm_decoder_audio_rushes_total\{.*\} ([\d.e+]+)$", text(m), re.M)[1])
+              for k, (*_, m) in RUNS.items()}
+    late = {k: levels[k]["decoder_steps"]["late_launches"] for k in levels}
+    on, off = levels["on_c1"], levels["off_c1"]
+    stalled = [s for s in on["streams"] if s["underrun_s"] > 0.3]
+    rest2 = sorted(x for x in times["on_c1"][1] if x > -300)
+    first = {k: load(f) for k, (_, f) in FIRST.items()}
+    shapes = [(d["streams"], d["patches"]) for d in first["eager_cold"]["decodes"]]
+    by = {k: {(d["streams"], d["patches"]): d for d in v["decodes"]} for k, v in first.items()}
+    eager_shapes = [s for s in shapes if by["eager_cold"][s]["eager"]]
+    extra = {k: [by[k][s]["first_ms"] - by[k][s]["second_ms"] for s in eager_shapes] for k in ("eager_cold", "eager_warm")}
+    slow = {s: (by["plan_cold"][s]["second_ms"], by["eager_cold"][s]["second_ms"], by["eager_warm"][s]["second_ms"])
+            for s in ((17, 16), (24, 16), (64, 16), (80, 16), (100, 16))}
+    gcs = {k: gc_metrics(m) for k, (*_, m) in RUNS.items() if k.endswith("_c3")}
+    starts = {k: start_up_collections(f"served_gc_{k.split('_')[0]}_call3_fiftythird_tritonserver.log")
+              for k in ("nofreeze_c3", "freeze_c3")}
+    final = levels["freeze_c3"]
+    s52 = served_levels("served_fiftysecond.json")
+    s52_64 = {k: served_levels(f)[64] for k, (_, _, f) in AB52.items()}  # its rush run and three without
+    engine64 = max(r["aggregate_xrt"] for r in load("offline_b64x2_b1_fiftysecond.json")["engine"]["graphs"]["runs"]
+                   if r["batch"] == 64)
+    rush_x = [s52_64["on_call2"]["x_real_time"]] + [levels[k]["x_real_time"] for k in ("on_c1", "nofreeze_c3",
+                                                                                       "freeze_c3")]
+    plain = [s52_64[k] for k in AB52 if k != "on_call2"] + [off]
+    plain_x = [lv["x_real_time"] for lv in plain]
+    res["fifty_third"] = {
+        "device": "NVIDIA H200",
+        "c64": {k: rows[k] | {"late_launches": late[k], "rushes": rushes[k], "longest_gap_s": gaps[k][0],
+                              "longest_gap_at_s": gaps[k][1]} for k in rows},
+        "vae_first_decodes": {k: v["decodes"] for k, v in first.items()},
+        "gc_while_serving": gcs,
+        "gc_start_up": {k: {p: {"ms": v[0], "objects": v[1], "frozen_ms": v[2]} for p, v in s.items()}
+                        for k, s in starts.items()},
+        "rush_xrt_c64_runs": {"rush": rush_x, "without": plain_x},
+        "served_over_engine_c64_other_call": final["x_real_time"] / engine64,
+    }
+    res.update(headline_keys(s52[1], final, "one stream: fifty-second session, NVIDIA H200, 2026-12-01, "
+                             "raw/served_fiftysecond.json (742198c, 10 requests per stream); 64 streams: fifty-third "
+                             "session, NVIDIA H200, 2026-12-02, raw/served_gc_freeze_call3_fiftythird.json (the final "
+                             "code: the audio rush, start-up's objects frozen; 16 requests per stream); 128 streams "
+                             "and capacity: forty-fourth session's sweep, raw/served_fortyfourth_sweep*.json"))
+    dec = {k: starts[k]["decoder instance decoder_0_0"] for k in starts}
+    vae = {k: starts[k]["vae_decoder instance vae_decoder_0_0"] for k in starts}
+    orch = [v[0] for k in starts for p, v in starts[k].items() if p.startswith("tts")]
+    n_orch = {m: sum(re.fullmatch(rf"{m}_\d+_\d+", p) is not None for p in starts["freeze_c3"])
+              for m in ("tts", "tts_stream")}
+    md = ["", "## Fifty-third session (2026-12-02, H200): a 64-stream run in which every stream stopped for "
+          f"{1000 * gaps['on_c1'][0]:.0f} ms, traced to what the decoder's garbage collector can do (a full "
+          f"collection {dec['freeze_c3'][0]}-{dec['nofreeze_c3'][0]} ms); start-up's objects now frozen out of it. "
+          "The audio rush's final form measured in the other order",
+          "", "Three device calls on one H200 (about 22 of 30 min). Call 1 ran the audio rush's final form (which "
+          "no GPU had run: the fifty-second session's last changes) against `audio_rush=false`, in the other "
+          "order than that session's call 2: without the rush first. The rush's run had a stall of every stream; "
+          "call 2 tested one suspect for it (the VAE's eager decodes) and ruled it out; call 3 measured another "
+          "(the garbage collector) and served with and without the change that came of it.", "",
+          "**64 streams, call 1** (`SET=\"decoder.timestep_buckets=10,100[ decoder.audio_rush=false]\" LEVELS=64 "
+          "REQUESTS=16 bash benchmarks/run_served_gpu.sh`, one server after the other, 8ae64da; "
+          "`raw/served_rush_{off,on}_call1_fiftythird.json.gz`) **and call 3** (the same with the rush in both, "
+          "`VOXCPM_GC_FREEZE=0` then the final code; `raw/served_gc_{nofreeze,freeze}_call3_fiftythird.*`). "
+          "Slack: audio a client still had when that chunk came (negative: it ran dry); the longest gap: the "
+          "longest time in which no stream got a chunk:", "",
+          "| run | x real time | TTFA p50 / p95 ms | smooth | rows a step | steps launched late | rushes | "
+          "2nd chunk after the 1st, p50 / p99 / max ms | 2nd chunk slack, min / p1 ms | longest gap, ms (at s) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for k, (call, label, *_) in RUNS.items():
+        r, g = rows[k], rows[k]["second_after_first_ms"]
+        md.append(f"| call {call}: {label} | {r['x_real_time']:.1f} | {r['ttfa_p50']:.1f} / {r['ttfa_p95']:.1f} | "
+                  f"{share(r['smooth'])} | {r['rows_per_step']:.2f} | {late[k]:.0f} of {r['steps']:.0f} | "
+                  f"{rushes[k]:.0f} | {g['p50']:.1f} / {g['p99']:.1f} / {g['max']:.1f} | "
+                  f"{r['second_slack_ms']['min']:.1f} / {r['second_slack_ms']['p1']:.1f} | "
+                  f"{1000 * gaps[k][0]:.0f} ({gaps[k][1]:.2f}) |")
+    md += ["",
+           f"- **The stall.** In call 1's rush run no stream got a chunk for {1000 * gaps['on_c1'][0]:.0f} ms from "
+           f"{gaps['on_c1'][1]:.2f} s on; {len(stalled)} streams of the second wave (requests just started) ran dry "
+           f"at their second chunk, by {min(1000 * s['underrun_s'] for s in stalled):.0f}-"
+           f"{max(1000 * s['underrun_s'] for s in stalled):.0f} ms: all the {share(on['smooth_playback_frac'])} "
+           "smooth is that. No other run here had a gap over "
+           f"{1000 * max(g[0] for k, g in gaps.items() if k != 'on_c1'):.0f} ms, nor any 64-stream burst run in "
+           "`raw/` since the thirty-third session (45 runs: at most 150 ms). The rest of that run's streams had "
+           f"{rest2[0]:.1f} ms to spare at their second chunk at least, where the run without the rush had "
+           f"{rows['off_c1']['second_slack_ms']['min']:.1f}: what the rush is for.",
+           f"- **The rush's cost**, again: {on['x_real_time']:.1f}x against {off['x_real_time']:.1f}x "
+           f"({100 * (1 - on['x_real_time'] / off['x_real_time']):.1f}% less, the rush second this time). Over "
+           f"both sessions' 64-stream runs, the rush's four make {statistics.mean(rush_x):.1f}x on average, the "
+           f"four without it {statistics.mean(plain_x):.1f}x ({100 * (1 - statistics.mean(rush_x) / statistics.mean(plain_x)):.1f}% "
+           "less); smooth with the rush: "
+           + ", ".join(share(lv["smooth_playback_frac"]) for lv in [s52_64["on_call2"]] + [levels[k] for k in (
+               "on_c1", "nofreeze_c3", "freeze_c3")])
+           + "; without: " + ", ".join(share(lv["smooth_playback_frac"]) for lv in plain)
+           + " (the fifty-second session's three, then call 1's). Kept on: the tightest second chunk had "
+           f"{rest2[0]:.1f} ms (call 1, past the stall) and {rows['nofreeze_c3']['second_slack_ms']['min']:.1f} ms "
+           f"(call 3's first server) to spare with it, {rows['off_c1']['second_slack_ms']['min']:.1f} ms without. "
+           f"The {sum(x['underrun_s'] > 0 for x in final['streams'])} of {len(final['streams'])} streams that call "
+           "3's final run lost ran dry by "
+           "about 10 ms: second-wave streams whose second chunk came 170 ms after their first, a chunk the rush "
+           "cannot send before the engine has made it (where those 170 ms went was not looked into).",
+           "", "**Suspect 1, ruled out: an eager VAE decode of a shape not seen before.** Decodes that the "
+           "captured graphs do not cover (more than 16 streams with a chunk over 4 patches, more than 64 streams) "
+           "run eagerly, and a kernel meeting a new shape can compile. Call 2 timed each decode's first and second "
+           "run after the same start-up as served (`benchmarks/vae_first_decodes.py`, new; 36 shapes, 17-100 "
+           "streams x 2-16 patches, in a fresh process each; `raw/vae_first_*_fiftythird.json`):",
+           f"- The first eager run of a shape took {min(extra['eager_cold']):.0f}-{max(extra['eager_cold']):.0f} ms "
+           f"more than its second with fresh caches, {min(extra['eager_warm']):.0f}-{max(extra['eager_warm']):.0f} "
+           "ms with the caches the first process left (median "
+           f"{statistics.median(extra['eager_cold']):.0f} and {statistics.median(extra['eager_warm']):.0f}): no "
+           "compile of hundreds of ms.",
+           "- Every decode through graphs (a batch past the largest bucket in groups, a chunk past the longest "
+           "graph in pieces: `raw/vae_graph_plan_fiftythird.patch`, recreated after the revert with the same "
+           "behaviour; its GPU tests passed, `raw/gpu_tests_vae_graph_plan_fiftythird.txt`) removes even those, "
+           "but is slower where the eager decode runs only the rows it has. Second runs, ms, graphs / eager "
+           "(two processes): "
+           + "; ".join(f"{b} x {p}: {v[0]:.1f} / {v[1]:.1f}, {v[2]:.1f}" for (b, p), v in slow.items())
+           + ". Dropped.",
+           "", "**Suspect 2: the garbage collector.** A collection of Python's oldest generation walks every object "
+           "the process tracks, holding the GIL: every thread of the decoder (the engine's launches, the audio "
+           "thread's sends) waits for it. The change (`serving/gc_pauses.py`, kept): the decoder, the "
+           "orchestrators and vae_decoder end their start-up with one full collection, timed and logged, then "
+           "freeze what is left (`gc.freeze`), which later collections skip; `VOXCPM_GC_FREEZE=0` leaves it "
+           "out; the decoder's collections are on `/metrics` by generation. At start-up (call 3's logs), ms:", "",
+           "| process | full collection, objects (first server / second) | full collection ms, first server (not frozen) | "
+           "second server: before freezing / frozen |", "|---|---|---|---|",
+           f"| decoder | {dec['nofreeze_c3'][1]:,} / {dec['freeze_c3'][1]:,} | {dec['nofreeze_c3'][0]} | "
+           f"{dec['freeze_c3'][0]} / {dec['freeze_c3'][2]:.1f} |",
+           f"| vae_decoder | {vae['nofreeze_c3'][1]:,} / {vae['freeze_c3'][1]:,} | {vae['nofreeze_c3'][0]} | "
+           f"{vae['freeze_c3'][0]} / {vae['freeze_c3'][2]:.1f} |",
+           f"| tts, tts_stream ({n_orch['tts']} and {n_orch['tts_stream']} instances) | about 28,700 | "
+           f"{min(orch)}-{max(orch)} (either server) | - / 0.0 |", "",
+           "The first server compiled its kernels (fresh caches), the second loaded them: the decoder's extra "
+           "objects are likely the compilers'.", "",
+           f"- A full collection in the decoder costs {dec['freeze_c3'][0]}-{dec['nofreeze_c3'][0]} ms, the size of "
+           f"call 1's {1000 * gaps['on_c1'][0]:.0f} ms gap in which nothing reached any stream. That it was one is "
+           "likely, not shown: call 1 had no counter yet, and neither of call 3's servers ran one while serving "
+           "(generation 2: "
+           + ", ".join(f"{gcs[k]['collections'][2]:.0f}" for k in gcs) + " collections; generation 0: "
+           + ", ".join(f"{gcs[k]['collections'][0]:.0f}" for k in gcs) + "; the longest pause "
+           + ", ".join(f"{1000 * gcs[k]['longest_s']:.1f}" for k in gcs) + " ms). CPython runs one when the "
+           "objects that survived younger collections since the last reach a quarter of those it already "
+           "holds, so in a long-lived server one comes now and then, whenever that is.",
+           f"- Frozen, a full collection walks only what serving made since start-up: 0.0 ms at its end. Served "
+           f"with it: {final['x_real_time']:.1f}x against {levels['nofreeze_c3']['x_real_time']:.1f}x without, "
+           "the same within the runs' spread.", "",
+           "**Against issue 17's targets** (one stream and 8 streams: the fifty-second session's closing run, "
+           "whose code is this one's but for the rush's final form and the freeze, neither measured at 1 or 8 "
+           "streams; 64 streams: call 3's final code):", ""]
+    md += targets_table(s52[1], s52[8], final)
+    md += [f"| served / engine at 64 >= {ISSUE_RATIO} | {final['x_real_time'] / engine64:.3f} (over the fifty-second "
+           f"session's engine run, {engine64:.1f}x: another call) | missed |", "",
+           f"The 64-stream row was met by the fifty-second session's rush run and by call 3's first server "
+           f"here; the final code's run missed smooth playback: {share(final['smooth_playback_frac'])} of its "
+           "streams (the rest ran dry by about 10 ms, at their second chunk). It is met in half the rush's runs, "
+           "not reliably. results.json's 64-stream headline keys now come from that final run.", "",
+           "![fifty-third session: the stall, and a full garbage collection by process](results_fifty_third.png)",
+           ""]
+    _plot(levels, starts)
+    return md
+
+
+def _plot(levels: dict, starts: dict):
+    """Left: chunks that reached any stream per 50 ms in call 1's two runs; right: a full collection's ms at
+    start-up by process, in call 3's two servers."""
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for k in ("off_c1", "on_c1"):
+        t = arrivals(levels[k])
+        bins = [i * 0.05 for i in range(int(4 / 0.05) + 1)]
+        a.hist([x for x in t if x < 4], bins=bins, histtype="step", color=COLORS[k], label=RUNS[k][1])
+    a.set_xlabel("s from the level's start")
+    a.set_ylabel("chunks that reached a client, per 50 ms")
+    a.legend(fontsize=7)
+    procs = [("decoder", "decoder instance decoder_0_0"), ("vae_decoder", "vae_decoder instance vae_decoder_0_0"),
+             ("tts_stream", "tts_stream_0_0")]
+    series = [("first server, not frozen", COLORS["nofreeze_c3"], [starts["nofreeze_c3"][p][0] for _, p in procs]),
+              ("second server, before freezing", "tab:cyan", [starts["freeze_c3"][p][0] for _, p in procs]),
+              ("second server, frozen", COLORS["freeze_c3"], [starts["freeze_c3"][p][2] for _, p in procs])]
+    paired_bars(b, [n for n, _ in procs], series, lambda v: f"{v:.0f}")
+    b.set_ylabel("a full garbage collection, ms")
+    b.legend(fontsize=7)
+    save_panels(fig, (a, b), "fifty-third session (H200): a stall of every stream at 64 streams; the garbage "
+                "collector's full walk by process", "results_fifty_third.png")
