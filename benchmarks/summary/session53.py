@@ -59,11 +59,17 @@ def start_up_collections(name: str) -> dict:
     return {m[1]: (int(m[2]), int(m[3]), None if m[4] is None else float(m[4])) for m in GC_LINE.finditer(text(name))}
 
 
+def names_key(k: tuple) -> str:
+    """A streamed_weights variant (coupled, dep, barriers, mma) as results.json's key."""
+    return "_".join(n for n, on in zip(("coupled", "reads", "barriers", "products"), k) if on) or "stream_only"
+
+
 def fifty_third_session(res) -> list[str]:
     """2026-12-02 (issue 17): the audio rush's final form against audio_rush=false (the other order); one
     run's stall of every stream, the VAE's eager decodes ruled out as its cause and the decoder's garbage
-    collector found able to cause it, start-up's objects now frozen. Sets res["fifty_third"] and the 64-stream
-    headline keys, returns the markdown, draws results_fifty_third.png."""
+    collector found able to cause it, start-up's objects now frozen; weights streamed past the grid
+    barriers (Gluon experiment). Sets res["fifty_third"] and the 64-stream headline keys, returns the
+    markdown, draws results_fifty_third.png."""
     levels = {k: served_levels(f)[64] for k, (_, _, f, _) in RUNS.items()}
     times = {k: chunk_times(lv) for k, lv in levels.items()}
     rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in levels.items()}
@@ -85,6 +91,13 @@ def fifty_third_session(res) -> list[str]:
     starts = {k: start_up_collections(f"served_gc_{k.split('_')[0]}_call3_fiftythird_tritonserver.log")
               for k in ("nofreeze_c3", "freeze_c3")}
     final = levels["freeze_c3"]
+    sw = load("streamed_weights_call7_fiftythird.json")
+    sw_runs = {}
+    for r in sw["runs"]:
+        sw_runs.setdefault((r["coupled"], r["dep"], r["barriers"], r["mma"]), []).append(r["us_per_layer"])
+    sw_bytes = sum(k * n for k, n in sw["phases"]) * 2  # a layer's bf16 weights
+    sw_floor = sw_bytes * 12 / sw["read_all_weights_us"] / 1e6  # TB/s of PyTorch's read of all 12 layers
+    sw_med = {k: statistics.median(v) for k, v in sw_runs.items()}
     s52 = served_levels("served_fiftysecond.json")
     s52_64 = {k: served_levels(f)[64] for k, (_, _, f) in AB52.items()}  # its rush run and three without
     engine64 = max(r["aggregate_xrt"] for r in load("offline_b64x2_b1_fiftysecond.json")["engine"]["graphs"]["runs"]
@@ -103,6 +116,7 @@ def fifty_third_session(res) -> list[str]:
                         for k, s in starts.items()},
         "rush_xrt_c64_runs": {"rush": rush_x, "without": plain_x},
         "served_over_engine_c64_other_call": final["x_real_time"] / engine64,
+        "streamed_weights_us_per_layer": {names_key(k): v for k, v in sw_runs.items()},
     }
     res.update(headline_keys(s52[1], final, "one stream: fifty-second session, NVIDIA H200, 2026-12-01, "
                              "raw/served_fiftysecond.json (742198c, 10 requests per stream); 64 streams: fifty-third "
@@ -117,12 +131,14 @@ def fifty_third_session(res) -> list[str]:
     md = ["", "## Fifty-third session (2026-12-02, H200): a 64-stream run in which every stream stopped for "
           f"{1000 * gaps['on_c1'][0]:.0f} ms, traced to what the decoder's garbage collector can do (a full "
           f"collection {dec['freeze_c3'][0]}-{dec['nofreeze_c3'][0]} ms); start-up's objects now frozen out of it. "
-          "The audio rush's final form measured in the other order",
-          "", "Three device calls on one H200 (about 22 of 30 min). Call 1 ran the audio rush's final form (which "
+          "The audio rush's final form measured in the other order; weights streamed past the grid barriers (a Gluon "
+          "experiment): 1.08x on LocDiT's projections, no path to the one-stream target",
+          "", "Seven device calls on one H200 (about 26 of 30 min). Call 1 ran the audio rush's final form (which "
           "no GPU had run: the fifty-second session's last changes) against `audio_rush=false`, in the other "
           "order than that session's call 2: without the rush first. The rush's run had a stall of every stream; "
           "call 2 tested one suspect for it (the VAE's eager decodes) and ruled it out; call 3 measured another "
-          "(the garbage collector) and served with and without the change that came of it.", "",
+          "(the garbage collector) and served with and without the change that came of it. Calls 4-7 measured "
+          "the lever earlier sessions left for the one-stream target (below).", "",
           "**64 streams, call 1** (`SET=\"decoder.timestep_buckets=10,100[ decoder.audio_rush=false]\" LEVELS=64 "
           "REQUESTS=16 bash benchmarks/run_served_gpu.sh`, one server after the other, 8ae64da; "
           "`raw/served_rush_{off,on}_call1_fiftythird.json.gz`) **and call 3** (the same with the rush in both, "
@@ -209,6 +225,45 @@ def fifty_third_session(res) -> list[str]:
            f"- Frozen, a full collection walks only what serving made since start-up: 0.0 ms at its end. Served "
            f"with it: {final['x_real_time']:.1f}x against {levels['nofreeze_c3']['x_real_time']:.1f}x without, "
            "the same within the runs' spread.", "",
+           "**The one-stream target: weight streaming decoupled from the barriers, measured** (calls 4-7, "
+           "`benchmarks/experiments/streamed_weights.py`, new, Gluon; `raw/streamed_weights_call*_fiftythird.json`). "
+           "Earlier sessions left one lever for a lone request's step (5.03 ms, 4.0 needed): the persistent layer "
+           "kernel's GEMM phases load their weights only once their grid barrier has passed, so DRAM idles through "
+           "every barrier and every latency-bound phase. The experiment builds LocDiT's four projections (34.6 MB "
+           "a layer, 12 layers, 32 token rows) as one persistent Gluon kernel in which a producer warp per program "
+           "streams the program's weight tiles (TMA, [64, 64] bf16) of every phase of every layer into a ring of "
+           "shared-memory slots, waiting only for free slots, while the program's other four warps run the phases "
+           "(grid barrier, warpgroup MMAs, each item's output stored, and after the barrier a read of the tile "
+           "the previous phase wrote, as the real activations are read). `coupled` makes the producer wait for "
+           "each phase's barrier first, as the persistent kernel's loads do. One layer checked against PyTorch: "
+           f"max abs {sw['check_max_abs_streamed']:.1e}. Calls 4-6 ran earlier forms (each product waited for "
+           "before its slot was freed, the read after the products, items dealt from program 0 in every phase); "
+           "call 7's, the committed one, us a layer over 12 layers (two runs each of 16 and 24 slots):", "",
+           "| variant | 16 slots | 24 slots |", "|---|---|---|"]
+    names = {(False, True, True, True): "streamed (as built)", (True, True, True, True): "coupled",
+             (False, False, True, True): "streamed, no reads of the previous phase",
+             (True, False, True, True): "coupled, no reads of the previous phase",
+             (False, False, False, True): "streamed, no barriers either (a probe)",
+             (False, False, False, False): "the stream alone: no barriers, no products (a probe)"}
+    for key, name in names.items():
+        v = sw_runs[key]
+        md.append(f"| {name} | {v[0]:.1f}, {v[1]:.1f} | {v[2]:.1f}, {v[3]:.1f} |")
+    md += ["",
+           "- Decoupled, the phases gain a little: medians of the four runs "
+           f"{sw_med[(False, True, True, True)]:.1f} against {sw_med[(True, True, True, True)]:.1f} us a layer "
+           f"({sw_med[(True, True, True, True)] / sw_med[(False, True, True, True)]:.2f}x), without the reads "
+           f"{sw_med[(False, False, True, True)]:.1f} against {sw_med[(True, False, True, True)]:.1f} "
+           f"({sw_med[(True, False, True, True)] / sw_med[(False, False, True, True)]:.2f}x); runs of one variant "
+           "spread by up to 3 us. The stream alone, with nothing else in the "
+           f"way, runs at {sw_bytes / min(sw_runs[(False, False, False, False)]) / 1e6:.2f} TB/s at best "
+           f"({min(sw_runs[(False, False, False, False)]):.1f} us a layer; PyTorch reads the same 415 MB at "
+           f"{sw_floor:.2f} TB/s). One producer warp issuing 8 KB tiles per SM, with 128-192 KB in flight, does "
+           "not keep DRAM busy; why (tile size, in-flight bytes, the TMA units' rate) was not isolated.",
+           "- Streamed as built, the four projections alone take "
+           f"{min(sw_runs[(False, True, True, True)]):.1f}-{max(sw_runs[(False, True, True, True)]):.1f} us a layer, "
+           "with attention, norms and SiLU still to add; the persistent layer kernel runs the whole LocDiT layer "
+           "in 25.2 us (forty-seventh to fifty-first sessions, other calls). In this form the lever does not "
+           "bring the step near 4 ms; a stream near DRAM's rate would have to come first. Not taken further.", "",
            "**Against issue 17's targets** (one stream and 8 streams: the fifty-second session's closing run, "
            "whose code is this one's but for the rush's final form and the freeze, neither measured at 1 or 8 "
            "streams; 64 streams: call 3's final code):", ""]
