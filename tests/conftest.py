@@ -21,6 +21,17 @@ if not torch.cuda.is_available():
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint  # noqa: E402  (after TRITON_INTERPRET)
 
 
+@pytest.fixture(autouse=True)
+def _gc_unfrozen():
+    """Models initialised in the test process (tests/test_serving_models.py) freeze what it holds
+    (serving/gc_pauses): thaw it after each test, so that no test leaves its objects uncollected."""
+    yield
+    import gc
+
+    if gc.get_freeze_count():
+        gc.unfreeze()
+
+
 def variant_config() -> dict:
     """Exercises what the real-shaped config leaves off: muP scaling, RoPE in the
     residual LM, patch size 2, head dim from hidden/heads, non-trivial LongRoPE factors."""

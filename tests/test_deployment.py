@@ -333,9 +333,12 @@ def test_dockerfile_default_image_has_the_security_fixes():
 
 # --- docker-compose.yml ------------------------------------------------------------------------
 
+# the README's env switches (rows "env (`scripts/serve.sh`, container)")
+TUNING_FLAGS = ("VOXCPM_FUSED_LOCAL_LAYERS", "VOXCPM_FUSED_STACKS", "VOXCPM_FUSED_LM_LAYERS", "VOXCPM_FUSED_FP8_LAYERS",
+                "VOXCPM_SPLIT_K", "VOXCPM_GC_FREEZE")
 _COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
                  "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT", "OPENAI_API_PORT",
-                 "VOXCPM_OPENAI_API_KEY", "VOXCPM_LORA_DIR")  # fmt: skip
+                 "VOXCPM_OPENAI_API_KEY", "VOXCPM_LORA_DIR") + TUNING_FLAGS  # fmt: skip
 
 
 def _compose_config(service: str = "triton", **env_vars: str) -> dict:
@@ -428,6 +431,15 @@ def test_compose_passes_the_keys_through():
     env = _env(_compose_config())
     for k in ("VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY"):
         assert env.get(k) is None, (k, env)
+
+
+def test_compose_passes_the_tuning_switches_through():
+    """The README's env switches reach the container when set on the host, and stay unset there
+    (the code's defaults) when not."""
+    env = _env(_compose_config(**dict.fromkeys(TUNING_FLAGS, "0")))
+    assert {k: env.get(k) for k in TUNING_FLAGS} == dict.fromkeys(TUNING_FLAGS, "0"), env
+    env = _env(_compose_config())
+    assert all(env.get(k) is None for k in TUNING_FLAGS), env
 
 
 def test_compose_scripts_exist():

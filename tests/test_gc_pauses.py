@@ -2,6 +2,7 @@
 tests/test_server.py), and collections timed by generation."""
 
 import gc
+import weakref
 
 import pytest
 
@@ -16,10 +17,19 @@ def unfrozen():
     gc.unfreeze()
 
 
+class _Node:
+    pass
+
+
 def test_freeze_moves_what_start_up_left_to_the_permanent_generation(unfrozen, monkeypatch):
     monkeypatch.delenv("VOXCPM_GC_FREEZE", raising=False)
     keep = [[i] for i in range(1000)]  # start-up's objects: tracked, alive
+    garbage = _Node()
+    garbage.me = garbage  # a cycle: only a collection frees it
+    gone = weakref.ref(garbage)
+    del garbage
     got = gc_pauses.freeze("test")
+    assert gone() is None  # collected first, not frozen with the rest
     assert got["frozen"] and gc.get_freeze_count() >= got["objects"] - 10 > len(keep)
     assert got["full_collection_s"] > 0 and got["full_collection_frozen_s"] >= 0
     assert not any(o is keep for o in gc.get_objects())  # a collection's walk skips it

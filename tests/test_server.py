@@ -456,7 +456,7 @@ def test_model_processes_freeze_start_up_objects_and_the_decoder_counts_its_coll
     garbage collection at the end of its start-up, then freezes what start-up left (the log says
     both); the decoder's collections while serving are on /metrics, by generation."""
     for process in ("decoder instance decoder_0_0", "tts_stream_0_0", "tts_0_0", "vae_decoder instance vae_decoder_0_0"):
-        m = re.search(rf"{process}: a full garbage collection takes (\d+) ms over \d+ objects; "
+        m = re.search(rf"{process}: a full garbage collection takes (\d+) ms \(\d+ objects tracked after it\); "
                       r"with them frozen, ([\d.]+) ms", server.log)
         assert m, (process, server.log_tail())
         if process.startswith("decoder"):  # torch and the engine: a heap worth freezing (~0.2 s a walk here)
@@ -464,11 +464,14 @@ def test_model_processes_freeze_start_up_objects_and_the_decoder_counts_its_coll
     tts_http(server, "Collect me.", SEED=3, MIN_LENGTH=3, MAX_LENGTH=3)
     deadline = time.monotonic() + 10
     while True:
-        samples = [(labels, v) for name, labels, v in metric_samples(server)
-                   if name == "voxcpm_gc_collections_total" and labels.get("model") == "decoder"]
-        assert sorted(labels["generation"] for labels, _ in samples) == ["0", "1", "2"]
-        if sum(v for labels, v in samples if labels["generation"] == "0") > 0:
+        samples = {(name, labels["generation"]): v for name, labels, v in metric_samples(server)
+                   if name in ("voxcpm_gc_collections_total", "voxcpm_gc_pause_seconds_total")
+                   and labels.get("model") == "decoder"}
+        assert sorted(samples) == [(n, g) for n in ("voxcpm_gc_collections_total", "voxcpm_gc_pause_seconds_total")
+                                   for g in "012"], samples
+        if samples[("voxcpm_gc_collections_total", "0")] > 0:
             break
         assert time.monotonic() < deadline, samples
         time.sleep(0.2)
+    assert samples[("voxcpm_gc_pause_seconds_total", "0")] > 0
     assert metrics(server)["voxcpm_gc_pause_seconds_max"] > 0

@@ -303,3 +303,52 @@ def test_releasing_metrics_does_not_wait_for_ever_on_a_stuck_stub_call(fake_pb, 
         t.join()
     metrics.release_all()
     assert m.pair is None
+
+
+def test_engine_metrics_publish_changes_only_and_the_collectors_pauses(fake_pb):
+    """The decoder's metrics: counters grow by what their stats grew, gauges follow their stats, the
+    process's garbage collections by generation and its longest pause among them; an update sends
+    only what changed (each is a round trip to the server)."""
+    from voxcpm_triton.serving import metrics
+
+    calls = []
+
+    class Counted(FakeMetric):
+        def set(self, v):
+            calls.append("set")
+            super().set(v)
+
+        def increment(self, v):
+            calls.append("increment")
+            super().increment(v)
+
+    class Family(FakeFamily):
+        def Metric(self, labels):  # noqa: N802 - pb_utils' spelling
+            m = Counted()
+            m.labels = labels
+            return m
+
+    fake_pb.MetricFamily = Family
+    stats = dict(running=2, waiting=0, free_blocks=10, total_blocks=12, cached_blocks=1, steps_per_s=5.0,
+                 batch_sizes={2: 3}, steps=3, finished=0, prefix_cache_hits=0, prefix_cache_hit_blocks=0,
+                 early_chunks=0, lora_merges=0, first_audio_fences=0, first_audio_fence_misses=0,
+                 late_launches=0)
+    engine = types.SimpleNamespace(stats=lambda: dict(stats), status=lambda: None)
+    gc = types.SimpleNamespace(count=[4, 1, 0], seconds=[0.002, 0.001, 0.0], longest_s=0.001)
+    m = metrics.EngineMetrics(engine, {"model": "decoder"}, gc=gc, period_s=3600)
+    try:
+        m.update()
+        stats.update(steps=5, batch_sizes={2: 5})
+        gc.count, gc.seconds, gc.longest_s = [9, 1, 1], [0.004, 0.001, 0.4], 0.4
+        m.update()
+        by = {(n, m_.labels.get("generation")): m_.value for n, m_ in
+              ((k, v.pair[1]) for k, v in {**m.gauges, **m.counters}.items())}
+        assert by[("steps", None)] == 5 and by[("rows", None)] == 10 and by[("running", None)] == 2
+        assert [by[(f"gc_collections_{g}", str(g))] for g in range(3)] == [9, 1, 1]
+        assert by[("gc_seconds_2", "2")] == 0.4 and by[("gc_longest", None)] == 0.4
+        calls.clear()
+        m.update()  # nothing changed: nothing sent
+        assert calls == []
+    finally:
+        m.close()
+        metrics.release_all()

@@ -6,8 +6,10 @@ audio thread's deliveries, so every stream stalls at once; in an orchestrator, e
 chunks. After start-up a process tracks hundreds of thousands of objects (torch, triton,
 inductor's compiled code, the engine's graphs) that serving never frees. `freeze` moves them to
 the permanent generation, which collections skip (`gc.freeze`): a full collection then walks only
-what serving made since. `Pauses` counts the collections by generation and times them
-(`gc.callbacks`), for the metrics.
+what serving made since. The price: a frozen object that later becomes part of unreachable
+cycles (say, an adapter loaded at start-up and removed later) is never collected; memory freed by
+reference counting is freed as before. `Pauses` counts the collections by generation and times
+them (`gc.callbacks`), for the metrics.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def freeze(process: str) -> dict:
         t0 = time.perf_counter()
         gc.collect()
         out["full_collection_frozen_s"] = time.perf_counter() - t0
-    log.warning("%s: a full garbage collection takes %.0f ms over %d objects%s", process, 1e3 * before_s, tracked,
+    log.warning("%s: a full garbage collection takes %.0f ms (%d objects tracked after it)%s", process,
+                1e3 * before_s, tracked,
                 f"; with them frozen, {1e3 * out['full_collection_frozen_s']:.1f} ms" if out["frozen"]
                 else " (not frozen: VOXCPM_GC_FREEZE=0)")
     return out

@@ -131,6 +131,7 @@ class EngineMetrics:
             self.gauges["gc_longest"] = metric("voxcpm_gc_pause_seconds_max",
                                                "The longest garbage collection of this process so far", labels)
         self._last = dict.fromkeys(self.counters, 0)
+        self._set: dict = {}  # gauge -> the value last set
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voxcpm-metrics", daemon=True)
         self._thread.start()
@@ -151,11 +152,14 @@ class EngineMetrics:
             for g in range(3):
                 s[f"gc_collections_{g}"], s[f"gc_seconds_{g}"] = self.gc.count[g], self.gc.seconds[g]
             s["gc_longest"] = self.gc.longest_s
-        with IPC_LOCK:
+        with IPC_LOCK:  # each update is a round trip to the server: only what changed
             for k, m in self.gauges.items():
-                m.set(s[k])
+                if self._set.get(k) != s[k]:
+                    m.set(s[k])
             for k, m in self.counters.items():
-                m.increment(s[k] - self._last[k])
+                if s[k] != self._last[k]:
+                    m.increment(s[k] - self._last[k])
+        self._set = {k: s[k] for k in self.gauges}
         self._last = {k: s[k] for k in self.counters}
 
     def close(self):

@@ -150,6 +150,9 @@ class Orchestrator(InternalCalls):
         self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
         self.max_positions = int(cfg.get("max_length", 8192))
         self.voices = VoiceStore(params["voices_dir"])
+        # Before the metrics (Triton calls no finalize after a failed initialize); the instance's name
+        # from args, not placement's helper, which would import torch into this process.
+        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
         labels = {"model": args["model_name"]}
         self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
                                  "Sum of times from request to first audio", labels, "COUNTER")
@@ -365,7 +368,6 @@ class TTSModel:
                                  "(>= 6 patches per target token)", labels, "COUNTER")
         self.m_retries = metric("voxcpm_retries_total", "Whole utterances synthesized again after a bad case",
                                 labels, "COUNTER")
-        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
@@ -431,7 +433,6 @@ class TTSStreamModel:
         self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
 
     async def execute(self, requests):
         """Each stream runs as a task of its own; execute returns once they have all ended. The

@@ -124,12 +124,12 @@ class VAEDecoderModel:
         self._stop = threading.Event()
         threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
         self.beacon = runtime.Beacon("vae_decoder")
+        gc_pauses.freeze(f"vae_decoder instance {placement.instance_name(args)}")
         # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
         self.m_streams = metric("voxcpm_vae_streams", "Open VAE decode streams (state held)", labels)
         self.m_batches = metric("voxcpm_vae_decode_batch_streams", "Streams decoded together in the last batch", labels)
         self.m_started = metric("voxcpm_vae_streams_started_total", "VAE decode streams opened (START)", labels,
                                 "COUNTER")
-        gc_pauses.freeze(f"vae_decoder instance {placement.instance_name(args)}")
 
     def _sweeper(self):
         # Plain Python only: no call into the stub from this thread (see triton_io.IPC_LOCK).
