@@ -18,9 +18,10 @@ phase to the one before: each item adds, after the barrier, one [64, 32] fp32 ti
 of the previous phase wrote, a read from L2 as the real activations are (the values are the
 products' and those reads' sums, checked against PyTorch for one layer). Variants that drop the
 reads, the barriers, or the products too show what each costs. Measured on an H200 (benchmarks/
-results.md, "Fifty-third session"): streamed, the four phases took 19-22 us a layer against 22-26
-coupled, and the stream alone (no barriers, no products) reached at most 2.6 TB/s: no faster, with
-attention and norms still to add, than the persistent layer kernel's whole LocDiT layer.
+results.md, "Fifty-third session"): streamed, the four phases took 22-25 us a layer against 25-28
+coupled (19-22 against 22-26 without the reads), and the stream alone (no barriers, no products)
+reached at most 2.6 TB/s: no faster, with attention and norms still to add, than the persistent
+layer kernel's whole LocDiT layer.
 
     python3 benchmarks/experiments/streamed_weights.py --layers 12 --slots 16,24 --out streamed.json
 """

@@ -1,12 +1,14 @@
 """results.md: the fifty-third session's section, and results_fifty_third.png."""
 
+import glob
+import os
 import re
 import statistics
 
 from bench_served import share
 from summary.issue17 import ISSUE_RATIO, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
-from summary.raw import headline_keys, load, served_levels, served_row, text
+from summary.raw import HERE, headline_keys, load, served_levels, served_row, text
 from summary.session52 import AB as AB52, chunk_slack, chunk_times
 
 # 64-stream runs of this session: key -> (call, label, raw file, metrics file)
@@ -36,6 +38,40 @@ def longest_gap(lv: dict) -> tuple:
     """The longest time no stream got a chunk -> (seconds, when it began)."""
     t = arrivals(lv)
     return max((b - a, a) for a, b in zip(t, t[1:]))
+
+
+_UNITS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8,
+          "ninth": 9}
+_TEENS = {"tenth": 10, "eleventh": 11, "twelfth": 12, "thirteenth": 13, "fourteenth": 14, "fifteenth": 15,
+          "sixteenth": 16, "seventeenth": 17, "eighteenth": 18, "nineteenth": 19}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50}
+
+
+def session_of(name: str) -> int | None:
+    """The session a raw file's name gives ("served_thirtysixth_call2_after.json.gz" -> 36)."""
+    words = {**_TEENS, **{t[:-1] + "ieth": v for t, v in _TENS.items()},
+             **{t + u: tv + uv for t, tv in _TENS.items() for u, uv in _UNITS.items()}}
+    found = [v for w, v in words.items() if re.search(rf"(^|_){w}(_|\.|$)", name)]
+    return max(found) if found else None
+
+
+def earlier_gaps(since: int, before: int) -> list:
+    """(longest gap s, file) of each 64-stream burst run with chunk timings in raw/ from session `since`
+    up to, not including, session `before`."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(HERE, "raw", "served*.json*"))):
+        name = os.path.basename(path)
+        n = session_of(name)
+        if n is None or not since <= n < before or "poisson" in name:
+            continue
+        try:
+            levels = load(name.removesuffix(".gz"))["levels"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        for lv in levels:
+            if lv.get("concurrency") == 64 and lv.get("streams") and "chunk_ms" in lv["streams"][0]:
+                out.append((longest_gap(lv)[0], name))
+    return out
 
 
 def gc_metrics(name: str) -> dict:
@@ -92,12 +128,15 @@ def fifty_third_session(res) -> list[str]:
               for k in ("nofreeze_c3", "freeze_c3")}
     final = levels["freeze_c3"]
     sw = load("streamed_weights_call7_fiftythird.json")
-    sw_runs = {}
+    sw_runs, sw_slots = {}, {}
     for r in sw["runs"]:
-        sw_runs.setdefault((r["coupled"], r["dep"], r["barriers"], r["mma"]), []).append(r["us_per_layer"])
+        key = (r["coupled"], r["dep"], r["barriers"], r["mma"])
+        sw_runs.setdefault(key, []).append(r["us_per_layer"])
+        sw_slots.setdefault(key, {}).setdefault(r["slots"], []).append(r["us_per_layer"])
     sw_bytes = sum(k * n for k, n in sw["phases"]) * 2  # a layer's bf16 weights
     sw_floor = sw_bytes * 12 / sw["read_all_weights_us"] / 1e6  # TB/s of PyTorch's read of all 12 layers
     sw_med = {k: statistics.median(v) for k, v in sw_runs.items()}
+    sw_gain = sw_med[(True, True, True, True)] / sw_med[(False, True, True, True)]
     s52 = served_levels("served_fiftysecond.json")
     s52_64 = {k: served_levels(f)[64] for k, (_, _, f) in AB52.items()}  # its rush run and three without
     engine64 = max(r["aggregate_xrt"] for r in load("offline_b64x2_b1_fiftysecond.json")["engine"]["graphs"]["runs"]
@@ -106,6 +145,17 @@ def fifty_third_session(res) -> list[str]:
                                                                                        "freeze_c3")]
     plain = [s52_64[k] for k in AB52 if k != "on_call2"] + [off]
     plain_x = [lv["x_real_time"] for lv in plain]
+    order = [("52/2 rush", s52_64["on_call2"], True), ("52/2 742198c", s52_64["before_call2"], False),
+             ("52/3 rush off", s52_64["off_call3"], True), ("52/1 742198c", s52_64["head_call1"], True),
+             ("53/1 rush off", off, True), ("53/1 rush", on, False), ("53/3 rush, not frozen", levels["nofreeze_c3"], True),
+             ("53/3 rush, frozen", levels["freeze_c3"], False)]
+    dry = {label: sum(x["underrun_s"] > 0 for x in lv["streams"]) for label, lv, _ in order}
+    waves = {label: {x["index"] for x in lv["streams"] if x["underrun_s"] > 0} for label, lv, _ in order}
+    before = earlier_gaps(28, 52)
+    sw_spread = max(max(v) - min(v) for v in sw_runs.values())
+    n_sw_layers = 12  # the command's --layers
+    shapes_b = sorted({b for b, _ in shapes})
+    shapes_p = sorted({p for _, p in shapes})
     res["fifty_third"] = {
         "device": "NVIDIA H200",
         "c64": {k: rows[k] | {"late_launches": late[k], "rushes": rushes[k], "longest_gap_s": gaps[k][0],
@@ -126,13 +176,15 @@ def fifty_third_session(res) -> list[str]:
     dec = {k: starts[k]["decoder instance decoder_0_0"] for k in starts}
     vae = {k: starts[k]["vae_decoder instance vae_decoder_0_0"] for k in starts}
     orch = [v[0] for k in starts for p, v in starts[k].items() if p.startswith("tts")]
+    orch_objects = [v[1] for k in starts for p, v in starts[k].items() if p.startswith("tts")]
+    orch_frozen = [v[2] for p, v in starts["freeze_c3"].items() if p.startswith("tts")]
     n_orch = {m: sum(re.fullmatch(rf"{m}_\d+_\d+", p) is not None for p in starts["freeze_c3"])
               for m in ("tts", "tts_stream")}
     md = ["", "## Fifty-third session (2026-12-02, H200): a 64-stream run in which every stream stopped for "
-          f"{1000 * gaps['on_c1'][0]:.0f} ms, traced to what the decoder's garbage collector can do (a full "
-          f"collection {dec['freeze_c3'][0]}-{dec['nofreeze_c3'][0]} ms); start-up's objects now frozen out of it. "
+          f"{1000 * gaps['on_c1'][0]:.0f} ms; the decoder's full garbage collection ({dec['freeze_c3'][0]}-"
+          f"{dec['nofreeze_c3'][0]} ms) is a cause that fits, and start-up's objects are now frozen out of it. "
           "The audio rush's final form measured in the other order; weights streamed past the grid barriers (a Gluon "
-          "experiment): 1.08x on LocDiT's projections, no path to the one-stream target",
+          f"experiment): {sw_gain:.2f}x on LocDiT's projections, no path to the one-stream target",
           "", "Seven device calls on one H200 (about 26 of 30 min). Call 1 ran the audio rush's final form (which "
           "no GPU had run: the fifty-second session's last changes) against `audio_rush=false`, in the other "
           "order than that session's call 2: without the rush first. The rush's run had a stall of every stream; "
@@ -161,15 +213,17 @@ def fifty_third_session(res) -> list[str]:
            f"at their second chunk, by {min(1000 * s['underrun_s'] for s in stalled):.0f}-"
            f"{max(1000 * s['underrun_s'] for s in stalled):.0f} ms: all the {share(on['smooth_playback_frac'])} "
            "smooth is that. No other run here had a gap over "
-           f"{1000 * max(g[0] for k, g in gaps.items() if k != 'on_c1'):.0f} ms, nor any 64-stream burst run in "
-           "`raw/` since the thirty-third session (45 runs: at most 150 ms). The rest of that run's streams had "
+           f"{1000 * max(g[0] for k, g in gaps.items() if k != 'on_c1'):.0f} ms; of the {len(before)} 64-stream "
+           "burst runs in `raw/` with chunk timings from the twenty-eighth session to the fifty-first, the longest "
+           f"gap was {1000 * max(before)[0]:.0f} ms (`raw/{max(before)[1]}`). The rest of that run's streams had "
            f"{rest2[0]:.1f} ms to spare at their second chunk at least, where the run without the rush had "
            f"{rows['off_c1']['second_slack_ms']['min']:.1f}: what the rush is for.",
            f"- **The rush's cost**, again: {on['x_real_time']:.1f}x against {off['x_real_time']:.1f}x "
            f"({100 * (1 - on['x_real_time'] / off['x_real_time']):.1f}% less, the rush second this time). Over "
            f"both sessions' 64-stream runs, the rush's four make {statistics.mean(rush_x):.1f}x on average, the "
            f"four without it {statistics.mean(plain_x):.1f}x ({100 * (1 - statistics.mean(rush_x) / statistics.mean(plain_x)):.1f}% "
-           "less); smooth with the rush: "
+           "less; two of those four ran 742198c, the code before the rush, one with 10 requests a stream); smooth "
+           "with the rush: "
            + ", ".join(share(lv["smooth_playback_frac"]) for lv in [s52_64["on_call2"]] + [levels[k] for k in (
                "on_c1", "nofreeze_c3", "freeze_c3")])
            + "; without: " + ", ".join(share(lv["smooth_playback_frac"]) for lv in plain)
@@ -177,14 +231,24 @@ def fifty_third_session(res) -> list[str]:
            f"{rest2[0]:.1f} ms (call 1, past the stall) and {rows['nofreeze_c3']['second_slack_ms']['min']:.1f} ms "
            f"(call 3's first server) to spare with it, {rows['off_c1']['second_slack_ms']['min']:.1f} ms without. "
            f"The {sum(x['underrun_s'] > 0 for x in final['streams'])} of {len(final['streams'])} streams that call "
-           "3's final run lost ran dry by "
-           "about 10 ms: second-wave streams whose second chunk came 170 ms after their first, a chunk the rush "
-           "cannot send before the engine has made it (where those 170 ms went was not looked into).",
+           "3's final run lost ran dry by about 10 ms: second-wave streams whose second chunk came 170 ms after "
+           "their first (where those 170 ms went was not looked into).",
+           "- **Server order.** In every run that was the second server of its call some streams ran dry, and in "
+           f"{sum(1 for label, _, first_ in order if first_ and dry[label])} of the "
+           f"{sum(1 for *_, first_ in order if first_)} first servers: "
+           + ", ".join(f"{label} {'first' if first_ else 'second'} {share(lv['smooth_playback_frac'])}"
+                       for label, lv, first_ in order)
+           + " (session/call). Where in its client's sequence of requests each dry stream was: "
+           + "; ".join(f"{label} request {', '.join(str(i + 1) for i in sorted(idx))}" for label, idx in waves.items() if idx)
+           + "; never a client's first, all started while others were ending. "
+           "Both of this session's A/Bs served the change second, so what they say about smooth playback is "
+           "confounded with the order; the throughput figures agree across orders (the rush less in both).",
            "", "**Suspect 1, ruled out: an eager VAE decode of a shape not seen before.** Decodes that the "
            "captured graphs do not cover (more than 16 streams with a chunk over 4 patches, more than 64 streams) "
            "run eagerly, and a kernel meeting a new shape can compile. Call 2 timed each decode's first and second "
-           "run after the same start-up as served (`benchmarks/vae_first_decodes.py`, new; 36 shapes, 17-100 "
-           "streams x 2-16 patches, in a fresh process each; `raw/vae_first_*_fiftythird.json`):",
+           f"run after the same start-up as served (`benchmarks/vae_first_decodes.py`, new; {len(shapes)} shapes, "
+           f"{shapes_b[0]}-{shapes_b[-1]} streams x {shapes_p[0]}-{shapes_p[-1]} patches in order, one fresh process "
+           "per run, so a shape's first run came after the earlier shapes' ones; `raw/vae_first_*_fiftythird.json`):",
            f"- The first eager run of a shape took {min(extra['eager_cold']):.0f}-{max(extra['eager_cold']):.0f} ms "
            f"more than its second with fresh caches, {min(extra['eager_warm']):.0f}-{max(extra['eager_warm']):.0f} "
            "ms with the caches the first process left (median "
@@ -209,8 +273,9 @@ def fifty_third_session(res) -> list[str]:
            f"{dec['freeze_c3'][0]} / {dec['freeze_c3'][2]:.1f} |",
            f"| vae_decoder | {vae['nofreeze_c3'][1]:,} / {vae['freeze_c3'][1]:,} | {vae['nofreeze_c3'][0]} | "
            f"{vae['freeze_c3'][0]} / {vae['freeze_c3'][2]:.1f} |",
-           f"| tts, tts_stream ({n_orch['tts']} and {n_orch['tts_stream']} instances) | about 28,700 | "
-           f"{min(orch)}-{max(orch)} (either server) | - / 0.0 |", "",
+           f"| tts, tts_stream ({n_orch['tts']} and {n_orch['tts_stream']} instances) | "
+           f"{min(orch_objects):,}-{max(orch_objects):,} | {min(orch)}-{max(orch)} (either server) | "
+           f"- / {max(orch_frozen):.1f} |", "",
            "The first server compiled its kernels (fresh caches), the second loaded them: the decoder's extra "
            "objects are likely the compilers'.", "",
            f"- A full collection in the decoder costs {dec['freeze_c3'][0]}-{dec['nofreeze_c3'][0]} ms, the size of "
@@ -222,15 +287,19 @@ def fifty_third_session(res) -> list[str]:
            + ", ".join(f"{1000 * gcs[k]['longest_s']:.1f}" for k in gcs) + " ms). CPython runs one when the "
            "objects that survived younger collections since the last reach a quarter of those it already "
            "holds, so in a long-lived server one comes now and then, whenever that is.",
-           f"- Frozen, a full collection walks only what serving made since start-up: 0.0 ms at its end. Served "
-           f"with it: {final['x_real_time']:.1f}x against {levels['nofreeze_c3']['x_real_time']:.1f}x without, "
-           "the same within the runs' spread.", "",
+           f"- Frozen, a full collection walks only what serving made since start-up: {dec['freeze_c3'][2]:.1f} ms "
+           f"at its end. Served with it (the second server): {final['x_real_time']:.1f}x against "
+           f"{levels['nofreeze_c3']['x_real_time']:.1f}x without, the same within the runs' spread; smooth "
+           f"{share(final['smooth_playback_frac'])} against {share(levels['nofreeze_c3']['smooth_playback_frac'])}, "
+           f"the second chunk's p99 {rows['freeze_c3']['second_after_first_ms']['p99']:.0f} ms after the first "
+           f"against {rows['nofreeze_c3']['second_after_first_ms']['p99']:.0f} (see server order above). Kept for "
+           "what a full collection would otherwise cost every stream; not shown to change a run.", "",
            "**The one-stream target: weight streaming decoupled from the barriers, measured** (calls 4-7, "
            "`benchmarks/experiments/streamed_weights.py`, new, Gluon; `raw/streamed_weights_call*_fiftythird.json`). "
            "Earlier sessions left one lever for a lone request's step (5.03 ms, 4.0 needed): the persistent layer "
            "kernel's GEMM phases load their weights only once their grid barrier has passed, so DRAM idles through "
            "every barrier and every latency-bound phase. The experiment builds LocDiT's four projections (34.6 MB "
-           "a layer, 12 layers, 32 token rows) as one persistent Gluon kernel in which a producer warp per program "
+           f"a layer, {n_sw_layers} layers, 32 token rows) as one persistent Gluon kernel in which a producer warp per program "
            "streams the program's weight tiles (TMA, [64, 64] bf16) of every phase of every layer into a ring of "
            "shared-memory slots, waiting only for free slots, while the program's other four warps run the phases "
            "(grid barrier, warpgroup MMAs, each item's output stored, and after the barrier a read of the tile "
@@ -238,7 +307,7 @@ def fifty_third_session(res) -> list[str]:
            "each phase's barrier first, as the persistent kernel's loads do. One layer checked against PyTorch: "
            f"max abs {sw['check_max_abs_streamed']:.1e}. Calls 4-6 ran earlier forms (each product waited for "
            "before its slot was freed, the read after the products, items dealt from program 0 in every phase); "
-           "call 7's, the committed one, us a layer over 12 layers (two runs each of 16 and 24 slots):", "",
+           f"call 7's, the committed one, us a layer over {n_sw_layers} layers (two runs each of 16 and 24 slots):", "",
            "| variant | 16 slots | 24 slots |", "|---|---|---|"]
     names = {(False, True, True, True): "streamed (as built)", (True, True, True, True): "coupled",
              (False, False, True, True): "streamed, no reads of the previous phase",
@@ -246,17 +315,17 @@ def fifty_third_session(res) -> list[str]:
              (False, False, False, True): "streamed, no barriers either (a probe)",
              (False, False, False, False): "the stream alone: no barriers, no products (a probe)"}
     for key, name in names.items():
-        v = sw_runs[key]
-        md.append(f"| {name} | {v[0]:.1f}, {v[1]:.1f} | {v[2]:.1f}, {v[3]:.1f} |")
+        md.append(f"| {name} | " + " | ".join(", ".join(f"{v:.1f}" for v in sw_slots[key][n]) for n in (16, 24)) + " |")
     md += ["",
            "- Decoupled, the phases gain a little: medians of the four runs "
            f"{sw_med[(False, True, True, True)]:.1f} against {sw_med[(True, True, True, True)]:.1f} us a layer "
            f"({sw_med[(True, True, True, True)] / sw_med[(False, True, True, True)]:.2f}x), without the reads "
            f"{sw_med[(False, False, True, True)]:.1f} against {sw_med[(True, False, True, True)]:.1f} "
            f"({sw_med[(True, False, True, True)] / sw_med[(False, False, True, True)]:.2f}x); runs of one variant "
-           "spread by up to 3 us. The stream alone, with nothing else in the "
+           f"spread by up to {sw_spread:.1f} us. The stream alone, with nothing else in the "
            f"way, runs at {sw_bytes / min(sw_runs[(False, False, False, False)]) / 1e6:.2f} TB/s at best "
-           f"({min(sw_runs[(False, False, False, False)]):.1f} us a layer; PyTorch reads the same 415 MB at "
+           f"({min(sw_runs[(False, False, False, False)]):.1f} us a layer; PyTorch reads the same "
+           f"{sw_bytes * n_sw_layers / 1e6:.0f} MB at "
            f"{sw_floor:.2f} TB/s). One producer warp issuing 8 KB tiles per SM, with 128-192 KB in flight, does "
            "not keep DRAM busy; why (tile size, in-flight bytes, the TMA units' rate) was not isolated.",
            "- Streamed as built, the four projections alone take "
