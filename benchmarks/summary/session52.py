@@ -1,8 +1,6 @@
 """results.md: the fifty-second session's section, and results_fifty_second.png."""
 
-import re
-
-from bench_served import _pct, share
+from bench_served import _pct, parse_metric_samples, share
 from summary.issue17 import ISSUE_RATIO, ISSUE_TTFA95_64, ok_c64, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
 from summary.raw import headline_keys, load, served_levels, served_row, served_summary, text
@@ -57,8 +55,8 @@ def fifty_second_session(res) -> list[str]:
     ab = {k: files[f][64] for k, (_, _, f) in AB.items()}
     times = {k: chunk_times(lv) for k, lv in ab.items()}
     rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in ab.items()}
-    rushes = int(float(re.search(r"^voxcpm_decoder_audio_rushes_total\{.*\} ([\d.e+]+)$",
-                                 text("metrics_rush_on_call2_fiftysecond.txt"), re.M)[1]))
+    rushes = int(next(v for m, _, v in parse_metric_samples(text("metrics_rush_on_call2_fiftysecond.txt"))
+                      if m == "voxcpm_decoder_audio_rushes_total"))
     late = {k: ab[k]["decoder_steps"]["late_launches"] for k in ab}
     on = ab["on_call2"]
     offs = [ab[k]["x_real_time"] for k in ("before_call2", "off_call3", "head_call1")]

@@ -5,7 +5,7 @@ import os
 import re
 import statistics
 
-from bench_served import share
+from bench_served import parse_metric_samples, share
 from summary.issue17 import ISSUE_RATIO, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
 from summary.raw import HERE, headline_keys, load, served_levels, served_row, text
@@ -25,6 +25,7 @@ COLORS = {"off_c1": "tab:gray", "on_c1": "tab:blue", "nofreeze_c3": "tab:olive",
 FIRST = {"eager_cold": ("HEAD, fresh caches", "vae_first_before_cold_fiftythird.json"),
          "eager_warm": ("HEAD, the same caches again", "vae_first_before_warm_fiftythird.json"),
          "plan_cold": ("every decode through graphs (patch), fresh caches", "vae_first_plan_cold_fiftythird.json")}
+# gc_pauses.freeze's log line as call 3's servers wrote it (since reworded: "(N objects tracked after it)")
 GC_LINE = re.compile(r"(\S+(?: instance \S+)?): a full garbage collection takes (\d+) ms over (\d+) objects"
                      r"(?:; with them frozen, ([\d.]+) ms)?")
 
@@ -77,17 +78,17 @@ def earlier_gaps(since: int, before: int) -> list:
 def gc_metrics(name: str) -> dict:
     """The decoder's garbage collections while serving, from a metrics file."""
     out = {"collections": {}, "seconds": {}}
-    for line in text(name).splitlines():
-        m = re.match(r'^voxcpm_gc_(collections_total|pause_seconds_total|pause_seconds_max)\{(.*)\} ([\d.e+-]+)$',
-                     line)
-        if m:
-            gen = re.search(r'generation="(\d)"', m[2])
-            key = {"collections_total": "collections", "pause_seconds_total": "seconds"}.get(m[1])
-            if key:
-                out[key][int(gen[1])] = float(m[3])
-            else:
-                out["longest_s"] = float(m[3])
+    for metric, labels, v in parse_metric_samples(text(name)):
+        if metric == "voxcpm_gc_pause_seconds_max":
+            out["longest_s"] = v
+        elif metric in ("voxcpm_gc_collections_total", "voxcpm_gc_pause_seconds_total"):
+            out["collections" if metric.endswith("collections_total") else "seconds"][int(labels["generation"])] = v
     return out
+
+
+def metric_value(name: str, metric: str) -> float:
+    """A metric's one sample in a metrics file (a single decoder instance)."""
+    return next(v for m, _, v in parse_metric_samples(text(name)) if m == metric)
 
 
 def start_up_collections(name: str) -> dict:
@@ -110,8 +111,7 @@ def fifty_third_session(res) -> list[str]:
     times = {k: chunk_times(lv) for k, lv in levels.items()}
     rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in levels.items()}
     gaps = {k: longest_gap(lv) for k, lv in levels.items()}
-    rushes = {k: float(re.search(r"^voxcpm_decoder_audio_rushes_total\{.*\} ([\d.e+]+)$", text(m), re.M)[1])
-              for k, (*_, m) in RUNS.items()}
+    rushes = {k: metric_value(m, "voxcpm_decoder_audio_rushes_total") for k, (*_, m) in RUNS.items()}
     late = {k: levels[k]["decoder_steps"]["late_launches"] for k in levels}
     on, off = levels["on_c1"], levels["off_c1"]
     stalled = [s for s in on["streams"] if s["underrun_s"] > 0.3]
