@@ -285,9 +285,9 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
     a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded
-    and delivered before the round's next delivery, and so is an end that came alone; a chunk for a
-    client with plenty of audio still to play waits for the next round, and so does a request whose own
-    delivery in this round is still to come."""
+    and delivered before the round's next delivery, an ending request's too, and so is an end that
+    came alone; a chunk for a client with plenty of audio still to play waits for the next round, and
+    so does a request whose own delivery in this round is still to come."""
     from voxcpm_triton.engine import stream_audio
     from voxcpm_triton.engine.stream_audio import StreamAudio
 
@@ -324,7 +324,7 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
         with audio.cond:  # round 1: a batch of two 1-patch chunks, then the last, of two 2-patch ones
             for i, (k, n) in enumerate((("s1", 1), ("s2", 1), ("old_a", 2), ("old_b", 2))):
                 audio.chunk(k, _latents(3 + i, n, P, D))
-            audio.end("old_a", "end")  # its end goes before any rush
+            audio.end("old_a", "end")  # it ends: delivered first in its batch, but after the rush
         assert entered.wait(60)  # the thread is in s1's delivery
         assert short.buffered_s(time.monotonic()) < stream_audio.RUSH_MARGIN_S
         audio.chunk("young", _latents(7, 1, P, D))  # its first chunk: rushed
@@ -340,8 +340,8 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
             time.sleep(0.01)
         assert sorted(order[:3]) == [("ahead", 1), ("ender", 1), ("short", 1)], order
         # (a round's ends that came alone go as soon as its decodes are launched, a rush's too)
-        assert order[3:11] == [("s1", 1), ("s2", 1), ("old_a", 2), ("old_a", "end"), ("ender", "end"), ("young", 1),
-                               ("short", 1), ("old_b", 2)], order
+        assert order[3:11] == [("s1", 1), ("s2", 1), ("ender", "end"), ("young", 1), ("short", 1),
+                               ("old_a", 2), ("old_a", "end"), ("old_b", 2)], order
         assert sorted(order[11:13]) == [("ahead", 1), ("old_b", 1)], order
         assert rushed == 0 and audio.rushed == 1
         assert recv["ender"].end == "end" and recv["ender"].done.is_set()
@@ -512,6 +512,33 @@ def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
         assert order == [("x", 1), ("x", "end"), ("y", 1)], order
         audio.end("y", "end")
         assert recv["y"].done.wait(60)
+    finally:
+        audio.stop()
+
+
+def test_stream_audio_counts_an_ends_delivery_in_the_rushs_estimate_of_a_send(vae):
+    """The rush's estimate of a delivery's time (how long a round's remaining deliveries take) counts
+    ends too: a batch of ends alone (a wave of requests ending together) takes as long as its sends."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: None)
+
+    class SlowEnd(_Receiver):
+        def __call__(self, patches, payload):
+            if patches is None:
+                time.sleep(0.3)
+            super().__call__(patches, payload)
+
+    try:
+        recv = SlowEnd()
+        audio.open("k", recv)
+        audio.chunk("k", _latents(1, 1, P, D))
+        audio.end("k", "end")
+        assert recv.done.wait(60)
+        assert audio.send_s > 0.025, audio.send_s  # 0.1 of 0.3 s at least, in the moving average
     finally:
         audio.stop()
 

@@ -25,12 +25,12 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
 request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds. A chunk queued meanwhile would wait for all of it; so between those deliveries (after
-the batch's ends, which go first), a request whose client has heard nothing yet, or would run out of
-audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
-delivered at once ("rushed"), alone or with others like it, and so is an end queued alone. Only in
-that batch: the round's decodes are done on the GPU by then, so the rushed decode does not queue
-behind them.
+milliseconds, and a hundred when a wave of requests ends together (an end is two sends). A chunk
+queued meanwhile would wait for all of it; so before each of those deliveries (ends' too), a request
+whose client has heard nothing yet, or would run out of audio before the round's remaining deliveries
+are done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
+like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU by
+then, so the rushed decode does not queue behind them.
 """
 
 from __future__ import annotations
@@ -332,8 +332,9 @@ class StreamAudio:
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
             sends = [len(chunks) + (key in ends) for (key, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
-                # In the last batch (the round's decodes all done on the GPU), after its ends.
-                if b == len(batches) - 1 and key not in ends:
+                # In the last batch (the round's decodes all done on the GPU), before each delivery,
+                # ends' too: a batch of ends alone (a wave of requests ending together) takes as long.
+                if b == len(batches) - 1:
                     self._rush(undelivered, sum(sends[i:]))
                 start = 0
                 for c in chunks:
@@ -391,12 +392,15 @@ class StreamAudio:
         return torch.nn.functional.pad(z, (0, frames - z.shape[-1]))
 
     def _end(self, key, r: _Request, end):
-        """Close the request's VAE stream (after its decodes, on their CUDA stream) and deliver its end."""
+        """Close the request's VAE stream (after its decodes, on their CUDA stream) and deliver its end
+        (a send, in the rush's books)."""
+        t0 = time.monotonic()
         self.streams.close(key)
         with self.cond:
             self.requests.pop(key, None)
         r.done = True
         self._deliver(key, r, None, end)
+        self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
 
     def _deliver(self, key, r: _Request, patches, payload):
         try:
