@@ -25,12 +25,13 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
 request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds, and a hundred when a wave of requests ends together (an end is two sends). A chunk
-queued meanwhile would wait for all of it; so before each of those deliveries (ends' too), a request
-whose client has heard nothing yet, or would run out of audio before the round's remaining deliveries
-are done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
-like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU by
-then, so the rushed decode does not queue behind them.
+milliseconds, and a hundred when a wave of requests ends together (an ending request's delivery is two
+sends: its last chunk and its end). A chunk queued meanwhile would wait for all of it; so before each
+of those deliveries (ends' too), a request whose client has heard nothing yet, or would run out of
+audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
+delivered at once ("rushed"), alone or with others like it, and so is an end queued alone. Only in
+that batch: the round's decodes are done on the GPU by then, so the rushed decode does not queue
+behind them.
 """
 
 from __future__ import annotations
