@@ -78,10 +78,10 @@ def fifty_fourth_session(res) -> list[str]:
                              "stream); 128 streams and capacity: forty-fourth session's sweep, "
                              "raw/served_fortyfourth_sweep*.json"))
     ratio = statistics.mean(x["new"]) / statistics.mean(x["old"])
-    md = ["", "## Fifty-fourth session (2026-12-02, H200): the 64-stream runs' dry streams were a wave of ends "
-          "delivered with no rush between them; the rush now runs before every delivery of a round's last "
+    md = ["", "## Fifty-fourth session (2026-12-02, H200): streams that ran dry at 64 streams waited behind a "
+          "wave of ends with no rush between them; the rush now runs before every delivery of a round's last "
           f"batch: every stream smooth in all {len(x['new'])} runs, TTFA p95 {min(p95['new']):.0f}-"
-          f"{max(p95['new']):.0f} ms, for {100 * (1 - ratio):.1f}% of the throughput",
+          f"{max(p95['new']):.0f} ms, throughput within the runs' spread",
           "", "Four device calls on one H200 (about 24 of 30 min). No kernel changed; the change is the audio "
           "thread's (`engine/stream_audio.py`).", "",
           "**What ran dry.** In the fifty-third session's final run (`raw/served_gc_freeze_call3_fiftythird.json`) "
@@ -90,9 +90,10 @@ def fifty_fourth_session(res) -> list[str]:
           f"reached clients, {wave53['last_chunks']} of them requests' last chunks, one every "
           f"{wave53['last_chunks_span_ms'] / max(1, wave53['last_chunks'] - 1):.1f} ms over "
           f"{wave53['last_chunks_span_ms']:.0f} ms: the first wave's requests ending together (every request of the "
-          "benchmark is 100 steps, so a burst's clients end together). Their round's last batch was all ends, "
-          "and the rush ran only after a batch's ends, so nothing went between them; the newcomers' second chunks "
-          "waited for the next round. The rush's estimate of a round's rest (deliveries left times a moving "
+          "benchmark is 100 steps, so a burst's clients end together). Those are arrival times at the clients; "
+          "the server's sends were not timed. What fits them: the round's last batch was all ends, and the rush "
+          "ran only after a batch's ends, so nothing went between them, and the newcomers' second chunks waited "
+          "for the next round. The rush's estimate of a round's rest (deliveries left times a moving "
           "average of one) counted an end as a send but timed only chunks' sends, not the end's.", "",
           "**The change** (d6b98ef): the rush looks at what is queued before every delivery of a round's last "
           "batch, ends' included, and an end's close and delivery count in its moving average of a send. CPU "
@@ -122,9 +123,9 @@ def fifty_fourth_session(res) -> list[str]:
            "or later in its call; the tightest second chunk came "
            f"{min(rows[k]['second_slack_ms']['min'] for k in RUNS if RUNS[k][2] == 'new'):.1f} ms ahead of its player "
            "at worst. Before it: " + ", ".join(share(v) for v in smooth["old"]) + " (in call order). Call 2's "
-           f"second server (before) lost {wave_old['dry']} streams at their second chunk the same way as the "
-           f"fifty-third session's: {wave_old['last_chunks']} last chunks over {wave_old['last_chunks_span_ms']:.0f} ms "
-           "between their first and second chunks; "
+           f"second server (before) lost {wave_old['dry']} streams at their second chunk, with "
+           f"{wave_old['last_chunks']} last chunks reaching clients over {wave_old['last_chunks_span_ms']:.0f} ms "
+           "between their first and second chunks, as in the fifty-third session's run; "
            + "; ".join(f"call {RUNS[k][0]}'s server {RUNS[k][1]} lost {dry[k]} at chunk "
                        f"{', '.join(map(str, dry_at[k]))}" for k in RUNS
                        if RUNS[k][2] == "old" and dry[k] and k != "old_c2_s2") + ".",
@@ -137,13 +138,17 @@ def fifty_fourth_session(res) -> list[str]:
            + ", ".join(f"{p5[k]:.1f}" for k in RUNS if RUNS[k][2] == "old") + " without.",
            f"- **The cost:** {statistics.mean(x['new']):.1f}x on average against {statistics.mean(x['old']):.1f}x "
            f"({100 * (1 - ratio):.1f}% less; runs {min(x['new']):.1f}-{max(x['new']):.1f} against "
-           f"{min(x['old']):.1f}-{max(x['old']):.1f}). The rushes that decode went from "
+           f"{min(x['old']):.1f}-{max(x['old']):.1f}: a difference within the runs' spread, not resolved by "
+           "four runs each). The rushes counted (`voxcpm_decoder_audio_rushes_total`: a rush that took chunks, "
+           "which a rush put back for want of a stream slot also counts; at 64 streams of 256 slots none is) "
+           "went from "
            f"{min(rushes[k] for k in RUNS if RUNS[k][2] == 'old'):.0f}-"
            f"{max(rushes[k] for k in RUNS if RUNS[k][2] == 'old'):.0f} a run to "
            f"{min(rushes[k] for k in RUNS if RUNS[k][2] == 'new'):.0f}-"
            f"{max(rushes[k] for k in RUNS if RUNS[k][2] == 'new'):.0f}, each a small decode on the GPU beside the "
            "steps, and an end now waits for the rushes before it. Kept: the 64-stream row of the targets held in "
-           f"{met64['new']} of {len(x['new'])} runs with the change, {met64['old']} of {len(x['old'])} without.",
+           f"{met64['new']} of {len(x['new'])} runs with the change, {met64['old']} of {len(x['old'])} without (a "
+           "small sample: it supports the change, it does not prove it).",
            "- **Server order:** of the runs that served second or later in their call, "
            f"{sum(1 for k in later if RUNS[k][2] == 'old' and dry[k])} of "
            f"{sum(1 for k in later if RUNS[k][2] == 'old')} without the change had dry streams, "
