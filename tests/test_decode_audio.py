@@ -439,6 +439,40 @@ def test_stream_audio_a_rushed_decode_that_fails_fails_its_requests_and_the_roun
         audio.stop()
 
 
+def test_stream_audio_does_not_count_a_rush_that_only_put_requests_back(vae):
+    """A rush whose requests all find no stream slot free (put back for a later round) decoded nothing:
+    the rush counter (voxcpm_decoder_audio_rushes_total) does not count it."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                        on_failure=lambda key, e: None)
+    order, release = [], threading.Event()
+    try:  # one round of a and b (a's delivery held): both stream slots
+        recv, release = _held_round(audio, P, D, order, ("a", "b"), ("young",))
+        audio.chunk("young", _latents(3, 1, P, D))  # its first chunk: rushed before b's delivery, no slot
+        release.set()
+        deadline = time.monotonic() + 60
+        while len(order) < 2:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        assert order == [("a", 1), ("b", 1)] and not recv["young"].chunks and audio.rushed == 0, order
+        audio.end("a", "end")  # frees a slot: young is decoded in a round of its own
+        assert recv["a"].done.wait(60)
+        while not recv["young"].chunks:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        assert audio.rushed == 0
+        for k in ("b", "young"):
+            audio.end(k, "end")
+            assert recv[k].done.wait(60)
+        assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
+    finally:
+        release.set()
+        audio.stop()
+
+
 def test_stream_audio_a_broken_rush_fails_its_requests_and_the_round_goes_on(vae):
     """A fault in a rush outside any one decode (a bug) ends the rushed requests with the error, tells
     the fence their chunks are not to be waited for, and the round it broke into delivers the rest."""

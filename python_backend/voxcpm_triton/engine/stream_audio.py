@@ -114,7 +114,7 @@ class StreamAudio:
         self.stopping = False
         self.last_batch = 0  # requests decoded together in the latest round
         self.send_s = 1e-3  # a delivery's time, a moving average (the rush's estimate of a round's rest)
-        self.rushed = 0  # rushes that decoded something, so far
+        self.rushed = 0  # rushes that decoded something (not only put requests back), so far
         self.rush = rush
         self._rushing = False
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
@@ -375,10 +375,10 @@ class StreamAudio:
             # What a fence waits for: with nothing left queued, every chunk so far is launched with these.
             upto = None if self.queued else self.chunks_queued
         self._rushing, last_batch = True, self.last_batch
-        self.rushed += any(chunks for _, _, chunks, _ in work)
+        waiting = set()
         try:
             # A request with no stream slot free yet is put back, for the next round.
-            self._round(work, lambda: upto is not None and self._launched(upto))
+            waiting = self._round(work, lambda: upto is not None and self._launched(upto))
         except Exception as e:  # noqa: BLE001 - as a failed round: these requests fail, the round goes on
             log.exception("rushed audio decoding failed")
             self._fail([(key, r) for key, r, *_ in work if not r.done], e)
@@ -386,6 +386,7 @@ class StreamAudio:
                 self._launched(upto)
         finally:
             self._rushing, self.last_batch = False, last_batch
+            self.rushed += any(chunks for key, _, chunks, _ in work if key not in waiting)
 
     def _frames(self, chunks: list, frames: int) -> torch.Tensor:
         """A request's chunks as [1, D, frames] latent frames, silence after them up to `frames`."""
