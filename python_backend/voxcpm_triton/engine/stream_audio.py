@@ -356,6 +356,10 @@ class StreamAudio:
             r.first_at = t0
         r.sent_s += len(audio) / self.rate
         self._deliver(key, r, patches, audio)
+        self._sent(t0)
+
+    def _sent(self, t0: float):
+        """A delivery that began at `t0` is done: into the moving average of a send's time."""
         self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
 
     def _rush(self, busy: set, left: int):
@@ -402,7 +406,7 @@ class StreamAudio:
             self.requests.pop(key, None)
         r.done = True
         self._deliver(key, r, None, end)
-        self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
+        self._sent(t0)
 
     def _deliver(self, key, r: _Request, patches, payload):
         try:
