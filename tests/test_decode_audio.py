@@ -125,6 +125,23 @@ def _held_round(audio, P: int, D: int, order: list, keys: tuple, later: tuple = 
     return recv, release
 
 
+def _wait_until(cond, what=None):
+    """Poll `cond` until it holds (60 s at most; `what` is shown if it never does)."""
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _end_all(audio, recv: dict, keys):
+    """End each of keys, wait for its end's delivery, then check that nothing came after any end and
+    that no request or stream slot is left."""
+    for k in keys:
+        audio.end(k, "end")
+        assert recv[k].done.wait(60)
+    assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
+
+
 def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
     """The reference: the whole latent sequence decoded at once (the context's audio dropped)."""
     D = lat.shape[-1]
@@ -345,10 +362,7 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
         assert sorted(order[11:13]) == [("ahead", 1), ("old_b", 1)], order
         assert rushed == 0 and audio.rushed == 1
         assert recv["ender"].end == "end" and recv["ender"].done.is_set()
-        for k in ("ahead", "short", "s1", "s2", "old_b", "young"):
-            audio.end(k, "end")
-            assert recv[k].done.wait(60)
-        assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
+        _end_all(audio, recv, ("ahead", "short", "s1", "s2", "old_b", "young"))
     finally:
         release.set()
         audio.stop()
@@ -453,21 +467,13 @@ def test_stream_audio_does_not_count_a_rush_that_only_put_requests_back(vae):
         recv, release = _held_round(audio, P, D, order, ("a", "b"), ("young",))
         audio.chunk("young", _latents(3, 1, P, D))  # its first chunk: rushed before b's delivery, no slot
         release.set()
-        deadline = time.monotonic() + 60
-        while len(order) < 2:
-            assert time.monotonic() < deadline, order
-            time.sleep(0.01)
+        _wait_until(lambda: len(order) >= 2, order)
         assert order == [("a", 1), ("b", 1)] and not recv["young"].chunks and audio.rushed == 0, order
         audio.end("a", "end")  # frees a slot: young is decoded in a round of its own
         assert recv["a"].done.wait(60)
-        while not recv["young"].chunks:
-            assert time.monotonic() < deadline, order
-            time.sleep(0.01)
+        _wait_until(lambda: recv["young"].chunks, order)
         assert audio.rushed == 0
-        for k in ("b", "young"):
-            audio.end(k, "end")
-            assert recv[k].done.wait(60)
-        assert not any(r.after_end for r in recv.values()) and len(audio) == 0 and len(audio.streams) == 0
+        _end_all(audio, recv, ("b", "young"))
     finally:
         release.set()
         audio.stop()
@@ -572,10 +578,8 @@ def test_stream_audio_counts_an_ends_delivery_in_the_rushs_estimate_of_a_send(va
         audio.chunk("k", _latents(1, 1, P, D))
         audio.end("k", "end")
         assert recv.done.wait(60)
-        deadline = time.monotonic() + 60  # the average is updated once the end's delivery returns
-        while audio.send_s <= 0.025:  # 0.1 of 0.3 s at least, in the moving average
-            assert time.monotonic() < deadline, audio.send_s
-            time.sleep(0.01)
+        # 0.1 of 0.3 s at least, in the moving average (updated once the end's delivery returns)
+        _wait_until(lambda: audio.send_s > 0.025, "send_s")
     finally:
         audio.stop()
 
@@ -735,12 +739,6 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
         out = audio.fence(mark, timeout)
         return out, time.monotonic() - t0
 
-    def wait_until(cond):
-        deadline = time.monotonic() + 60
-        while not cond():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-
     try:
         assert timed_fence(audio.mark(), 30)[0] == (True, None)  # nothing queued: done (CPU: no event)
         recv = {k: (Blocking() if k == "held" else _Receiver()) for k in ("held", "first", "a", "b", "slow")}
@@ -755,14 +753,14 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
         (launched, _), waited = timed_fence(mark, 30)
         assert not launched and waited < 5 and decoded == [("held",)]  # busy with older work: no 30 s wait
         release.set()
-        wait_until(lambda: recv["first"].chunks)
+        _wait_until(lambda: recv["first"].chunks)
         assert decoded == [("held",), ("first",)]
         # A wave queued one chunk at a time: a round that took part of it is waited for, and the rest.
-        wait_until(lambda: audio.round_upto is None)
+        _wait_until(lambda: audio.round_upto is None)
         launch.clear()
         mark = audio.mark()
         audio.chunk("a", _latents(3, 1, P, D))
-        wait_until(lambda: audio.round_upto is not None)  # the thread took "a" alone, and waits to launch it
+        _wait_until(lambda: audio.round_upto is not None)  # the thread took "a" alone, and waits to launch it
         audio.chunk("b", _latents(4, 1, P, D))
         got = []
         waiter = threading.Thread(target=lambda: got.append(timed_fence(mark, 30)))
@@ -774,7 +772,7 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
         assert got and got[0][0] == (True, None)
         assert decoded[2:] == [("a",), ("b",)]
         # A round that took the chunk but is slow to launch it: the fence gives up after its timeout.
-        wait_until(lambda: audio.round_upto is None)
+        _wait_until(lambda: audio.round_upto is None)
         launch.clear()
         mark = audio.mark()
         audio.chunk("slow", _latents(5, 1, P, D))
