@@ -6,6 +6,8 @@ import os
 import re
 import statistics
 
+from bench_served import parse_metric_samples
+
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 AUDIO_S_PER_STEP = 0.16  # a decode step's audio: a patch of 4 latent frames at 25 Hz
@@ -35,6 +37,11 @@ def text(name) -> str:
     """raw/<name> as text (a log, a test run's output)."""
     with open(os.path.join(HERE, "raw", name)) as f:
         return f.read()
+
+
+def metric_value(name: str, metric: str) -> float:
+    """A metric's one sample in raw/<name>, a metrics file (a single decoder instance)."""
+    return next(v for m, _, v in parse_metric_samples(text(name)) if m == metric)
 
 
 def tests_passed(name) -> str:

@@ -1,9 +1,9 @@
 """results.md: the fifty-second session's section, and results_fifty_second.png."""
 
-from bench_served import _pct, parse_metric_samples, share
+from bench_served import _pct, share
 from summary.issue17 import ISSUE_RATIO, ISSUE_TTFA95_64, ok_c64, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
-from summary.raw import headline_keys, load, served_levels, served_row, served_summary, text
+from summary.raw import headline_keys, load, metric_value, served_levels, served_row, served_summary, text
 
 # The 64-stream A/B of the decoder parameter audio_rush: (call, label, raw file); "on" is the final code's
 AB = {"on_call2": (2, "audio rush (first server of its call)", "served_rush_on_call2_fiftysecond.json"),
@@ -55,8 +55,7 @@ def fifty_second_session(res) -> list[str]:
     ab = {k: files[f][64] for k, (_, _, f) in AB.items()}
     times = {k: chunk_times(lv) for k, lv in ab.items()}
     rows = {k: served_row(lv) | chunk_slack(times[k]) for k, lv in ab.items()}
-    rushes = int(next(v for m, _, v in parse_metric_samples(text("metrics_rush_on_call2_fiftysecond.txt"))
-                      if m == "voxcpm_decoder_audio_rushes_total"))
+    rushes = int(metric_value("metrics_rush_on_call2_fiftysecond.txt", "voxcpm_decoder_audio_rushes_total"))
     late = {k: ab[k]["decoder_steps"]["late_launches"] for k in ab}
     on = ab["on_call2"]
     offs = [ab[k]["x_real_time"] for k in ("before_call2", "off_call3", "head_call1")]

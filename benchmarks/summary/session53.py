@@ -8,7 +8,7 @@ import statistics
 from bench_served import parse_metric_samples, share
 from summary.issue17 import ISSUE_RATIO, targets_table
 from summary.plots import paired_bars, pyplot, save_panels
-from summary.raw import HERE, headline_keys, load, served_levels, served_row, text
+from summary.raw import HERE, headline_keys, load, metric_value, served_levels, served_row, text
 from summary.session52 import AB as AB52, chunk_slack, chunk_times
 
 # 64-stream runs of this session: key -> (call, label, raw file, metrics file)
@@ -84,11 +84,6 @@ def gc_metrics(name: str) -> dict:
         elif metric in ("voxcpm_gc_collections_total", "voxcpm_gc_pause_seconds_total"):
             out["collections" if metric.endswith("collections_total") else "seconds"][int(labels["generation"])] = v
     return out
-
-
-def metric_value(name: str, metric: str) -> float:
-    """A metric's one sample in a metrics file (a single decoder instance)."""
-    return next(v for m, _, v in parse_metric_samples(text(name)) if m == metric)
 
 
 def start_up_collections(name: str) -> dict:

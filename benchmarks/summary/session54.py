@@ -5,9 +5,9 @@ import statistics
 from bench_served import _pct, share
 from summary.issue17 import ISSUE_RATIO, ok_c64, targets_table
 from summary.plots import pyplot, save_panels
-from summary.raw import headline_keys, load, served_levels, served_row
+from summary.raw import headline_keys, load, metric_value, served_levels, served_row
 from summary.session52 import chunk_slack, chunk_times
-from summary.session53 import longest_gap, metric_value
+from summary.session53 import longest_gap
 
 # 64-stream runs: key -> (call, server's place in its call, code, raw file, metrics file)
 RUNS = {f"{code}_c{call}_s{place}": (call, place, code, f"served_ends_{code}_call{call}_server{place}_fiftyfourth.json",
