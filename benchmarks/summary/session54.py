@@ -19,12 +19,18 @@ CLOSING = "served_closing_call4_fiftyfourth.json"
 HEADLINE = "new_c2_s1"  # the final code's run that served first in its call, as the closing runs before
 
 
+def dry_chunk(stream: dict) -> int | None:
+    """The first chunk (1-based) that came after a player starting at the stream's first chunk had run
+    out of audio; None if none did."""
+    c = stream["chunk_ms"]  # [[arrival ms, audio ms], ...]
+    return next((i + 1 for i in range(1, len(c)) if sum(x[1] for x in c[:i]) < c[i][0] - c[0][0]), None)
+
+
 def ends_wave(lv: dict) -> dict | None:
     """A served level's streams that ran dry at their 2nd chunk, and what reached the clients between the
     last of their first chunks and the first of their second ones: how many of those were requests' last
     chunks (the audio that goes out with an end), and over how many ms those came. None if none ran dry."""
-    dry = [s for s in lv["streams"] if len(s["chunk_ms"]) > 1 and s["chunk_ms"][0][1] < s["chunk_ms"][1][0]
-           - s["chunk_ms"][0][0]]
+    dry = [s for s in lv["streams"] if dry_chunk(s) == 2]
     if not dry:
         return None
     t1 = max(s["start_s"] + s["chunk_ms"][0][0] / 1000 for s in dry)
@@ -46,9 +52,7 @@ def fifty_fourth_session(res) -> list[str]:
     gaps = {k: longest_gap(lv) for k, lv in levels.items()}
     rushes = {k: metric_value(m, "voxcpm_decoder_audio_rushes_total") for k, (*_, m) in RUNS.items()}
     dry = {k: sum(s["underrun_s"] > 0 for s in lv["streams"]) for k, lv in levels.items()}
-    dry_at = {k: sorted({next(i for i, c in enumerate(s["chunk_ms"][1:], 1)
-                              if sum(x[1] for x in s["chunk_ms"][:i]) < c[0] - s["chunk_ms"][0][0]) + 1
-                         for s in lv["streams"] if s["underrun_s"] > 0}) for k, lv in levels.items()}
+    dry_at = {k: sorted({dry_chunk(s) for s in lv["streams"] if s["underrun_s"] > 0}) for k, lv in levels.items()}
     x = {code: [levels[k]["x_real_time"] for k in RUNS if RUNS[k][2] == code] for code in CODE}
     p95 = {code: [levels[k]["ttfa_ms"]["p95"] for k in RUNS if RUNS[k][2] == code] for code in CODE}
     smooth = {code: [levels[k]["smooth_playback_frac"] for k in RUNS if RUNS[k][2] == code] for code in CODE}
