@@ -150,11 +150,13 @@ class Round:
         key = (rid, i)  # the audio thread's key: an id may come back while its audio is still queued
         rec = [time.perf_counter(), None, None]
 
-        def deliver(patches, payload):  # the audio thread's
+        def deliver(patches, payload, end=None):  # the audio thread's
             if patches is not None:
                 if rec[1] is None:
                     rec[1] = time.perf_counter()
-                return
+                if end is None:
+                    return
+                payload = end  # the end, with the last chunk
             rec[2] = time.perf_counter()
             if isinstance(payload, Finished) and payload.error is None:
                 with self.lock:

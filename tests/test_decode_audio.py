@@ -58,6 +58,57 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
     assert metrics(server)["voxcpm_decoder_audio_rushes_total"] >= 0  # audio_rush (default): counted
 
 
+def _decoder_responses(server, steps: int) -> list:
+    """A request straight to the decoder (stamped with the internal key, as the orchestrator's are):
+    each response as (final, patches of LATENTS or None, samples of AUDIO or None)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    def raw(name, dt, arr):
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    n = np.array([steps], np.int32)
+    inputs = [raw("TOKEN_IDS", "INT64", np.array([5, 6, 7], np.int64)), raw("TARGET_TOKENS", "INT32", n),
+              raw("MIN_LENGTH", "INT32", n), raw("MAX_LENGTH", "INT32", n)]
+    q: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    got = []
+    try:
+        c.async_stream_infer("decoder", inputs, enable_empty_final_response=True,
+                             parameters={"voxcpm_internal_key": server.internal_key})
+        while not got or not got[-1][0]:
+            result, error = q.get(timeout=300)
+            if error is not None:
+                raise error
+            lat, audio = result.as_numpy("LATENTS"), result.as_numpy("AUDIO")
+            got.append((result.get_response().parameters["triton_final_response"].bool_param,
+                        None if lat is None else lat.shape[0], None if audio is None else audio.size))
+    finally:
+        c.stop_stream()
+        c.close()
+    return got
+
+
+def test_the_decoders_last_chunk_carries_the_final_flag(server):
+    """A request's last chunk and its end go out as one response (the final flag on the last
+    LATENTS and AUDIO): one send fewer a request. Every response before it carries a chunk. (The
+    audio thread takes the last chunk and the end in one round unless it takes the chunk in the
+    moment between the engine thread's two hand-offs: of three requests, one at least.)"""
+    merged = 0
+    for _ in range(3):
+        got = _decoder_responses(server, 9)
+        assert [final for final, *_ in got[:-1]] == [False] * (len(got) - 1) and got[-1][0], got
+        chunks = [(lat, samples) for _, lat, samples in got if lat is not None]
+        assert [lat for lat, _ in chunks] == [1, 4, 4], got  # the chunk schedule: 1, 4, then what is left
+        assert all(samples == lat * HOP for lat, samples in chunks), got
+        merged += got[-1][1] is not None
+    assert merged >= 1
+
+
 # ---------------------------------------------------------------------- engine.stream_audio itself
 @pytest.fixture(scope="module")
 def vae(ckpt):
@@ -68,21 +119,24 @@ def vae(ckpt):
 
 
 class _Receiver:
-    """A request's deliveries: chunks (patches, audio), then its end."""
+    """A request's deliveries: chunks (patches, audio), then its end, with its last chunk or alone."""
 
     def __init__(self):
         self.chunks, self.end, self.done = [], None, threading.Event()
+        self.with_last_chunk = False  # its end came with its last chunk
         self.after_end = []  # deliveries after the end (an assert here would be swallowed by the thread)
 
-    def __call__(self, patches, payload):
+    def __call__(self, patches, payload, end=None):
         if self.done.is_set():
             self.after_end.append((patches, payload))
             return
-        if patches is None:
-            self.end = payload
-            self.done.set()
-        else:
+        if patches is not None:
             self.chunks.append((patches.clone(), np.array(payload)))
+            if end is None:
+                return
+            self.with_last_chunk = True
+        self.end = payload if patches is None else end
+        self.done.set()
 
 
 class _Logged(_Receiver):
@@ -93,11 +147,13 @@ class _Logged(_Receiver):
         super().__init__()
         self.key, self.order, self.hold = key, order, hold
 
-    def __call__(self, patches, payload):
+    def __call__(self, patches, payload, end=None):
         self.order.append((self.key, "end" if patches is None else len(patches)))
+        if end is not None:
+            self.order.append((self.key, "end"))
         if self.hold is not None and patches is not None:
             self.hold(self.key)
-        super().__call__(patches, payload)
+        super().__call__(patches, payload, end)
 
 
 def _latents(seed: int, n: int, P: int, D: int) -> torch.Tensor:
@@ -158,7 +214,8 @@ def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
 def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decode(vae):
     """Chunks queued faster than they are decoded merge, up to the longest graph's length (4
     patches here) per request and round, and come back split chunk by chunk, in order, equal to one
-    decode of the whole (continuation context included), then the request's end."""
+    decode of the whole (continuation context included), the request's end with its last chunk
+    (taken in the same round: one delivery, one send to the client fewer)."""
     from voxcpm_triton.engine.stream_audio import StreamAudio
 
     cfg, vae = vae
@@ -189,7 +246,7 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
                 audio.end(("r", i), f"end {i}")
         for i, r in enumerate(recv):
             assert r.done.wait(60)
-            assert r.end == f"end {i}"
+            assert r.end == f"end {i}" and r.with_last_chunk
             assert [len(p) for p, _ in r.chunks] == [1, 1, 1, 2, 4]
             assert all(a.shape == (len(p) * P * vae.decode_chunk_size,) for p, a in r.chunks)
             got = np.concatenate([a for _, a in r.chunks])
@@ -567,17 +624,18 @@ def test_stream_audio_counts_an_ends_delivery_in_the_rushs_estimate_of_a_send(va
                         on_failure=lambda key, e: None)
 
     class SlowEnd(_Receiver):
-        def __call__(self, patches, payload):
+        def __call__(self, patches, payload, end=None):
             if patches is None:
                 time.sleep(0.3)
-            super().__call__(patches, payload)
+            super().__call__(patches, payload, end)
 
     try:
         recv = SlowEnd()
         audio.open("k", recv)
         audio.chunk("k", _latents(1, 1, P, D))
+        _wait_until(lambda: recv.chunks, "the chunk")  # so that its end goes alone
         audio.end("k", "end")
-        assert recv.done.wait(60)
+        assert recv.done.wait(60) and not recv.with_last_chunk
         # 0.1 of 0.3 s at least, in the moving average (updated once the end's delivery returns)
         _wait_until(lambda: audio.send_s > 0.025, "send_s")
     finally:
@@ -730,9 +788,9 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
     audio.streams.decode_async = spy
 
     class Blocking(_Receiver):  # holds the audio thread in its first delivery
-        def __call__(self, patches, payload):
+        def __call__(self, patches, payload, end=None):
             release.wait(60)
-            super().__call__(patches, payload)
+            super().__call__(patches, payload, end)
 
     def timed_fence(mark, timeout):
         t0 = time.monotonic()

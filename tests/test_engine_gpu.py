@@ -319,12 +319,12 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
     got, ends, done = {}, {}, {k: threading.Event() for k in "abc"}
 
     def receiver(key):
-        def deliver(patches, payload):
-            if patches is None:
-                ends[key] = payload
-                done[key].set()
-            else:
+        def deliver(patches, payload, end=None):
+            if patches is not None:
                 got.setdefault(key, []).append((len(patches), torch.as_tensor(payload).clone()))
+            if patches is None or end is not None:
+                ends[key] = payload if patches is None else end
+                done[key].set()
         return deliver
 
     audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4),
@@ -360,11 +360,11 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
                 assert time.monotonic() < deadline and not ends, ends
                 time.sleep(0.001)
         for k in "abc":
-            audio.end(k, None)
+            audio.end(k, "end")
         assert all(e.wait(TIMEOUT) for e in done.values())
     finally:
         audio.stop()
-    assert ends == dict.fromkeys("abc"), ends  # no request failed
+    assert ends == dict.fromkeys("abc", "end"), ends  # no request failed
     eager = VAEStreams(vae, P, max_streams=4, cuda_graphs=False)
     for k in "abc":
         eager.open(k)
@@ -397,11 +397,11 @@ def test_a_last_chunk_on_the_gpu_replays_one_padded_graph_and_gives_the_eager_de
         return decode_async(keys, z)
 
     def receiver(key):
-        def deliver(patches, payload):
-            if patches is None:
-                done[key].set()
-            else:
+        def deliver(patches, payload, end=None):
+            if patches is not None:
                 chunks.setdefault(key, []).append(torch.as_tensor(payload).clone())
+            if patches is None or end is not None:
+                done[key].set()
         return deliver
 
     audio.streams.decode_async = spy
@@ -421,7 +421,7 @@ def test_a_last_chunk_on_the_gpu_replays_one_padded_graph_and_gives_the_eager_de
         with audio.cond:
             for k in "ab":
                 audio.chunk(k, lat[k][5:])
-                audio.end(k, None)
+                audio.end(k, "end")
         assert all(e.wait(TIMEOUT) for e in done.values())
     finally:
         audio.stop()
@@ -454,7 +454,14 @@ def test_first_audio_on_the_gpu_waits_for_the_decode_and_changes_no_latent(check
         eng = Engine(vox, EngineConfig(num_blocks=128, block_size=16, max_batch_size=2, chunk_schedule=(1, 4),
                                        timestep_buckets=(10, 100)), first_audio=audio if fenced else None)
         chunks, ended = [], threading.Event()
-        audio.open("r", lambda patches, payload: (chunks.append(payload) if patches is not None else ended.set()))
+
+        def deliver(patches, payload, end=None):
+            if patches is not None:
+                chunks.append(payload)
+            if patches is None or end is not None:
+                ended.set()
+
+        audio.open("r", deliver)
 
         def sink(ev):
             if isinstance(ev, LatentChunk):

@@ -92,9 +92,11 @@ def stream_infer(server, model, inputs, stop_after=None, output="AUDIO", paramet
             result, error = q.get(timeout=300)
             if error is not None:
                 raise error
+            data = result.as_numpy(output)  # a final response may carry the last chunk (the decoder's)
+            if data is not None:
+                chunks.append(data)
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
-            chunks.append(result.as_numpy(output))
             if stop_after is not None and len(chunks) >= stop_after:
                 break
     finally:

@@ -7,7 +7,8 @@ steps wait for the VAE's, and every chunk takes two more hops between models. He
 thread only queues a request's chunks (`chunk`) and its end (`end`). One thread takes whatever is
 queued, decodes every request's pending chunks at once, in batches by length (`VAEStreams`), on a
 CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
-hands each request its audio chunk by chunk, in order, then its end.
+hands each request its audio chunk by chunk, in order, then its end: with its last chunk when both
+go in one round (one send to the client fewer), else alone.
 
 With CUDA graphs, a request's last chunk is decoded padded with silence up to the next chunk
 length that has graphs, and its audio cut back: the decoder is causal, so the audio of the real
@@ -25,8 +26,8 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
 request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds, and a hundred when a wave of requests ends together (an ending request's delivery is two
-sends: its last chunk and its end). A chunk queued meanwhile would wait for all of it; so before each
+milliseconds, and a hundred when a wave of requests ends together (an ending request's delivery also
+closes its stream). A chunk queued meanwhile would wait for all of it; so before each
 of those deliveries (ends' too), a request whose client has heard nothing yet, or would run out of
 audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
 delivered at once ("rushed"), alone or with others like it, and so is an end queued alone. Only in
@@ -63,8 +64,9 @@ _NO_END = object()
 
 @dataclass
 class _Request:
-    # deliver(patches [n, P, D], audio [n * P * hop]) per chunk, then deliver(None, end) once.
-    deliver: Callable[[Any, Any], None]
+    # deliver(patches [n, P, D], audio [n * P * hop]) per chunk, the last one as deliver(patches, audio,
+    # end) when its end is known by then, else deliver(None, end) once after the chunks. Ends are not None.
+    deliver: Callable[..., None]
     context: torch.Tensor | None  # [1, D, frames]: latents the VAE is primed with (continuation)
     pending: list = field(default_factory=list)  # chunks [n, P, D] queued, not decoded yet
     end: Any = _NO_END
@@ -125,7 +127,7 @@ class StreamAudio:
         with self.cond:
             return len(self.requests)
 
-    def open(self, key, deliver: Callable[[Any, Any], None], context=None) -> None:
+    def open(self, key, deliver: Callable[..., None], context=None) -> None:
         """Register request `key`; `context` [n, P, D] latent patches prime its VAE stream."""
         if context is not None and len(context):
             context = patch_frames(torch.as_tensor(context, dtype=torch.float32))
@@ -147,7 +149,10 @@ class StreamAudio:
         self._queue(key, patches)
 
     def end(self, key, end) -> None:
-        """The request's end (whatever `deliver` takes as one), delivered after its last chunk."""
+        """The request's end (whatever `deliver` takes as one, but not None), delivered with its last
+        chunk or after it."""
+        if end is None:
+            raise ValueError("an end cannot be None: deliver(patches, audio, end=None) is a chunk")
         self._queue(key, None, end)
 
     def _queue(self, key, patches, end=_NO_END):
@@ -284,8 +289,8 @@ class StreamAudio:
     def _round(self, work: list, launched: Callable[[], None]) -> set:
         """Decode each request's chunks of this round as one piece: requests with the same number of
         frames in one batch (a last chunk padded, see the module's doc), every batch queued before
-        the first wait (then `launched()`). A request that ends this round gets its end right after
-        its audio. -> the keys put back for want of a stream slot."""
+        the first wait (then `launched()`). A request that ends this round gets its end with its
+        last chunk. -> the keys put back for want of a stream slot."""
         decodes, waiting = [], set()
         ends = {key: end for key, _, _, end in work if end is not _NO_END}
         for key, r, chunks, end in work:
@@ -331,31 +336,35 @@ class StreamAudio:
             per_patch = audio.shape[-1] // frames * self.P  # samples
             # Requests that end first: their clients wait for the end to send their next request.
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
-            sends = [len(chunks) + (key in ends) for (key, _, chunks, _), _ in items]
+            sends = [len(chunks) for (_, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
                 # In the last batch (the round's decodes all done on the GPU), before each delivery,
                 # ends' too: a batch of ends alone (a wave of requests ending together) takes as long.
                 if b == len(batches) - 1:
                     self._rush(undelivered, sum(sends[i:]))
-                start = 0
-                for c in chunks:
-                    self._send_chunk(key, r, c, a[start:start + len(c) * per_patch])
+                start, end = 0, ends.pop(key, _NO_END)
+                for j, c in enumerate(chunks):
+                    last = j == len(chunks) - 1
+                    self._send_chunk(key, r, c, a[start:start + len(c) * per_patch], end if last else _NO_END)
                     start += len(c) * per_patch
                 undelivered.discard(key)
-                if key in ends:
-                    self._end(key, r, ends.pop(key))
         for key, r, _, _ in work:
             if key in ends and not r.failed and key not in waiting:
                 self._end(key, r, ends.pop(key))
         return waiting
 
-    def _send_chunk(self, key, r: _Request, patches, audio):
-        """Deliver one chunk's audio, and keep the books the rush reads."""
+    def _send_chunk(self, key, r: _Request, patches, audio, end=_NO_END):
+        """Deliver one chunk's audio (the request's last, with its `end`, if given), and keep the
+        books the rush reads."""
         t0 = time.monotonic()
         if r.first_at is None:
             r.first_at = t0
         r.sent_s += len(audio) / self.rate
-        self._deliver(key, r, patches, audio)
+        if end is _NO_END:
+            self._deliver(key, r, patches, audio)
+        else:
+            self._close(key, r)
+            self._deliver(key, r, patches, audio, end)
         self._sent(t0)
 
     def _sent(self, t0: float):
@@ -398,19 +407,23 @@ class StreamAudio:
         return torch.nn.functional.pad(z, (0, frames - z.shape[-1]))
 
     def _end(self, key, r: _Request, end):
-        """Close the request's VAE stream (after its decodes, on their CUDA stream) and deliver its end
-        (a send, in the rush's books)."""
+        """Deliver a request's end alone (its audio went before): a send, in the rush's books."""
         t0 = time.monotonic()
+        self._close(key, r)
+        self._deliver(key, r, None, end)
+        self._sent(t0)
+
+    def _close(self, key, r: _Request):
+        """Before its end's delivery: close the request's VAE stream (after its decodes, on their CUDA
+        stream) and let go of it."""
         self.streams.close(key)
         with self.cond:
             self.requests.pop(key, None)
         r.done = True
-        self._deliver(key, r, None, end)
-        self._sent(t0)
 
-    def _deliver(self, key, r: _Request, patches, payload):
+    def _deliver(self, key, r: _Request, patches, payload, *end):
         try:
-            r.deliver(patches, payload)
+            r.deliver(patches, payload, *end)
         except Exception:  # noqa: BLE001 - a broken receiver is the request's, not the thread's
             log.exception("delivering audio of request %r failed", key)
 

@@ -314,23 +314,33 @@ class DecoderModel:
 
     @staticmethod
     def _audio_sink(sender):
-        """The audio thread's: each chunk's LATENTS with its AUDIO, then the final flag (with the
-        error if the request failed, or its audio could not be decoded)."""
+        """The audio thread's: each chunk's LATENTS with its AUDIO, the final flag on the last one
+        when the request ends well with it, else the final flag alone after (with the error if the
+        request failed, or its audio could not be decoded)."""
         p = pb()
+        final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-        def deliver(patches, payload):
+        def finish(end):
+            error = end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
+            if error is not None:
+                locked(sender.send, p.InferenceResponse(error=p.TritonError(error)), flags=final)
+            else:
+                locked(sender.send, flags=final)
+
+        def deliver(patches, payload, end=None):
             if patches is None:
-                error = payload.error if isinstance(payload, Finished) else f"decoding audio failed: {payload}"
-                if error is not None:
-                    locked(sender.send, p.InferenceResponse(error=p.TritonError(error)),
-                           flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                else:
-                    locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                finish(payload)
                 return
+            ends_well = isinstance(end, Finished) and end.error is None
             with IPC_LOCK:
-                if not sender.is_cancelled():  # the engine stops at its next chunk
-                    sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
-                                                                    tensor("AUDIO", payload)]))
+                if not sender.is_cancelled():  # else the engine stops at its next chunk
+                    response = p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
+                                                                   tensor("AUDIO", payload)])
+                    sender.send(response, flags=final if ends_well else 0)
+                    if ends_well:
+                        return
+            if end is not None:
+                finish(end)
 
         return deliver
 
