@@ -3,7 +3,8 @@
 `execute` only validates and enqueues; the engine thread streams LATENTS
 chunks back through each request's response sender and closes the stream with
 the final flag. With `decode_audio` each chunk also carries its AUDIO, decoded in this
-process (`engine.stream_audio`), and the orchestrators skip `vae_decoder`. A request
+process (`engine.stream_audio`), the last one usually the final flag too, and the orchestrators
+skip `vae_decoder`. A request
 carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their
 client goes away). LORA names a request's adapter; a
 request carrying LORA_ACTION (from the `loras` model) adds, removes or lists adapters.
