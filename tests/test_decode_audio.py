@@ -102,6 +102,7 @@ def test_the_decoders_last_chunk_carries_the_final_flag(server):
     for _ in range(3):
         got = _decoder_responses(server, 9)
         assert [final for final, *_ in got[:-1]] == [False] * (len(got) - 1) and got[-1][0], got
+        assert all(lat is not None for _, lat, _ in got[:-1]), got
         chunks = [(lat, samples) for _, lat, samples in got if lat is not None]
         assert [lat for lat, _ in chunks] == [1, 4, 4], got  # the chunk schedule: 1, 4, then what is left
         assert all(samples == lat * HOP for lat, samples in chunks), got
@@ -260,6 +261,39 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
     finally:
         audio.stop()
     assert not audio.thread.is_alive()
+
+
+def test_stream_audio_sends_an_end_with_the_last_of_several_chunks_of_its_round(vae):
+    """Chunks of 1, 1 and 1 patch and the end, taken in one round: the chunks in order, the end with
+    the third, nothing after it; an end queued after its last chunk was delivered goes alone."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=2, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None)
+    try:
+        order = []
+        merged, alone = _Logged("merged", order), _Logged("alone", order)
+        audio.open("merged", merged)
+        audio.open("alone", alone)
+        lat = _latents(3, 3, P, D)
+        with audio.cond:  # one round takes them all
+            for i in range(3):
+                audio.chunk("merged", lat[i:i + 1])
+            audio.end("merged", "end")
+        assert merged.done.wait(60) and merged.with_last_chunk and merged.end == "end"
+        assert torch.equal(torch.cat([p for p, _ in merged.chunks]), lat) and not merged.after_end
+        audio.chunk("alone", lat[:1])
+        _wait_until(lambda: alone.chunks, "the chunk")
+        audio.end("alone", "end")
+        assert alone.done.wait(60) and not alone.with_last_chunk and alone.end == "end"
+        assert order == [("merged", 1)] * 3 + [("merged", "end"), ("alone", 1), ("alone", "end")], order
+        assert len(audio) == 0 and len(audio.streams) == 0
+        with pytest.raises(ValueError, match="None"):
+            audio.end("alone", None)
+    finally:
+        audio.stop()
 
 
 def test_stream_audio_pads_a_last_chunk_to_a_graph_length_and_gives_the_same_audio(vae):

@@ -352,3 +352,53 @@ def test_engine_metrics_publish_changes_only_and_the_collectors_pauses(fake_pb):
     finally:
         m.close()
         metrics.release_all()
+
+
+class _Sender:
+    """A response sender's stand-in: what was sent, as (outputs, error message, flags)."""
+
+    def __init__(self, cancelled=False, fail=False):
+        self.sent, self.cancelled, self.fail = [], cancelled, fail
+
+    def is_cancelled(self):
+        return self.cancelled
+
+    def send(self, response=None, flags=0):
+        if self.fail and response is not None and response.outputs:
+            raise RuntimeError("no memory for the output")
+        self.sent.append((sorted(response.outputs) if response is not None else [],
+                          None if response is None or response.error is None else str(response.error), flags))
+
+
+@pytest.mark.parametrize("case", ["ends_well", "error", "cancelled", "cancelled_error", "send_fails", "chunk",
+                                  "end_alone", "audio_failed"])
+def test_decoder_audio_sink_sends_a_last_chunk_with_the_final_flag_only_when_its_request_ended_well(fake_pb, case):
+    """The decoder's audio sink (`decode_audio`): a last chunk with a request that ended well goes with
+    the final flag, one response; an error, a client that left or a failed send still end the request
+    with the flag (and the error) in a response of its own; a chunk alone or an end alone as before."""
+    from voxcpm_triton.engine import Finished
+    from voxcpm_triton.serving.decoder_model import DecoderModel
+
+    FINAL = fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    ok, failed = Finished("r", "stop", 3), Finished("r", "error", 3, "the engine failed")
+    sender = _Sender(cancelled=case.startswith("cancelled"), fail=case == "send_fails")
+    deliver = DecoderModel._audio_sink(sender)
+    chunk = (torch.zeros(1, 4, 2), np.zeros(8, np.float32))
+    data = ["AUDIO", "LATENTS"]
+    if case == "chunk":
+        deliver(*chunk)
+    elif case == "end_alone":
+        deliver(None, ok)
+    elif case == "audio_failed":
+        deliver(None, RuntimeError("no slot"))
+    else:
+        deliver(*chunk, failed if case.endswith("error") else ok)
+    want = {"ends_well": [(data, None, FINAL)],
+            "error": [(data, None, 0), ([], "the engine failed", FINAL)],
+            "cancelled": [([], None, FINAL)],
+            "cancelled_error": [([], "the engine failed", FINAL)],
+            "send_fails": [([], "sending the last audio chunk failed: no memory for the output", FINAL)],
+            "chunk": [(data, None, 0)],
+            "end_alone": [([], None, FINAL)],
+            "audio_failed": [([], "decoding audio failed: no slot", FINAL)]}[case]
+    assert sender.sent == want

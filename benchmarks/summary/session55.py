@@ -69,6 +69,7 @@ def fifty_fifth_session(res) -> list[str]:
              for name, lv in (("now", burst[128]), ("44th", served_levels("served_fortyfourth_sweep.json")[128]))}
     pa = {k: load(f"perf_analyzer_{code}_call{call}_{S}.json") for k, (code, call, _) in PA.items()}
     pa64 = {k: next(lv for lv in d["levels"] if lv["concurrency"] == 64) for k, d in pa.items()}
+    pa44 = next(lv for lv in load("perf_analyzer_fortyfourth.json")["levels"] if lv["concurrency"] == 64)["x_real_time"]
     late = {k: metric_value(f"metrics_perf_analyzer_{code}_call{call}_{S}.txt", "voxcpm_engine_late_launches_total")
             for k, (code, call, _) in PA.items()}
 
@@ -98,7 +99,7 @@ def fifty_fifth_session(res) -> list[str]:
 
     w, w44 = waves["now"], waves["44th"]
     md = ["", "## Fifty-fifth session (2026-12-02, H200): a request's end goes with its last chunk; the closing "
-          "measurement of the final code: 64 streams unchanged, where their throughput goes (the VAE: 19%), and "
+          "measurement of the final code: 64 streams within the runs' spread, where their throughput goes (the VAE: 19%), and "
           f"128 streams at once no longer all smooth ({share(burst[128]['smooth_playback_frac'])}): capacity "
           f"{cap['burst']} at once, {cap['poisson']} with Poisson arrivals",
           "", "Five device calls on one H200 (about 28 of 30 min).", "",
@@ -133,10 +134,14 @@ def fifty_fifth_session(res) -> list[str]:
            "- What the change does show: a round's ends reach their clients closer together ("
            + ", ".join(share(close[k]) for k in RUNS if RUNS[k][2] == "new") + " of consecutive ends back to back "
            "against " + ", ".join(share(close[k]) for k in RUNS if RUNS[k][2] == "old") + "). Kept: one send a "
-           "request fewer, at no measured cost.",
+           "request fewer, throughput and smooth playback within the runs' spread. First audio p50 was higher "
+           "with it in both calls (" + ", ".join(f"{rows[k]['ttfa_p50']:.1f}" for k in RUNS if RUNS[k][2] == "new")
+           + " against " + ", ".join(f"{rows[k]['ttfa_p50']:.1f}" for k in RUNS if RUNS[k][2] == "old") + " ms), p95 "
+           "mixed; two runs each cannot tell that from noise.",
            "- The rush ran less often with the change (" + ", ".join(f"{rushes[k]:.0f}" for k in RUNS if RUNS[k][2] == "new")
            + " rushes against " + ", ".join(f"{rushes[k]:.0f}" for k in RUNS if RUNS[k][2] == "old") + "): its estimate of "
-           "a round's remaining deliveries counts an ending request as one send now, not two (the likely reason).", "",
+           "a round's remaining deliveries counts an ending request as one send now, not two, and a round's deliveries "
+           "take less time, with fewer chances to rush; which of these it is was not looked into.", "",
            "**Where 64 served streams' throughput goes** (call 2, after its servers: the engine alone, `bench.py "
            "--checkpoint /tmp/full --timestep-buckets 10,100 --reference none --no-vae --graphs-only --batches "
            f"64,64,1`, `raw/offline_b64x2_b1_{S}.{{json,log}}`; then the served loop in process, `closed_loop.py "
@@ -153,8 +158,8 @@ def fifty_fifth_session(res) -> list[str]:
            f"in-process throughput; the engine's loop and its audio thread's bookkeeping "
            f"{100 * (1 - ratios['loop_over_engine']):.0f}%; Triton, the BLS hops and the clients "
            f"{100 * (1 - ratios['served_over_in_process']):.0f}%. Without a cheaper VAE, a served path free of every "
-           f"other cost would still reach only {ratios['vae_in_process'] * ratios['loop_over_engine']:.2f} of the "
-           "engine alone.",
+           f"other cost but the engine loop's would reach {ratios['vae_in_process'] * ratios['loop_over_engine']:.2f} of "
+           f"the engine alone, and {ratios['vae_in_process']:.2f} with that loop free too.",
            f"- The engine at batch 1: {e1['steps_per_s']:.1f} steps/s (RTF {e1['rtf']:.4f}). Profiled, "
            f"{p1['gpu_ms']:.2f} ms of GPU work a step in {p1['kernels']:.0f} kernels, {layer1:.2f} ms of it "
            f"({100 * layer1 / p1['gpu_ms']:.0f}%) the persistent layer kernels. At batch 64: {p64['gpu_ms']:.2f} ms, "
@@ -172,7 +177,8 @@ def fifty_fifth_session(res) -> list[str]:
            f"- Capacity (every stream smooth and TTFA p95 <= 500 ms at every level up to it): {cap['burst']} at once, "
            f"{cap['poisson']} with Poisson arrivals. The forty-fourth session's code made 128 and 128.",
            f"- At 128 at once, {sum(s['underrun_s'] > 0 for s in burst[128]['streams'])} of "
-           f"{len(burst[128]['streams'])} streams ran dry, all at their second or third chunk (1 and 4 patches, after "
+           f"{len(burst[128]['streams'])} streams ran dry ({sum(s['underrun_s'] > 1e-3 for s in burst[128]['streams'])} "
+           "by more than the 1 ms that smooth playback allows), all at their second or third chunk (1 and 4 patches, after "
            f"a first of 1): {w[0]['dry']} of the first wave's {w[0]['streams']} and {w[1]['dry']} of the second's. "
            "Measured at the clients, by wave (p50 / max ms):", "",
            "| wave | run | TTFA | 1st -> 2nd chunk | 2nd -> 3rd chunk | dry |", "|---|---|---|---|---|---|"]
@@ -183,8 +189,9 @@ def fifty_fifth_session(res) -> list[str]:
                       f"{g['g12']['p50']:.0f} / {g['g12']['max']:.0f} | {g['g23']['p50']:.0f} / {g['g23']['max']:.0f} | "
                       f"{g['dry']} |")
     md += ["",
-           f"- Every first-wave stream's second chunk came later, by {w[0]['g12']['p50'] - w44[0]['g12']['p50']:.0f} ms "
-           "at the median (the plot's right panel): the whole distribution moved, not its tail. No "
+           f"- The first wave's second chunks came later: by {w[0]['g12']['p50'] - w44[0]['g12']['p50']:.0f} ms at the "
+           "median, and the two runs' distributions (the plot's right panel) differ over their whole range, not in "
+           "their tail alone. No "
            "request ends in the first wave, so the change of this session cannot be what delays them; what does "
            "(the audio rush of the fifty-second to fifty-fourth sessions, which decodes newcomers' chunks apart "
            "from the round, is the first suspect; the machine, another) was not measured: no device time was "
@@ -200,15 +207,18 @@ def fifty_fifth_session(res) -> list[str]:
         md.append(f"| {call} | {CODE[code]} | {how} | {lv['infer_per_s']:.2f} | {lv['latency_ms']['p50']:.0f} / "
                   f"{lv['latency_ms']['p99']:.0f} | {lv['x_real_time']:.1f} | {late[k]:.0f} |")
     md += ["",
-           f"- The change's second run ({pa64['new_c5']['x_real_time']:.1f}x) matches the code before "
-           f"({pa64['old_c4']['x_real_time']:.1f}x); its first ({pa64['new_c3']['x_real_time']:.1f}x), on a server "
-           "started right after the sweep's, launched more steps late (the engine thread behind the GPU). Why that "
-           "run was slower was not found; the two runs of the same code differ by more than the two codes' "
-           "comparable runs. The forty-fourth session's code made 568.4x here: the code before this session makes "
-           f"{pa64['old_c4']['x_real_time']:.1f}x too, so that drop came earlier (sessions 45-54, or the machine), as "
+           f"- Run the same way (levels 1 to 64), the change made {pa64['new_c3']['x_real_time']:.1f}x against the "
+           f"code before's {pa64['old_c4']['x_real_time']:.1f}x, {100 * (1 - pa64['new_c3']['x_real_time'] / pa64['old_c4']['x_real_time']):.0f}% "
+           f"less, its engine thread launching more steps late ({late['new_c3']:.0f} against {late['old_c4']:.0f} over "
+           f"the run); a second run of the change, 64 alone on a fresh server, made {pa64['new_c5']['x_real_time']:.1f}x. "
+           "The change's two runs differ by as much as the like-for-like pair, so whether it costs under "
+           "perf_analyzer is not settled: the next run to repeat, in both orders. The change's slower run started "
+           "right after the sweep's server on the same machine; why it fell behind was not found.",
+           f"- The forty-fourth session's code made {pa44:.1f}x here; the code before this session "
+           f"{pa64['old_c4']['x_real_time']:.1f}x, so most of that drop came earlier (sessions 45-54, or the machine), as "
            f"the burst sweep's (64 streams {burst[64]['x_real_time']:.1f}x against {old_burst[64]['x_real_time']:.1f}x, "
-           f"128 streams {burst[128]['x_real_time']:.1f}x against {old_burst[128]['x_real_time']:.1f}x); which was "
-           "not measured.", "",
+           f"128 streams {burst[128]['x_real_time']:.1f}x against {old_burst[128]['x_real_time']:.1f}x); which of the "
+           "two was not measured.", "",
            "**Against issue 17's targets** (one stream: the fifty-fourth session's closing run, 10 requests, on the "
            "ending path before this session's change; 8 streams: this session's sweep; 64 streams: call 2's first "
            "server):", ""]

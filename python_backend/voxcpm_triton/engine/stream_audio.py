@@ -26,13 +26,12 @@ step's persistent kernels hold every SM, and a decode launched behind them trick
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
 request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds, and a hundred when a wave of requests ends together (an ending request's delivery also
-closes its stream). A chunk queued meanwhile would wait for all of it; so before each
-of those deliveries (ends' too), a request whose client has heard nothing yet, or would run out of
-audio before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
-delivered at once ("rushed"), alone or with others like it, and so is an end queued alone. Only in
-that batch: the round's decodes are done on the GPU by then, so the rushed decode does not queue
-behind them.
+milliseconds, and a hundred when a wave of requests ends together. A chunk queued meanwhile would
+wait for all of it; so before each of those deliveries (ending requests' too), a request whose
+client has heard nothing yet, or would run out of audio before the round's remaining deliveries are
+done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
+like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU
+by then, so the rushed decode does not queue behind them.
 """
 
 from __future__ import annotations
@@ -339,7 +338,7 @@ class StreamAudio:
             sends = [len(chunks) for (_, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
                 # In the last batch (the round's decodes all done on the GPU), before each delivery,
-                # ends' too: a batch of ends alone (a wave of requests ending together) takes as long.
+                # ending requests' too: a batch of them (a wave of requests ending together) takes as long.
                 if b == len(batches) - 1:
                     self._rush(undelivered, sum(sends[i:]))
                 start, end = 0, ends.pop(key, _NO_END)

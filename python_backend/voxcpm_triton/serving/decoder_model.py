@@ -1,13 +1,12 @@
 """`decoder`: the engine behind a decoupled Triton model.
 
-`execute` only validates and enqueues; the engine thread streams LATENTS
-chunks back through each request's response sender and closes the stream with
-the final flag. With `decode_audio` each chunk also carries its AUDIO, decoded in this
-process (`engine.stream_audio`), the last one usually the final flag too, and the orchestrators
-skip `vae_decoder`. A request
-carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their
-client goes away). LORA names a request's adapter; a
-request carrying LORA_ACTION (from the `loras` model) adds, removes or lists adapters.
+`execute` only validates and enqueues; the engine thread streams LATENTS chunks back through
+each request's response sender and closes the stream with the final flag. With `decode_audio`
+each chunk also carries its AUDIO, decoded in this process (`engine.stream_audio`), the last one
+with the final flag when both go in one round, and the orchestrators skip `vae_decoder`. A request
+carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their client goes
+away). LORA names a request's adapter; a request carrying LORA_ACTION (from the `loras` model)
+adds, removes or lists adapters.
 """
 
 from __future__ import annotations
@@ -321,27 +320,38 @@ class DecoderModel:
         p = pb()
         final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-        def finish(end):
-            error = end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
+        def finish(error: str | None):
             if error is not None:
                 locked(sender.send, p.InferenceResponse(error=p.TritonError(error)), flags=final)
             else:
                 locked(sender.send, flags=final)
 
+        def error_of(end) -> str | None:
+            return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
+
         def deliver(patches, payload, end=None):
             if patches is None:
-                finish(payload)
+                finish(error_of(payload))
                 return
-            ends_well = isinstance(end, Finished) and end.error is None
-            with IPC_LOCK:
-                if not sender.is_cancelled():  # else the engine stops at its next chunk
-                    response = p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
-                                                                   tensor("AUDIO", payload)])
-                    sender.send(response, flags=final if ends_well else 0)
-                    if ends_well:
-                        return
+            ends_well = end is not None and error_of(end) is None
+            try:
+                with IPC_LOCK:
+                    if not sender.is_cancelled():  # else the engine stops at its next chunk
+                        response = p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
+                                                                       tensor("AUDIO", payload)])
+                        sender.send(response, flags=final if ends_well else 0)
+                        if ends_well:
+                            return
+            except Exception as e:
+                if end is None:
+                    raise
+                # Its end must still go, or the request stays open. (A final send that failed after the
+                # stub closed the sender cannot be followed by another: finish raises, and it is logged.)
+                log.exception("sending a request's last chunk failed")
+                finish(f"sending the last audio chunk failed: {e}")
+                return
             if end is not None:
-                finish(end)
+                finish(error_of(end))
 
         return deliver
 
