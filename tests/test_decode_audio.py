@@ -20,7 +20,7 @@ from tests.conftest import require_module
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
 from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
-from tests.test_server import HOP, TOL, ckpt, metrics, offline, tts_stream  # noqa: E402,F401
+from tests.test_server import HOP, TOL, ckpt, grpc_input, metrics, offline, tts_stream  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +65,9 @@ def _decoder_responses(server, steps: int) -> list:
 
     import tritonclient.grpc as grpcclient
 
-    def raw(name, dt, arr):
-        t = grpcclient.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        return t
-
     n = np.array([steps], np.int32)
-    inputs = [raw("TOKEN_IDS", "INT64", np.array([5, 6, 7], np.int64)), raw("TARGET_TOKENS", "INT32", n),
-              raw("MIN_LENGTH", "INT32", n), raw("MAX_LENGTH", "INT32", n)]
+    inputs = [grpc_input("TOKEN_IDS", "INT64", np.array([5, 6, 7], np.int64)), grpc_input("TARGET_TOKENS", "INT32", n),
+              grpc_input("MIN_LENGTH", "INT32", n), grpc_input("MAX_LENGTH", "INT32", n)]
     q: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))

@@ -81,6 +81,13 @@ def tts_stream(server, text, stop_after=None, **params):
     return stream_infer(server, "tts_stream", _inputs(grpcclient, text, **params), stop_after)
 
 
+def grpc_input(name: str, datatype: str, arr: np.ndarray):
+    """A gRPC request input holding `arr`."""
+    t = grpcclient.InferInput(name, list(arr.shape), datatype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
 def stream_infer(server, model, inputs, stop_after=None, output="AUDIO", parameters=None):
     q: queue.Queue = queue.Queue()
     c = grpcclient.InferenceServerClient(server.grpc_url)
@@ -396,11 +403,7 @@ def test_internal_models_validate_calls_with_the_internal_key(server):
     """Requests stamped with the server's internal key (as the orchestrator's are) are still
     validated: bad input gets an error naming it."""
 
-    def raw(name, dt, arr):
-        t = grpcclient.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        return t
-
+    raw = grpc_input
     key = {"voxcpm_internal_key": server.internal_key}
     ids = lambda a: raw("TOKEN_IDS", "INT64", np.array(a, np.int64))  # noqa: E731
     n = raw("TARGET_TOKENS", "INT32", np.array([1], np.int32))
