@@ -8,6 +8,7 @@ from bench_served import share
 from summary.issue17 import ISSUE_RATIO, targets_table
 from summary.plots import pyplot, save_panels
 from summary.raw import headline_keys, load, metric_value, served_levels, served_row
+from summary.session52 import chunk_times
 
 S = "fiftyfifth"
 # 64-stream runs: key -> (call, server's place in its call, code, raw file, metrics file)
@@ -28,13 +29,18 @@ def end_gaps(lv: dict) -> np.ndarray:
     return 1000 * np.diff(sorted(s["start_s"] + s["chunk_ms"][-1][0] / 1000 for s in lv["streams"]))
 
 
+def wave(lv: dict, index: int) -> dict:
+    """The level with only its streams of one wave: each worker's `index`-th request."""
+    return {"streams": [s for s in lv["streams"] if s["index"] == index]}
+
+
 def wave_gaps(lv: dict, index: int) -> dict:
-    """The level's streams of one wave (each worker's `index`-th request): TTFA and the 1st -> 2nd and
-    2nd -> 3rd chunk gaps at the client, p50 and max ms, and how many ran dry."""
-    ss = [s for s in lv["streams"] if s["index"] == index]
-    g = lambda i: [s["chunk_ms"][i + 1][0] - s["chunk_ms"][i][0] for s in ss]  # noqa: E731
+    """The level's streams of one wave: TTFA and the 1st -> 2nd and 2nd -> 3rd chunk gaps at the client,
+    p50 and max ms, and how many ran dry."""
+    ss = wave(lv, index)["streams"]
     stat = lambda xs: {"p50": statistics.median(xs), "max": max(xs)}  # noqa: E731
-    return {"ttfa": stat([1000 * s["ttfa_s"] for s in ss]), "g12": stat(g(0)), "g23": stat(g(1)),
+    return {"ttfa": stat([1000 * s["ttfa_s"] for s in ss]), "g12": stat(chunk_times(wave(lv, index))[0]),
+            "g23": stat([s["chunk_ms"][2][0] - s["chunk_ms"][1][0] for s in ss]),
             "dry": sum(s["underrun_s"] > 0 for s in ss), "streams": len(ss)}
 
 
@@ -248,7 +254,7 @@ def _plot(e64: float, free_vae: float, with_vae: float, served: float, now: dict
     a.set_ylabel("x real time, 64 streams")
     a.set_title("where 64 streams' throughput goes (call 2)", fontsize=9)
     for lv, name, color in ((before, "forty-fourth session", "tab:gray"), (now, "this session", "tab:red")):
-        g = sorted(s["chunk_ms"][1][0] - s["chunk_ms"][0][0] for s in lv["streams"] if s["index"] == 0)
+        g = sorted(chunk_times(wave(lv, 0))[0])
         b.plot(range(len(g)), g, color=color, label=name)
     b.axhline(160, color="black", lw=0.8, ls="--", label="the first chunk's audio (160 ms)")
     b.set_xlabel("first-wave streams at 128, sorted")
