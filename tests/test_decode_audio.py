@@ -207,20 +207,18 @@ def _whole(vae, lat: torch.Tensor, context=None) -> np.ndarray:
     return audio[n_ctx * vae.decode_chunk_size:]
 
 
-@pytest.mark.parametrize("senders", [1, 3])
-def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decode(vae, senders):
+def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decode(vae):
     """Chunks queued faster than they are decoded merge, up to the longest graph's length (4
     patches here) per request and round, and come back split chunk by chunk, in order, equal to one
     decode of the whole (continuation context included), the request's end with its last chunk
-    (taken in the same round: one delivery, one send to the client fewer); with three sender
-    threads too (one request each)."""
+    (taken in the same round: one delivery, one send to the client fewer)."""
     from voxcpm_triton.engine.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
     failures, decoded = [], []
     audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
-                        on_failure=lambda key, e: failures.append(key), senders=senders)
+                        on_failure=lambda key, e: failures.append(key))
     decode_async = audio.streams.decode_async
 
     def spy(keys, z):  # each decode: (requests, patches each)
@@ -258,50 +256,6 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
     finally:
         audio.stop()
     assert not audio.thread.is_alive()
-
-
-def test_stream_audio_senders_deliver_a_rounds_requests_side_by_side(vae):
-    """With 3 senders, a round of 6 requests goes out 3 at a time: each delivery waits (at a barrier)
-    until 3 are in flight at once, which one thread alone never gets to. Each request's chunks stay
-    in order, its end with its last chunk and its stream closed; the sender threads end with `stop`."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-
-    cfg, vae = vae
-    P, D = cfg.patch_size, cfg.feat_dim
-    audio = StreamAudio(vae, P, max_streams=8, cuda_graphs=False, graph_patches=(1, 4),
-                        on_failure=lambda key, e: None, senders=3)
-    side_by_side = threading.Barrier(3, timeout=20)
-    threads = set()
-
-    class Waiting(_Receiver):
-        def __call__(self, patches, payload, end=None):
-            threads.add(threading.current_thread().name)
-            side_by_side.wait()
-            super().__call__(patches, payload, end)
-
-    try:
-        recv = {k: Waiting() for k in range(6)}
-        for k, r in recv.items():
-            audio.open(k, r)
-        lat = _latents(5, 2, P, D)
-        with audio.cond:  # one round: 6 requests of 2 chunks and their ends, 2 deliveries each
-            for k in recv:
-                audio.chunk(k, lat[:1])
-                audio.chunk(k, lat[1:])
-                audio.end(k, f"end {k}")
-        for k, r in recv.items():
-            assert r.done.wait(60) and r.end == f"end {k}" and r.with_last_chunk, k
-            assert torch.equal(torch.cat([p for p, _ in r.chunks]), lat) and not r.after_end
-        assert not side_by_side.broken
-        assert len(threads) == 3 and "voxcpm-stream-audio" in threads, threads
-        assert len(audio) == 0 and len(audio.streams) == 0
-    finally:
-        audio.stop()
-    assert not audio.thread.is_alive()
-    _wait_until(lambda: not any(t.name.startswith("voxcpm-audio-send") for t in threading.enumerate()),
-                "the sender threads end")
-    with pytest.raises(ValueError, match="senders"):
-        StreamAudio(vae, P, max_streams=1, cuda_graphs=False, graph_patches=(1,), on_failure=None, senders=0)
 
 
 def test_stream_audio_sends_an_end_with_the_last_of_several_chunks_of_its_round(vae):

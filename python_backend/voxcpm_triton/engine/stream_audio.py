@@ -24,23 +24,20 @@ until what is queued has been launched and returns an event after it on the audi
 engine's stream to wait on. (A high priority only orders kernels that wait at the same time: a
 step's persistent kernels hold every SM, and a decode launched behind them trickles between them.)
 
-Each send is a round trip to the server, so a batch's requests are delivered side by side by
-`senders` threads (this one among them), each request's chunks in order by one of them. A round's
-batch of its longest chunks (at 64 streams most of its requests) is delivered last, which under
-load takes tens of milliseconds, and more when a wave of requests ends together. A chunk queued
-meanwhile would wait for all of it; so before each of this thread's deliveries in that batch
-(ending requests' too), a request whose client has heard nothing yet, or would run out of audio
-before the round's remaining deliveries are done (`RUSH_MARGIN_S` to spare), is decoded and
-delivered at once ("rushed"), alone or with others like it, and so is an end queued alone. Only in
-that batch: the round's decodes are done on the GPU by then, so the rushed decode does not queue
-behind them.
+A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
+request at a time (each send is a round trip to the server), which under load takes tens of
+milliseconds, and a hundred when a wave of requests ends together. A chunk queued meanwhile would
+wait for all of it; so before each of those deliveries (ending requests' too), a request whose
+client has heard nothing yet, or would run out of audio before the round's remaining deliveries are
+done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
+like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU
+by then, so the rushed decode does not queue behind them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from concurrent import futures
 import threading
 import time
 from dataclasses import dataclass, field
@@ -90,12 +87,8 @@ class StreamAudio:
     nothing after; `on_failure(key, error)` is told so that its generation stops too."""
 
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
-                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True,
-                 senders: int = 1):
-        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc).
-        senders: threads delivering a batch side by side, this object's own among them."""
-        if senders < 1:
-            raise ValueError(f"senders must be at least 1, got {senders}")
+                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True):
+        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc)."""
         self.P = patch_size
         self.rate = vae.out_sample_rate
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
@@ -125,9 +118,6 @@ class StreamAudio:
         self.rushed = 0  # rushes that decoded something (not only put requests back), so far
         self.rush = rush
         self._rushing = False
-        self.senders = senders
-        self.pool = (futures.ThreadPoolExecutor(senders - 1, thread_name_prefix="voxcpm-audio-send")
-                     if senders > 1 else None)
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
         self.thread.start()
 
@@ -220,8 +210,6 @@ class StreamAudio:
             self.cond.notify()
             self.fences.notify_all()
         self.thread.join(timeout)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False)
 
     # ------------------------------------------------------------------ its thread
     def _run(self):
@@ -347,51 +335,26 @@ class StreamAudio:
             per_patch = audio.shape[-1] // frames * self.P  # samples
             # Requests that end first: their clients wait for the end to send their next request.
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
-            jobs = []
-            for (key, r, chunks, _), a in items:
-                end = ends.pop(key, _NO_END)
-                if end is not _NO_END:  # here: the stream slots and the CUDA stream are this thread's
-                    self._close(key, r)
-                start, pieces = 0, []
-                for c in chunks:
-                    pieces.append((c, a[start:start + len(c) * per_patch]))
+            sends = [len(chunks) for (_, _, chunks, _), _ in items]
+            for i, ((key, r, chunks, _), a) in enumerate(items):
+                # In the last batch (the round's decodes all done on the GPU), before each delivery,
+                # ending requests' too: a batch of them (a wave of requests ending together) takes as long.
+                if b == len(batches) - 1:
+                    self._rush(undelivered, sum(sends[i:]))
+                start, end = 0, ends.pop(key, _NO_END)
+                for j, c in enumerate(chunks):
+                    last = j == len(chunks) - 1
+                    self._send_chunk(key, r, c, a[start:start + len(c) * per_patch], end if last else _NO_END)
                     start += len(c) * per_patch
-                jobs.append((key, r, pieces, end))
-            self._deliver_batch(jobs, undelivered, rush=b == len(batches) - 1)
+                undelivered.discard(key)
         for key, r, _, _ in work:
             if key in ends and not r.failed and key not in waiting:
                 self._end(key, r, ends.pop(key))
         return waiting
 
-    def _deliver_batch(self, jobs: list, busy: set, rush: bool):
-        """Deliver a batch's requests (key, request, [(patches, audio) per chunk], end): each its chunks
-        in order, the last with its end (its stream closed by then). With sender threads, this thread
-        takes every `senders`-th request and the senders the rest, each request in one thread; a
-        rush's batch goes in this thread alone. `rush`: the round's last batch (its decodes all done
-        on the GPU): this thread rushes before each of its deliveries, ending requests' too (a batch
-        of them, a wave of requests ending together, takes as long). `busy`: the round's requests
-        not delivered yet, each let go of once delivered."""
-        n = 1 if self.pool is None or self._rushing else self.senders
-        lanes = [jobs[i::n] for i in range(n)]
-        helpers = [self.pool.submit(self._deliver_lane, lane, busy, False) for lane in lanes[1:] if lane]
-        try:
-            self._deliver_lane(lanes[0], busy, rush)
-        finally:
-            futures.wait(helpers)  # the next batch or round only after these: a request's order holds
-        for f in helpers:
-            f.result()
-
-    def _deliver_lane(self, jobs: list, busy: set, rush: bool):
-        for i, (key, r, pieces, end) in enumerate(jobs):
-            if rush:  # the time left: this thread's sends, the other senders' go beside them
-                self._rush(busy, sum(len(p) for _, _, p, _ in jobs[i:]))
-            for j, (patches, audio) in enumerate(pieces):
-                self._send_chunk(key, r, patches, audio, end if j == len(pieces) - 1 else _NO_END)
-            busy.discard(key)
-
     def _send_chunk(self, key, r: _Request, patches, audio, end=_NO_END):
-        """Deliver one chunk's audio (the request's last, with its `end`, if given: its stream is
-        closed by then), and keep the books the rush reads."""
+        """Deliver one chunk's audio (the request's last, with its `end`, if given), and keep the
+        books the rush reads."""
         t0 = time.monotonic()
         if r.first_at is None:
             r.first_at = t0
@@ -399,6 +362,7 @@ class StreamAudio:
         if end is _NO_END:
             self._deliver(key, r, patches, audio)
         else:
+            self._close(key, r)
             self._deliver(key, r, patches, audio, end)
         self._sent(t0)
 

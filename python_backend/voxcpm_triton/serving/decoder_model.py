@@ -141,8 +141,7 @@ class DecoderModel:
         return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_batch_size"],
                            cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
                            graph_patches=sorted(set(params["chunk_schedule"])),
-                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"],
-                           senders=params["audio_senders"])
+                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"])
 
     def _status(self) -> str | None:
         heartbeat = self.engine.heartbeat
@@ -322,11 +321,10 @@ class DecoderModel:
         final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def finish(error: str | None):
-            with IPC_LOCK.shared():
-                if error is not None:
-                    sender.send(p.InferenceResponse(error=p.TritonError(error)), flags=final)
-                else:
-                    sender.send(flags=final)
+            if error is not None:
+                locked(sender.send, p.InferenceResponse(error=p.TritonError(error)), flags=final)
+            else:
+                locked(sender.send, flags=final)
 
         def error_of(end) -> str | None:
             return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
@@ -337,7 +335,7 @@ class DecoderModel:
                 return
             ends_well = end is not None and error_of(end) is None
             try:
-                with IPC_LOCK.shared():  # the audio senders' sends go side by side (ipc_lock)
+                with IPC_LOCK:
                     if not sender.is_cancelled():  # else the engine stops at its next chunk
                         response = p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
                                                                        tensor("AUDIO", payload)])

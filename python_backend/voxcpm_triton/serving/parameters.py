@@ -154,9 +154,6 @@ PARAMETERS: tuple[Param, ...] = (
           "has none yet, or that would run out before the round is sent, is decoded and sent between two "
           "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
           "at some throughput); false: every chunk waits for the next round"),
-    Param("decoder", "audio_senders", "int", "4",
-          "with decode_audio: threads that send a round's audio to the clients side by side (each send a round "
-          "trip to the server; a request's chunks go in order from one thread); 1: the audio thread alone"),
     Param("decoder", "prefill_pack_graphs", "bool", "true",
           "GPU with cuda_graphs: prompts admitted together (a burst) prefill as one CUDA graph per total-length "
           "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),

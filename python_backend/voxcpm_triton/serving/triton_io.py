@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
 from . import runtime
-from .ipc_lock import IPCLock
 
 # The Python backend stub (Triton 2.51) corrupts its IPC when several threads of one model
 # instance call into it at once (a segfault in libtriton_python.so when worker threads issued
 # BLS calls in parallel). Models that call into the stub from threads of their own (the
-# decoder's engine and audio threads, metric publishers) take this per-process lock around each
-# call; response sends from the decoder's audio senders take it shared (ipc_lock's doc).
+# decoder's engine thread, metric publishers) take this per-process lock around each call.
 # The orchestrators need none: they make every stub call from their instance's event loop
 # (every metric update takes it anyway, see metrics.release_all).
-IPC_LOCK = IPCLock()
+IPC_LOCK = threading.RLock()
 
 
 def locked(fn, *args, **kwargs):
