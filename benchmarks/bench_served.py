@@ -409,13 +409,18 @@ def first_audio_sums(metrics_url: str, model: str) -> dict:
 
 
 ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_decode_rows_total": "rows",
-                   "voxcpm_engine_late_launches_total": "late_launches"}
+                   "voxcpm_engine_late_launches_total": "late_launches",
+                   # the decoder's audio thread (decode_audio), where the server has them
+                   "voxcpm_decoder_audio_sends_total": "audio_sends",
+                   "voxcpm_decoder_audio_send_seconds_total": "audio_send_s",
+                   "voxcpm_decoder_audio_ends_alone_total": "ends_alone",
+                   "voxcpm_decoder_audio_rushes_total": "rushes"}
 
 
 def engine_sums(metrics_url: str) -> dict:
-    """The decoder engines' decode steps, the request rows in them and the steps launched late
-    (`ENGINE_COUNTERS`), summed over instances (best effort: {} on failure). With several instances,
-    rows over steps is their mean batch."""
+    """The decoder engines' decode steps, the request rows in them, the steps launched late and the
+    audio thread's sends (`ENGINE_COUNTERS`), summed over instances (best effort: {} on failure). With
+    several instances, rows over steps is their mean batch."""
     try:
         samples = metric_samples(metrics_url)
     except Exception:  # noqa: BLE001
@@ -443,13 +448,15 @@ def settled_engine_sums(metrics_url: str, tries: int = 10, gap_s: float = 0.3) -
 def engine_delta(before: dict, after: dict) -> dict | None:
     """Decode steps and rows over one level, and the mean rows a step ran (None without both counters,
     e.g. a server from before the rows counter): how full the batches were. With the late-launch
-    counter, also the steps whose launch found the engine's GPU stream idle."""
+    counter, also the steps whose launch found the engine's GPU stream idle; with the audio thread's
+    counters (decode_audio), its sends, their seconds, the ends it sent alone and its rushes."""
     if not {"steps", "rows"} <= before.keys() & after.keys():
         return None
     steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
     out = {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
-    if "late_launches" in before.keys() & after.keys():
-        out["late_launches"] = after["late_launches"] - before["late_launches"]
+    for k in ("late_launches", "audio_sends", "audio_send_s", "ends_alone", "rushes"):
+        if k in before.keys() & after.keys():
+            out[k] = after[k] - before[k]
     return out
 
 
@@ -594,6 +601,11 @@ def main(argv=None) -> int:
             d = lv["decoder_steps"]
             log(f"[bench]   decoder: {d['steps']:.0f} steps, {_fmt(d['rows_per_step'], '.2f')} request rows each"
                 + (f", {d['late_launches']:.0f} launched late" if "late_launches" in d else ""))
+            if d.get("audio_sends"):
+                log(f"[bench]   decoder's audio thread: {d['audio_sends']:.0f} sends, "
+                    f"{1000 * d['audio_send_s'] / d['audio_sends']:.2f} ms each, sending "
+                    f"{100 * d['audio_send_s'] / lv['wall_s']:.0f}% of the wall time; {d.get('ends_alone', 0):.0f} "
+                    f"ends alone, {d.get('rushes', 0):.0f} rushes")
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

@@ -95,6 +95,11 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         eng = lv["decoder_steps"]
         assert eng["rows"] == 2 * c * PATCHES and eng["steps"] >= 2 * PATCHES, eng
         assert eng["late_launches"] == 0, eng
+        # the decoder's audio thread over the level: a send per chunk the clients got, and per end that
+        # went alone (the rest went with their last chunks), each taking time
+        chunks = sum(s["chunks"] for s in lv["streams"])
+        assert eng["audio_sends"] == chunks + eng["ends_alone"] and 0 <= eng["ends_alone"] <= 2 * c, eng
+        assert eng["audio_send_s"] > 0 and eng["rushes"] >= 0, eng
         # a worker's requests run one after the other on its stream
         for w in range(c):
             mine = sorted((s for s in lv["streams"] if s["worker"] == w), key=lambda s: s["index"])

@@ -56,6 +56,11 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
         assert time.monotonic() < deadline, metrics(server)
         time.sleep(0.1)
     assert metrics(server)["voxcpm_decoder_audio_rushes_total"] >= 0  # audio_rush (default): counted
+    # the audio thread's sends, published with the engine's counters: this request's 3 chunks at least
+    while (m := metrics(server))["voxcpm_decoder_audio_sends_total"] < 3:
+        assert time.monotonic() < deadline + 10, m
+        time.sleep(0.1)
+    assert m["voxcpm_decoder_audio_send_seconds_total"] > 0 and m["voxcpm_decoder_audio_ends_alone_total"] >= 0, m
 
 
 def _decoder_responses(server, steps: int) -> list:
@@ -284,6 +289,8 @@ def test_stream_audio_sends_an_end_with_the_last_of_several_chunks_of_its_round(
         audio.end("alone", "end")
         assert alone.done.wait(60) and not alone.with_last_chunk and alone.end == "end"
         assert order == [("merged", 1)] * 3 + [("merged", "end"), ("alone", 1), ("alone", "end")], order
+        # the books /metrics reads: 3 + 1 chunks and 1 end alone sent, in some time
+        assert (audio.sends, audio.ends_alone) == (5, 1) and audio.send_seconds > 0
         assert len(audio) == 0 and len(audio.streams) == 0
         with pytest.raises(ValueError, match="None"):
             audio.end("alone", None)

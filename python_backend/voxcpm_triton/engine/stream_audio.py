@@ -116,6 +116,8 @@ class StreamAudio:
         self.last_batch = 0  # requests decoded together in the latest round
         self.send_s = 1e-3  # a delivery's time, a moving average (the rush's estimate of a round's rest)
         self.rushed = 0  # rushes that decoded something (not only put requests back), so far
+        self.sends, self.send_seconds = 0, 0.0  # deliveries (chunks, ends alone) and their time, so far
+        self.ends_alone = 0  # ends delivered without a chunk (their audio went in an earlier round)
         self.rush = rush
         self._rushing = False
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
@@ -367,8 +369,11 @@ class StreamAudio:
         self._sent(t0)
 
     def _sent(self, t0: float):
-        """A delivery that began at `t0` is done: into the moving average of a send's time."""
-        self.send_s += 0.1 * (time.monotonic() - t0 - self.send_s)
+        """A delivery that began at `t0` is done: into the moving average of a send's time, and the totals."""
+        took = time.monotonic() - t0
+        self.send_s += 0.1 * (took - self.send_s)
+        self.sends += 1
+        self.send_seconds += took
 
     def _rush(self, busy: set, left: int):
         """Between a round's last deliveries (`left` sends to go, to the requests in `busy`): decode and
@@ -411,6 +416,7 @@ class StreamAudio:
         self._close(key, r)
         self._deliver(key, r, None, end)
         self._sent(t0)
+        self.ends_alone += 1
 
     def _close(self, key, r: _Request):
         """Before its end's delivery: close the request's VAE stream (after its decodes, on their CUDA

@@ -119,6 +119,17 @@ class EngineMetrics:
                 "voxcpm_decoder_audio_rushes_total", "Times the decoder's audio thread decoded and sent chunks "
                 "between a round's deliveries, for clients about to run out of audio or still waiting for their "
                 "first (parameter audio_rush)", labels, "COUNTER")
+            self.counters["audio_sends"] = metric(
+                "voxcpm_decoder_audio_sends_total", "Responses the decoder's audio thread sent: audio chunks (a "
+                "request's last with its end) and ends that went alone", labels, "COUNTER")
+            self.counters["audio_send_seconds"] = metric(
+                "voxcpm_decoder_audio_send_seconds_total", "Time the decoder's audio thread spent sending them, each "
+                "a round trip to the server: over the sends, a send's mean time; over the wall time, how busy "
+                "sending keeps the thread", labels, "COUNTER")
+            self.counters["audio_ends_alone"] = metric(
+                "voxcpm_decoder_audio_ends_alone_total", "Request ends sent as a response of their own, their "
+                "audio having gone in an earlier round (else an end goes with its request's last chunk)", labels,
+                "COUNTER")
         if gc is not None:
             for g in range(3):
                 gen = {**labels, "generation": str(g)}
@@ -147,7 +158,9 @@ class EngineMetrics:
         if not s["up"]:  # a dead engine runs nothing: don't leave it looking busy
             s.update(running=0, waiting=0, steps_per_s=0.0)
         if self.audio is not None:
-            s.update(audio_streams=len(self.audio), audio_batch=self.audio.last_batch, audio_rushes=self.audio.rushed)
+            a = self.audio
+            s.update(audio_streams=len(a), audio_batch=a.last_batch, audio_rushes=a.rushed, audio_sends=a.sends,
+                     audio_send_seconds=a.send_seconds, audio_ends_alone=a.ends_alone)
         if self.gc is not None:
             for g in range(3):
                 s[f"gc_collections_{g}"], s[f"gc_seconds_{g}"] = self.gc.count[g], self.gc.seconds[g]
