@@ -37,6 +37,23 @@ def _dry(lv: dict) -> str:
     return ", ".join(f"{n} w{w} c{c}" for (w, c), n in sorted(dry.items(), key=lambda d: -d[1])) or "none"
 
 
+def _dry_streams(lv: dict) -> list:
+    """(their lateness ms, wave, their arrival's place in their wave) for the level's streams that ran
+    dry, waves and places 1-based."""
+    out = []
+    for w in sorted({s["index"] for s in lv["streams"]}):
+        wave = sorted((s for s in lv["streams"] if s["index"] == w), key=lambda s: s["start_s"])
+        out += [(1000 * s["underrun_s"], w + 1, rank + 1) for rank, s in enumerate(wave) if dry_chunk(s)]
+    return out
+
+
+def _who(dry: list) -> str:
+    """Where a run's dry streams were: 'wave w, arrivals a-b' for each wave."""
+    waves = sorted({w for _, w, _ in dry})
+    return "; ".join(f"wave {w}, arrivals {min(r for _, v, r in dry if v == w)}-{max(r for _, v, r in dry if v == w)}"
+                     for w in waves)
+
+
 def _rushes(metrics: str) -> float | None:
     """The run's rushes; None for code without the rush (its metric is missing)."""
     try:
@@ -94,6 +111,9 @@ def fifty_sixth_session(res) -> list[str]:
         md.append(f"| earlier | {name} | 2 | 128 | {lv['x_real_time']:.1f} | {share(lv['smooth_playback_frac'])} | "
                   f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {_dry(lv)} | |")
     w_old = wave_gaps(at("old44_c2", 128)[0], 1)
+    dry_final = [d for k in RUNS if RUNS[k][2] == "final code" or k == "one_c3" for lv in at(k, 128)
+                 if (d := _dry_streams(lv))]
+    dry_norush = [d for lv in at("norush_c1", 128) if (d := _dry_streams(lv))]
     w_new = [wave_gaps(lv, 1) for lv in at("rush_c1", 128)]
     md += ["",
            "- **No regression of the code.** The forty-fourth session's own code, run here between two runs of the "
@@ -117,7 +137,16 @@ def fifty_sixth_session(res) -> list[str]:
            + ", ".join(share(lv["smooth_playback_frac"]) for lv in final128) + " smooth: every stream in "
            f"{sum(lv['smooth_playback_frac'] == 1 for lv in final128)} of {len(final128)}. With 3 requests a stream "
            "(call 3) no run at 128 had every stream smooth, with either setting: a third wave of newcomers comes "
-           "while the second still starts. 128 at once is this code's edge, not inside it.", "",
+           "while the second still starts. 128 at once is this code's edge, not inside it.",
+           "- **How dry, and who.** The final code's runs at 128 with dry streams (with one sender in call 3) had "
+           "them late by at most " + ", ".join(f"{max(d)[0]:.1f} ms ({_who(d)})" for d in dry_final)
+           + " (smooth playback allows 1 ms), against " + ", ".join(f"{max(d)[0]:.1f}" for d in dry_norush)
+           + " ms without the rush: early arrivals of their wave, in later waves newcomers that started while the "
+           "wave before was ending, all at their second chunk. That chunk (1 patch) goes early, once the engine "
+           "reckons their client has less than `playback_margin_ms` (100) of audio left, so it leaves the engine "
+           "with the first step that ends at least 60 ms after their first left, and has the rest of the 160 ms to get through the audio thread and both "
+           "hops. The next run to make: 128 at once, 3 requests a stream, with `decoder.playback_margin_ms=150` "
+           "beside the default.", "",
            "**Tried and reverted: the audio sent by several threads** (334d30a, reverted by 90b6197). A send is a "
            "round trip to the server, and the audio thread made a round's sends one after another: 128 of them a "
            "round at 128 streams. python_backend's decoupled example sends from a thread per request, its stub lets go "
