@@ -602,10 +602,10 @@ def main(argv=None) -> int:
             log(f"[bench]   decoder: {d['steps']:.0f} steps, {_fmt(d['rows_per_step'], '.2f')} request rows each"
                 + (f", {d['late_launches']:.0f} launched late" if "late_launches" in d else ""))
             if d.get("audio_sends"):
-                log(f"[bench]   decoder's audio thread: {d['audio_sends']:.0f} sends, "
-                    f"{1000 * d['audio_send_s'] / d['audio_sends']:.2f} ms each, sending "
-                    f"{100 * d['audio_send_s'] / lv['wall_s']:.0f}% of the wall time; {d.get('ends_alone', 0):.0f} "
-                    f"ends alone, {d.get('rushes', 0):.0f} rushes")
+                log(f"[bench]   decoder's audio thread: {d['audio_sends']:.0f} deliveries, "
+                    f"{1000 * d['audio_send_s'] / d['audio_sends']:.2f} ms each, "
+                    f"{d['audio_send_s'] / lv['wall_s']:.2f} s of them a second of the level (summed over instances); "
+                    f"{d.get('ends_alone', 0):.0f} ends alone, {d.get('rushes', 0):.0f} rushes")
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

@@ -120,12 +120,14 @@ class EngineMetrics:
                 "between a round's deliveries, for clients about to run out of audio or still waiting for their "
                 "first (parameter audio_rush)", labels, "COUNTER")
             self.counters["audio_sends"] = metric(
-                "voxcpm_decoder_audio_sends_total", "Responses the decoder's audio thread sent: audio chunks (a "
-                "request's last with its end) and ends that went alone", labels, "COUNTER")
+                "voxcpm_decoder_audio_sends_total", "Deliveries the decoder's audio thread made in its rounds: "
+                "audio chunks (a request's last with its end) and ends that went alone; failures' ends not "
+                "counted", labels, "COUNTER")
             self.counters["audio_send_seconds"] = metric(
-                "voxcpm_decoder_audio_send_seconds_total", "Time the decoder's audio thread spent sending them, each "
-                "a round trip to the server: over the sends, a send's mean time; over the wall time, how busy "
-                "sending keeps the thread", labels, "COUNTER")
+                "voxcpm_decoder_audio_send_seconds_total", "Time the decoder's audio thread spent in the deliveries "
+                "voxcpm_decoder_audio_sends_total counts (mostly response sends, each a round trip to the server): "
+                "over those, a delivery's mean time; over the wall time, how busy they keep the thread", labels,
+                "COUNTER")
             self.counters["audio_ends_alone"] = metric(
                 "voxcpm_decoder_audio_ends_alone_total", "Request ends sent as a response of their own, their "
                 "audio having gone in an earlier round (else an end goes with its request's last chunk)", labels,
