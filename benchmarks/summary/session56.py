@@ -17,7 +17,8 @@ RUNS = {
     "old44_c2": (2, 2, "forty-fourth session's code (d13d6c9)", 2, "sweep_old44_call2_server2"),
     "sweep_c2_s3": (2, 3, "final code", 2, "sweep_new_call2_server3"),
     "four_c3_s1": (3, 1, "audio_senders=4 (334d30a)", 3, "senders_four_call3_server1"),
-    "one_c3": (3, 2, "audio_senders=1 (334d30a, as the final code)", 3, "senders_one_call3_server2"),
+    "one_c3": (3, 2, "audio_senders=1 (334d30a: one sending thread, as the final code)", 3,
+               "senders_one_call3_server2"),
     "four_c3_s3": (3, 3, "audio_senders=4 (334d30a)", 3, "senders_four_call3_server3"),
 }
 SWEEPS = ("sweep_c2_s1", "old44_c2", "sweep_c2_s3")
@@ -86,8 +87,9 @@ def fifty_sixth_session(res) -> list[str]:
         "final_code_c128_smooth": [lv["smooth_playback_frac"] for lv in final128],
     }
 
-    md = ["", "## Fifty-sixth session (2026-12-02, H200): the fifty-fifth session's 128-at-once regression is not "
-          "the code's; the audio sent by several threads, measured and reverted",
+    md = ["", "## Fifty-sixth session (2026-12-02, H200): the fifty-fifth session's 128-at-once regression not "
+          "reproduced, the forty-fourth session's code no smoother here; the audio sent by several threads, measured "
+          "and reverted",
           "", "Three device calls on one H200 (about 28 of 30 min). The fifty-fifth session's sweep played 128 streams "
           "at once at 83.9% smooth where the forty-fourth session's played them all smoothly; it named the next run: "
           "the 128-stream burst without the audio rush beside the default, and the forty-fourth session's code.", "",
@@ -96,8 +98,9 @@ def fifty_sixth_session(res) -> list[str]:
           "through `MODEL_REPOSITORY` and `VOXCPM_PYTHON_BACKEND` (its own `model_repository` and `python_backend` at "
           "d13d6c9, `timestep_buckets` 10,100 in its config: it refuses the parameters that came later). "
           f"`raw/served_*_{S}.{{json.gz,log}}`, `raw/metrics_*_{S}.txt`. Dry: streams that ran out of audio at all (smooth "
-          "playback allows 1 ms), by wave (each worker's n-th request) and chunk (1-based; the chunks are 1, 1, 4 and 16 patches, a patch 160 ms "
-          "of audio).", "",
+          "playback allows 1 ms), by wave (each worker's n-th request) and chunk (1-based). The chunk schedule is 1, 4, 16 patches (a patch "
+          "160 ms of audio); a chunk goes early, at 1 patch, once the engine reckons its client has less than "
+          "`playback_margin_ms` (100) left: at 128 streams the second chunks came that way.", "",
           "| call / server | code | requests a stream | streams | x real time | smooth | TTFA p50 / p95 ms | dry | "
           "rushes, late launches (whole run) |", "|---|---|---|---|---|---|---|---|---|"]
     for k, (call, place, what, reqs, _) in RUNS.items():
@@ -116,7 +119,7 @@ def fifty_sixth_session(res) -> list[str]:
     dry_norush = [d for lv in at("norush_c1", 128) if (d := _dry_streams(lv))]
     w_new = [wave_gaps(lv, 1) for lv in at("rush_c1", 128)]
     md += ["",
-           "- **No regression of the code.** The forty-fourth session's own code, run here between two runs of the "
+           "- **The forty-fourth session's code was no smoother here.** Its own code, run between two runs of the "
            f"final code, played 96 streams at once at {share(at('old44_c2', 96)[0]['smooth_playback_frac'])} and 128 at "
            f"{share(at('old44_c2', 128)[0]['smooth_playback_frac'])} (capacity {cap['old44_c2']}), its dry streams "
            f"second-wave newcomers at their second chunk (that wave's 1st -> 2nd chunk gap at 128: p50 "
@@ -124,29 +127,30 @@ def fifty_sixth_session(res) -> list[str]:
            f"{cap['sweep_c2_s1']} and {cap['sweep_c2_s3']} at once (128 at "
            f"{share(at('sweep_c2_s1', 128)[0]['smooth_playback_frac'])} and "
            f"{share(at('sweep_c2_s3', 128)[0]['smooth_playback_frac'])}). So the forty-fourth session's 100% at 128 "
-           "was a good run rather than a better code, and the fifty-fifth session's 83.9% a bad one; the sweeps' "
-           "one run a level cannot tell them apart.",
-           "- **The audio rush is what keeps the second wave smooth.** Without it (call 1, first server) 128 at once "
+           "looks like a good run rather than a better code, and the fifty-fifth session's 83.9% like a bad one: one "
+           "run of the older code cannot settle it, and the sweeps' one run a level cannot tell such runs apart.",
+           "- **The audio rush: fewer dry streams, by less.** Without it (call 1, first server) 128 at once "
            + " and ".join(share(lv["smooth_playback_frac"]) for lv in at("norush_c1", 128)) + ", 96 at "
-           + share(at("norush_c1", 96)[0]["smooth_playback_frac"]) + ", nearly all second-wave streams at their "
-           "second chunk, as the forty-fourth session's code (which has no rush); with it (second server) "
+           + share(at("norush_c1", 96)[0]["smooth_playback_frac"]) + ", nearly all of its dry streams second-wave "
+           "newcomers, most at their second chunk, as with the forty-fourth session's code (which has no rush); "
+           "with it (second server, so the servers' order is mixed in) "
            + " and ".join(share(lv["smooth_playback_frac"]) for lv in at("rush_c1", 128)) + " (the second wave's "
            "1st -> 2nd chunk gap p50 " + " and ".join(f"{w['g12']['p50']:.0f}" for w in w_new) + " ms, max "
            + " and ".join(f"{w['g12']['max']:.0f}" for w in w_new) + ").",
            "- **Over all of this session's runs of the final code with 2 requests a stream**, 128 at once played "
            + ", ".join(share(lv["smooth_playback_frac"]) for lv in final128) + " smooth: every stream in "
            f"{sum(lv['smooth_playback_frac'] == 1 for lv in final128)} of {len(final128)}. With 3 requests a stream "
-           "(call 3) no run at 128 had every stream smooth, with either setting: a third wave of newcomers comes "
-           "while the second still starts. 128 at once is this code's edge, not inside it.",
-           "- **How dry, and who.** The final code's runs at 128 with dry streams (with one sender in call 3) had "
+           "(call 3) no run at 128 had every stream smooth, with either sender setting, the rush on in every one; "
+           "with one sender the dry streams were second-wave newcomers but for two of the third wave. 128 at once is "
+           "this code's edge, not inside it.",
+           "- **How dry, and who.** The final code's runs at 128 with dry streams, and call 3's with one sender, had "
            "them late by at most " + ", ".join(f"{max(d)[0]:.1f} ms ({_who(d)})" for d in dry_final)
            + " (smooth playback allows 1 ms), against " + ", ".join(f"{max(d)[0]:.1f}" for d in dry_norush)
            + " ms without the rush: early arrivals of their wave, in later waves newcomers that started while the "
-           "wave before was ending, all at their second chunk. That chunk (1 patch) goes early, once the engine "
-           "reckons their client has less than `playback_margin_ms` (100) of audio left, so it leaves the engine "
-           "with the first step that ends at least 60 ms after their first left, and has the rest of the 160 ms to get through the audio thread and both "
-           "hops. The next run to make: 128 at once, 3 requests a stream, with `decoder.playback_margin_ms=150` "
-           "beside the default.", "",
+           "wave before was ending, all at their second chunk. That chunk, an early one of 1 patch, leaves the engine "
+           "with the first step that ends at least 60 ms after their first left, and has the rest of the 160 ms to "
+           "get through the audio thread and both hops. The next run to make: 128 at once, 3 requests a stream, with "
+           "`decoder.playback_margin_ms=150` beside the default.", "",
            "**Tried and reverted: the audio sent by several threads** (334d30a, reverted by 90b6197). A send is a "
            "round trip to the server, and the audio thread made a round's sends one after another: 128 of them a "
            "round at 128 streams. python_backend's decoupled example sends from a thread per request, its stub lets go "
@@ -162,13 +166,15 @@ def fifty_sixth_session(res) -> list[str]:
                f"{share(lv['smooth_playback_frac'])} / {lv['x_real_time']:.1f}x" for k in ("four_c3_s1", "four_c3_s3")
                for lv in at(k, 128)) + " smooth / throughput, against " + ", ".join(
                f"{share(lv['smooth_playback_frac'])} / {lv['x_real_time']:.1f}x" for lv in at("one_c3", 128))
-           + " with 1. The first server's second run (the call's first server, on a fresh machine) stalled: its first wave's 2nd -> 3rd chunk gap reached "
+           + " with 1. The first server's second run (on the machine this call started) stalled: its first wave's "
+           "2nd -> 3rd chunk gap reached "
            f"{wave_gaps(at('four_c3_s1', 128)[1], 0)['g23']['max']:.0f} ms (no collection of the oldest generation "
            "ran: the decoder's gc metrics); its engine thread launched more steps late over the run "
            f"({late['four_c3_s1']:.0f} against {late['one_c3']:.0f} and {late['four_c3_s3']:.0f}).",
-           "- Reverted: it did not make 128 at once smoother, which was its purpose, and it cost throughput there. "
-           "Four threads building responses in Python contend for the GIL with the engine thread that launches the "
-           "steps; that is the likely cost, not measured.", "",
+           "- Reverted: it did not make 128 at once smoother, which was its purpose, and gained no throughput there "
+           "(the runs without the stall within 1% of one sender's, below them). Four threads building responses in "
+           "Python contend for the GIL with the engine thread that launches the steps; whether that is what the "
+           "late launches show was not measured.", "",
            "**Against issue 17's targets**: unchanged from the fifty-fifth session (the code is the same). Capacity at "
            f"once: {cap['sweep_c2_s1']} and {cap['sweep_c2_s3']} in this session's two sweeps, "
            f"{load(FIFTY_FIFTH)['capacity']} in the fifty-fifth's: "
