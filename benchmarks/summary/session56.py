@@ -118,6 +118,9 @@ def fifty_sixth_session(res) -> list[str]:
                  if (d := _dry_streams(lv))]
     dry_norush = [d for lv in at("norush_c1", 128) if (d := _dry_streams(lv))]
     w_new = [wave_gaps(lv, 1) for lv in at("rush_c1", 128)]
+    stalled = at("four_c3_s1", 128)[1]
+    four128 = [lv["x_real_time"] for k in ("four_c3_s1", "four_c3_s3") for lv in at(k, 128) if lv is not stalled]
+    one128 = [lv["x_real_time"] for lv in at("one_c3", 128)]
     md += ["",
            "- **The forty-fourth session's code was no smoother here.** Its own code, run between two runs of the "
            f"final code, played 96 streams at once at {share(at('old44_c2', 96)[0]['smooth_playback_frac'])} and 128 at "
@@ -168,17 +171,24 @@ def fifty_sixth_session(res) -> list[str]:
                f"{share(lv['smooth_playback_frac'])} / {lv['x_real_time']:.1f}x" for lv in at("one_c3", 128))
            + " with 1. The first server's second run (on the machine this call started) stalled: its first wave's "
            "2nd -> 3rd chunk gap reached "
-           f"{wave_gaps(at('four_c3_s1', 128)[1], 0)['g23']['max']:.0f} ms (no collection of the oldest generation "
+           f"{wave_gaps(stalled, 0)['g23']['max']:.0f} ms (no collection of the oldest generation "
            "ran: the decoder's gc metrics); its engine thread launched more steps late over the run "
            f"({late['four_c3_s1']:.0f} against {late['one_c3']:.0f} and {late['four_c3_s3']:.0f}).",
            "- Reverted: it did not make 128 at once smoother, which was its purpose, and gained no throughput there "
-           "(the runs without the stall within 1% of one sender's, below them). Four threads building responses in "
+           f"(without the stalled run {min(four128):.1f}-{max(four128):.1f}x, against "
+           f"{min(one128):.1f}-{max(one128):.1f}x with one sender). Four threads building responses in "
            "Python contend for the GIL with the engine thread that launches the steps; whether that is what the "
            "late launches show was not measured.", "",
-           "**Against issue 17's targets**: unchanged from the fifty-fifth session (the code is the same). Capacity at "
+           "**Against issue 17's targets**: unchanged from the fifty-fifth session (the serving code is the same but for "
+           "three counters of the audio thread's deliveries, below). Capacity at "
            f"once: {cap['sweep_c2_s1']} and {cap['sweep_c2_s3']} in this session's two sweeps, "
            f"{load(FIFTY_FIFTH)['capacity']} in the fifty-fifth's: "
            "missed, since it is not met reliably. results.json's headline keys stay the fifty-fifth session's.", "",
+           "**New counters** (no device run yet): `voxcpm_decoder_audio_sends_total`, "
+           "`voxcpm_decoder_audio_send_seconds_total` and `voxcpm_decoder_audio_ends_alone_total`, the audio thread's "
+           "deliveries, its time in them and the ends it sent alone; `bench_served.py` logs them per level and keeps "
+           "them in each level's `decoder_steps`. This session could only infer how long the thread's sends take at "
+           "128 streams; the next run shows it.", "",
            "![fifty-sixth session: 128 streams at once, smooth and throughput per run](results_fifty_sixth.png)", ""]
     _plot(levels, earlier)
     return md
