@@ -419,7 +419,7 @@ ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_d
 
 def engine_sums(metrics_url: str) -> dict:
     """The decoder engines' decode steps, the request rows in them, the steps launched late and the
-    audio thread's sends (`ENGINE_COUNTERS`), summed over instances (best effort: {} on failure). With
+    audio thread's deliveries (`ENGINE_COUNTERS`), summed over instances (best effort: {} on failure). With
     several instances, rows over steps is their mean batch."""
     try:
         samples = metric_samples(metrics_url)
@@ -449,7 +449,7 @@ def engine_delta(before: dict, after: dict) -> dict | None:
     """Decode steps and rows over one level, and the mean rows a step ran (None without both counters,
     e.g. a server from before the rows counter): how full the batches were. With the late-launch
     counter, also the steps whose launch found the engine's GPU stream idle; with the audio thread's
-    counters (decode_audio), its sends, their seconds, the ends it sent alone and its rushes."""
+    counters (decode_audio), its deliveries, their seconds, the ends it sent alone and its rushes."""
     if not {"steps", "rows"} <= before.keys() & after.keys():
         return None
     steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
