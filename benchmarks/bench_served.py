@@ -454,8 +454,8 @@ def engine_delta(before: dict, after: dict) -> dict | None:
         return None
     steps, rows = after["steps"] - before["steps"], after["rows"] - before["rows"]
     out = {"steps": steps, "rows": rows, "rows_per_step": rows / steps if steps > 0 else None}
-    for k in ("late_launches", "audio_sends", "audio_send_s", "ends_alone", "rushes"):
-        if k in before.keys() & after.keys():
+    for k in ENGINE_COUNTERS.values():
+        if k not in ("steps", "rows") and k in before.keys() & after.keys():
             out[k] = after[k] - before[k]
     return out
 
