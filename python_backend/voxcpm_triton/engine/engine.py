@@ -90,8 +90,7 @@ class EngineConfig:
     # Requests whose prompts start alike (a voice, a reference) share the K/V blocks of that prefix
     # and prefill only the rest; idle cached blocks are evicted, least recently used first, when needed.
     enable_prefix_caching: bool = True
-    # A request whose client would have less audio than this left by its next patch (played from
-    # its first chunk on; the next patch a step as long as its last away) gets
+    # A request whose client has less audio than this left (played from its first chunk on) gets
     # its pending patches, as the largest schedule size they fill (all once it ran dry), before its
     # chunk fills (0: chunks only by the schedule).
     playback_margin_s: float = 0.0

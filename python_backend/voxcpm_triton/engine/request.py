@@ -90,7 +90,6 @@ class RequestState:
     chunks_sent: int = 0
     patches_sent: int = 0
     first_sent_at: float | None = None  # monotonic time its first chunk went out
-    patch_at: float | None = None  # monotonic time its latest patch was delivered
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
 

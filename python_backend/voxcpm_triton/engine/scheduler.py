@@ -8,7 +8,7 @@ thread hand-off and the delivery to sinks.
 Requests are the engine's `RequestState` objects (duck-typed here). The scheduler reads
 `request_id`, `blocks_reserved`, `block_hashes`, `max_len`, `req.min_len`, `req.inference_timesteps`,
 and keeps `slot`, `block_table`, `cached_blocks`, `step`, `pending`, `pending_from`, `chunks_sent`,
-`patches_sent`, `first_sent_at`, `patch_at`; it reads `req.playback` where present;
+`patches_sent`, `first_sent_at`; it reads `req.playback` where present;
 the engine advances `launched` and `prompt_len`. Patches are opaque: they are only collected into lists.
 
 Blocks: admission reserves a request's worst case (prompt + max_len positions) as a count,
@@ -18,10 +18,8 @@ head-of-line: a request that does not fit yet is not overtaken, so it cannot sta
 
 Chunks: a request's patches go out in chunks of the sizes on `chunk_schedule` (small first, for
 time to first audio; large later, for the VAE's efficiency). With `playback_margin_s`, a request
-whose client plays as it receives (`req.playback`) and would be below the margin by its next patch
-(a step as long as the one before) does not wait for its chunk to fill: the decision is made once a
-step, so waiting for the next one costs the client a step's time. Its pending patches go out at
-once as the largest schedule size they fill
+whose client plays as it receives (`req.playback`) and is about to run out of audio does not wait
+for its chunk to fill: its pending patches go out at once as the largest schedule size they fill
 (the rest with its next chunk), or all of them if it has already run dry. Schedule sizes are
 chunk lengths the VAE has graphs for (a check across the models' parameters warns otherwise); any
 other length costs it several replays, and sending every pending patch at every early chunk
@@ -81,8 +79,7 @@ class Scheduler:
                  loop_bucket: Callable[[int], int], max_waiting: int | None = None,
                  playback_margin_s: float = 0.0, patch_seconds: float = 0.0):
         """loop_bucket(timesteps) -> the CFM loop length those timesteps run in (the step runner's).
-        playback_margin_s: send early when a client would have less audio than this left by its
-            next patch (0: never);
+        playback_margin_s: send early when a client has less audio than this left (0: never);
         patch_seconds: the audio one patch holds."""
         self.blocks = blocks
         self.block_size = block_size
@@ -227,8 +224,7 @@ class Scheduler:
         """Record the next step's patch (delivered at `now`, monotonic seconds). The stop head
         counts only after min_len steps; max_len ends the request regardless. A chunk goes out when
         it reaches its size on the schedule, with the last step, or early (a schedule size, the
-        rest held, unless the client has run dry) when its buffer would be below the playback
-        margin at the next patch, one step (the time since this request's last patch) from now."""
+        rest held, unless the client has run dry) when its buffer is below the playback margin."""
         i = st.step
         st.step += 1
         if not st.pending:
@@ -237,12 +233,10 @@ class Scheduler:
         reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
         out = StepOutput(None, st.pending_from, reason)
         left = self.buffered_s(st, now)
-        step_s = now - st.patch_at if st.patch_at is not None else 0.0  # the next patch is a step away
-        st.patch_at = now
         send = bool(reason) or len(st.pending) >= self.chunk_size(st)
         n = len(st.pending)  # patches this chunk takes
         if not send and self.playback_margin_s > 0 and getattr(st.req, "playback", True):
-            send = left is not None and left - step_s < self.playback_margin_s
+            send = left is not None and left < self.playback_margin_s
             self.early_chunks += send
             if left is None or left >= 0:  # not dry yet: a schedule size (a waiting client gets all)
                 n = max((k for k in self.chunk_schedule if k <= n), default=n)

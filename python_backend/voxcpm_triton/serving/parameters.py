@@ -112,8 +112,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("decoder", "block_size", "int", "16", "tokens per KV cache block"),
     Param("decoder", "chunk_schedule", "ints", "1,4,16", "patches per streamed chunk (the last repeats)"),
     Param("decoder", "playback_margin_ms", "ms", "100",
-          "a tts_stream client that would have less audio than this left by its next patch (playing from "
-          "its first chunk; the next patch a step as long as the last away) gets its "
+          "a tts_stream client with less audio than this left (playing from its first chunk) gets its "
           "pending patches at once, as the largest chunk_schedule size they fill (all once it ran dry), "
           "not when its chunk fills; 0: chunks by chunk_schedule only"),
     Param("decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
