@@ -32,13 +32,13 @@ def _levels(name: str) -> list:
     return load(name)["levels"]
 
 
-def _dry(lv: dict) -> str:
+def dry_counts(lv: dict) -> str:
     """Streams that ran dry, as 'N at wave w chunk c' (waves and chunks 1-based), most first."""
     dry = Counter((s["index"] + 1, dry_chunk(s)) for s in lv["streams"] if dry_chunk(s))
     return ", ".join(f"{n} w{w} c{c}" for (w, c), n in sorted(dry.items(), key=lambda d: -d[1])) or "none"
 
 
-def _dry_streams(lv: dict) -> list:
+def dry_streams(lv: dict) -> list:
     """(their lateness ms, wave, their arrival's place in their wave) for the level's streams that ran
     dry, waves and places 1-based."""
     out = []
@@ -48,7 +48,7 @@ def _dry_streams(lv: dict) -> list:
     return out
 
 
-def _who(dry: list) -> str:
+def dry_who(dry: list) -> str:
     """Where a run's dry streams were: 'wave w, arrivals a-b' for each wave."""
     waves = sorted({w for _, w, _ in dry})
     return "; ".join(f"wave {w}, arrivals {min(r for _, v, r in dry if v == w)}-{max(r for _, v, r in dry if v == w)}"
@@ -80,7 +80,7 @@ def fifty_sixth_session(res) -> list[str]:
     res["fifty_sixth"] = {
         "device": "NVIDIA H200",
         "runs": {k: {"call": call, "server": place, "code": what, "requests_per_stream": reqs,
-                     "levels": [served_row(lv) | {"streams": lv["concurrency"], "dry": _dry(lv)} for lv in levels[k]],
+                     "levels": [served_row(lv) | {"streams": lv["concurrency"], "dry": dry_counts(lv)} for lv in levels[k]],
                      "rushes": rushes[k], "late_launches": late[k]}
                  for k, (call, place, what, reqs, _) in RUNS.items()},
         "capacity_at_once": {k: cap[k] for k in SWEEPS},
@@ -109,14 +109,14 @@ def fifty_sixth_session(res) -> list[str]:
                 continue
             md.append(f"| {call} / {place} | {what} | {reqs} | {lv['concurrency']} | {lv['x_real_time']:.1f} | "
                       f"{share(lv['smooth_playback_frac'])} | {lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | "
-                      f"{_dry(lv)} | {'no rush' if rushes[k] is None else f'{rushes[k]:.0f}'}, {late[k]:.0f} |")
+                      f"{dry_counts(lv)} | {'no rush' if rushes[k] is None else f'{rushes[k]:.0f}'}, {late[k]:.0f} |")
     for name, lv in earlier.items():
         md.append(f"| earlier | {name} | 2 | 128 | {lv['x_real_time']:.1f} | {share(lv['smooth_playback_frac'])} | "
-                  f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {_dry(lv)} | |")
+                  f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {dry_counts(lv)} | |")
     w_old = wave_gaps(at("old44_c2", 128)[0], 1)
     dry_final = [d for k in RUNS if RUNS[k][2] == "final code" or k == "one_c3" for lv in at(k, 128)
-                 if (d := _dry_streams(lv))]
-    dry_norush = [d for lv in at("norush_c1", 128) if (d := _dry_streams(lv))]
+                 if (d := dry_streams(lv))]
+    dry_norush = [d for lv in at("norush_c1", 128) if (d := dry_streams(lv))]
     w_new = [wave_gaps(lv, 1) for lv in at("rush_c1", 128)]
     stalled = at("four_c3_s1", 128)[1]
     four128 = [lv["x_real_time"] for k in ("four_c3_s1", "four_c3_s3") for lv in at(k, 128) if lv is not stalled]
@@ -147,7 +147,7 @@ def fifty_sixth_session(res) -> list[str]:
            "with one sender the dry streams were second-wave newcomers but for two of the third wave. 128 at once is "
            "this code's edge, not inside it.",
            "- **How dry, and who.** The final code's runs at 128 with dry streams, and call 3's with one sender, had "
-           "them late by at most " + ", ".join(f"{max(d)[0]:.1f} ms ({_who(d)})" for d in dry_final)
+           "them late by at most " + ", ".join(f"{max(d)[0]:.1f} ms ({dry_who(d)})" for d in dry_final)
            + " (smooth playback allows 1 ms), against " + ", ".join(f"{max(d)[0]:.1f}" for d in dry_norush)
            + " ms without the rush: early arrivals of their wave, in later waves newcomers that started while the "
            "wave before was ending, all at their second chunk. That chunk, an early one of 1 patch, leaves the engine "
