@@ -6,7 +6,7 @@ import re
 
 from bench_served import share
 from summary.plots import pyplot, save_panels
-from summary.raw import HERE, load, metric_value
+from summary.raw import HERE, load, metric_value, served_row
 from summary.session55 import wave_gaps
 from summary.session56 import dry_counts, dry_streams, dry_who
 
@@ -33,16 +33,15 @@ def _send_parts(raw: str) -> dict:
     return parts | {"deliveries_averaged": int(re.search(r"n=(\d+)", line).group(1))}
 
 
-def _delivery(lv: dict) -> tuple[float, float]:
-    """A level's mean ms a delivery of the audio thread, and the share of its wall time in them."""
-    d = lv["decoder_steps"]
-    return 1000 * d["audio_send_s"] / d["audio_sends"], d["audio_send_s"] / lv["wall_s"]
-
-
 def _delivery_ms(levels: list) -> float:
-    """The mean ms a delivery over a run's levels."""
+    """The mean ms a delivery of the audio thread over levels of a run."""
     steps = [lv["decoder_steps"] for lv in levels]
     return 1000 * sum(d["audio_send_s"] for d in steps) / sum(d["audio_sends"] for d in steps)
+
+
+def _delivery(lv: dict) -> tuple[float, float]:
+    """A level's mean ms a delivery of the audio thread, and the share of its wall time in them."""
+    return _delivery_ms([lv]), lv["decoder_steps"]["audio_send_s"] / lv["wall_s"]
 
 
 def fifty_seventh_session(res) -> list[str]:
@@ -60,9 +59,7 @@ def fifty_seventh_session(res) -> list[str]:
         "device": "NVIDIA H200",
         "requests_per_stream": 3,
         "runs": {k: {"call": call, "server": place, "code": what, "early_chunks": early[k],
-                     "levels": [{"streams": lv["concurrency"], "x_real_time": lv["x_real_time"],
-                                 "smooth": lv["smooth_playback_frac"], "ttfa_p50": lv["ttfa_ms"]["p50"],
-                                 "ttfa_p95": lv["ttfa_ms"]["p95"], "dry": dry_counts(lv)}
+                     "levels": [served_row(lv) | {"streams": lv["concurrency"], "dry": dry_counts(lv)}
                                 | dict(zip(("delivery_ms", "delivery_wall_share"), _delivery(lv))) for lv in levels[k]]}
                  for k, (call, place, what, *_) in RUNS.items()},
         "send_parts_ms": parts,
