@@ -393,36 +393,6 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
         audio.stop()
 
 
-def test_stream_audio_delivers_a_batch_to_the_clients_that_run_out_of_audio_first(vae):
-    """In a batch, after the requests that end: a client that has heard nothing yet, then the one
-    with the least audio left to play, whatever order their chunks were queued in."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-
-    cfg, vae = vae
-    P, D = cfg.patch_size, cfg.feat_dim
-    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
-                        on_failure=lambda key, e: None)
-    order = []
-    try:
-        recv = {k: _Logged(k, order) for k in ("full", "new", "low", "ender")}
-        for k, r in recv.items():
-            audio.open(k, r)
-        with audio.cond:  # one round: "full" is sent 4 patches of audio, "low" 1
-            audio.chunk("full", _latents(1, 4, P, D))
-            audio.chunk("low", _latents(2, 1, P, D))
-        _wait_until(lambda: len(order) == 2, order)
-        order.clear()
-        with audio.cond:  # the next: one batch of 1 patch each, queued least urgent first
-            for i, k in enumerate(("full", "low", "new", "ender")):
-                audio.chunk(k, _latents(3 + i, 1, P, D))
-            audio.end("ender", "end")
-        _wait_until(lambda: len(order) == 5, order)
-        assert order == [("ender", 1), ("ender", "end"), ("new", 1), ("low", 1), ("full", 1)], order
-        _end_all(audio, recv, ("full", "new", "low"))
-    finally:
-        audio.stop()
-
-
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
     a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded

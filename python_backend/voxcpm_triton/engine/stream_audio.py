@@ -8,10 +8,7 @@ thread only queues a request's chunks (`chunk`) and its end (`end`). One thread 
 queued, decodes every request's pending chunks at once, in batches by length (`VAEStreams`), on a
 CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
 hands each request its audio chunk by chunk, in order, then its end: with its last chunk when both
-go in one round (one send to the client fewer), else alone. A batch's requests are delivered soonest
-deadline first: those that end, then the clients that would run out of audio first (one that has
-heard nothing yet before any), since a round of a hundred deliveries takes about as long as a
-chunk plays.
+go in one round (one send to the client fewer), else alone.
 
 With CUDA graphs, a request's last chunk is decoded padded with silence up to the next chunk
 length that has graphs, and its audio cut back: the decoder is causal, so the audio of the real
@@ -82,11 +79,6 @@ class _Request:
     def buffered_s(self, now: float) -> float | None:
         """The audio its client still has to play at `now`, if it plays from its first chunk on."""
         return None if self.first_at is None else self.sent_s - (now - self.first_at)
-
-    def runs_dry_at(self) -> float:
-        """When its client will have played all it was sent (monotonic time; -inf before its first
-        chunk: a client that has heard nothing is the most urgent)."""
-        return float("-inf") if self.first_at is None else self.first_at + self.sent_s
 
 
 class StreamAudio:
@@ -343,9 +335,8 @@ class StreamAudio:
                 undelivered.difference_update(key for key, *_ in group)
                 continue
             per_patch = audio.shape[-1] // frames * self.P  # samples
-            # Requests that end first (their clients wait for the end to send their next request),
-            # then the clients that run out of audio soonest.
-            items = sorted(zip(group, audio.numpy()), key=lambda d: (d[0][0] not in ends, d[0][1].runs_dry_at()))
+            # Requests that end first: their clients wait for the end to send their next request.
+            items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
             sends = [len(chunks) for (_, _, chunks, _), _ in items]
             for i, ((key, r, chunks, _), a) in enumerate(items):
                 # In the last batch (the round's decodes all done on the GPU), before each delivery,
