@@ -10,7 +10,8 @@
 #   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
-#   SET="model.key=value ...": those model parameters changed, in a copy of model_repository (e.g.
+#   SET="model.key=value ...": those model parameters changed, in a copy of MODEL_REPOSITORY (the
+#   checkout's model_repository unless given), checked first (scripts/repository_copy.py; e.g.
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
 #   first, together ($OUT/audio.npz) and one at a time ($OUT/audio_seq.npz), to compare two
 #   configurations' audio (--compare).
@@ -48,20 +49,10 @@ if [[ ${PREFIX:-0} == 1 ]]; then
     export VOXCPM_VOICES_DIR
 fi
 repo_arg=()
-if [[ -n ${SET:-} ]]; then
+if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter table before the server starts
     repo_copy="$(mktemp -d)/model_repository"
-    cp -r model_repository "$repo_copy"
     read -ra sets <<<"$SET"
-    for kv in "${sets[@]}"; do
-        model=${kv%%.*}; rest=${kv#*.}; key=${rest%%=*}; value=${rest#*=}
-        cfg="$repo_copy/$model/config.pbtxt"
-        if grep -q "key: \"$key\"" "$cfg"; then
-            sed -i "s|\(key: \"$key\" value { string_value: \)\"[^\"]*\"|\1\"$value\"|" "$cfg"
-        else
-            echo "parameters { key: \"$key\" value { string_value: \"$value\" } }" >>"$cfg"
-        fi
-        grep "key: \"$key\"" "$cfg"
-    done
+    python3 scripts/repository_copy.py "${MODEL_REPOSITORY:-model_repository}" "$repo_copy" "${sets[@]}" || exit 1
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS

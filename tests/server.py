@@ -410,15 +410,13 @@ def repository_copy(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str
     The models find python_backend through VOXCPM_PYTHON_BACKEND (set by triton_env)."""
     import re
 
+    from voxcpm_triton.serving.parameters import with_parameters
+
     dst = Path(dst)
     shutil.copytree(REPO / "model_repository", dst, ignore=shutil.ignore_patterns("__pycache__"))
     for model in set(parameters) | set(instances):
         cfg = dst / model / "config.pbtxt"
-        text = cfg.read_text()
-        for key, value in parameters.get(model, {}).items():
-            text, n = re.subn(rf'(key: "{key}" value {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text)
-            if n == 0:
-                text += f'\nparameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+        text = with_parameters(cfg.read_text(), parameters.get(model, {}))
         if model in instances:
             text, n = re.subn(r"count: \d+", f"count: {instances[model]}", text)
             assert n == 1, cfg

@@ -196,6 +196,28 @@ def read_pbtxt(path: str) -> tuple[dict[str, str], int | None]:
     return dict(_PARAM_RE.findall(text)), int(idle.group(1)) if idle else None
 
 
+def with_parameters(text: str, values: dict[str, str]) -> str:
+    """A config.pbtxt's `text` with each parameter of `values` (key -> string_value) set: its value
+    replaced where the key is given outside comments, else a `parameters` entry appended. Nothing
+    is checked here: `read` checks what a model is given (tests give bad values on purpose)."""
+    lines = text.splitlines()
+    for key, value in values.items():
+        if "\n" in key or '"' in key:
+            raise ValueError(f"parameter name {key!r} cannot be written to config.pbtxt")
+        quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        entry = re.compile(r'(key\s*:\s*"' + re.escape(key) + r'"\s*value\s*:?\s*\{\s*string_value\s*:\s*)'
+                           r'"(?:[^"\\]|\\.)*"')
+        found = False
+        for i, line in enumerate(lines):
+            code, hash_, comment = line.partition("#")
+            code, n = entry.subn(lambda m: m.group(1) + quoted, code)
+            if n:
+                lines[i], found = code + hash_ + comment, True
+        if not found:
+            lines.append(f'parameters {{ key: "{key}" value {{ string_value: {quoted} }} }}')
+    return "\n".join(lines) + "\n"
+
+
 def _args_config(args: dict) -> tuple[dict[str, str], int | None]:
     cfg = json.loads(args["model_config"])
     raw = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}

@@ -1,0 +1,110 @@
+"""scripts/repository_copy.py (run_served_gpu.sh's SET): a model repository copied with parameters set,
+checked as the models check them before any server starts, and `parameters.with_parameters`, which
+writes them (tests/server.py's repository_copy writes through it too)."""
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from voxcpm_triton.serving.parameters import read_pbtxt, with_parameters
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "repository_copy.py"
+
+
+def run(*args, env=None):
+    env = {k: v for k, v in os.environ.items() if k != "VOXCPM_PYTHON_BACKEND"} | (env or {})
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_it_sets_given_and_new_parameters_and_copies_the_rest_unchanged(tmp_path):
+    dst = tmp_path / "repo"
+    proc = run(REPO / "model_repository", dst, "decoder.timestep_buckets=10,100", "decoder.playback_margin_ms=150",
+               "vae_decoder.stream_idle_timeout_s=120")
+    assert proc.returncode == 0, proc.stderr
+    assert "decoder.playback_margin_ms = '150'" in proc.stdout
+    decoder, _ = read_pbtxt(dst / "decoder" / "config.pbtxt")
+    original, _ = read_pbtxt(REPO / "model_repository" / "decoder" / "config.pbtxt")
+    assert decoder == original | {"timestep_buckets": "10,100", "playback_margin_ms": "150"}
+    text = (dst / "decoder" / "config.pbtxt").read_text()
+    assert text.count('key: "playback_margin_ms"') == 1  # replaced where it was, not appended
+    vae, _ = read_pbtxt(dst / "vae_decoder" / "config.pbtxt")
+    assert vae["stream_idle_timeout_s"] == "120"
+    cmp = filecmp.dircmp(REPO / "model_repository", dst, ignore=["__pycache__", "config.pbtxt"])
+    assert not (cmp.left_only or cmp.right_only or cmp.diff_files), cmp.report()
+    for model in ("tts_stream", "tokenizer"):
+        assert filecmp.cmp(REPO / "model_repository" / model / "config.pbtxt", dst / model / "config.pbtxt",
+                           shallow=False)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("decoder=1", "is not MODEL.KEY=VALUE"),
+    ("decodr.playback_margin_ms=1", "has no model 'decodr'"),
+    ("decoder.playback_margn_ms=1", "has no parameter(s) playback_margn_ms"),
+    ("decoder.playback_margin_ms=soon", "'playback_margin_ms' of model 'decoder' must be milliseconds"),
+    ("decoder.chunk_schedule=1,4,300", "more than vae_decoder's parameter 'max_chunk_patches'"),
+])
+def test_a_bad_setting_is_named_and_leaves_no_copy(tmp_path, spec, message):
+    dst = tmp_path / "repo"
+    proc = run(REPO / "model_repository", dst, "decoder.timestep_buckets=10,100", spec)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not dst.exists()
+
+
+def test_it_refuses_an_existing_destination_and_a_missing_source(tmp_path):
+    (tmp_path / "taken").mkdir()
+    proc = run(REPO / "model_repository", tmp_path / "taken", "decoder.timestep_buckets=10,100")
+    assert proc.returncode == 2 and "exists already" in proc.stderr, proc.stderr
+    proc = run(tmp_path / "nowhere", tmp_path / "repo")
+    assert proc.returncode == 2 and "no model repository" in proc.stderr and not (tmp_path / "repo").exists()
+
+
+def test_it_checks_against_the_parameter_table_of_voxcpm_python_backend(tmp_path):
+    """Another commit's code (an A/B) has its own parameters: the copy is checked against its table."""
+    backend = tmp_path / "python_backend"
+    serving = backend / "voxcpm_triton" / "serving"
+    serving.mkdir(parents=True)
+    source = (REPO / "python_backend" / "voxcpm_triton" / "serving" / "parameters.py").read_text()
+    anchor = '    Param("decoder", "playback_margin_ms",'
+    assert anchor in source
+    extra = '    Param("decoder", "audio_senders", "int", "1", "threads sending audio (an older experiment)"),\n'
+    (serving / "parameters.py").write_text(source.replace(anchor, extra + anchor, 1))
+    spec = "decoder.audio_senders=4"
+    proc = run(REPO / "model_repository", tmp_path / "theirs", spec, env={"VOXCPM_PYTHON_BACKEND": str(backend)})
+    assert proc.returncode == 0, proc.stderr
+    assert read_pbtxt(tmp_path / "theirs" / "decoder" / "config.pbtxt")[0]["audio_senders"] == "4"
+    proc = run(REPO / "model_repository", tmp_path / "ours", spec)
+    assert proc.returncode == 2 and "audio_senders" in proc.stderr, proc.stderr
+    proc = run(REPO / "model_repository", tmp_path / "none", spec, env={"VOXCPM_PYTHON_BACKEND": str(tmp_path)})
+    assert proc.returncode == 2 and "has no voxcpm_triton/serving/parameters.py" in proc.stderr, proc.stderr
+
+
+def test_with_parameters_leaves_comments_and_escapes_values():
+    text = ('# parameters { key: "a" value { string_value: "in a comment" } }\n'
+            'parameters { key: "a" value { string_value: "1" } }  # a trailing "comment"\n'
+            'parameters { key : "b" value: { string_value : "x" } }\n')
+    out = with_parameters(text, {"a": "2", "b": 'say "hi"', "c": "new"})
+    lines = out.splitlines()
+    assert lines[0] == text.splitlines()[0]
+    assert lines[1] == 'parameters { key: "a" value { string_value: "2" } }  # a trailing "comment"'
+    assert lines[2] == 'parameters { key : "b" value: { string_value : "say \\"hi\\"" } }'
+    assert lines[3] == 'parameters { key: "c" value { string_value: "new" } }' and len(lines) == 4
+    with pytest.raises(ValueError, match="cannot be written"):
+        with_parameters(text, {'a"': "1"})
+
+
+def test_the_script_needs_no_torch(tmp_path):
+    """It runs where the server's Python has no torch (the device machine's tools, a bare host)."""
+    probe = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", probe, str(SCRIPT), str(REPO / "model_repository"),
+                           str(tmp_path / "repo"), "decoder.timestep_buckets=10,100"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(tmp_path / "repo")
