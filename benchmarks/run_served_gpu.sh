@@ -52,7 +52,8 @@ repo_arg=()
 if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter table before the server starts
     repo_copy="$(mktemp -d)/model_repository"
     read -ra sets <<<"$SET"
-    python3 scripts/repository_copy.py "${MODEL_REPOSITORY:-model_repository}" "$repo_copy" "${sets[@]}" || exit 1
+    python3 scripts/repository_copy.py "${MODEL_REPOSITORY:-model_repository}" "$repo_copy" "${sets[@]}" \
+        || { rm -rf "$(dirname "$repo_copy")"; exit 1; }
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS

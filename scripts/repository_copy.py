@@ -37,7 +37,13 @@ def _parameters_module(backend: str | None = None):
     spec = importlib.util.spec_from_file_location("voxcpm_parameters_of_backend", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - another commit's file: whatever breaks, name it
+        raise ValueError(f"{path} does not load: {type(e).__name__}: {e}") from e
+    if not all(hasattr(module, name) for name in ("TABLE", "parse_values", "read_pbtxt", "sibling_values",
+                                                  "check_invariants")):
+        raise ValueError(f"{path} has no parameter table this script can read")
     return module
 
 
@@ -79,8 +85,8 @@ def repository_copy(src: str, dst: str, specs: list[str]) -> dict[str, dict[str,
         raise ValueError(f"{dst} exists already: give a new path")
     models = sorted(m for m in os.listdir(src) if os.path.isfile(os.path.join(src, m, "config.pbtxt")))
     sets = parse_sets(specs, models)
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
     try:
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         for model, values in sets.items():
             cfg = os.path.join(dst, model, "config.pbtxt")
             with open(cfg, encoding="utf-8") as f:
@@ -102,8 +108,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         sets = repository_copy(args.src, args.dst, args.sets)
-    except ValueError as e:
-        print(f"[repository_copy] {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # shutil.Error is an OSError
+        print(f"[repository_copy] {type(e).__name__ + ': ' if isinstance(e, OSError) else ''}{e}", file=sys.stderr)
         return 2
     for model, values in sets.items():
         for key, value in values.items():

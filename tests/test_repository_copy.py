@@ -36,11 +36,15 @@ def test_it_sets_given_and_new_parameters_and_copies_the_rest_unchanged(tmp_path
     assert text.count('key: "playback_margin_ms"') == 1  # replaced where it was, not appended
     vae, _ = read_pbtxt(dst / "vae_decoder" / "config.pbtxt")
     assert vae["stream_idle_timeout_s"] == "120"
-    cmp = filecmp.dircmp(REPO / "model_repository", dst, ignore=["__pycache__", "config.pbtxt"])
-    assert not (cmp.left_only or cmp.right_only or cmp.diff_files), cmp.report()
-    for model in ("tts_stream", "tokenizer"):
-        assert filecmp.cmp(REPO / "model_repository" / model / "config.pbtxt", dst / model / "config.pbtxt",
-                           shallow=False)
+    assert _files(dst) == _files(REPO / "model_repository")
+    changed = {"decoder/config.pbtxt", "vae_decoder/config.pbtxt"}
+    for name in _files(dst) - changed:
+        assert filecmp.cmp(REPO / "model_repository" / name, dst / name, shallow=False), name
+
+
+def _files(root: Path) -> set:
+    """Every file under root (its path from root), __pycache__ left out."""
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -55,6 +59,15 @@ def test_a_bad_setting_is_named_and_leaves_no_copy(tmp_path, spec, message):
     proc = run(REPO / "model_repository", dst, "decoder.timestep_buckets=10,100", spec)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not dst.exists()
+
+
+def test_a_copy_that_fails_part_way_is_named_and_removed(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "model_repository", src, ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "decoder" / "dangling").symlink_to(tmp_path / "nowhere")
+    proc = run(src, tmp_path / "repo", "decoder.timestep_buckets=10,100")
+    assert proc.returncode == 2 and "[repository_copy] Error:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "repo").exists()
 
 
 def test_it_refuses_an_existing_destination_and_a_missing_source(tmp_path):
@@ -83,20 +96,42 @@ def test_it_checks_against_the_parameter_table_of_voxcpm_python_backend(tmp_path
     assert proc.returncode == 2 and "audio_senders" in proc.stderr, proc.stderr
     proc = run(REPO / "model_repository", tmp_path / "none", spec, env={"VOXCPM_PYTHON_BACKEND": str(tmp_path)})
     assert proc.returncode == 2 and "has no voxcpm_triton/serving/parameters.py" in proc.stderr, proc.stderr
+    (serving / "parameters.py").write_text("raise RuntimeError('an older file that breaks')\n")
+    proc = run(REPO / "model_repository", tmp_path / "broken", spec, env={"VOXCPM_PYTHON_BACKEND": str(backend)})
+    assert proc.returncode == 2 and "does not load: RuntimeError: an older file that breaks" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "broken").exists()
 
 
-def test_with_parameters_leaves_comments_and_escapes_values():
+def test_with_parameters_replaces_every_entry_of_its_key_and_leaves_comments():
     text = ('# parameters { key: "a" value { string_value: "in a comment" } }\n'
             'parameters { key: "a" value { string_value: "1" } }  # a trailing "comment"\n'
-            'parameters { key : "b" value: { string_value : "x" } }\n')
-    out = with_parameters(text, {"a": "2", "b": 'say "hi"', "c": "new"})
-    lines = out.splitlines()
-    assert lines[0] == text.splitlines()[0]
-    assert lines[1] == 'parameters { key: "a" value { string_value: "2" } }  # a trailing "comment"'
-    assert lines[2] == 'parameters { key : "b" value: { string_value : "say \\"hi\\"" } }'
-    assert lines[3] == 'parameters { key: "c" value { string_value: "new" } }' and len(lines) == 4
-    with pytest.raises(ValueError, match="cannot be written"):
-        with_parameters(text, {'a"': "1"})
+            'parameters { key : "b" value: { string_value : "x" } }\n'
+            'parameters { key: "aXb" value { string_value: "kept" } }\n'
+            'parameters { key: "a" value { string_value: "again" } }\n')
+    out = with_parameters(text, {"a": "2", "b": "10,100", "c": "/srv/new dir"})
+    assert out.splitlines() == [
+        text.splitlines()[0],
+        'parameters { key: "a" value { string_value: "2" } }  # a trailing "comment"',
+        'parameters { key : "b" value: { string_value : "10,100" } }',
+        'parameters { key: "aXb" value { string_value: "kept" } }',
+        'parameters { key: "a" value { string_value: "2" } }',
+        'parameters { key: "c" value { string_value: "/srv/new dir" } }']
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"a.b": "1"}, "letters, digits and _ only"),
+    ({'a"': "1"}, "letters, digits and _ only"),
+    ({"a": "12#8"}, "cannot hold #"),
+    ({"a": 'say "hi"'}, "cannot hold #, quotes"),
+    ({"a": "C:\\dir"}, "backslashes"),
+    ({"a": "1\n2"}, "newlines"),
+    ({"split": "1"}, "not on one line"),
+])
+def test_with_parameters_refuses_what_would_not_read_back_as_written(values, message):
+    text = ('parameters { key: "a" value { string_value: "1" } }\n'
+            'parameters {\n  key: "split"\n  value { string_value: "0" }\n}\n')
+    with pytest.raises(ValueError, match=message):
+        with_parameters(text, values)
 
 
 def test_the_script_needs_no_torch(tmp_path):

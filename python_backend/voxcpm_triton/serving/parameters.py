@@ -197,24 +197,30 @@ def read_pbtxt(path: str) -> tuple[dict[str, str], int | None]:
 
 
 def with_parameters(text: str, values: dict[str, str]) -> str:
-    """A config.pbtxt's `text` with each parameter of `values` (key -> string_value) set: its value
-    replaced where the key is given outside comments, else a `parameters` entry appended. Nothing
-    is checked here: `read` checks what a model is given (tests give bad values on purpose)."""
+    """A config.pbtxt's `text` with each parameter of `values` (key -> string_value) set: its entry's
+    value replaced where the key is given outside comments, else a `parameters` entry appended. Only
+    what `read_pbtxt` reads back as written is taken (ValueError otherwise); whether a model accepts it
+    is `read`'s to say (tests give bad values on purpose)."""
     lines = text.splitlines()
     for key, value in values.items():
-        if "\n" in key or '"' in key:
-            raise ValueError(f"parameter name {key!r} cannot be written to config.pbtxt")
-        quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        entry = re.compile(r'(key\s*:\s*"' + re.escape(key) + r'"\s*value\s*:?\s*\{\s*string_value\s*:\s*)'
-                           r'"(?:[^"\\]|\\.)*"')
+        if not re.fullmatch(r"[A-Za-z0-9_]+", key):
+            raise ValueError(f"parameter name {key!r}: letters, digits and _ only")
+        if re.search(r'[#"\\\n]', value):
+            raise ValueError(f"parameter {key!r}: value {value!r} cannot hold #, quotes, backslashes or newlines")
+        named = re.compile(r'key\s*:\s*"' + key + '"')
+        entry = re.compile(r'(key\s*:\s*"' + key + r'"\s*value\s*:?\s*\{\s*string_value\s*:\s*)"[^"]*"')
         found = False
         for i, line in enumerate(lines):
             code, hash_, comment = line.partition("#")
-            code, n = entry.subn(lambda m: m.group(1) + quoted, code)
-            if n:
-                lines[i], found = code + hash_ + comment, True
+            if not named.search(code):
+                continue
+            code, n = entry.subn(lambda m: m.group(1) + f'"{value}"', code)
+            if not n:  # an entry over several lines: appending would give the key twice
+                raise ValueError(f"parameter {key!r}: its entry on line {i + 1} is not on one line as "
+                                 "`key: \"...\" value { string_value: \"...\" }`; edit it by hand")
+            lines[i], found = code + hash_ + comment, True
         if not found:
-            lines.append(f'parameters {{ key: "{key}" value {{ string_value: {quoted} }} }}')
+            lines.append(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}')
     return "\n".join(lines) + "\n"
 
 
