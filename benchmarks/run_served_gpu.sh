@@ -57,8 +57,12 @@ if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter 
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS
+# Killed (a timeout, ^C): take the server down too; it runs in its own session, out of the signal's reach.
+trap 'echo "[run_served_gpu] interrupted: stopping the server"; [[ -n ${sup_pid:-} ]] && kill -TERM "$sup_pid" \
+    && wait "$sup_pid"; device_triton_stop; exit 143' TERM INT
 if [[ -n ${DRAIN:-} ]]; then  # under scripts/supervise.py, as scripts/serve.sh runs it (no liveness probe)
     device_env_ok || { echo "[run_served_gpu] environment incomplete"; exit 1; }
+    _dse_ports_free || exit 1
     VOXCPM_PROBE_INTERVAL=0 VOXCPM_CHECKPOINT="$CKPT" setsid python3 scripts/supervise.py -- "$TRITONSERVER_BIN" \
         --model-repository="${repo_arg[0]:-$MODEL_REPOSITORY}" --backend-directory="$TRITON_BACKEND_DIR" \
         --http-address=127.0.0.1 --http-port="$TRITON_HTTP_PORT" --grpc-address=127.0.0.1 \

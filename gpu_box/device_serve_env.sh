@@ -279,6 +279,25 @@ sys.exit(1)
 EOF
 }
 
+# _dse_ports_free: fail, naming it, when something already listens on one of the server's ports
+# (a server left over from an interrupted run would answer the readiness probe and the benchmark).
+_dse_ports_free() {
+    _dse_cfg
+    python3 - "$TRITON_HTTP_PORT" "$TRITON_GRPC_PORT" "$TRITON_METRICS_PORT" <<'EOF'
+import socket, sys
+busy = []
+for port in sys.argv[1:]:
+    with socket.socket() as s:
+        s.settimeout(1)
+        if s.connect_ex(("127.0.0.1", int(port))) == 0:
+            busy.append(port)
+if busy:
+    print(f"[device_env] port(s) {', '.join(busy)} on 127.0.0.1 already in use (a tritonserver left running?): "
+          "not starting another", file=sys.stderr)
+    sys.exit(1)
+EOF
+}
+
 # device_triton_start [MODEL_REPOSITORY] [extra tritonserver args...]: start in
 # the background (own session), wait for /v2/health/ready. PID in
 # $DEVICE_TRITON_PID, log in $DEVICE_TRITON_LOG.
@@ -287,6 +306,7 @@ device_triton_start() {
     local repo="${1:-$MODEL_REPOSITORY}"
     (($#)) && shift
     device_env_ok || { _dse_say "ERROR: environment incomplete (see the ldd lines above)"; return 1; }
+    _dse_ports_free || return 1
     : > "$DEVICE_TRITON_LOG"
     setsid "$TRITONSERVER_BIN" --model-repository="$repo" --backend-directory="$TRITON_BACKEND_DIR" \
         --http-address=127.0.0.1 --http-port="$TRITON_HTTP_PORT" \
