@@ -100,16 +100,20 @@ def test_a_chunk_longer_than_vae_decoder_takes_stops_both_models(tmp_path):
 
 
 def test_a_chunk_length_without_a_vae_graph_is_a_warning(tmp_path, caplog):
-    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"graph_patches": "1,16"}})
+    """Where vae_decoder decodes the decoder's chunks (decode_audio false), each chunk_schedule length
+    wants a graph there; with decode_audio the decoder's own VAE has a graph for each."""
+    without = {"decode_audio": "false"}
+    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"graph_patches": "1,16"}, "decoder": without})
     with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
         read(_args(repo, "decoder"), "decoder")
     assert "chunk lengths [4]" in caplog.text and "'graph_patches'" in caplog.text
-    caplog.clear()
-    repo = repository_copy(tmp_path / "eager", parameters={"vae_decoder": {"graph_patches": "1,16",
-                                                                           "cuda_graphs": "false"}})
-    with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
-        read(_args(repo, "decoder"), "decoder")
-    assert not caplog.records, "no graphs at all: nothing is missing"
+    for name, params in (("eager", {"vae_decoder": {"graph_patches": "1,16", "cuda_graphs": "false"}, "decoder": without}),
+                         ("in_decoder", {"vae_decoder": {"graph_patches": "1,16"}})):
+        caplog.clear()
+        repo = repository_copy(tmp_path / name, parameters=params)
+        with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
+            read(_args(repo, "decoder"), "decoder")
+        assert not caplog.records, f"{name}: nothing is missing"
 
 
 def test_the_stream_idle_timeout_fits_the_sequence_batchers(tmp_path):

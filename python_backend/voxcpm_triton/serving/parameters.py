@@ -249,6 +249,8 @@ def _chunk_fits(c):
 
 
 def _chunk_has_graph(c):
+    if c["decoder"]["decode_audio"]:  # the decoder decodes its chunks itself, with a graph for each length
+        return None
     missing = sorted(set(c["decoder"]["chunk_schedule"]) - set(c["vae_decoder"]["graph_patches"]))
     if missing and c["vae_decoder"]["cuda_graphs"]:
         return (f"decoder's parameter 'chunk_schedule' has chunk lengths {missing} that vae_decoder's parameter "
@@ -277,8 +279,8 @@ def _voices_dir_shared(c):
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(("decoder.chunk_schedule", "vae_decoder.max_chunk_patches"), _chunk_fits, True,
               "vae_decoder refuses a longer chunk: every stream would fail"),
-    Invariant(("decoder.chunk_schedule", "vae_decoder.cuda_graphs", "vae_decoder.graph_patches"), _chunk_has_graph,
-              False, "a chunk length without a graph only decodes slower"),
+    Invariant(("decoder.chunk_schedule", "decoder.decode_audio", "vae_decoder.cuda_graphs",
+               "vae_decoder.graph_patches"), _chunk_has_graph, False, "a chunk length without a graph only decodes slower"),
     Invariant(("vae_decoder.stream_idle_timeout_s", f"vae_decoder.{IDLE_US}"), _idle_fits, True,
               "Triton frees an idle sequence without telling the model: the model must drop its state no later"),
     Invariant(("tts.voices_dir", "tts_stream.voices_dir", "voices.voices_dir"), _voices_dir_shared, True,
