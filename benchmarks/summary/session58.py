@@ -26,11 +26,21 @@ RUNS = [(1, 1, "edf"), (1, 2, "before"),
         (3, 1, "margin150"), (3, 2, "before"), (3, 3, "edf"), (3, 4, "margin150")]
 
 
-def _raw(call: int, place: int, code: str) -> str:
+def raw_name(call: int, place: int, code: str) -> str:
+    """A server's name in raw/: {code}_call{call}_server{place}."""
     return f"{code}_call{call}_server{place}"
 
 
-def _dry_late_ms(lv: dict) -> float:
+def smooth_stats(lvs: list) -> dict:
+    """Served levels of one code: how many, how many played every stream smoothly, the least smooth share,
+    and their x real time's median and range."""
+    xrt = [lv["x_real_time"] for lv in lvs]
+    return {"levels": len(lvs), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in lvs),
+            "smooth_min": min(lv["smooth_playback_frac"] for lv in lvs), "xrt_median": statistics.median(xrt),
+            "xrt_range": [min(xrt), max(xrt)]}
+
+
+def dry_late_ms(lv: dict) -> float:
     """How late the level's latest dry stream was, ms (0 with none)."""
     return max((ms for ms, *_ in dry_streams(lv)), default=0.0)
 
@@ -39,23 +49,19 @@ def fifty_eighth_session(res) -> list[str]:
     """2026-12-02 (issue 17): 128 streams at once with 3 requests a stream: a round's batch delivered soonest
     deadline first (two placements of newcomers; reverted), and `playback_margin_ms=150`, each beside the final
     code in the same calls. Sets res["fifty_eighth"], returns the markdown, draws results_fifty_eighth.png."""
-    levels = {r: load(f"served_{_raw(*r)}_{S}.json")["levels"] for r in RUNS}
-    early = {r: metric_value(f"metrics_{_raw(*r)}_{S}.txt", "voxcpm_early_chunks_total") for r in RUNS}
+    levels = {r: load(f"served_{raw_name(*r)}_{S}.json")["levels"] for r in RUNS}
+    early = {r: metric_value(f"metrics_{raw_name(*r)}_{S}.txt", "voxcpm_early_chunks_total") for r in RUNS}
     at = lambda r, c: [lv for lv in levels[r] if lv["concurrency"] == c]  # noqa: E731
     by_code = {k: [lv for r in RUNS if r[2] == k for lv in at(r, 128)] for k in CODES}
-    stats = {k: {"levels": len(lvs), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in lvs),
-                 "smooth_min": min(lv["smooth_playback_frac"] for lv in lvs),
-                 "xrt_median": statistics.median(lv["x_real_time"] for lv in lvs),
-                 "xrt_range": [min(lv["x_real_time"] for lv in lvs), max(lv["x_real_time"] for lv in lvs)],
-                 "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
-                 "dry_late_ms_max": max(_dry_late_ms(lv) for lv in lvs)}
+    stats = {k: smooth_stats(lvs) | {"ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
+                                     "dry_late_ms_max": max(dry_late_ms(lv) for lv in lvs)}
              for k, lvs in by_code.items()}
     res["fifty_eighth"] = {
         "device": "NVIDIA H200",
         "requests_per_stream": 3,
         "runs": [{"call": call, "server": place, "code": CODES[k][0], "early_chunks": early[(call, place, k)],
                   "levels": [served_row(lv) | {"streams": lv["concurrency"], "dry": dry_counts(lv),
-                                               "dry_late_ms": _dry_late_ms(lv)} for lv in levels[(call, place, k)]]}
+                                               "dry_late_ms": dry_late_ms(lv)} for lv in levels[(call, place, k)]]}
                  for call, place, k in RUNS],
         "c128_by_code": stats,
     }
@@ -85,7 +91,7 @@ def fifty_eighth_session(res) -> list[str]:
         for lv in levels[(call, place, k)]:
             md.append(f"| {call} / {place} | {CODES[k][1]} | {lv['concurrency']} | {lv['x_real_time']:.1f} | "
                       f"{share(lv['smooth_playback_frac'])} | {lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} "
-                      f"| {dry_counts(lv)} | {_dry_late_ms(lv):.1f} | {early[(call, place, k)]:.0f} |")
+                      f"| {dry_counts(lv)} | {dry_late_ms(lv):.1f} | {early[(call, place, k)]:.0f} |")
     md += ["", "At 128 at once, by code (two levels a server):", "",
            "| code | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p95 ms, worst | "
            "latest dry stream ms |", "|---|---|---|---|---|---|---|"]

@@ -254,7 +254,7 @@ def _chunk_has_graph(c):
     missing = sorted(set(c["decoder"]["chunk_schedule"]) - set(c["vae_decoder"]["graph_patches"]))
     if missing and c["vae_decoder"]["cuda_graphs"]:
         return (f"decoder's parameter 'chunk_schedule' has chunk lengths {missing} that vae_decoder's parameter "
-                "'graph_patches' has no CUDA graph for: they decode eagerly")
+                "'graph_patches' has no CUDA graph for: they decode as graph-sized pieces")
     return None
 
 
