@@ -40,6 +40,18 @@ def smooth_stats(lvs: list) -> dict:
             "xrt_range": [min(xrt), max(xrt)]}
 
 
+def smooth_cells(st: dict) -> str:
+    """`smooth_stats` as markdown cells: levels | every stream smooth | least smooth | x real time, median (range)."""
+    return (f"{st['levels']} | {st['all_smooth']} | {share(st['smooth_min'])} | {st['xrt_median']:.1f} "
+            f"({st['xrt_range'][0]:.1f}-{st['xrt_range'][1]:.1f})")
+
+
+def level_cells(lv: dict) -> str:
+    """A served level as markdown cells: streams | x real time | smooth | TTFA p50 / p95 ms | dry | late ms."""
+    return (f"{lv['concurrency']} | {lv['x_real_time']:.1f} | {share(lv['smooth_playback_frac'])} | "
+            f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {dry_counts(lv)} | {dry_late_ms(lv):.1f}")
+
+
 def dry_late_ms(lv: dict) -> float:
     """How late the level's latest dry stream was, ms (0 with none)."""
     return max((ms for ms, *_ in dry_streams(lv)), default=0.0)
@@ -89,15 +101,11 @@ def fifty_eighth_session(res) -> list[str]:
           "(run) |", "|---|---|---|---|---|---|---|---|---|"]
     for call, place, k in RUNS:
         for lv in levels[(call, place, k)]:
-            md.append(f"| {call} / {place} | {CODES[k][1]} | {lv['concurrency']} | {lv['x_real_time']:.1f} | "
-                      f"{share(lv['smooth_playback_frac'])} | {lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} "
-                      f"| {dry_counts(lv)} | {dry_late_ms(lv):.1f} | {early[(call, place, k)]:.0f} |")
+            md.append(f"| {call} / {place} | {CODES[k][1]} | {level_cells(lv)} | {early[(call, place, k)]:.0f} |")
     md += ["", "At 128 at once, by code (two levels a server):", "",
            "| code | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p95 ms, worst | "
            "latest dry stream ms |", "|---|---|---|---|---|---|---|"]
-    md += [f"| {CODES[k][1]} | {s['levels']} | {s['all_smooth']} | {share(s['smooth_min'])} | {s['xrt_median']:.1f} "
-           f"({s['xrt_range'][0]:.1f}-{s['xrt_range'][1]:.1f}) | {s['ttfa_p95_ms_max']:.0f} | "
-           f"{s['dry_late_ms_max']:.1f} |"
+    md += [f"| {CODES[k][1]} | {smooth_cells(s)} | {s['ttfa_p95_ms_max']:.0f} | {s['dry_late_ms_max']:.1f} |"
            for k, s in stats.items()]
     gaps = {k: [wave_gaps(lv, 0)["g12"]["p50"] for lv in by_code[k]] for k in CODES}
     longer = [x - y for x, y in zip(gaps["edf"], gaps["before"])]  # level for level, both sorted by call

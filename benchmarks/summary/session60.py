@@ -7,7 +7,7 @@ from bench_served import share
 from summary.plots import pyplot, save_panels
 from summary.raw import load, metric_value, served_row, text
 from summary.session56 import dry_counts, dry_streams
-from summary.session58 import dry_late_ms, raw_name, smooth_stats
+from summary.session58 import dry_late_ms, level_cells, raw_name, smooth_cells, smooth_stats
 
 S = "sixtieth"
 # key -> its code, a short name, its colour in the plot; 3 requests a stream, timestep_buckets 10,100
@@ -132,9 +132,7 @@ def sixtieth_session(res) -> list[str]:
     for call, place, k in RUNS:
         r = (call, place, k)
         for lv in levels[r]:
-            md.append(f"| {call} / {place} | {CODES[k][1]} | {lv['concurrency']} | {lv['x_real_time']:.1f} | "
-                      f"{share(lv['smooth_playback_frac'])} | {lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} "
-                      f"| {dry_counts(lv)} | {dry_late_ms(lv):.1f} | {early[r]:.0f} | {busy[r]:.0f} |")
+            md.append(f"| {call} / {place} | {CODES[k][1]} | {level_cells(lv)} | {early[r]:.0f} | {busy[r]:.0f} |")
     base_first = [starts[r]["decode_graphs_s"] for r in RUNS if r[1] == 1]
     md += ["", "Not measured: the busy schedule's servers of calls 2 and 3, each stopped during its first level:", ""]
     for c, p, k, lim in KILLED:
@@ -151,9 +149,8 @@ def sixtieth_session(res) -> list[str]:
            "At 128 at once (call 1 is the only call where both codes ran):", "",
            "| levels of | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p50 ms | "
            "TTFA p95 ms, worst | dry streams, first wave / later |", "|---|---|---|---|---|---|---|---|"]
-    md += [f"| {name} | {st['levels']} | {st['all_smooth']} | {share(st['smooth_min'])} | {st['xrt_median']:.1f} "
-           f"({st['xrt_range'][0]:.1f}-{st['xrt_range'][1]:.1f}) | {_span(st['ttfa_p50_ms'])} "
-           f"| {st['ttfa_p95_ms_max']:.0f} | {st['first_wave_dry']} / {st['later_waves_dry']} |"
+    md += [f"| {name} | {smooth_cells(st)} | {_span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
+           f"{st['first_wave_dry']} / {st['later_waves_dry']} |"
            for name, st in by_row.items()]
     nb, b1, ball = by_row["busy, call 1"], by_row["code before, call 1"], by_row["code before, all"]
     later_by = [nb["ttfa_p50_ms"][0] - b1["ttfa_p50_ms"][1], nb["ttfa_p50_ms"][1] - b1["ttfa_p50_ms"][0]]
@@ -183,7 +180,7 @@ def sixtieth_session(res) -> list[str]:
            "results.json's headline keys stay the fifty-fifth session's.", "",
            "![sixtieth session: 128 streams at once per level, smoothness against first audio](results_sixtieth.png)",
            ""]
-    _plot({k: {c: [lv for lv in c128(k, (c,))] for c in (1, 2, 3)} for k in CODES})
+    _plot({k: {c: c128(k, (c,)) for c in (1, 2, 3)} for k in CODES})
     return md
 
 
