@@ -10,6 +10,7 @@
 #   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
+#   TRITON_ARGS: more tritonserver arguments (split on spaces), e.g. --backend-config=python,...
 #   SET="model.key=value ...": those model parameters changed, in a copy of MODEL_REPOSITORY (the
 #   checkout's model_repository unless given), checked first (scripts/repository_copy.py; e.g.
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
@@ -74,7 +75,8 @@ if [[ -n ${DRAIN:-} ]]; then  # under scripts/supervise.py, as scripts/serve.sh 
         tail -n 60 "$OUT/tritonserver.log"; kill -TERM "$sup_pid"; wait "$sup_pid"
         echo "[run_served_gpu] tritonserver did not start"; exit 1
     fi
-elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" device_triton_start "${repo_arg[@]}"; then
+elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" \
+    device_triton_start "${repo_arg[0]:-$MODEL_REPOSITORY}" ${TRITON_ARGS:-}; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"

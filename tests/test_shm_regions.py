@@ -1,0 +1,33 @@
+"""benchmarks/shm_regions.py: a real tritonserver (tiny checkpoint, CPU) with its own region prefix, a burst
+of streams, the regions' sizes and the burst's figures; nothing of it left behind."""
+
+import glob
+import json
+import subprocess
+import sys
+
+from tests.conftest import require_module
+
+require_module("tritonclient.grpc", "tritonclient[all] in requirements.txt")
+
+from tests.server import REPO  # noqa: E402
+
+
+def _run(tmp_path, *server_args):
+    out = tmp_path / "shm.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "shm_regions.py"), "--streams", "2", "--patches",
+                           "4", "--bursts", "1", "--json-out", str(out), "--", *server_args],
+                          capture_output=True, text=True, timeout=600, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_reports_its_own_regions_and_leaves_none(tmp_path):
+    before = set(glob.glob("/dev/shm/*"))
+    d = _run(tmp_path, "--backend-config=python,shm-default-byte-size=3145728")
+    # one region per Python model instance, each at the default size it was given (3 MiB), none of another server's
+    assert len(d["after_start_mib"]) >= 8 and set(d["after_start_mib"]) == {3}, d
+    (burst,) = d["bursts"]
+    assert burst["x_real_time"] > 0 and burst["ttfa_ms_p50"] > 0 and burst["delivery_ms"] > 0, burst
+    assert len(burst["sizes_mib"]) == len(d["after_start_mib"]) and min(burst["sizes_mib"]) >= 3, burst
+    assert set(glob.glob("/dev/shm/*")) <= before  # the server's regions went with it
