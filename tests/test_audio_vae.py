@@ -538,3 +538,44 @@ def test_vae_streams_cover_a_length_without_a_graph_with_graph_pieces():
     assert streams.pieces(2, 33, past_longest=True) is None
     streams.graphs = {(1, 8): object()}
     assert streams.pieces(1, 6) is None
+
+
+def test_vae_streams_eager_pad_runs_few_shapes_with_the_same_audio_and_state():
+    """eager_pad: an eager decode runs padded with scratch rows to a multiple of EAGER_ROWS, its audio and
+    every stream's state as unpadded; eager_shapes lists the padded shapes past the graphs, and warm_eager
+    runs them on the scratch row alone, zeroed after."""
+    from voxcpm_triton.engine.vae_streams import EAGER_ROWS, VAEStreams
+
+    _, ours = _pair("realish")
+    P = 2
+    plain, padded = (VAEStreams(ours, patch_size=P, max_streams=12, graph_patches=(1, 4), eager_pad=pad)
+                     for pad in (False, True))
+    seen = []
+    body = padded._body
+    padded._body = lambda idx, z: seen.append(tuple(z.shape)) or body(idx, z)
+    zs = {k: _latents(ours, 1, 12, seed=40 + k) for k in range(1, 11)}
+    for s in (plain, padded):
+        for k in zs:
+            s.open(k)
+    got = {id(s): [] for s in (plain, padded)}
+    for keys, (a, b) in (((1, 2, 3), (0, 2)), (tuple(range(1, 11)), (2, 8)), ((4, 9), (8, 12))):
+        z = torch.cat([zs[k][..., a:b] for k in keys])
+        for s in (plain, padded):
+            got[id(s)].append(s.decode(list(keys), z))
+    assert seen == [(EAGER_ROWS, ours.latent_dim, 2), (2 * EAGER_ROWS, ours.latent_dim, 6),
+                    (EAGER_ROWS, ours.latent_dim, 4)]
+    for x, y in zip(got[id(plain)], got[id(padded)]):
+        assert x.shape == y.shape and (x - y).abs().max().item() <= 1e-5
+    for p, q in zip(plain.pools, padded.pools):  # every stream's state as unpadded; the scratch row aside
+        assert (p[1:] - q[1:]).abs().max().item() <= 1e-5
+
+    # Past the graphs only: here (1, 1) and (2, 4) patches have graphs (their keys are what counts).
+    padded.graphs = {(b, n * P): object() for b in (1, 2) for n in (1, 4)}
+    assert padded.pieces(2, 8) == [8] and padded.pieces(3, 2) is None
+    assert padded.eager_shapes(12) == [(8, 2), (8, 8), (16, 2), (16, 8)]
+    padded.graphs, seen[:] = {}, []
+    before = [p[1:].clone() for p in padded.pools]
+    assert padded.warm_eager(12) == 4 == len(seen)
+    assert all((p[1:] == b).all() for p, b in zip(padded.pools, before))
+    assert all(p[0].count_nonzero() == 0 for p in padded.pools)
+    assert plain.eager_shapes(3) == [(b, f) for b in (1, 2, 3) for f in (2, 8)]  # unpadded: each batch size

@@ -935,3 +935,44 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     for _ in range(3):
         other(chunk)
     assert sender.asked == 3 and [k for k, _ in audio.chunks] == ["k", "j", "j", "j"]
+
+
+def test_stream_audio_pads_eager_decodes_only_with_graphs_and_runs_their_shapes_at_start(vae, caplog):
+    """eager_pad reaches the VAE streams only with cuda_graphs (without graphs every decode is eager and
+    padding only adds to it); with it, StreamAudio runs every padded shape once before its thread starts,
+    and the audio it then delivers is the unpadded decode's."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.engine.vae_streams import EAGER_ROWS
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    off = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4), on_failure=None,
+                      eager_pad=True, warm_streams=4)
+    off.stop()
+    assert not off.streams.eager_pad
+    caplog.set_level("INFO", logger="voxcpm_triton.stream_audio")
+    # cuda_graphs asked for on the CPU: no graph is captured, so every decode is past the graphs
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=True, graph_patches=(1, 4), on_failure=None,
+                        eager_pad=True, warm_streams=4)
+    try:
+        assert audio.streams.eager_pad and not audio.streams.graphs
+        assert "2 eager decode shapes run once" in caplog.text  # (8 rows) x (1, 4 patches)
+        shapes = []
+        body = audio.streams._body
+        audio.streams._body = lambda idx, z: shapes.append(len(idx)) or body(idx, z)
+        lats = [_latents(i, 5, P, D) for i in range(2)]
+        recv = [_Receiver() for _ in lats]
+        with audio.cond:
+            for i, r in enumerate(recv):
+                audio.open(("r", i), r)
+            for i, lat in enumerate(lats):
+                audio.chunk(("r", i), lat[:1])
+                audio.chunk(("r", i), lat[1:5])
+                audio.end(("r", i), "done")
+        for i, r in enumerate(recv):
+            assert r.done.wait(60) and r.end == "done"
+            got = np.concatenate([a for _, a in r.chunks])
+            assert np.abs(got - _whole(vae, lats[i], None)).max() <= 1e-4, i
+        assert shapes and set(shapes) == {EAGER_ROWS}, shapes
+    finally:
+        audio.stop()
