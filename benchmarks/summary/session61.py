@@ -20,6 +20,8 @@ CODES = {
 }
 # (call, server's place in its call, code key); raw name {code}_call{call}_server{place}
 RUNS = [(1, 1, "two"), (1, 2, "base"), (2, 1, "base"), (2, 2, "two"), (2, 3, "base"), (3, 1, "shm"), (3, 2, "base")]
+# the fifty-third session's eager VAE decodes, each shape's first and second run (fresh caches)
+FIRST_RUNS = "vae_first_before_cold_fiftythird.json"
 # the CPU runs of benchmarks/shm_regions.py: (raw name, what it ran)
 CPU_SHM = [(f"shm_regions_cpu_{v}_{i}_{S}.json", v) for i in (1, 2, 3) for v in ("default", "growth64")]
 
@@ -83,6 +85,13 @@ def sixty_first_session(res) -> list[str]:
         + [sm / 100 for _, code, n, _, sm, _ in session60.FIFTY_NINTH if n == 128 and code == "code before"],
     }
     cpu = [(load(name), v) for name, v in CPU_SHM]
+    extra, largest = {"all": [], "smaller": []}, 0
+    for d in load(FIRST_RUNS)["decodes"]:
+        if d["eager"]:
+            extra["all"].append(d["first_ms"] - d["second_ms"])
+            if d["streams"] * d["patches"] <= largest:
+                extra["smaller"].append(d["first_ms"] - d["second_ms"])
+        largest = max(largest, d["streams"] * d["patches"])
 
     res["sixty_first"] = {
         "device": "NVIDIA H200",
@@ -98,6 +107,7 @@ def sixty_first_session(res) -> list[str]:
                                for k, lvs in fl.items()} for name, fl in first_later.items()},
         "pooled_c128_all_smooth": {name: [sum(x == 1 for x in fr), len(fr)] for name, fr in pooled.items()},
         "cpu_shm_regions": [{"server": v, **d} for d, v in cpu],
+        "eager_first_run_extra_ms_fiftythird": extra,
     }
 
     md = ["", "## Sixty-first session (2026-12-03, H200): a first chunk of two patches at 128 at once re-measured "
@@ -183,16 +193,21 @@ def sixty_first_session(res) -> list[str]:
            f"{' -> '.join(f'{delivery_ms(lv):.2f}' for lv in shm1)} ms against "
            f"{' -> '.join(f'{delivery_ms(lv):.2f}' for lv in base3)}. One server each: not enough to tell, and no "
            "level of either was all smooth. Not adopted.",
-           "- The lead for the next GPU call: the audio thread's eager VAE decodes. The VAE's graphs hold at most 256 "
-           "patches a replay, so with more than 64 streams a 4-patch chunk, and with more than 16 a 16-patch one, "
-           "decodes eagerly; a 64-stream level never makes the 4-patch decodes of 65-128 streams, nor the 16-patch ones "
-           "past 64. The fifty-third session measured an eager shape's first run 3-22 ms slower than its second "
-           "(`benchmarks/vae_first_decodes.py`, shapes of growing size one after another). A first burst of 128 meets "
-           "such shapes for the first time (each batch size a round's 4- and 16-patch decodes take), at its second and "
-           "third chunks, where the dry streams are. "
-           "Whether that cost is the CUDA caching allocator's growth (then one eager decode of the largest shape at "
-           "start-up would take it) or per shape was not measured; the run to make: that warm-up against the default "
-           "at LEVELS 128,128, several servers each.",
+           "- The lead for the next GPU call: the audio thread's eager VAE decodes. The VAE's graphs cover at most 64 "
+           "streams and 256 patches a replay, so a round of more than 64 streams, or of more than 16 with 16-patch "
+           "chunks, decodes eagerly, each batch size a shape of its own; a 64-stream level never makes the decodes of "
+           "65-128 streams. The fifty-third session timed each eager shape's first and second run after a served "
+           f"start-up (`raw/{FIRST_RUNS}`, fresh caches, 17-100 streams x 2-16 patches): the first run took "
+           f"{_span(extra['all'], '{:.1f}')} ms more (median {statistics.median(extra['all']):.1f}), and the "
+           f"{len(extra['smaller'])} shapes no larger than one run before them "
+           f"{_span(extra['smaller'], '{:.1f}')} ms more (median {statistics.median(extra['smaller']):.1f}): a cost "
+           "per shape, not the CUDA caching allocator's growth. A first burst of 128 meets such shapes for the "
+           "first time at its second and third chunks, where its dry streams are. `decoder.audio_eager_pad` (new, "
+           "off: the code of this section's last commit) pads such a decode with scratch rows to a multiple of 8 "
+           "streams and runs each of those shapes once at start-up (30 shapes for 128 streams and chunks of 1, 4, "
+           "16 patches); its CPU tests check the audio and every stream's state against the unpadded decode. The "
+           "run to make: `SET=\"decoder.timestep_buckets=10,100 decoder.audio_eager_pad=true\"` against the "
+           "default at LEVELS 128,128, several servers each, and its start-up time.",
            "- On the CPU (this machine, the tiny checkpoint; `benchmarks/shm_regions.py`, new: a real server, "
            "three bursts of 32 streams of 40 patches, each server's run in a process of its own, the two settings "
            "alternating; the regions' sizes after each burst, MiB, only those that grew):", "",
