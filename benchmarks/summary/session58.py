@@ -52,6 +52,22 @@ def level_cells(lv: dict) -> str:
             f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {dry_counts(lv)} | {dry_late_ms(lv):.1f}")
 
 
+def crowd_stats(lvs: list) -> dict:
+    """`smooth_stats` of served levels, with their TTFA p50 range, their worst TTFA p95 and their dry streams
+    of the first wave and of later ones."""
+    return smooth_stats(lvs) | {
+        "ttfa_p50_ms": [min(lv["ttfa_ms"]["p50"] for lv in lvs), max(lv["ttfa_ms"]["p50"] for lv in lvs)],
+        "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
+        "first_wave_dry": sum(w == 1 for lv in lvs for _, w, _ in dry_streams(lv)),
+        "later_waves_dry": sum(w > 1 for lv in lvs for _, w, _ in dry_streams(lv))}
+
+
+def span(values, fmt="{:.0f}") -> str:
+    """'lo-hi' of values as fmt writes them, or one value where both read the same."""
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
 def dry_late_ms(lv: dict) -> float:
     """How late the level's latest dry stream was, ms (0 with none)."""
     return max((ms for ms, *_ in dry_streams(lv)), default=0.0)

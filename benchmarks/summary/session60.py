@@ -6,8 +6,8 @@ import statistics
 from bench_served import share
 from summary.plots import pyplot, save_panels
 from summary.raw import load, metric_value, served_row, text
-from summary.session56 import dry_counts, dry_streams
-from summary.session58 import dry_late_ms, level_cells, raw_name, smooth_cells, smooth_stats
+from summary.session56 import dry_counts
+from summary.session58 import crowd_stats, dry_late_ms, level_cells, raw_name, smooth_cells, span
 
 S = "sixtieth"
 # key -> its code, a short name, its colour in the plot; 3 requests a stream, timestep_buckets 10,100
@@ -47,10 +47,6 @@ def _start(call: int, place: int, code: str) -> dict:
             "decode_graphs_s": float(re.search(r"decode-step graphs \([^)]*\) in ([\d.]+) s", log).group(1))}
 
 
-def _span(values, fmt="{:.0f}") -> str:
-    lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
-
 
 def sixtieth_session(res) -> list[str]:
     """2026-12-02/03 (issue 17): a longer first chunk at 128 at once; the fifty-ninth session's fixed 2,4,16
@@ -64,16 +60,10 @@ def sixtieth_session(res) -> list[str]:
     at = lambda r, c: [lv for lv in levels[r] if lv["concurrency"] == c]  # noqa: E731
     c128 = lambda code, calls: [lv for r in RUNS if r[2] == code and r[0] in calls for lv in at(r, 128)]  # noqa: E731
 
-    def stats(lvs):
-        return smooth_stats(lvs) | {
-            "ttfa_p50_ms": [min(lv["ttfa_ms"]["p50"] for lv in lvs), max(lv["ttfa_ms"]["p50"] for lv in lvs)],
-            "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
-            "first_wave_dry": sum(w == 1 for lv in lvs for _, w, _ in dry_streams(lv)),
-            "later_waves_dry": sum(w > 1 for lv in lvs for _, w, _ in dry_streams(lv))}
 
     # call 1 is the only call where both codes ran: it leads; every call's levels of the code before after it
-    by_row = {"busy, call 1": stats(c128("busy", (1,))), "code before, call 1": stats(c128("base", (1,))),
-              "code before, calls 2-3": stats(c128("base", (2, 3))), "code before, all": stats(c128("base", (1, 2, 3)))}
+    by_row = {"busy, call 1": crowd_stats(c128("busy", (1,))), "code before, call 1": crowd_stats(c128("base", (1,))),
+              "code before, calls 2-3": crowd_stats(c128("base", (2, 3))), "code before, all": crowd_stats(c128("base", (1, 2, 3)))}
     res["sixtieth"] = {
         "device": "NVIDIA H200",
         "requests_per_stream": 3,
@@ -98,8 +88,8 @@ def sixtieth_session(res) -> list[str]:
           "", "Each server: `ARRIVALS=burst REQUESTS=3 bash benchmarks/run_served_gpu.sh` with `timestep_buckets` "
           "10,100 (`SET`), one after another in a device call, under a time limit of the harness's (a few minutes; "
           "not in `raw/`). A call's first server compiles from scratch (ready in "
-          f"{_span([x['ready_s'] for x in firsts])} s this session), the others find the compile caches "
-          f"({_span(later)} s).", "",
+          f"{span([x['ready_s'] for x in firsts])} s this session), the others find the compile caches "
+          f"({span(later)} s).", "",
           "**Fifty-ninth session** (the code of 5b285d1). Its device files were lost when the session was cut off "
           "before it copied them into `raw/`: the figures below are its working notes' (the module's `FIFTY_NINTH`), "
           "without the dry-stream detail. `chunk_schedule 2,4,16` sets the first chunk to two patches for every "
@@ -143,13 +133,13 @@ def sixtieth_session(res) -> list[str]:
                   f"{st['decode_graphs_s']:.0f} s), {why}")
     xr = lambda calls: [lv["x_real_time"] for lv in c128("base", calls)]  # noqa: E731
     md += ["", f"Call 3's machine was slower throughout: its first server captured its decode graphs in "
-           f"{starts[(3, 1, 'busy')]['decode_graphs_s']:.0f} s against {_span(base_first)} s for the first servers "
-           f"of calls 1 and 2, and the code before made {_span(xr((3,)), '{:.1f}')}x there against "
-           f"{_span(xr((1, 2)), '{:.1f}')}x in calls 1 and 2.", "",
+           f"{starts[(3, 1, 'busy')]['decode_graphs_s']:.0f} s against {span(base_first)} s for the first servers "
+           f"of calls 1 and 2, and the code before made {span(xr((3,)), '{:.1f}')}x there against "
+           f"{span(xr((1, 2)), '{:.1f}')}x in calls 1 and 2.", "",
            "At 128 at once (call 1 is the only call where both codes ran):", "",
            "| levels of | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p50 ms | "
            "TTFA p95 ms, worst | dry streams, first wave / later |", "|---|---|---|---|---|---|---|---|"]
-    md += [f"| {name} | {smooth_cells(st)} | {_span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
+    md += [f"| {name} | {smooth_cells(st)} | {span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
            f"{st['first_wave_dry']} / {st['later_waves_dry']} |"
            for name, st in by_row.items()]
     nb, b1, ball = by_row["busy, call 1"], by_row["code before, call 1"], by_row["code before, all"]
@@ -162,8 +152,8 @@ def sixtieth_session(res) -> list[str]:
            f"the code before played {ball['all_smooth']} of {ball['levels']} levels smoothly. Its streams that ran dry "
            f"were second-wave ones ({nb['later_waves_dry']}), the code before's in call 1 first-wave ones "
            f"({b1['first_wave_dry']}, one level): too few levels to say it moves them. It costs first audio in the "
-           f"crowd: TTFA p50 {_span(nb['ttfa_p50_ms'])} ms against {_span(b1['ttfa_p50_ms'])} in call 1 "
-           f"({_span(later_by)} ms later; presumably a step's wait for the second patch). Throughput was the same "
+           f"crowd: TTFA p50 {span(nb['ttfa_p50_ms'])} ms against {span(b1['ttfa_p50_ms'])} in call 1 "
+           f"({span(later_by)} ms later; presumably a step's wait for the second patch). Throughput was the same "
            f"({nb['xrt_median']:.1f}x against {b1['xrt_median']:.1f}x median in call 1). Fewer early chunks went "
            f"out (call 1's runs, the same levels: "
            + ", ".join(f"{early[r]:.0f}" for r in call1 if r[2] == "busy") + " against "

@@ -6,8 +6,8 @@ from bench_served import share
 from summary import session60
 from summary.plots import pyplot, save_panels
 from summary.raw import load, metric_value, served_row
-from summary.session56 import dry_counts, dry_streams
-from summary.session58 import dry_late_ms, level_cells, raw_name, smooth_cells, smooth_stats
+from summary.session56 import dry_counts
+from summary.session58 import crowd_stats, dry_late_ms, level_cells, raw_name, smooth_cells, span
 
 S = "sixtyfirst"
 SHM_ARGS = ("--backend-config=python,shm-default-byte-size=134217728 "
@@ -43,10 +43,6 @@ def _places(runs: list, levels: dict, code: str) -> dict:
     return out
 
 
-def _span(values, fmt="{:.0f}") -> str:
-    lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
-
 
 def sixty_first_session(res) -> list[str]:
     """2026-12-03 (issue 17): the fifty-ninth session's fixed 2,4,16 schedule re-measured at 128 at once; a
@@ -59,15 +55,9 @@ def sixty_first_session(res) -> list[str]:
     # the sixtieth session's servers of the code before (raw), for the first-burst count
     levels60 = {r: load(f"served_{raw_name(*r)}_{session60.S}.json")["levels"] for r in session60.RUNS}
 
-    def stats(lvs):
-        return smooth_stats(lvs) | {
-            "ttfa_p50_ms": [min(lv["ttfa_ms"]["p50"] for lv in lvs), max(lv["ttfa_ms"]["p50"] for lv in lvs)],
-            "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
-            "first_wave_dry": sum(w == 1 for lv in lvs for _, w, _ in dry_streams(lv)),
-            "later_waves_dry": sum(w > 1 for lv in lvs for _, w, _ in dry_streams(lv))}
 
-    by_row = {"2,4,16, calls 1-2": stats(c128("two", (1, 2))), "code before, calls 1-2": stats(c128("base", (1, 2))),
-              "code before, call 3": stats(c128("base", (3,))), "128 MiB regions, call 3": stats(c128("shm", (3,)))}
+    by_row = {"2,4,16, calls 1-2": crowd_stats(c128("two", (1, 2))), "code before, calls 1-2": crowd_stats(c128("base", (1, 2))),
+              "code before, call 3": crowd_stats(c128("base", (3,))), "128 MiB regions, call 3": crowd_stats(c128("shm", (3,)))}
     one = {r: at(r, 1)[0] for r in RUNS if at(r, 1)}
     # first bursts: this session's and the sixtieth's servers of the code before, and this session's 2,4,16
     places = {"code before": _places(RUNS, levels, "base"), "2,4,16": _places(RUNS, levels, "two")}
@@ -131,7 +121,7 @@ def sixty_first_session(res) -> list[str]:
     md += ["", "At 128 at once:", "",
            "| levels of | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p50 ms | "
            "TTFA p95 ms, worst | dry streams, first wave / later |", "|---|---|---|---|---|---|---|---|"]
-    md += [f"| {name} | {smooth_cells(st)} | {_span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
+    md += [f"| {name} | {smooth_cells(st)} | {span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
            f"{st['first_wave_dry']} / {st['later_waves_dry']} |" for name, st in by_row.items()]
     two, base = by_row["2,4,16, calls 1-2"], by_row["code before, calls 1-2"]
     one_two = [one[r]["ttfa_ms"]["p50"] for r in one if r[2] == "two"]
@@ -148,19 +138,19 @@ def sixty_first_session(res) -> list[str]:
            f"{two['all_smooth']} of {two['levels']} levels against {base['all_smooth']} of {base['levels']} for the "
            f"code before in the same calls; no early chunks at all ({', '.join(f'{early[r]:.0f}' for r in RUNS if r[2] == 'two')} "
            f"against {', '.join(f'{early[r]:.0f}' for r in RUNS if r[2] == 'base' and r[0] < 3)}). First audio came "
-           f"later: TTFA p50 {_span(two['ttfa_p50_ms'])} ms at 128 against {_span(base['ttfa_p50_ms'])}, p95 up to "
+           f"later: TTFA p50 {span(two['ttfa_p50_ms'])} ms at 128 against {span(base['ttfa_p50_ms'])}, p95 up to "
            f"{two['ttfa_p95_ms_max']:.0f} against {base['ttfa_p95_ms_max']:.0f} ms; one stream's TTFA p50 "
            f"{' and '.join(f'{x:.1f}' for x in one_two)} ms against {', '.join(f'{x:.1f}' for x in one_base)} "
            "(issue 17 asks <= 25 ms). x real time median "
            f"{two['xrt_median']:.1f} against {base['xrt_median']:.1f}; call 1's 2,4,16 server, the first of its "
-           f"machine, made {_span([lv['x_real_time'] for lv in c1_two], '{:.1f}')}x with "
-           f"{_span([lv['decoder_steps']['late_launches'] for lv in c1_two])} steps launched late a level (the code "
-           f"before in the same call: {_span([lv['decoder_steps']['late_launches'] for lv in c128('base', (1,))])}).",
+           f"machine, made {span([lv['x_real_time'] for lv in c1_two], '{:.1f}')}x with "
+           f"{span([lv['decoder_steps']['late_launches'] for lv in c1_two])} steps launched late a level (the code "
+           f"before in the same call: {span([lv['decoder_steps']['late_launches'] for lv in c128('base', (1,))])}).",
            "- Every level of 128 at once measured so far, every stream smooth (the fifty-ninth session's from its "
            "notes, the sixtieth's code before, this session's calls 1-3): "
            + "; ".join(f"{name} {sum(x == 1 for x in fr)} of {len(fr)}" for name, fr in pooled.items())
            + f". The default stays 1,4,16: 2,4,16 would miss the one-stream first-audio target, and at 128 at once "
-           f"its TTFA p50 was {_span(later_by)} ms later. README's `chunk_schedule` row now says when 2,4,16 is the "
+           f"its TTFA p50 was {span(later_by)} ms later. README's `chunk_schedule` row now says when 2,4,16 is the "
            "better choice.", "",
            "**A fresh server's first burst** (this session's and the sixtieth session's servers of the code before, "
            "and this session's 2,4,16; a server's 128-stream levels by their place: its first, or a later one):", "",
@@ -187,7 +177,7 @@ def sixty_first_session(res) -> list[str]:
            "time, and the audio chunks are up to 0.5 MB each. Call 3 ran one server with 128 MiB regions grown by 64 "
            f"MiB (its region in `raw/shm_snapshot_shm_call3_server1_{S}.txt`: 134217728 bytes, against 1048576 for "
            f"the code before's, `raw/shm_snapshot_base_call3_server2_{S}.txt`) beside the code before on a slower "
-           f"machine (x real time {_span([lv['x_real_time'] for lv in shm1 + base3], '{:.1f}')}): smooth "
+           f"machine (x real time {span([lv['x_real_time'] for lv in shm1 + base3], '{:.1f}')}): smooth "
            f"{', '.join(share(lv['smooth_playback_frac']) for lv in shm1)} with it against "
            f"{', '.join(share(lv['smooth_playback_frac']) for lv in base3)}, delivery "
            f"{' -> '.join(f'{delivery_ms(lv):.2f}' for lv in shm1)} ms against "
@@ -198,9 +188,9 @@ def sixty_first_session(res) -> list[str]:
            "chunks, decodes eagerly, each batch size a shape of its own; a 64-stream level never makes the decodes of "
            "65-128 streams. The fifty-third session timed each eager shape's first and second run after a served "
            f"start-up (`raw/{FIRST_RUNS}`, fresh caches, 17-100 streams x 2-16 patches): the first run took "
-           f"{_span(extra['all'], '{:.1f}')} ms more (median {statistics.median(extra['all']):.1f}), and the "
+           f"{span(extra['all'], '{:.1f}')} ms more (median {statistics.median(extra['all']):.1f}), and the "
            f"{len(extra['smaller'])} shapes no larger than one run before them "
-           f"{_span(extra['smaller'], '{:.1f}')} ms more (median {statistics.median(extra['smaller']):.1f}): a cost "
+           f"{span(extra['smaller'], '{:.1f}')} ms more (median {statistics.median(extra['smaller']):.1f}): a cost "
            "per shape, not the CUDA caching allocator's growth. A first burst of 128 meets such shapes for the "
            "first time at its second and third chunks, where its dry streams are. `decoder.audio_eager_pad` (new, "
            "off: the code of this section's last commit) pads such a decode with scratch rows to a multiple of 8 "
