@@ -155,8 +155,8 @@ PARAMETERS: tuple[Param, ...] = (
           "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
           "at some throughput); false: every chunk waits for the next round"),
     Param("decoder", "audio_eager_pad", "bool", "false",
-          "with decode_audio on a GPU: the audio decodes past the VAE's CUDA graphs (over 64 streams, or a chunk "
-          "past 256 patches) run padded to a multiple of 8 streams, and each of those shapes once at start-up, "
+          "with decode_audio on a GPU: the audio decodes past the VAE's CUDA graphs (over 64 streams, or over 256 "
+          "patches in a batch bucket) run padded to a multiple of 8 streams, and each of those shapes once at start-up, "
           "where each new batch size would otherwise cost its first decode in serving 3-30 ms more; off until "
           "measured served"),
     Param("decoder", "prefill_pack_graphs", "bool", "true",
