@@ -572,10 +572,15 @@ def test_vae_streams_eager_pad_runs_few_shapes_with_the_same_audio_and_state():
     # Past the graphs only: here (1, 1) and (2, 4) patches have graphs (their keys are what counts).
     padded.graphs = {(b, n * P): object() for b in (1, 2) for n in (1, 4)}
     assert padded.pieces(2, 8) == [8] and padded.pieces(3, 2) is None
-    assert padded.eager_shapes(12) == [(8, 2), (8, 8), (16, 2), (16, 8)]
-    padded.graphs, seen[:] = {}, []
+    # every length up to the longest graph's (a round merges a stream's chunks up to it): 2, 4, 6, 8 frames;
+    # 4 and 6 at 1-2 streams are graph pieces
+    shapes = [(rows, f) for rows in (8, 16) for f in (2, 4, 6, 8)]
+    assert padded.eager_shapes(12) == shapes
+    seen[:] = []
     before = [p[1:].clone() for p in padded.pools]
-    assert padded.warm_eager(12) == 4 == len(seen)
+    padded.graphs = {}  # the warm-up runs the shapes it was asked for (eager_shapes is patched to those)
+    padded.eager_shapes = lambda n: shapes
+    assert padded.warm_eager(12) == 8 and seen == [(r, ours.latent_dim, f) for r, f in shapes]
     assert all((p[1:] == b).all() for p, b in zip(padded.pools, before))
     assert all(p[0].count_nonzero() == 0 for p in padded.pools)
-    assert plain.eager_shapes(3) == [(b, f) for b in (1, 2, 3) for f in (2, 8)]  # unpadded: each batch size
+    assert plain.eager_shapes(3) == [(b, f) for b in (1, 2, 3) for f in (2, 4, 6, 8)]  # unpadded: each batch size

@@ -316,6 +316,10 @@ def test_eager_pad_on_the_gpu_warms_its_shapes_and_gives_the_unpadded_decodes_au
     try:
         padded = audio.streams
         assert (72, P) in padded.eager_shapes(n) and (72, 4 * P) in padded.eager_shapes(n)
+        assert audio.warmed_shapes == len(padded.eager_shapes(n))
+        rows_run = []
+        body = padded._body
+        padded._body = lambda idx, z: rows_run.append(len(idx)) or body(idx, z)
         eager = VAEStreams(vae, P, max_streams=2 * n, cuda_graphs=False)
         g = torch.Generator(device="cuda").manual_seed(1)
         z = torch.randn(n, vae.latent_dim, 5 * P, device="cuda", generator=g)
@@ -329,6 +333,7 @@ def test_eager_pad_on_the_gpu_warms_its_shapes_and_gives_the_unpadded_decodes_au
             got, want = padded.decode(keys, chunk), eager.decode(keys, chunk)
             assert got.shape == want.shape == (n, (b - a) * P * vae.decode_chunk_size)
             assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), (a, b)
+        assert rows_run == [72, 72]
         rows = [padded.slot[k] for k in keys]
         for p, q in zip(padded.pools, eager.pools):
             w = q[[eager.slot[k] for k in keys]]

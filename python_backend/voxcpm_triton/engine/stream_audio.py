@@ -105,13 +105,17 @@ class StreamAudio:
         self.device = vae.device
         self.cuda_stream = (torch.cuda.Stream(self.device, priority=HIGHEST_PRIORITY)
                             if self.device.type == "cuda" else None)
+        self.warmed_shapes = 0
         if self.streams.eager_pad and warm_streams:
             t0 = time.monotonic()
-            with self._on_audio_stream():  # the caching allocator keeps blocks per stream
-                n = self.streams.warm_eager(warm_streams)
+            with self._on_audio_stream():
+                self.warmed_shapes = self.streams.warm_eager(warm_streams)
                 if self.cuda_stream is not None:
                     self.cuda_stream.synchronize()
-            log.info("VAE decoder: %d eager decode shapes run once in %.1f s", n, time.monotonic() - t0)
+                    # what the warm-up's activations held goes back before the engine sizes its KV cache
+                    torch.cuda.empty_cache()
+            log.info("VAE decoder: %d eager decode shapes run once in %.1f s", self.warmed_shapes,
+                     time.monotonic() - t0)
         self.on_failure = on_failure
         self.requests: dict = {}  # key -> _Request, from open to its end's delivery
         self.queued: dict = {}  # key -> _Request with work queued, in arrival order

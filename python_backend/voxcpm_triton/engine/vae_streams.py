@@ -14,10 +14,11 @@ graph-sized pieces: the causal state carries across pieces as across chunks, and
 no new shape ever reaches the kernels (a new shape costs a compile or an autotune, a stall for
 every stream). Larger work, where the GPU is busy anyway, runs eagerly on the same pool.
 
-An eager decode's first run of a (batch, frames) shape costs 3-30 ms more than its later ones (the
-kernels' per-shape set-up), and every batch size is a new shape: with `eager_pad` an eager batch is
-padded with scratch rows to a multiple of EAGER_ROWS streams, and `warm_eager` runs each such shape
-once at start-up, so that a server's first crowd does not pay for them one by one.
+An eager decode's first run of a (batch, frames) shape costs 3-32 ms more than its later ones (the
+kernels' per-shape set-up), and every batch size and length is a new shape: with `eager_pad` an
+eager batch is padded with scratch rows to a multiple of EAGER_ROWS streams, and `warm_eager` runs
+each such shape once at start-up (every length up to the longest graph's: a round merges a stream's
+pending chunks up to it), so that a server's first crowd does not pay for them one by one.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class VAEStreams:
         self.clean = set(self.free)  # rows holding zeros (fresh state): a stream opened on one starts at once
         self.graphs: dict = {}  # (bucket, frames) -> (graph, idx, z, audio)
         self.buckets = tuple(b for b in batch_buckets if b <= max_streams)
-        self.frames = sorted({n * patch_size for n in graph_patches})  # the chunk lengths served
+        # the lengths a decode can have: a round merges a stream's chunks up to the longest graph's
+        self.frames = [n * patch_size for n in range(1, max(graph_patches) + 1)]
         self.eager_pad = eager_pad
         if cuda_graphs and self.device.type == "cuda":
             self._capture_all(graph_patches)
@@ -176,7 +178,7 @@ class VAEStreams:
         return -(-streams // EAGER_ROWS) * EAGER_ROWS if self.eager_pad else streams
 
     def eager_shapes(self, max_streams: int) -> list:
-        """(rows, frames) of every eager decode of up to `max_streams` streams and a served chunk length."""
+        """(rows, frames) of every eager decode of up to `max_streams` streams and a length in `frames`."""
         return sorted({(self._eager_rows(b), f) for f in self.frames for b in range(1, max_streams + 1)
                        if self.pieces(b, f) is None})
 
