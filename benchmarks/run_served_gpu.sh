@@ -68,7 +68,7 @@ if [[ -n ${DRAIN:-} ]]; then  # under scripts/supervise.py, as scripts/serve.sh 
         --model-repository="${repo_arg[0]:-$MODEL_REPOSITORY}" --backend-directory="$TRITON_BACKEND_DIR" \
         --http-address=127.0.0.1 --http-port="$TRITON_HTTP_PORT" --grpc-address=127.0.0.1 \
         --grpc-port="$TRITON_GRPC_PORT" --metrics-address=127.0.0.1 --metrics-port="$TRITON_METRICS_PORT" \
-        --allow-metrics=true --exit-timeout-secs="${TRITON_EXIT_TIMEOUT:-30}" \
+        --allow-metrics=true --exit-timeout-secs="${TRITON_EXIT_TIMEOUT:-30}" ${TRITON_ARGS:-} \
         >"$OUT/tritonserver.log" 2>&1 </dev/null &
     sup_pid=$!
     if ! _dse_wait_ready "$sup_pid" "$TRITON_HTTP_PORT" "${DEVICE_TRITON_READY_TIMEOUT:-900}"; then
@@ -76,7 +76,7 @@ if [[ -n ${DRAIN:-} ]]; then  # under scripts/supervise.py, as scripts/serve.sh 
         echo "[run_served_gpu] tritonserver did not start"; exit 1
     fi
 elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" \
-    device_triton_start "${repo_arg[0]:-$MODEL_REPOSITORY}" ${TRITON_ARGS:-}; then
+    device_triton_start "${repo_arg[0]:-${MODEL_REPOSITORY:-}}" ${TRITON_ARGS:-}; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"

@@ -58,7 +58,7 @@ def main() -> int:
                     lv = json.load(f)["levels"][0]
             steps = lv["decoder_steps"]
             burst = {"x_real_time": round(lv["x_real_time"], 2), "ttfa_ms_p50": round(lv["ttfa_ms"]["p50"], 1),
-                     "delivery_ms": round(1000 * steps["audio_send_s"] / steps["audio_sends"], 3),
+                     "delivery_ms": round(1000 * steps["audio_send_s"] / max(steps["audio_sends"], 1), 3),
                      "sizes_mib": region_sizes_mib()}
             out["bursts"].append(burst)
             print(f"burst {i + 1}: {burst}", flush=True)

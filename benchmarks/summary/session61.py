@@ -5,8 +5,8 @@ import statistics
 from bench_served import share
 from summary import session60
 from summary.plots import pyplot, save_panels
-from summary.raw import load, metric_value, served_row
-from summary.session56 import dry_counts
+from summary.raw import AUDIO_S_PER_STEP, load, metric_value, served_row
+from summary.session56 import dry_counts, dry_streams
 from summary.session58 import crowd_stats, dry_late_ms, level_cells, raw_name, smooth_cells, span
 
 S = "sixtyfirst"
@@ -22,6 +22,7 @@ CODES = {
 RUNS = [(1, 1, "two"), (1, 2, "base"), (2, 1, "base"), (2, 2, "two"), (2, 3, "base"), (3, 1, "shm"), (3, 2, "base")]
 # the fifty-third session's eager VAE decodes, each shape's first and second run (fresh caches)
 FIRST_RUNS = "vae_first_before_cold_fiftythird.json"
+WARM_RUNS = "vae_first_before_warm_fiftythird.json"
 # the CPU runs of benchmarks/shm_regions.py: (raw name, what it ran)
 CPU_SHM = [(f"shm_regions_cpu_{v}_{i}_{S}.json", v) for i in (1, 2, 3) for v in ("default", "growth64")]
 
@@ -82,6 +83,7 @@ def sixty_first_session(res) -> list[str]:
             if d["streams"] * d["patches"] <= largest:
                 extra["smaller"].append(d["first_ms"] - d["second_ms"])
         largest = max(largest, d["streams"] * d["patches"])
+    warm_extra = [d["first_ms"] - d["second_ms"] for d in load(WARM_RUNS)["decodes"] if d["eager"]]
 
     res["sixty_first"] = {
         "device": "NVIDIA H200",
@@ -100,10 +102,12 @@ def sixty_first_session(res) -> list[str]:
         "eager_first_run_extra_ms_fiftythird": extra,
     }
 
+    two, base = by_row["2,4,16, calls 1-2"], by_row["code before, calls 1-2"]
     md = ["", "## Sixty-first session (2026-12-03, H200): a first chunk of two patches at 128 at once re-measured "
-          "(7 of 8 levels smooth against 9 of 12, first audio later); the streams that run dry are mostly a fresh "
-          "server's first burst of 128; larger Python backend shared-memory regions measured once",
-          "", "Three device calls on one H200 (about 28 of 30 min). Each server: `SET=\"decoder.timestep_buckets=10,100"
+          f"({two['all_smooth']} of {two['levels']} levels smooth against {base['all_smooth']} of {base['levels']}, "
+          "first audio later); most streams that ran dry were in a server's first burst of 128; larger Python backend "
+          "shared-memory regions measured once; `audio_eager_pad` (off) for the next call",
+          "", "Three device calls (about 28 of 30 min), each on an H200 machine of its own. Each server: `SET=\"decoder.timestep_buckets=10,100"
           "[ decoder.chunk_schedule=2,4,16]\" ARRIVALS=burst REQUESTS=3 bash benchmarks/run_served_gpu.sh`, one "
           "after another in a call, LEVELS 1,128,128,128,128 in calls 1 and 2 (the orders 2,4,16 / code before and "
           "code before / 2,4,16 / code before) and 128,128 in call 3. Call 3's first server ran with "
@@ -123,11 +127,14 @@ def sixty_first_session(res) -> list[str]:
            "TTFA p95 ms, worst | dry streams, first wave / later |", "|---|---|---|---|---|---|---|---|"]
     md += [f"| {name} | {smooth_cells(st)} | {span(st['ttfa_p50_ms'])} | {st['ttfa_p95_ms_max']:.0f} | "
            f"{st['first_wave_dry']} / {st['later_waves_dry']} |" for name, st in by_row.items()]
-    two, base = by_row["2,4,16, calls 1-2"], by_row["code before, calls 1-2"]
     one_two = [one[r]["ttfa_ms"]["p50"] for r in one if r[2] == "two"]
     one_base = [one[r]["ttfa_ms"]["p50"] for r in one if r[2] == "base"]
     c1_two = c128("two", (1,))
-    later_by = [two["ttfa_p50_ms"][0] - base["ttfa_p50_ms"][1], two["ttfa_p50_ms"][1] - base["ttfa_p50_ms"][0]]
+    p50 = {k: statistics.median(lv["ttfa_ms"]["p50"] for lv in c128(k, (1, 2))) for k in ("two", "base")}
+    # the same calls only: the fifty-ninth session's notes (calls 1 and 3 ran both) and this session's calls 1-2
+    same_calls = {k: [lv["smooth_playback_frac"] for lv in c128(k, (1, 2))]
+                  + [sm / 100 for _, code, n, _, sm, _ in session60.FIFTY_NINTH if n == 128 and code == name]
+                  for k, name in (("two", "chunk_schedule 2,4,16"), ("base", "code before"))}
     # servers whose first burst of 128 had the slowest deliveries of their bursts of 128
     servers = [[lv for lv in levels[r] if lv["concurrency"] == 128] for r in RUNS] + \
         [[lv for lv in levels60[r] if lv["concurrency"] == 128] for r in session60.RUNS if r[2] == "base"]
@@ -149,10 +156,13 @@ def sixty_first_session(res) -> list[str]:
            "- Every level of 128 at once measured so far, every stream smooth (the fifty-ninth session's from its "
            "notes, the sixtieth's code before, this session's calls 1-3): "
            + "; ".join(f"{name} {sum(x == 1 for x in fr)} of {len(fr)}" for name, fr in pooled.items())
+           + "; in the calls where both ran (the fifty-ninth session's and this one's calls 1-2): "
+           + "; ".join(f"{CODES[k][1]} {sum(x == 1 for x in v)} of {len(v)}" for k, v in same_calls.items())
            + f". The default stays 1,4,16: 2,4,16 would miss the one-stream first-audio target, and at 128 at once "
-           f"its TTFA p50 was {span(later_by)} ms later. README's `chunk_schedule` row now says when 2,4,16 is the "
+           f"its TTFA p50 was {p50['two'] - p50['base']:.0f} ms later (the levels' medians, {p50['two']:.1f} against "
+           f"{p50['base']:.1f} ms). README's `chunk_schedule` row now says when 2,4,16 is the "
            "better choice.", "",
-           "**A fresh server's first burst** (this session's and the sixtieth session's servers of the code before, "
+           "**A server's first burst** (this session's and the sixtieth session's servers of the code before, "
            "and this session's 2,4,16; a server's 128-stream levels by their place: its first, or a later one):", "",
            "| code | levels | first burst of 128: every stream smooth | its delivery ms, median | later bursts: every "
            "stream smooth | their delivery ms, median |", "|---|---|---|---|---|---|"]
@@ -164,20 +174,23 @@ def sixty_first_session(res) -> list[str]:
                   f"{statistics.median(map(delivery_ms, later)):.2f} |")
     shm1, base3 = c128("shm", (3,)), c128("base", (3,))
     fb = first_later["code before"]
+    misses = {k: sum(lv["smooth_playback_frac"] < 1 for lv in fb[k]) for k in ("first", "later")}
+    dry_at = {k: sum(len(dry_streams(lv)) for lv in fb[k]) for k in ("first", "later")}
     md += ["",
            f"- A server's first burst of 128 is where the code before runs dry: {sum(lv['smooth_playback_frac'] == 1 for lv in fb['first'])} "
            f"of {len(fb['first'])} first bursts played every stream smoothly, "
            f"{sum(lv['smooth_playback_frac'] == 1 for lv in fb['later'])} of {len(fb['later'])} later ones. In "
            f"{first_slowest} of the {multi} servers with more than one burst of 128 (all three codes), the first burst's "
            "deliveries were the slowest of the server's: something the audio thread does is slower the first time a "
-           "crowd passes through a server. What was not found; the capacity figure of 128 at once is mostly about "
-           "it.",
+           f"crowd passes through a server. Of the code before's {misses['first'] + misses['later']} levels with "
+           f"streams that ran dry here, {misses['first']} were first bursts, with {dry_at['first']} of the "
+           f"{dry_at['first'] + dry_at['later']} dry streams. What makes a first burst slower was not found.",
            "- One candidate is the Python backend's shared memory: Triton 2.51 makes each model instance's region 1 MiB "
            "and grows it by 1 MiB when a tensor does not fit, mapping the whole region again in both processes each "
-           "time, and the audio chunks are up to 0.5 MB each. Call 3 ran one server with 128 MiB regions grown by 64 "
-           f"MiB (its region in `raw/shm_snapshot_shm_call3_server1_{S}.txt`: 134217728 bytes, against 1048576 for "
-           f"the code before's, `raw/shm_snapshot_base_call3_server2_{S}.txt`) beside the code before on a slower "
-           f"machine (x real time {span([lv['x_real_time'] for lv in shm1 + base3], '{:.1f}')}): smooth "
+           f"time, and a 16-patch chunk's audio is {16 * AUDIO_S_PER_STEP * 48000 * 4 / 1e6:.2f} MB (48 kHz, "
+           "float32). Call 3 ran one server with 128 MiB regions grown by 64 MiB beside the code before on a slower "
+           "machine (a snapshot of /dev/shm taken as each server stopped, one model's region left, shows the setting "
+           f"took: 128 MiB against 1 MiB, `raw/shm_snapshot_*_{S}.txt`; x real time {span([lv['x_real_time'] for lv in shm1 + base3], '{:.1f}')}): smooth "
            f"{', '.join(share(lv['smooth_playback_frac']) for lv in shm1)} with it against "
            f"{', '.join(share(lv['smooth_playback_frac']) for lv in base3)}, delivery "
            f"{' -> '.join(f'{delivery_ms(lv):.2f}' for lv in shm1)} ms against "
@@ -188,14 +201,16 @@ def sixty_first_session(res) -> list[str]:
            "chunks, decodes eagerly, each batch size a shape of its own; a 64-stream level never makes the decodes of "
            "65-128 streams. The fifty-third session timed each eager shape's first and second run after a served "
            f"start-up (`raw/{FIRST_RUNS}`, fresh caches, 17-100 streams x 2-16 patches): the first run took "
-           f"{span(extra['all'], '{:.1f}')} ms more (median {statistics.median(extra['all']):.1f}), and the "
+           f"{span(extra['all'], '{:.1f}')} ms more (median {statistics.median(extra['all']):.1f}; "
+           f"{span(warm_extra, '{:.1f}')} with the compile caches a first process left, `raw/{WARM_RUNS}`), and the "
            f"{len(extra['smaller'])} shapes no larger than one run before them "
            f"{span(extra['smaller'], '{:.1f}')} ms more (median {statistics.median(extra['smaller']):.1f}): a cost "
-           "per shape, not the CUDA caching allocator's growth. A first burst of 128 meets such shapes for the "
+           "per shape, not the CUDA caching allocator's growth. A round merges a stream's pending chunks up to 16 "
+           "patches, so any length up to 16 comes, each a shape with each batch size. A first burst of 128 meets such shapes for the "
            "first time at its second and third chunks, where its dry streams are. `decoder.audio_eager_pad` (new, "
            "off: the code of this section's last commit) pads such a decode with scratch rows to a multiple of 8 "
-           "streams and runs each of those shapes once at start-up (30 shapes for 128 streams and chunks of 1, 4, "
-           "16 patches); its CPU tests check the audio and every stream's state against the unpadded decode. The "
+           "streams and runs each of those shapes once at start-up (up to max_batch_size streams, every length up to "
+           "the longest chunk), then gives its memory back before the KV cache is sized; its CPU tests check the audio and every stream's state against the unpadded decode. The "
            "run to make: `SET=\"decoder.timestep_buckets=10,100 decoder.audio_eager_pad=true\"` against the "
            "default at LEVELS 128,128, several servers each, and its start-up time.",
            "- On the CPU (this machine, the tiny checkpoint; `benchmarks/shm_regions.py`, new: a real server, "
@@ -221,7 +236,8 @@ def sixty_first_session(res) -> list[str]:
     md += ["", "**Against issue 17's targets**: unchanged; results.json's headline keys stay the fifty-fifth "
            "session's. Capacity at once: the code before played 128 at once smoothly in "
            f"{sum(x == 1 for x in pooled['code before'])} of {len(pooled['code before'])} levels measured since the "
-           "fifty-ninth session, most of its misses a server's first burst.", "",
+           f"fifty-ninth session; {misses['first']} of the {misses['first'] + misses['later']} misses with raw data "
+           "were a server's first burst of 128.", "",
            "![sixty-first session: 128 at once, smoothness against first audio; a server's first burst](results_sixty_first.png)",
            ""]
     _plot({k: c128(k, (1, 2, 3)) for k in CODES}, places)
