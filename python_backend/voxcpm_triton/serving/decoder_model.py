@@ -101,6 +101,7 @@ class DecoderModel:
         t1 = time.monotonic()
         # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.
         self.audio = self._stream_audio(params, device) if params["decode_audio"] else None
+        t_audio = time.monotonic() - t1
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
         self.engine = Engine(self.vox, cfg, first_audio=first_audio)
@@ -117,6 +118,8 @@ class DecoderModel:
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio,
                                      self.gc_pauses)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
+        if self.audio is not None:  # its VAE graphs, and with audio_eager_pad its shapes run once
+            phases += f", audio {t_audio:.1f} s ({self.audio.warmed_shapes} eager shapes warmed)"
         memory = ""
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
