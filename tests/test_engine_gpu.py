@@ -301,47 +301,6 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
         assert (got[key] - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), key
 
 
-def test_eager_pad_on_the_gpu_warms_its_shapes_and_gives_the_unpadded_decodes_audio(checkpoint_dirs):
-    """audio_eager_pad on the GPU: the padded shapes past the graphs run once at start-up (on the audio
-    stream), and a decode past the graphs (more streams than the largest bucket) gives the unpadded
-    eager decode's audio, every stream's state too."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-    from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
-
-    _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
-    P, n = 4, 70  # 70 streams: past the largest bucket (64), padded to 72
-    audio = StreamAudio(vae, P, 2 * n, cuda_graphs=True, graph_patches=(1, 4), on_failure=None,
-                        eager_pad=True, warm_streams=n)
-    try:
-        padded = audio.streams
-        assert (72, P) in padded.eager_shapes(n) and (72, 4 * P) in padded.eager_shapes(n)
-        assert audio.warmed_shapes == len(padded.eager_shapes(n))
-        rows_run = []
-        body = padded._body
-        padded._body = lambda idx, z: rows_run.append(len(idx)) or body(idx, z)
-        eager = VAEStreams(vae, P, max_streams=2 * n, cuda_graphs=False)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        z = torch.randn(n, vae.latent_dim, 5 * P, device="cuda", generator=g)
-        keys = list(range(n))
-        for s in (padded, eager):
-            for k in keys:
-                s.open(k)
-        for a, b in ((0, 1), (1, 5)):
-            chunk = z[..., a * P:b * P]
-            assert padded.pieces(n, chunk.shape[-1]) is None
-            got, want = padded.decode(keys, chunk), eager.decode(keys, chunk)
-            assert got.shape == want.shape == (n, (b - a) * P * vae.decode_chunk_size)
-            assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), (a, b)
-        assert rows_run == [72, 72]
-        rows = [padded.slot[k] for k in keys]
-        for p, q in zip(padded.pools, eager.pools):
-            w = q[[eager.slot[k] for k in keys]]
-            assert (p[rows] - w).abs().max().item() <= 1e-3 * max(1.0, w.abs().max().item())
-    finally:
-        audio.stop()
-
-
 def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_work(checkpoint_dirs):
     """The decoder's own audio (`decode_audio`): its thread replays the VAE graphs (and graph pieces:
     3 patches as 1 + 1 + 1) on its high-priority stream while other work keeps the default stream

@@ -87,11 +87,8 @@ class StreamAudio:
     nothing after; `on_failure(key, error)` is told so that its generation stops too."""
 
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
-                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True,
-                 eager_pad: bool = False, warm_streams: int = 0):
-        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc).
-        eager_pad (with graphs): decodes past the graphs run padded to a few shapes (`VAEStreams`),
-        each run once here for batches of up to warm_streams streams."""
+                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True):
+        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc)."""
         self.P = patch_size
         self.rate = vae.out_sample_rate
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
@@ -99,23 +96,12 @@ class StreamAudio:
         self.max_patches = max(graph_patches)
         self.graph_patches = sorted(set(graph_patches))
         self.streams = VAEStreams(vae, patch_size, max_streams, cuda_graphs=cuda_graphs,
-                                  graph_patches=graph_patches, eager_pad=eager_pad and cuda_graphs)
+                                  graph_patches=graph_patches)
         # Without graphs a decode costs its frames, and padding would only add to them.
         self.pad_last = bool(self.streams.graphs)
         self.device = vae.device
         self.cuda_stream = (torch.cuda.Stream(self.device, priority=HIGHEST_PRIORITY)
                             if self.device.type == "cuda" else None)
-        self.warmed_shapes = 0
-        if self.streams.eager_pad and warm_streams:
-            t0 = time.monotonic()
-            with self._on_audio_stream():
-                self.warmed_shapes = self.streams.warm_eager(warm_streams)
-                if self.cuda_stream is not None:
-                    self.cuda_stream.synchronize()
-                    # what the warm-up's activations held goes back before the engine sizes its KV cache
-                    torch.cuda.empty_cache()
-            log.info("VAE decoder: %d eager decode shapes run once in %.1f s", self.warmed_shapes,
-                     time.monotonic() - t0)
         self.on_failure = on_failure
         self.requests: dict = {}  # key -> _Request, from open to its end's delivery
         self.queued: dict = {}  # key -> _Request with work queued, in arrival order
@@ -241,7 +227,7 @@ class StreamAudio:
             launched = lambda: self._launched(upto)  # noqa: E731
             # A failed round's streams are closed on the stream of their decodes too: closing zeroes
             # their state rows, which must come after those decodes' writes.
-            with self._on_audio_stream():
+            with torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext():
                 try:
                     waiting = self._round(work, launched)
                     if waiting:  # no slot for some: rounds come again at once, but not in a hot loop
@@ -253,9 +239,6 @@ class StreamAudio:
                     launched()  # a failed round's chunks are not waited for either
                     with self.lock:
                         self.round_upto = None
-
-    def _on_audio_stream(self):
-        return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext()
 
     def _launched(self, upto: int):
         """This round's decodes are on the GPU: fences for the chunks it took (upto) may pass."""

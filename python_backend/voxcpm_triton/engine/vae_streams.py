@@ -13,12 +13,6 @@ another length up to the longest graph (a chunk sent early; a stream's last chun
 graph-sized pieces: the causal state carries across pieces as across chunks, and
 no new shape ever reaches the kernels (a new shape costs a compile or an autotune, a stall for
 every stream). Larger work, where the GPU is busy anyway, runs eagerly on the same pool.
-
-An eager decode's first run of a (batch, frames) shape costs 3-32 ms more than its later ones (the
-kernels' per-shape set-up), and every batch size and length is a new shape: with `eager_pad` an
-eager batch is padded with scratch rows to a multiple of EAGER_ROWS streams, and `warm_eager` runs
-each such shape once at start-up (every length up to the longest graph's: a round merges a stream's
-pending chunks up to it), so that a server's first crowd does not pay for them one by one.
 """
 
 from __future__ import annotations
@@ -38,8 +32,6 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Captured only up to this many patches per replay (batch bucket x chunk length): past
 # it the decode is bound by the GPU's work, not by launches, and graph memory grows.
 MAX_GRAPH_PATCHES = 256
-# eager_pad's batch granularity: at most EAGER_ROWS - 1 scratch rows a decode
-EAGER_ROWS = 8
 
 
 class StreamSlotsFull(RuntimeError):
@@ -60,7 +52,7 @@ class DecodedAudio:
 
 class VAEStreams:
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int = 256, cuda_graphs: bool = False,
-                 graph_patches=(1, 4, 16), batch_buckets=BATCH_BUCKETS, eager_pad: bool = False):
+                 graph_patches=(1, 4, 16), batch_buckets=BATCH_BUCKETS):
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self.vae, self.P, self.max_streams = vae, patch_size, max_streams
@@ -72,9 +64,6 @@ class VAEStreams:
         self.clean = set(self.free)  # rows holding zeros (fresh state): a stream opened on one starts at once
         self.graphs: dict = {}  # (bucket, frames) -> (graph, idx, z, audio)
         self.buckets = tuple(b for b in batch_buckets if b <= max_streams)
-        # the lengths a decode can have: a round merges a stream's chunks up to the longest graph's
-        self.frames = [n * patch_size for n in range(1, max(graph_patches) + 1)]
-        self.eager_pad = eager_pad
         if cuda_graphs and self.device.type == "cuda":
             self._capture_all(graph_patches)
 
@@ -129,12 +118,9 @@ class VAEStreams:
             return DecodedAudio([torch.zeros(B, 0)], None)
         bucket = smallest_at_least(self.buckets, B)
         pieces = self.pieces(B, frames)
-        pad = self._eager_rows(B) - B if pieces is None else 0  # scratch rows, as the graphs pad
-        idx_in, z = to_device(torch.tensor(rows + [0] * pad), self.device), to_device(z, self.device)
+        idx_in, z = to_device(torch.tensor(rows), self.device), to_device(z, self.device)
         if pieces is None:
-            if pad:
-                z = torch.cat([z, z.new_zeros(pad, *z.shape[1:])])
-            return self._queued([to_host(self._body(idx_in, z)[:B, 0])])
+            return self._queued([to_host(self._body(idx_in, z)[:, 0])])
         out, start = [], 0
         for n in pieces:
             g, idx, z_in, audio = self.graphs[(bucket, n)]
@@ -172,26 +158,6 @@ class VAEStreams:
                 pieces.append(n)
                 left -= n
         return pieces if left == 0 else None
-
-    def _eager_rows(self, streams: int) -> int:
-        """Rows an eager decode of `streams` streams runs: a multiple of EAGER_ROWS with eager_pad."""
-        return -(-streams // EAGER_ROWS) * EAGER_ROWS if self.eager_pad else streams
-
-    def eager_shapes(self, max_streams: int) -> list:
-        """(rows, frames) of every eager decode of up to `max_streams` streams and a length in `frames`."""
-        return sorted({(self._eager_rows(b), f) for f in self.frames for b in range(1, max_streams + 1)
-                       if self.pieces(b, f) is None})
-
-    @torch.no_grad()
-    def warm_eager(self, max_streams: int) -> int:
-        """Run each of `eager_shapes(max_streams)` once on the scratch row (zeroed after), on the
-        current CUDA stream; returns how many."""
-        shapes = self.eager_shapes(max_streams)
-        for rows, frames in shapes:
-            self._body(torch.zeros(rows, dtype=torch.long, device=self.device),
-                       torch.zeros(rows, self.vae.latent_dim, frames, device=self.device))
-        self._zero(0)
-        return len(shapes)
 
     def _body(self, idx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         state = [p.index_select(0, idx) for p in self.pools]

@@ -118,8 +118,8 @@ class DecoderModel:
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio,
                                      self.gc_pauses)
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
-        if self.audio is not None:  # its VAE graphs, and with audio_eager_pad its shapes run once
-            phases += f", audio {t_audio:.1f} s ({self.audio.warmed_shapes} eager shapes warmed)"
+        if self.audio is not None:  # the audio thread's VAE graphs
+            phases += f", audio {t_audio:.1f} s"
         memory = ""
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
@@ -144,8 +144,7 @@ class DecoderModel:
         return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_batch_size"],
                            cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
                            graph_patches=sorted(set(params["chunk_schedule"])),
-                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"],
-                           eager_pad=params["audio_eager_pad"], warm_streams=params["max_batch_size"])
+                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"])
 
     def _status(self) -> str | None:
         heartbeat = self.engine.heartbeat

@@ -154,11 +154,6 @@ PARAMETERS: tuple[Param, ...] = (
           "has none yet, or that would run out before the round is sent, is decoded and sent between two "
           "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
           "at some throughput); false: every chunk waits for the next round"),
-    Param("decoder", "audio_eager_pad", "bool", "false",
-          "with decode_audio on a GPU: the audio decodes past the VAE's CUDA graphs (over 64 streams, or a "
-          "batch bucket times length over 256 patches) run padded to a multiple of 8 streams, and each of those "
-          "shapes (up to max_batch_size streams, every length up to the longest chunk) once at start-up, where "
-          "each new shape would otherwise cost its first decode in serving 3-32 ms more; off until measured served"),
     Param("decoder", "prefill_pack_graphs", "bool", "true",
           "GPU with cuda_graphs: prompts admitted together (a burst) prefill as one CUDA graph per total-length "
           "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),
