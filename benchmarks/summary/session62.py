@@ -1,0 +1,140 @@
+"""results.md: the sixty-second session's section, and results_sixty_second.png."""
+
+import re
+import statistics
+
+from summary.plots import pyplot, save_panels
+from summary.raw import load, metric_value, served_row, tests_passed, text
+from summary.session56 import dry_counts
+from summary.session58 import crowd_stats, level_cells, raw_name, smooth_cells, span
+from summary.session61 import delivery_ms
+
+S = "sixtysecond"
+# key -> its code, a short name, its colour in the plot; 3 requests a stream, timestep_buckets 10,100
+CODES = {
+    "pad": ("bbdd824 (call 1), c70ab76 (call 2), `decoder.audio_eager_pad=true`", "eager shapes warmed",
+            "tab:orange"),
+    "base": ("bbdd824 (call 1), c70ab76 (call 2)", "default", "tab:green"),
+}
+# (call, server's place in its call, code key); raw name {code}_call{call}_server{place}
+RUNS = [(1, 1, "pad"), (1, 2, "base"), (2, 1, "base"), (2, 2, "pad"), (2, 3, "base")]
+PATCH = f"audio_eager_pad_{S}.patch"
+
+
+def start_up(run) -> dict:
+    """The decoder's ready line in a server's log: seconds to ready, its listed phases (load and the
+    engine's; call 2's code lists the audio thread's too), what is outside them, and its KV blocks."""
+    line = re.search(r"decoder instance \S+ ready in .*", text(f"served_{raw_name(*run)}_{S}.log"))[0]
+    ready = float(re.search(r"ready in ([\d.]+) s", line)[1])
+    listed = line[line.index("(load"):line.index("GPU memory")]
+    phases = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s\b", listed)}
+    return {"ready_s": ready, "phases_s": phases, "kv_blocks": int(re.search(r"kv_blocks=(\d+)", line)[1]),
+            "outside_engine_phases_s": ready - sum(v for k, v in phases.items() if k != "audio")}
+
+
+def sixty_second_session(res) -> list[str]:
+    """2026-12-03 (issue 17): `audio_eager_pad` (the sixty-first session's lead) against the default at 128
+    streams at once. Sets res["sixty_second"], returns the markdown, draws results_sixty_second.png."""
+    levels = {r: load(f"served_{raw_name(*r)}_{S}.json")["levels"] for r in RUNS}
+    early = {r: metric_value(f"metrics_{raw_name(*r)}_{S}.txt", "voxcpm_early_chunks_total") for r in RUNS}
+    ups = {r: start_up(r) for r in RUNS}
+    by_code = {k: [lv for r in RUNS if r[2] == k for lv in levels[r]] for k in CODES}
+    first = {k: [levels[r][0] for r in RUNS if r[2] == k] for k in CODES}
+    later = {k: [lv for r in RUNS if r[2] == k for lv in levels[r][1:]] for k in CODES}
+    stats = {k: crowd_stats(lvs) for k, lvs in by_code.items()}
+    p50 = {k: statistics.median(lv["ttfa_ms"]["p50"] for lv in lvs) for k, lvs in by_code.items()}
+    audio_s = {k: [ups[r]["phases_s"]["audio"] for r in RUNS if r[2] == k and "audio" in ups[r]["phases_s"]]
+               for k in CODES}
+    pooled = res["sixty_first"]["pooled_c128_all_smooth"]["code before"]
+    pooled_now = [pooled[0] + stats["base"]["all_smooth"], pooled[1] + stats["base"]["levels"]]
+
+    res["sixty_second"] = {
+        "device": "NVIDIA H200",
+        "requests_per_stream": 3,
+        "runs": [{"call": call, "server": place, "code": CODES[k][0], "early_chunks": early[(call, place, k)],
+                  "start_up": ups[(call, place, k)],
+                  "levels": [served_row(lv) | {"streams": lv["concurrency"], "dry": dry_counts(lv),
+                                               "delivery_ms": delivery_ms(lv)} for lv in levels[(call, place, k)]]}
+                 for call, place, k in RUNS],
+        "c128": {CODES[k][1]: st for k, st in stats.items()},
+        "delivery_ms": {CODES[k][1]: {"first_burst": [delivery_ms(lv) for lv in first[k]],
+                                      "later": [delivery_ms(lv) for lv in later[k]]} for k in CODES},
+        "gpu_test": tests_passed(f"gpu_test_eager_pad_{S}.log"),
+        "pooled_c128_all_smooth_default": pooled_now,
+    }
+
+    md = ["", "## Sixty-second session (2026-12-03, H200): the VAE's eager decode shapes run once at start-up "
+          "(`audio_eager_pad`) did not speed a server's first burst of 128; removed",
+          "", "Two device calls (two more were lost: no machine could be started, then the machine was taken back "
+          "mid-call), each on an H200 machine of its own. Each server: `SET=\"decoder.timestep_buckets=10,100"
+          "[ decoder.audio_eager_pad=true]\" ARRIVALS=burst LEVELS=128,128 REQUESTS=3 bash "
+          "benchmarks/run_served_gpu.sh`, one after another in a call: eager shapes warmed / default in call 1, "
+          "default / warmed / default in call 2. Call 2 ran c70ab76, which only adds the audio thread's start-up "
+          "to the decoder's ready line. "
+          f"`raw/served_*_{S}.{{json.gz,log}}`, `raw/metrics_*_{S}.txt`; the parameter's code, removed after this "
+          f"measurement, is `raw/{PATCH}` (applies to e83ddea, with its CPU and GPU tests). Its GPU test "
+          f"(`tests/test_engine_gpu.py -k eager_pad`, call 1) passed: {res['sixty_second']['gpu_test']} "
+          f"(`raw/gpu_test_eager_pad_{S}.log`). Columns as in the sixty-first session; start-up: the "
+          "decoder's ready time, and the part of it outside load and the engine's phases (the audio thread's VAE "
+          "graphs, and with the parameter its warm-up of the eager shapes).", "",
+          "| call / server | code | streams | x real time | smooth | TTFA p50 / p95 ms | dry | late ms | delivery ms | "
+          "early chunks (run) | ready s | outside the engine's phases s | kv_blocks |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in RUNS:
+        u = ups[r]
+        for lv in levels[r]:
+            md.append(f"| {r[0]} / {r[1]} | {CODES[r[2]][1]} | {level_cells(lv)} | {delivery_ms(lv):.2f} | "
+                      f"{early[r]:.0f} | {u['ready_s']:.1f} | {u['outside_engine_phases_s']:.1f} | {u['kv_blocks']} |")
+    md += ["", "| levels of | levels | every stream smooth | least smooth | x real time, median (range) | TTFA p50 ms "
+           "(median) | TTFA p95 ms, worst | delivery ms, first bursts | later bursts |", "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {CODES[k][1]} | {smooth_cells(st)} | {span(st['ttfa_p50_ms'])} ({p50[k]:.1f}) | "
+           f"{st['ttfa_p95_ms_max']:.0f} | {', '.join(f'{delivery_ms(lv):.2f}' for lv in first[k])} | "
+           f"{', '.join(f'{delivery_ms(lv):.2f}' for lv in later[k])} |" for k, st in stats.items()]
+    kv = {k: [ups[r]["kv_blocks"] for r in RUNS if r[2] == k] for k in CODES}
+    md += ["",
+           "- **Every level of 128 at once played every stream smoothly**, with the parameter and without "
+           f"({stats['pad']['all_smooth']} of {stats['pad']['levels']} and {stats['base']['all_smooth']} of "
+           f"{stats['base']['levels']}), so this session could not show a smoothness gain either way.",
+           "- **The first burst's deliveries were as slow with the shapes warmed**: "
+           f"{', '.join(f'{delivery_ms(lv):.2f}' for lv in first['pad'])} ms against "
+           f"{', '.join(f'{delivery_ms(lv):.2f}' for lv in first['base'])} without; the later bursts "
+           f"{span([delivery_ms(lv) for lv in later['pad']], '{:.2f}')} against "
+           f"{span([delivery_ms(lv) for lv in later['base']], '{:.2f}')}. The eager shapes' first runs "
+           "(the sixty-first session's lead) are not what makes a first burst slower; what does was not found.",
+           f"- Its costs: first audio later (TTFA p50 median {p50['pad']:.1f} against {p50['base']:.1f} ms), x real "
+           f"time median {stats['pad']['xrt_median']:.1f} against {stats['base']['xrt_median']:.1f}, a start-up "
+           f"{span(audio_s['pad'], '{:.1f}')} s for the audio thread against {span(audio_s['base'], '{:.1f}')} "
+           f"(call 2: 200 shapes run once), and KV blocks {span(kv['pad'])} against {span(kv['base'])}.",
+           "- **Removed** (e83ddea): an option that measured no gain is code to keep for nothing. The decoder's "
+           "ready line keeps the audio thread's start-up as a phase of its own (c70ab76).",
+           "", "**Against issue 17's targets**: unchanged; results.json's headline keys stay the fifty-fifth "
+           "session's. Capacity at once: the default played 128 at once smoothly in "
+           f"{pooled_now[0]} of {pooled_now[1]} levels measured since the fifty-ninth session (the sixty-first "
+           f"section's {pooled[0]} of {pooled[1]} and this session's {stats['base']['all_smooth']} of "
+           f"{stats['base']['levels']}).", "",
+           "![sixty-second session: audio deliveries of a server's first and second burst of 128, and TTFA]"
+           "(results_sixty_second.png)", ""]
+    _plot(levels)
+    return md
+
+
+def _plot(levels: dict):
+    """Left: each server's audio delivery ms in its first and second burst of 128, by code. Right: the levels'
+    TTFA p50 and p95."""
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.3))
+    for r in RUNS:
+        name, colour = CODES[r[2]][1:]
+        a.plot([1, 2], [delivery_ms(lv) for lv in levels[r]], "o-", color=colour,
+               label=name if r == next(x for x in RUNS if x[2] == r[2]) else None)
+        b.scatter([lv["ttfa_ms"]["p50"] for lv in levels[r]], [lv["ttfa_ms"]["p95"] for lv in levels[r]],
+                  color=colour, s=36, label=name if r == next(x for x in RUNS if x[2] == r[2]) else None)
+    a.set_xticks([1, 2])
+    a.set_xlabel("the server's burst of 128 streams (1: its first)")
+    a.set_ylabel("audio delivery, ms each")
+    a.legend(fontsize=8)
+    b.set_xlabel("TTFA p50 ms")
+    b.set_ylabel("TTFA p95 ms")
+    b.legend(fontsize=8)
+    save_panels(fig, [a, b], "sixty-second session (H200): 128 streams at once, 3 requests a stream; "
+                "audio_eager_pad against the default", "results_sixty_second.png")
