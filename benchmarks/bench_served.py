@@ -23,7 +23,8 @@ Capacity: the largest level with every stream smooth and TTFA p95 <= 500 ms,
 with no smaller level failing that (`capacity` in the JSON).
 
 Needs only numpy and tritonclient[grpc] (grpc, protobuf), so it runs on a bare
-GPU box too (see gpu_box/device_serve_env.sh).
+GPU box too (see gpu_box/device_serve_env.sh). With --server-pid (a server on this
+machine): each level's minor page faults of the server and of each model's stubs.
 
     python benchmarks/bench_served.py --url 127.0.0.1:8001 --concurrency 1,8,32,64 \\
         --requests-per-worker 4 --min-length 100 --max-length 100 --warmup 2 \\
@@ -44,6 +45,8 @@ import time
 from datetime import datetime, timezone
 
 import numpy as np
+
+import page_faults
 
 DEFAULT_TEXT = (
     "The quick brown fox jumps over the lazy dog near the quiet river bank, "
@@ -539,6 +542,8 @@ def parse_args(argv=None):
     p.add_argument("--metrics-url", default=None,
                    help="Triton's metrics endpoint (http://host:8002/metrics): also record where first audio's time "
                         "goes per level (the orchestrator's phase metrics)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="a local server's pid: each level's minor page faults of it and its processes, by name")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
     try:
@@ -580,8 +585,11 @@ def main(argv=None) -> int:
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
         eng_before = settled_engine_sums(args.metrics_url) if args.metrics_url else {}  # the warm-up's too
+        faults0 = page_faults.minor_faults(args.server_pid) if args.server_pid else None
         cpu0 = time.process_time()
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
+        if faults0 is not None:
+            lv["minor_faults"] = page_faults.delta(faults0, page_faults.minor_faults(args.server_pid))
         # this client's CPU time over the level (all its threads), per second of the level: near 1 or
         # more, its Python (one core at a time) may be what holds the streams back
         lv["client_cpu_per_s"] = (time.process_time() - cpu0) / lv["wall_s"]
@@ -606,6 +614,8 @@ def main(argv=None) -> int:
                     f"{1000 * d['audio_send_s'] / d['audio_sends']:.2f} ms each, "
                     f"{d['audio_send_s'] / lv['wall_s']:.2f} s of them a second of the level (summed over instances); "
                     f"{d.get('ends_alone', 0):.0f} ends alone, {d.get('rushes', 0):.0f} rushes")
+        if lv.get("minor_faults"):
+            log("[bench]   minor page faults: " + ", ".join(f"{k} {v}" for k, v in list(lv["minor_faults"].items())[:5]))
         for name, row in lv["server_models"].items():
             log(f"[bench]   {name}: {row['executions']} executions, {row['batch_mean']:.1f} requests each, "
                 f"{row['infer_ms_per_execution']:.2f} ms in execute ({100 * row['busy_frac']:.0f}% busy), queued "

@@ -35,7 +35,7 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         [sys.executable, str(BENCH), "--url", server.grpc_url, "--concurrency", "1,2",
          "--requests-per-worker", "2", "--min-length", str(PATCHES), "--max-length", str(PATCHES),
          "--seed", "0", "--warmup", "1", "--timeout", "60", "--json-out", str(out),
-         "--metrics-url", server.metrics_url],
+         "--metrics-url", server.metrics_url, "--server-pid", str(server.pid)],
         capture_output=True, text=True, timeout=120, cwd=str(REPO),
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -76,6 +76,10 @@ def test_bench_cli_reports_sane_numbers(server, tmp_path):
         assert lv["audio_s_total"] == pytest.approx(2 * c * PATCHES * SAMPLES_PER_PATCH / 48000)
         assert lv["x_real_time"] == pytest.approx(lv["audio_s_total"] / lv["wall_s"])
         assert lv["client_cpu_per_s"] > 0
+        # the level's minor page faults, the server's and its stubs' by model (the decoder's heap at least)
+        faults = lv["minor_faults"]
+        assert {"tritonserver", "decoder", "tts_stream", "tokenizer"} <= set(faults), faults
+        assert faults["decoder"] > 0 and min(faults.values()) >= 0, faults
         # Triton's own statistics over the level: a decoder request per stream (which makes the audio
         # too, decode_audio: vae_decoder runs nothing)
         dec = lv["server_models"]["decoder"]

@@ -29,4 +29,8 @@ def test_reports_its_own_regions_and_leaves_none(tmp_path):
     (burst,) = d["bursts"]
     assert burst["x_real_time"] > 0 and burst["ttfa_ms_p50"] > 0 and burst["delivery_ms"] > 0, burst
     assert len(burst["sizes_mib"]) == len(d["after_start_mib"]) and min(burst["sizes_mib"]) >= 3, burst
+    # minor page faults in the burst, of the server and of each model's stub by its model's name
+    faults = burst["minor_faults"]
+    assert {"tritonserver", "decoder", "tts_stream", "tokenizer"} <= set(faults), faults
+    assert faults["tritonserver"] > 0 and faults["decoder"] > 0, faults
     assert not glob.glob("/dev/shm/voxcpm_shm_regions_*")  # the server's regions went with it
