@@ -11,6 +11,7 @@
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
 #   TRITON_ARGS: more tritonserver arguments (split on spaces), e.g. --backend-config=python,...
+#   SERVER_ENV="NAME=value ...": environment for the server alone (its stubs inherit it), not the clients
 #   SET="model.key=value ...": those model parameters changed, in a copy of MODEL_REPOSITORY (the
 #   checkout's model_repository unless given), checked first (scripts/repository_copy.py; e.g.
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
@@ -23,7 +24,8 @@
 #   .cache/perf_analyzer_bundle, made by gpu_box/make_perf_analyzer_bundle.sh: carry it too) on
 #   tts_stream over gRPC streaming, PA_LENGTH (100)-step requests, at PA_LEVELS (1,8,32,64), windows of
 #   PA_INTERVAL_MS (6000; a level takes about 25 s): $OUT/perf_analyzer.{csv,log,json}.
-# Writes $OUT/served.json, $OUT/metrics.txt (the voxcpm_ metrics at the end) and
+# Writes $OUT/served.json (each level with its minor page faults, the server's and each model's stubs'),
+# $OUT/metrics.txt (the voxcpm_ metrics at the end) and
 # $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
@@ -58,6 +60,8 @@ if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter 
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS
+read -ra server_env <<<"${SERVER_ENV:-}"
+for kv in "${server_env[@]}"; do export "${kv?}"; done
 # Killed (a timeout, ^C): take the server down too; it runs in its own session, out of the signal's reach.
 trap 'echo "[run_served_gpu] interrupted: stopping the server"; [[ -n ${sup_pid:-} ]] && kill -TERM "$sup_pid" \
     && wait "$sup_pid"; device_triton_stop; exit 143' TERM INT
@@ -79,7 +83,8 @@ elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" \
     device_triton_start "${repo_arg[0]:-${MODEL_REPOSITORY:-}}" ${TRITON_ARGS:-}; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
-echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)"
+for kv in "${server_env[@]}"; do unset "${kv%%=*}"; done
+echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)${SERVER_ENV:+ with $SERVER_ENV}"
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
 IFS=, read -ra modes <<<"${ARRIVALS:-burst}"
@@ -124,7 +129,8 @@ for mode in "${modes[@]}"; do
     python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
         --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
         --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" \
-        --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" || rc=$?
+        --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" --server-pid "${sup_pid:-$DEVICE_TRITON_PID}" \
+        || rc=$?
 done
 # the server's own counters at the end (how decoder calls were read, batching, errors)
 python3 -c "import sys, urllib.request; sys.stdout.write(''.join(l for l in
