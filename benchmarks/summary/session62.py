@@ -19,6 +19,18 @@ CODES = {
 # (call, server's place in its call, code key); raw name {code}_call{call}_server{place}
 RUNS = [(1, 1, "pad"), (1, 2, "base"), (2, 1, "base"), (2, 2, "pad"), (2, 3, "base")]
 PATCH = f"audio_eager_pad_{S}.patch"
+# the CPU runs of benchmarks/shm_regions.py with minor page faults: (raw name, glibc malloc tunables or not)
+CPU_FAULTS = [(f"page_faults_cpu_{v}_{i}_{S}.json", v, i) for i in (1, 2, 3, 4, 5) for v in ("default", "malloc")]
+MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=67108864"
+
+
+def by_model(faults: dict) -> dict:
+    """A burst's faults summed by model (call 1's first CPU run wrote a stub's instances as model_pid)."""
+    out = {}
+    for k, v in faults.items():
+        name = re.sub(r"_\d+$", "", k)
+        out[name] = out.get(name, 0) + v
+    return out
 
 
 def start_up(run) -> dict:
@@ -107,7 +119,9 @@ def sixty_second_session(res) -> list[str]:
            f"(call 2: 200 shapes run once), and KV blocks {span(kv['pad'])} against {span(kv['base'])}.",
            "- **Removed** (e83ddea): an option that measured no gain is code to keep for nothing. The decoder's "
            "ready line keeps the audio thread's start-up as a phase of its own (c70ab76).",
-           "", "**Against issue 17's targets**: unchanged; results.json's headline keys stay the fifty-fifth "
+           ""]
+    md += _cpu_faults(res)
+    md += ["**Against issue 17's targets**: unchanged; results.json's headline keys stay the fifty-fifth "
            "session's. Capacity at once: the default played 128 at once smoothly in "
            f"{pooled_now[0]} of {pooled_now[1]} levels measured since the fifty-ninth session (the sixty-first "
            f"section's {pooled[0]} of {pooled[1]} and this session's {stats['base']['all_smooth']} of "
@@ -115,6 +129,66 @@ def sixty_second_session(res) -> list[str]:
            "![sixty-second session: audio deliveries of a server's first and second burst of 128, and TTFA]"
            "(results_sixty_second.png)", ""]
     _plot(levels)
+    return md
+
+
+def _cpu_faults(res) -> list[str]:
+    """The CPU runs of shm_regions.py with page faults, glibc's malloc tunables against its defaults."""
+    runs = [(load(name), v) for name, v, _ in CPU_FAULTS]
+    bursts = {v: [b for d, w in runs if w == v for b in d["bursts"]] for v in ("default", "malloc")}
+    firsts = {v: [d["bursts"][0] for d, w in runs if w == v] for v in bursts}
+    laters = {v: [b for d, w in runs if w == v for b in d["bursts"][1:]] for v in bursts}
+    med = lambda bs, f: statistics.median(f(b) for b in bs)  # noqa: E731
+    model = lambda name: lambda b: by_model(b["minor_faults"])[name]  # noqa: E731
+    rss = {v: [b["resident_mib"]["decoder"] for b in bursts[v] if "resident_mib" in b] for v in bursts}
+    res["sixty_second"]["cpu_page_faults"] = {
+        v: {"runs": sum(w == v for _, w in runs), "bursts": len(bs),
+            "x_real_time_median": med(bs, lambda b: b["x_real_time"]),
+            "x_real_time_range": [min(b["x_real_time"] for b in bs), max(b["x_real_time"] for b in bs)],
+            "decoder_faults_median": med(bs, model("decoder")),
+            "server_faults_first_median": med(firsts[v], model("tritonserver")),
+            "server_faults_later_median": med(laters[v], model("tritonserver")),
+            "delivery_ms_first_median": med(firsts[v], lambda b: b["delivery_ms"]),
+            "delivery_ms_later_median": med(laters[v], lambda b: b["delivery_ms"]),
+            "decoder_resident_mib_max": max(rss[v], default=None)} for v, bs in bursts.items()}
+    md = ["**On the CPU** (this machine, 2 cores, the tiny checkpoint): `benchmarks/shm_regions.py --bursts 4` "
+          "(a real server, four bursts of 32 streams of 40 patches) now also counts each process's minor page "
+          "faults in a burst (new `benchmarks/page_faults.py`: the server and each model's stubs), and its resident "
+          "memory after (runs 3-5). Two settings, a server each, five pairs one after the other (pairs 1-2 the "
+          f"defaults first, 3-5 the tunables first): glibc's defaults, and `{MALLOC_ENV}` in the run's "
+          "environment (the server's, its stubs' and the clients'): big blocks from the heap instead of fresh mappings, and the heap's "
+          f"freed top kept. `raw/page_faults_cpu_*_{S}.json`.", "",
+          "| malloc | run | x real time, bursts 1-4 | delivery ms, bursts 1-4 | decoder stub's minor faults, thousands | "
+          "server's | orchestrator stubs' (tts_stream) | decoder resident MiB after burst 4 |", "|---|---|---|---|---|---|---|---|"]
+    for (d, v), (_, _, i) in zip(runs, CPU_FAULTS):
+        bs = d["bursts"]
+        md.append(f"| {'defaults' if v == 'default' else 'tunables'} | {i} | "
+                  + " / ".join(f"{b['x_real_time']:.1f}" for b in bs) + " | "
+                  + " / ".join(f"{b['delivery_ms']:.2f}" for b in bs) + " | "
+                  + " / ".join(f"{model('decoder')(b) / 1000:.0f}" for b in bs) + " | "
+                  + " / ".join(f"{model('tritonserver')(b) / 1000:.1f}" for b in bs) + " | "
+                  + " / ".join(f"{model('tts_stream')(b) / 1000:.1f}" for b in bs) + " | "
+                  + (f"{bs[-1]['resident_mib']['decoder']:.0f}" if "resident_mib" in bs[-1] else "-") + " |")
+    c = res["sixty_second"]["cpu_page_faults"]
+    md += ["", f"- The decoder's stub (the model on the CPU) took {c['default']['decoder_faults_median'] / 1000:.0f} "
+           f"thousand minor faults a burst with glibc's defaults (median), {c['malloc']['decoder_faults_median'] / 1000:.0f} "
+           "thousand with the tunables: a freed tensor's pages went back to the kernel and the next one faulted them in "
+           f"again. x real time, median over the bursts: {c['default']['x_real_time_median']:.1f} "
+           f"({span(c['default']['x_real_time_range'], '{:.1f}')}) against {c['malloc']['x_real_time_median']:.1f} "
+           f"({span(c['malloc']['x_real_time_range'], '{:.1f}')}) with the tunables; the spread between bursts "
+           "on this 2-core machine is as wide as the difference. The tunables' cost is memory the heap keeps: "
+           f"the decoder stub held up to {c['malloc']['decoder_resident_mib_max']:.0f} MiB resident after four "
+           f"bursts, against up to {c['default']['decoder_resident_mib_max']:.0f} with the defaults.",
+           "- A first burst touches pages later ones reuse, in both settings: the server took "
+           f"{c['default']['server_faults_first_median'] / 1000:.1f} thousand faults in its first burst against "
+           f"{c['default']['server_faults_later_median'] / 1000:.1f} thousand in later ones (median, defaults; tunables "
+           f"{c['malloc']['server_faults_first_median'] / 1000:.1f} against {c['malloc']['server_faults_later_median'] / 1000:.1f}), "
+           "and the audio deliveries were slower in the first burst (median "
+           f"{c['default']['delivery_ms_first_median']:.2f} against {c['default']['delivery_ms_later_median']:.2f} ms, "
+           f"tunables {c['malloc']['delivery_ms_first_median']:.2f} against {c['malloc']['delivery_ms_later_median']:.2f}). "
+           "On the GPU the decoder's model runs on the device, so its faults there are to be measured: "
+           "`run_served_gpu.sh` now passes `--server-pid` to `bench_served.py`, which records each level's minor "
+           "faults by process (new).", ""]
     return md
 
 
