@@ -22,6 +22,8 @@ PATCH = f"audio_eager_pad_{S}.patch"
 # the CPU runs of benchmarks/shm_regions.py with minor page faults: (raw name, glibc malloc tunables or not)
 CPU_FAULTS = [(f"page_faults_cpu_{v}_{i}_{S}.json", v, i) for i in (1, 2, 3, 4, 5) for v in ("default", "malloc")]
 MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_TOP_PAD_=67108864"
+# the H200 runs of the same (sixty-third session): (call, server's place, setting); raw served_{setting}_call{c}_server{p}
+GPU_MALLOC = [(1, 1, "default"), (1, 2, "malloc"), (1, 3, "default"), (2, 1, "malloc"), (2, 2, "default"), (2, 3, "malloc")]
 
 
 def by_model(faults: dict) -> dict:
@@ -121,6 +123,7 @@ def sixty_second_session(res) -> list[str]:
            "ready line keeps the audio thread's start-up as a phase of its own (c70ab76).",
            ""]
     md += _cpu_faults(res)
+    md += _gpu_malloc(res)
     md += ["**Against issue 17's targets**: unchanged; results.json's headline keys stay the fifty-fifth "
            "session's. Capacity at once: the default played 128 at once smoothly in "
            f"{pooled_now[0]} of {pooled_now[1]} levels measured since the fifty-ninth session (the sixty-first "
@@ -189,6 +192,54 @@ def _cpu_faults(res) -> list[str]:
            "On the GPU the decoder's model runs on the device, so its faults there are to be measured: "
            "`run_served_gpu.sh` now passes `--server-pid` to `bench_served.py`, which records each level's minor "
            "faults by process (new).", ""]
+    return md
+
+
+def _gpu_malloc(res) -> list[str]:
+    """The H200 runs: 128 at once, three levels a server, glibc's defaults against the tunables, a call each order."""
+    md = ["**On the H200** (continued as the sixty-third session, 2026-12-04; two calls, `devrun`-wrapped "
+          f"`SERVER_ENV=\"{MALLOC_ENV}\"` or none, `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
+          "LEVELS=128,128,128 REQUESTS=3 bash benchmarks/run_served_gpu.sh`, three servers a call, the tunables in "
+          "the server's environment alone; `raw/served_{default,malloc}_call*_server*_sixtythird.*`). Each level's "
+          "minor faults, thousands, by process:", "",
+          "| call | server | malloc | x real time, levels 1-3 | smooth % | TTFA p50 ms | tts_stream stubs' faults | "
+          "server's | decoder stub's |", "|---|---|---|---|---|---|---|---|---|"]
+    out = {"default": [], "malloc": []}
+    per_call = {}  # (call, setting) -> each server's median x real time
+    for c, p, v in GPU_MALLOC:
+        lvs = load(f"served_{v}_call{c}_server{p}_sixtythird.json")["levels"]
+        out[v] += lvs
+        per_call.setdefault((c, v), []).append(statistics.median(lv["x_real_time"] for lv in lvs))
+        f = lambda name: " / ".join(f"{lv['minor_faults'].get(name, 0) / 1000:.0f}" for lv in lvs)  # noqa: E731
+        md.append(f"| {c} | {p} | {'tunables' if v == 'malloc' else 'defaults'} | "
+                  + " / ".join(f"{lv['x_real_time']:.1f}" for lv in lvs) + " | "
+                  + " / ".join(f"{100 * lv['smooth_playback_frac']:.1f}" for lv in lvs) + " | "
+                  + " / ".join(f"{lv['ttfa_ms']['p50']:.0f}" for lv in lvs) + f" | {f('tts_stream')} | "
+                  f"{f('tritonserver')} | {f('decoder')} |")
+    g = {v: {"levels": len(lvs), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in lvs),
+             "x_real_time_median": statistics.median(lv["x_real_time"] for lv in lvs),
+             "tts_stream_faults_first_median": statistics.median(lv["minor_faults"]["tts_stream"] for lv in lvs[::3]),
+             "tts_stream_faults_later_median": statistics.median(
+                 lv["minor_faults"]["tts_stream"] for i, lv in enumerate(lvs) if i % 3)}
+         for v, lvs in out.items()}
+    ratios = sorted(100 * (mv / dv - 1) for c in (1, 2) for mv in per_call[(c, "malloc")]
+                    for dv in per_call[(c, "default")])
+    g["malloc"]["x_real_time_vs_default_same_call_pct"] = [round(ratios[0], 2), round(ratios[-1], 2)]
+    res["sixty_second"]["gpu_malloc"] = g
+    d, m = g["default"], g["malloc"]
+    md += ["", f"- Every stream smooth in {m['all_smooth']} of {m['levels']} levels with the tunables, "
+           f"{d['all_smooth']} of {d['levels']} with the defaults; x real time median {m['x_real_time_median']:.1f} "
+           f"against {d['x_real_time_median']:.1f} pooled over both calls; within a call, a tunables server's median "
+           f"against a defaults server's: {span(ratios, '{:+.1f}')}%.",
+           "- On the GPU the decoder's stub hardly faults after its first burst; the faults are the orchestrator's "
+           "stubs' and the server's, which pass the audio on. A first burst of 128 costs "
+           f"~{d['tts_stream_faults_first_median'] / 1000:.0f} thousand faults in the tts_stream stubs with either "
+           "setting (pages touched for the first time, which no malloc setting avoids), later bursts "
+           f"{d['tts_stream_faults_later_median'] / 1000:.0f} thousand with the defaults and "
+           f"{m['tts_stream_faults_later_median'] / 1000:.0f} thousand with the tunables.",
+           "- **Not adopted**: no gain in smooth playback, and the first burst, where streams run dry, faults "
+           "the same either way. Pre-touching the stubs' and the server's buffers at start-up is the lead the "
+           "counts point at (not built).", ""]
     return md
 
 
