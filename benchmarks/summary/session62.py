@@ -27,7 +27,7 @@ GPU_MALLOC = [(1, 1, "default"), (1, 2, "malloc"), (1, 3, "default"), (2, 1, "ma
 
 
 def by_model(faults: dict) -> dict:
-    """A burst's faults summed by model (call 1's first CPU run wrote a stub's instances as model_pid)."""
+    """A burst's faults summed by model (the defaults' run 1 wrote a stub's instances as model_pid)."""
     out = {}
     for k, v in faults.items():
         name = re.sub(r"_\d+$", "", k)
@@ -143,7 +143,8 @@ def _cpu_faults(res) -> list[str]:
     laters = {v: [b for d, w in runs if w == v for b in d["bursts"][1:]] for v in bursts}
     med = lambda bs, f: statistics.median(f(b) for b in bs)  # noqa: E731
     model = lambda name: lambda b: by_model(b["minor_faults"])[name]  # noqa: E731
-    rss = {v: [b["resident_mib"]["decoder"] for b in bursts[v] if "resident_mib" in b] for v in bursts}
+    rss = {v: [d["bursts"][-1]["resident_mib"]["decoder"] for d, w in runs if w == v and "resident_mib" in d["bursts"][-1]]
+           for v in bursts}
     res["sixty_second"]["cpu_page_faults"] = {
         v: {"runs": sum(w == v for _, w in runs), "bursts": len(bs),
             "x_real_time_median": med(bs, lambda b: b["x_real_time"]),
@@ -197,18 +198,18 @@ def _cpu_faults(res) -> list[str]:
 
 def _gpu_malloc(res) -> list[str]:
     """The H200 runs: 128 at once, three levels a server, glibc's defaults against the tunables, a call each order."""
-    md = ["**On the H200** (continued as the sixty-third session, 2026-12-04; two calls, `devrun`-wrapped "
+    md = ["**On the H200** (continued as the sixty-third session, 2026-12-04; two calls, a loop of servers each running "
           f"`SERVER_ENV=\"{MALLOC_ENV}\"` or none, `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
           "LEVELS=128,128,128 REQUESTS=3 bash benchmarks/run_served_gpu.sh`, three servers a call, the tunables in "
           "the server's environment alone; `raw/served_{default,malloc}_call*_server*_sixtythird.*`). Each level's "
           "minor faults, thousands, by process:", "",
           "| call | server | malloc | x real time, levels 1-3 | smooth % | TTFA p50 ms | tts_stream stubs' faults | "
           "server's | decoder stub's |", "|---|---|---|---|---|---|---|---|---|"]
-    out = {"default": [], "malloc": []}
+    out = {"default": [], "malloc": []}  # each server's levels
     per_call = {}  # (call, setting) -> each server's median x real time
     for c, p, v in GPU_MALLOC:
         lvs = load(f"served_{v}_call{c}_server{p}_sixtythird.json")["levels"]
-        out[v] += lvs
+        out[v].append(lvs)
         per_call.setdefault((c, v), []).append(statistics.median(lv["x_real_time"] for lv in lvs))
         f = lambda name: " / ".join(f"{lv['minor_faults'].get(name, 0) / 1000:.0f}" for lv in lvs)  # noqa: E731
         md.append(f"| {c} | {p} | {'tunables' if v == 'malloc' else 'defaults'} | "
@@ -216,12 +217,17 @@ def _gpu_malloc(res) -> list[str]:
                   + " / ".join(f"{100 * lv['smooth_playback_frac']:.1f}" for lv in lvs) + " | "
                   + " / ".join(f"{lv['ttfa_ms']['p50']:.0f}" for lv in lvs) + f" | {f('tts_stream')} | "
                   f"{f('tritonserver')} | {f('decoder')} |")
-    g = {v: {"levels": len(lvs), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in lvs),
-             "x_real_time_median": statistics.median(lv["x_real_time"] for lv in lvs),
-             "tts_stream_faults_first_median": statistics.median(lv["minor_faults"]["tts_stream"] for lv in lvs[::3]),
+    every = {v: [lv for lvs in servers for lv in lvs] for v, servers in out.items()}
+    g = {v: {"levels": len(every[v]), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in every[v]),
+             "x_real_time_median": statistics.median(lv["x_real_time"] for lv in every[v]),
+             "tts_stream_faults_first_median": statistics.median(
+                 lvs[0]["minor_faults"]["tts_stream"] for lvs in servers),
              "tts_stream_faults_later_median": statistics.median(
-                 lv["minor_faults"]["tts_stream"] for i, lv in enumerate(lvs) if i % 3)}
-         for v, lvs in out.items()}
+                 lv["minor_faults"]["tts_stream"] for lvs in servers for lv in lvs[1:])}
+         for v, servers in out.items()}
+    # which burst of its server each level with a dry stream was (1 = the server's first)
+    dry_bursts = sorted(i + 1 for servers in out.values() for lvs in servers
+                        for i, lv in enumerate(lvs) if lv["smooth_playback_frac"] < 1)
     ratios = sorted(100 * (mv / dv - 1) for c in (1, 2) for mv in per_call[(c, "malloc")]
                     for dv in per_call[(c, "default")])
     g["malloc"]["x_real_time_vs_default_same_call_pct"] = [round(ratios[0], 2), round(ratios[-1], 2)]
@@ -237,8 +243,9 @@ def _gpu_malloc(res) -> list[str]:
            "setting (pages touched for the first time, which no malloc setting avoids), later bursts "
            f"{d['tts_stream_faults_later_median'] / 1000:.0f} thousand with the defaults and "
            f"{m['tts_stream_faults_later_median'] / 1000:.0f} thousand with the tunables.",
-           "- **Not adopted**: no gain in smooth playback, and the first burst, where streams run dry, faults "
-           "the same either way. Pre-touching the stubs' and the server's buffers at start-up is the lead the "
+           "- **Not adopted**: no gain in smooth playback, and a first burst faults the same either way. Here no "
+           "first burst left a stream dry (the levels that did were their servers' bursts "
+           f"{', '.join(map(str, dry_bursts))}), unlike the sixty-first session's first bursts. Pre-touching the stubs' and the server's buffers at start-up is the lead the "
            "counts point at (not built).", ""]
     return md
 
