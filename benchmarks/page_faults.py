@@ -35,25 +35,23 @@ def _name(pid: int, comm: str) -> str:
     return comm
 
 
-def _resident_mib(pid: int) -> float:
+def _memory_mib(pid: int) -> tuple[float, float]:
+    """(resident, of it shared memory such as a Python backend region) MiB, from /proc/<pid>/status."""
+    got = {}
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return 0.0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssShmem"):
+                    got[key] = int(value.split()[0]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return got.get("VmRSS", 0.0), got.get("RssShmem", 0.0)
 
 
-def minor_faults(root: int) -> dict[str, int]:
-    """Minor faults so far of `root` and its descendants, summed by name ({} when root is gone)."""
-    return {name: faults for name, (faults, _) in _tree(root).items()}
-
-
-def resident_mib(root: int) -> dict[str, float]:
-    """Resident memory now of `root` and its descendants, MiB, summed by name (shared pages counted in each)."""
-    return {name: round(rss, 1) for name, (_, rss) in _tree(root).items()}
-
-
-def _tree(root: int) -> dict[str, tuple[int, float]]:
+def usage(root: int) -> dict[str, dict]:
+    """Of `root` and its descendants now, summed by name ({} when root is gone): minor faults so far,
+    resident MiB and, of that, MiB of shared memory mapped (shared pages counted in each process)."""
     procs = {}
     for d in os.listdir("/proc"):
         if d.isdigit() and (st := _stat(int(d))) is not None:
@@ -61,16 +59,28 @@ def _tree(root: int) -> dict[str, tuple[int, float]]:
     children: dict[int, list[int]] = {}
     for pid, (_, ppid, _) in procs.items():
         children.setdefault(ppid, []).append(pid)
-    out: dict[str, tuple[int, float]] = {}
+    out: dict[str, dict] = {}
     todo = [root] if root in procs else []
     while todo:
         pid = todo.pop()
         comm, _, faults = procs[pid]
-        name = _name(pid, comm)
-        f, rss = out.get(name, (0, 0.0))
-        out[name] = (f + faults, rss + _resident_mib(pid))
+        rss, shmem = _memory_mib(pid)
+        u = out.setdefault(_name(pid, comm), {"minor_faults": 0, "resident_mib": 0.0, "shared_mib": 0.0})
+        u["minor_faults"] += faults
+        u["resident_mib"] = round(u["resident_mib"] + rss, 1)
+        u["shared_mib"] = round(u["shared_mib"] + shmem, 1)
         todo += children.get(pid, [])
     return out
+
+
+def minor_faults(root: int) -> dict[str, int]:
+    """Minor faults so far of `root` and its descendants, summed by name ({} when root is gone)."""
+    return {name: u["minor_faults"] for name, u in usage(root).items()}
+
+
+def by(key: str, now: dict[str, dict]) -> dict[str, float]:
+    """One measure of a `usage` reading, by name."""
+    return {name: u[key] for name, u in now.items()}
 
 
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

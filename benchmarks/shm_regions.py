@@ -5,12 +5,13 @@ Triton 2.51 creates at `shm-default-byte-size` (1 MiB) and grows by `shm-growth-
 when a tensor does not fit; each growth maps the whole region again, in both processes. This starts
 a real tritonserver on the model repository (tests/server.py; the embedded tiny checkpoint on the
 CPU unless VOXCPM_CHECKPOINT says otherwise), sends BURSTS bursts of `bench_served.py` streams, and
-prints every region's size (MiB) after start-up and after each burst, with the burst's aggregate x real
-time, the decoder's audio deliveries (ms each: a decoded chunk's wait and its send to the client) and
-the minor page faults in the burst and the resident memory after it, of the server and of each model's
-stubs (`page_faults.py`).
+prints every region's size (MiB) after start-up and after each burst, with the burst's aggregate
+x real time, the decoder's audio deliveries (ms each: a decoded chunk's wait and its send to the
+client) and, of the server and of each model's stubs (`page_faults.py`), the minor page faults in
+the burst and the resident memory after it, with how much of that is shared memory mapped.
 
     .venv/bin/python benchmarks/shm_regions.py [--streams 32] [--patches 40] [--bursts 3]
+        [--model-repository D (scripts/repository_copy.py makes one with other parameters)]
         [--json-out F] [-- extra tritonserver arguments, e.g. --backend-config=python,...]
 """
 
@@ -24,7 +25,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from page_faults import delta, minor_faults, resident_mib  # noqa: E402
+from page_faults import by, delta, usage  # noqa: E402
 from server import TritonServer  # noqa: E402
 
 # this run's regions alone: other servers' (a test suite's, a deployment's) keep Triton's default prefix
@@ -41,17 +42,19 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--patches", type=int, default=40, help="each request's length in patches")
     ap.add_argument("--bursts", type=int, default=3)
+    ap.add_argument("--model-repository", default=os.path.join(HERE, "..", "model_repository"))
     ap.add_argument("--json-out")
     ap.add_argument("server_args", nargs="*", help="after --: extra tritonserver arguments")
     a = ap.parse_args()
     out = {"streams": a.streams, "patches": a.patches, "server_args": a.server_args, "bursts": [],
+           "model_repository": os.path.abspath(a.model_repository),
            # glibc's malloc tunables the server and its stubs inherit (how their heaps give pages back)
            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
     args = [f"--backend-config=python,shm-region-prefix-name={PREFIX}", *a.server_args]
-    with TritonServer(os.path.join(HERE, "..", "model_repository"), args=args) as s:
+    with TritonServer(a.model_repository, args=args) as s:
         out["after_start_mib"] = region_sizes_mib()
         print(f"after start: {out['after_start_mib']}", flush=True)
-        faults = minor_faults(s.pid)
+        faults = by("minor_faults", usage(s.pid))
         for i in range(a.bursts):
             with tempfile.TemporaryDirectory() as tmp:
                 level = os.path.join(tmp, "level.json")
@@ -66,10 +69,11 @@ def main() -> int:
             burst = {"x_real_time": round(lv["x_real_time"], 2), "ttfa_ms_p50": round(lv["ttfa_ms"]["p50"], 1),
                      "delivery_ms": round(1000 * steps["audio_send_s"] / max(steps["audio_sends"], 1), 3),
                      "sizes_mib": region_sizes_mib()}
-            now = minor_faults(s.pid)
-            burst["minor_faults"] = delta(faults, now)
-            burst["resident_mib"] = resident_mib(s.pid)
-            faults = now
+            now = usage(s.pid)
+            burst["minor_faults"] = delta(faults, by("minor_faults", now))
+            burst["resident_mib"] = by("resident_mib", now)
+            burst["shared_mib"] = by("shared_mib", now)  # of it, the regions' pages each process has mapped
+            faults = by("minor_faults", now)
             out["bursts"].append(burst)
             print(f"burst {i + 1}: {burst}", flush=True)
     if a.json_out:

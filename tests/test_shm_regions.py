@@ -16,7 +16,8 @@ from tests.server import REPO  # noqa: E402
 def _run(tmp_path, *server_args):
     out = tmp_path / "shm.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "shm_regions.py"), "--streams", "2", "--patches",
-                           "4", "--bursts", "1", "--json-out", str(out), "--", *server_args],
+                           "4", "--bursts", "1", "--model-repository", str(REPO / "model_repository"), "--json-out",
+                           str(out), "--", *server_args],
                           capture_output=True, text=True, timeout=600, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -33,4 +34,8 @@ def test_reports_its_own_regions_and_leaves_none(tmp_path):
     faults = burst["minor_faults"]
     assert {"tritonserver", "decoder", "tts_stream", "tokenizer"} <= set(faults), faults
     assert faults["tritonserver"] > 0 and faults["decoder"] > 0, faults
+    # resident memory after it, and of that the shared memory mapped: the regions the streams' audio went through
+    shared, resident = burst["shared_mib"], burst["resident_mib"]
+    assert shared["tts_stream"] > 0 and shared["tritonserver"] > 0, shared
+    assert all(0 <= shared[k] <= resident[k] for k in shared), (shared, resident)
     assert not glob.glob("/dev/shm/voxcpm_shm_regions_*")  # the server's regions went with it
