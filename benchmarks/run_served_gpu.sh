@@ -12,6 +12,7 @@
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
 #   TRITON_ARGS: more tritonserver arguments (split on spaces), e.g. --backend-config=python,...
 #   SERVER_ENV="NAME=value ...": environment for the server alone (its stubs inherit it), not the clients
+#   (each variable's earlier value is back once the server runs), e.g. VOXCPM_PYTHON_BACKEND=<other code>
 #   SET="model.key=value ...": those model parameters changed, in a copy of MODEL_REPOSITORY (the
 #   checkout's model_repository unless given), checked first (scripts/repository_copy.py; e.g.
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
@@ -61,7 +62,13 @@ if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter 
 fi
 t0=$SECONDS
 read -ra server_env <<<"${SERVER_ENV:-}"
-for kv in "${server_env[@]}"; do export "${kv?}"; done
+restore_env=()  # each NAME=value as it was before, or NAME alone where it was unset
+for kv in "${server_env[@]}"; do
+    [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "[run_served_gpu] SERVER_ENV: '$kv' is not NAME=value"; exit 1; }
+    name="${kv%%=*}"
+    if [[ -v $name ]]; then restore_env+=("$name=${!name}"); else restore_env+=("$name"); fi
+    export "${kv?}"
+done
 # Killed (a timeout, ^C): take the server down too; it runs in its own session, out of the signal's reach.
 trap 'echo "[run_served_gpu] interrupted: stopping the server"; [[ -n ${sup_pid:-} ]] && kill -TERM "$sup_pid" \
     && wait "$sup_pid"; device_triton_stop; exit 143' TERM INT
@@ -83,7 +90,7 @@ elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" \
     device_triton_start "${repo_arg[0]:-${MODEL_REPOSITORY:-}}" ${TRITON_ARGS:-}; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
-for kv in "${server_env[@]}"; do unset "${kv%%=*}"; done
+for kv in "${restore_env[@]}"; do if [[ $kv == *=* ]]; then export "${kv?}"; else unset "$kv"; fi; done
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)${SERVER_ENV:+ with $SERVER_ENV}"
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
