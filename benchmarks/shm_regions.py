@@ -5,10 +5,11 @@ Triton 2.51 creates at `shm-default-byte-size` (1 MiB) and grows by `shm-growth-
 when a tensor does not fit; each growth maps the whole region again, in both processes. This starts
 a real tritonserver on the model repository (tests/server.py; the embedded tiny checkpoint on the
 CPU unless VOXCPM_CHECKPOINT says otherwise), sends BURSTS bursts of `bench_served.py` streams, and
-prints every region's size (MiB) after start-up and after each burst, with the burst's aggregate
-x real time, the decoder's audio deliveries (ms each: a decoded chunk's wait and its send to the
-client) and, of the server and of each model's stubs (`page_faults.py`), the minor page faults in
-the burst and the resident memory after it, with how much of that is shared memory mapped.
+prints every region's size (MiB; after start-up also how much of it is allocated RAM) and, after
+each burst, the burst's aggregate x real time, the decoder's audio deliveries (ms each: a decoded
+chunk's wait and its send to the client) and, of the server and of each model's stubs
+(`page_faults.py`), the minor page faults in the burst and the resident memory after it, with how
+much of that is shared memory mapped.
 
     .venv/bin/python benchmarks/shm_regions.py [--streams 32] [--patches 40] [--bursts 3]
         [--model-repository D (scripts/repository_copy.py makes one with other parameters)]
@@ -37,6 +38,11 @@ def region_sizes_mib() -> list[int]:
     return sorted(os.stat(f).st_size >> 20 for f in glob.glob(f"/dev/shm/{PREFIX}*"))
 
 
+def region_allocated_mib() -> list[int]:
+    """The MiB of pages each of this run's regions holds in /dev/shm (its blocks), smallest first."""
+    return sorted(os.stat(f).st_blocks * 512 >> 20 for f in glob.glob(f"/dev/shm/{PREFIX}*"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, default=32)
@@ -53,7 +59,9 @@ def main() -> int:
     args = [f"--backend-config=python,shm-region-prefix-name={PREFIX}", *a.server_args]
     with TritonServer(a.model_repository, args=args) as s:
         out["after_start_mib"] = region_sizes_mib()
-        print(f"after start: {out['after_start_mib']}", flush=True)
+        # RAM, not just address space: Triton allocates a region's pages as it sizes it
+        out["after_start_allocated_mib"] = region_allocated_mib()
+        print(f"after start: {out['after_start_mib']}, allocated {out['after_start_allocated_mib']}", flush=True)
         faults = by("minor_faults", usage(s.pid))
         for i in range(a.bursts):
             with tempfile.TemporaryDirectory() as tmp:

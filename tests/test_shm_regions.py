@@ -27,6 +27,7 @@ def test_reports_its_own_regions_and_leaves_none(tmp_path):
     d = _run(tmp_path, "--backend-config=python,shm-default-byte-size=3145728")
     # one region per Python model instance, each at the default size it was given (3 MiB), none of another server's
     assert len(d["after_start_mib"]) >= 8 and set(d["after_start_mib"]) == {3}, d
+    assert d["after_start_allocated_mib"] == d["after_start_mib"], d  # every page of a region is RAM from the start
     (burst,) = d["bursts"]
     assert burst["x_real_time"] > 0 and burst["ttfa_ms_p50"] > 0 and burst["delivery_ms"] > 0, burst
     assert len(burst["sizes_mib"]) == len(d["after_start_mib"]) and min(burst["sizes_mib"]) >= 3, burst
