@@ -560,6 +560,8 @@ def parse_args(argv=None):
         p.error("--duration must be > 0")
     if args.mean_gap <= 0:
         p.error("--mean-gap must be > 0")
+    if args.server_pid is not None and not page_faults.usage(args.server_pid):
+        p.error(f"--server-pid: no process {args.server_pid} on this machine (the server must run here)")
     if args.seed is not None and args.seed < 0:
         args.seed = None
     return args
@@ -585,11 +587,11 @@ def main(argv=None) -> int:
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
         eng_before = settled_engine_sums(args.metrics_url) if args.metrics_url else {}  # the warm-up's too
-        faults0 = page_faults.minor_faults(args.server_pid) if args.server_pid else None
+        faults0 = page_faults.usage(args.server_pid) if args.server_pid else None
         cpu0 = time.process_time()
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
         if faults0 is not None:
-            lv["minor_faults"] = page_faults.delta(faults0, page_faults.minor_faults(args.server_pid))
+            lv["minor_faults"] = page_faults.delta(faults0, page_faults.usage(args.server_pid))
         # this client's CPU time over the level (all its threads), per second of the level: near 1 or
         # more, its Python (one core at a time) may be what holds the streams back
         lv["client_cpu_per_s"] = (time.process_time() - cpu0) / lv["wall_s"]

@@ -13,15 +13,15 @@ import os
 STUB = "triton_python_backend_stub"
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(command name, parent pid, minor faults) of a live process, or None."""
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(command name, parent pid, minor faults, start time in clock ticks) of a live process, or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             head, _, rest = f.read().rpartition(")")
     except OSError:
         return None
-    fields = rest.split()  # from field 3 (state) on: ppid is field 4, minflt field 10
-    return head.partition("(")[2], int(fields[1]), int(fields[7])
+    fields = rest.split()  # from field 3 (state) on: ppid is field 4, minflt field 10, starttime field 22
+    return head.partition("(")[2], int(fields[1]), int(fields[7]), int(fields[19])
 
 
 def _name(pid: int, comm: str) -> str:
@@ -51,31 +51,29 @@ def _memory_mib(pid: int) -> tuple[float, float]:
 
 def usage(root: int) -> dict[str, dict]:
     """Of `root` and its descendants now, summed by name ({} when root is gone): minor faults so far,
-    resident MiB and, of that, MiB of shared memory mapped (shared pages counted in each process)."""
+    resident MiB and, of that, MiB of shared memory mapped (shared pages counted in each process);
+    "processes": each process's faults, by pid and start time, for `delta`."""
     procs = {}
     for d in os.listdir("/proc"):
         if d.isdigit() and (st := _stat(int(d))) is not None:
             procs[int(d)] = st
     children: dict[int, list[int]] = {}
-    for pid, (_, ppid, _) in procs.items():
+    for pid, (_, ppid, _, _) in procs.items():
         children.setdefault(ppid, []).append(pid)
     out: dict[str, dict] = {}
     todo = [root] if root in procs else []
     while todo:
         pid = todo.pop()
-        comm, _, faults = procs[pid]
+        comm, _, faults, start = procs[pid]
         rss, shmem = _memory_mib(pid)
-        u = out.setdefault(_name(pid, comm), {"minor_faults": 0, "resident_mib": 0.0, "shared_mib": 0.0})
+        u = out.setdefault(_name(pid, comm), {"minor_faults": 0, "resident_mib": 0.0, "shared_mib": 0.0,
+                                              "processes": {}})
         u["minor_faults"] += faults
         u["resident_mib"] = round(u["resident_mib"] + rss, 1)
         u["shared_mib"] = round(u["shared_mib"] + shmem, 1)
+        u["processes"][(pid, start)] = faults
         todo += children.get(pid, [])
     return out
-
-
-def minor_faults(root: int) -> dict[str, int]:
-    """Minor faults so far of `root` and its descendants, summed by name ({} when root is gone)."""
-    return {name: u["minor_faults"] for name, u in usage(root).items()}
 
 
 def by(key: str, now: dict[str, dict]) -> dict[str, float]:
@@ -83,7 +81,12 @@ def by(key: str, now: dict[str, dict]) -> dict[str, float]:
     return {name: u[key] for name, u in now.items()}
 
 
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """Faults between two `minor_faults` readings, by name, largest first."""
-    d = {k: v - before.get(k, 0) for k, v in after.items()}
+def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
+    """Minor faults between two `usage` readings, by name, largest first. A process started between them
+    counts from its start (a stub Triton restarted, say); one that ended takes its faults since `before`
+    with it."""
+    d = {}
+    for name, u in after.items():
+        was = before.get(name, {}).get("processes", {})
+        d[name] = sum(f - was.get(key, 0) for key, f in u["processes"].items())
     return dict(sorted(d.items(), key=lambda kv: -kv[1]))

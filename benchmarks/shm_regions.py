@@ -62,7 +62,7 @@ def main() -> int:
         # RAM, not just address space: Triton allocates a region's pages as it sizes it
         out["after_start_allocated_mib"] = region_allocated_mib()
         print(f"after start: {out['after_start_mib']}, allocated {out['after_start_allocated_mib']}", flush=True)
-        faults = by("minor_faults", usage(s.pid))
+        before = usage(s.pid)
         for i in range(a.bursts):
             with tempfile.TemporaryDirectory() as tmp:
                 level = os.path.join(tmp, "level.json")
@@ -78,10 +78,10 @@ def main() -> int:
                      "delivery_ms": round(1000 * steps["audio_send_s"] / max(steps["audio_sends"], 1), 3),
                      "sizes_mib": region_sizes_mib()}
             now = usage(s.pid)
-            burst["minor_faults"] = delta(faults, by("minor_faults", now))
+            burst["minor_faults"] = delta(before, now)
             burst["resident_mib"] = by("resident_mib", now)
             burst["shared_mib"] = by("shared_mib", now)  # of it, the regions' pages each process has mapped
-            faults = by("minor_faults", now)
+            before = now
             out["bursts"].append(burst)
             print(f"burst {i + 1}: {burst}", flush=True)
     if a.json_out:
