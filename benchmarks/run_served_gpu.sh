@@ -12,7 +12,8 @@
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
 #   TRITON_ARGS: more tritonserver arguments (split on spaces), e.g. --backend-config=python,...
 #   SERVER_ENV="NAME=value ...": environment for the server alone (its stubs inherit it), not the clients
-#   (each variable's earlier value is back once the server runs), e.g. VOXCPM_PYTHON_BACKEND=<other code>
+#   (each variable as it was is back once the server runs; NAME in capitals, once each), e.g.
+#   VOXCPM_PYTHON_BACKEND=<other code>, which SET's check then reads too
 #   SET="model.key=value ...": those model parameters changed, in a copy of MODEL_REPOSITORY (the
 #   checkout's model_repository unless given), checked first (scripts/repository_copy.py; e.g.
 #   SET=decoder.decode_audio=true). AUDIO=1: benchmarks/served_audio.py records 4 fixed-seed streams
@@ -29,6 +30,16 @@
 # $OUT/metrics.txt (the voxcpm_ metrics at the end) and
 # $OUT/tritonserver.log (benchmarks/out without $OUT).
 set -uo pipefail
+# SERVER_ENV first: a mistake there costs nothing yet
+read -ra server_env <<<"${SERVER_ENV:-}"
+declare -A env_seen=()
+for kv in "${server_env[@]}"; do
+    name="${kv%%=*}"
+    [[ $kv =~ ^[A-Z_][A-Z0-9_]*= ]] || { echo "[run_served_gpu] SERVER_ENV: '$kv' is not NAME=value, NAME in capitals"; exit 1; }
+    [[ -z ${env_seen[$name]:-} ]] || { echo "[run_served_gpu] SERVER_ENV: $name given twice"; exit 1; }
+    [[ $(declare -p "$name" 2>/dev/null | cut -d' ' -f2) != *r* ]] || { echo "[run_served_gpu] SERVER_ENV: $name is read-only"; exit 1; }
+    env_seen[$name]=1
+done
 OUT="${OUT:-benchmarks/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -53,20 +64,18 @@ if [[ ${PREFIX:-0} == 1 ]]; then
     export VOXCPM_VOICES_DIR
 fi
 repo_arg=()
-if [[ -n ${SET:-} ]]; then  # checked against VOXCPM_PYTHON_BACKEND's parameter table before the server starts
+if [[ -n ${SET:-} ]]; then  # checked against the server's VOXCPM_PYTHON_BACKEND's parameter table before it starts
     repo_copy="$(mktemp -d)/model_repository"
     read -ra sets <<<"$SET"
-    python3 scripts/repository_copy.py "${MODEL_REPOSITORY:-model_repository}" "$repo_copy" "${sets[@]}" \
+    env "${server_env[@]}" python3 scripts/repository_copy.py "${MODEL_REPOSITORY:-model_repository}" "$repo_copy" "${sets[@]}" \
         || { rm -rf "$(dirname "$repo_copy")"; exit 1; }
     repo_arg=("$repo_copy")
 fi
 t0=$SECONDS
-read -ra server_env <<<"${SERVER_ENV:-}"
-restore_env=()  # each NAME=value as it was before, or NAME alone where it was unset
+saved_env=()  # each variable's declaration before (declare -p: its value and whether exported), or "" if unset
 for kv in "${server_env[@]}"; do
-    [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "[run_served_gpu] SERVER_ENV: '$kv' is not NAME=value"; exit 1; }
     name="${kv%%=*}"
-    if [[ -v $name ]]; then restore_env+=("$name=${!name}"); else restore_env+=("$name"); fi
+    if [[ -v $name ]]; then saved_env+=("$(declare -p "$name")"); else saved_env+=(""); fi
     export "${kv?}"
 done
 # Killed (a timeout, ^C): take the server down too; it runs in its own session, out of the signal's reach.
@@ -90,7 +99,10 @@ elif ! VOXCPM_CHECKPOINT="$CKPT" DEVICE_TRITON_LOG="$OUT/tritonserver.log" \
     device_triton_start "${repo_arg[0]:-${MODEL_REPOSITORY:-}}" ${TRITON_ARGS:-}; then
     echo "[run_served_gpu] tritonserver did not start"; exit 1
 fi
-for kv in "${restore_env[@]}"; do if [[ $kv == *=* ]]; then export "${kv?}"; else unset "$kv"; fi; done
+for i in "${!server_env[@]}"; do
+    unset "${server_env[i]%%=*}"
+    [[ -z ${saved_env[i]} ]] || eval "${saved_env[i]}"
+done
 echo "[run_served_gpu] server ready after $((SECONDS - t0)) s (load, compile, capture)${SERVER_ENV:+ with $SERVER_ENV}"
 grep -E "captured|compiled|start-up|GiB" "$OUT/tritonserver.log" | tail -5
 rc=0
