@@ -67,13 +67,14 @@ def sixty_fourth_session(res) -> list[str]:
           "which pass every chunk's audio on. Two changes went after them (`raw/" + PATCH + "`, applies to 1ed7a61):",
           "- **Passed on**: tts_stream sent each chunk as a new tensor made from a copy of the decoder's "
           "(`astype`), which the stub then copied into its shared memory. The patch sends the decoder's `AUDIO` "
-          "tensor as it came: Triton's Python backend then sends a reference to the block in shared memory where the "
-          "server put it, with no copy at all.",
+          "tensor as it came. A tensor read from shared memory is sent by reference to its block there (the Python "
+          "backend's `PbTensor::SaveToSharedMemory` skips a tensor that has one), so the stub should copy nothing; "
+          "that was read in its source, not measured.",
           "- **Pre-faulted**: a new model parameter `shm_prefault` (decoder, tts_stream) maps the instance's whole "
           "region into its process at start-up (`madvise(MADV_POPULATE_WRITE)`). Triton already allocates a "
-          "region's pages when it creates or grows it (its `/dev/shm` file has all its blocks, measured here on the "
-          "CPU). What remains is each process's first touch of each page, and that is repeated after every growth, "
-          "which maps the region anew. So this only pays with regions that do not grow.",
+          "region's pages when it creates it (its `/dev/shm` file has all its blocks: measured on the CPU, below). "
+          "What is left is each process's first touch of each page, and a growth maps the region anew, so only a "
+          "region that does not grow keeps the mapping.",
           "", "Three device calls, each on an H200 machine of its own. Each server: `SET=\"decoder.timestep_buckets=10,100"
           "[ ...]\" ARRIVALS=burst LEVELS=128,128 REQUESTS=3 bash benchmarks/run_served_gpu.sh`, one after "
           "another in a call. The code before ran from a copy of 1ed7a61's `python_backend` and `model_repository` "
@@ -129,8 +130,10 @@ def sixty_fourth_session(res) -> list[str]:
            "whose pages then fault again, but they grew about as much either way. Why the server faults more when it "
            "is handed the block it wrote itself was not found.",
            f"- **With 128 MiB regions** (grown once, to {span(grown('newbig') + grown('prefault') + grown('basebig'))} "
-           "MiB, in every run that recorded them) passing on cost the server no more faults in second bursts "
-           f"({span(fk('newbig', 'tritonserver', 1) + fk('prefault', 'tritonserver', 1))} thousand), but still more "
+           "MiB, in every run that recorded them) passing on cost the server as many faults in second bursts "
+           f"({span(fk('newbig', 'tritonserver', 1) + fk('prefault', 'tritonserver', 1))} thousand) as the code "
+           f"before with Triton's regions ({span(fk('base', 'tritonserver', 1))}), against "
+           f"{span(fk('basebig', 'tritonserver', 1))} for the code before with the same regions, and more "
            f"in first bursts ({span(fk('newbig', 'tritonserver', 0) + fk('prefault', 'tritonserver', 0))} thousand, "
            f"against {span(fk('basebig', 'tritonserver', 0))} for the code before with the same regions). Side by "
            f"side in call 3, passed on and the code before made {firsts['newbig'][0]:.1f}x and "
@@ -138,18 +141,28 @@ def sixty_fourth_session(res) -> list[str]:
            f"and {levels[(3, 2, 'basebig')][1]['x_real_time']:.1f}x in their second: the same. Pre-faulted too: "
            f"{span(firsts['prefault'], '{:.1f}')}x in first bursts, each server second in its call, "
            f"{span(gain, '{:.1f}')}% faster than the code before's server of the same call, within the spread between "
-           "servers.",
+           "servers. Those regions grew once too, which maps them anew, so pre-faulting was not tested with a region "
+           "that keeps its size; and it did not cut the tts_stream stubs' first-burst faults "
+           f"({span(fk('prefault', 'tts_stream', 0))} thousand, against {span(fk('newbig', 'tts_stream', 0))} "
+           "without it, another call).",
+           "- The code before with 128 MiB regions had the fastest first-burst deliveries of the session, "
+           f"{burst('basebig', 0, delivery_ms)[0]:.2f} ms against {span(burst('base', 0, delivery_ms), '{:.2f}')} "
+           "with Triton's regions, as the sixty-first session's one such server did (1.04 against 1.24). One "
+           "server each time: not enough to tell.",
            f"- The code before's levels: {stats['base']['all_smooth']} of {stats['base']['levels']} every stream "
            f"smooth with Triton's regions, {stats['basebig']['all_smooth']} of {stats['basebig']['levels']} with "
            "128 MiB ones (one server: no gain to tell). With the sixty-third session's servers of glibc's defaults, "
            f"{pooled[0]} of {pooled[1]} levels of 128 at once with the default code and settings played every stream "
            "smoothly since the fifty-ninth session (the sixty-second session's count left those out).",
            "- **None adopted**: passing on is slower with the regions a server gets by default, and no faster with "
-           "larger ones; pre-faulting showed no gain of its own. The code is the patch. A first burst still costs "
-           f"the server about {statistics.median(fk('base', 'tritonserver', 0)):.0f} thousand faults and tts_stream "
-           f"about {statistics.median(fk('base', 'tts_stream', 0)):.0f} thousand: the first touches of each region "
-           "page (again after every growth) and of the stubs' heap, where the Python backend copies every chunk it "
-           "receives into a NumPy array of its own.", ""]
+           "larger ones; pre-faulting, tried only with it and with regions that still grew once, showed no gain. The "
+           "code is the patch. A first burst still costs the server about "
+           f"{statistics.median(fk('base', 'tritonserver', 0)):.0f} thousand faults and tts_stream about "
+           f"{statistics.median(fk('base', 'tts_stream', 0)):.0f} thousand. Where they come from was not "
+           "established: not mainly from the regions' many growths, since with 128 MiB regions (one growth instead of "
+           f"about 180) the code before took {fk('basebig', 'tts_stream', 0)[0]:.0f} and "
+           f"{fk('basebig', 'tritonserver', 0)[0]:.0f} thousand. One candidate is the stubs' heap: the Python "
+           "backend copies every chunk a stub receives into a NumPy array of its own.", ""]
     md += _cpu()
     _plot(levels, faults)
     return md
@@ -168,7 +181,7 @@ def _cpu() -> list[str]:
             f"`raw/shm_regions_cpu_{{base,new}}_{{1,2}}_{S}.json`) the same shift, on a smaller scale: in first bursts "
             f"the tts_stream stubs took {first('new', 'tts_stream')} thousand faults passing the audio on against "
             f"{first('base', 'tts_stream')} thousand, the server {first('new', 'tritonserver')} thousand against "
-            f"{first('base', 'tritonserver')}. Triton allocates every page of a region as it sizes it: with "
+            f"{first('base', 'tritonserver')}. Triton allocates every page of a region as it creates it: with "
             "`-- --backend-config=python,shm-default-byte-size=134217728` all "
             f"{len(big['after_start_mib'])} regions held {span(big['after_start_allocated_mib'])} MiB of "
             f"RAM each after start-up (`raw/shm_regions_128mib_cpu_{S}.json`; shm_regions.py records it now, "
