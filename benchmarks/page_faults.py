@@ -1,4 +1,4 @@
-"""Minor page faults of a local server and of every process under it, summed by name (Linux /proc).
+"""Minor page faults and memory of a local server and of every process under it, summed by name (Linux /proc).
 
 A page a process touches for the first time (of its heap, of a Python backend shared-memory region)
 costs a minor fault; a server's first bursts touch pages its later ones reuse. Triton's Python stubs
@@ -85,8 +85,7 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
     """Minor faults between two `usage` readings, by name, largest first. A process started between them
     counts from its start (a stub Triton restarted, say); one that ended takes its faults since `before`
     with it."""
-    d = {}
-    for name, u in after.items():
-        was = before.get(name, {}).get("processes", {})
-        d[name] = sum(f - was.get(key, 0) for key, f in u["processes"].items())
+    # by process, whatever its name was: a stub forked but not yet exec'd is still named tritonserver
+    was = {key: f for u in before.values() for key, f in u["processes"].items()}
+    d = {name: sum(f - was.get(key, 0) for key, f in u["processes"].items()) for name, u in after.items()}
     return dict(sorted(d.items(), key=lambda kv: -kv[1]))

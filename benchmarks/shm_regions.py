@@ -59,7 +59,7 @@ def main() -> int:
     args = [f"--backend-config=python,shm-region-prefix-name={PREFIX}", *a.server_args]
     with TritonServer(a.model_repository, args=args) as s:
         out["after_start_mib"] = region_sizes_mib()
-        # RAM, not just address space: Triton allocates a region's pages as it sizes it
+        # RAM, not just address space: Triton allocates a region's pages as it creates it
         out["after_start_allocated_mib"] = region_allocated_mib()
         print(f"after start: {out['after_start_mib']}, allocated {out['after_start_allocated_mib']}", flush=True)
         before = usage(s.pid)

@@ -26,10 +26,10 @@ def test_a_tree_by_name_with_its_memory():
         child.kill()
         child.wait()
     assert "sleep" in now and len(now) >= 2, now  # this process and its child
+    assert [pid for pid, _ in now["sleep"]["processes"]] == [child.pid], now["sleep"]
     for u in now.values():
-        assert u["minor_faults"] > 0 and 0 <= u["shared_mib"] <= u["resident_mib"] and u["resident_mib"] > 0, u
-        assert sum(u["processes"].values()) == u["minor_faults"]
-    assert page_faults.by("resident_mib", now).keys() == now.keys()
+        assert u["minor_faults"] > 0 and u["resident_mib"] > 0, u
+    assert page_faults.by("resident_mib", now)["sleep"] == now["sleep"]["resident_mib"]
 
 
 def test_no_such_process_reads_empty():
@@ -46,6 +46,10 @@ def test_delta_counts_a_restarted_process_from_its_start():
              "tritonserver": {"processes": {(10, 90): 1100}},
              "decoder": {"processes": {(14, 310): 7}}}
     assert page_faults.delta(before, after) == {"tritonserver": 100, "tts_stream": 50, "decoder": 7}
+    # a process read under another name before (a stub forked by the server, not yet exec'd)
+    before["tritonserver"]["processes"][(15, 320)] = 40
+    after["tts_stream"]["processes"][(15, 320)] = 90
+    assert page_faults.delta(before, after)["tts_stream"] == 50 + 50
 
 
 def test_bench_served_refuses_a_server_pid_not_on_this_machine():
