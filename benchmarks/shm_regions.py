@@ -33,14 +33,11 @@ from server import TritonServer  # noqa: E402
 PREFIX = f"voxcpm_shm_regions_{os.getpid()}_"
 
 
-def region_sizes_mib() -> list[int]:
-    """The sizes of this run's Python backend regions in /dev/shm, MiB, smallest first."""
-    return sorted(os.stat(f).st_size >> 20 for f in glob.glob(f"/dev/shm/{PREFIX}*"))
-
-
-def region_allocated_mib() -> list[int]:
-    """The MiB of pages each of this run's regions holds in /dev/shm (its blocks), smallest first."""
-    return sorted(os.stat(f).st_blocks * 512 >> 20 for f in glob.glob(f"/dev/shm/{PREFIX}*"))
+def regions_mib(allocated: bool = False) -> list[int]:
+    """This run's Python backend regions in /dev/shm, MiB each, smallest first: their sizes, or how much of
+    each holds pages (its blocks)."""
+    stats = [os.stat(f) for f in glob.glob(f"/dev/shm/{PREFIX}*")]
+    return sorted((st.st_blocks * 512 if allocated else st.st_size) >> 20 for st in stats)
 
 
 def main() -> int:
@@ -58,9 +55,9 @@ def main() -> int:
            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
     args = [f"--backend-config=python,shm-region-prefix-name={PREFIX}", *a.server_args]
     with TritonServer(a.model_repository, args=args) as s:
-        out["after_start_mib"] = region_sizes_mib()
+        out["after_start_mib"] = regions_mib()
         # RAM, not just address space: Triton allocates a region's pages as it creates it
-        out["after_start_allocated_mib"] = region_allocated_mib()
+        out["after_start_allocated_mib"] = regions_mib(allocated=True)
         print(f"after start: {out['after_start_mib']}, allocated {out['after_start_allocated_mib']}", flush=True)
         before = usage(s.pid)
         for i in range(a.bursts):
@@ -76,7 +73,7 @@ def main() -> int:
             steps = lv["decoder_steps"]
             burst = {"x_real_time": round(lv["x_real_time"], 2), "ttfa_ms_p50": round(lv["ttfa_ms"]["p50"], 1),
                      "delivery_ms": round(1000 * steps["audio_send_s"] / max(steps["audio_sends"], 1), 3),
-                     "sizes_mib": region_sizes_mib()}
+                     "sizes_mib": regions_mib()}
             now = usage(s.pid)
             burst["minor_faults"] = delta(before, now)
             burst["resident_mib"] = by("resident_mib", now)
