@@ -14,9 +14,10 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from voxcpm_triton.serving import bls_stream
+from voxcpm_triton.serving import audio_channel, bls_stream
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -122,7 +123,8 @@ class Request:
 def run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path))
     # An error carried as data (ERROR_OUTPUT), in this file's fakes: "ERROR:<message>".
-    monkeypatch.setattr(bls_stream, "_carried", lambda response: Payload("ERROR:" + response))
+    monkeypatch.setattr(bls_stream, "_carried", lambda response: Payload(
+        "ERROR:" + (response.value if isinstance(response, Response) else response)))
     monkeypatch.setattr(bls_stream, "_error_output", lambda r: r.value[6:] if not r.error and isinstance(
         r.value, str) and r.value.startswith("ERROR:") else None)
     monkeypatch.setattr(bls_stream, "_error_response", lambda message: Response(message, error=True))
@@ -145,10 +147,10 @@ def _call(iterator, delay: float = 0.0):
     return bls_stream.call(make_call), params
 
 
-def _counting(params: dict, iterator) -> bls_stream.CountingSender:
+def _counting(params: dict, iterator, channel: bool = False) -> bls_stream.CountingSender:
     import json
 
-    sender = bls_stream.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL)
+    sender = bls_stream.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL, channel=channel)
     assert isinstance(sender, bls_stream.CountingSender)
     send = sender.send
     sender.send = lambda response=None, flags=0: send(
@@ -177,7 +179,7 @@ def test_responses_are_read_as_far_as_counted_and_next_never_waits(run_dir):
     async def main():
         it = BufferedIterator(Response("r1"))
         stream, params = _call(it, delay=0.05)
-        assert set(params) == {bls_stream.PARAMETER}
+        assert set(params) == {bls_stream.PARAMETER, audio_channel.PARAMETER}
         sender = _counting(params, it)
         sender.send("r1")  # counted before the call has returned: the count waits for the iterator
         await stream.started.wait()
@@ -308,6 +310,127 @@ def test_counts_that_stop_on_an_open_call_hand_it_to_a_waiting_thread(run_dir, m
     assert "no response count" in caplog.text
 
 
+def _kinds(got: list) -> list:
+    """A drained stream's items: responses by value, channel chunks as (patches, first sample), ends."""
+    return [("chunk", r.patches, float(r.audio[0])) if isinstance(r, audio_channel.Chunk)
+            else ("ended", r.error) if isinstance(r, audio_channel.Ended) else r.value for r in got]
+
+
+def test_a_calls_audio_comes_over_the_channel_before_its_end(run_dir):
+    """With the caller's audio channel: the call's first response (empty), its chunks and its end as
+    frames, then its final response, sent by the channel's thread after the end frame."""
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        assert sender.channel is not None and sender.channel.path == params[audio_channel.PARAMETER]
+        sender.send("admitted")
+        await stream.started.wait()
+        long = np.arange(40_000, dtype=np.float32)  # past a socket buffer: the frame arrives in pieces
+        sender.chunk(1, np.full(7, 1.5, np.float32))
+        sender.chunk(4, long)
+        sender.end(None)
+        got = await _drain(stream)
+        assert _kinds(got) == ["admitted", ("chunk", 1, 1.5), ("chunk", 4, 0.0), ("ended", None), None]
+        assert np.array_equal(got[2].audio, long) and got[-1].final
+        assert not stream.threaded and stream.token not in bls_stream._inbox[1].streams
+
+    asyncio.run(main())
+
+
+def test_a_calls_frames_are_read_before_the_count_of_its_final_response(run_dir):
+    """The count of a call's final response can be read before the frames written ahead of it (two
+    sockets): the inbox reads its channel first, so the call's end never overtakes its audio."""
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        await stream.started.wait()
+        sender.chunk(2, np.ones(5, np.float32))
+        sender.end("the engine failed")
+        assert sender.channel.drain(time.monotonic() + 5)  # frames written, final response sent and counted
+        time.sleep(0.1)  # (the count is a datagram: in the socket by now)
+        bls_stream._inbox[1].read()  # the counts' reader, before the loop has looked at the channel
+        got = []
+        while not stream.queue.empty():
+            got.append(stream.queue.get_nowait())
+        assert got[-1] is stream.END
+        # the final response carries the error too (restored from the data it travelled as)
+        assert _kinds(got[:-1]) == ["admitted", ("chunk", 2, 1.0), ("ended", "the engine failed"),
+                                    "the engine failed"] and got[-2].has_error()
+
+    asyncio.run(main())
+
+
+def test_frames_keep_an_open_call_from_the_waiting_thread(run_dir, monkeypatch):
+    """A call whose audio comes over the channel sends no response for a long while: its frames
+    count as progress, so it is not handed to a waiting thread."""
+    monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.3)
+
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        for _ in range(10):
+            sender.chunk(1, np.zeros(3, np.float32))
+            await asyncio.sleep(0.1)
+        sender.end(None)
+        got = await _drain(stream)
+        assert not stream.threaded and _kinds(got).count(("chunk", 1, 0.0)) == 10
+
+    asyncio.run(main())
+
+
+def test_a_broken_channel_drops_its_frames_and_still_ends_its_calls(tmp_path, caplog):
+    """A caller whose process is gone (no socket): its frames are dropped, and the calls' final
+    responses still go, in order."""
+    w = audio_channel.Writer(str(tmp_path / "chan-1-0123abcd.sock"))
+    done = []
+    w.chunk("0123456789abcdef", 1, np.zeros(3, np.float32))
+    w.end("0123456789abcdef", None, lambda: done.append("final"))
+    w.end("fedcba9876543210", "failed", lambda: done.append("final 2"))
+    assert w.drain(time.monotonic() + 5)
+    assert w.broken and w.written == 0 and done == ["final", "final 2"] and "broken" in caplog.text
+
+
+def test_the_callee_takes_only_a_channel_of_this_server_when_asked(run_dir):
+    import json
+
+    inbox = str(run_dir / "bls-12-0123abcd.sock")
+    base = {bls_stream.PARAMETER: f"{inbox} 0123456789abcdef"}
+    good = str(run_dir / "chan-12-0123abcd.sock")
+    for value in (str(run_dir / "other.sock"), "/tmp/chan-12-0123abcd.sock", f"{run_dir}/../chan-12-0123abcd.sock",
+                  7, None):
+        request = Request(json.dumps({**base, audio_channel.PARAMETER: value}))
+        sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
+        assert isinstance(sender, bls_stream.CountingSender) and sender.channel is None, value
+    request = Request(json.dumps({**base, audio_channel.PARAMETER: good}))
+    assert bls_stream.counting_sender(request, Sender(None), FINAL, channel=False).channel is None
+    sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
+    assert sender.channel is audio_channel.writer(good, str(run_dir.resolve())) and sender.channel.path == good
+
+
+def test_a_channel_frame_that_is_not_one_drops_the_connections_data(tmp_path, caplog):
+    async def main():
+        got = []
+        listener = audio_channel.Listener(asyncio.get_running_loop(), str(tmp_path / "chan.sock"),
+                                          lambda token, item: got.append((token, item)))
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(listener.path)
+        client.sendall(b"garbage" * 10)
+        for part in audio_channel._frame(audio_channel._END, "0123456789abcdef", message="late"):
+            client.sendall(part)
+        await asyncio.sleep(0.1)
+        listener.read_all()
+        client.close()
+        listener.close()
+        return got
+
+    assert asyncio.run(main()) == [] and "not a frame" in caplog.text
+
+
 def test_a_failed_call_hands_over_its_exception(run_dir):
     async def main():
         async def fails():
@@ -406,9 +529,9 @@ def test_close_removes_the_socket_and_lets_go_of_finished_iterators(run_dir):
         await _drain(stream)
 
     asyncio.run(main())
-    assert glob.glob(str(run_dir / "bls-*.sock")) and bls_stream._graves
+    assert glob.glob(str(run_dir / "bls-*.sock")) and glob.glob(str(run_dir / "chan-*.sock")) and bls_stream._graves
     bls_stream.close()
-    assert not glob.glob(str(run_dir / "bls-*.sock")) and not bls_stream._graves
+    assert not glob.glob(str(run_dir / "*.sock")) and not bls_stream._graves
 
 
 def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_path):
@@ -434,3 +557,4 @@ def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_
     assert srv.returncode == 0 and not srv.leftover_processes
     assert "Fatal Python error" not in srv.log, srv.log[srv.log.index("Fatal Python error"):][:3000]
     assert not glob.glob(str(run_dir / "bls-*.sock")), "the socket goes with its process"
+    assert not glob.glob(str(run_dir / "chan-*.sock")), "so does its audio channel's"

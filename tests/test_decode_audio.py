@@ -23,12 +23,15 @@ from tests.server import repository_copy, triton_server_factory  # noqa: E402,F4
 from tests.test_server import HOP, TOL, ckpt, grpc_input, metrics, offline, tts_stream  # noqa: E402,F401
 
 
-@pytest.fixture(scope="module")
-def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
+@pytest.fixture(scope="module", params=["true", "false"], ids=["audio_channel", "responses"])
+def server(request, triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     repo = repository_copy(tmp_path_factory.mktemp("decode_audio") / "repo",
                            # chunks by the schedule only: a loaded machine sends none early
-                           parameters={"decoder": {"decode_audio": "true", "playback_margin_ms": "0"}})
-    return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+                           parameters={"decoder": {"decode_audio": "true", "playback_margin_ms": "0",
+                                                   "audio_channel": request.param}})
+    srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
+    srv.audio_channel = request.param == "true"
+    return srv
 
 
 def executions(server, model: str) -> int:
@@ -61,6 +64,13 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
         assert time.monotonic() < deadline + 10, m
         time.sleep(0.1)
     assert m["voxcpm_decoder_audio_send_seconds_total"] > 0 and m["voxcpm_decoder_audio_ends_alone_total"] >= 0, m
+    # audio_channel (default): the chunks and the end went over tts_stream's channel, not as responses
+    if server.audio_channel:
+        while (m := metrics(server))["voxcpm_decoder_audio_channel_frames_total"] < 4:
+            assert time.monotonic() < deadline + 20, m
+            time.sleep(0.1)
+    else:
+        assert m.get("voxcpm_decoder_audio_channel_frames_total", 0) == 0, m
 
 
 def _decoder_responses(server, steps: int) -> list:

@@ -60,8 +60,8 @@ import time
 
 import numpy as np
 
-from . import runtime
-from .triton_io import pb
+from . import audio_channel, runtime
+from .triton_io import locked, pb
 
 log = logging.getLogger("voxcpm_triton.bls_stream")
 
@@ -161,16 +161,32 @@ class CarryingSender:
 
 
 class CountingSender(CarryingSender):
-    """A CarryingSender that also tells the caller how many responses it has sent."""
+    """A CarryingSender that also tells the caller how many responses it has sent. With a
+    `channel` (the caller offered one, audio_channel) the call's audio can go there instead:
+    `chunk` per chunk, then `end`, which also sends the call's final response."""
 
-    def __init__(self, sender, path: str, token: str, final_flag: int, notifier: Notifier | None = None):
+    def __init__(self, sender, path: str, token: str, final_flag: int, notifier: Notifier | None = None,
+                 channel: "audio_channel.Writer | None" = None):
         super().__init__(sender)
         self.path, self.token, self.final_flag = path, token, final_flag
         self.notifier = notifier or _shared_notifier()
+        self.channel = channel
 
     def send(self, response=None, flags: int = 0):
         super().send(response, flags)
         self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
+
+    def chunk(self, patches: int, audio: np.ndarray):
+        self.channel.chunk(self.token, patches, audio)
+
+    def end(self, error: str | None):
+        """The call's end frame (`error`: None when it ended well), then its final response (with the
+        error too: a caller whose channel broke still learns of it)."""
+        def final():
+            response = None if error is None else _error_response(error)
+            locked(self.send, response, flags=self.final_flag)
+
+        self.channel.end(self.token, error, final)
 
 
 def _carried(response):
@@ -197,20 +213,25 @@ def _restored(response):
     return response if message is None else _error_response(message)
 
 
-def counting_sender(request, sender, final_flag: int):
+def counting_sender(request, sender, final_flag: int, channel: bool = False):
     """`sender` (`request`'s), counting when the caller asked for counts to an inbox of this
     server: a socket in its private run directory, no other path; else carrying its errors
     (CarryingSender) when the caller asked for ERROR_OUTPUT. Only for requests already known to
-    come from the orchestrator (the internal key)."""
+    come from the orchestrator (the internal key). channel: take the audio channel the caller
+    offers (in the same directory), if any, as the sender's `channel`."""
     carrying = CarryingSender(sender) if ERROR_OUTPUT in request.requested_output_names() else sender
     try:
-        path, token = json.loads(request.parameters() or "{}").get(PARAMETER, "").split(" ")
+        params = json.loads(request.parameters() or "{}")
+        path, token = params.get(PARAMETER, "").split(" ")
     except (ValueError, AttributeError, TypeError):
         return carrying
-    if (os.path.realpath(os.path.dirname(path)) != runtime.run_dir_realpath()
+    run_dir = runtime.run_dir_realpath()
+    if (os.path.realpath(os.path.dirname(path)) != run_dir
             or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
         return carrying
-    return CountingSender(sender, path, token, final_flag)
+    offered = params.get(audio_channel.PARAMETER)
+    writer = audio_channel.writer(offered, run_dir) if channel and isinstance(offered, str) else None
+    return CountingSender(sender, path, token, final_flag, channel=writer)
 
 
 def check_callee_config(model_config: dict, model: str):
@@ -229,7 +250,8 @@ def check_callee_config(model_config: dict, model: str):
 
 class ResponseStream:
     """One decoupled call's responses on `queue` (an exception the call or the iterator raised is
-    put there too), then `END`. Made by `call`."""
+    put there too, and the frames of its audio channel: audio_channel.Chunk, .Ended), then `END`.
+    Made by `call`."""
 
     END = object()
 
@@ -267,6 +289,11 @@ class ResponseStream:
         self._take(max(self.counted, 1))
         if not self.done:
             asyncio.get_running_loop().call_later(min(GRACE_S, FALLBACK_S), self._check)
+
+    def on_frame(self, item):
+        """A frame of the call's audio channel: a Chunk or its Ended."""
+        self.progress = time.monotonic()
+        self.queue.put_nowait(item)
 
     def on_count(self, count: int, final: bool):
         """The callee has sent `count` responses (the last of them if `final`)."""
@@ -328,6 +355,14 @@ class ResponseStream:
         self.queue.put_nowait(self.END)
         self._forget()
 
+    def _threaded_end(self):
+        """The waiting thread's call has ended: its channel's frames, written before its final
+        response, are read first."""
+        if self.inbox is not None:
+            self.inbox.read_channel()
+        self._forget()
+        self.queue.put_nowait(self.END)
+
     def _forget(self):
         if self.inbox is not None:
             self.inbox.streams.pop(self.token, None)
@@ -342,7 +377,6 @@ class ResponseStream:
         self.threaded = True
         loop, held = asyncio.get_running_loop(), [self.iterator]
         self.iterator = None
-        self._forget()
         put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
 
         def pump():
@@ -358,7 +392,7 @@ class ResponseStream:
                 put(e)
             finally:
                 loop.call_soon_threadsafe(_bury, held.pop())
-                put(self.END)
+                loop.call_soon_threadsafe(self._threaded_end)
 
         threading.Thread(target=pump, name="bls-responses", daemon=True).start()
 
@@ -367,24 +401,43 @@ class Inbox:
     """Caller side, one per process: the socket the callees' counts arrive on, read on the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.path = os.path.join(runtime.run_dir(), f"bls-{os.getpid()}-{secrets.token_hex(4)}.sock")
-        if len(self.path.encode()) > 107:
-            raise OSError(f"socket path too long for AF_UNIX: {self.path}")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.setblocking(False)
+        name = f"{os.getpid()}-{secrets.token_hex(4)}.sock"
+        self.path = os.path.join(runtime.run_dir(), f"bls-{name}")
+        channel_path = os.path.join(runtime.run_dir(), f"chan-{name}")
+        if len(channel_path.encode()) > 107:
+            raise OSError(f"socket path too long for AF_UNIX: {channel_path}")
         self.streams: dict[str, ResponseStream] = {}
+        self.channel = audio_channel.Listener(loop, channel_path, self._on_frame)
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.sock.bind(self.path)
+        except OSError:
+            self.channel.close()
+            raise
+        self.sock.setblocking(False)
         loop.add_reader(self.sock.fileno(), self.read)
-        atexit.register(self._unlink)  # the stub exits after finalize: its socket file goes with it
+        atexit.register(self._unlink)  # the stub exits after finalize: its socket files go with it
 
     def stream(self) -> tuple[ResponseStream, dict]:
-        """A stream for the next call, and the request parameter that makes its callee count."""
+        """A stream for the next call, and the request parameters that make its callee count (and
+        offer it this process's audio channel)."""
         stream = ResponseStream(self, secrets.token_hex(8))
         self.streams[stream.token] = stream
-        return stream, {PARAMETER: f"{self.path} {stream.token}"}
+        return stream, {PARAMETER: f"{self.path} {stream.token}", audio_channel.PARAMETER: self.channel.path}
+
+    def _on_frame(self, token: str, item):
+        stream = self.streams.get(token)
+        if stream is not None:
+            stream.on_frame(item)
+
+    def read_channel(self):
+        """Every frame the callees have written to this process's audio channel so far."""
+        self.channel.read_all()
 
     def read(self):
-        """Every count waiting in the socket, to its stream."""
+        """Every count waiting in the socket, to its stream; the audio channel's frames first (a
+        callee writes a call's frames before it sends the call's final response)."""
+        self.read_channel()
         while True:
             try:
                 data = self.sock.recv(65536)
@@ -407,13 +460,15 @@ class Inbox:
         except (RuntimeError, ValueError):  # the loop is already closed
             pass
         self.sock.close()
+        self.channel.close()
         self._unlink()
 
     def _unlink(self):
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        for path in (self.path, self.channel.path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 _graves: collections.deque = collections.deque()  # (when, finished iterator), oldest first

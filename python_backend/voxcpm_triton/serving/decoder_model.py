@@ -29,7 +29,7 @@ from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2
-from . import bls_stream, gc_pauses, placement, runtime
+from . import audio_channel, bls_stream, gc_pauses, placement, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
@@ -56,6 +56,12 @@ class ClientGone(Exception):
 def _scalar(inputs: dict, name, kind, default=None):
     v = value(inputs.get(name), name, kind)
     return default if v is None else v
+
+
+def _end_error(end) -> str | None:
+    """A request's end as the audio thread hands it over (its Finished, or the exception its audio
+    failed with): the error it ends with, None if it ended well."""
+    return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
 
 
 class DecoderModel:
@@ -101,6 +107,7 @@ class DecoderModel:
         t1 = time.monotonic()
         # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.
         self.audio = self._stream_audio(params, device) if params["decode_audio"] else None
+        self.use_channel = self.audio is not None and params["audio_channel"]
         t_audio = time.monotonic() - t1
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
@@ -203,7 +210,8 @@ class DecoderModel:
             try:
                 require_internal(request, "decoder")
                 # Counts its sends for the orchestrator, which reads them without waiting (bls_stream).
-                sender = bls_stream.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender = bls_stream.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                                                    channel=self.use_channel)
                 inputs = arrays(request)
                 cancel_id = inputs.get("CANCEL_ID")
                 if cancel_id is not None:
@@ -290,6 +298,10 @@ class DecoderModel:
             self.engine.submit(req, sink=self._sink(sender))
             return
         key = (req.request_id, next(self.keys))  # an id may come back while its audio is still queued
+        if getattr(sender, "channel", None) is not None:
+            # The call's first response, empty, before any of its audio: everything after it (its
+            # audio, its end, a refusal below) follows it, and the final response comes last.
+            locked(sender.send, pb().InferenceResponse(output_tensors=[]))
         self.audio.open(key, self._audio_sink(sender), context)
         try:
             self.engine.submit(req, sink=self._chunks_to_audio(sender, key))
@@ -308,7 +320,8 @@ class DecoderModel:
             if isinstance(event, Finished):
                 self.audio.end(key, event)
                 return
-            if not first and locked(sender.is_cancelled):
+            if not first and (getattr(sender, "channel", None) is not None and sender.channel.broken
+                              or locked(sender.is_cancelled)):
                 raise ClientGone("request cancelled by its client")
             first = False
             self.audio.chunk(key, event.patches)
@@ -322,6 +335,8 @@ class DecoderModel:
         request failed, or its audio could not be decoded)."""
         p = pb()
         final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if getattr(sender, "channel", None) is not None:
+            return DecoderModel._channel_sink(sender)
 
         def finish(error: str | None):
             if error is not None:
@@ -329,14 +344,11 @@ class DecoderModel:
             else:
                 locked(sender.send, flags=final)
 
-        def error_of(end) -> str | None:
-            return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
-
         def deliver(patches, payload, end=None):
             if patches is None:
-                finish(error_of(payload))
+                finish(_end_error(payload))
                 return
-            ends_well = end is not None and error_of(end) is None
+            ends_well = end is not None and _end_error(end) is None
             try:
                 with IPC_LOCK:
                     if not sender.is_cancelled():  # else the engine stops at its next chunk
@@ -354,7 +366,21 @@ class DecoderModel:
                 finish(f"sending the last audio chunk failed: {e}")
                 return
             if end is not None:
-                finish(error_of(end))
+                finish(_end_error(end))
+
+        return deliver
+
+    @staticmethod
+    def _channel_sink(sender):
+        """The audio thread's, for a caller that offered an audio channel: each chunk's audio and the
+        end go there (no round trip: the channel's thread writes them, then sends the final response)."""
+        def deliver(patches, payload, end=None):
+            if patches is not None:
+                sender.chunk(len(patches), payload)
+            else:
+                end = payload
+            if end is not None:
+                sender.end(_end_error(end))
 
         return deliver
 
@@ -389,5 +415,7 @@ class DecoderModel:
             self.engine.shutdown(timeout=10.0)
             if self.audio is not None:  # after the engine: the ends of its last requests are queued
                 self.audio.stop()
+                if not audio_channel.drain(timeout=10.0):  # their final responses, after their audio
+                    log.warning("audio channels still busy at finalize")
         finally:
             release_metrics()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from . import audio_channel
 from .triton_io import IPC_LOCK, pb
 
 log = logging.getLogger("voxcpm_triton.metrics")
@@ -125,9 +126,14 @@ class EngineMetrics:
                 "counted", labels, "COUNTER")
             self.counters["audio_send_seconds"] = metric(
                 "voxcpm_decoder_audio_send_seconds_total", "Time the decoder's audio thread spent in the deliveries "
-                "voxcpm_decoder_audio_sends_total counts (mostly response sends, each a round trip to the server): "
+                "voxcpm_decoder_audio_sends_total counts (response sends, each a round trip to the server; with "
+                "audio_channel, queueing frames for the channel's thread): "
                 "over those, a delivery's mean time; over the wall time, how busy they keep the thread", labels,
                 "COUNTER")
+            self.counters["audio_channel_frames"] = metric(
+                "voxcpm_decoder_audio_channel_frames_total", "Audio chunks and request ends the decoder wrote to "
+                "its callers' audio channels instead of sending them as responses (parameter audio_channel)",
+                labels, "COUNTER")
             self.counters["audio_ends_alone"] = metric(
                 "voxcpm_decoder_audio_ends_alone_total", "Request ends sent as a response of their own, their "
                 "audio having gone in an earlier round (else an end goes with its request's last chunk)", labels,
@@ -162,7 +168,8 @@ class EngineMetrics:
         if self.audio is not None:
             a = self.audio
             s.update(audio_streams=len(a), audio_batch=a.last_batch, audio_rushes=a.rushed, audio_sends=a.sends,
-                     audio_send_seconds=a.send_seconds, audio_ends_alone=a.ends_alone)
+                     audio_send_seconds=a.send_seconds, audio_ends_alone=a.ends_alone,
+                     audio_channel_frames=audio_channel.written())
         if self.gc is not None:
             for g in range(3):
                 s[f"gc_collections_{g}"], s[f"gc_seconds_{g}"] = self.gc.count[g], self.gc.seconds[g]

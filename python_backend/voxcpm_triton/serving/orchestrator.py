@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import bls_stream, contract, gc_pauses, runtime
+from . import audio_channel, bls_stream, contract, gc_pauses, runtime
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import (SHUTTING_DOWN, Busy, InputError, Unhealthy, bls, downstream_error, error_response, get,
@@ -242,7 +242,8 @@ class Orchestrator(InternalCalls):
         corrid = secrets.randbits(63) or 1
         t_decoder = time.monotonic()
         responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
-        # The decoder's first response (admission, prefill, a step), awaited without blocking the loop.
+        # The decoder's first response (its admission; without the audio channel, its first chunk too),
+        # awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._stop_decoder(request_id, responses)
             return
@@ -251,28 +252,44 @@ class Orchestrator(InternalCalls):
         generated = 0
         try:
             while True:
-                resp = await self.guard(responses.queue.get())
+                # Until its first audio the client may leave while the decoder still queues the request
+                # (with the audio channel, the call's first response, empty, comes at its admission).
+                resp = await self.guard(responses.queue.get(), None if emitted or stopping else cancelled)
+                if resp is None:  # the client left
+                    await self._stop_decoder(request_id, responses)
+                    return
                 if resp is responses.END:
                     break
                 if isinstance(resp, BaseException):
                     raise resp
-                if resp.has_error():
-                    error = error or downstream_error(resp.error())
-                    continue  # drain to the final response
-                if stopping or not resp.output_tensors():
-                    continue
-                lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
-                generated += lat.shape[0]
-                t_latents = time.monotonic()
-                decoded = p.get_output_tensor_by_name(resp, "AUDIO")
-                if decoded is not None:  # the decoder's own (decode_audio)
-                    audio, t_audio = decoded.as_numpy(), t_latents
+                if isinstance(resp, audio_channel.Ended):  # the audio channel's: nothing but the final response follows
+                    if resp.error is not None:
+                        error = error or downstream_error(p.TritonError(resp.error))
+                    break
+                if isinstance(resp, audio_channel.Chunk):
+                    if stopping:
+                        continue
+                    generated += resp.patches
+                    t_latents = t_audio = time.monotonic()
+                    audio = resp.audio
                 else:
-                    flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-                    # Set before the call: whatever its outcome, a START sent is followed by an END.
-                    first, opened = not opened, True
-                    audio = await self._vae_decode(corrid, lat, flags, context if first else None)
-                    t_audio = time.monotonic()
+                    if resp.has_error():
+                        error = error or downstream_error(resp.error())
+                        continue  # drain to the final response
+                    if stopping or not resp.output_tensors():
+                        continue
+                    lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
+                    generated += lat.shape[0]
+                    t_latents = time.monotonic()
+                    decoded = p.get_output_tensor_by_name(resp, "AUDIO")
+                    if decoded is not None:  # the decoder's own (decode_audio)
+                        audio, t_audio = decoded.as_numpy(), t_latents
+                    else:
+                        flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                        # Set before the call: whatever its outcome, a START sent is followed by an END.
+                        first, opened = not opened, True
+                        audio = await self._vae_decode(corrid, lat, flags, context if first else None)
+                        t_audio = time.monotonic()
                 emit(audio)
                 if not emitted:  # after the audio is on its way: the metrics are IPC round trips
                     self._record_ttfa(t0, t_decoder, t_latents, t_audio)

@@ -154,6 +154,11 @@ PARAMETERS: tuple[Param, ...] = (
           "has none yet, or that would run out before the round is sent, is decoded and sent between two "
           "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
           "at some throughput); false: every chunk waits for the next round"),
+    Param("decoder", "audio_channel", "bool", "true",
+          "with decode_audio: an orchestrator's calls get their audio chunks and their ends over a Unix "
+          "socket of its process (in the server's run directory), written by a thread of their own, "
+          "not as responses (a round trip through the server each, made one after another by the audio "
+          "thread); the call carries an empty first response and its final one; false: every chunk a response"),
     Param("decoder", "prefill_pack_graphs", "bool", "true",
           "GPU with cuda_graphs: prompts admitted together (a burst) prefill as one CUDA graph per total-length "
           "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),
