@@ -383,16 +383,59 @@ def test_frames_keep_an_open_call_from_the_waiting_thread(run_dir, monkeypatch):
     asyncio.run(main())
 
 
-def test_a_broken_channel_drops_its_frames_and_still_ends_its_calls(tmp_path, caplog):
-    """A caller whose process is gone (no socket): its frames are dropped, and the calls' final
-    responses still go, in order."""
-    w = audio_channel.Writer(str(tmp_path / "chan-1-0123abcd.sock"))
+def test_a_broken_channel_drops_its_frames_and_ends_its_calls_with_the_loss(tmp_path, caplog):
+    """A caller whose process is gone (no socket): its frames are dropped, and each call's end is told
+    its audio was lost, in order. The broken writer leaves the registry (the caller's next calls get
+    a new one) and its thread ends; what its calls queue after that is done where it is queued."""
+    run_dir = str(tmp_path.resolve())
+    path = str(tmp_path / "chan-1-0123abcd.sock")
+    w = audio_channel.writer(path, run_dir)
     done = []
     w.chunk("0123456789abcdef", 1, np.zeros(3, np.float32))
-    w.end("0123456789abcdef", None, lambda: done.append("final"))
-    w.end("fedcba9876543210", "failed", lambda: done.append("final 2"))
+    w.end("0123456789abcdef", None, lambda lost: done.append(("first", lost)))
+    w.end("fedcba9876543210", "failed", lambda lost: done.append(("second", lost)))
     assert w.drain(time.monotonic() + 5)
-    assert w.broken and w.written == 0 and done == ["final", "final 2"] and "broken" in caplog.text
+    assert w.broken and w.written == 0 and done == [("first", True), ("second", True)] and "broken" in caplog.text
+    deadline = time.monotonic() + 5
+    while not w.exited:
+        assert time.monotonic() < deadline, "the broken writer's thread did not end"
+        time.sleep(0.01)
+    assert audio_channel.writer(path, run_dir) is not w, "a new call gets a new writer"
+    w.end("0011223344556677", None, lambda lost: done.append(("late", lost, threading.current_thread().name)))
+    assert done[-1] == ("late", True, threading.current_thread().name)
+
+
+def test_the_final_response_of_a_call_whose_frames_were_dropped_says_so(run_dir):
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        await stream.started.wait()
+        bls_stream._inbox[1].channel.close()  # the caller's channel goes: the decoder's writes fail
+        sender.chunk(1, np.ones(3, np.float32))
+        sender.end(None)
+        got = await _drain(stream)
+        assert _kinds(got) == ["admitted", audio_channel.LOST] and got[-1].has_error()
+
+    asyncio.run(main())
+
+
+def test_a_channel_that_takes_nothing_breaks_past_its_queue_bound(tmp_path, monkeypatch):
+    """A caller that reads nothing: once MAX_QUEUED_BYTES are queued for it the writer breaks and
+    drops the rest, so the decoder's memory does not grow with it."""
+    monkeypatch.setattr(audio_channel, "MAX_QUEUED_BYTES", 1 << 20)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never reads
+    listener.bind(str(tmp_path / "chan-2-0123abcd.sock"))
+    listener.listen(1)
+    w = audio_channel.Writer(str(tmp_path / "chan-2-0123abcd.sock"))
+    ended = []
+    for _ in range(40):
+        w.chunk("0123456789abcdef", 1, np.zeros(16_384, np.float32))  # 64 KiB each
+    w.end("0123456789abcdef", None, ended.append)
+    assert w.broken and w.queued_bytes <= 1 << 20  # the rest dropped, not queued
+    listener.close()  # the writer, blocked in its send, fails now
+    assert w.drain(time.monotonic() + 10) and ended == [True]
 
 
 def test_the_callee_takes_only_a_channel_of_this_server_when_asked(run_dir):
@@ -406,29 +449,112 @@ def test_the_callee_takes_only_a_channel_of_this_server_when_asked(run_dir):
         request = Request(json.dumps({**base, audio_channel.PARAMETER: value}))
         sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
         assert isinstance(sender, bls_stream.CountingSender) and sender.channel is None, value
+    other = str(run_dir / "chan-13-0123abcd.sock")  # another process's channel than the counts' inbox
+    assert bls_stream.counting_sender(Request(json.dumps({**base, audio_channel.PARAMETER: other})), Sender(None),
+                                      FINAL, channel=True).channel is None
     request = Request(json.dumps({**base, audio_channel.PARAMETER: good}))
     assert bls_stream.counting_sender(request, Sender(None), FINAL, channel=False).channel is None
     sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
     assert sender.channel is audio_channel.writer(good, str(run_dir.resolve())) and sender.channel.path == good
 
 
-def test_a_channel_frame_that_is_not_one_drops_the_connections_data(tmp_path, caplog):
+def test_a_connection_that_sends_what_is_not_a_frame_is_closed(tmp_path, caplog):
+    """Garbage, or a header with sizes past MAX_FRAME_BYTES: the rest of that byte stream cannot be
+    trusted, so the connection is closed (its writer breaks); other connections go on."""
     async def main():
         got = []
         listener = audio_channel.Listener(asyncio.get_running_loop(), str(tmp_path / "chan.sock"),
-                                          lambda token, item: got.append((token, item)))
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        client.connect(listener.path)
-        client.sendall(b"garbage" * 10)
-        for part in audio_channel._frame(audio_channel._END, "0123456789abcdef", message="late"):
-            client.sendall(part)
-        await asyncio.sleep(0.1)
+                                          lambda token, item: got.append((token, type(item).__name__)))
+        clients = []
+        for bad in (b"garbage" * 10, audio_channel._HEADER.pack(audio_channel._MAGIC, audio_channel._CHUNK,
+                                                                 b"0123456789abcdef", 1, 1 << 30, 0)):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(listener.path)
+            c.sendall(bad)
+            clients.append(c)
+        good = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        good.connect(listener.path)
+        for part in audio_channel._frame(audio_channel._END, "fedcba9876543210", message="fine"):
+            good.sendall(part)
+        await asyncio.sleep(0.2)
         listener.read_all()
-        client.close()
+        closed = [c.recv(1) == b"" for c in clients]  # the listener's end is gone: end of file
         listener.close()
-        return got
+        for c in clients + [good]:
+            c.close()
+        return got, closed
 
-    assert asyncio.run(main()) == [] and "not a frame" in caplog.text
+    got, closed = asyncio.run(main())
+    assert got == [("fedcba9876543210", "Ended")] and closed == [True, True] and "not a frame" in caplog.text
+
+
+def test_a_calls_end_counted_in_the_read_that_read_the_channel_before_it_keeps_its_audio(run_dir):
+    """The inbox reads its channel, then its counts: frames written after that channel read, with the
+    final response's count read in the same pass, are still read before the call's end."""
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        await stream.started.wait()
+        inbox = bls_stream._inbox[1]
+        read_channel = inbox.read_channel
+
+        def then_the_decoder_ends_the_call():
+            read_channel()  # nothing yet; meanwhile the decoder writes the call's audio, its end, its count
+            sender.chunk(2, np.ones(5, np.float32))
+            sender.end(None)
+            assert sender.channel.drain(time.monotonic() + 5)
+            time.sleep(0.05)
+            inbox.read_channel = read_channel
+
+        inbox.read_channel = then_the_decoder_ends_the_call
+        inbox.read()
+        got = []
+        while not stream.queue.empty():
+            got.append(stream.queue.get_nowait())
+        assert got[-1] is stream.END and _kinds(got[:-1]) == ["admitted", ("chunk", 2, 1.0), ("ended", None), None]
+
+    asyncio.run(main())
+
+
+def test_a_call_on_the_channel_waits_for_the_decoder_without_the_waiting_thread(run_dir, monkeypatch):
+    """Admitted (its empty first response and the channel's Opened), a call may wait long for a slot
+    in the decoder with nothing sent: it is not handed to a thread waiting in the iterator."""
+    monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.2)
+    monkeypatch.setattr(bls_stream, "GRACE_S", 0.2)
+
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        sender.open()
+        await asyncio.sleep(1.0)  # five fallback periods with no count and no frame
+        assert stream.channeled and not stream.threaded
+        sender.chunk(1, np.zeros(3, np.float32))
+        sender.end(None)
+        assert _kinds(await _drain(stream)) == ["admitted", ("chunk", 1, 0.0), ("ended", None), None]
+
+    asyncio.run(main())
+
+
+def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(monkeypatch):
+    """`guard` returning None (the client left) cancels what it awaited: a queue's get left running
+    would take the queue's next item from whoever reads it next."""
+    from voxcpm_triton.serving import orchestrator
+
+    monkeypatch.setattr(orchestrator, "HEALTH_CHECK_S", 0.05)
+    monkeypatch.setattr(orchestrator._Health, "check", lambda self: None)
+
+    async def main():
+        q: asyncio.Queue = asyncio.Queue()
+        assert await orchestrator.InternalCalls().guard(q.get(), lambda: True) is None
+        q.put_nowait("next")
+        await asyncio.sleep(0.05)
+        return q.get_nowait()
+
+    assert asyncio.run(main()) == "next"
 
 
 def test_a_failed_call_hands_over_its_exception(run_dir):

@@ -945,3 +945,44 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     for _ in range(3):
         other(chunk)
     assert sender.asked == 3 and [k for k, _ in audio.chunks] == ["k", "j", "j", "j"]
+
+
+def test_the_channel_sink_hands_chunks_and_the_end_to_the_callers_channel():
+    """With the caller's audio channel the audio thread's sink only queues: each chunk, then the
+    request's end (None when it ended well, the engine's error, or its audio's failure)."""
+    from types import SimpleNamespace
+
+    from voxcpm_triton.engine import Finished
+    from voxcpm_triton.serving.decoder_model import DecoderModel
+
+    calls = []
+    sender = SimpleNamespace(channel=object(), chunk=lambda n, audio: calls.append(("chunk", n, audio.size)),
+                             end=lambda error: calls.append(("end", error)))
+    deliver = DecoderModel._audio_sink(sender)
+    patches, audio = torch.zeros(4, 2, 3), np.zeros(4 * HOP, np.float32)
+    deliver(patches, audio)
+    deliver(patches, audio, Finished("k", "stop", 8))  # the last chunk with its end
+    deliver(None, Finished("k", "error", 8, "the engine failed"))  # an end alone, with an error
+    deliver(None, RuntimeError("no GPU"))  # the audio's own failure
+    assert calls == [("chunk", 4, 4 * HOP), ("chunk", 4, 4 * HOP), ("end", None), ("end", "the engine failed"),
+                     ("end", "decoding audio failed: no GPU")]
+
+
+def test_the_engine_sink_stops_a_request_whose_callers_channel_broke():
+    from types import SimpleNamespace
+
+    from voxcpm_triton.serving import audio_channel
+    from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
+
+    audio = SimpleNamespace(chunks=[])
+    audio.chunk = lambda key, patches: audio.chunks.append(key)
+    asked = []
+    sender = SimpleNamespace(channel=SimpleNamespace(broken=False), is_cancelled=lambda: asked.append(1) or False)
+    deliver = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "k")
+    chunk = SimpleNamespace(patches=torch.zeros(1, 2, 3))
+    deliver(chunk)
+    deliver(chunk)
+    sender.channel.broken = True
+    with pytest.raises(ClientGone, match=audio_channel.LOST):
+        deliver(chunk)
+    assert audio.chunks == ["k", "k"] and len(asked) == 1

@@ -2,17 +2,18 @@
 
 Each response a decoupled BLS callee sends is a round trip: its stub waits while the server hands
 the response to the caller's stub and that stub takes it in (bls_stream). The decoder's one audio
-thread makes every stream's deliveries one after another, so under load a round of them takes
-longer than the audio it carries lasts (benchmarks/results.md, fifty-seventh session: 95-146 ms
-for 128 streams, against a first chunk's 160 ms).
+thread makes every stream's deliveries one after another, so under load a round of them can take
+longer than a first chunk's audio lasts (benchmarks/results.md, fifty-seventh and sixty-fifth
+sessions).
 
 A caller that offers a channel (`bls_stream.Inbox`: a Unix stream socket in the server's private
 run directory, named in the call's parameters) gets the call's audio chunks and its end as frames
-on it. The callee (`Writer`, one per caller process, a thread of its own) writes them in order,
-never making its audio thread wait, and after a call's end frame sends the call's final response.
-The call itself carries only an empty first response (its admission) and that final one. The
-caller reads its channels before it takes any response (`Listener.read_all`), so every frame of a
-call is in its stream before the call's end.
+on it. The decoder answers the call at once with an empty first response, then queues an `Opened`
+frame, each chunk and the end for a `Writer` (one per caller process, a thread of its own), which
+writes them in order and, after a call's end frame, sends the call's final response: the audio
+thread never waits on the server. The caller reads its channel before it takes a call's final
+response (`Listener.read_all`), so every frame of a call is in its stream before the call's end.
+A channel that breaks ends its calls with `LOST`, never well without their audio.
 
 A frame: a header (`_HEADER`: magic, kind, the call's token, patches, audio bytes, message bytes),
 the chunk's audio (float32), an end's error message (UTF-8; none for an end without error).
@@ -38,11 +39,14 @@ log = logging.getLogger("voxcpm_triton.audio_channel")
 
 PARAMETER = "voxcpm_audio_channel"  # request parameter: the caller's channel path
 GIVE_UP_S = 60.0  # a caller that takes nothing of a frame for this long is stuck or gone
+MAX_QUEUED_BYTES = 256 << 20  # a caller this far behind is stuck too
+MAX_FRAME_BYTES = 256 << 20  # a header that gives more: not a frame
 NAME = re.compile(r"chan-\d+-[0-9a-f]{8}\.sock")
+LOST = "the call's audio was lost: its caller's audio channel broke"
 
 _HEADER = struct.Struct("<4sB16sIII")
 _MAGIC = b"VXA1"
-_CHUNK, _END = 1, 2
+_CHUNK, _END, _OPEN = 1, 2, 3
 _READ_BYTES = 1 << 20
 
 
@@ -61,35 +65,51 @@ class Ended:
     error: str | None
 
 
+class Opened:
+    """A call's audio comes over the channel (written at its admission)."""
+
+
 def _frame(kind: int, token: str, patches: int = 0, audio: np.ndarray | None = None,
-           message: str | None = None) -> list:
-    data = b"" if audio is None else np.ascontiguousarray(audio, np.float32).reshape(-1)
-    text = b"" if message is None else message.encode()
-    return [_HEADER.pack(_MAGIC, kind, token.encode(), patches, len(data) * 4 if len(data) else 0, len(text)),
-            memoryview(data).cast("B") if len(data) else b"", text]
+           message: str | None = None) -> list[bytes]:
+    # A copy: the decoded batch's (pinned) buffer is let go of at once, not when the frame is written.
+    data = b"" if audio is None else np.ascontiguousarray(audio, np.float32).tobytes()
+    text = b"" if message is None else message.encode(errors="replace")
+    return [_HEADER.pack(_MAGIC, kind, token.encode(), patches, len(data), len(text)), data, text]
 
 
 class Writer:
-    """Callee side: the frames for one caller's channel, written in order by a thread of its own.
-    `then` callables queued between them run in that order too (a call's final response, after
-    its end frame). A channel that fails (its process gone, or taking nothing for GIVE_UP_S) is
-    broken: its frames are dropped from then on, its callables still run."""
+    """Callee side: the frames for one caller's channel, written in order by a thread of its own,
+    and the calls' final responses (`end`'s `then`), each after its call's end frame.
+
+    A channel that fails (its process gone, taking nothing for GIVE_UP_S, or MAX_QUEUED_BYTES
+    behind) is broken: its frames are dropped from then on, and its calls' `then` is told that their
+    audio was lost. A broken writer leaves the registry (the caller's next calls get a new one) and
+    its thread ends once its queue is empty; what its calls still queue after that is done by the
+    thread that queues it."""
 
     def __init__(self, path: str):
         self.path = path
         self.broken = False
         self.written = 0  # frames written (by this writer's thread only)
+        self.lost: set[str] = set()  # calls a frame of which was dropped
         self.items: queue.SimpleQueue = queue.SimpleQueue()
-        self.queued = 0  # items put and not yet done with
+        self.queued = self.queued_bytes = 0  # items (and their frames' bytes) put and not yet done with
+        self.exited = False
         self.idle = threading.Condition()
         threading.Thread(target=self._run, name="audio-channel", daemon=True).start()
 
-    def chunk(self, token: str, patches: int, audio: np.ndarray):
-        self._put(_frame(_CHUNK, token, patches, audio))
+    def open(self, token: str):
+        self._put((token, _frame(_OPEN, token)))
 
-    def end(self, token: str, error: str | None, then: Callable[[], None]):
-        self._put(_frame(_END, token, message=error))
-        self._put(then)
+    def chunk(self, token: str, patches: int, audio: np.ndarray):
+        self._put((token, _frame(_CHUNK, token, patches, audio)))
+
+    def end(self, token: str, error: str | None, then: Callable[[bool], None]):
+        """The call's end frame, then `then(lost)`: lost when a frame of the call was dropped."""
+        try:
+            self._put((token, _frame(_END, token, message=error)))
+        finally:
+            self._put((token, then))
 
     def drain(self, deadline: float) -> bool:
         """Wait (until the monotonic `deadline`) for everything queued to be done; True if it is."""
@@ -97,57 +117,85 @@ class Writer:
             return self.idle.wait_for(lambda: self.queued == 0, max(0.0, deadline - time.monotonic()))
 
     def _put(self, item):
-        with self.idle:
+        token, what = item
+        size = 0 if callable(what) else sum(map(len, what))
+        with self.idle:  # (re-entrant)
+            if size and not self.broken and self.queued_bytes + size > MAX_QUEUED_BYTES:
+                self._break(f"{(self.queued_bytes + size) >> 20} MiB queued for it")
+            if size and self.broken:  # dropped at once
+                self.lost.add(token)
+                return
+            if self.exited:  # the thread has ended (broken): the call's end is done here
+                self._do(item, None)
+                return
             self.queued += 1
+            self.queued_bytes += size
         self.items.put(item)
 
     def _run(self):
         sock = None
-        while True:
+        while not self.exited:
             item = self.items.get()
             try:
                 sock = self._do(item, sock)
-            finally:
-                with self.idle:
-                    self.queued -= 1
-                    if self.queued == 0:
-                        self.idle.notify_all()
+            except Exception:  # noqa: BLE001 - this item's, not the channel's
+                log.exception("audio channel %s: an item failed", self.path)
+            with self.idle:
+                self.queued -= 1
+                self.queued_bytes -= 0 if callable(item[1]) else sum(map(len, item[1]))
+                if self.queued == 0:
+                    self.idle.notify_all()
+                    self.exited = self.broken
 
     def _do(self, item, sock: socket.socket | None) -> socket.socket | None:
-        if callable(item):
-            try:
-                item()
-            except Exception:  # noqa: BLE001 - one call's final response, not the channel's
-                log.exception("ending a call after its audio channel's end frame failed")
+        token, what = item
+        if callable(what):
+            with self.idle:
+                lost = token in self.lost
+                self.lost.discard(token)
+            what(lost)
             return sock
         if self.broken:
+            with self.idle:
+                self.lost.add(token)
             return None
         try:
             if sock is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(GIVE_UP_S)
                 sock.connect(self.path)
-            for part in item:
-                if len(part):
+            for part in what:
+                if part:
                     sock.sendall(part, socket.MSG_NOSIGNAL)  # a caller gone is an error here, not a signal
             self.written += 1
             return sock
         except OSError as e:
-            self.broken = True
-            log.warning("audio channel %s broken (%s): its calls' audio is dropped", self.path, e)
+            with self.idle:
+                self.lost.add(token)
+                self._break(str(e))
             if sock is not None:
                 sock.close()
             return None
 
+    def _break(self, reason: str):
+        global _retired
+        self.broken = True
+        log.warning("audio channel %s broken (%s): its calls' audio is dropped", self.path, reason)
+        with _writers_lock:
+            if _writers.get(self.path) is self:
+                del _writers[self.path]
+                _retired += self.written
+
 
 _writers: dict[str, Writer] = {}
 _writers_lock = threading.Lock()
+_retired = 0  # frames written by writers that have left the registry
 
 
 def written() -> int:
     """Frames written so far by this process's writers (the decoder's metrics read it)."""
     with _writers_lock:
-        return sum(w.written for w in _writers.values())
+        return _retired + sum(w.written for w in _writers.values())
 
 
 def drain(timeout: float) -> bool:
@@ -172,16 +220,21 @@ def writer(path: str, run_dir_realpath: str) -> Writer | None:
 
 class Listener:
     """Caller side, one per process: the channel's socket at `path` and the connections the
-    callees open on it, read on the event loop; each frame to `on_frame(token, Chunk | Ended)`."""
+    callees open on it, read on the event loop; each frame to `on_frame(token, Opened | Chunk | Ended)`.
+    A connection that sends something else is closed (its writer then breaks)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, path: str, on_frame: Callable[[str, object], None]):
         self.loop, self.path, self.on_frame = loop, path, on_frame
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(64)
-        self.sock.setblocking(False)
         self.conns: dict[int, tuple[socket.socket, bytearray]] = {}
-        loop.add_reader(self.sock.fileno(), self._accept)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.bind(path)
+            self.sock.listen(64)
+            self.sock.setblocking(False)
+            loop.add_reader(self.sock.fileno(), self._accept)
+        except BaseException:
+            self.close()
+            raise
 
     def read_all(self):
         """Every frame the callees have written so far, connections not yet accepted included."""
@@ -217,27 +270,34 @@ class Listener:
                 self._drop(fd)
                 break
             buf += data
-        self._frames(buf)
+        if not self._frames(buf):
+            log.error("audio channel %s: a connection sent what is not a frame; closed", self.path)
+            if fd in self.conns:
+                self._drop(fd)
 
-    def _frames(self, buf: bytearray):
+    def _frames(self, buf: bytearray) -> bool:
+        """The whole frames at the start of `buf`, handed on and cut off; False at one that is none."""
         at = 0
         while len(buf) - at >= _HEADER.size:
             magic, kind, token, patches, n_audio, n_text = _HEADER.unpack_from(buf, at)
-            end = at + _HEADER.size + n_audio + n_text
-            if magic != _MAGIC or kind not in (_CHUNK, _END):
-                log.error("dropping an audio channel's data: not a frame")
+            if (magic != _MAGIC or kind not in (_CHUNK, _END, _OPEN) or n_audio % 4
+                    or n_audio + n_text > MAX_FRAME_BYTES):
                 buf.clear()
-                return
+                return False
+            end = at + _HEADER.size + n_audio + n_text
             if len(buf) < end:
                 break
             body = at + _HEADER.size
             if kind == _CHUNK:
                 item = Chunk(patches, np.frombuffer(buf, np.float32, n_audio // 4, body).copy())
-            else:
+            elif kind == _END:
                 item = Ended(bytes(buf[body + n_audio:end]).decode(errors="replace") if n_text else None)
+            else:
+                item = Opened()
             self.on_frame(token.decode(errors="replace"), item)
             at = end
         del buf[:at]
+        return True
 
     def _drop(self, fd: int):
         conn, _ = self.conns.pop(fd)

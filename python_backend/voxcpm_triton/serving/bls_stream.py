@@ -176,15 +176,18 @@ class CountingSender(CarryingSender):
         super().send(response, flags)
         self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
 
+    def open(self):
+        self.channel.open(self.token)
+
     def chunk(self, patches: int, audio: np.ndarray):
         self.channel.chunk(self.token, patches, audio)
 
     def end(self, error: str | None):
-        """The call's end frame (`error`: None when it ended well), then its final response (with the
-        error too: a caller whose channel broke still learns of it)."""
-        def final():
-            response = None if error is None else _error_response(error)
-            locked(self.send, response, flags=self.final_flag)
+        """The call's end frame (`error`: None when it ended well), then its final response, with the
+        error too, or with audio_channel.LOST if a frame of the call was dropped (the channel broke)."""
+        def final(lost: bool):
+            message = error if error is not None else audio_channel.LOST if lost else None
+            locked(self.send, None if message is None else _error_response(message), flags=self.final_flag)
 
         self.channel.end(self.token, error, final)
 
@@ -230,7 +233,9 @@ def counting_sender(request, sender, final_flag: int, channel: bool = False):
             or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
         return carrying
     offered = params.get(audio_channel.PARAMETER)
-    writer = audio_channel.writer(offered, run_dir) if channel and isinstance(offered, str) else None
+    # the channel of the process whose inbox counts: "chan-<pid>-<hex>.sock" beside "bls-<pid>-<hex>.sock"
+    ours = isinstance(offered, str) and os.path.basename(offered)[len("chan-"):] == os.path.basename(path)[len("bls-"):]
+    writer = audio_channel.writer(offered, run_dir) if channel and ours else None
     return CountingSender(sender, path, token, final_flag, channel=writer)
 
 
@@ -264,6 +269,7 @@ class ResponseStream:
         self.counted, self.final_at, self.taken = 0, None, 0
         self.done = self.threaded = False
         self.ended_at_once = False  # the waiting thread found the iterator finished: it never waited
+        self.channeled = False  # its audio comes over the audio channel (its callee said so)
         self.progress = time.monotonic()
 
     @property
@@ -291,9 +297,12 @@ class ResponseStream:
             asyncio.get_running_loop().call_later(min(GRACE_S, FALLBACK_S), self._check)
 
     def on_frame(self, item):
-        """A frame of the call's audio channel: a Chunk or its Ended."""
+        """A frame of the call's audio channel: Opened, a Chunk, or its Ended (the last two queued)."""
         self.progress = time.monotonic()
-        self.queue.put_nowait(item)
+        if isinstance(item, audio_channel.Opened):
+            self.channeled = True
+        else:
+            self.queue.put_nowait(item)
 
     def on_count(self, count: int, final: bool):
         """The callee has sent `count` responses (the last of them if `final`)."""
@@ -306,6 +315,8 @@ class ResponseStream:
 
     def _take(self, upto: int):
         """The responses up to `upto`: each is buffered, so `next` does not wait."""
+        if self.final_at is not None and upto >= self.final_at:
+            self._read_channel()
         while not self.done and not self.threaded and self.taken < upto:
             t0 = time.monotonic()
             try:
@@ -331,7 +342,9 @@ class ResponseStream:
     def _check(self):
         if self.inbox is not None:
             self.inbox.read()  # counts waiting in the socket first: a busy loop may run this timer before them
-        if self.done or self.threaded:
+        if self.done or self.threaded or self.channeled and self.counted:
+            # (A call whose audio comes over the channel sends no response between its first and its
+            # last: its counts stop by design, for as long as it waits for a slot in the decoder.)
             return
         idle, limit = time.monotonic() - self.progress, GRACE_S if not self.counted else FALLBACK_S
         if idle >= limit:
@@ -352,14 +365,21 @@ class ResponseStream:
 
     def _finish(self):
         self.done = True
+        self._read_channel()
         self.queue.put_nowait(self.END)
         self._forget()
+
+    def _read_channel(self):
+        """Before the call's final response, or its end: its frames, all written before that response
+        was sent, are in the socket now (the inbox may have read the socket before they came, and the
+        final count after, in one `read`)."""
+        if self.inbox is not None:
+            self.inbox.read_channel()
 
     def _threaded_end(self):
         """The waiting thread's call has ended: its channel's frames, written before its final
         response, are read first."""
-        if self.inbox is not None:
-            self.inbox.read_channel()
+        self._read_channel()
         self._forget()
         self.queue.put_nowait(self.END)
 

@@ -300,8 +300,10 @@ class DecoderModel:
         key = (req.request_id, next(self.keys))  # an id may come back while its audio is still queued
         if getattr(sender, "channel", None) is not None:
             # The call's first response, empty, before any of its audio: everything after it (its
-            # audio, its end, a refusal below) follows it, and the final response comes last.
+            # audio, its end, a refusal below) follows it, and the final response comes last. Then
+            # the channel's first frame, which tells the caller that the audio comes that way.
             locked(sender.send, pb().InferenceResponse(output_tensors=[]))
+            sender.open()
         self.audio.open(key, self._audio_sink(sender), context)
         try:
             self.engine.submit(req, sink=self._chunks_to_audio(sender, key))
@@ -320,8 +322,9 @@ class DecoderModel:
             if isinstance(event, Finished):
                 self.audio.end(key, event)
                 return
-            if not first and (getattr(sender, "channel", None) is not None and sender.channel.broken
-                              or locked(sender.is_cancelled)):
+            if not first and getattr(sender, "channel", None) is not None and sender.channel.broken:
+                raise ClientGone(audio_channel.LOST)
+            if not first and locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")
             first = False
             self.audio.chunk(key, event.patches)
@@ -333,10 +336,10 @@ class DecoderModel:
         """The audio thread's: each chunk's LATENTS with its AUDIO, the final flag on the last one
         when the request ends well with it, else the final flag alone after (with the error if the
         request failed, or its audio could not be decoded)."""
-        p = pb()
-        final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if getattr(sender, "channel", None) is not None:
             return DecoderModel._channel_sink(sender)
+        p = pb()
+        final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def finish(error: str | None):
             if error is not None:

@@ -30,8 +30,8 @@ from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_
 from . import audio_channel, bls_stream, contract, gc_pauses, runtime
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
-from .triton_io import (SHUTTING_DOWN, Busy, InputError, Unhealthy, bls, downstream_error, error_response, get,
-                        outputs, pb, tensor)
+from .triton_io import (SHUTTING_DOWN, BLSError, Busy, InputError, Unhealthy, bls, downstream_error, error_response,
+                        get, outputs, pb, tensor)
 from .voices import VoiceStore
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
@@ -73,6 +73,7 @@ class InternalCalls:
                 return task.result()
             self.health.check()
             if cancelled is not None and cancelled():
+                task.cancel()  # (a queue's get left running would take its next item)
                 return None
 
     @staticmethod
@@ -247,7 +248,7 @@ class Orchestrator(InternalCalls):
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._stop_decoder(request_id, responses)
             return
-        opened = stopping = emitted = False
+        opened = stopping = emitted = ended = False
         error = None
         generated = 0
         try:
@@ -259,13 +260,18 @@ class Orchestrator(InternalCalls):
                     await self._stop_decoder(request_id, responses)
                     return
                 if resp is responses.END:
+                    if responses.channeled and not ended and error is None:
+                        error = BLSError("the decoder's call ended without the end of its audio")
                     break
                 if isinstance(resp, BaseException):
                     raise resp
                 if isinstance(resp, audio_channel.Ended):  # the audio channel's: nothing but the final response follows
+                    ended = True
                     if resp.error is not None:
                         error = error or downstream_error(p.TritonError(resp.error))
-                    break
+                    if runtime.stop_deadline() is None:
+                        break
+                    continue  # stopping: this process is unloaded once its requests end, the call's must first
                 if isinstance(resp, audio_channel.Chunk):
                     if stopping:
                         continue
