@@ -115,7 +115,21 @@ def sixty_fifth_session(res) -> list[str]:
            "- **Kept, on by default.** The channel carries what the responses carried, in the same order; "
            "`tests/test_bls_stream.py` checks the order against the counts, frames that keep a long call from the "
            "waiting-thread fallback, a caller gone, and the callee's checks of the socket's path; "
-           "`tests/test_decode_audio.py` serves the same audio both ways.", ""]
+           "`tests/test_decode_audio.py` serves the same audio both ways.",
+           "- **Changed after the measurement** (a review of a2fb5fc, the measured commit; not run on the GPU since: "
+           "the 335 s of device time left do not start a server). A call's end could be counted in the same pass "
+           "of the inbox as a channel read made just before its last frames came, and those frames were then "
+           "dropped with the call ending well: the inbox now reads its channel again before it takes a final "
+           "response, and the orchestrator fails a channel call that ends without its end frame. The decoder writes "
+           "an `Opened` frame after the empty first response, and a call that has sent one is never handed to the "
+           "waiting-thread fallback (a call queued in the decoder for over 30 s would have been). A channel that "
+           "breaks (its caller gone, 60 s without progress, or 256 MiB queued for it) leaves the registry, so the "
+           "caller's next calls connect again, and its calls end with an error that says their audio was lost "
+           "instead of ending well without it. Each chunk is copied out of the decoded batch's pinned buffer as it "
+           "is queued (15 us for 16 patches on this machine's CPU), so a slow caller holds its own bytes, not whole "
+           "batches. While the server stops, the orchestrator reads a call to its final response before it "
+           "returns. The measured code had none of these. Two of them add work to every request: an empty frame "
+           "(queued by the decoder's `execute`) and a copy a chunk on the audio thread.", ""]
     _plot(levels)
     return md
 
