@@ -458,6 +458,54 @@ def test_the_callee_takes_only_a_channel_of_this_server_when_asked(run_dir):
     assert sender.channel is audio_channel.writer(good, str(run_dir.resolve())) and sender.channel.path == good
 
 
+def test_a_queued_chunk_is_a_copy_not_a_view_of_the_decoded_batch(tmp_path):
+    """A chunk waits in the writer's queue as bytes of its own: the decoded batch's (pinned) buffer it
+    came from is reused or freed meanwhile, and a slow caller must not keep whole batches alive."""
+    async def main():
+        got = []
+        listener = audio_channel.Listener(asyncio.get_running_loop(), str(tmp_path / "chan-3-0123abcd.sock"),
+                                          lambda token, item: got.append(item))
+        w = audio_channel.Writer(listener.path)
+        hold = threading.Event()
+        w.end("0123456789abcdef", None, lambda lost: hold.wait(5))  # the writer's thread held up
+        batch = np.full((2, 6), 7.0, np.float32)
+        w.chunk("fedcba9876543210", 1, batch[1, :3])
+        batch[:] = -1.0  # the buffer reused before the chunk is written
+        hold.set()
+        assert w.drain(time.monotonic() + 5)
+        await asyncio.sleep(0.05)
+        listener.read_all()
+        listener.close()
+        return got
+
+    got = asyncio.run(main())
+    assert [type(g).__name__ for g in got] == ["Ended", "Chunk"] and got[1].audio.tolist() == [7.0, 7.0, 7.0]
+
+
+def test_a_break_frees_a_send_stuck_on_a_caller_that_reads_nothing(tmp_path, monkeypatch):
+    """Broken by its queue's bound while its thread is stuck sending to a caller that reads nothing,
+    a writer ends its calls at once, not after GIVE_UP_S."""
+    monkeypatch.setattr(audio_channel, "MAX_QUEUED_BYTES", 4 << 20)
+    monkeypatch.setattr(audio_channel, "GIVE_UP_S", 30.0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never reads
+    listener.bind(str(tmp_path / "chan-4-0123abcd.sock"))
+    listener.listen(1)
+    w = audio_channel.Writer(str(tmp_path / "chan-4-0123abcd.sock"))
+    ended = []
+    chunk = np.zeros(16_384, np.float32)  # 64 KiB
+    for _ in range(16):  # the socket's buffers fill: the writer's thread waits in its send
+        w.chunk("0123456789abcdef", 1, chunk)
+    time.sleep(0.3)
+    assert w.written < 16 and not w.broken
+    t0 = time.monotonic()
+    for _ in range(100):  # then the queue, past its bound
+        w.chunk("0123456789abcdef", 1, chunk)
+    w.end("0123456789abcdef", None, ended.append)
+    assert w.broken and w.drain(time.monotonic() + 10) and ended == [True]
+    assert time.monotonic() - t0 < 10
+    listener.close()
+
+
 def test_a_connection_that_sends_what_is_not_a_frame_is_closed(tmp_path, caplog):
     """Garbage, or a header with sizes past MAX_FRAME_BYTES: the rest of that byte stream cannot be
     trusted, so the connection is closed (its writer breaks); other connections go on."""
@@ -469,6 +517,7 @@ def test_a_connection_that_sends_what_is_not_a_frame_is_closed(tmp_path, caplog)
         for bad in (b"garbage" * 10, audio_channel._HEADER.pack(audio_channel._MAGIC, audio_channel._CHUNK,
                                                                  b"0123456789abcdef", 1, 1 << 30, 0)):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.settimeout(2)  # a connection left open fails the test below, not hangs it
             c.connect(listener.path)
             c.sendall(bad)
             clients.append(c)
@@ -478,7 +527,12 @@ def test_a_connection_that_sends_what_is_not_a_frame_is_closed(tmp_path, caplog)
             good.sendall(part)
         await asyncio.sleep(0.2)
         listener.read_all()
-        closed = [c.recv(1) == b"" for c in clients]  # the listener's end is gone: end of file
+        closed = []
+        for c in clients:  # the listener's end is gone: end of file
+            try:
+                closed.append(c.recv(1) == b"")
+            except socket.timeout:
+                closed.append(False)
         listener.close()
         for c in clients + [good]:
             c.close()

@@ -986,3 +986,29 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke():
     with pytest.raises(ClientGone, match=audio_channel.LOST):
         deliver(chunk)
     assert audio.chunks == ["k", "k"] and len(asked) == 1
+    first = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
+    with pytest.raises(ClientGone, match=audio_channel.LOST):  # broken before its first chunk: none decoded
+        first(chunk)
+    assert audio.chunks == ["k", "k"]
+
+
+def test_a_channel_call_is_answered_and_opened_before_its_request_reaches_the_engine(monkeypatch):
+    """The empty first response, then the channel's Opened frame, before the engine can make audio:
+    the final response (after the end frame) can never come before the first."""
+    from types import SimpleNamespace
+
+    from voxcpm_triton.engine import EngineRequest
+    from voxcpm_triton.serving import decoder_model
+    from voxcpm_triton.serving.decoder_model import DecoderModel
+
+    order = []
+    monkeypatch.setattr(decoder_model, "pb", lambda: SimpleNamespace(
+        InferenceResponse=lambda output_tensors: ("response", tuple(output_tensors))))
+    sender = SimpleNamespace(channel=object(), send=lambda response: order.append(response),
+                             open=lambda: order.append("opened"))
+    model = SimpleNamespace(audio=SimpleNamespace(open=lambda key, sink, context: order.append("audio")),
+                            engine=SimpleNamespace(submit=lambda req, sink: order.append("engine")),
+                            keys=iter(range(3)), _audio_sink=DecoderModel._audio_sink,
+                            _chunks_to_audio=lambda sender, key: None)
+    DecoderModel._submit(model, EngineRequest(request_id="r", prompt=[1, 2]), sender, None)
+    assert order == [("response", ()), "opened", "audio", "engine"]

@@ -95,7 +95,10 @@ class Writer:
         self.items: queue.SimpleQueue = queue.SimpleQueue()
         self.queued = self.queued_bytes = 0  # items (and their frames' bytes) put and not yet done with
         self.exited = False
+        self.sock: socket.socket | None = None  # the thread's connection
         self.idle = threading.Condition()
+        with _writers_lock:
+            _running.add(self)
         threading.Thread(target=self._run, name="audio-channel", daemon=True).start()
 
     def open(self, token: str):
@@ -125,19 +128,20 @@ class Writer:
             if size and self.broken:  # dropped at once
                 self.lost.add(token)
                 return
-            if self.exited:  # the thread has ended (broken): the call's end is done here
-                self._do(item, None)
-                return
-            self.queued += 1
-            self.queued_bytes += size
-        self.items.put(item)
+            inline = self.exited
+            if not inline:
+                self.queued += 1
+                self.queued_bytes += size
+        if inline:  # the thread has ended (broken): the call's end is done here, outside the lock
+            self._do(item)
+        else:
+            self.items.put(item)
 
     def _run(self):
-        sock = None
         while not self.exited:
             item = self.items.get()
             try:
-                sock = self._do(item, sock)
+                self._do(item)
             except Exception:  # noqa: BLE001 - this item's, not the channel's
                 log.exception("audio channel %s: an item failed", self.path)
             with self.idle:
@@ -146,41 +150,48 @@ class Writer:
                 if self.queued == 0:
                     self.idle.notify_all()
                     self.exited = self.broken
+        if self.sock is not None:
+            self.sock.close()
+        with _writers_lock:
+            _running.discard(self)
 
-    def _do(self, item, sock: socket.socket | None) -> socket.socket | None:
+    def _do(self, item):
         token, what = item
         if callable(what):
             with self.idle:
                 lost = token in self.lost
                 self.lost.discard(token)
             what(lost)
-            return sock
+            return
         if self.broken:
             with self.idle:
                 self.lost.add(token)
-            return None
+            return
         try:
-            if sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(GIVE_UP_S)
-                sock.connect(self.path)
+            if self.sock is None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(GIVE_UP_S)
+                self.sock.connect(self.path)
             for part in what:
                 if part:
-                    sock.sendall(part, socket.MSG_NOSIGNAL)  # a caller gone is an error here, not a signal
+                    self.sock.sendall(part, socket.MSG_NOSIGNAL)  # a caller gone is an error here, not a signal
             self.written += 1
-            return sock
         except OSError as e:
             with self.idle:
                 self.lost.add(token)
                 self._break(str(e))
-            if sock is not None:
-                sock.close()
-            return None
 
     def _break(self, reason: str):
         global _retired
+        if self.broken:
+            return
         self.broken = True
         log.warning("audio channel %s broken (%s): its calls' audio is dropped", self.path, reason)
+        if self.sock is not None:  # a send it is stuck in fails now, not after GIVE_UP_S
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         with _writers_lock:
             if _writers.get(self.path) is self:
                 del _writers[self.path]
@@ -188,7 +199,8 @@ class Writer:
 
 
 _writers: dict[str, Writer] = {}
-_writers_lock = threading.Lock()
+_running: set[Writer] = set()  # writers whose thread has not ended (a broken one finishes its queue)
+_writers_lock = threading.RLock()  # (a writer made under it registers itself as running)
 _retired = 0  # frames written by writers that have left the registry
 
 
@@ -202,7 +214,7 @@ def drain(timeout: float) -> bool:
     """At finalize: wait for every writer's queue (its calls' final responses) to be done."""
     deadline = time.monotonic() + timeout
     with _writers_lock:
-        writers = list(_writers.values())
+        writers = list(_running)
     return all([w.drain(deadline) for w in writers])
 
 

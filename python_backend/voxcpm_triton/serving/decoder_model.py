@@ -322,7 +322,7 @@ class DecoderModel:
             if isinstance(event, Finished):
                 self.audio.end(key, event)
                 return
-            if not first and getattr(sender, "channel", None) is not None and sender.channel.broken:
+            if getattr(sender, "channel", None) is not None and sender.channel.broken:  # (no round trip)
                 raise ClientGone(audio_channel.LOST)
             if not first and locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")

@@ -131,8 +131,9 @@ class EngineMetrics:
                 "over those, a delivery's mean time; over the wall time, how busy they keep the thread", labels,
                 "COUNTER")
             self.counters["audio_channel_frames"] = metric(
-                "voxcpm_decoder_audio_channel_frames_total", "Audio chunks and request ends the decoder wrote to "
-                "its callers' audio channels instead of sending them as responses (parameter audio_channel)",
+                "voxcpm_decoder_audio_channel_frames_total", "Frames the decoder wrote to its callers' audio channels "
+                "(parameter audio_channel): each call's opening, its audio chunks and its end, which went as "
+                "responses without the channel",
                 labels, "COUNTER")
             self.counters["audio_ends_alone"] = metric(
                 "voxcpm_decoder_audio_ends_alone_total", "Request ends sent as a response of their own, their "

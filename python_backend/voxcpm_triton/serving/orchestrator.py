@@ -255,7 +255,13 @@ class Orchestrator(InternalCalls):
             while True:
                 # Until its first audio the client may leave while the decoder still queues the request
                 # (with the audio channel, the call's first response, empty, comes at its admission).
-                resp = await self.guard(responses.queue.get(), None if emitted or stopping else cancelled)
+                try:
+                    resp = await (asyncio.wait_for(self.guard(responses.queue.get()), END_TIMEOUT_S) if ended
+                                  else self.guard(responses.queue.get(), None if emitted or stopping else cancelled))
+                except asyncio.TimeoutError:  # stopping, its audio all out: the final response did not come
+                    log.warning("decoder request %s: no final response %.0f s after its end", request_id,
+                                END_TIMEOUT_S)
+                    break
                 if resp is None:  # the client left
                     await self._stop_decoder(request_id, responses)
                     return
