@@ -30,6 +30,13 @@ So here no thread waits in an iterator. The callee says how many responses it ha
   on the event loop, past the stub's removal of its own reference, so that the last
   reference, and the free, is ours.
 
+The inbox also offers each call its process's audio channel (audio_channel.py). A callee that
+takes it (the decoder) sends the call's audio there as frames, which the stream queues beside the
+responses (`audio_channel.Chunk`, `.Ended`); the call's responses are then only its first and its
+final one. Its frames are written before its final response is sent, so the stream reads the
+channel before it takes a final response, and a call that said so (`Opened`) is never handed to a
+waiting thread for want of counts.
+
 Errors after a call's first response travel as data. The stub loses the call an error response
 belongs to when it comes through the server's callback (every response after the first): it
 never reaches the call's iterator, and a final one leaves `next()` waiting for ever. So the
