@@ -127,8 +127,10 @@ def sixty_fifth_session(res) -> list[str]:
            "caller's next calls connect again, and its calls end with an error that says their audio was lost "
            "instead of ending well without it. Each chunk is copied out of the decoded batch's pinned buffer as it "
            "is queued (15 us for 16 patches on this machine's CPU), so a slow caller holds its own bytes, not whole "
-           "batches. While the server stops, the orchestrator reads a call to its final response before it "
-           "returns. The measured code had none of these. Two of them add work to every request: an empty frame "
+           "batches. While the server stops, the orchestrator reads a call to its final response (for at most 30 s) "
+           "before it returns. A second review's fixes: a break shuts the channel's socket, so a send stuck on a "
+           "caller that reads nothing fails at once and its calls end now; finalize waits for broken channels' "
+           "final responses too. The measured code had none of these. Two of them add work to every request: an empty frame "
            "(queued by the decoder's `execute`) and a copy a chunk on the audio thread.", ""]
     _plot(levels)
     return md
