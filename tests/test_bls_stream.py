@@ -593,6 +593,33 @@ def test_a_call_on_the_channel_waits_for_the_decoder_without_the_waiting_thread(
     asyncio.run(main())
 
 
+def test_a_stream_its_reader_left_holds_no_response_and_no_timer(run_dir):
+    """The orchestrator stops reading a channel call at its end frame, before the final response: the
+    stream must not keep that response (nor anything else) queued, and once done no timer may keep
+    the stream alive. Either would free a response after finalize, in the stub's teardown: a crash."""
+    async def main():
+        it = BufferedIterator(Response("admitted"))
+        stream, params = _call(it)
+        sender = _counting(params, it, channel=True)
+        sender.send("admitted")
+        sender.open()
+        sender.chunk(1, np.zeros(3, np.float32))
+        await stream.started.wait()
+        assert stream.timer is not None
+        assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "admitted"
+        stream.abandon()  # the chunk still queued goes now
+        assert stream.queue.empty()
+        sender.end(None)
+        assert sender.channel.drain(time.monotonic() + 5)
+        deadline = time.monotonic() + 5
+        while not stream.done:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert [stream.queue.get_nowait()] == [stream.END] and stream.timer is None
+
+    asyncio.run(main())
+
+
 def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(monkeypatch):
     """`guard` returning None (the client left) cancels what it awaited: a queue's get left running
     would take the queue's next item from whoever reads it next."""

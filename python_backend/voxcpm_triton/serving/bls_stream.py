@@ -277,6 +277,8 @@ class ResponseStream:
         self.done = self.threaded = False
         self.ended_at_once = False  # the waiting thread found the iterator finished: it never waited
         self.channeled = False  # its audio comes over the audio channel (its callee said so)
+        self.abandoned = False  # its reader has stopped reading (`abandon`)
+        self.timer = None  # the pending `_check`
         self.progress = time.monotonic()
 
     @property
@@ -301,7 +303,7 @@ class ResponseStream:
         self.progress = time.monotonic()
         self._take(max(self.counted, 1))
         if not self.done:
-            asyncio.get_running_loop().call_later(min(GRACE_S, FALLBACK_S), self._check)
+            self.timer = asyncio.get_running_loop().call_later(min(GRACE_S, FALLBACK_S), self._check)
 
     def on_frame(self, item):
         """A frame of the call's audio channel: Opened, a Chunk, or its Ended (the last two queued)."""
@@ -309,6 +311,18 @@ class ResponseStream:
         if isinstance(item, audio_channel.Opened):
             self.channeled = True
         else:
+            self._put(item)
+
+    def abandon(self):
+        """Its reader reads no more: what is queued is let go of now, and what comes later as it
+        comes (the call is still read to its end). A response left queued would be freed with the
+        stream, which a pending timer can keep until after finalize: a crash (see `close`)."""
+        self.abandoned = True
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+    def _put(self, item):
+        if not self.abandoned or item is self.END:
             self.queue.put_nowait(item)
 
     def on_count(self, count: int, final: bool):
@@ -332,14 +346,14 @@ class ResponseStream:
                 self._finish()
                 return
             except Exception as e:  # noqa: BLE001 - handed to the reader
-                self.queue.put_nowait(e)
+                self._put(e)
                 self._finish()
                 return
             response = _restored(response)
             if time.monotonic() - t0 > SLOW_NEXT_S:  # not buffered after all, or the stub's cleanup queue is slow
                 log.warning("next() on a counted response took %.0f ms", 1e3 * (time.monotonic() - t0))
             self.taken += 1
-            self.queue.put_nowait(response)
+            self._put(response)
             if response.has_error() and self.taken > self.counted:
                 asyncio.get_running_loop().call_later(ERROR_GRACE_S, self._check_error)
                 return
@@ -359,7 +373,7 @@ class ResponseStream:
                         "the rest with a thread waiting in the iterator", idle, self.taken)
             self._read_with_waiting_thread()
         else:
-            asyncio.get_running_loop().call_later(limit - idle, self._check)
+            self.timer = asyncio.get_running_loop().call_later(limit - idle, self._check)
 
     def _check_error(self):
         """An uncounted error response: counted since, it was the callee's and the counts go on;
@@ -396,6 +410,9 @@ class ResponseStream:
         if self.iterator is not None:
             _bury(self.iterator)
         self.iterator = None
+        if self.timer is not None:  # nothing left to check: the timer keeps the stream no longer
+            self.timer.cancel()
+            self.timer = None
 
     def _read_with_waiting_thread(self):
         """Fallback: the rest of the call read by a thread that waits in the iterator (a daemon: a
@@ -404,7 +421,7 @@ class ResponseStream:
         self.threaded = True
         loop, held = asyncio.get_running_loop(), [self.iterator]
         self.iterator = None
-        put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
+        put = lambda item: loop.call_soon_threadsafe(self._put, item)  # noqa: E731
 
         def pump():
             first = True
@@ -482,6 +499,9 @@ class Inbox:
                     log.warning("ignoring a malformed response count %r", line[:64])
 
     def close(self, loop: asyncio.AbstractEventLoop):
+        for stream in list(self.streams.values()):  # calls still open: let go of what they hold, now
+            stream.abandon()
+            stream._forget()
         try:
             loop.remove_reader(self.sock.fileno())
         except (RuntimeError, ValueError):  # the loop is already closed

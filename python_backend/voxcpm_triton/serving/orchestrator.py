@@ -247,6 +247,7 @@ class Orchestrator(InternalCalls):
         # awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._stop_decoder(request_id, responses)
+            responses.abandon()
             return
         opened = stopping = emitted = ended = False
         error = None
@@ -315,6 +316,7 @@ class Orchestrator(InternalCalls):
                 await self._stop_decoder(request_id, responses)
             error = e
         finally:
+            responses.abandon()  # what comes after we stopped reading (a channel call's final response) goes
             self.m_decoder_reads[responses.waited].increment(1.0)
             if opened:
                 await self._close_vae(corrid)
