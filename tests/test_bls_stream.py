@@ -158,12 +158,13 @@ def _counting(params: dict, iterator, channel: bool = False) -> bls_stream.Count
     return sender
 
 
-async def _started_call():
-    """A counted call that has returned with its first response, "r1" -> (iterator, stream, sender)."""
-    it = BufferedIterator(Response("r1"))
+async def _started_call(first: str = "r1", channel: bool = False):
+    """A counted call that has returned with its first response, `first` (with the caller's audio
+    channel taken if `channel`) -> (iterator, stream, sender)."""
+    it = BufferedIterator(Response(first))
     stream, params = _call(it)
-    sender = _counting(params, it)
-    sender.send("r1")
+    sender = _counting(params, it, channel=channel)
+    sender.send(first)
     await stream.started.wait()
     return it, stream, sender
 
@@ -342,11 +343,7 @@ def test_a_calls_frames_are_read_before_the_count_of_its_final_response(run_dir)
     """The count of a call's final response can be read before the frames written ahead of it (two
     sockets): the inbox reads its channel first, so the call's end never overtakes its audio."""
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
-        await stream.started.wait()
+        _, stream, sender = await _started_call("admitted", channel=True)
         sender.chunk(2, np.ones(5, np.float32))
         sender.end("the engine failed")
         assert sender.channel.drain(time.monotonic() + 5)  # frames written, final response sent and counted
@@ -369,10 +366,7 @@ def test_frames_keep_an_open_call_from_the_waiting_thread(run_dir, monkeypatch):
     monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.3)
 
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
+        _, stream, sender = await _started_call("admitted", channel=True)
         for _ in range(10):
             sender.chunk(1, np.zeros(3, np.float32))
             await asyncio.sleep(0.1)
@@ -407,11 +401,7 @@ def test_a_broken_channel_drops_its_frames_and_ends_its_calls_with_the_loss(tmp_
 
 def test_the_final_response_of_a_call_whose_frames_were_dropped_says_so(run_dir):
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
-        await stream.started.wait()
+        _, stream, sender = await _started_call("admitted", channel=True)
         bls_stream._inbox[1].channel.close()  # the caller's channel goes: the decoder's writes fail
         sender.chunk(1, np.ones(3, np.float32))
         sender.end(None)
@@ -546,11 +536,7 @@ def test_a_calls_end_counted_in_the_read_that_read_the_channel_before_it_keeps_i
     """The inbox reads its channel, then its counts: frames written after that channel read, with the
     final response's count read in the same pass, are still read before the call's end."""
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
-        await stream.started.wait()
+        _, stream, sender = await _started_call("admitted", channel=True)
         inbox = bls_stream._inbox[1]
         read_channel = inbox.read_channel
 
@@ -579,10 +565,7 @@ def test_a_call_on_the_channel_waits_for_the_decoder_without_the_waiting_thread(
     monkeypatch.setattr(bls_stream, "GRACE_S", 0.2)
 
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
+        _, stream, sender = await _started_call("admitted", channel=True)
         sender.open()
         await asyncio.sleep(1.0)  # five fallback periods with no count and no frame
         assert stream.channeled and not stream.threaded
@@ -598,13 +581,9 @@ def test_a_stream_its_reader_left_holds_no_response_and_no_timer(run_dir):
     stream must not keep that response (nor anything else) queued, and once done no timer may keep
     the stream alive. Either would free a response after finalize, in the stub's teardown: a crash."""
     async def main():
-        it = BufferedIterator(Response("admitted"))
-        stream, params = _call(it)
-        sender = _counting(params, it, channel=True)
-        sender.send("admitted")
+        _, stream, sender = await _started_call("admitted", channel=True)
         sender.open()
         sender.chunk(1, np.zeros(3, np.float32))
-        await stream.started.wait()
         assert stream.timer is not None
         assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "admitted"
         stream.abandon()  # the chunk still queued goes now
