@@ -285,7 +285,7 @@ def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypa
         assert (await asyncio.wait_for(stream.queue.get(), 5)).value == "first"
         it.deliver(Response("late", final=True))
         assert [r.value for r in await _drain(stream)] == ["late"]
-        assert stream.threaded and stream.waited
+        assert stream.threaded and stream.waited and stream.done  # (nothing left for a cancel to stop)
         only = WaitingIterator(Response("only", final=True))  # finished before the thread takes over
         stream, _ = _call(only)
         assert [r.value for r in await _drain(stream)] == ["only"]
@@ -615,6 +615,32 @@ def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(monkeypatch):
         return q.get_nowait()
 
     assert asyncio.run(main()) == "next"
+
+
+def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(monkeypatch):
+    """The orchestrator's cancel call gives up after END_TIMEOUT_S: its stream is abandoned, so
+    what it holds, or gets later, is not kept until the stream is freed (after finalize: a crash)."""
+    from voxcpm_triton.serving import orchestrator
+
+    monkeypatch.setattr(orchestrator, "END_TIMEOUT_S", 0.2)
+
+    class Unanswered:
+        END = object()
+
+        def __init__(self):
+            self.queue: asyncio.Queue = asyncio.Queue()
+            self.queue.put_nowait(Response("first"))  # then nothing, no END
+            self.abandoned = False
+
+        def abandon(self):
+            self.abandoned = True
+
+    stream = Unanswered()
+    calls = orchestrator.Orchestrator.__new__(orchestrator.Orchestrator)
+    orchestrator.InternalCalls.__init__(calls)
+    calls.call_decoupled = lambda model, inputs, names: stream
+    asyncio.run(asyncio.wait_for(calls._cancel_decoder("r1"), 5))
+    assert stream.abandoned
 
 
 def test_a_failed_call_hands_over_its_exception(run_dir):

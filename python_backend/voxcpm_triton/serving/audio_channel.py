@@ -122,6 +122,7 @@ class Writer:
     def _put(self, item):
         token, what = item
         size = 0 if callable(what) else sum(map(len, what))
+        item = (token, what, size)
         with self.idle:  # (re-entrant)
             if size and not self.broken and self.queued_bytes + size > MAX_QUEUED_BYTES:
                 self._break(f"{(self.queued_bytes + size) >> 20} MiB queued for it")
@@ -146,7 +147,7 @@ class Writer:
                 log.exception("audio channel %s: an item failed", self.path)
             with self.idle:
                 self.queued -= 1
-                self.queued_bytes -= 0 if callable(item[1]) else sum(map(len, item[1]))
+                self.queued_bytes -= item[2]
                 if self.queued == 0:
                     self.idle.notify_all()
                     self.exited = self.broken
@@ -156,7 +157,7 @@ class Writer:
             _running.discard(self)
 
     def _do(self, item):
-        token, what = item
+        token, what, _ = item
         if callable(what):
             with self.idle:
                 lost = token in self.lost

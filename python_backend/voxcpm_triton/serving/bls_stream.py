@@ -385,6 +385,8 @@ class ResponseStream:
             self._read_with_waiting_thread()
 
     def _finish(self):
+        """The call has ended (its final response taken, or its waiting thread's iterator ended):
+        its channel's frames, written before its final response, are read first."""
         self.done = True
         self._read_channel()
         self.queue.put_nowait(self.END)
@@ -396,13 +398,6 @@ class ResponseStream:
         final count after, in one `read`)."""
         if self.inbox is not None:
             self.inbox.read_channel()
-
-    def _threaded_end(self):
-        """The waiting thread's call has ended: its channel's frames, written before its final
-        response, are read first."""
-        self._read_channel()
-        self._forget()
-        self.queue.put_nowait(self.END)
 
     def _forget(self):
         if self.inbox is not None:
@@ -436,7 +431,7 @@ class ResponseStream:
                 put(e)
             finally:
                 loop.call_soon_threadsafe(_bury, held.pop())
-                loop.call_soon_threadsafe(self._threaded_end)
+                loop.call_soon_threadsafe(self._finish)
 
         threading.Thread(target=pump, name="bls-responses", daemon=True).start()
 

@@ -64,6 +64,11 @@ def _end_error(end) -> str | None:
     return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
 
 
+def _channel(sender) -> "audio_channel.Writer | None":
+    """The audio channel a call's sender writes its audio to, if its caller offered one."""
+    return getattr(sender, "channel", None)
+
+
 class DecoderModel:
     def initialize(self, args):
         runtime.model_process()
@@ -298,7 +303,7 @@ class DecoderModel:
             self.engine.submit(req, sink=self._sink(sender))
             return
         key = (req.request_id, next(self.keys))  # an id may come back while its audio is still queued
-        if getattr(sender, "channel", None) is not None:
+        if _channel(sender) is not None:
             # The call's first response, empty, before any of its audio: everything after it (its
             # audio, its end, a refusal below) follows it, and the final response comes last. Then
             # the channel's first frame, which tells the caller that the audio comes that way.
@@ -322,7 +327,7 @@ class DecoderModel:
             if isinstance(event, Finished):
                 self.audio.end(key, event)
                 return
-            if getattr(sender, "channel", None) is not None and sender.channel.broken:  # (no round trip)
+            if (channel := _channel(sender)) is not None and channel.broken:  # (no round trip)
                 raise ClientGone(audio_channel.LOST)
             if not first and locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")
@@ -336,7 +341,7 @@ class DecoderModel:
         """The audio thread's: each chunk's LATENTS with its AUDIO, the final flag on the last one
         when the request ends well with it, else the final flag alone after (with the error if the
         request failed, or its audio could not be decoded)."""
-        if getattr(sender, "channel", None) is not None:
+        if _channel(sender) is not None:
             return DecoderModel._channel_sink(sender)
         p = pb()
         final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL

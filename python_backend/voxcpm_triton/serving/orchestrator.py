@@ -365,9 +365,12 @@ class Orchestrator(InternalCalls):
             # its only response is the final flag
             stream = self.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
                                          ["LATENTS"])
-            while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
-                if isinstance(resp, BaseException):
-                    raise resp
+            try:
+                while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
+                    if isinstance(resp, BaseException):
+                        raise resp
+            finally:
+                stream.abandon()  # given up on (timeout): what it still holds or gets goes
         except BaseException:  # noqa: BLE001 - best effort: the decoder drops the request when it ends
             log.exception("cancelling decoder request %s failed", request_id)
 
