@@ -266,6 +266,7 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
         "errors": len(errs),
         "error_messages": sorted({r["error"] for r in errs})[:10],
         "wall_s": wall,
+        "t0_monotonic": t_start,  # the level's start on the machine's monotonic clock (VOXCPM_TIMELINE's)
         "audio_s_total": audio_total,
         "x_real_time": audio_total / wall,
         "requests_per_s": len(ok) / wall,

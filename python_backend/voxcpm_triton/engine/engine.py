@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import checks
+from .. import checks, timeline
 from ..model.noise import request_key
 from ..checks import default_max_len
 from .attention import PagedAttention, PrefillMetadata, PrefillRowsMetadata
@@ -394,7 +394,9 @@ class Engine:
                     self.loras.apply(before_write=self.lora_weights.unmerge)
                 admitted = self._admit()
                 if admitted:
+                    timeline.event("prefill", len(admitted))
                     self._prefill(admitted)
+                    timeline.event("prefilled", len(admitted))
                 if (self.running or self._in_flight) and self._decode_step():
                     steps_window += 1
                 now = time.monotonic()
@@ -655,11 +657,13 @@ class Engine:
                 self._stats["steps"] += 1
                 self._stats["late_launches"] += behind and bool(launched) and launched[0][1].stream_idle
         previous, self._in_flight = self._in_flight, launched
+        timeline.event("step", len(batch))
         # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
         # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms
         # switch interval, which delays first audio under bursts of submits.
         time.sleep(0)
         self._deliver(previous)
+        timeline.event("delivered", sum(len(b) for b, _ in previous))
         run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b, plain))))  # noqa: E731
         for group in failed:
             still = [st for st in group if self.scheduler.is_running(st)]

@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import timeline
 from ..model.audio_vae import AudioVAE, patch_frames
 from .buckets import smallest_at_least
 from .vae_streams import StreamSlotsFull, VAEStreams
@@ -315,6 +316,7 @@ class StreamAudio:
         last chunk. -> the keys put back for want of a stream slot."""
         decodes, waiting = [], set()
         ends = {key: end for key, _, _, end in work if end is not _NO_END}
+        timeline.event("round", [len(work), sum(len(c) for _, _, chunks, _ in work for c in chunks)])
         for key, r, chunks, end in work:
             if not chunks or r.failed:
                 continue
@@ -344,6 +346,7 @@ class StreamAudio:
                 self._fail([(key, r) for key, r, *_ in group], e)
         self.last_batch = len(decodes)
         launched()
+        timeline.event("decodes_launched", len(batches))
         for key, r, chunks, _ in work:  # ends that came alone: their audio went out in earlier rounds
             if not chunks and key in ends and not r.failed:
                 self._end(key, r, ends.pop(key))
@@ -355,6 +358,7 @@ class StreamAudio:
                 self._fail([(key, r) for key, r, *_ in group], e)
                 undelivered.difference_update(key for key, *_ in group)
                 continue
+            timeline.event("decoded", [len(group), frames])
             per_patch = audio.shape[-1] // frames * self.P  # samples
             # Requests that end first: their clients wait for the end to send their next request.
             items = sorted(zip(group, audio.numpy()), key=lambda d: d[0][0] not in ends)
@@ -373,6 +377,7 @@ class StreamAudio:
         for key, r, _, _ in work:
             if key in ends and not r.failed and key not in waiting:
                 self._end(key, r, ends.pop(key))
+        timeline.event("round_done", len(decodes))
         return waiting
 
     def _send_chunk(self, key, r: _Request, patches, audio, end=_NO_END):
@@ -381,6 +386,7 @@ class StreamAudio:
         t0 = time.monotonic()
         if r.first_at is None:
             r.first_at = t0
+        timeline.event("send", key[0] if isinstance(key, tuple) else key)
         r.sent_s += len(audio) / self.rate
         if end is _NO_END:
             self._deliver(key, r, patches, audio)

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from .. import timeline
 from ..checks import CONTEXT_PATCHES
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
@@ -211,6 +212,7 @@ class DecoderModel:
         return prompt, context
 
     def execute(self, requests):
+        timeline.event("execute", len(requests))
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -255,6 +257,7 @@ class DecoderModel:
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:
                 locked(sender.send, error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        timeline.event("executed", len(requests))
         return None
 
     def _lora_action(self, action: str, name: str | None, sender):

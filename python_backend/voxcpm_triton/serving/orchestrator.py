@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import timeline
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
 from . import audio_channel, bls_stream, contract, gc_pauses, runtime
 from .metrics import metric, release_all as release_metrics
@@ -487,7 +488,7 @@ class TTSStreamModel:
             except Exception as e:
                 sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            task = asyncio.ensure_future(self._run(req, sender))
+            task = asyncio.ensure_future(self._run(req, sender, request.request_id()))
             with self.streams_lock:
                 self.streams[task] = sender
             tasks.append(task)
@@ -500,11 +501,13 @@ class TTSStreamModel:
             pass
         return None
 
-    async def _run(self, req, sender):
+    async def _run(self, req, sender, client_id: str = ""):
         p = pb()
         rate = np.array([self.orch.sample_rate], np.int32)
+        timeline.event("stream", client_id)
 
         def emit(audio):
+            timeline.event("emit", client_id)
             sender.send(p.InferenceResponse(output_tensors=[tensor("AUDIO", audio.astype(np.float32)),
                                                             tensor("SAMPLE_RATE", rate)]))
 
