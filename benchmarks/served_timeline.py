@@ -45,7 +45,8 @@ def dry_streams(level: dict) -> list:
 
 def stream_path(level: dict, events: list, s: dict) -> dict:
     t0 = level["t0_monotonic"] + s["start_s"]
-    emits = [t for t, _, _, name, value in events if name == "emit" and value == s["request_id"]]
+    # (ids repeat from level to level: this request's emits are those after it was sent)
+    emits = [t for t, _, _, name, value in events if name == "emit" and value == s["request_id"] and t >= t0]
     k = s["underrun_chunk"]
     received = [t0 + ms / 1e3 for ms, _ in s["chunk_ms"]]
     return {"id": s["request_id"], "dry_ms": round(s["underrun_s"] * 1e3, 1), "chunk": k,

@@ -31,6 +31,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .. import checks, timeline
@@ -664,11 +665,11 @@ class Engine:
         time.sleep(0)
         self._deliver(previous)
         timeline.event("delivered", sum(len(b) for b, _ in previous))
-        run = lambda b: list(zip(*self.runner.collect(self._launch_decode(b, plain))))  # noqa: E731
+        run = lambda b: _host_rows(*self.runner.collect(self._launch_decode(b, plain)))  # noqa: E731
         for group in failed:
             still = [st for st in group if self.scheduler.is_running(st)]
             for st, (patch, stop) in self._isolated(still, run, "decode step"):
-                self._emit(st, patch, bool(stop))
+                self._emit(st, patch, stop)
         return bool(batch)
 
     def _launch_decode(self, batch: list[RequestState], plain: bool):
@@ -710,15 +711,16 @@ class Engine:
         requests that ended meanwhile are dropped. Every step is collected (that frees its host
         buffers), even if none of its requests is left."""
         for batch, step in launched:
-            for st, patch, stop in zip(batch, *self.runner.collect(step)):
+            for st, (patch, stop) in zip(batch, _host_rows(*self.runner.collect(step))):
                 if self.scheduler.is_running(st):
-                    self._emit(st, patch, bool(stop))
+                    self._emit(st, patch, stop)
 
     # -- output
-    def _emit(self, st: RequestState, patch: torch.Tensor, stop: bool):
+    def _emit(self, st: RequestState, patch: np.ndarray, stop: bool):
         out = self.scheduler.on_patch(st, patch, stop, time.monotonic())
         if out.patches is not None:
-            if not self._send(st, LatentChunk(st.request_id, torch.stack(out.patches), out.first_step)):
+            if not self._send(st, LatentChunk(st.request_id, torch.from_numpy(np.stack(out.patches)),
+                                              out.first_step)):
                 return  # the request has ended with an error
         if out.finish:
             self._finish(st, out.finish)
@@ -752,3 +754,11 @@ class Engine:
         if idle:  # nothing left to run: the weights as loaded, before anyone hears of the end
             self.lora_weights.unmerge_safely()
         self._send(st, Finished(rid, reason, st.step, error))
+
+
+def _host_rows(patches: torch.Tensor, stops: torch.Tensor) -> list:
+    """A collected step's rows as (patch [P, D] numpy view, stop bool): no torch op per row. Each
+    torch op lets go of the GIL, and taking it back waits up to the interpreter's switch interval
+    (5 ms) while another thread of the process runs Python (`execute`, the audio thread): at 128
+    rows that was tens of milliseconds a step."""
+    return list(zip(patches.numpy(), stops.tolist()))

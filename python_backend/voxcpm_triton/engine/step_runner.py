@@ -243,8 +243,9 @@ class DecodeStepRunner:
                 hr[:len(rows), 6] = torch.tensor([r[9] if len(r) > 9 else 0 for r in rows], dtype=torch.int64)
             hc[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
         by_steps: dict = {}
+        blocks = hb.numpy()  # per row in numpy: a torch op lets go of the GIL (engine._host_rows)
         for i, r in enumerate(rows):
-            hb[i, :len(r[6])] = torch.tensor(r[6])
+            blocks[i, :len(r[6])] = r[6]
             by_steps.setdefault(r[8], []).append(i)
         for k, idx in by_steps.items():  # rows with the same step count share one table
             ht[:, idx, :n_steps] = self._row_tables(k, n_steps)[:, None, :]

@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .. import timeline
@@ -340,7 +341,7 @@ class StreamAudio:
         for frames in sorted({f for *_, f in decodes}):
             group = [d for d in decodes if d[3] == frames]
             try:
-                z = torch.cat([self._frames(chunks, frames) for _, _, chunks, _ in group])
+                z = self._batch_frames([chunks for _, _, chunks, _ in group], frames)
                 batches.append((group, frames, self.streams.decode_async([key for key, *_ in group], z)))
             except Exception as e:  # noqa: BLE001 - these requests fail, the rest go on
                 self._fail([(key, r) for key, r, *_ in group], e)
@@ -432,10 +433,18 @@ class StreamAudio:
             self._rushing, self.last_batch = False, last_batch
             self.rushed += any(chunks for key, _, chunks, _ in work if key not in waiting)
 
-    def _frames(self, chunks: list, frames: int) -> torch.Tensor:
-        """A request's chunks as [1, D, frames] latent frames, silence after them up to `frames`."""
-        z = patch_frames(torch.cat(chunks))
-        return torch.nn.functional.pad(z, (0, frames - z.shape[-1]))
+    @staticmethod
+    def _batch_frames(requests: list, frames: int) -> torch.Tensor:
+        """Each request's chunks [n, P, D] as its row of [B, D, frames] latent frames, silence after
+        them up to `frames`. Put together in numpy: a torch op per request would let go of the GIL
+        each time, and while another thread of the process runs Python (the engine's, `execute`)
+        taking it back waits up to the interpreter's switch interval."""
+        first = requests[0][0]
+        z = np.zeros((len(requests), first.shape[-1], frames), np.float32)
+        for row, chunks in zip(z, requests):
+            x = np.concatenate([c.numpy() for c in chunks]).reshape(-1, first.shape[-1])
+            row[:, :len(x)] = x.T
+        return torch.from_numpy(z)
 
     def _end(self, key, r: _Request, end):
         """Deliver a request's end alone (its audio went before): a send, in the rush's books."""

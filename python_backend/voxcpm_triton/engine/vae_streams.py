@@ -59,6 +59,9 @@ class VAEStreams:
         self.device = vae.device
         self.pools = [torch.zeros(max_streams + 1, c, n, device=self.device, dtype=vae.decode_dtype)
                       for c, n in vae.stream_state_spec()]
+        # Each row's view of every pool, made once: `_zero` is then one op, not one per pool (each
+        # torch op lets go of the GIL, and taking it back can wait for another thread's Python).
+        self.row_views = [[p[row] for p in self.pools] for row in range(max_streams + 1)]
         self.free = list(range(max_streams, 0, -1))
         self.slot: dict = {}  # stream key -> pool row
         self.clean = set(self.free)  # rows holding zeros (fresh state): a stream opened on one starts at once
@@ -99,7 +102,7 @@ class VAEStreams:
 
     def _zero(self, row: int) -> None:
         """Row `row` of every state pool back to silence, in one launch."""
-        torch._foreach_zero_([p[row] for p in self.pools])
+        torch._foreach_zero_(self.row_views[row])
 
     def decode(self, keys, z: torch.Tensor) -> torch.Tensor:
         """Next chunk of distinct open streams `keys`: z [B, D, t] -> audio [B, t * hop] on the CPU."""
