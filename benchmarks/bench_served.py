@@ -418,8 +418,7 @@ ENGINE_COUNTERS = {"voxcpm_engine_decode_steps_total": "steps", "voxcpm_engine_d
                    "voxcpm_decoder_audio_sends_total": "audio_sends",
                    "voxcpm_decoder_audio_send_seconds_total": "audio_send_s",
                    "voxcpm_decoder_audio_ends_alone_total": "ends_alone",
-                   "voxcpm_decoder_audio_rushes_total": "rushes",
-                   "voxcpm_decoder_audio_deferred_total": "deferred"}
+                   "voxcpm_decoder_audio_rushes_total": "rushes"}
 
 
 def engine_sums(metrics_url: str) -> dict:

@@ -59,7 +59,6 @@ def test_audio_comes_from_the_decoder_and_vae_decoder_is_never_called(server, of
         assert time.monotonic() < deadline, metrics(server)
         time.sleep(0.1)
     assert metrics(server)["voxcpm_decoder_audio_rushes_total"] >= 0  # audio_rush (default): counted
-    assert metrics(server)["voxcpm_decoder_audio_deferred_total"] == 0  # no round bound by default
     # the audio thread's sends, published with the engine's counters: this request's 3 chunks at least
     while (m := metrics(server))["voxcpm_decoder_audio_sends_total"] < 3:
         assert time.monotonic() < deadline + 10, m
@@ -400,44 +399,6 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
             assert recv[k].done.wait(60)
         assert order[6:] == [("a_mid", "end"), ("c_mid", "end")], order
         assert not any(r.after_end for r in recv.values())
-    finally:
-        audio.stop()
-
-
-def test_a_bounded_round_takes_the_most_urgent_and_leaves_the_rest_for_the_next(vae):
-    """`round_patches` (decoder parameter audio_round_patches): a round takes newcomers' first chunks
-    whatever the bound, then the playing requests with the least audio left while its patches stay
-    within the bound; the others go in the next rounds, in the same order, and are counted."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-
-    cfg, vae = vae
-    P, D = cfg.patch_size, cfg.feat_dim
-    audio = StreamAudio(vae, P, max_streams=8, cuda_graphs=False, graph_patches=(1, 2),
-                        on_failure=lambda key, e: None, rush=False, round_patches=4)
-    rounds, order, take = [], [], audio._round
-
-    def recorded(work, launched):
-        rounds.append({key for key, _, chunks, _ in work if chunks})
-        return take(work, launched)
-
-    audio._round = recorded
-    try:
-        keys = ("a", "b", "c", "d", "e")
-        recv, release = _held_round(audio, P, D, order, keys, later=("n",))
-        release.set()  # round 0: five first chunks, past the bound of 4: newcomers are never left
-        _wait_until(lambda: len(order) == 5, order)
-        left = {"b": 0.05, "d": 0.5, "c": 1.0, "a": 10.0, "e": 20.0}  # seconds of audio each client has
-        with audio.cond:
-            now = time.monotonic()
-            for i, k in enumerate(keys):
-                r = audio.requests[k]
-                r.sent_s = now - r.first_at + left[k]
-                audio.chunk(k, _latents(10 + i, 2, P, D))
-            audio.chunk("n", _latents(20, 1, P, D))
-        _wait_until(lambda: len(order) == 11, order)
-        assert rounds == [set(keys), {"n", "b"}, {"d", "c"}, {"a", "e"}], rounds
-        assert audio.deferred == 6  # d, c, a, e after the first round, a, e after the second
-        assert all(len(recv[k].chunks) == 2 for k in keys)
     finally:
         audio.stop()
 

@@ -32,12 +32,6 @@ client has heard nothing yet, or would run out of audio before the round's remai
 done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
 like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU
 by then, so the rushed decode does not queue behind them.
-
-A round can be bounded (`round_patches`): it then takes requests most urgent first (those with no
-audio yet, then the least audio left to play) and leaves the rest of the playing ones for the next
-round, which starts right after, once its patches would pass the bound. A chunk queued for a client
-low on audio otherwise waits for the whole decode of a round that took every queued chunk, which,
-when many long chunks fall due together, takes longer than a newcomer's first chunk lasts.
 """
 
 from __future__ import annotations
@@ -95,10 +89,8 @@ class StreamAudio:
     nothing after; `on_failure(key, error)` is told so that its generation stops too."""
 
     def __init__(self, vae: AudioVAE, patch_size: int, max_streams: int, cuda_graphs: bool,
-                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True,
-                 round_patches: int = 0):
-        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc).
-        round_patches: the most patches a round takes of requests already playing (0: no bound)."""
+                 graph_patches, on_failure: Callable[[Any, Exception], None], rush: bool = True):
+        """rush: chunks that cannot wait for the round's end go between its deliveries (module doc)."""
         self.P = patch_size
         self.rate = vae.out_sample_rate
         # Patches of one request decoded in one round (a longer chunk alone goes whole): what lags
@@ -129,8 +121,6 @@ class StreamAudio:
         self.sends, self.send_seconds = 0, 0.0  # deliveries (chunks, ends alone) and their time, so far
         self.ends_alone = 0  # ends delivered without a chunk (their audio went in an earlier round)
         self.rush = rush
-        self.round_patches = round_patches
-        self.deferred = 0  # requests a bounded round left for the next one, so far
         self._rushing = False
         self.thread = threading.Thread(target=self._run, name="voxcpm-stream-audio", daemon=True)
         self.thread.start()
@@ -208,8 +198,7 @@ class StreamAudio:
         they are done). (False, None) when the time ran out, or at once while the thread is busy
         with a round of chunks queued before `mark` only: its waits and deliveries are not the
         caller's to wait for. A round that took some of the chunks since `mark` is waited for (with
-        the next, for the rest). A bounded round may leave chunks of requests already playing for
-        the next round: the fence does not wait for those (it is for first chunks, never left)."""
+        the next, for the rest)."""
         with self.lock:
             target = self.chunks_queued
             busy = lambda: self.round_upto is not None and self.round_upto <= mark  # noqa: E731
@@ -235,7 +224,7 @@ class StreamAudio:
                     self.cond.wait()
                 if not self.queued:
                     return
-                work, upto = self._take(budget=self.round_patches), self.chunks_queued
+                work, upto = self._take(), self.chunks_queued
                 self.round_upto = upto
             launched = lambda: self._launched(upto)  # noqa: E731
             # A failed round's streams are closed on the stream of their decodes too: closing zeroes
@@ -269,17 +258,12 @@ class StreamAudio:
             self.chunks_launched, self.launch_event = upto, event
             self.fences.notify_all()
 
-    def _take(self, keys=None, budget: int = 0) -> list:
+    def _take(self, keys=None) -> list:
         """This round's work, under the lock: (key, request, chunks, end) for each request queued
         (those of `keys` only, if given), its pending chunks up to max_patches (at least one), and its
-        end once no chunk is left. With a `budget` (patches), requests go most urgent first, and one
-        already playing is left for the next round once the work's patches would pass it (module doc)."""
-        work, later, patches = [], {}, 0
-        queued = self.queued.items()
-        if budget:
-            now = time.monotonic()
-            queued = sorted(queued, key=lambda kv: (kv[1].first_at is not None, kv[1].buffered_s(now) or 0.0))
-        for key, r in queued:
+        end once no chunk is left."""
+        work, later = [], {}
+        for key, r in self.queued.items():
             if keys is not None and key not in keys:
                 later[key] = r
                 continue
@@ -287,11 +271,6 @@ class StreamAudio:
             while take < len(r.pending) and (take == 0 or n + len(r.pending[take]) <= self.max_patches):
                 n += len(r.pending[take])
                 take += 1
-            if budget and patches and r.first_at is not None and patches + n > budget:
-                later[key] = r
-                self.deferred += 1
-                continue
-            patches += n
             chunks, r.pending = r.pending[:take], r.pending[take:]
             end = _NO_END
             if r.pending:

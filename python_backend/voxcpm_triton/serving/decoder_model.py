@@ -157,8 +157,7 @@ class DecoderModel:
         return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_batch_size"],
                            cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
                            graph_patches=sorted(set(params["chunk_schedule"])),
-                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"],
-                           round_patches=params["audio_round_patches"])
+                           on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"])
 
     def _status(self) -> str | None:
         heartbeat = self.engine.heartbeat

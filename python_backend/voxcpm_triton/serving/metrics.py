@@ -135,10 +135,6 @@ class EngineMetrics:
                 "(parameter audio_channel): each call's opening, its audio chunks and its end, which went as "
                 "responses without the channel",
                 labels, "COUNTER")
-            self.counters["audio_deferred"] = metric(
-                "voxcpm_decoder_audio_deferred_total", "Times a round of the decoder's audio thread left a "
-                "playing request's chunks for the next round, more urgent ones having filled it (parameter "
-                "audio_round_patches)", labels, "COUNTER")
             self.counters["audio_ends_alone"] = metric(
                 "voxcpm_decoder_audio_ends_alone_total", "Request ends sent as a response of their own, their "
                 "audio having gone in an earlier round (else an end goes with its request's last chunk)", labels,
@@ -173,7 +169,7 @@ class EngineMetrics:
         if self.audio is not None:
             a = self.audio
             s.update(audio_streams=len(a), audio_batch=a.last_batch, audio_rushes=a.rushed, audio_sends=a.sends,
-                     audio_send_seconds=a.send_seconds, audio_ends_alone=a.ends_alone, audio_deferred=a.deferred,
+                     audio_send_seconds=a.send_seconds, audio_ends_alone=a.ends_alone,
                      audio_channel_frames=audio_channel.written())
         if self.gc is not None:
             for g in range(3):

@@ -34,14 +34,14 @@ IDLE_US = "sequence_batching.max_sequence_idle_microseconds"
 class Param:
     model: str
     name: str
-    kind: str  # int, count, float, ms, bool, ints, choice, path, str
+    kind: str  # int, float, ms, bool, ints, choice, path, str
     default: str  # as config.pbtxt writes it; "": unset (the model decides)
     doc: str
     choices: tuple = ()
     env: str | None = None  # the documented environment variable that wins over config.pbtxt
 
     def allowed(self) -> str:
-        return {"int": "a positive integer", "count": "an integer, 0 or more", "float": "a positive number", "ms": "milliseconds, 0 or more",
+        return {"int": "a positive integer", "float": "a positive number", "ms": "milliseconds, 0 or more",
                 "bool": "true or false",
                 "ints": "positive integers separated by commas", "path": "a directory", "str": "a string",
                 "choice": "one of " + ", ".join(self.choices)}[self.kind]
@@ -60,10 +60,6 @@ class Param:
 
 def _int(_, text):
     return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
-
-
-def _count(_, text):
-    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _float(_, text):
@@ -93,7 +89,7 @@ def _ints(_, text):
 
 
 _PARSERS: dict[str, Callable] = {
-    "int": _int, "count": _count, "float": _float, "ms": _ms, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
+    "int": _int, "float": _float, "ms": _ms, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
     "choice": lambda p, t: t if t in p.choices else None,
 }
 
@@ -158,11 +154,6 @@ PARAMETERS: tuple[Param, ...] = (
           "has none yet, or that would run out before the round is sent, is decoded and sent between two "
           "of those sends, not after the round (shorter first-audio tails, smoother playback under load, "
           "at some throughput); false: every chunk waits for the next round"),
-    Param("decoder", "audio_round_patches", "count", "0",
-          "with decode_audio: the most patches the audio thread decodes in one round for clients already "
-          "playing, most urgent first (the least audio left), the rest in the next round, so that a chunk "
-          "due soon does not wait for a long round of chunks due later; newcomers' first chunks are never "
-          "left; 0: a round takes every chunk queued"),
     Param("decoder", "audio_channel", "bool", "true",
           "with decode_audio: an orchestrator's calls get their audio chunks and their ends over a Unix "
           "socket of its process (in the server's run directory), written by a thread of their own, "
