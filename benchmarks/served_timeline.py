@@ -55,6 +55,19 @@ def stream_path(level: dict, events: list, s: dict) -> dict:
             "client_lag_ms": [round((r - e) * 1e3, 1) for r, e in zip(received[:k + 1], emits[:k + 1])]}
 
 
+def round_launch_ms(level: dict, events: list) -> list:
+    """The decoder's audio rounds within the level: ms from each round's start (its work taken) to
+    its decodes launched, the host work of putting its latents together and queueing them."""
+    t0, t1 = level["t0_monotonic"], level["t0_monotonic"] + level["wall_s"]
+    out, start = [], {}
+    for t, pid, _, name, _ in events:
+        if t0 <= t < t1 and name == "round":
+            start[pid] = t
+        elif t0 <= t < t1 and name == "decodes_launched" and pid in start:
+            out.append((t - start.pop(pid)) * 1e3)
+    return out
+
+
 def bins(level: dict, events: list, width: float = 0.01) -> dict:
     """Per bin of `width` s from the level's start: steps, prefills, round patches, decoder sends,
     orchestrator emits, client receives."""
@@ -97,10 +110,12 @@ def main(argv=None):
             continue
         paths = [stream_path(level, events, s) for s in dry_streams(level)]
         b = bins(level, events, args.bin_ms / 1e3)
+        launches = sorted(round_launch_ms(level, events))
         result.append({"index": i, "concurrency": level["concurrency"], "smooth": level["smooth_playback_frac"],
-                       "dry": paths, "bins": b})
+                       "dry": paths, "round_launch_ms": launches, "bins": b})
+        worst = f", slowest round launch {launches[-1]:.1f} ms of {len(launches)}" if launches else ""
         print(f"level {i}: {level['concurrency']} streams, smooth {level['smooth_playback_frac']:.3f}, "
-              f"{len(paths)} dry")
+              f"{len(paths)} dry{worst}")
         for p in paths:
             print("  ", json.dumps(p))
     if args.json:
