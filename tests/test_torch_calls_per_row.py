@@ -2,9 +2,8 @@
 
 Each torch call that dispatches an op lets go of the GIL, and taking it back waits up to the
 interpreter's switch interval (5 ms) whenever another thread of the process is running Python: the
-decoder's `execute` taking a burst of requests, the engine's thread, the audio thread. A call per row
-at 128 rows then cost tens of milliseconds a step, and an audio round of 30 requests 60 ms (the timeline
-in benchmarks/results.md, sixty-sixth session). `.numpy()`, `.tolist()`, `torch.from_numpy` and
+decoder's `execute` taking a burst of requests, the engine's thread, the audio thread
+(benchmarks/results.md, sixty-sixth session). `.numpy()`, `.tolist()`, `torch.from_numpy` and
 attribute reads keep the GIL; the tests count every other torch call."""
 
 import pytest

@@ -759,6 +759,6 @@ class Engine:
 def _host_rows(patches: torch.Tensor, stops: torch.Tensor) -> list:
     """A collected step's rows as (patch [P, D] numpy view, stop bool): no torch op per row. Each
     torch op lets go of the GIL, and taking it back waits up to the interpreter's switch interval
-    (5 ms) while another thread of the process runs Python (`execute`, the audio thread): at 128
-    rows that was tens of milliseconds a step."""
+    while another thread of the process runs Python (`execute`, the audio thread; measured in
+    benchmarks/results.md, sixty-sixth session)."""
     return list(zip(patches.numpy(), stops.tolist()))
