@@ -25,8 +25,13 @@ def load_timeline(directory: str) -> list:
     for path in glob.glob(os.path.join(directory, "*.jsonl")):
         pid = int(os.path.basename(path).split(".")[0])
         with open(path) as f:
-            events.extend((t, pid, thread, name, value) for t, thread, name, value in map(json.loads, f))
-    return sorted(events)
+            for line in f:
+                try:
+                    t, thread, name, value = json.loads(line)
+                except ValueError:  # a last line cut short (the writer is a daemon thread)
+                    continue
+                events.append((t, pid, thread, name, value))
+    return sorted(events, key=lambda e: (e[0], e[1]))
 
 
 def client_chunks(level: dict) -> list:
@@ -37,13 +42,13 @@ def client_chunks(level: dict) -> list:
 
 
 def dry_streams(level: dict) -> list:
-    """For each stream that ran dry: its id, how long, at which chunk, and that chunk's path: the
-    client's receive time, the orchestrator's emit of it (the same chunk index), and the chunk
-    before it."""
+    """The level's streams that ran dry (at a known chunk)."""
     return [s for s in level["streams"] if s.get("underrun_s", 0) > 0 and s.get("underrun_chunk") is not None]
 
 
 def stream_path(level: dict, events: list, s: dict) -> dict:
+    """A dry stream's chunks up to the one it waited for: seconds from its request to the client's
+    receipt of each and to the orchestrator's emit of each, and the difference (the transport's), ms."""
     t0 = level["t0_monotonic"] + s["start_s"]
     # (ids repeat from level to level: this request's emits are those after it was sent)
     emits = [t for t, _, _, name, value in events if name == "emit" and value == s["request_id"] and t >= t0]

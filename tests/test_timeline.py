@@ -42,3 +42,16 @@ def test_events_go_to_a_file_per_process_on_the_monotonic_clock(tmp_path):
 def test_off_by_default_it_writes_nothing(tmp_path):
     _run({}, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_that_cannot_be_written_turns_it_off_without_failing_the_caller(tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a directory")
+    script = ("from voxcpm_triton import timeline\n"
+              "timeline.event('a', 1); timeline.event('b', 2); timeline.flush()\n"
+              "print(timeline.ON)\n")
+    env = {k: v for k, v in os.environ.items() if k != "VOXCPM_TIMELINE"} | {"PYTHONPATH": BACKEND,
+                                                                           "VOXCPM_TIMELINE": str(blocker / "tl")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.split()[-1] == "False" and "the timeline is off" in out.stderr

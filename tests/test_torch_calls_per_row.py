@@ -6,6 +6,9 @@ decoder's `execute` taking a burst of requests, the engine's thread, the audio t
 (benchmarks/results.md, sixty-sixth session). `.numpy()`, `.tolist()`, `torch.from_numpy` and
 attribute reads keep the GIL; the tests count every other torch call."""
 
+import functools
+import types
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -13,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig
 from voxcpm_triton.engine.engine import _host_rows
+from voxcpm_triton.engine.scheduler import StepOutput
 from voxcpm_triton.engine.stream_audio import StreamAudio
 from voxcpm_triton.engine.vae_streams import VAEStreams
 from voxcpm_triton.voxcpm2 import load_audio_vae
@@ -54,9 +58,9 @@ def test_an_audio_rounds_latents_are_put_together_without_a_torch_call_per_reque
         return [[torch.randn(1, 2, 8), torch.randn(2, 2, 8)] if i % 2 else [torch.randn(4, 2, 8)]
                 for i in range(n)]
 
-    for n in (2, 30):
+    for n in (2, 30):  # one torch.cat of every chunk, whatever the requests (and numpy copies as few)
         reqs = requests(n)
-        assert calls(StreamAudio._batch_frames, reqs, 10) == []
+        assert calls(StreamAudio._batch_frames, reqs, 10) == ["cat"]
         z = StreamAudio._batch_frames(reqs, 10)
         for row, chunks in zip(z, reqs):  # [D, frames]: the patches' frames, then silence
             frames = torch.cat(chunks).reshape(-1, 8).T
@@ -97,3 +101,39 @@ def test_a_steps_inputs_cost_the_same_torch_calls_for_any_number_of_rows(engine)
     many, blocks_many = fill(32)
     assert len(few) == len(many), (few, many)
     assert blocks_many == [[i, i + 1] for i in range(32)] and blocks_few == [[0, 1], [1, 2]]
+
+
+def test_handing_out_a_step_costs_the_same_torch_calls_for_any_number_of_rows():
+    """`Engine._deliver` and `_emit` as the engine runs them, on a stand-in engine whose every request
+    sends a chunk at each second patch."""
+    from voxcpm_triton.engine.engine import Engine
+
+    class Scheduler:
+        def is_running(self, st):
+            return True
+
+        def on_patch(self, st, patch, stop, now):
+            st.pending.append(patch)
+            if len(st.pending) < 2:
+                return StepOutput(None, 0, None)
+            out, st.pending = st.pending, []
+            return StepOutput(out, 0, None)
+
+    def deliver(n):
+        patches = [torch.randn(n, 4, 8) for _ in range(2)]
+        states = [types.SimpleNamespace(request_id=f"r{i}", pending=[], sent=[]) for i in range(n)]
+        for st in states:
+            st.sink = st.sent.append
+        engine = types.SimpleNamespace(scheduler=Scheduler(), runner=types.SimpleNamespace())
+        engine._send = functools.partial(Engine._send, engine)
+        engine._emit = functools.partial(Engine._emit, engine)
+        got = []
+        stops = torch.zeros(n, dtype=torch.bool)
+        for step in patches:
+            engine.runner.collect = lambda _step, p=step: (p, stops)
+            got += calls(Engine._deliver, engine, [(states, None)])
+        for i, st in enumerate(states):  # each request's chunk: its two patches, in order
+            assert len(st.sent) == 1 and torch.equal(st.sent[0].patches, torch.stack([p[i] for p in patches]))
+        return got
+
+    assert len(deliver(4)) == len(deliver(32)) == 0

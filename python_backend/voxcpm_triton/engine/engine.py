@@ -658,13 +658,15 @@ class Engine:
                 self._stats["steps"] += 1
                 self._stats["late_launches"] += behind and bool(launched) and launched[0][1].stream_idle
         previous, self._in_flight = self._in_flight, launched
-        timeline.event("step", len(batch))
+        if batch:
+            timeline.event("step", len(batch))
         # The GPU is busy now: let threads waiting for the GIL (callers of submit()) in before the
         # bookkeeping below; with no blocking wait here they would wait for the interpreter's 5 ms
         # switch interval, which delays first audio under bursts of submits.
         time.sleep(0)
         self._deliver(previous)
-        timeline.event("delivered", sum(len(b) for b, _ in previous))
+        if timeline.ON:
+            timeline.event("delivered", sum(len(b) for b, _ in previous))
         run = lambda b: _host_rows(*self.runner.collect(self._launch_decode(b, plain)))  # noqa: E731
         for group in failed:
             still = [st for st in group if self.scheduler.is_running(st)]
@@ -758,7 +760,7 @@ class Engine:
 
 def _host_rows(patches: torch.Tensor, stops: torch.Tensor) -> list:
     """A collected step's rows as (patch [P, D] numpy view, stop bool): no torch op per row. Each
-    torch op lets go of the GIL, and taking it back waits up to the interpreter's switch interval
-    while another thread of the process runs Python (`execute`, the audio thread; measured in
-    benchmarks/results.md, sixty-sixth session)."""
+    torch op, and each numpy copy of over 500 elements, lets go of the GIL, and taking it back
+    waits up to the interpreter's switch interval while another thread of the process runs Python
+    (`execute`, the audio thread; measured in benchmarks/results.md, sixty-sixth session)."""
     return list(zip(patches.numpy(), stops.tolist()))

@@ -243,7 +243,7 @@ class DecodeStepRunner:
                 hr[:len(rows), 6] = torch.tensor([r[9] if len(r) > 9 else 0 for r in rows], dtype=torch.int64)
             hc[:len(rows)] = torch.tensor([r[7] for r in rows], dtype=torch.float32)
         by_steps: dict = {}
-        blocks = hb.numpy()  # per row in numpy: a torch op lets go of the GIL (engine._host_rows)
+        blocks = hb.numpy()  # per row in numpy, not a torch op each (engine._host_rows)
         for i, r in enumerate(rows):
             blocks[i, :len(r[6])] = r[6]
             by_steps.setdefault(r[8], []).append(i)
@@ -307,7 +307,8 @@ class DecodeStepRunner:
         return LaunchedStep(b, h.out[:b], h.free, h, bucket, loop, idle)
 
     def collect(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Wait for a launched step -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU)."""
+        """Wait for a launched step -> (patches [b, P, D] fp32 CPU, stop flags [b] bool CPU), copies:
+        the engine keeps views of them (`engine._host_rows`) after the host buffers are refilled."""
         if step.done is not None:
             step.done.synchronize()
         out = step.out

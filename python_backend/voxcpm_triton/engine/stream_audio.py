@@ -4,11 +4,11 @@
 As a model of its own (`vae_decoder`) the VAE runs in another process, and a GPU shared by two
 processes runs them in time slices: a chunk's decode waits for the decoder's slice, the decoder's
 steps wait for the VAE's, and every chunk takes two more hops between models. Here the engine
-thread only queues a request's chunks (`chunk`) and its end (`end`). One thread takes whatever is
-queued, decodes every request's pending chunks at once, in batches by length (`VAEStreams`), on a
-CUDA stream of the highest priority (its kernels run beside the decode step's and go first), and
-hands each request its audio chunk by chunk, in order, then its end: with its last chunk when both
-go in one round (one send to the client fewer), else alone.
+thread only queues a request's chunks (`chunk`) and its end (`end`). One thread takes what is
+queued (each request's pending chunks up to the longest graph's length a round), decodes it in
+batches by length (`VAEStreams`) on a CUDA stream of the highest priority (its kernels run beside
+the decode step's and go first), and hands each request its audio chunk by chunk, in order, then
+its end: with its last chunk when both go in one round (one send to the client fewer), else alone.
 
 With CUDA graphs, a request's last chunk is decoded padded with silence up to the next chunk
 length that has graphs, and its audio cut back: the decoder is causal, so the audio of the real
@@ -149,6 +149,7 @@ class StreamAudio:
             self.requests.pop(key, None)
 
     def chunk(self, key, patches: torch.Tensor) -> None:
+        """Queue a chunk: patches [n, P, D], float32 on the CPU (the engine's)."""
         self._queue(key, patches)
 
     def end(self, key, end) -> None:
@@ -296,7 +297,8 @@ class StreamAudio:
         last chunk. -> the keys put back for want of a stream slot."""
         decodes, waiting = [], set()
         ends = {key: end for key, _, _, end in work if end is not _NO_END}
-        timeline.event("round", [len(work), sum(len(c) for _, _, chunks, _ in work for c in chunks)])
+        if timeline.ON:
+            timeline.event("round", [len(work), sum(len(c) for _, _, chunks, _ in work for c in chunks)])
         for key, r, chunks, end in work:
             if not chunks or r.failed:
                 continue
@@ -366,7 +368,8 @@ class StreamAudio:
         t0 = time.monotonic()
         if r.first_at is None:
             r.first_at = t0
-        timeline.event("send", key[0] if isinstance(key, tuple) else key)
+        if timeline.ON:
+            timeline.event("send", key[0] if isinstance(key, tuple) else key)
         r.sent_s += len(audio) / self.rate
         if end is _NO_END:
             self._deliver(key, r, patches, audio)
@@ -415,15 +418,15 @@ class StreamAudio:
     @staticmethod
     def _batch_frames(requests: list, frames: int) -> torch.Tensor:
         """Each request's chunks [n, P, D] as its row of [B, D, frames] latent frames, silence after
-        them up to `frames`. Put together in numpy: a torch op per request would let go of the GIL
-        each time, and while another thread of the process runs Python (the engine's, `execute`)
-        taking it back waits up to the interpreter's switch interval."""
-        first = requests[0][0]
-        z = np.zeros((len(requests), first.shape[-1], frames), np.float32)
-        for row, chunks in zip(z, requests):
-            x = np.concatenate([c.numpy() for c in chunks]).reshape(-1, first.shape[-1])
-            row[:, :len(x)] = x.T
-        return torch.from_numpy(z)
+        them up to `frames`, in a fixed number of copies whatever the requests: no copy per request
+        (each can let go of the GIL: engine._host_rows)."""
+        d = requests[0][0].shape[-1]
+        rows = [sum(c.shape[0] * c.shape[1] for c in chunks) for chunks in requests]  # frames each
+        flat = torch.cat([c for chunks in requests for c in chunks]).numpy().reshape(-1, d)
+        at = np.array([r * frames + j for r, n in enumerate(rows) for j in range(n)], dtype=np.int64)
+        z = np.zeros((len(requests) * frames, d), np.float32)
+        z[at] = flat
+        return torch.from_numpy(np.ascontiguousarray(z.reshape(len(requests), frames, d).transpose(0, 2, 1)))
 
     def _end(self, key, r: _Request, end):
         """Deliver a request's end alone (its audio went before): a send, in the rush's books."""

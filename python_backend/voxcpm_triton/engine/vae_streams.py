@@ -59,8 +59,8 @@ class VAEStreams:
         self.device = vae.device
         self.pools = [torch.zeros(max_streams + 1, c, n, device=self.device, dtype=vae.decode_dtype)
                       for c, n in vae.stream_state_spec()]
-        # Each row's view of every pool, made once: `_zero` is then one op, not one per pool (each
-        # torch op lets go of the GIL, and taking it back can wait for another thread's Python).
+        # Each row's view of every pool, made once: `_zero` is then one op, not one per pool
+        # (engine._host_rows says why that matters).
         self.row_views = [[p[row] for p in self.pools] for row in range(max_streams + 1)]
         self.free = list(range(max_streams, 0, -1))
         self.slot: dict = {}  # stream key -> pool row

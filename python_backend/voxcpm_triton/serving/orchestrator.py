@@ -371,7 +371,7 @@ class Orchestrator(InternalCalls):
                     if isinstance(resp, BaseException):
                         raise resp
             finally:
-                stream.abandon()  # given up on (timeout): what it still holds or gets goes
+                stream.abandon()  # given up on (timeout): what it still holds or gets goes; after END a no-op
         except BaseException:  # noqa: BLE001 - best effort: the decoder drops the request when it ends
             log.exception("cancelling decoder request %s failed", request_id)
 
