@@ -421,12 +421,11 @@ class StreamAudio:
         them up to `frames`, in a fixed number of copies whatever the requests: no copy per request
         (each can let go of the GIL: engine._host_rows)."""
         d = requests[0][0].shape[-1]
-        rows = [sum(c.shape[0] * c.shape[1] for c in chunks) for chunks in requests]  # frames each
+        lengths = np.array([sum(c.shape[0] * c.shape[1] for c in chunks) for chunks in requests])  # frames each
         flat = torch.cat([c for chunks in requests for c in chunks]).numpy().reshape(-1, d)
-        at = np.array([r * frames + j for r, n in enumerate(rows) for j in range(n)], dtype=np.int64)
-        z = np.zeros((len(requests) * frames, d), np.float32)
-        z[at] = flat
-        return torch.from_numpy(np.ascontiguousarray(z.reshape(len(requests), frames, d).transpose(0, 2, 1)))
+        z = np.zeros((len(requests), frames, d), np.float32)
+        z[np.arange(frames) < lengths[:, None]] = flat  # row-major: each request's frames in order
+        return torch.from_numpy(np.ascontiguousarray(z.transpose(0, 2, 1)))
 
     def _end(self, key, r: _Request, end):
         """Deliver a request's end alone (its audio went before): a send, in the rush's books."""
