@@ -6,7 +6,10 @@ one gRPC client and one bidirectional stream and sends its requests one after
 the other on it (the next when the previous one's final response arrived).
 With `--arrivals burst` (default) every worker sends its first request at the
 barrier; with `--arrivals poisson` each request waits an exponential gap first
-(mean `--mean-gap` s), so arrivals are staggered as in steady traffic.
+(mean `--mean-gap` s), so arrivals are staggered as in steady traffic. With
+`--client-processes N` a level's workers are spread over N client processes
+(one Python process's threads share its GIL, and a chunk may wait for it
+before the client timestamps it).
 
 Per stream (request) it measures
   * TTFA: send -> first non-empty AUDIO chunk (timestamped in the gRPC
@@ -198,15 +201,15 @@ def _stats(values, scale=1.0) -> dict:
             "min": float(min(vals)), "max": float(max(vals))}
 
 
-def run_level(args, concurrency: int, label: str, requests_per_worker: int | None,
-              duration: float | None) -> dict:
+def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: int | None,
+                 duration: float | None, barrier) -> list[dict]:
+    """Workers `ws` of a level, a thread each, released together by `barrier` (threading's, or
+    multiprocessing's when the level's workers are spread over client processes). Their records,
+    and per worker the time it left the barrier (`t_released`, the machine's monotonic clock)."""
     import tritonclient.grpc as grpcclient
 
     url = _strip_scheme(args.url)
-    records: list[list[dict]] = [[] for _ in range(concurrency)]
-    start = {"t": None}
-    # the level starts when the barrier releases everyone (set before any worker runs on)
-    barrier = threading.Barrier(concurrency + 1, action=lambda: start.__setitem__("t", time.perf_counter()))
+    records: dict[int, list[dict]] = {w: [] for w in ws}
 
     def worker(w: int) -> None:
         sw = StreamWorker(url, args.model, args.timeout)
@@ -222,12 +225,13 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
             barrier.wait()
         except threading.BrokenBarrierError:
             return
+        released = time.perf_counter()
         i = 0
         rng = np.random.default_rng((args.seed or 0) * 1000003 + w)
         try:
             while True:
                 if duration is not None:
-                    if time.perf_counter() - start["t"] >= duration:
+                    if time.perf_counter() - released >= duration:
                         break
                 elif i >= requests_per_worker:
                     break
@@ -236,21 +240,87 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
                 rec = sw.run_one(inputs, f"{label}-c{concurrency}-w{w}-r{i}")
                 if setup_error and rec["error"]:
                     rec["error"] = f"{rec['error']} (stream setup: {setup_error})"
-                rec["worker"], rec["index"] = w, i
+                rec["worker"], rec["index"], rec["t_released"], rec["client_pid"] = w, i, released, os.getpid()
                 records[w].append(rec)
                 i += 1
         finally:
             sw.close(cancel=False)
 
-    threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"bench-w{w}")
-               for w in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"bench-w{w}") for w in ws]
     for t in threads:
         t.start()
-    barrier.wait()
-    t_start = start["t"]
     for t in threads:
         t.join()
-    flat = [r for rs in records for r in rs]
+    return [r for w in ws for r in records[w]]
+
+
+def _client_process(args, ws, label, concurrency, requests_per_worker, duration, barrier, conn) -> None:
+    """A client process's share of a level's workers; its records go back over `conn`."""
+    try:
+        conn.send(_run_workers(args, ws, label, concurrency, requests_per_worker, duration, barrier))
+    finally:
+        conn.close()
+
+
+BARRIER_TIMEOUT_S = 120.0  # client processes that are not all at the barrier by then: one failed to start
+
+
+def _spread_workers(args, processes: int, label: str, concurrency: int, requests_per_worker: int | None,
+                    duration: float | None) -> list[dict]:
+    """The level's workers dealt round-robin to `processes` client processes (spawned: no gRPC state
+    forked), released by one barrier across them. Real clients are separate processes: one Python
+    process's threads share its GIL, and a chunk can wait for it before it is timestamped."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(concurrency + 1)
+    procs = []
+    for k in range(processes):
+        ws = list(range(k, concurrency, processes))
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_client_process, name=f"bench-client-{k}", daemon=True,
+                           args=(args, ws, label, concurrency, requests_per_worker, duration, barrier, send))
+        proc.start()
+        send.close()
+        procs.append((proc, recv))
+    try:
+        barrier.wait(timeout=BARRIER_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        barrier.abort()
+    flat, failed = [], []
+    for k, (proc, recv) in enumerate(procs):
+        try:
+            flat += recv.recv()
+        except EOFError:
+            failed.append(k)
+        recv.close()
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if failed:
+        raise RuntimeError(f"client process(es) {failed} ended without their records")
+    return flat
+
+
+def _client_cpu_s() -> float:
+    """CPU seconds of this process and of its ended child processes (the client processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_level(args, concurrency: int, label: str, requests_per_worker: int | None,
+              duration: float | None, processes: int = 1) -> dict:
+    processes = max(1, min(processes, concurrency))
+    if processes == 1:
+        flat = _run_workers(args, range(concurrency), label, concurrency, requests_per_worker, duration,
+                            threading.Barrier(concurrency))
+    else:
+        flat = _spread_workers(args, processes, label, concurrency, requests_per_worker, duration)
+    # the level starts when its first worker leaves the barrier
+    t_start = min((r["t_released"] for r in flat), default=time.perf_counter())
+    for r in flat:
+        r.pop("t_released", None)
     t_last = max((r["t_end"] for r in flat), default=t_start)
     wall = max(t_last - t_start, 1e-9)
     for r in flat:  # times relative to the level's start
@@ -261,6 +331,7 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
     audio_total = sum(r["audio_s"] for r in ok)
     level = {
         "concurrency": concurrency,
+        "client_processes": processes,
         "requests": len(flat),
         "ok": len(ok),
         "errors": len(errs),
@@ -545,6 +616,9 @@ def parse_args(argv=None):
                         "goes per level (the orchestrator's phase metrics)")
     p.add_argument("--server-pid", type=int, default=None,
                    help="a local server's pid: each level's minor page faults of it and its processes, by name")
+    p.add_argument("--client-processes", default="1",
+                   help="client processes a level's workers are spread over; comma-separated: each level is "
+                        "run once per value, in turn (1,4: a level in one process, then the same level in 4)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
     try:
@@ -553,6 +627,12 @@ def parse_args(argv=None):
         p.error(f"--concurrency: comma-separated integers, got {args.concurrency!r}")
     if not args.levels or min(args.levels) < 1:
         p.error("--concurrency: levels must be >= 1")
+    try:
+        args.processes = [int(x) for x in str(args.client_processes).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--client-processes: comma-separated integers, got {args.client_processes!r}")
+    if not args.processes or min(args.processes) < 1:
+        p.error("--client-processes: values must be >= 1")
     if args.duration is None and args.requests_per_worker is None:
         args.requests_per_worker = 2
     if args.requests_per_worker is not None and args.requests_per_worker < 1:
@@ -579,23 +659,24 @@ def main(argv=None) -> int:
         if wu["errors"]:
             log(f"[bench] warm-up errors: {wu['error_messages']}")
     levels = []
-    for c in args.levels:
+    for c, procs in ((c, n) for c in args.levels for n in args.processes):
         if args.warmup_each_level:
             log(f"[bench] concurrency {c}: warm-up round")
-            run_level(args, c, "warmup", 1, None)
+            run_level(args, c, "warmup", 1, None, procs)
         log(f"[bench] concurrency {c}: "
-            + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker"))
+            + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker")
+            + (f", {min(procs, c)} client processes" if procs > 1 else ""))
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
         eng_before = settled_engine_sums(args.metrics_url) if args.metrics_url else {}  # the warm-up's too
         faults0 = page_faults.usage(args.server_pid) if args.server_pid else None
-        cpu0 = time.process_time()
-        lv = run_level(args, c, "bench", args.requests_per_worker, args.duration)
+        cpu0 = _client_cpu_s()
+        lv = run_level(args, c, "bench", args.requests_per_worker, args.duration, procs)
         if faults0 is not None:
             lv["minor_faults"] = page_faults.delta(faults0, page_faults.usage(args.server_pid))
-        # this client's CPU time over the level (all its threads), per second of the level: near 1 or
-        # more, its Python (one core at a time) may be what holds the streams back
-        lv["client_cpu_per_s"] = (time.process_time() - cpu0) / lv["wall_s"]
+        # the client's CPU time over the level (all its threads and client processes), per second of the
+        # level: near 1 or more in one process, its Python (one core at a time) may hold the streams back
+        lv["client_cpu_per_s"] = (_client_cpu_s() - cpu0) / lv["wall_s"]
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         if args.metrics_url:
             lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
@@ -635,6 +716,7 @@ def main(argv=None) -> int:
             "requests_per_worker": args.requests_per_worker, "duration_s": args.duration,
             "warmup": args.warmup, "warmup_each_level": args.warmup_each_level, "timeout_s": args.timeout,
             "arrivals": args.arrivals, "mean_gap_s": args.mean_gap if args.arrivals == "poisson" else None,
+            "client_processes": args.processes,
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "client_host": socket.gethostname(), "client_python": platform.python_version(),
             "client_cpus": os.cpu_count(),

@@ -4,6 +4,7 @@
 # this model repository on the full-size random checkpoint, then benchmarks/bench_served.py.
 #   LEVELS (1,8,32,64)  REQUESTS (2 per worker)  CKPT (/tmp/full, made if missing)
 #   ARRIVALS (burst; "burst,poisson" runs both, poisson into served_poisson.json)  MEAN_GAP (2 s)
+#   CLIENT_PROCESSES (1; bench_served's --client-processes, e.g. 1,4: each level in one client process, then in 4)
 #   PREFIX=1: benchmarks/bench_prefix_cache.py instead (TTFA of a 10 s voice cold vs cached, 32
 #   streams of that voice vs its audio inline), voices in a fresh directory: $OUT/prefix_cache.json.
 #   GATEWAY=1: benchmarks/bench_gateway.py instead: the OpenAI gateway (gateway/voxcpm_gateway, its
@@ -147,7 +148,8 @@ for mode in "${modes[@]}"; do
     name=served; [[ $mode == burst ]] || name="served_$mode"
     python3 benchmarks/bench_served.py --url "127.0.0.1:$TRITON_GRPC_PORT" --concurrency "${LEVELS:-1,8,32,64}" \
         --requests-per-worker "${REQUESTS:-2}" --min-length 100 --max-length 100 --warmup 2 \
-        --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --json-out "$OUT/$name.json" \
+        --arrivals "$mode" --mean-gap "${MEAN_GAP:-2}" --client-processes "${CLIENT_PROCESSES:-1}" \
+        --json-out "$OUT/$name.json" \
         --metrics-url "http://127.0.0.1:$TRITON_METRICS_PORT/metrics" --server-pid "${sup_pid:-$DEVICE_TRITON_PID}" \
         || rc=$?
 done

@@ -147,6 +147,47 @@ def test_bench_poisson_arrivals_are_staggered(server, tmp_path):
     assert isinstance(res["capacity"], int) and "capacity (poisson):" in proc.stdout
 
 
+def test_bench_spreads_a_levels_workers_over_client_processes_and_leaves_none(server, tmp_path):
+    """--client-processes 1,2: each level once in this process, then over two client processes
+    (released by one barrier), every worker's requests recorded; none of its processes outlive it."""
+    from tests.server import _pids_in_group
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH), "--url", server.grpc_url, "--concurrency", "3",
+         "--requests-per-worker", "2", "--min-length", "4", "--max-length", "4", "--warmup", "0",
+         "--client-processes", "1,2", "--timeout", "60", "--json-out", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    assert _pids_in_group(proc.pid) == []
+    res = json.loads(out.read_text())
+    assert res["config"]["client_processes"] == [1, 2]
+    assert [(lv["concurrency"], lv["client_processes"]) for lv in res["levels"]] == [(3, 1), (3, 2)]
+    pids = [{s["client_pid"] for s in lv["streams"]} for lv in res["levels"]]
+    assert len(pids[0]) == 1 and len(pids[1]) == 2 and not pids[0] & pids[1]
+    for lv in res["levels"]:
+        assert lv["errors"] == 0 and lv["ok"] == 6
+        assert sorted((s["worker"], s["index"]) for s in lv["streams"]) == [(w, i) for w in range(3) for i in range(2)]
+        assert all(s["samples"] == 4 * SAMPLES_PER_PATCH and s["start_s"] >= 0 for s in lv["streams"])
+        # the second requests follow the first ones on each worker's stream
+        first = {s["worker"]: s for s in lv["streams"] if s["index"] == 0}
+        for s in lv["streams"]:
+            if s["index"] == 1:
+                assert s["start_s"] >= first[s["worker"]]["end_s"]
+        assert lv["client_cpu_per_s"] > 0
+
+
+def test_bench_refuses_bad_client_processes(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH), "--client-processes", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert proc.returncode == 2 and "--client-processes" in proc.stderr
+
+
 def test_perf_analyzer_streaming_mode(server, tmp_path):
     """benchmarks/bench_perf_analyzer.py (run_served_gpu.sh PERF_ANALYZER=1) with the venv's
     perf_analyzer on the decoupled tts_stream: its command line runs, the merged CSV parses back into
