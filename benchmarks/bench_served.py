@@ -36,6 +36,8 @@ machine): each level's minor page faults of the server and of each model's stubs
 from __future__ import annotations
 
 import argparse
+import importlib
+import itertools
 import json
 import math
 import os
@@ -202,10 +204,11 @@ def _stats(values, scale=1.0) -> dict:
 
 
 def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: int | None,
-                 duration: float | None, barrier) -> list[dict]:
+                 duration: float | None, barrier, wait_s: float | None = None) -> list[dict]:
     """Workers `ws` of a level, a thread each, released together by `barrier` (threading's, or
-    multiprocessing's when the level's workers are spread over client processes). Their records,
-    and per worker the time it left the barrier (`t_released`, the machine's monotonic clock)."""
+    multiprocessing's when the level's workers are spread over client processes; wait_s: how long
+    they wait for it). Their records, and per worker the time it left the barrier (`t_released`,
+    the machine's monotonic clock)."""
     import tritonclient.grpc as grpcclient
 
     url = _strip_scheme(args.url)
@@ -222,8 +225,9 @@ def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: in
             setup_error = f"{type(exc).__name__}: {exc}"
             sw.close()
         try:
-            barrier.wait()
-        except threading.BrokenBarrierError:
+            barrier.wait(wait_s)
+        except threading.BrokenBarrierError:  # another client process never got there (or its parent gave up)
+            sw.close()
             return
         released = time.perf_counter()
         i = 0
@@ -254,22 +258,29 @@ def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: in
     return [r for w in ws for r in records[w]]
 
 
+BARRIER_TIMEOUT_S = 120.0  # client processes that are not all at the barrier by then: one failed to start
+
+
 def _client_process(args, ws, label, concurrency, requests_per_worker, duration, barrier, conn) -> None:
-    """A client process's share of a level's workers; its records go back over `conn`."""
+    """A client process's share of a level's workers: its records and its CPU seconds from its streams'
+    setup on (as the parent's own level counts them) go back over `conn`."""
+    importlib.import_module("tritonclient.grpc")  # before the CPU count starts, as in the parent
+
     try:
-        conn.send(_run_workers(args, ws, label, concurrency, requests_per_worker, duration, barrier))
+        cpu0 = time.process_time()
+        records = _run_workers(args, ws, label, concurrency, requests_per_worker, duration, barrier,
+                               BARRIER_TIMEOUT_S)
+        conn.send((records, time.process_time() - cpu0))
     finally:
         conn.close()
 
 
-BARRIER_TIMEOUT_S = 120.0  # client processes that are not all at the barrier by then: one failed to start
-
-
 def _spread_workers(args, processes: int, label: str, concurrency: int, requests_per_worker: int | None,
-                    duration: float | None) -> list[dict]:
+                    duration: float | None) -> tuple[list[dict], float]:
     """The level's workers dealt round-robin to `processes` client processes (spawned: no gRPC state
-    forked), released by one barrier across them. Real clients are separate processes: one Python
-    process's threads share its GIL, and a chunk can wait for it before it is timestamped."""
+    forked), released by one barrier across them -> their records and CPU seconds. Real clients are
+    separate processes: one Python process's threads share its GIL, and a chunk can wait for it
+    before it is timestamped."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -285,12 +296,15 @@ def _spread_workers(args, processes: int, label: str, concurrency: int, requests
         procs.append((proc, recv))
     try:
         barrier.wait(timeout=BARRIER_TIMEOUT_S)
-    except threading.BrokenBarrierError:
-        barrier.abort()
-    flat, failed = [], []
+        broken = False
+    except threading.BrokenBarrierError:  # a timed-out wait breaks it for every process
+        broken = True
+    flat, cpu_s, failed = [], 0.0, []
     for k, (proc, recv) in enumerate(procs):
         try:
-            flat += recv.recv()
+            records, cpu = recv.recv()
+            flat += records
+            cpu_s += cpu
         except EOFError:
             failed.append(k)
         recv.close()
@@ -300,23 +314,22 @@ def _spread_workers(args, processes: int, label: str, concurrency: int, requests
             proc.join()
     if failed:
         raise RuntimeError(f"client process(es) {failed} ended without their records")
-    return flat
-
-
-def _client_cpu_s() -> float:
-    """CPU seconds of this process and of its ended child processes (the client processes)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    if broken:
+        raise RuntimeError(f"the client processes were not all ready within {BARRIER_TIMEOUT_S:g} s")
+    return sorted(flat, key=lambda r: (r["worker"], r["index"])), cpu_s
 
 
 def run_level(args, concurrency: int, label: str, requests_per_worker: int | None,
               duration: float | None, processes: int = 1) -> dict:
-    processes = max(1, min(processes, concurrency))
+    asked, processes = processes, max(1, min(processes, concurrency))
+    cpu0 = time.process_time()
     if processes == 1:
         flat = _run_workers(args, range(concurrency), label, concurrency, requests_per_worker, duration,
                             threading.Barrier(concurrency))
+        children_cpu_s = 0.0
     else:
-        flat = _spread_workers(args, processes, label, concurrency, requests_per_worker, duration)
+        flat, children_cpu_s = _spread_workers(args, processes, label, concurrency, requests_per_worker, duration)
+    cpu_s = time.process_time() - cpu0 + children_cpu_s
     # the level starts when its first worker leaves the barrier
     t_start = min((r["t_released"] for r in flat), default=time.perf_counter())
     for r in flat:
@@ -332,11 +345,16 @@ def run_level(args, concurrency: int, label: str, requests_per_worker: int | Non
     level = {
         "concurrency": concurrency,
         "client_processes": processes,
+        "client_processes_asked": asked,
         "requests": len(flat),
         "ok": len(ok),
         "errors": len(errs),
         "error_messages": sorted({r["error"] for r in errs})[:10],
         "wall_s": wall,
+        # the client's CPU seconds over the level (its threads, its client processes from their streams'
+        # setup on), per second of the level: near 1 or more in one process, its Python (one core at a
+        # time) may be what holds the streams back
+        "client_cpu_per_s": cpu_s / wall,
         "t0_monotonic": t_start,  # the level's start on the machine's monotonic clock (VOXCPM_TIMELINE's)
         "audio_s_total": audio_total,
         "x_real_time": audio_total / wall,
@@ -382,8 +400,10 @@ def share(frac) -> str:
 
 
 def markdown_table(levels: list[dict]) -> str:
+    """One row per level; a last column with its client processes where levels ran with several."""
+    procs = any(lv.get("client_processes", 1) > 1 for lv in levels)
     head = ("| conc | streams | errors | TTFA p50 ms | TTFA p95 ms | RTF p50 | RTF p95 | faster than RT "
-            "| smooth | agg x-RT | audio s/stream | wall s |")
+            "| smooth | agg x-RT | audio s/stream | wall s |" + (" client processes |" if procs else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lv in levels:
         lines.append(
@@ -392,6 +412,7 @@ def markdown_table(levels: list[dict]) -> str:
             f"| {_fmt(lv['rtf']['p50'], '.3f')} | {_fmt(lv['rtf']['p95'], '.3f')} "
             f"| {share(lv['faster_than_realtime_frac'])} | {share(lv['smooth_playback_frac'])} "
             f"| {_fmt(lv['x_real_time'], '.2f')} | {_fmt(lv['audio_s']['mean'], '.2f')} | {_fmt(lv['wall_s'], '.2f')} |"
+            + (f" {lv.get('client_processes', 1)} |" if procs else "")
         )
     return "\n".join(lines)
 
@@ -659,24 +680,20 @@ def main(argv=None) -> int:
         if wu["errors"]:
             log(f"[bench] warm-up errors: {wu['error_messages']}")
     levels = []
-    for c, procs in ((c, n) for c in args.levels for n in args.processes):
+    for c, procs in itertools.product(args.levels, args.processes):
         if args.warmup_each_level:
             log(f"[bench] concurrency {c}: warm-up round")
             run_level(args, c, "warmup", 1, None, procs)
         log(f"[bench] concurrency {c}: "
             + (f"{args.duration:g} s" if args.duration is not None else f"{args.requests_per_worker} request(s)/worker")
-            + (f", {min(procs, c)} client processes" if procs > 1 else ""))
+            + (f", {min(procs, c)} client processes" if min(procs, c) > 1 else ""))
         before = model_stats(args.url)
         fa_before = first_audio_sums(args.metrics_url, args.model) if args.metrics_url else {}
         eng_before = settled_engine_sums(args.metrics_url) if args.metrics_url else {}  # the warm-up's too
         faults0 = page_faults.usage(args.server_pid) if args.server_pid else None
-        cpu0 = _client_cpu_s()
         lv = run_level(args, c, "bench", args.requests_per_worker, args.duration, procs)
         if faults0 is not None:
             lv["minor_faults"] = page_faults.delta(faults0, page_faults.usage(args.server_pid))
-        # the client's CPU time over the level (all its threads and client processes), per second of the
-        # level: near 1 or more in one process, its Python (one core at a time) may hold the streams back
-        lv["client_cpu_per_s"] = (_client_cpu_s() - cpu0) / lv["wall_s"]
         lv["server_models"] = stats_delta(before, model_stats(args.url), lv["wall_s"])
         if args.metrics_url:
             lv["first_audio_phases_ms"] = first_audio_phases(fa_before, first_audio_sums(args.metrics_url, args.model))
@@ -706,8 +723,12 @@ def main(argv=None) -> int:
                 f"{row['queue_ms_per_request']:.2f} ms")
     table = markdown_table(levels)
     print(table, flush=True)
-    cap = capacity(levels)
-    print(f"capacity ({args.arrivals}): {cap} streams smooth with TTFA p95 <= {CAPACITY_TTFA_P95_MS:g} ms", flush=True)
+    # capacity per --client-processes value (the first value's is the JSON's `capacity`)
+    caps = {n: capacity([lv for lv in levels if lv.get("client_processes_asked", 1) == n]) for n in args.processes}
+    cap = caps[args.processes[0]]
+    for n, c in caps.items():
+        print(f"capacity ({args.arrivals}{f', {n} client processes' if len(caps) > 1 else ''}): {c} streams smooth "
+              f"with TTFA p95 <= {CAPACITY_TTFA_P95_MS:g} ms", flush=True)
     result = {
         "config": {
             "url": args.url, "model": args.model, "levels": args.levels, "text": args.text,
@@ -724,6 +745,7 @@ def main(argv=None) -> int:
         "server_info": info,
         "levels": levels,
         "capacity": cap,
+        "capacity_by_client_processes": caps,
         "table_markdown": table,
     }
     if args.json_out:

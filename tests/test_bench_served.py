@@ -174,12 +174,15 @@ def test_bench_spreads_a_levels_workers_over_client_processes_and_leaves_none(se
         assert lv["errors"] == 0 and lv["ok"] == 6
         assert sorted((s["worker"], s["index"]) for s in lv["streams"]) == [(w, i) for w in range(3) for i in range(2)]
         assert all(s["samples"] == 4 * SAMPLES_PER_PATCH and s["start_s"] >= 0 for s in lv["streams"])
-        # the second requests follow the first ones on each worker's stream
+        # released together (one barrier across the processes); each worker's second request after its first
         first = {s["worker"]: s for s in lv["streams"] if s["index"] == 0}
+        assert max(s["start_s"] for s in first.values()) < 0.5
         for s in lv["streams"]:
             if s["index"] == 1:
                 assert s["start_s"] >= first[s["worker"]]["end_s"]
-        assert lv["client_cpu_per_s"] > 0
+    assert res["capacity_by_client_processes"].keys() == {"1", "2"}
+    rows = [line for line in stdout.splitlines() if line.startswith("| 3 |")]
+    assert [r.rstrip(" |").rsplit("| ", 1)[1] for r in rows] == ["1", "2"]  # the client processes column
 
 
 def test_bench_refuses_bad_client_processes(tmp_path):
