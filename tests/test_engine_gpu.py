@@ -559,6 +559,9 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
     for rid in specs:
         err = (merged[rid] - ops[rid]).abs().max().item()
         assert merged[rid].shape[0] == specs[rid]["max_len"] and err <= 1e-3, (rid, err)
+    # the adapter moves A far past that bound (0.7-1.4 at the first patch on the CPU): a merge that did nothing fails
+    base = vox.generate_latents(None, prompt=prompt, seed=specs["A"]["seed"], min_len=24, max_len=24)
+    assert (merged["A"] - base.to(merged["A"])).abs().max().item() > 0.1
 
 
 def test_a_prompt_past_the_split_bound_compiles_nothing_after_start_up(checkpoint_dirs, monkeypatch):

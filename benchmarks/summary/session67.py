@@ -164,7 +164,9 @@ def sixty_seventh_session(res) -> list[str]:
            "- So no bug in the merge or in serving: two computations that round differently (here merged weights "
            "against LoRA ops; also one batch size against another) can part at an FSQ boundary. The test now quantizes finely (`fsq_layer.scale = 2**22` in it), so it still checks the merge "
            f"against the LoRA ops through the graphs: {_pytest_tail(f'gpu_test_merged_fixed_{S}.txt')} on the GPU "
-           f"(call 7, `raw/gpu_test_merged_fixed_{S}.txt`). The twenty-ninth session's unexplained failures of "
+           f"(call 7, `raw/gpu_test_merged_fixed_{S}.txt`). After that call the test also holds A's merged run over "
+           "0.1 from A's run without the adapter, so a merge that did nothing fails it (on the CPU, with the test's "
+           "adapter sizes, two draws moved A by 0.67 and 1.40 at the first patch); not yet run on a GPU. The twenty-ninth session's unexplained failures of "
            "the same test (0.74, 1.37) may have been the same rounding with that experiment's other timing, or a race "
            "(the experiment also hung); not checked.",
            "", "**The served levels** (call 7, one server, this code; `SERVER_ENV=VOXCPM_TIMELINE=... "
