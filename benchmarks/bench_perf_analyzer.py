@@ -53,7 +53,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-from bench_served import DEFAULT_TEXT, StreamWorker, build_inputs, wait_ready
+from bench_served import DEFAULT_TEXT, StreamWorker, build_inputs, positive_ints, wait_ready
 
 LATENCY_DEFINITION = (
     "perf_analyzer 2.51, decoupled model: latency = request sent -> its last response with outputs "
@@ -354,12 +354,7 @@ def parse_args(argv=None):
                    help="with --summarize: audio seconds per request, for x real time")
     p.add_argument("--json-out", default=None, help="with --summarize: where the JSON goes")
     args = p.parse_args(argv)
-    try:
-        args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--levels: comma-separated integers, got {args.levels!r}")
-    if not args.levels or min(args.levels) < 1:
-        p.error("--levels: levels must be >= 1")
+    args.levels = positive_ints(p, "--levels", args.levels, "levels")
     if args.interval_ms < 100:
         p.error("--interval-ms must be >= 100")
     if args.max_trials < 3:

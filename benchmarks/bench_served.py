@@ -604,6 +604,17 @@ def wait_ready(url: str, model: str, timeout: float) -> None:
     raise SystemExit(f"bench_served: {model} at {url} not ready within {timeout:g} s ({last})")
 
 
+def positive_ints(parser: argparse.ArgumentParser, flag: str, text, what: str) -> list[int]:
+    """A comma-separated list of integers >= 1 given to `flag`; a usage error naming it otherwise."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"{flag}: comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag}: {what} must be >= 1")
+    return values
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -642,18 +653,8 @@ def parse_args(argv=None):
                         "run once per value, in turn (1,4: a level in one process, then the same level in 4)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
-    try:
-        args.levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--concurrency: comma-separated integers, got {args.concurrency!r}")
-    if not args.levels or min(args.levels) < 1:
-        p.error("--concurrency: levels must be >= 1")
-    try:
-        args.processes = [int(x) for x in str(args.client_processes).split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--client-processes: comma-separated integers, got {args.client_processes!r}")
-    if not args.processes or min(args.processes) < 1:
-        p.error("--client-processes: values must be >= 1")
+    args.levels = positive_ints(p, "--concurrency", args.concurrency, "levels")
+    args.processes = positive_ints(p, "--client-processes", args.client_processes, "values")
     if args.duration is None and args.requests_per_worker is None:
         args.requests_per_worker = 2
     if args.requests_per_worker is not None and args.requests_per_worker < 1:

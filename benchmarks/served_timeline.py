@@ -16,6 +16,8 @@ import argparse
 import glob
 import json
 import os
+import tarfile
+import tempfile
 from collections import defaultdict
 
 
@@ -32,6 +34,14 @@ def load_timeline(directory: str) -> list:
                     continue
                 events.append((t, pid, thread, name, value))
     return sorted(events, key=lambda e: (e[0], e[1]))
+
+
+def load_timeline_tar(path: str) -> list:
+    """`load_timeline` of a timeline directory kept as a tarball (its one folder `timeline`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(path) as tar:
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        return load_timeline(os.path.join(tmp, "timeline"))
 
 
 def client_chunks(level: dict) -> list:

@@ -2,11 +2,9 @@
 
 import os
 import statistics
-import tarfile
-import tempfile
 
 from bench_served import share
-from served_timeline import dry_streams, load_timeline, round_launch_ms, stream_path
+from served_timeline import dry_streams, load_timeline_tar, round_launch_ms, stream_path
 from summary.plots import pyplot, save_panels
 from summary.raw import HERE, load
 from summary.session58 import crowd_stats, level_cells, raw_name, smooth_cells, span
@@ -31,10 +29,7 @@ TRANSPORT_LATE_MS = 10.0  # a dry chunk that reached its client this much after 
 
 
 def _timeline(run) -> list:
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(os.path.join(HERE, "raw", f"timeline_{raw_name(*run)}_{S}.tar.gz")) as tar:
-            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-        return load_timeline(os.path.join(tmp, "timeline"))
+    return load_timeline_tar(os.path.join(HERE, "raw", f"timeline_{raw_name(*run)}_{S}.tar.gz"))
 
 
 def _gil_costs() -> dict:

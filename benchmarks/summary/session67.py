@@ -2,14 +2,11 @@
 
 import os
 import re
-import tarfile
-import tempfile
 
-from bench_served import share
-from served_timeline import dry_streams, load_timeline, stream_path
+from served_timeline import dry_streams, load_timeline_tar, stream_path
 from summary.plots import pyplot, save_panels
-from summary.raw import HERE, load
-from summary.session58 import crowd_stats, level_cells, span
+from summary.raw import HERE, gpu_check_record, load, text
+from summary.session58 import crowd_stats, level_cells, smooth_cells, span
 
 S = "sixtyseventh"
 TRANSPORT_LATE_MS = 10.0  # as the sixty-sixth session: a chunk that reached its client this much after its emit
@@ -30,16 +27,11 @@ DIAG = {
 }
 
 
-def _raw(name: str) -> str:
-    with open(os.path.join(HERE, "raw", name)) as f:
-        return f.read()
-
-
 def _diag(variant: str) -> dict:
     """The diagnostic's per-patch errors of request A: merged-vs-ops (and each against the offline run, where
     printed), max over patches, and the first patch over 1e-3 (None: none)."""
     out = {}
-    for line in _raw(f"lora_merge_diag_{variant}_{S}.txt").splitlines():
+    for line in text(f"lora_merge_diag_{variant}_{S}.txt").splitlines():
         m = re.match(r"DIAG \S+ A (?:scale \S+ )?(merged-vs-ops per patch|merged-vs-offline|ops-vs-offline):? (.*)",
                      line)
         if m:
@@ -52,24 +44,17 @@ def _diag(variant: str) -> dict:
 def _fsq_distances() -> list[float]:
     """The offline run's FSQ calls (the prefill, then each step): the least distance of tanh(in_proj(x)) * scale
     to a rounding boundary."""
-    line = next(x for x in _raw(f"lora_merge_diag_fsqdist_{S}.txt").splitlines() if x.startswith("FSQDIST"))
+    line = next(x for x in text(f"lora_merge_diag_fsqdist_{S}.txt").splitlines() if x.startswith("FSQDIST"))
     return [float(x) for x in line.split(":", 1)[1].split()]
 
 
 def _bisect() -> list[tuple[str, bool]]:
-    return [(line.split()[0], "passed" in line) for line in _raw(f"lora_merge_bisect_{S}.txt").splitlines()
+    return [(line.split()[0], "passed" in line) for line in text(f"lora_merge_bisect_{S}.txt").splitlines()
             if line and not line.startswith("#")]
 
 
 def _pytest_tail(name: str) -> str:
-    return next(x for x in reversed(_raw(name).splitlines()) if " in " in x and ("passed" in x or "failed" in x))
-
-
-def _timeline() -> list:
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(os.path.join(HERE, "raw", f"timeline_c67_{S}.tar.gz")) as tar:
-            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-        return load_timeline(os.path.join(tmp, "timeline"))
+    return next(x for x in reversed(text(name).splitlines()) if " in " in x and ("passed" in x or "failed" in x))
 
 
 def sixty_seventh_session(res) -> list[str]:
@@ -82,17 +67,17 @@ def sixty_seventh_session(res) -> list[str]:
     at = lambda c, p: [lv for lv in levels if lv["concurrency"] == c and lv["client_processes"] == p]  # noqa: E731
     engine = [r["aggregate_xrt"] for r in load(f"offline_b64_{S}.json")["engine"]["graphs"]["runs"]]
     check = load(f"gpu_check_{S}.json")
-    events = _timeline()
+    events = load_timeline_tar(os.path.join(HERE, "raw", f"timeline_c67_{S}.tar.gz"))
     crowd = {p: crowd_stats(at(128, p)) for p in (1, 4)}
-    # every dry stream of the levels of 128: ms dry, and the ms its late chunk took from the orchestrator's emit
-    dry = [(p, s["underrun_s"] * 1e3, path["client_lag_ms"][s["underrun_chunk"]])
-           for p in (1, 4) for lv in at(128, p) for s in dry_streams(lv)
-           for path in [stream_path(lv, events, s)] if len(path["client_lag_ms"]) > s["underrun_chunk"]]
-    lags = {p: [lag for lv in at(128, p) for s in dry_streams(lv) for lag in stream_path(lv, events, s)["client_lag_ms"]]
-            for p in (1, 4)}
+    # every dry stream of the levels of 128 and its chunks' path, once
+    paths = [(s, stream_path(lv, events, s)) for p in (1, 4) for lv in at(128, p) for s in dry_streams(lv)]
+    # ms dry, and the ms its late chunk took from the orchestrator's emit to the client
+    dry = [(s["underrun_s"] * 1e3, path["client_lag_ms"][s["underrun_chunk"]]) for s, path in paths
+           if len(path["client_lag_ms"]) > s["underrun_chunk"]]
+    all_lags = [lag for _, path in paths for lag in path["client_lag_ms"]]
     diag = {v: _diag(v) for v in DIAG}
     nofsq_max = max(diag["nofsq"][k]["max"] for k in ("ops-vs-offline", "merged-vs-offline"))
-    fsq = _fsq_distances()
+    steps_fsq = _fsq_distances()[1:]  # the first FSQ call is the prefill's
     bisect = _bisect()
     first_bad = next(c for c, ok in bisect if not ok)
     last_good = [c for c, ok in bisect if ok][-1]
@@ -105,18 +90,15 @@ def sixty_seventh_session(res) -> list[str]:
                     "ttfa_p50": lv["ttfa_ms"]["p50"], "ttfa_p95": lv["ttfa_ms"]["p95"], "rtf_p50": lv["rtf"]["p50"],
                     "client_cpu_per_s": lv["client_cpu_per_s"]} for lv in levels],
         "c128_by_client_processes": crowd,
-        "dry_c128": {"streams": len(dry), "ms_max": max(ms for _, ms, _ in dry) if dry else 0.0,
-                     "transport_late": sum(lag > TRANSPORT_LATE_MS for *_, lag in dry)},
+        "dry_c128": {"streams": len(dry), "ms_max": max(ms for ms, _ in dry) if dry else 0.0,
+                     "transport_late": sum(lag > TRANSPORT_LATE_MS for _, lag in dry)},
         "engine_b64_xrt": engine,
         "served_over_engine_c64": c64 / max(engine),
-        "gpu_check": {"teacher_forced_cosine_min": check["teacher_forced"]["cosine_min"],
-                      "graph_vs_eager_max_abs": max(v["max_abs"] for v in check["graph_vs_eager"].values()),
-                      "pass": all(v["pass"] for v in check["graph_vs_eager"].values())},
+        "gpu_check": gpu_check_record(check),
         "lora_merge_test": {"first_failing_commit": first_bad, "last_passing_commit": last_good,
-                            "fsq_boundary_distance_min_steps": min(fsq[1:]),
+                            "fsq_boundary_distance_min_steps": min(steps_fsq),
                             "diag": diag},
     }
-    steps_fsq = fsq[1:]  # the first FSQ call is the prefill's
     near = min(range(len(steps_fsq)), key=lambda i: steps_fsq[i])
     rest = sorted(steps_fsq)[1]
     md = ["", "## Sixty-seventh session (2026-12-04, H200): the GPU checks on the sixty-sixth session's code; the LoRA "
@@ -181,22 +163,19 @@ def sixty_seventh_session(res) -> list[str]:
            "|---|---|---|---|---|---|---|"]
     for lv in levels:
         md.append(f"| {lv['client_processes']} | {level_cells(lv)} |")
-    all_lags = [x for p in (1, 4) for x in lags[p]]
     md += ["", "| client processes | levels of 128 | every stream smooth | least smooth | x real time, median (range) "
            "| TTFA p50 range / worst p95 ms |", "|---|---|---|---|---|---|"]
     for p in (1, 4):
         st = crowd[p]
-        md.append(f"| {p} | {st['levels']} | {st['all_smooth']} | {share(st['smooth_min'])} | {st['xrt_median']:.1f} "
-                  f"({st['xrt_range'][0]:.1f}-{st['xrt_range'][1]:.1f}) | {span(st['ttfa_p50_ms'])} / "
-                  f"{st['ttfa_p95_ms_max']:.0f} |")
+        md.append(f"| {p} | {smooth_cells(st)} | {span(st['ttfa_p50_ms'])} / {st['ttfa_p95_ms_max']:.0f} |")
     engine_s = ", ".join(f"{x:.1f}" for x in engine)
     ones = [lv for lv in levels if lv["concurrency"] == 1]
     ttfa128 = ", ".join("{:.0f}".format(lv["ttfa_ms"]["p50"]) for lv in levels if lv["concurrency"] == 128)
     md += ["",
            f"- 128 at once: every stream smooth in {crowd[1]['all_smooth'] + crowd[4]['all_smooth']} of 6 levels "
            "(the sixty-sixth session's 3 of 3 was a small sample). Its "
-           f"{len(dry)} dry streams ({sum(ms > 1 for _, ms, _ in dry)} over 1 ms) were all a later wave's second "
-           f"chunk, at most {max(ms for _, ms, _ in dry):.1f} ms late. Their chunks reached the clients "
+           f"{len(dry)} dry streams ({sum(ms > 1 for ms, _ in dry)} over 1 ms) were all a later wave's second "
+           f"chunk, at most {max(ms for ms, _ in dry):.1f} ms late. Their chunks reached the clients "
            f"{min(all_lags):.1f}-{max(all_lags):.1f} ms after the orchestrator sent them, with the clients in one "
            "process or four: the lateness was the server's. The transport's late chunks of the sixty-sixth session "
            "(over 10 ms) did not come back.",
