@@ -195,6 +195,40 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
             sup.kill()
 
 
+def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path):
+    """runtime.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
+    another process's (another start time) goes, contents and all; one of a running server, anything not
+    named as run_dir() names them, and what is not a directory (a file, a link to one) stay."""
+    me, my_start = os.getpid(), runtime._proc_fields(os.getpid())[19]
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    zombie = subprocess.Popen(["true"])  # exited, not yet reaped
+    deadline = time.monotonic() + 10
+    while runtime._proc_fields(zombie.pid)[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "kept").write_text("x")
+    stale = [f"voxcpm-{gone.pid}-12345", f"voxcpm-{gone.pid}", f"voxcpm-{zombie.pid}-1",
+             f"voxcpm-{me}-{int(my_start) + 1}"]
+    kept = [f"voxcpm-{me}-{my_start}", f"voxcpm-{me}", "voxcpm-run-abc123", f"voxcpm-{gone.pid}-x", "other"]
+    for name in stale + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "internal.key").write_text("secret")
+    (tmp_path / f"voxcpm-{gone.pid}-7").write_text("a file")
+    (tmp_path / f"voxcpm-{gone.pid}-8").symlink_to(target)
+    try:
+        removed = runtime.remove_stale_run_dirs(str(tmp_path))
+    finally:
+        zombie.wait()
+    assert sorted(removed) == sorted(str(tmp_path / n) for n in stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        kept + ["elsewhere", f"voxcpm-{gone.pid}-7", f"voxcpm-{gone.pid}-8"])
+    assert (target / "kept").exists()
+    assert runtime.remove_stale_run_dirs(str(tmp_path / "missing")) == []
+
+
 def test_thread_stacks_show_where_each_thread_is():
     import threading
 

@@ -1,5 +1,6 @@
 """The whole product through a real tritonserver on loopback (tiny checkpoint, CPU)."""
 
+import os
 import queue
 import re
 import subprocess
@@ -454,6 +455,39 @@ def test_every_model_process_exits_cleanly(ckpt, tmp_path):
     for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "voices", "loras"):
         assert f"successfully unloaded '{model}'" in log, model
     assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]
+
+
+def test_a_plain_tritonserver_removes_the_run_directories_servers_that_exited_left(ckpt, tmp_path):
+    """Run without scripts/supervise.py (no VOXCPM_RUN_DIR), a server's models share <tmp>/voxcpm-<its pid>-<its
+    start time>, which nothing removes when it exits. The next server's models remove it as they start,
+    and keep those of servers still running."""
+    import glob
+    import shutil
+
+    from tests.server import REPO
+
+    repo, tmp = tmp_path / "repo", tmp_path / "tmp"
+    shutil.copytree(REPO / "model_repository" / "tokenizer", repo / "tokenizer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    tmp.mkdir()
+    env = {"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_RUN_DIR": "", "TMPDIR": str(tmp)}
+
+    def served(srv: TritonServer) -> str:
+        dirs = glob.glob(str(tmp / f"voxcpm-{srv.proc.pid}-*"))
+        assert len(dirs) == 1 and srv.is_ready("tokenizer"), (dirs, srv.log_tail())
+        return dirs[0]
+
+    first = TritonServer(repo, env=env, log_path=tmp_path / "first.log")
+    with first:
+        left = served(first)
+        with TritonServer(repo, env=env, log_path=tmp_path / "beside.log") as beside:
+            assert served(beside) != left and os.path.isdir(left)  # a running server's stays
+    assert first.returncode == 0 and not first.leftover_processes and os.path.isdir(left)
+    with TritonServer(repo, env=env, log_path=tmp_path / "second.log") as second:
+        now = served(second)
+        assert not os.path.exists(left), second.log_tail()
+    assert second.returncode == 0 and not second.leftover_processes
+    assert sorted(glob.glob(str(tmp / "voxcpm-*"))) == [now]
 
 
 def test_model_processes_freeze_start_up_objects_and_the_decoder_counts_its_collections(server):

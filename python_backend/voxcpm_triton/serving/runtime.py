@@ -36,13 +36,16 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from stat import S_ISDIR
 
 log = logging.getLogger("voxcpm_triton.runtime")
 
@@ -80,13 +83,18 @@ def stopping(now: float | None = None) -> bool:
     return deadline is not None and (time.time() if now is None else now) >= deadline
 
 
+def _proc_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name: the state first, the start time at [19]."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        line = f.read()
+    return line[line.rindex(")") + 2:].split()
+
+
 def _server_id() -> str:
     """The parent tritonserver's pid and start time: unique even where pids are reused."""
     ppid = os.getppid()
     try:
-        with open(f"/proc/{ppid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-        return f"{ppid}-{stat[stat.rindex(')') + 2:].split()[19]}"
+        return f"{ppid}-{_proc_fields(ppid)[19]}"
     except (OSError, ValueError, IndexError):
         return str(ppid)
 
@@ -95,6 +103,45 @@ def run_dir() -> str:
     path = os.environ.get("VOXCPM_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"voxcpm-{_server_id()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+_DEFAULT_RUN_DIR = re.compile(r"voxcpm-(\d+)(?:-(\d+))?")  # run_dir()'s name without VOXCPM_RUN_DIR
+
+
+def _server_gone(pid: int, start: str | None) -> bool:
+    """Whether the server a default run directory was named for has exited (its pid gone, or reused by a
+    process that started at another time). A process whose state cannot be read counts as running."""
+    try:
+        fields = _proc_fields(pid)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return fields[0] in ("Z", "X") or (start is not None and len(fields) > 19 and fields[19] != start)
+
+
+def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
+    """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir() without
+    VOXCPM_RUN_DIR) of servers that have exited, and return them. Nothing else removes those: a
+    tritonserver run without scripts/supervise.py leaves its directory, internal key included, however
+    it ends. Only directories of this user; every model process does it at start (`model_process`)."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = _DEFAULT_RUN_DIR.fullmatch(name)
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if m and S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _server_gone(int(m[1]), m[2]):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def run_dir_realpath() -> str:
@@ -187,9 +234,7 @@ def thread_stacks() -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-        return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+        return _proc_fields(pid)[0] not in ("Z", "X")
     except (OSError, ValueError, IndexError):
         return False
 
@@ -223,11 +268,14 @@ def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
 
 def model_process():
     """What every model process does first: leave every thread's Python stack in the server's log
-    if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, and exit
-    with its server."""
+    if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, exit with
+    its server, and remove the run directories servers that have exited left behind."""
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 <pid>`: every thread's stack, now
     watch_parent()
+    if not os.environ.get("VOXCPM_RUN_DIR"):  # the supervisor's directories are its own to remove
+        for path in remove_stale_run_dirs():
+            log.info("removed %s, the run directory of a server that has exited", path)
 
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
