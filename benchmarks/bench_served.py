@@ -275,6 +275,25 @@ def _client_process(args, ws, label, concurrency, requests_per_worker, duration,
         conn.close()
 
 
+def _wait_for_clients(barrier, procs: list, timeout: float) -> bool:
+    """Release the client processes `procs` once all their workers wait at the level's barrier: True. The
+    parent arrives last, so its arrival is what releases them. A process that ends before that (an import or
+    a connection that failed), or `timeout` passing, breaks the barrier instead, so that neither the parent
+    nor the other processes wait any longer: False."""
+    from multiprocessing.connection import wait
+
+    deadline = time.monotonic() + timeout
+    while barrier.n_waiting < barrier.parties - 1:
+        if wait([p.sentinel for p in procs], timeout=0.05) or time.monotonic() > deadline:
+            barrier.abort()
+            return False
+    try:
+        barrier.wait()
+        return True
+    except threading.BrokenBarrierError:  # a client's own wait timed out just now
+        return False
+
+
 def _spread_workers(args, processes: int, label: str, concurrency: int, requests_per_worker: int | None,
                     duration: float | None) -> tuple[list[dict], float]:
     """The level's workers dealt round-robin to `processes` client processes (spawned: no gRPC state
@@ -294,11 +313,7 @@ def _spread_workers(args, processes: int, label: str, concurrency: int, requests
         proc.start()
         send.close()
         procs.append((proc, recv))
-    try:
-        barrier.wait(timeout=BARRIER_TIMEOUT_S)
-        broken = False
-    except threading.BrokenBarrierError:  # a timed-out wait breaks it for every process
-        broken = True
+    broken = not _wait_for_clients(barrier, [proc for proc, _ in procs], BARRIER_TIMEOUT_S)
     flat, cpu_s, failed = [], 0.0, []
     for k, (proc, recv) in enumerate(procs):
         try:
@@ -313,7 +328,8 @@ def _spread_workers(args, processes: int, label: str, concurrency: int, requests
             proc.kill()
             proc.join()
     if failed:
-        raise RuntimeError(f"client process(es) {failed} ended without their records")
+        codes = ", ".join(f"{k} (exit code {procs[k][0].exitcode})" for k in failed)
+        raise RuntimeError(f"client process(es) {codes} ended without their records")
     if broken:
         raise RuntimeError(f"the client processes were not all ready within {BARRIER_TIMEOUT_S:g} s")
     return sorted(flat, key=lambda r: (r["worker"], r["index"])), cpu_s

@@ -247,3 +247,48 @@ def test_capacity_is_the_largest_level_below_which_all_pass():
     assert capacity([_level(8), _level(1), _level(32, p95=501.0)]) == 8
     assert capacity([_level(1, errors=1), _level(8)]) == 0
     assert capacity([]) == 0
+
+
+def _at_the_barrier(barrier):
+    """A client process's wait at its level's barrier: exit code 0 when released, 7 when it broke."""
+    import os
+    import threading
+
+    try:
+        barrier.wait(60)
+    except threading.BrokenBarrierError:
+        os._exit(7)
+    os._exit(0)
+
+
+def test_a_client_process_that_ends_before_the_barrier_releases_everyone_at_once():
+    """bench_served's parent waits at a level's barrier with its client processes; one that ends before
+    getting there (its imports or connection failed) breaks the barrier for the others and the parent at
+    once, not after the 60 s they would wait; when all get there it releases them."""
+    import multiprocessing
+    import os
+    import time
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_served import _wait_for_clients
+
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(3)
+    dies, waits = ctx.Process(target=os._exit, args=(3,)), ctx.Process(target=_at_the_barrier, args=(barrier,))
+    for p in (dies, waits):
+        p.start()
+    t0 = time.monotonic()
+    assert _wait_for_clients(barrier, [dies, waits], timeout=60) is False
+    assert time.monotonic() - t0 < 10
+    waits.join(10)
+    dies.join(10)
+    assert (dies.exitcode, waits.exitcode) == (3, 7)
+
+    barrier = ctx.Barrier(3)
+    both = [ctx.Process(target=_at_the_barrier, args=(barrier,)) for _ in range(2)]
+    for p in both:
+        p.start()
+    assert _wait_for_clients(barrier, both, timeout=60) is True
+    for p in both:
+        p.join(10)
+    assert [p.exitcode for p in both] == [0, 0]
