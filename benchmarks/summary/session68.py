@@ -12,6 +12,9 @@ from summary.session58 import crowd_stats, dry_late_ms, level_cells, smooth_cell
 S = "sixtyeighth"
 # calls 3 and 4: (call, server's place in its call, playback_margin_ms); raw name served_margin_c{call}s{place}_m{margin}
 MARGIN_RUNS = [(3, 1, 150), (3, 2, 100), (3, 3, 150), (4, 1, 100), (4, 2, 150), (4, 3, 100)]
+# the decoder's execute() probe: its parts, in order
+EXEC_PARTS = {"x_sender": "the counting sender", "x_prompt": "the prompt", "x_first": "the empty first response",
+              "x_submit": "the engine's submit"}
 LOG_ONLY = {(3, 3, 150)}  # its files did not come back (8 files a call): the lines the driver printed
 # bench_served's markdown row: conc | streams | errors | TTFA p50 | TTFA p95 | RTF p50 | RTF p95 | faster | smooth | x-RT
 ROW = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.%]+ \| ([\d.]+)% \| "
@@ -54,6 +57,8 @@ def sixty_eighth_session(res) -> list[str]:
     and 128 streams at once. Sets res["sixty_eighth"] and the 128-stream and capacity headline keys, returns the
     markdown, draws results_sixty_eighth.png."""
     tests = _gpu_tests()
+    execute = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
+        r"^(\w+) \d+ p50 ([\d.]+) mean ([\d.]+)$", text(f"decoder_execute_probe_{S}.txt"), re.M)}
     check = load(f"gpu_check_{S}.json")
     vae = check["vae_graphs_vs_eager"]
     burst = {lv["concurrency"]: lv for lv in load(f"served_closing_{S}.json")["levels"]}
@@ -84,6 +89,7 @@ def sixty_eighth_session(res) -> list[str]:
         "served_over_engine_c64": ratio,
         "margin_c128": {str(m): st for m, st in stats.items()},
         "margin_c64_xrt": {str(m): v for m, v in c64_by_margin.items()},
+        "decoder_execute_ms_cpu": {k: {"p50": v[0], "mean": v[1]} for k, v in execute.items()},
         "default_c128_levels_all_smooth": [sum(lv["smooth_playback_frac"] == 1 for lv in default128), len(default128)],
     }
     source = res["served_headline_source"].split("; 128 streams and capacity:")[0]
@@ -167,6 +173,17 @@ def sixty_eighth_session(res) -> list[str]:
            f"- The default at 128 at once this session: {ok} of {n} levels every stream smooth (the sweep's and the "
            "margin calls' at 100 ms). With the sixty-sixth and sixty-seventh sessions' levels of the same serving code "
            f"(3 of 3, 4 of 6): {ok + 7} of {n + 9}, the least smooth 97.9%.",
+           "", "**Where the decoder's `execute` goes, per request** (this machine, 2 CPU cores, no GPU; a real "
+           "tritonserver with the tiny checkpoint, bench_served at 16 streams, 96 requests; the probe is "
+           f"`raw/decoder_execute_probe_{S}.{{patch,py}}`, its output `raw/decoder_execute_probe_{S}.txt`): "
+           + "; ".join(f"{EXEC_PARTS[k]} {v[0]:.2f} (mean {v[1]:.2f})" for k, v in execute.items() if k in EXEC_PARTS)
+           + f" ms, of {execute['execute'][0]:.2f} (mean {execute['execute'][1]:.2f}) ms in all, p50. The largest "
+           "part is the empty first response, a round trip to the server that the call's return in the orchestrator "
+           "waits for (Triton's decoupled BLS call returns at its first response). The stub lets go of the GIL "
+           "while it waits (python_backend's `ResponseSender::Send`), so the wait holds up the next request's "
+           "admission, not the engine's or the audio thread's work; taking the GIL back can wait for another "
+           "thread's switch interval, which the means' tails fit. Not changed: with the audio channel the call "
+           "still needs a first response to return; a change here would want a GPU measurement of its own.",
            "", "**Against issue 17's targets** (one stream: the fifty-fourth session's 10-request run; 64 streams: "
            "the fifty-fifth session's 16-request server; capacity: this sweep):", "",
            "| target | measured | status |", "|---|---|---|",
