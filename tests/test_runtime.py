@@ -195,10 +195,12 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
             sup.kill()
 
 
-def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path):
+def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):
     """runtime.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
-    another process's (another start time) goes, contents and all; one of a running server, anything not
-    named as run_dir() names them, and what is not a directory (a file, a link to one) stay."""
+    another process's (another start time) goes, contents and all, unless a live process holds it (a
+    server in another pid namespace sharing /tmp); one of a running server, one whose process cannot be
+    read, another user's, anything not named as run_dir() names them, and what is not a directory (a
+    file, a link to one) stay."""
     me, my_start = os.getpid(), runtime._proc_fields(os.getpid())[19]
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -207,25 +209,42 @@ def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp
     while runtime._proc_fields(zombie.pid)[0] != "Z":
         assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.01)
+    zombie_start = runtime._proc_fields(zombie.pid)[19]
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "kept").write_text("x")
-    stale = [f"voxcpm-{gone.pid}-12345", f"voxcpm-{gone.pid}", f"voxcpm-{zombie.pid}-1",
+    stale = [f"voxcpm-{gone.pid}-12345", f"voxcpm-{gone.pid}", f"voxcpm-{zombie.pid}-{zombie_start}",
              f"voxcpm-{me}-{int(my_start) + 1}"]
+    held = f"voxcpm-{gone.pid}-99"
     kept = [f"voxcpm-{me}-{my_start}", f"voxcpm-{me}", "voxcpm-run-abc123", f"voxcpm-{gone.pid}-x", "other"]
-    for name in stale + kept:
+    for name in stale + kept + [held]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "internal.key").write_text("secret")
+    (tmp_path / held / runtime.HELD_FILE).write_text("")
     (tmp_path / f"voxcpm-{gone.pid}-7").write_text("a file")
     (tmp_path / f"voxcpm-{gone.pid}-8").symlink_to(target)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); time.sleep(60)",
+         str(tmp_path / held / runtime.HELD_FILE)], stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline() == "held\n"
+        with monkeypatch.context() as m:  # nothing of another user's, nor of a server it cannot read
+            m.setattr(os, "getuid", lambda: os.geteuid() + 1)
+            assert runtime.remove_stale_run_dirs(str(tmp_path)) == []
+        with monkeypatch.context() as m:
+            m.setattr(runtime, "_proc_fields", lambda pid: (_ for _ in ()).throw(PermissionError(pid)))
+            assert runtime.remove_stale_run_dirs(str(tmp_path)) == []
         removed = runtime.remove_stale_run_dirs(str(tmp_path))
     finally:
         zombie.wait()
+        holder.kill()
+        holder.wait()
     assert sorted(removed) == sorted(str(tmp_path / n) for n in stale)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        kept + ["elsewhere", f"voxcpm-{gone.pid}-7", f"voxcpm-{gone.pid}-8"])
+        kept + [held, "elsewhere", f"voxcpm-{gone.pid}-7", f"voxcpm-{gone.pid}-8"])
     assert (target / "kept").exists()
+    assert runtime.remove_stale_run_dirs(str(tmp_path)) == [str(tmp_path / held)]  # let go of with its holder
     assert runtime.remove_stale_run_dirs(str(tmp_path / "missing")) == []
 
 

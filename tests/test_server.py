@@ -459,8 +459,8 @@ def test_every_model_process_exits_cleanly(ckpt, tmp_path):
 
 def test_a_plain_tritonserver_removes_the_run_directories_servers_that_exited_left(ckpt, tmp_path):
     """Run without scripts/supervise.py (no VOXCPM_RUN_DIR), a server's models share <tmp>/voxcpm-<its pid>-<its
-    start time>, which nothing removes when it exits. The next server's models remove it as they start,
-    and keep those of servers still running."""
+    start time>, which nothing removes when it exits. The next server's models remove it as they start
+    (saying so in its log), and keep those of servers still running."""
     import glob
     import shutil
 
@@ -475,6 +475,7 @@ def test_a_plain_tritonserver_removes_the_run_directories_servers_that_exited_le
     def served(srv: TritonServer) -> str:
         dirs = glob.glob(str(tmp / f"voxcpm-{srv.proc.pid}-*"))
         assert len(dirs) == 1 and srv.is_ready("tokenizer"), (dirs, srv.log_tail())
+        assert os.path.exists(os.path.join(dirs[0], "held"))  # its model process holds it
         return dirs[0]
 
     first = TritonServer(repo, env=env, log_path=tmp_path / "first.log")
@@ -486,6 +487,7 @@ def test_a_plain_tritonserver_removes_the_run_directories_servers_that_exited_le
     with TritonServer(repo, env=env, log_path=tmp_path / "second.log") as second:
         now = served(second)
         assert not os.path.exists(left), second.log_tail()
+        assert f"removed {left}, the run directory of a server that has exited" in second.log
     assert second.returncode == 0 and not second.leftover_processes
     assert sorted(glob.glob(str(tmp / "voxcpm-*"))) == [now]
 

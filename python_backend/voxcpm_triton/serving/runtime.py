@@ -2,8 +2,10 @@
 the secret that marks the orchestrator's internal calls, and liveness beacons.
 
 Every model process is a child of the tritonserver process, so `os.getppid()` names the
-server; the directory is keyed by it and created 0700. No torch here: the orchestrator
-processes import this too.
+server; the directory is keyed by it and created 0700 (unless VOXCPM_RUN_DIR names one, as
+scripts/supervise.py does, which removes it after). A plain tritonserver's model processes hold
+their directory with a lock while they run and remove, as they start, those of servers that have
+exited and nobody holds. No torch here: the orchestrator processes import this too.
 
 - Internal key: `VOXCPM_INTERNAL_KEY` when set (scripts/supervise.py sets a fresh one per
   start), else a random key that the first process of this server writes into the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
+import fcntl
 import functools
 import hmac
 import json
@@ -90,8 +93,10 @@ def _proc_fields(pid: int) -> list[str]:
     return line[line.rindex(")") + 2:].split()
 
 
+@functools.cache
 def _server_id() -> str:
-    """The parent tritonserver's pid and start time: unique even where pids are reused."""
+    """The parent tritonserver's pid and start time: unique even where pids are reused. Once per process: a
+    model process whose server died must not make a directory for its new parent in its last second."""
     ppid = os.getppid()
     try:
         return f"{ppid}-{_proc_fields(ppid)[19]}"
@@ -106,6 +111,19 @@ def run_dir() -> str:
 
 
 _DEFAULT_RUN_DIR = re.compile(r"voxcpm-(\d+)(?:-(\d+))?")  # run_dir()'s name without VOXCPM_RUN_DIR
+HELD_FILE = "held"  # in a default run directory: each of its server's model processes holds a shared lock on it
+_held_fd: int | None = None
+
+
+def hold_run_dir():
+    """Hold a shared lock on this server's default run directory while this process runs (released by the
+    kernel when it ends). Another server removes only a directory nobody holds: a pid and a start time
+    alone cannot tell a live server in another pid namespace sharing the same /tmp from a dead one."""
+    global _held_fd
+    if _held_fd is None:
+        fd = os.open(os.path.join(run_dir(), HELD_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held_fd = fd
 
 
 def _server_gone(pid: int, start: str | None) -> bool:
@@ -120,11 +138,39 @@ def _server_gone(pid: int, start: str | None) -> bool:
     return fields[0] in ("Z", "X") or (start is not None and len(fields) > 19 and fields[19] != start)
 
 
+def _remove_unheld(path: str) -> bool:
+    """Remove the run directory `path` unless a process holds it (`hold_run_dir`); one of several processes
+    sweeping at once does it. True if this one did."""
+    try:
+        fd = os.open(os.path.join(path, HELD_FILE), os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = None  # its processes never got as far (or are older than the lock): nobody holds it
+    except OSError:
+        return False
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+        claimed = f"{path}.removing-{os.getpid()}"
+        try:
+            os.rename(path, claimed)  # atomic: the one sweeper that wins removes it, and says so
+        except OSError:
+            return False
+        shutil.rmtree(claimed, ignore_errors=True)
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
-    """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir() without
-    VOXCPM_RUN_DIR) of servers that have exited, and return them. Nothing else removes those: a
-    tritonserver run without scripts/supervise.py leaves its directory, internal key included, however
-    it ends. Only directories of this user; every model process does it at start (`model_process`)."""
+    """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir()'s without
+    VOXCPM_RUN_DIR) of servers that have exited, and return those this call removed. Nothing else removes
+    them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
+    however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
+    and which no process holds (`hold_run_dir`)."""
     parent = parent or tempfile.gettempdir()
     removed = []
     try:
@@ -133,13 +179,15 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
         return removed
     for name in names:
         m = _DEFAULT_RUN_DIR.fullmatch(name)
+        if not m:
+            continue
         path = os.path.join(parent, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if m and S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _server_gone(int(m[1]), m[2]):
-            shutil.rmtree(path, ignore_errors=True)
+        if S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _server_gone(int(m[1]), m[2]) \
+                and _remove_unheld(path):
             removed.append(path)
     return removed
 
@@ -268,14 +316,20 @@ def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
 
 def model_process():
     """What every model process does first: leave every thread's Python stack in the server's log
-    if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, exit with
-    its server, and remove the run directories servers that have exited left behind."""
+    if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, and exit with
+    its server. In a server run without VOXCPM_RUN_DIR (a plain tritonserver): hold its default run
+    directory, and remove those that servers which have exited left behind."""
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 <pid>`: every thread's stack, now
     watch_parent()
-    if not os.environ.get("VOXCPM_RUN_DIR"):  # the supervisor's directories are its own to remove
+    if os.environ.get("VOXCPM_RUN_DIR"):  # a server under the supervisor (or a test's): it removes its own
+        return
+    try:  # best effort: a server serves without it
+        hold_run_dir()
         for path in remove_stale_run_dirs():
-            log.info("removed %s, the run directory of a server that has exited", path)
+            log.warning("removed %s, the run directory of a server that has exited", path)
+    except Exception:  # noqa: BLE001
+        log.exception("holding this server's run directory, or removing those of servers that exited, failed")
 
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
