@@ -213,11 +213,17 @@ def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: in
 
     url = _strip_scheme(args.url)
     records: dict[int, list[dict]] = {w: [] for w in ws}
+    unstarted: list[str] = []
 
     def worker(w: int) -> None:
-        sw = StreamWorker(url, args.model, args.timeout)
-        inputs = build_inputs(grpcclient, args.text, args.min_length, args.max_length, args.seed,
-                              args.cfg_value, args.inference_timesteps)
+        try:
+            sw = StreamWorker(url, args.model, args.timeout)
+            inputs = build_inputs(grpcclient, args.text, args.min_length, args.max_length, args.seed,
+                                  args.cfg_value, args.inference_timesteps)
+        except BaseException as exc:  # noqa: BLE001 - the level cannot run whole: nobody waits for this worker
+            unstarted.append(f"worker {w}: {type(exc).__name__}: {exc}")
+            barrier.abort()
+            return
         setup_error = None
         try:
             sw._open()  # connect before the barrier: the level measures requests, not channel setup
@@ -255,6 +261,8 @@ def _run_workers(args, ws, label: str, concurrency: int, requests_per_worker: in
         t.start()
     for t in threads:
         t.join()
+    if unstarted:
+        raise RuntimeError(f"the level's workers could not start ({'; '.join(unstarted)})")
     return [r for w in ws for r in records[w]]
 
 
@@ -277,9 +285,9 @@ def _client_process(args, ws, label, concurrency, requests_per_worker, duration,
 
 def _wait_for_clients(barrier, procs: list, timeout: float) -> bool:
     """Release the client processes `procs` once all their workers wait at the level's barrier: True. The
-    parent arrives last, so its arrival is what releases them. A process that ends before that (an import or
-    a connection that failed), or `timeout` passing, breaks the barrier instead, so that neither the parent
-    nor the other processes wait any longer: False."""
+    parent arrives last, so its arrival is what releases them. A process that ends before that (its imports
+    failed, it was killed), or `timeout` passing, breaks the barrier instead, so that neither the parent nor
+    the other processes wait any longer: False. (A worker that cannot start breaks it itself.)"""
     from multiprocessing.connection import wait
 
     deadline = time.monotonic() + timeout

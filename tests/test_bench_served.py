@@ -263,8 +263,9 @@ def _at_the_barrier(barrier):
 
 def test_a_client_process_that_ends_before_the_barrier_releases_everyone_at_once():
     """bench_served's parent waits at a level's barrier with its client processes; one that ends before
-    getting there (its imports or connection failed) breaks the barrier for the others and the parent at
-    once, not after the 60 s they would wait; when all get there it releases them."""
+    getting there (its imports failed, it was killed) breaks the barrier for the others and the parent at
+    once, not after the 60 s they would wait; when all get there it releases them; past its timeout it
+    gives up."""
     import multiprocessing
     import os
     import time
@@ -292,3 +293,48 @@ def test_a_client_process_that_ends_before_the_barrier_releases_everyone_at_once
     for p in both:
         p.join(10)
     assert [p.exitcode for p in both] == [0, 0]
+
+    late = ctx.Process(target=time.sleep, args=(30,))  # alive, never at the barrier: the timeout ends the wait
+    late.start()
+    t0 = time.monotonic()
+    assert _wait_for_clients(ctx.Barrier(2), [late], timeout=0.3) is False
+    assert time.monotonic() - t0 < 10
+    late.kill()
+    late.join()
+
+
+def test_a_worker_that_cannot_start_ends_its_level_with_an_error_not_a_hang():
+    """One worker of a level failing before the barrier (here its inputs) breaks the barrier, so the
+    others stop waiting for it (in one process they would wait for ever) and the level raises, naming it."""
+    import threading
+    import types
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_served import _run_workers
+
+    class FailsOnce(str):
+        calls = 0
+
+        def encode(self, *a, **k):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 1:
+                raise ValueError("not this one")
+            return str.encode(self, *a, **k)
+
+    args = types.SimpleNamespace(url="127.0.0.1:9", model="tts_stream", timeout=5, text=FailsOnce("Hello."),
+                                 min_length=4, max_length=4, seed=None, cfg_value=2.0, inference_timesteps=10,
+                                 arrivals="burst", mean_gap=1.0)
+    outcome = []
+
+    def level():
+        try:
+            _run_workers(args, range(3), "t", 3, 1, None, threading.Barrier(3))
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    t = threading.Thread(target=level, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the level hung"
+    assert len(outcome) == 1 and "could not start" in outcome[0] and "ValueError: not this one" in outcome[0]
+    assert FailsOnce.calls == 3  # the other two got past their inputs
