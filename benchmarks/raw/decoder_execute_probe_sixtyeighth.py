@@ -1,6 +1,9 @@
+# The driver of the sixty-eighth session's execute() probe: python3 <this> <scratch dir> [NAME=value ...], from the
+# repository root with decoder_execute_probe_sixtyeighth.patch applied (the numbers: decoder_execute_probe_sixtyeighth.txt).
 import glob, json, os, subprocess, sys, statistics
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/python_backend")
-from tests.server import TritonServer, repository_copy
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO); sys.path.insert(0, os.path.join(REPO, "python_backend"))
+from tests.server import TritonServer
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint
 tmp = sys.argv[1]; os.makedirs(tmp, exist_ok=True)
 ck = os.path.join(tmp, "ckpt")
@@ -10,9 +13,9 @@ tl = os.path.join(tmp, "tl"); os.makedirs(tl, exist_ok=True)
 for f in glob.glob(tl + "/*"): os.unlink(f)
 env = {"VOXCPM_CHECKPOINT": ck, "VOXCPM_TIMELINE": tl}
 env.update(dict(kv.split("=", 1) for kv in sys.argv[2:]))
-with TritonServer("/work/main/model_repository", env=env, log_path=os.path.join(tmp, "server.log")) as srv:
+with TritonServer(os.path.join(REPO, "model_repository"), env=env, log_path=os.path.join(tmp, "server.log")) as srv:
     for rep in range(2):
-        out = subprocess.run([sys.executable, "/work/main/benchmarks/bench_served.py", "--url", srv.grpc_url,
+        out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_served.py"), "--url", srv.grpc_url,
             "--concurrency", "16", "--requests-per-worker", "3", "--min-length", "6", "--max-length", "6",
             "--warmup", "0", "--quiet", "--json-out", os.path.join(tmp, "b.json")], capture_output=True, text=True)
         print(out.stdout.splitlines()[-3:] if out.returncode == 0 else out.stderr[-2000:])
@@ -21,8 +24,6 @@ spans = []
 for f in glob.glob(tl + "/*.jsonl"):
     ev = [json.loads(l) for l in open(f)]
     if not any(e[2] == "execute" for e in ev): continue
-    names = {e[2] for e in ev}
-    if "step" not in " ".join(names) and "engine" not in " ".join(names) and not any(n.startswith("round") for n in names): pass
     start = {}
     for t, th, name, val in ev:
         if name == "execute": start[th] = (t, val)
