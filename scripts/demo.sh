@@ -31,11 +31,13 @@ echo "[demo] starting tritonserver (log: $LOG)"
 SKIP_SETUP=1 bash scripts/serve.sh >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() {
+    local rc=$?
     if kill -0 "$SERVER" 2>/dev/null; then
         echo "[demo] stopping tritonserver"
         kill -TERM "$SERVER" 2>/dev/null || true
         wait "$SERVER" 2>/dev/null || true
     fi
+    if ((rc == 0)); then rm -f "$LOG"; else echo "[demo] the server's log is kept: $LOG" >&2; fi
 }
 trap stop_server EXIT
 

@@ -21,6 +21,15 @@ if not torch.cuda.is_available():
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, _rope, write_checkpoint  # noqa: E402  (after TRITON_INTERPRET)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """A session that passed leaves none of the logs its servers made in the temporary directory."""
+    if exitstatus == 0:
+        from tests.server import OWN_LOGS
+
+        for path in OWN_LOGS:
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def _gc_unfrozen():
     """Models initialised in the test process (tests/test_serving_models.py) freeze what it holds

@@ -44,6 +44,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TRITON_ENV_SH = REPO / "scripts" / "triton_env.sh"
+# The logs servers made for themselves (no log_path given): tests/conftest.py removes them when a test
+# session passes (a failure's message carries the tail of the log it needs).
+OWN_LOGS: list[Path] = []
 
 _env_cache: dict[str, dict[str, str]] = {}
 
@@ -173,7 +176,6 @@ class TritonServer:
         self.startup_timeout = startup_timeout
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout
-        self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -245,6 +247,7 @@ class TritonServer:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            OWN_LOGS.append(self.log_path)
         for attempt in range(3):  # ports may be taken between picking and binding
             self.http_port, self.grpc_port, self.metrics_port = _free_ports(3)
             with open(self.log_path, "ab") as log:

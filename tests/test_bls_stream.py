@@ -599,7 +599,7 @@ def test_a_stream_its_reader_left_holds_no_response_and_no_timer(run_dir):
     asyncio.run(main())
 
 
-def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(monkeypatch):
+def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(run_dir, monkeypatch):  # run_dir: none made in /tmp
     """`guard` returning None (the client left) cancels what it awaited: a queue's get left running
     would take the queue's next item from whoever reads it next."""
     from voxcpm_triton.serving import orchestrator
@@ -617,7 +617,7 @@ def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(monkeypatch):
     assert asyncio.run(main()) == "next"
 
 
-def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(monkeypatch):
+def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(run_dir, monkeypatch):  # run_dir: none made in /tmp
     """The orchestrator's cancel call gives up after END_TIMEOUT_S: its stream is abandoned, so
     what it holds, or gets later, is not kept until the stream is freed (after finalize: a crash)."""
     from voxcpm_triton.serving import orchestrator

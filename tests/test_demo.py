@@ -1,6 +1,7 @@
 """The README's first command, as a user runs it."""
 
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -19,6 +20,8 @@ def test_demo_script_synthesizes_and_writes_readable_wavs():
     assert out.returncode == 0, log
     assert "time to first audio" in log and "RTF" in log, log
     assert "time to first byte" in log, log  # the OpenAI speech API gateway, beside tritonserver
+    logs = re.findall(r"starting tritonserver \(log: (\S+)\)", log)
+    assert len(logs) == 1 and not os.path.exists(logs[0]), "a demo that went well leaves no log behind"
     for f in ("demo.wav", "demo_http.wav", "demo_openai.wav"):
         audio, rate = sf.read(REPO / f, dtype="float32")
         assert rate == 48000
