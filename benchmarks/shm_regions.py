@@ -54,7 +54,9 @@ def main() -> int:
            # glibc's malloc tunables the server and its stubs inherit (how their heaps give pages back)
            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
     args = [f"--backend-config=python,shm-region-prefix-name={PREFIX}", *a.server_args]
-    with TritonServer(a.model_repository, args=args) as s:
+    # the server's log beside the results (without them, a temporary file that tests/server.py leaves)
+    log_path = os.path.splitext(a.json_out)[0] + "_tritonserver.log" if a.json_out else None
+    with TritonServer(a.model_repository, args=args, log_path=log_path) as s:
         out["after_start_mib"] = regions_mib()
         # RAM, not just address space: Triton allocates a region's pages as it creates it
         out["after_start_allocated_mib"] = regions_mib(allocated=True)

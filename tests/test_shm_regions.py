@@ -27,6 +27,7 @@ def _run(tmp_path, *server_args):
                            *server_args],
                           capture_output=True, text=True, timeout=600, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "shm_tritonserver.log").stat().st_size > 0  # its server's log beside its results
     return json.loads(out.read_text()) | {"instances": _instances(repo)}
 
 
