@@ -52,12 +52,17 @@ def level_cells(lv: dict) -> str:
             f"{lv['ttfa_ms']['p50']:.0f} / {lv['ttfa_ms']['p95']:.0f} | {dry_counts(lv)} | {dry_late_ms(lv):.1f}")
 
 
-def crowd_stats(lvs: list) -> dict:
-    """`smooth_stats` of served levels, with their TTFA p50 range, their worst TTFA p95 and their dry streams
-    of the first wave and of later ones."""
+def first_audio_stats(lvs: list) -> dict:
+    """`smooth_stats` of served levels, with their TTFA p50 range and their worst TTFA p95 (no per-stream data
+    needed)."""
     return smooth_stats(lvs) | {
         "ttfa_p50_ms": [min(lv["ttfa_ms"]["p50"] for lv in lvs), max(lv["ttfa_ms"]["p50"] for lv in lvs)],
-        "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs),
+        "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs)}
+
+
+def crowd_stats(lvs: list) -> dict:
+    """`first_audio_stats` of served levels, with their dry streams of the first wave and of later ones."""
+    return first_audio_stats(lvs) | {
         "first_wave_dry": sum(w == 1 for lv in lvs for _, w, _ in dry_streams(lv)),
         "later_waves_dry": sum(w > 1 for lv in lvs for _, w, _ in dry_streams(lv))}
 

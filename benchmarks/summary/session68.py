@@ -1,13 +1,12 @@
 """results.md: the sixty-eighth session's section, and results_sixty_eighth.png."""
 
 import re
-import statistics
 
 from bench_served import capacity, share
 from summary.plots import pyplot, save_panels
 from summary.raw import gpu_check_record, load, served_row, text
 from summary.session56 import dry_counts
-from summary.session58 import crowd_stats, dry_late_ms, level_cells, smooth_cells, span
+from summary.session58 import crowd_stats, dry_late_ms, first_audio_stats, level_cells, smooth_cells, span
 
 S = "sixtyeighth"
 # calls 3 and 4: (call, server's place in its call, playback_margin_ms); raw name served_margin_c{call}s{place}_m{margin}
@@ -73,8 +72,9 @@ def sixty_eighth_session(res) -> list[str]:
                  for m in (100, 150)}
     c64_by_margin = {m: [lv["x_real_time"] for run, lvs in margins.items() if run[2] == m for lv in lvs
                          if lv["concurrency"] == 64] for m in (100, 150)}
+    # the dry streams of the levels with per-stream data; the rest over every level, those known from a log too
     stats = {m: {k: v for k, v in crowd_stats([lv for lv in lvs if lv["streams"] is not None]).items()
-                 if k.endswith("_dry")} | _smooth(lvs) for m, lvs in by_margin.items()}
+                 if k.endswith("_dry")} | first_audio_stats(lvs) for m, lvs in by_margin.items()}
     # the default's levels of 128 at once this session: the sweep's and the margin servers' at 100 ms
     default128 = [burst[128]] + by_margin[100]
     res["sixty_eighth"] = {
@@ -212,16 +212,6 @@ def sixty_eighth_session(res) -> list[str]:
            "(results_sixty_eighth.png)", ""]
     _plot(burst, poisson, margins)
     return md
-
-
-def _smooth(lvs: list) -> dict:
-    """crowd_stats' smoothness, throughput and first audio over levels, those known from a log only included."""
-    xrt = [lv["x_real_time"] for lv in lvs]
-    return {"levels": len(lvs), "all_smooth": sum(lv["smooth_playback_frac"] == 1 for lv in lvs),
-            "smooth_min": min(lv["smooth_playback_frac"] for lv in lvs), "xrt_median": statistics.median(xrt),
-            "xrt_range": [min(xrt), max(xrt)],
-            "ttfa_p50_ms": [min(lv["ttfa_ms"]["p50"] for lv in lvs), max(lv["ttfa_ms"]["p50"] for lv in lvs)],
-            "ttfa_p95_ms_max": max(lv["ttfa_ms"]["p95"] for lv in lvs)}
 
 
 def _log_cells(lv: dict) -> str:
