@@ -444,8 +444,12 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
         assert eng.add_lora("copy") == ["copy", "lm_dit"]
         got, fin = eng.submit(EngineRequest("a", p, seed=5, lora="copy", **gen)).result(timeout=TIMEOUT)
         assert fin.error is None and maxdiff(got, want) <= TOL
+        reads, read = [], eng.loras.adapters.read
+        eng.loras.adapters.read = lambda n: reads.append(n) or read(n)
         with pytest.raises(LoraFull, match="all 2 LoRA slots are in use"):
             eng.add_lora("copy")  # a replacement needs a free slot too
+        assert reads == []  # refused before its files are read (instances retry a refused add often)
+        del eng.loras.adapters.read
 
         # Removed while a request runs on it: that request finishes with its weights.
         slot = eng.loras.registry.published["lm_dit"][0]
@@ -465,6 +469,13 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
         got, fin = _collect(sink)
         assert fin.error is None and maxdiff(got, want_long) <= TOL
         assert slot in eng.loras.registry.free and not eng.loras.registry.retired
+        # An add that timed out before the engine thread took its write does not happen later: its
+        # slot is free again (the add after it needs it). The lock (reentrant) holds the engine off.
+        with eng.loras.lock:
+            with pytest.raises(TimeoutError, match="the engine did not write it within 0 s"):
+                eng.loras.add("lm_dit", timeout=0.05)
+            assert not eng.loras.pending() and slot in eng.loras.registry.free
+        assert eng.lora_names() == ["copy"]
         assert eng.add_lora("lm_dit") == ["copy", "lm_dit"]
         got, fin = eng.submit(EngineRequest("d", p, seed=5, lora="lm_dit", **gen)).result(timeout=TIMEOUT)
         assert fin.error is None and maxdiff(got, want) <= TOL

@@ -63,11 +63,15 @@ class LoraRegistry:
                 self.retired.discard(slot)
                 self.free.append(slot)
 
-    def take_free(self) -> int:
-        """A slot to write a new adapter into (not visible until `publish`)."""
+    def check_free(self):
+        """LoraFull when no slot is free."""
         if not self.free:
             busy = f"; {len(self.retired)} wait for their requests to end" if self.retired else ""
             raise LoraFull(f"all {self.max_loras} LoRA slots are in use (parameter max_loras){busy}")
+
+    def take_free(self) -> int:
+        """A slot to write a new adapter into (not visible until `publish`)."""
+        self.check_free()
         self.free.sort(reverse=True)
         return self.free.pop()
 

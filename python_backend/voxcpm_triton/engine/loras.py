@@ -41,19 +41,35 @@ class EngineLoras:
         """Load adapter `name` from the LoRA directory into a free slot (replacing a loaded one of
         that name: requests running on it finish with its old weights) -> the names loaded after.
         LoraError (formats.lora) for a bad adapter, LoraFull when no slot is free."""
+        with self.lock:  # a full table refuses before the files are read (instances retry it often)
+            self.registry.check_free()
         adapter = self.adapters.read(name)  # file reading and checks, here in the caller's thread
         done, outcome = threading.Event(), {}
         with self.lock:
             if self._closed:
                 raise RuntimeError(self._closed)
-            slot = self.registry.take_free()
-            self._writes.append((name, slot, adapter, done, outcome))
+            write = (name, self.registry.take_free(), adapter, done, outcome)
+            self._writes.append(write)
             self.lock.notify()
-        if not done.wait(timeout):
+        if not done.wait(timeout) and self._withdraw(write):
             raise TimeoutError(f"adding LoRA adapter {name!r}: the engine did not write it within {timeout:.0f} s")
+        if not done.wait(timeout):  # the engine thread took it and is writing it
+            raise TimeoutError(f"adding LoRA adapter {name!r}: its write did not finish within {timeout:.0f} s "
+                               "(it is still published when it does)")
         if "error" in outcome:
             raise RuntimeError(f"adding LoRA adapter {name!r} failed: {outcome['error']}")
         return self.names()
+
+    def _withdraw(self, write) -> bool:
+        """A queued write the engine thread has not taken yet leaves the queue and gives its slot
+        back, so that an add that timed out does not happen later -> whether it was still queued."""
+        with self.lock:
+            queued = [w for w in self._writes if w is not write]
+            if len(queued) == len(self._writes):
+                return False
+            self._writes = deque(queued)
+            self.registry.give_back(write[1])
+            return True
 
     def remove(self, name: str) -> list:
         """Take `name` away from new requests -> the names loaded after. Its slot is freed once the
