@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import glob
+import logging
 import socket
 import sys
 import threading
@@ -397,6 +398,35 @@ def test_a_broken_channel_drops_its_frames_and_ends_its_calls_with_the_loss(tmp_
     assert audio_channel.writer(path, run_dir) is not w, "a new call gets a new writer"
     w.end("0011223344556677", None, lambda lost: done.append(("late", lost, threading.current_thread().name)))
     assert done[-1] == ("late", True, threading.current_thread().name)
+
+
+def test_an_idle_writer_whose_caller_closed_its_channel_ends(tmp_path, monkeypatch, caplog):
+    """The caller's process or model goes while no call of it runs: its writer sees the channel
+    closed, leaves the registry, and its thread and socket end (else one of each per caller gone)."""
+    monkeypatch.setattr(audio_channel, "IDLE_CHECK_S", 0.05)
+    caplog.set_level(logging.INFO, logger=audio_channel.log.name)
+
+    async def main():
+        got = []
+        listener = audio_channel.Listener(asyncio.get_running_loop(), str(tmp_path / "chan-5-0123abcd.sock"),
+                                          lambda token, item: got.append(item))
+        w = audio_channel.writer(listener.path, str(tmp_path.resolve()))
+        w.end("0123456789abcdef", None, lambda lost: got.append(lost))
+        assert w.drain(time.monotonic() + 5)
+        await asyncio.sleep(0.3)  # idle, its caller there: it stays
+        listener.read_all()
+        assert not w.broken and not w.exited and w.written == 1
+        assert got[0] is False and isinstance(got[1], audio_channel.Ended)  # its end, not lost; its frame read
+        listener.close()
+        return w
+
+    w = asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while not w.exited or w in audio_channel._running:
+        assert time.monotonic() < deadline, "the writer of a closed channel did not end"
+        time.sleep(0.01)
+    assert w.broken and w.sock.fileno() == -1 and "caller closed it" in caplog.text
+    assert audio_channel.writer(w.path, str(tmp_path.resolve())) is not w
 
 
 def test_the_final_response_of_a_call_whose_frames_were_dropped_says_so(run_dir):

@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import re
+import select
 import socket
 import struct
 import threading
@@ -41,6 +42,7 @@ PARAMETER = "voxcpm_audio_channel"  # request parameter: the caller's channel pa
 GIVE_UP_S = 60.0  # a caller that takes nothing of a frame for this long is stuck or gone
 MAX_QUEUED_BYTES = 256 << 20  # a caller this far behind is stuck too
 MAX_FRAME_BYTES = 256 << 20  # a header that gives more: not a frame
+IDLE_CHECK_S = 5.0  # an idle writer looks this often whether its caller closed the channel
 NAME = re.compile(r"chan-\d+-[0-9a-f]{8}\.sock")
 LOST = "the call's audio was lost: its caller's audio channel broke"
 
@@ -81,8 +83,8 @@ class Writer:
     """Callee side: the frames for one caller's channel, written in order by a thread of its own,
     and the calls' final responses (`end`'s `then`), each after its call's end frame.
 
-    A channel that fails (its process gone, taking nothing for GIVE_UP_S, or MAX_QUEUED_BYTES
-    behind) is broken: its frames are dropped from then on, and its calls' `then` is told that their
+    A channel that fails (its process gone or its end closed, also seen while idle; taking nothing
+    for GIVE_UP_S, or MAX_QUEUED_BYTES behind) is broken: its frames are dropped from then on, and its calls' `then` is told that their
     audio was lost. A broken writer leaves the registry (the caller's next calls get a new one) and
     its thread ends once its queue is empty; what its calls still queue after that is done by the
     thread that queues it."""
@@ -140,7 +142,11 @@ class Writer:
 
     def _run(self):
         while not self.exited:
-            item = self.items.get()
+            try:
+                item = self.items.get(timeout=IDLE_CHECK_S)
+            except queue.Empty:
+                self._check_caller()
+                continue
             try:
                 self._do(item)
             except Exception:  # noqa: BLE001 - this item's, not the channel's
@@ -155,6 +161,21 @@ class Writer:
             self.sock.close()
         with _writers_lock:
             _running.discard(self)
+
+    def _check_caller(self):
+        """Idle: a caller that closed its end (its process gone, its model unloaded) breaks the writer,
+        whose thread and socket then end, where else they would wait for a write that never comes.
+        The caller sends nothing on the connection, so its end readable means it was closed."""
+        if self.sock is None or self.broken or not select.select([self.sock], [], [], 0)[0]:
+            return
+        try:
+            closed = self.sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            closed = True
+        if closed:
+            with self.idle:
+                self._break("its caller closed it", logging.INFO)
+                self.exited = self.queued == 0  # else the thread ends after what was queued meanwhile
 
     def _do(self, item):
         token, what, _ = item
@@ -182,12 +203,12 @@ class Writer:
                 self.lost.add(token)
                 self._break(str(e))
 
-    def _break(self, reason: str):
+    def _break(self, reason: str, level: int = logging.WARNING):
         global _retired
         if self.broken:
             return
         self.broken = True
-        log.warning("audio channel %s broken (%s): its calls' audio is dropped", self.path, reason)
+        log.log(level, "audio channel %s broken (%s): its calls' audio is dropped", self.path, reason)
         if self.sock is not None:  # a send it is stuck in fails now, not after GIVE_UP_S
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
