@@ -459,6 +459,43 @@ def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
     assert info.value.status_code == 413
 
 
+def _raw_post(gateway, body: bytes | None, content_type: str | None = "application/json", method: str = "POST"):
+    """(status, error object) for a request the openai package would not send as it is."""
+    headers = {"Authorization": f"Bearer {KEY}", **({"Content-Type": content_type} if content_type else {})}
+    req = urllib.request.Request(gateway.url + "/v1/audio/speech", data=body, headers=headers, method=method)
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=60)
+    body = json.loads(info.value.read())
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return info.value.code, body["error"]
+
+
+def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
+    """Valid JSON that no text is (a lone surrogate), a number past any float, no body, a body that
+    is not a JSON object or not sent as JSON: 400s that say so, never the gateway's 500."""
+    cases = [
+        (b'{"input": "a\\ud800b"}', "application/json", "input", "lone surrogate"),
+        (b'{"input": "ab", "instructions": "calm \\udfff"}', "application/json", "instructions", "lone surrogate"),
+        (b'{"input": "ab", "voice": "x\\udfff"}', "application/json", "voice", "lone surrogate"),
+        (b'{"input": "ab", "cfg_value": 1' + b"0" * 400 + b"}", "application/json", "cfg_value", "finite number"),
+        (None, "application/json", None, "the request body is missing"),
+        (b"[1, 2]", "application/json", None, "must be a JSON object"),
+        (b'{"input": "ab"}', "application/x-www-form-urlencoded", None, "Content-Type application/json"),
+        (b'{"input": "ab"', "application/json", None, "not valid JSON"),
+    ]
+    for body, content_type, param, message in cases:
+        status, err = _raw_post(gateway, body, content_type)
+        assert status == 400 and err["param"] == param and message in err["message"], (body, err)
+        assert err["type"] == "invalid_request_error"
+    status, err = _raw_post(gateway, None, None, method="GET")
+    assert status == 405 and err["type"] == "invalid_request_error" and err["code"] == "method_not_allowed"
+    # instructions go before the input as one TEXT: its limit counts both, and the error says so
+    body = json.dumps({"input": "x" * 4000, "instructions": "y" * 200, "response_format": "pcm"}).encode()
+    status, err = _raw_post(gateway, body)
+    assert status == 400 and err["param"] == "input" and "limit is 4096" in err["message"], err
+    assert "after its instructions" in err["message"], err
+
+
 def _open_raw_stream(gateway, body: dict) -> tuple[socket.socket, bytes]:
     """POST /v1/audio/speech on a plain socket; returns it once the first body bytes are in."""
     data = json.dumps(body).encode()
@@ -511,6 +548,30 @@ def test_busy_is_429_and_a_client_hanging_up_frees_the_decoder(client, gateway, 
         except openai.RateLimitError:
             assert time.monotonic() < deadline, "tts_stream kept the cancelled stream"
             time.sleep(0.2)
+
+
+def test_a_client_hanging_up_before_its_first_audio_is_counted_and_cancelled(gateway, server):
+    """Gone while the gateway waits for Triton's first audio (nothing sent yet): its Triton request
+    is cancelled, the hang-up is counted (499) and logged in a line, not as the ASGI app's failure."""
+    wait_idle(server)
+    labels = '{format="pcm",route="speech",status="499"}'
+    hung_up = _gateway_metric(gateway, "voxcpm_gateway_streams_ended_total", '{outcome="client_disconnected"}')
+    gone = _gateway_metric(gateway, "voxcpm_gateway_requests_total", labels)
+    data = json.dumps({"input": "Nobody waits for this.", "response_format": "pcm", "seed": 1,
+                       "inference_timesteps": 100, "min_length": 2000, "max_length": 2000}).encode()
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
+    s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    s.close()  # at once: long before its first audio (a hang-up after it is counted with status 200)
+    deadline = time.monotonic() + 30
+    while (_gateway_metric(gateway, "voxcpm_gateway_streams_ended_total", '{outcome="client_disconnected"}')
+           != hung_up + 1):
+        assert time.monotonic() < deadline, "the hang-up was not counted"
+        time.sleep(0.1)
+    assert _gateway_metric(gateway, "voxcpm_gateway_requests_total", labels) == gone + 1
+    wait_idle(server)
+    log = gateway.log_path.read_text()
+    assert "Exception in ASGI application" not in log and "CancelledError" not in log, log[-3000:]
 
 
 def test_unreachable_triton_is_503(tmp_path):

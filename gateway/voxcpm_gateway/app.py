@@ -236,8 +236,14 @@ def _validation_error(exc: RequestValidationError) -> errors.APIError:
     kind, msg = first.get("type", ""), first.get("msg", "invalid request")
     if kind == "extra_forbidden":
         return errors.bad_request(f"unknown field {field!r}", field, "unknown_parameter")
+    if kind.startswith("json"):
+        return errors.bad_request(f"the request body is not valid JSON: {msg}", None, "invalid_json")
+    if field is None and kind == "missing":
+        return errors.bad_request("the request body is missing: a JSON object is required", None,
+                                  "missing_required_parameter")
+    if field is None:
+        return errors.bad_request(f"the request body must be a JSON object, sent as Content-Type "
+                                  f"application/json: {msg}", None, "invalid_json")
     if kind == "missing":
         return errors.bad_request(f"{field} is required", field, "missing_required_parameter")
-    if kind.startswith("json") or field is None:
-        return errors.bad_request(f"the request body is not valid JSON: {msg}", None, "invalid_json")
     return errors.bad_request(f"{'.'.join(loc)}: {msg}", field)

@@ -41,7 +41,8 @@ class APIError(Exception):
         super().__init__(self.message)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
+        kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind,
                           "param": self.param, "code": self.code}}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Literal, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from . import errors
 
@@ -38,10 +38,30 @@ Int64 = Field(default=None, ge=-2**63, le=2**63 - 1)
 Int32 = Field(default=None, ge=-2**31, le=2**31 - 1)
 
 
+def utf8_text(value):
+    """A string that UTF-8 can carry: JSON's escapes can spell a lone surrogate ("\\ud800"), which
+    no text is and Triton's BYTES inputs cannot take."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"not valid text: a lone surrogate at character {e.start}") from None
+    return value
+
+
+def finite_float32(value) -> bool:
+    try:
+        return bool(np.isfinite(np.float32(value)))
+    except OverflowError:  # an integer past any float
+        return False
+
+
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form: {"id": "name"}."""
     model_config = ConfigDict(extra="forbid")
     id: StrictStr
+
+    _text = field_validator("id")(utf8_text)
 
 
 class SpeechRequest(BaseModel):
@@ -64,6 +84,8 @@ class SpeechRequest(BaseModel):
     voice_mode: Optional[StrictStr] = None
     normalize: Optional[StrictBool] = None
     lora: Optional[StrictStr] = None
+
+    _text = field_validator("*")(utf8_text)
 
     @property
     def voice_name(self) -> str:
@@ -99,7 +121,7 @@ class SpeechRequest(BaseModel):
                 continue
             if dtype is np.object_:
                 value = value.encode("utf-8")
-            elif dtype is np.float32 and not np.isfinite(np.float32(value)):
+            elif dtype is np.float32 and not finite_float32(value):
                 raise errors.bad_request(f"{name} must be a finite number", name)
             arrays[inp] = np.array([value], dtype=dtype)
         return arrays

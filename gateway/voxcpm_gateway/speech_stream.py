@@ -67,23 +67,29 @@ class SpeechResponse:
         self.sample_rate = 0
 
     async def __call__(self, scope, receive, send):
-        disconnected = False
-        async with anyio.create_task_group() as tg:
-            async def watch():
-                nonlocal disconnected
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                disconnected = True
-                tg.cancel_scope.cancel()
+        disconnected = cancelled = False
+        try:
+            async with anyio.create_task_group() as tg:
+                async def watch():
+                    nonlocal disconnected
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    disconnected = True
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(watch)
-            try:
-                await self._run(send)
-            except OSError:  # a server whose send fails once the client is gone
-                disconnected = True
-            finally:
-                tg.cancel_scope.cancel()
-                cancelled = self._close()
+                tg.start_soon(watch)
+                try:
+                    await self._run(send)
+                except OSError:  # a server whose send fails once the client is gone
+                    disconnected = True
+                finally:
+                    tg.cancel_scope.cancel()
+                    cancelled = self._close()
+        except asyncio.CancelledError:
+            # gRPC's call, cancelled while it waits for Triton's first answer, raises a CancelledError of
+            # its own, which anyio does not take for its scope's cancel: a hang-up all the same
+            if not disconnected:
+                raise
         if disconnected and cancelled:
             self.outcome = "client_disconnected"
             log.info("request %s: the client hung up; its Triton request was cancelled", self.request_id)
@@ -142,6 +148,8 @@ class SpeechResponse:
         self.outcome = "complete"
 
     async def _refuse(self, send, err: errors.APIError):
+        if err.param == "input" and (self.req.instructions or "").strip():
+            err.message += " (TEXT: the input after its instructions, sent as their \"(description)\" prefix)"
         self.status = err.status
         await send_error(send, err)
 
