@@ -113,7 +113,7 @@ class Gateway:
 
     def status(self, path: str) -> int | None:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            with urllib.request.urlopen(self.url + path, timeout=10) as r:  # past HEALTH_TIMEOUT_S
                 return r.status
         except urllib.error.HTTPError as e:
             return e.code
@@ -572,6 +572,50 @@ def test_a_client_hanging_up_before_its_first_audio_is_counted_and_cancelled(gat
     wait_idle(server)
     log = gateway.log_path.read_text()
     assert "Exception in ASGI application" not in log and "CancelledError" not in log, log[-3000:]
+
+
+def test_health_is_503_when_triton_answers_nothing(tmp_path):
+    """A gRPC server that takes calls and never answers them (a stuck Triton): /health says 503
+    within its timeout instead of hanging with it."""
+    import asyncio
+    import threading
+
+    import grpc
+
+    port, started, stop = free_port(), threading.Event(), threading.Event()
+
+    def serve():
+        async def main():
+            async def never(request, context):
+                await asyncio.sleep(3600)
+
+            class Stuck(grpc.GenericRpcHandler):
+                def service(self, details):
+                    return grpc.unary_unary_rpc_method_handler(never)
+
+            server = grpc.aio.server(handlers=[Stuck()])
+            server.add_insecure_port(f"127.0.0.1:{port}")
+            await server.start()
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            await server.stop(0)
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    gw = Gateway(f"127.0.0.1:{port}", tmp_path, wait_healthy=False)  # its own wait got 503s too
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(gw.url + "/health", timeout=60)
+        assert info.value.code == 503 and time.monotonic() - t0 < 10  # HEALTH_TIMEOUT_S is 5
+    finally:
+        gw.stop()
+        stop.set()
+        thread.join(10)
 
 
 def test_unreachable_triton_is_503(tmp_path):

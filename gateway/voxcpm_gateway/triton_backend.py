@@ -19,6 +19,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+HEALTH_TIMEOUT_S = 5.0  # /health's wait for Triton's answer
 
 class TritonError(Exception):
     """Triton answered with an error (`message` as it is), or the call failed on the way
@@ -143,9 +144,13 @@ class TritonBackend:
         return [] if names is None else [n.decode() if isinstance(n, bytes) else str(n) for n in names.reshape(-1)]
 
     async def ready(self) -> bool:
+        """Both models ready; False too for a Triton that does not answer within HEALTH_TIMEOUT_S
+        (a health check that hangs on a stuck server checks nothing)."""
         try:
-            return bool(await self.client.is_model_ready(self.stream_model)) and bool(
-                await self.client.is_model_ready(self.voices_model))
+            for model in (self.stream_model, self.voices_model):
+                if not await self.client.is_model_ready(model, client_timeout=HEALTH_TIMEOUT_S):
+                    return False
+            return True
         except (InferenceServerException, grpc.RpcError):
             return False
 
