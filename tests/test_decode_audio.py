@@ -403,6 +403,35 @@ def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae
         audio.stop()
 
 
+def test_stream_audio_an_end_after_its_thread_took_its_last_work_is_delivered(vae):
+    """At shutdown, an end that comes after the audio thread has taken its last work, while that
+    thread has not ended yet (the engine still ending requests after its own stop timed out), is
+    delivered where it is queued, not left in a queue nobody reads."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    linger = threading.Event()
+
+    class Lingering(StreamAudio):
+        def _run(self):
+            super()._run()
+            linger.wait(60)  # its last work taken, the thread still alive
+
+    audio = Lingering(vae, cfg.patch_size, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                      on_failure=lambda key, e: None)
+    try:
+        got = []
+        audio.open("late", lambda patches, payload, end=None: got.append((patches, payload, end)))
+        audio.stop(timeout=0.5)
+        _wait_until(lambda: audio.exited, "the audio thread did not take its last work")
+        assert audio.thread.is_alive()
+        audio.end("late", "end")
+        assert got == [(None, "end", None)] and len(audio) == 0
+    finally:
+        linger.set()
+        audio.thread.join(10)
+
+
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
     a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded

@@ -115,6 +115,7 @@ class StreamAudio:
         self.launch_event = None  # recorded on the audio stream after that round's decodes
         self.round_upto = None  # while a round runs: chunks_queued when it took its work
         self.stopping = False
+        self.exited = False  # the thread has taken its last work (it may not have ended yet)
         self.last_batch = 0  # requests decoded together in the latest round
         self.send_s = 1e-3  # a delivery's time, a moving average (the rush's estimate of a round's rest)
         self.rushed = 0  # rushes that decoded something (not only put requests back), so far
@@ -167,7 +168,7 @@ class StreamAudio:
                     r.end_seen = True
                     del self.requests[key]  # its failure was its end
                 return
-            if self.stopping and not self.thread.is_alive():  # too late to decode: only its end goes
+            if self.exited:  # too late to decode: only its end goes
                 if end is not _NO_END:
                     del self.requests[key]
                     r.done = True
@@ -224,6 +225,7 @@ class StreamAudio:
                 while not self.queued and not self.stopping:
                     self.cond.wait()
                 if not self.queued:
+                    self.exited = True  # (under the lock: whatever is queued after this goes directly)
                     return
                 work, upto = self._take(), self.chunks_queued
                 self.round_upto = upto
