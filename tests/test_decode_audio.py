@@ -432,6 +432,27 @@ def test_stream_audio_an_end_after_its_thread_took_its_last_work_is_delivered(va
         audio.thread.join(10)
 
 
+def test_stream_audio_an_end_after_its_thread_died_is_delivered(vae):
+    """The audio thread killed by an error outside any round (a CUDA error entering its stream, say):
+    an end that comes later still reaches its request, where it is queued."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+
+    class Dying(StreamAudio):
+        def _rounds(self):
+            raise RuntimeError("the audio thread's own failure")
+
+    audio = Dying(vae, cfg.patch_size, max_streams=2, cuda_graphs=False, graph_patches=(1,),
+                  on_failure=lambda key, e: None)
+    audio.thread.join(10)
+    assert not audio.thread.is_alive() and audio.exited
+    got = []
+    audio.open("late", lambda patches, payload, end=None: got.append((patches, payload, end)))
+    audio.end("late", "end")
+    assert got == [(None, "end", None)] and len(audio) == 0
+
+
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
     a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded

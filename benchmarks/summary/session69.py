@@ -118,16 +118,18 @@ def sixty_ninth_session(res) -> list[str]:
     md += ["",
            "- No difference between the codes shows: the first server (old) made "
            f"{xrt[AB_RUNS[0]]}x and the third (old too) {xrt[AB_RUNS[2]]}x; the second (new) {xrt[AB_RUNS[1]]}x "
-           f"and the last (new) {xrt[AB_RUNS[3]]}x. Throughput fell and first audio rose "
-           "server by server whatever the code ran, so the machine slowed through the call (its cause, thermal or "
-           "otherwise, not looked into), and smooth playback at 128 at once fell with it. The order favours the old "
-           "code (it ran first); the new code's first server still made more than the old code's second.",
+           f"and the last (new) {xrt[AB_RUNS[3]]}x. Throughput fell from the first server to "
+           "the third whatever the code ran, and stayed there: the machine slowed through the call (its cause, "
+           "thermal or otherwise, not looked into). The order favours the old code (it ran first); the new code's "
+           "first server still made more than the old code's second. Smooth playback at 128 at once was poor in both "
+           "codes' later servers, and call 3, before the slowdown (588.7-594.1x), played no level of 128 fully "
+           "smoothly either: the slowdown does not explain it all.",
            f"- The final code at 128 at once this session: {ok} of {n128} levels with every stream smooth (calls 2-4). "
            "Capacity at once stays 128 in the sweeps, and unreliable: the levels of 128 at once are at the edge of "
            "what this machine plays smoothly.",
            "", "**Against issue 17's targets**: unchanged from the sixty-eighth session (no performance lever this "
-           f"session). One stream RTF {res['single_stream_rtf_triton']:.4f} (target 0.025, missed; the engine alone "
-           f"{e1['rtf']:.4f}); served over engine at 64 {ratio:.3f} in this call (target 0.85, missed).", "",
+           f"session). One stream RTF {res['single_stream_rtf_triton']:.4f}, the fifty-fourth session's 10-request "
+           f"headline (this call {final[1]['rtf']['p50']:.4f}; target 0.025, missed; the engine alone {e1['rtf']:.4f}); served over engine at 64 {ratio:.3f} in this call (target 0.85, missed).", "",
            "![sixty-ninth session: 128 streams at once, the code before this session against the final code]"
            "(results_sixty_ninth.png)", ""]
     _plot(ab)

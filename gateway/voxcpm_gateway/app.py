@@ -230,7 +230,9 @@ def _route(request: Request) -> str | None:
 
 def _validation_error(exc: RequestValidationError) -> errors.APIError:
     """The first problem pydantic found, as OpenAI words it: message and the field (`param`)."""
-    first = exc.errors()[0] if exc.errors() else {}
+    errs = exc.errors()
+    # our own checks' messages before the rest (a union field lists its other forms' type errors first)
+    first = next((e for e in errs if e.get("type") == "value_error"), errs[0] if errs else {})
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     field = loc[0] if loc else None
     kind, msg = first.get("type", ""), first.get("msg", "invalid request")

@@ -144,14 +144,17 @@ class TritonBackend:
         return [] if names is None else [n.decode() if isinstance(n, bytes) else str(n) for n in names.reshape(-1)]
 
     async def ready(self) -> bool:
-        """Both models ready; False too for a Triton that does not answer within HEALTH_TIMEOUT_S
+        """Both models ready; False too for a Triton that does not answer both within HEALTH_TIMEOUT_S
         (a health check that hangs on a stuck server checks nothing)."""
-        try:
+        async def both() -> bool:
             for model in (self.stream_model, self.voices_model):
                 if not await self.client.is_model_ready(model, client_timeout=HEALTH_TIMEOUT_S):
                     return False
             return True
-        except (InferenceServerException, grpc.RpcError):
+
+        try:
+            return await asyncio.wait_for(both(), HEALTH_TIMEOUT_S)
+        except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
             return False
 
     async def close(self):

@@ -219,6 +219,13 @@ class StreamAudio:
 
     # ------------------------------------------------------------------ its thread
     def _run(self):
+        try:
+            self._rounds()
+        finally:  # also when the thread dies of an error: the ends that come later go directly
+            with self.lock:
+                self.exited = True
+
+    def _rounds(self):
         torch.set_grad_enabled(False)
         while True:
             with self.cond:

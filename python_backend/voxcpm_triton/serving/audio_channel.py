@@ -145,7 +145,10 @@ class Writer:
             try:
                 item = self.items.get(timeout=IDLE_CHECK_S)
             except queue.Empty:
-                self._check_caller()
+                try:
+                    self._check_caller()
+                except Exception:  # noqa: BLE001 - the check's, not the channel's: the thread goes on
+                    log.exception("audio channel %s: checking its caller failed", self.path)
                 continue
             try:
                 self._do(item)
@@ -166,9 +169,13 @@ class Writer:
         """Idle: a caller that closed its end (its process gone, its model unloaded) breaks the writer,
         whose thread and socket then end, where else they would wait for a write that never comes.
         The caller sends nothing on the connection, so its end readable means it was closed."""
-        if self.sock is None or self.broken or not select.select([self.sock], [], [], 0)[0]:
+        if self.sock is None or self.broken:
             return
         try:
+            readable = select.poll()  # (not select.select: it takes no descriptor past 1023)
+            readable.register(self.sock, select.POLLIN)
+            if not readable.poll(0):
+                return
             closed = self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             closed = True
