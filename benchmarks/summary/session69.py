@@ -59,11 +59,12 @@ def sixty_ninth_session(res) -> list[str]:
     md = ["", "## Sixty-ninth session (2026-12-04, H200): the final code's GPU tests and `gpu_check.py` pass; "
           f"served at 1-128 streams, 64 at {final[64]['x_real_time']:.1f}x; 128 at once against the code before "
           "this session, alternating: no difference shown, both slower as the call went on",
-          "", "Four device calls on one H200 machine (about 26 of 30 min; the first start was refused once) on this "
-          "session's final serving code, whose changes are all off the GPU: an idle audio-channel writer ends when its "
-          "caller closed the channel, StreamAudio's late ends, LoRA adds refused before reading the files and "
-          "withdrawn when they time out (the gateway's fixes do not run on the device). The driver is "
-          f"`raw/devrun_{S}.sh`.",
+          "", "Four device calls on one H200 machine (about 26 of 30 min; the first start was refused once), all on "
+          "840ce37, whose serving changes are all off the GPU: an idle audio-channel writer ends when its caller "
+          "closed the channel, StreamAudio's late ends, LoRA adds refused before reading the files and withdrawn when "
+          "they time out (the gateway's fixes do not run on the device). The review's changes after it (the idle "
+          "check by poll, the audio thread's end flag set however it ends) ran on the CPU only. \"The final code\" "
+          f"below is 840ce37. The driver is `raw/devrun_{S}.sh`.",
           "", f"**GPU correctness** (call 1, the sixty-eighth session's call 1: each GPU test file in its own pytest "
           f"process, side by side, `gpu_check.py` beside them; `raw/gpu_tests_summary_{S}.txt`, "
           f"`raw/gpu_tests_<file>_{S}.txt`, `raw/gpu_check_{S}.{{json,log}}`): {passed} passed, {skipped} skipped, "
