@@ -103,13 +103,18 @@ class Gateway:
             self.proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None, f"the gateway exited: {self.log_path.read_text()}"
-            status = self.status("/health")
-            if status == 200 or (status == 503 and not wait_healthy):
-                break
-            assert time.monotonic() < deadline, f"gateway not healthy: {status}\n{self.log_path.read_text()}"
-            time.sleep(0.2)
+        try:
+            while True:
+                assert self.proc.poll() is None, f"the gateway exited: {self.log_path.read_text()}"
+                status = self.status("/health")
+                if status == 200 or (status == 503 and not wait_healthy):
+                    break
+                assert time.monotonic() < deadline, f"gateway not healthy: {status}\n{self.log_path.read_text()}"
+                time.sleep(0.2)
+        except BaseException:  # nobody gets this object to stop it: the process goes here
+            self.proc.kill()
+            self.proc.wait(30)
+            raise
 
     def status(self, path: str) -> int | None:
         try:
