@@ -88,8 +88,10 @@ class SpeechResponse:
         except asyncio.CancelledError:
             # gRPC's call, cancelled while it waits for Triton's first answer, raises a CancelledError of
             # its own, which anyio does not take for its scope's cancel: a hang-up all the same, unless
-            # the task was cancelled from outside too (anyio has taken back its own requests by now)
-            if not disconnected or asyncio.current_task().cancelling():
+            # the task was cancelled from outside too (anyio has taken back its own requests by now;
+            # Python 3.10 cannot tell)
+            task = asyncio.current_task()
+            if not disconnected or (hasattr(task, "cancelling") and task.cancelling()):
                 raise
         if disconnected and cancelled:
             self.outcome = "client_disconnected"

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 HEALTH_TIMEOUT_S = 5.0  # /health's wait for Triton's answer
 
+
 class TritonError(Exception):
     """Triton answered with an error (`message` as it is), or the call failed on the way
     (`unreachable`), or ran past its deadline (`timed_out`)."""

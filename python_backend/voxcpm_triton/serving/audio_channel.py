@@ -84,8 +84,8 @@ class Writer:
     and the calls' final responses (`end`'s `then`), each after its call's end frame.
 
     A channel that fails (its process gone or its end closed, also seen while idle; taking nothing
-    for GIVE_UP_S, or MAX_QUEUED_BYTES behind) is broken: its frames are dropped from then on, and its calls' `then` is told that their
-    audio was lost. A broken writer leaves the registry (the caller's next calls get a new one) and
+    for GIVE_UP_S, or MAX_QUEUED_BYTES behind) is broken: its frames are dropped from then on, and
+    its calls' `then` is told that their audio was lost. A broken writer leaves the registry (the caller's next calls get a new one) and
     its thread ends once its queue is empty; what its calls still queue after that is done by the
     thread that queues it."""
 
