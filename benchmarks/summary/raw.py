@@ -82,6 +82,30 @@ def gpu_check_record(g: dict) -> dict:
             "pass": gpu_check_passed(g)}
 
 
+def gpu_test_summaries(name) -> dict:
+    """raw/<name>, one line per GPU test file ("file: pytest's last line"; "#" and "[" lines are notes) ->
+    {file: its last line}."""
+    return dict(line.split(": ", 1) for line in text(name).splitlines()
+                if not line.startswith(("#", "[")) and ": " in line)
+
+
+def test_counts(summaries) -> tuple[int, int, int]:
+    """pytest summary lines -> (passed, skipped, failed or errors) over them all."""
+    count = lambda word: sum(int(m) for s in summaries for m in re.findall(rf"(\d+) {word}", s))  # noqa: E731
+    return count("passed"), count("skipped"), count("failed") + count("error")
+
+
+def gpu_check_sentence(check: dict) -> str:
+    """A markdown bullet: `gpu_check.py --checkpoint /tmp/full --timestep-buckets 10,100` (its loaded JSON) passing."""
+    vae = check["vae_graphs_vs_eager"]
+    return (f"- `gpu_check.py --checkpoint /tmp/full --timestep-buckets 10,100` passes every check: bf16 against fp32 "
+            f"teacher-forced cosine min {check['teacher_forced']['cosine_min']:.5f}; graph replay against the eager "
+            f"step max abs {gpu_check_record(check)['graph_vs_eager_max_abs']:.1f} at batches "
+            f"{', '.join(check['graph_vs_eager'])}; the VAE's graphs against eager "
+            f"{vae['graph_vs_eager_max_abs']:.1f}, the VAE as served against exact fp32 {vae['served_vs_exact_fp32_max_abs']:.2e} (bound "
+            f"{vae['served_bound']:.0e}).")
+
+
 def served_table(served: dict, prev: dict | None = None, prev_label: str = "") -> list[str]:
     """A markdown table of served levels ({streams: level}); with prev, an earlier run's figures ({streams:
     `served_summary`}) in a last column headed prev_label."""

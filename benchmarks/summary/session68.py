@@ -4,7 +4,8 @@ import re
 
 from bench_served import capacity, share
 from summary.plots import pyplot, save_panels
-from summary.raw import gpu_check_record, load, served_row, text
+from summary.raw import (gpu_check_record, gpu_check_sentence, gpu_test_summaries, load, served_row, test_counts,
+                         text)
 from summary.session56 import dry_counts
 from summary.session58 import crowd_stats, dry_late_ms, first_audio_stats, level_cells, smooth_cells, span
 
@@ -40,22 +41,12 @@ def _margin_levels(run) -> list[dict]:
     return _log_levels(f"{name}.log") if run in LOG_ONLY else load(f"{name}.json")["levels"]
 
 
-def _gpu_tests() -> dict:
-    """Call 1's per-file pytest summaries: {file: last line}."""
-    return dict(line.split(": ", 1) for line in text(f"gpu_tests_summary_{S}.txt").splitlines()
-                if not line.startswith(("#", "[")) and ": " in line)
-
-
-def _count(summaries, word: str) -> int:
-    return sum(int(m) for s in summaries for m in re.findall(rf"(\d+) {word}", s))
-
-
 def sixty_eighth_session(res) -> list[str]:
     """2026-12-04 (issue 17): every GPU test file and gpu_check on f987a71; the closing sweep (burst and
     Poisson, 1-128 streams) with the engine alone in the same call; `playback_margin_ms` 150 against 100 at 64
     and 128 streams at once. Sets res["sixty_eighth"] and the 128-stream and capacity headline keys, returns the
     markdown, draws results_sixty_eighth.png."""
-    tests = _gpu_tests()
+    tests = gpu_test_summaries(f"gpu_tests_summary_{S}.txt")
     execute = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
         r"^(\w+) \d+ p50 ([\d.]+) mean ([\d.]+)$", text(f"decoder_execute_probe_{S}.txt"), re.M)}
     check = load(f"gpu_check_{S}.json")
@@ -103,8 +94,7 @@ def sixty_eighth_session(res) -> list[str]:
                                           f"raw/served_closing_{S}*.json (f987a71, 2 requests per stream; at once, "
                                           f"{ok_all} of {n_all} levels of 128 on this serving code played every "
                                           "stream smoothly, sixty-seventh and sixty-eighth sessions)"})
-    passed, skipped = _count(tests.values(), "passed"), _count(tests.values(), "skipped")
-    failed = _count(tests.values(), "failed") + _count(tests.values(), "error")
+    passed, skipped, failed = test_counts(tests.values())
     md = ["", "## Sixty-eighth session (2026-12-04, H200): every GPU test and `gpu_check.py` pass on f987a71; "
           f"the closing sweep: capacity {cap['burst']} at once and {cap['poisson']} with Poisson arrivals, every "
           "level smooth; `playback_margin_ms` 150 against 100 at 128 at once: no difference shown",
@@ -117,18 +107,12 @@ def sixty_eighth_session(res) -> list[str]:
           f"{passed} passed, {skipped} skipped, {failed} failed.", "",
           "| test file | result |", "|---|---|"]
     md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
-    tf = check["teacher_forced"]["cosine_min"]
     md += ["",
            "- The LoRA merge test with its new check (A's merged run more than 0.1 from its run without the "
            "adapter) passed with the rest of `test_engine_gpu.py`; so did the VAE kernels' suite, last run whole on a GPU in "
            "the thirty-fourth session, and the persistent layer's whole suite, of which the records show only parts "
            "(`-k` selections in sessions 40-49; the twenty-eighth session's full run stopped at its time limit).",
-           f"- `gpu_check.py --checkpoint /tmp/full --timestep-buckets 10,100` passes every check: bf16 against fp32 "
-           f"teacher-forced cosine min {tf:.5f}; graph replay against the eager step max abs "
-           f"{res['sixty_eighth']['gpu_check']['graph_vs_eager_max_abs']:.1f} at batches "
-           f"{', '.join(check['graph_vs_eager'])}; the VAE's graphs against eager {vae['graph_vs_eager_max_abs']:.1f}, "
-           f"the VAE as served against exact fp32 {vae['served_vs_exact_fp32_max_abs']:.2e} (bound "
-           f"{vae['served_bound']:.0e}).",
+           gpu_check_sentence(check),
            "", "**The closing sweep** (call 2: `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst,poisson "
            "LEVELS=1,8,32,64,96,128 REQUESTS=2 bash benchmarks/run_served_gpu.sh`, the fifty-fifth session's command; "
            f"`raw/served_closing_{S}*`). Smooth / x real time / TTFA p50 / p95 ms:", "",

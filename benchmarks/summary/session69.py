@@ -1,10 +1,8 @@
 """results.md: the sixty-ninth session's section, and results_sixty_ninth.png."""
 
-import re
-
 from bench_served import share
 from summary.plots import pyplot, save_panels
-from summary.raw import gpu_check_record, load, served_row, text
+from summary.raw import gpu_check_record, gpu_check_sentence, gpu_test_summaries, load, served_row, test_counts
 from summary.session58 import first_audio_stats, level_cells, smooth_cells
 
 S = "sixtyninth"
@@ -13,21 +11,11 @@ AB_RUNS = [(1, "old"), (2, "new"), (3, "old"), (4, "new")]
 CODE = {"old": "847c88a (before this session)", "new": "this session's final code"}
 
 
-def _gpu_tests() -> dict:
-    """Call 1's per-file pytest summaries: {file: last line}."""
-    return dict(line.split(": ", 1) for line in text(f"gpu_tests_summary_{S}.txt").splitlines()
-                if not line.startswith("#") and ": " in line)
-
-
-def _count(summaries, word: str) -> int:
-    return sum(int(m) for s in summaries for m in re.findall(rf"(\d+) {word}", s))
-
-
 def sixty_ninth_session(res) -> list[str]:
     """2026-12-04 (issue 17): the GPU tests and gpu_check on this session's final code; its served path at 1-128
     streams with the engine alone in the same call; 128 at once again, then the code before this session against
     it in alternation. Sets res["sixty_ninth"], returns the markdown, draws results_sixty_ninth.png."""
-    tests = _gpu_tests()
+    tests = gpu_test_summaries(f"gpu_tests_summary_{S}.txt")
     check = load(f"gpu_check_{S}.json")
     vae = check["vae_graphs_vs_eager"]
     final = {lv["concurrency"]: lv for lv in load(f"served_final_{S}.json")["levels"]}
@@ -52,10 +40,8 @@ def sixty_ninth_session(res) -> list[str]:
         "ab_c128": {f"{place} {code}": [served_row(lv) for lv in ab[(place, code)]] for place, code in AB_RUNS},
         "final_c128_levels_all_smooth": [sum(lv["smooth_playback_frac"] == 1 for lv in new128), len(new128)],
     }
-    passed, skipped = _count(tests.values(), "passed"), _count(tests.values(), "skipped")
-    failed = _count(tests.values(), "failed") + _count(tests.values(), "error")
+    passed, skipped, failed = test_counts(tests.values())
     ok, n128 = res["sixty_ninth"]["final_c128_levels_all_smooth"]
-    tf = check["teacher_forced"]["cosine_min"]
     md = ["", "## Sixty-ninth session (2026-12-04, H200): the final code's GPU tests and `gpu_check.py` pass; "
           f"served at 1-128 streams, 64 at {final[64]['x_real_time']:.1f}x; 128 at once against the code before "
           "this session, alternating: no difference shown, both slower as the call went on",
@@ -72,12 +58,7 @@ def sixty_ninth_session(res) -> list[str]:
           "| test file | result |", "|---|---|"]
     md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
     md += ["",
-           f"- `gpu_check.py --checkpoint /tmp/full --timestep-buckets 10,100` passes every check: bf16 against fp32 "
-           f"teacher-forced cosine min {tf:.5f}; graph replay against the eager step max abs "
-           f"{res['sixty_ninth']['gpu_check']['graph_vs_eager_max_abs']:.1f} at batches "
-           f"{', '.join(check['graph_vs_eager'])}; the VAE's graphs against eager {vae['graph_vs_eager_max_abs']:.1f}, "
-           f"the VAE as served against exact fp32 {vae['served_vs_exact_fp32_max_abs']:.2e} (bound "
-           f"{vae['served_bound']:.0e}).",
+           gpu_check_sentence(check),
            "", "**Served, all at once** (call 2: `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
            "LEVELS=1,8,64,128 REQUESTS=2 bash benchmarks/run_served_gpu.sh`, then the engine alone, `bench.py "
            "--checkpoint /tmp/full --timestep-buckets 10,100 --reference none --no-vae --graphs-only --no-profile "
@@ -130,7 +111,8 @@ def sixty_ninth_session(res) -> list[str]:
            "what this machine plays smoothly.",
            "", "**Against issue 17's targets**: unchanged from the sixty-eighth session (no performance lever this "
            f"session). One stream RTF {res['single_stream_rtf_triton']:.4f}, the fifty-fourth session's 10-request "
-           f"headline (this call {final[1]['rtf']['p50']:.4f}; target 0.025, missed; the engine alone {e1['rtf']:.4f}); served over engine at 64 {ratio:.3f} in this call (target 0.85, missed).", "",
+           f"headline (this call {final[1]['rtf']['p50']:.4f}; target 0.025, missed; the engine alone "
+           f"{e1['rtf']:.4f}); served over engine at 64 {ratio:.3f} in this call (target 0.85, missed).", "",
            "![sixty-ninth session: 128 streams at once, the code before this session against the final code]"
            "(results_sixty_ninth.png)", ""]
     _plot(ab)
