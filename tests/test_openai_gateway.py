@@ -502,12 +502,18 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
     assert "after its instructions" in err["message"], err
 
 
-def _open_raw_stream(gateway, body: dict) -> tuple[socket.socket, bytes]:
-    """POST /v1/audio/speech on a plain socket; returns it once the first body bytes are in."""
+def _send_raw_request(gateway, body: dict) -> socket.socket:
+    """POST /v1/audio/speech on a plain socket, sent whole; returns the socket."""
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
     s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
               + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def _open_raw_stream(gateway, body: dict) -> tuple[socket.socket, bytes]:
+    """POST /v1/audio/speech on a plain socket; returns it once the first body bytes are in."""
+    s = _send_raw_request(gateway, body)
     got = b""
     while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < 100:
         chunk = s.recv(65536)
@@ -563,16 +569,13 @@ def test_a_client_hanging_up_before_its_first_audio_is_counted_and_cancelled(gat
     body, the request never started (nothing counted, nothing logged): it tries again."""
     ended = ("voxcpm_gateway_streams_ended_total", '{outcome="client_disconnected"}')
     gone_label = '{format="pcm",route="speech",status="499"}'
-    data = json.dumps({"input": "Nobody waits for this.", "response_format": "pcm", "seed": 1,
-                       "inference_timesteps": 100, "min_length": 2000, "max_length": 2000}).encode()
+    body = {"input": "Nobody waits for this.", "response_format": "pcm", "seed": 1, "inference_timesteps": 100,
+            "min_length": 2000, "max_length": 2000}
     for _ in range(5):
         wait_idle(server)
         hung_up = _gateway_metric(gateway, *ended)
         gone = _gateway_metric(gateway, "voxcpm_gateway_requests_total", gone_label)
-        s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
-        s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-                  + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
-        s.close()  # at once: long before its first audio (a hang-up after it is counted with status 200)
+        _send_raw_request(gateway, body).close()  # at once: long before its first audio (a hang-up after it is counted with status 200)
         deadline = time.monotonic() + 5
         while _gateway_metric(gateway, *ended) == hung_up and time.monotonic() < deadline:
             time.sleep(0.05)
