@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_bench_poisson_arrivals_are_staggered(server, tmp_path):
 def test_bench_spreads_a_levels_workers_over_client_processes_and_leaves_none(server, tmp_path):
     """--client-processes 1,2: each level once in this process, then over two client processes
     (released by one barrier), every worker's requests recorded; none of its processes outlive it."""
-    from tests.server import _pids_in_group
+    from tests.server import _cmdline, _pids_in_group
 
     out = tmp_path / "bench.json"
     proc = subprocess.Popen(
@@ -164,7 +165,11 @@ def test_bench_spreads_a_levels_workers_over_client_processes_and_leaves_none(se
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
-    assert _pids_in_group(proc.pid) == []
+    # multiprocessing's resource tracker ends when it reads EOF from the exited bench: give it a moment
+    deadline = time.monotonic() + 10
+    while (left := _pids_in_group(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == [], [_cmdline(p) for p in left]
     res = json.loads(out.read_text())
     assert res["config"]["client_processes"] == [1, 2]
     assert [(lv["concurrency"], lv["client_processes"]) for lv in res["levels"]] == [(3, 1), (3, 2)]
