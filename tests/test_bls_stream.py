@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import glob
 import logging
 import socket
@@ -800,3 +801,29 @@ def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_
     assert "Fatal Python error" not in srv.log, srv.log[srv.log.index("Fatal Python error"):][:3000]
     assert not glob.glob(str(run_dir / "bls-*.sock")), "the socket goes with its process"
     assert not glob.glob(str(run_dir / "chan-*.sock")), "so does its audio channel's"
+
+
+def test_a_count_the_kernel_had_no_memory_for_is_retried(tmp_path):
+    """ENOBUFS/ENOMEM from sendto is the kernel short of memory now, not a caller gone: a final
+    count dropped there would leave a call whose audio comes over the channel waiting for ever."""
+    path = str(tmp_path / "caller.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    notifier = bls_stream.Notifier()
+    real = notifier.sock
+
+    class ShortOfMemory:
+        errors = [errno.ENOBUFS, errno.ENOMEM]
+
+        def sendto(self, data, to):
+            if self.errors:
+                raise OSError(self.errors.pop(0), "no buffer space")
+            return real.sendto(data, to)
+
+    notifier.sock = ShortOfMemory()
+    notifier.sent(path, "tok", 1, final=True)
+    assert notifier.pending[path] == {"tok": (1, True)}
+    rx.settimeout(5)
+    assert rx.recv(65536).decode() == "tok 1 1"
+    rx.close()
+    real.close()

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import errno
 import gc
 import json
 import logging
@@ -116,8 +117,10 @@ class Notifier:
             self.sock.sendto("\n".join(f"{t} {c} {int(f)}" for t, (c, f) in calls.items()).encode(), path)
         except BlockingIOError:
             return False
-        except OSError:  # the caller's process is gone (no socket, refused): nobody to tell
-            pass
+        except OSError as e:
+            if e.errno in (errno.ENOBUFS, errno.ENOMEM):  # the kernel's memory, short now: retried
+                return False
+            # else the caller's process is gone (no socket, refused): nobody to tell
         return True
 
     def _retry(self):
