@@ -453,6 +453,32 @@ def test_stream_audio_an_end_after_its_thread_died_is_delivered(vae):
     assert got == [(None, "end", None)] and len(audio) == 0
 
 
+def test_stream_audio_an_end_that_drops_pending_chunks_delivers_none_of_them(vae):
+    """A cancelled request's chunks still queued (the audio thread busy with a round) are neither
+    decoded nor delivered: only its end goes. Another request's queued chunks go as before."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None, rush=False)
+    order = []
+    try:
+        recv, release = _held_round(audio, P, D, order, ("held",), later=("gone", "kept"))
+        for k in ("gone", "kept"):
+            audio.chunk(k, _latents(7, 2, P, D))
+            audio.chunk(k, _latents(8, 1, P, D))
+        audio.end("gone", "cancelled", drop_pending=True)
+        release.set()
+        assert recv["gone"].done.wait(60)
+        _wait_until(lambda: len(recv["kept"].chunks) == 2, "the other request's chunks were not delivered")
+        assert recv["gone"].chunks == [] and recv["gone"].end == "cancelled"
+        assert ("gone", "end") in order and not [o for o in order if o[0] == "gone" and o[1] != "end"]
+        _end_all(audio, recv, ("held", "kept"))
+    finally:
+        audio.stop()
+
+
 def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries(vae):
     """Chunks queued while a round delivers: once it delivers its last batch (its decodes all done),
     a chunk for a client that has heard nothing yet, or that is about to run out of audio, is decoded
@@ -978,7 +1004,7 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
 
     audio = SimpleNamespace(chunks=[], ends=[])
     audio.chunk = lambda key, patches: audio.chunks.append((key, patches))
-    audio.end = lambda key, end: audio.ends.append((key, end))
+    audio.end = lambda key, end, drop_pending=False: audio.ends.append((key, end, drop_pending))
     sender = Sender()
     deliver = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "k")
     chunk = SimpleNamespace(patches=torch.zeros(1, 2, 3))
@@ -989,7 +1015,10 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     assert sender.asked == 1 and len(audio.chunks) == 1
     end = Finished("k", "cancelled", 2)
     deliver(end)
-    assert audio.ends == [("k", end)]
+    assert audio.ends == [("k", end, True)]  # its chunks not yet decoded are dropped
+    done = Finished("k", "stop", 2)
+    deliver(done)
+    assert audio.ends[1:] == [("k", done, False)]
     sender.left = False  # a client still there: every later chunk is asked about and queued
     other = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
     for _ in range(3):

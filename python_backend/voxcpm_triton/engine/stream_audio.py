@@ -153,14 +153,15 @@ class StreamAudio:
         """Queue a chunk: patches [n, P, D], float32 on the CPU (the engine's)."""
         self._queue(key, patches)
 
-    def end(self, key, end) -> None:
+    def end(self, key, end, drop_pending: bool = False) -> None:
         """The request's end (whatever `deliver` takes as one, but not None), delivered with its last
-        chunk or after it."""
+        chunk or after it. drop_pending: its chunks not yet taken by a round are dropped, neither
+        decoded nor delivered (its client has gone, or cancelled it)."""
         if end is None:
             raise ValueError("an end cannot be None: deliver(patches, audio, end=None) is a chunk")
-        self._queue(key, None, end)
+        self._queue(key, None, end, drop_pending)
 
-    def _queue(self, key, patches, end=_NO_END):
+    def _queue(self, key, patches, end=_NO_END, drop_pending=False):
         with self.cond:
             r = self.requests.get(key)
             if r is None or r.failed:
@@ -177,6 +178,8 @@ class StreamAudio:
                     return
             else:
                 late = None
+                if drop_pending:
+                    r.pending.clear()
                 if patches is not None:
                     r.pending.append(patches)
                     self.chunks_queued += 1

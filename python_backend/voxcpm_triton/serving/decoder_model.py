@@ -328,7 +328,7 @@ class DecoderModel:
         def deliver(event):
             nonlocal first
             if isinstance(event, Finished):
-                self.audio.end(key, event)
+                self.audio.end(key, event, drop_pending=event.reason == "cancelled")
                 return
             if (channel := _channel(sender)) is not None and channel.broken:  # (no round trip)
                 raise ClientGone(audio_channel.LOST)
