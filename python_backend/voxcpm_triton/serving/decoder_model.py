@@ -322,7 +322,9 @@ class DecoderModel:
     def _chunks_to_audio(self, sender, key):
         """The engine thread's sink with decode_audio: chunks and the end go to the audio thread.
         Whether the client left (an IPC round trip) is asked from the second chunk on: the first one
-        goes to the audio thread at once, whose sink asks before it sends anything."""
+        goes to the audio thread at once, whose sink asks before it sends anything. A call with an
+        audio channel is never asked: its caller, the orchestrator, never cancels the call itself
+        but sends CANCEL_ID, and a caller gone breaks the channel (asked without a round trip)."""
         first = True
 
         def deliver(event):
@@ -330,9 +332,10 @@ class DecoderModel:
             if isinstance(event, Finished):
                 self.audio.end(key, event, drop_pending=event.reason == "cancelled")
                 return
-            if (channel := _channel(sender)) is not None and channel.broken:  # (no round trip)
-                raise ClientGone(audio_channel.LOST)
-            if not first and locked(sender.is_cancelled):
+            if (channel := _channel(sender)) is not None:
+                if channel.broken:
+                    raise ClientGone(audio_channel.LOST)
+            elif not first and locked(sender.is_cancelled):
                 raise ClientGone("request cancelled by its client")
             first = False
             self.audio.chunk(key, event.patches)
