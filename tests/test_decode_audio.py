@@ -474,6 +474,8 @@ def test_stream_audio_an_end_that_drops_pending_chunks_delivers_none_of_them(vae
         _wait_until(lambda: len(recv["kept"].chunks) == 2, "the other request's chunks were not delivered")
         assert recv["gone"].chunks == [] and recv["gone"].end == "cancelled"
         assert ("gone", "end") in order and not [o for o in order if o[0] == "gone" and o[1] != "end"]
+        # the dropped chunks were counted as queued: a fence still passes once the rest is launched
+        assert audio.fence(0, 10)[0] and audio.chunks_launched == audio.chunks_queued
         _end_all(audio, recv, ("held", "kept"))
     finally:
         audio.stop()
@@ -1013,17 +1015,20 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     with pytest.raises(ClientGone):
         deliver(chunk)
     assert sender.asked == 1 and len(audio.chunks) == 1
-    end = Finished("k", "cancelled", 2)
-    deliver(end)
-    assert audio.ends == [("k", end, True)]  # its chunks not yet decoded are dropped
-    done = Finished("k", "stop", 2)
-    deliver(done)
-    assert audio.ends[1:] == [("k", done, False)]
+    failed = Finished("k", "error", 2, "output delivery failed")  # the engine's end for a client gone
+    deliver(failed)
+    assert audio.ends == [("k", failed, True)]  # its chunks not yet decoded are dropped
     sender.left = False  # a client still there: every later chunk is asked about and queued
     other = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
     for _ in range(3):
         other(chunk)
     assert sender.asked == 3 and [k for k, _ in audio.chunks] == ["k", "j", "j", "j"]
+    # Its end: a cancel (CANCEL_ID) drops what is not decoded yet; the shutdown's cancel, with its
+    # error, and any other end keep it (their clients still listen)
+    for end, drop in ((Finished("j", "cancelled", 4), True), (Finished("j", "cancelled", 4, "shutting down"), False),
+                      (Finished("j", "stop", 4), False), (Finished("j", "error", 4, "decode failed"), False)):
+        other(end)
+        assert audio.ends[-1] == ("j", end, drop)
 
 
 def test_the_channel_sink_hands_chunks_and_the_end_to_the_callers_channel():
@@ -1052,6 +1057,7 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke_and_never_a
     orchestrator sends CANCEL_ID), so whether it was is not asked (an IPC round trip a chunk)."""
     from types import SimpleNamespace
 
+    from voxcpm_triton.engine import Finished
     from voxcpm_triton.serving import audio_channel
     from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
 
@@ -1067,6 +1073,10 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke_and_never_a
     with pytest.raises(ClientGone, match=audio_channel.LOST):
         deliver(chunk)
     assert audio.chunks == ["k", "k"] and asked == []
+    audio.end = lambda key, end, drop_pending=False: audio.ends.append((key, drop_pending))
+    audio.ends = []
+    deliver(Finished("k", "error", 3, "output delivery failed"))
+    assert audio.ends == [("k", True)]  # a broken channel's request: its chunks not decoded yet are dropped
     first = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
     with pytest.raises(ClientGone, match=audio_channel.LOST):  # broken before its first chunk: none decoded
         first(chunk)

@@ -325,17 +325,22 @@ class DecoderModel:
         goes to the audio thread at once, whose sink asks before it sends anything. A call with an
         audio channel is never asked: its caller, the orchestrator, never cancels the call itself
         but sends CANCEL_ID, and a caller gone breaks the channel (asked without a round trip)."""
-        first = True
+        first, gone = True, False
 
         def deliver(event):
-            nonlocal first
+            nonlocal first, gone
             if isinstance(event, Finished):
-                self.audio.end(key, event, drop_pending=event.reason == "cancelled")
+                # Its chunks not decoded yet go undecoded when nobody wants them: it was cancelled
+                # (CANCEL_ID; a cancel with an error is the shutdown's, whose clients still listen)
+                # or its client was found gone here.
+                wanted = not gone and not (event.reason == "cancelled" and event.error is None)
+                self.audio.end(key, event, drop_pending=not wanted)
                 return
             if (channel := _channel(sender)) is not None:
-                if channel.broken:
+                gone = channel.broken
+                if gone:
                     raise ClientGone(audio_channel.LOST)
-            elif not first and locked(sender.is_cancelled):
+            elif not first and (gone := locked(sender.is_cancelled)):
                 raise ClientGone("request cancelled by its client")
             first = False
             self.audio.chunk(key, event.patches)
