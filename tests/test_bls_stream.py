@@ -9,6 +9,7 @@ import collections
 import errno
 import glob
 import logging
+import os
 import socket
 import sys
 import threading
@@ -803,27 +804,68 @@ def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_
     assert not glob.glob(str(run_dir / "chan-*.sock")), "so does its audio channel's"
 
 
-def test_a_count_the_kernel_had_no_memory_for_is_retried(tmp_path):
-    """ENOBUFS/ENOMEM from sendto is the kernel short of memory now, not a caller gone: a final
-    count dropped there would leave a call whose audio comes over the channel waiting for ever."""
+def test_a_count_the_kernel_had_no_memory_for_is_retried(tmp_path, monkeypatch, caplog):
+    """ENOBUFS/ENOMEM from sendto is the kernel short of memory now, not a caller gone: the count is
+    retried (a channel call's final count dropped there would leave its call open until finalize).
+    Only the errors that say the caller is gone drop it at once; any other is retried until GIVE_UP_S
+    and named when its counts are dropped."""
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
     notifier = bls_stream.Notifier()
     real = notifier.sock
 
-    class ShortOfMemory:
-        errors = [errno.ENOBUFS, errno.ENOMEM]
+    class Failing:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
 
         def sendto(self, data, to):
+            self.calls += 1
             if self.errors:
-                raise OSError(self.errors.pop(0), "no buffer space")
+                code = self.errors.pop(0)
+                raise OSError(code, os.strerror(code))
             return real.sendto(data, to)
 
-    notifier.sock = ShortOfMemory()
+    notifier.sock = Failing([errno.ENOBUFS, errno.ENOMEM])
     notifier.sent(path, "tok", 1, final=True)
-    assert notifier.pending[path] == {"tok": (1, True)}
     rx.settimeout(5)
     assert rx.recv(65536).decode() == "tok 1 1"
+    assert notifier.sock.calls == 3 and not notifier.sock.errors
+    for gone in (errno.ECONNREFUSED, errno.ENOENT):  # dropped at once: not retried
+        notifier.sock = Failing([gone])
+        notifier.sent(path, "tok", 2, final=True)
+        assert notifier.sock.calls == 1 and not notifier.pending
+    monkeypatch.setattr(bls_stream, "GIVE_UP_S", 0.2)
+    notifier.sock = Failing([errno.EPERM] * 1_000_000)
+    notifier.sent(path, "tok", 3, final=True)
+    deadline = time.monotonic() + 5
+    while notifier.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not notifier.pending and notifier.sock.calls > 1
+    assert f"sending failed: [Errno {errno.EPERM}]" in caplog.text and not notifier.why
     rx.close()
     real.close()
+
+
+def test_many_pending_counts_go_in_datagrams_that_fit(tmp_path):
+    """A caller's pending counts are cut into datagrams of at most DATAGRAM_BYTES: as one they would
+    pass the socket's size limit (EMSGSIZE) past a few thousand calls. What did not fit in the
+    caller's queue is sent as it reads."""
+    path = str(tmp_path / "caller.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    notifier = bls_stream.Notifier()
+    calls = {f"{i:016x}": (i, i % 2 == 0) for i in range(12_000)}  # ~370 KB of counts
+    expected = {f"{t} {c} {int(f)}" for t, (c, f) in calls.items()}
+    with notifier.lock:
+        if not notifier._send(path, calls):
+            notifier.pending[path], notifier.since[path] = calls, time.monotonic()
+            notifier.wake.set()
+    rx.settimeout(5)
+    got: set[str] = set()
+    while got != expected:
+        data = rx.recv(65536)
+        assert len(data) <= bls_stream.DATAGRAM_BYTES
+        got |= set(data.decode().split("\n"))
+        assert got <= expected
+    rx.close()

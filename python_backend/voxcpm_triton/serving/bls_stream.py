@@ -80,6 +80,10 @@ FALLBACK_S = 30.0  # no new count for this long on an open call: read the rest w
 GRAVE_S = 2.0  # a finished iterator is kept at least this long (see _bury)
 RETRY_S = 0.001  # counts that did not fit in a caller's socket are retried this often...
 GIVE_UP_S = 60.0  # ...for this long: a caller that reads nothing for a minute is stuck or gone
+DATAGRAM_BYTES = 16384  # counts sent together are cut into datagrams of at most this (the caller reads 64 KiB)
+# sendto's errors that say the caller's process is gone (its socket file left behind, or none); any other
+# (ENOBUFS, ENOMEM: the kernel short of memory now) is retried like a full socket
+CALLER_GONE = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.ENOTDIR, errno.EPIPE})
 SLOW_NEXT_S = 1.0  # a next() this slow held up the event loop: logged
 
 ERROR_OUTPUT = "ERROR"  # the callee's output (TYPE_STRING, dims [1]) that carries an error past the first response
@@ -90,13 +94,14 @@ _TOKEN = re.compile(r"[0-9a-f]{16}")
 class Notifier:
     """Callee side: running response counts to callers' sockets. Never blocks. Counts that do not
     fit (the kernel queues few datagrams per socket) are kept, the latest per call, and a thread
-    of its own sends each caller's in one datagram."""
+    of its own sends each caller's, in as few datagrams as they fit in."""
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
         self.pending: dict[str, dict[str, tuple[int, bool]]] = {}  # path -> token -> (count, final)
         self.since: dict[str, float] = {}  # path -> when its counts first did not fit
+        self.why: dict[str, str] = {}  # path -> the latest error other than a full socket, if any
         self.lock = threading.Lock()
         self.wake = threading.Event()
         threading.Thread(target=self._retry, name="bls-notify-retry", daemon=True).start()
@@ -112,15 +117,28 @@ class Notifier:
             self.wake.set()
 
     def _send(self, path: str, calls: dict) -> bool:
-        """True when done with them (sent, or the caller is gone); False when its socket is full."""
-        try:
-            self.sock.sendto("\n".join(f"{t} {c} {int(f)}" for t, (c, f) in calls.items()).encode(), path)
-        except BlockingIOError:
-            return False
-        except OSError as e:
-            if e.errno in (errno.ENOBUFS, errno.ENOMEM):  # the kernel's memory, short now: retried
+        """Send `calls`' counts, in datagrams of at most DATAGRAM_BYTES, taking each sent one out of
+        `calls` -> True when done with them (all sent, or the caller is gone); False when some are
+        left: its socket is full, or sending failed otherwise (the kernel short of memory, say)."""
+        while calls:
+            lines, size = [], 0
+            for token, (count, final) in calls.items():
+                line = f"{token} {count} {int(final)}"
+                if lines and size + len(line) + 1 > DATAGRAM_BYTES:
+                    break
+                lines.append((token, line))
+                size += len(line) + 1
+            try:
+                self.sock.sendto("\n".join(line for _, line in lines).encode(), path)
+            except BlockingIOError:
                 return False
-            # else the caller's process is gone (no socket, refused): nobody to tell
+            except OSError as e:
+                if e.errno in CALLER_GONE:  # nobody to tell
+                    return True
+                self.why[path] = str(e)
+                return False
+            for token, _ in lines:
+                del calls[token]
         return True
 
     def _retry(self):
@@ -131,10 +149,13 @@ class Notifier:
                 for path in list(self.pending):
                     if self._send(path, self.pending[path]):
                         del self.pending[path], self.since[path]
+                        self.why.pop(path, None)
                     elif time.monotonic() - self.since[path] > GIVE_UP_S:
-                        log.warning("dropping %d response counts for %s: it has read nothing for %.0f s",
-                                    len(self.pending[path]), path, GIVE_UP_S)
+                        log.warning("dropping %d response counts for %s: it has read nothing for %.0f s%s",
+                                    len(self.pending[path]), path, GIVE_UP_S,
+                                    f" (sending failed: {self.why[path]})" if path in self.why else "")
                         del self.pending[path], self.since[path]
+                        self.why.pop(path, None)
                 if not self.pending:
                     self.wake.clear()
 
