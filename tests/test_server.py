@@ -354,7 +354,14 @@ BAD = [
      "nothing is left to speak"),
     ("NORMALIZE fails on the text", dict(text="x² and 3²", NORMALIZE=("BOOL", np.array([True]))),
      "NORMALIZE: text normalisation failed"),
+    ("reference whose encoding overflows", dict(REFERENCE_AUDIO=np.full(16000, 3e38), REFERENCE_SAMPLE_RATE=16000),
+     "REFERENCE_AUDIO: its encoding overflows"),
+    ("prompt whose encoding overflows", dict(PROMPT_AUDIO=np.full(16000, -3e38), PROMPT_SAMPLE_RATE=16000,
+                                             PROMPT_TEXT="x"), "PROMPT_AUDIO: its encoding overflows"),
 ]
+
+
+INVALID_ARG = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -368,6 +375,8 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, proto
         with pytest.raises(InferenceServerException) as info:
             c.infer("tts", _inputs(mod, text, **params))
         assert expect in info.value.message(), f"{name}: {info.value.message()}"
+        # the client's mistake, whichever model found it
+        assert info.value.status() == INVALID_ARG[protocol], f"{name}: {info.value.status()} {info.value.message()}"
     # Missing TEXT altogether: Triton's own check names it.
     with pytest.raises(InferenceServerException, match="TEXT"):
         c.infer("tts", _inputs(mod, "x", SEED=1)[1:])

@@ -122,10 +122,12 @@ def test_add_checks_audio_like_reference_audio(server):
     cases = {"AUDIO is empty": (np.zeros(0, np.float32), 16000),
              "AUDIO contains NaN or Inf": (np.full(100, np.nan, np.float32), 16000),
              "AUDIO is 61.0 s long; the limit is 60 s": (np.zeros(61 * 1000, np.float32), 1000),
-             "SAMPLE_RATE 10 is outside": (np.zeros(100, np.float32), 10)}
+             "SAMPLE_RATE 10 is outside": (np.zeros(100, np.float32), 10),
+             "AUDIO: its encoding overflows": (np.full(16000, 3e38, np.float32), 16000)}
     for message, (audio, rate) in cases.items():
-        with pytest.raises(InferenceServerException, match=message):
+        with pytest.raises(InferenceServerException, match=message) as info:
             voices(server, "add", "bad", audio, rate)
+        assert info.value.status() == "400", (message, info.value.status())
     with pytest.raises(InferenceServerException, match="ACTION add needs AUDIO and SAMPLE_RATE"):
         voices(server, "add", "bad")
     with pytest.raises(InferenceServerException, match="ACTION must be one of add, remove, list"):

@@ -111,10 +111,15 @@ class InternalCalls:
         (names,) = await self.infer_decoupled("decoder", dec_in, ["LORAS"])
         return sorted(bytes(n).decode() for n in names.reshape(-1))
 
-    async def encode(self, audio, rate, pad_left: bool) -> np.ndarray:
-        """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's)."""
-        return (await self.infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
-                                                 "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
+    async def encode(self, audio, rate, pad_left: bool, name: str) -> np.ndarray:
+        """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's);
+        `name`: the client's input it came in, for the error when its encoding overflows."""
+        latents = (await self.infer("vae_encoder", {"AUDIO": audio[None], "SAMPLE_RATE": np.array([[rate]], np.int32),
+                                                    "PAD_LEFT": np.array([[pad_left]], bool)}, ["LATENTS"]))[0][0]
+        if not np.isfinite(latents).all():
+            raise InputError(f"{name}: its encoding overflows (not finite): its samples are far outside [-1, 1]; "
+                             "scale it to [-1, 1]")
+        return latents
 
 
 def _adapter(req: contract.SynthesisRequest, voice) -> str | None:
@@ -228,11 +233,13 @@ class Orchestrator(InternalCalls):
             dec_in["REF_LATENTS"] = voice.reference
             audio_latents.append(dec_in["REF_LATENTS"])
         elif req.reference_audio is not None:
-            dec_in["REF_LATENTS"] = await self.encode(req.reference_audio, req.reference_sample_rate, False)
+            dec_in["REF_LATENTS"] = await self.encode(req.reference_audio, req.reference_sample_rate, False,
+                                                      "REFERENCE_AUDIO")
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
         if req.prompt_audio is not None or (voice is not None and req.voice_mode != "reference"):
-            dec_in["PROMPT_LATENTS"] = (await self.encode(req.prompt_audio, req.prompt_sample_rate, True)
+            dec_in["PROMPT_LATENTS"] = (await self.encode(req.prompt_audio, req.prompt_sample_rate, True,
+                                                          "PROMPT_AUDIO")
                                         if req.prompt_audio is not None else voice.prompt)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.

@@ -14,7 +14,7 @@ from ..formats.tokenizer import TextTokenizer
 from . import runtime
 from .contract import text, value
 from .parameters import read, resolve_checkpoint
-from .triton_io import InputError, error_response, get, pb, require_internal, tensor
+from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
 
 
 class TokenizerModel:
@@ -42,7 +42,7 @@ class TokenizerModel:
                     tensor("TARGET_TOKENS", np.asarray([len(target)], dtype=np.int32)),
                 ]))
             except Exception as e:
-                responses.append(error_response(e))
+                responses.append(internal_error_response(e))  # an InputError stays one past the BLS hop
         return responses
 
 

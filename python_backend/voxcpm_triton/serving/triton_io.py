@@ -109,7 +109,7 @@ def require_internal(request, model: str):
 def outputs(response, names: list[str]) -> list:
     p = pb()
     if response.has_error():
-        raise BLSError(response.error().message())
+        raise downstream_error(response.error())
     return [p.get_output_tensor_by_name(response, n).as_numpy() for n in names]
 
 
@@ -118,8 +118,8 @@ class BLSError(RuntimeError):
 
 
 # Triton 2.51 passes a BLS response's error message on but not its code. An internal model whose
-# errors the orchestrator passes on (the decoder) marks the kind in the message
-# (`internal_error_response`); `downstream_error` reads it back and strips it.
+# errors the orchestrator passes on (the tokenizer, vae_encoder, the decoder) marks the kind in the
+# message (`internal_error_response`); `downstream_error` reads it back and strips it.
 _KIND_TAGS = {"[invalid input] ": InputError, "[busy] ": Busy}
 
 

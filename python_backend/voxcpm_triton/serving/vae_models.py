@@ -22,7 +22,7 @@ from . import gc_pauses, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import InputError, error_response, get, pb, require_internal, tensor
+from .triton_io import InputError, error_response, get, internal_error_response, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.vae")
 
@@ -87,7 +87,7 @@ class VAEEncoderModel:
                 pads.append("left" if bool(_one(r, "PAD_LEFT").reshape(-1)[0]) else "right")
                 idx.append(i)
             except Exception as e:
-                responses[i] = error_response(InputError(str(e)) if isinstance(e, ValueError) else e)
+                responses[i] = internal_error_response(InputError(str(e)) if isinstance(e, ValueError) else e)
         try:
             patches = encode_patches(self.vae, self.cfg.patch_size, waves, pads) if waves else []
             for i, p in zip(idx, patches):

@@ -63,8 +63,8 @@ class VoicesModel(RegistryModel):
         self.calls.health.check()
         if lora is not None:
             await self._check_loaded(lora)
-        reference = await self.calls.encode(audio, rate, False)
-        prompt = None if transcript is None else await self.calls.encode(audio, rate, True)
+        reference = await self.calls.encode(audio, rate, False, "AUDIO")
+        prompt = None if transcript is None else await self.calls.encode(audio, rate, True, "AUDIO")
         return self.store.add(name, reference, prompt, transcript, rate, info={"checkpoint": self.checkpoint},
                               max_voices=self.max_voices, lora=lora)
 
