@@ -304,6 +304,8 @@ Q = "base_lm.layers.0.self_attn.q_proj"
     ("json_type", r"lora_config\.json: enable_lm must be true or false, got 'yes'"),
     ("json_bad", r"lora_config\.json: cannot read"),
     ("nan", r"inf/nan values: base_lm\.layers\.0\.self_attn\.q_proj\.lora_B"),
+    ("alpha_overflow", r"base_lm\.layers\.0\.self_attn\.q_proj\.lora_B times alpha / r \(1e\+308 / 8\) overflows"),
+    ("b_overflow", r"base_lm\.layers\.0\.self_attn\.q_proj\.lora_B times alpha / r \(16 / 8\) overflows float32"),
     ("no_file", r"no LoRA weights \(expected lora_weights\.safetensors or lora_weights\.ckpt\)"),
     ("empty", r"holds no tensors"),
 ])
@@ -338,6 +340,11 @@ def test_strict_loading_names_what_is_wrong(linears, tmp_path, case, message):
         cfg = "{not json"
     elif case == "nan":
         t[f"{Q}.lora_B"] = torch.full((64, 8), float("nan"))
+    elif case == "alpha_overflow":  # finite as a float64, not once lora_B is scaled by it in float32
+        cfg = {"enable_lm": True, "alpha": 1e308}
+    elif case == "b_overflow":  # one finite value past float32's largest once doubled
+        t[f"{Q}.lora_B"] = torch.zeros(64, 8)
+        t[f"{Q}.lora_B"][0, 0] = 3e38
     elif case == "empty":
         t = {}
     if case == "no_file":

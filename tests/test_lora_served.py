@@ -120,6 +120,28 @@ def test_loras_model_adds_replaces_and_removes_while_serving(server, lora_dir):
         tts_http(server, TEXT, LORA=_b("copy"), **GEN)
 
 
+def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(server, lora_dir):
+    """An adapter whose weights pass every load check (finite, and finite once scaled) but make the
+    model overflow: its requests fail with an error that names it, instead of audio of NaN; others
+    go on."""
+    from safetensors.torch import load_file, save_file
+
+    hot = os.path.join(lora_dir, "hot")
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), hot)
+    f = os.path.join(hot, "lora_weights.safetensors")
+    save_file({k: v * 1e36 if k.endswith("lora_B") else v for k, v in load_file(f).items()}, f)
+    try:
+        assert loras(server, "add", "hot") == ["everything", "hot", "lm_dit"]
+        for call in (tts_http, tts_stream):
+            with pytest.raises(InferenceServerException, match=r"not finite \(NaN or Inf\): LoRA adapter 'hot'"):
+                call(server, TEXT, LORA=_b("hot"), **GEN)
+        base, _ = tts_http(server, TEXT, **GEN)
+        assert np.isfinite(base).all() and base.size
+    finally:
+        shutil.rmtree(hot)
+        loras(server, "remove", "hot")
+
+
 @pytest.mark.parametrize("action, name, message", [
     ("remove", "nope", r"unknown LoRA adapter 'nope'"),
     ("add", "missing", r"LoRA adapter directory not found: .*missing"),

@@ -236,7 +236,9 @@ def read_config(path: str) -> LoraConfig:
 
 def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: str | None = None) -> Adapter:
     """Read and check the adapter in directory `path` (its name: the directory's, unless given)."""
-    from .checkpoint import CheckpointError, load_tensors  # torch: only where tensors are read
+    import torch  # only where tensors are read
+
+    from .checkpoint import CheckpointError, load_tensors
 
     name = check_name(name if name is not None else os.path.basename(os.path.normpath(path)))
     if not os.path.isdir(path):
@@ -252,6 +254,10 @@ def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: st
         if not sd[key].is_floating_point():
             raise LoraError(f"{file}: tensor {key} has dtype {sd[key].dtype}, expected floating point")
     weights = {m: (sd[a].float(), sd[b].float()) for m, (a, b) in spec.modules.items()}
+    # the tables hold lora_B times alpha / r (model.lora): that product must be a number too
+    over = [spec.modules[m][1] for m, (_, b) in weights.items() if not torch.isfinite(b * spec.scale).all()]
+    if over:
+        raise LoraError(f"{file}: {_summary(over)} times alpha / r ({spec.alpha:g} / {spec.rank}) overflows float32")
     return Adapter(name, path, spec, config, weights)
 
 

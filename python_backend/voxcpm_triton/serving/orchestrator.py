@@ -311,6 +311,9 @@ class Orchestrator(InternalCalls):
                         first, opened = not opened, True
                         audio = await self._vae_decode(corrid, lat, flags, context if first else None)
                         t_audio = time.monotonic()
+                if not np.isfinite(audio).all():  # never sent: the model overflowed (an adapter's weights, say)
+                    raise RuntimeError("the model's audio is not finite (NaN or Inf)"
+                                       + (f": LoRA adapter {lora!r} makes it overflow" if lora else ""))
                 emit(audio)
                 if not emitted:  # after the audio is on its way: the metrics are IPC round trips
                     self._record_ttfa(t0, t_decoder, t_latents, t_audio)
