@@ -191,6 +191,34 @@ def test_http_generate_stream_sends_audio_events(server):
     assert info.value.code == 400 and b"TEXT is empty" in info.value.read()
 
 
+def test_streams_that_fail_at_once_leave_no_future_in_the_stub(server):
+    """A stream that fails before it awaits anything (an unknown VOICE) ends its execute at once:
+    were that before the stub registered the execute, the stub would log an error and keep the
+    finished future for ever (triton-inference-server/server#8537). Several clients at once, with
+    other streams running, as under load."""
+    stop = time.monotonic() + 4
+    errors, done = [], []
+
+    def unknown_voice():
+        while time.monotonic() < stop:
+            try:
+                tts_stream(server, "Nobody speaks.", VOICE=("BYTES", np.array([b"nobody"], dtype=object)))
+            except InferenceServerException as e:
+                errors.append("unknown voice 'nobody'" in e.message())
+
+    def real():
+        while time.monotonic() < stop:
+            done.append(len(tts_stream(server, "Somebody does.", SEED=1, MIN_LENGTH=4, MAX_LENGTH=4)))
+
+    threads = [threading.Thread(target=f) for f in (unknown_voice,) * 4 + (real,) * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors and all(errors) and done
+    assert "Cannot remove future from background" not in server.log
+
+
 def test_concurrent_streams_each_equal_their_solo_result(server):
     texts = ["First voice.", "Second one, a bit longer than the first.", "三号。", "Fourth!",
              "Fifth stream here.", "Six.", "Seventh sentence of the set.", "Eight is enough."]

@@ -41,6 +41,7 @@ HEALTH_CHECK_S = 1.0  # how often a waiting request looks at the model processes
 DECODER_READS_DOC = ("Decoder calls by how their responses were read: counted (as far as the decoder said it "
                      "sent) or waiting (a thread waiting in the response iterator)")
 END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
+MIN_EXECUTE_S = 0.1  # tts_stream's execute lasts at least this: the stub has registered it by then (TTSStreamModel)
 
 
 class _Health:
@@ -480,11 +481,14 @@ class TTSStreamModel:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def execute(self, requests):
-        """Each stream runs as a task of its own; execute returns once they have all ended. The
-        stub registers an execute's coroutine only after it has started it, and one that has
-        already finished by then makes it log an error (triton-inference-server/server#8537)."""
+        """Each stream runs as a task of its own; execute returns once they have all ended, and
+        not sooner than MIN_EXECUTE_S. The stub registers an execute's coroutine only after it has
+        started it, and one that has already finished by then makes it log an error and keep the
+        finished future for ever (triton-inference-server/server#8537): refused streams, and streams
+        that fail before their first await (an unknown voice), end at once."""
         p = pb()
         self.loop = asyncio.get_running_loop()
+        started = time.monotonic()
         tasks = []
         for request in requests:
             sender = request.get_response_sender()
@@ -505,8 +509,7 @@ class TTSStreamModel:
         try:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            else:  # every request refused (answered above): outlast the stub's registration all the same
-                await asyncio.sleep(0.01)
+            await asyncio.sleep(max(0.0, MIN_EXECUTE_S - (time.monotonic() - started)))
         except asyncio.CancelledError:  # the loop is stopping: finalize() ends the streams
             pass
         return None
