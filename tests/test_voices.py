@@ -186,6 +186,7 @@ def test_voice_errors(server):
         (dict(VOICE=_b("plain"), VOICE_MODE=_b("both"), **prompt), "leave out"),
         (dict(VOICE_MODE=_b("reference")), "VOICE_MODE was given without VOICE"),
         (dict(VOICE=_b("plain"), VOICE_MODE=_b("prompt")), "VOICE_MODE must be one of reference, continuation, both"),
+        (dict(VOICE=_b("plain"), VOICE_MODE=_b("")), "VOICE_MODE must be one of reference, continuation, both"),
     ]
     for params, message in cases:
         with pytest.raises(InferenceServerException, match=message):

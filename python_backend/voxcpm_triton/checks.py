@@ -30,14 +30,17 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity: int):
-    """Raise ValueError naming the first bad parameter. `capacity`: positions left in the KV cache."""
+def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity: int, max_len_default: bool = False):
+    """Raise ValueError naming the first bad parameter. `capacity`: positions left in the KV cache;
+    `max_len_default`: max_len is the default for the text, not the caller's."""
     if not _is_int(min_len) or min_len < 0:
         raise ValueError(f"min_len must be a non-negative integer, got {min_len!r}")
     if not _is_int(max_len) or max_len < 1:
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
     if min_len > max_len:
-        raise ValueError(f"min_len ({min_len}) is larger than max_len ({max_len})")
+        raise ValueError(f"min_len ({min_len}) is larger than " + (
+            f"the default max_len for this text ({max_len}); send max_len too" if max_len_default
+            else f"max_len ({max_len})"))
     if max_len > capacity:
         raise ValueError(f"max_len {max_len} is more than the {capacity} positions the model's context leaves "
                          "(its length minus the prompt)")

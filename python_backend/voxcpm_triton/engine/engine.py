@@ -251,7 +251,7 @@ class Engine:
         p = request.prompt
         max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens)
         checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
-                                capacity=self.max_positions - len(p))
+                                capacity=self.max_positions - len(p), max_len_default=request.max_len is None)
         seed = checks.check_seed(resolve_seed(request.seed))
         need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
         lora_slot, salt = self._acquire_lora(request.lora)  # held until the request ends

@@ -156,7 +156,7 @@ def _voice(inputs: dict, req: SynthesisRequest):
         if mode is not None:
             raise InputError("VOICE_MODE was given without VOICE")
         return
-    req.voice, req.voice_mode = check_name(voice, "VOICE"), mode or "reference"
+    req.voice, req.voice_mode = check_name(voice, "VOICE"), "reference" if mode is None else mode
     if req.voice_mode not in MODES:
         raise InputError(f"VOICE_MODE must be one of {', '.join(MODES)}, got {mode!r}")
     # A voice fills a role; inline audio for the same role would be ambiguous.

@@ -205,7 +205,9 @@ class DecoderModel:
             feats.append(None if a is None else torch.from_numpy(np.array(a, dtype=np.float32)))
         prompt = build_prompt(ids, n_target, feats[0], feats[1], P, D)
         if len(prompt) >= self.vox.cfg.max_length:
-            raise InputError(f"the prompt is {len(prompt)} positions; the model's limit is {self.vox.cfg.max_length}")
+            raise InputError(f"the prompt is {len(prompt)} positions (TEXT's tokens with PROMPT_TEXT's or the voice's "
+                             f"transcript, and a position per patch of the reference and prompt audio); the model's "
+                             f"limit is {self.vox.cfg.max_length}: send shorter text or audio")
         # Continuation (a prompt's audio): the VAE starts from the last audio patches, as the reference does.
         context = torch.cat([f for f in feats if f is not None])[-CONTEXT_PATCHES:] if feats[1] is not None else None
         return prompt, context
