@@ -21,7 +21,8 @@
 #   VOXCPM_ADMIN_KEY      value of the header voxcpm-admin-key that opens Triton's
 #                         shared-memory, model-repository, logging and trace APIs
 #                         (unset: a random key, they stay closed)
-#   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe, no OpenAI gateway)
+#   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe, no OpenAI gateway; the
+#                         restricted APIs closed all the same: VOXCPM_ADMIN_KEY above)
 #   OPENAI_API_PORT       port of the OpenAI speech API gateway (gateway/voxcpm_gateway), run
 #                         beside tritonserver on TRITON_BIND and supervised like it; default 9000,
 #                         0: no gateway
@@ -83,6 +84,13 @@ if [[ $mode == cmd ]]; then
 fi
 echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
+    # Bare, the restricted-API flags scripts/supervise.py adds otherwise, unless given above.
+    if [[ " $* " != *" --http-restricted-api"* && " $* " != *" --grpc-restricted-protocol"* ]]; then
+        key="${VOXCPM_ADMIN_KEY:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')}"
+        apis="shared-memory,model-repository,logging,trace"
+        cmd+=(--http-restricted-api="$apis:voxcpm-admin-key=$key" --grpc-restricted-protocol="$apis:voxcpm-admin-key=$key")
+        [[ -n ${VOXCPM_ADMIN_KEY:-} ]] || echo "[serve] $apis APIs closed (set VOXCPM_ADMIN_KEY and send the header voxcpm-admin-key to use them)" >&2
+    fi
     exec "${cmd[@]}"
 fi
 supervise=()

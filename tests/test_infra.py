@@ -242,6 +242,48 @@ def _status(url: str, headers: dict | None = None) -> int:
         return e.code
 
 
+@pytest.mark.parametrize("key", ["let-me-in", None])
+def test_serve_sh_bare_closes_the_restricted_apis_too(tmp_path, key):
+    """VOXCPM_SUPERVISE=0 runs tritonserver without the supervisor, which adds the restricted-API
+    flags otherwise: serve.sh adds them itself (with a random key when VOXCPM_ADMIN_KEY is unset)."""
+    http, grpc, metrics = _free_ports(3)
+    env = triton_env()
+    env.update(SKIP_SETUP="1", VOXCPM_SUPERVISE="0", MODEL_REPOSITORY=str(ECHO_REPO), TRITON_HTTP_PORT=str(http),
+               TRITON_GRPC_PORT=str(grpc), TRITON_METRICS_PORT=str(metrics), ECHO_MARKER_DIR=str(tmp_path))
+    env.pop("VOXCPM_ADMIN_KEY", None)
+    if key is not None:
+        env["VOXCPM_ADMIN_KEY"] = key
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{http}"
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _port_open(http) and _status(base + "/v2/health/ready") == 200:
+                break
+            time.sleep(0.25)
+        assert _status(base + "/v2/health/ready") == 200, log.read_text()
+        assert Path(f"/proc/{proc.pid}/exe").resolve().name == "tritonserver"  # bare: serve.sh exec'd it
+        assert _status(base + "/v2/logging") == 403
+        if key is not None:
+            assert _status(base + "/v2/logging", {"voxcpm-admin-key": key}) == 200
+        else:
+            assert "APIs closed" in log.read_text()
+        assert _status(base + "/v2/models/echo/ready") == 200  # inference and health stay open
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    deadline = time.monotonic() + 10
+    while _pids_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pids_in_group(proc.pid) == [], "processes left after SIGTERM"
+
+
 def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
     """scripts/serve.sh runs tritonserver under scripts/supervise.py: Triton's shared-memory,
     model-repository, logging and trace APIs answer only with the admin key; SIGTERM unloads the
