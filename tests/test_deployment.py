@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from tests.conftest import require_executable
 from tests.server import REPO, triton_env, venv_dir
@@ -333,12 +334,24 @@ def test_dockerfile_default_image_has_the_security_fixes():
 
 # --- docker-compose.yml ------------------------------------------------------------------------
 
-# the README's env switches (rows "env (`scripts/serve.sh`, container)")
-TUNING_FLAGS = ("VOXCPM_FUSED_LOCAL_LAYERS", "VOXCPM_FUSED_STACKS", "VOXCPM_FUSED_LM_LAYERS", "VOXCPM_FUSED_FP8_LAYERS",
-                "VOXCPM_SPLIT_K", "VOXCPM_GC_FREEZE")
+def _readme_env(*kinds: str) -> tuple[str, ...]:
+    """The variables of the README's configuration rows whose first column is one of `kinds`."""
+    names = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| ") and len(cells) > 2 and cells[0][2:] in kinds:
+            names += re.findall(r"`((?:VOXCPM|TRITON)_[A-Z0-9_]+)`", cells[1])
+    return tuple(dict.fromkeys(names))
+
+
+# the README's env switches for the container (the secrets too) and the gateway's settings
+TUNING_FLAGS = tuple(k for k in _readme_env("env (`scripts/serve.sh`, container)")
+                     if k not in ("VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY")) + ("VOXCPM_DEVICE", "VOXCPM_DTYPE")
+GATEWAY_VARS = tuple(k for k in _readme_env("gateway flags (env)", "env (gateway)")
+                     if k != "VOXCPM_TRITON_GRPC_URL")  # compose points the gateway at its triton service
 _COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
                  "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT", "OPENAI_API_PORT",
-                 "VOXCPM_OPENAI_API_KEY", "VOXCPM_LORA_DIR") + TUNING_FLAGS  # fmt: skip
+                 "VOXCPM_LORA_DIR") + TUNING_FLAGS + GATEWAY_VARS  # fmt: skip
 
 
 def _compose_config(service: str = "triton", **env_vars: str) -> dict:
@@ -433,13 +446,15 @@ def test_compose_passes_the_keys_through():
         assert env.get(k) is None, (k, env)
 
 
-def test_compose_passes_the_tuning_switches_through():
-    """The README's env switches reach the container when set on the host, and stay unset there
-    (the code's defaults) when not."""
-    env = _env(_compose_config(**dict.fromkeys(TUNING_FLAGS, "0")))
-    assert {k: env.get(k) for k in TUNING_FLAGS} == dict.fromkeys(TUNING_FLAGS, "0"), env
-    env = _env(_compose_config())
-    assert all(env.get(k) is None for k in TUNING_FLAGS), env
+@pytest.mark.parametrize("service, names", [("triton", TUNING_FLAGS), ("openai", GATEWAY_VARS)])
+def test_compose_passes_the_readmes_env_settings_through(service, names):
+    """The README's env rows for the container (and the gateway's) reach it when set on the host,
+    and stay unset there (the code's defaults) when not."""
+    assert len(names) >= 4 and "VOXCPM_FUSED_STACKS" in TUNING_FLAGS + GATEWAY_VARS  # the rows were found
+    env = _env(_compose_config(service, **dict.fromkeys(names, "0")))
+    assert {k: env.get(k) for k in names} == dict.fromkeys(names, "0"), env
+    env = _env(_compose_config(service))
+    assert all(env.get(k) is None for k in names), env
 
 
 def test_compose_scripts_exist():
