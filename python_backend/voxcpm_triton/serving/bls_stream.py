@@ -131,6 +131,7 @@ class Notifier:
             try:
                 self.sock.sendto("\n".join(line for _, line in lines).encode(), path)
             except BlockingIOError:
+                self.why.pop(path, None)  # full, and nothing else, now
                 return False
             except OSError as e:
                 if e.errno in CALLER_GONE:  # nobody to tell
@@ -139,6 +140,8 @@ class Notifier:
                 return False
             for token, _ in lines:
                 del calls[token]
+            if path in self.since:  # it reads: the give-up clock starts again
+                self.since[path] = time.monotonic()
         return True
 
     def _retry(self):
@@ -148,14 +151,14 @@ class Notifier:
             with self.lock:
                 for path in list(self.pending):
                     if self._send(path, self.pending[path]):
-                        del self.pending[path], self.since[path]
                         self.why.pop(path, None)
+                        del self.pending[path], self.since[path]
                     elif time.monotonic() - self.since[path] > GIVE_UP_S:
                         log.warning("dropping %d response counts for %s: it has read nothing for %.0f s%s",
                                     len(self.pending[path]), path, GIVE_UP_S,
                                     f" (sending failed: {self.why[path]})" if path in self.why else "")
-                        del self.pending[path], self.since[path]
                         self.why.pop(path, None)
+                        del self.pending[path], self.since[path]
                 if not self.pending:
                     self.wake.clear()
 
