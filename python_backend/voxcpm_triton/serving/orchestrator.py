@@ -41,7 +41,7 @@ HEALTH_CHECK_S = 1.0  # how often a waiting request looks at the model processes
 DECODER_READS_DOC = ("Decoder calls by how their responses were read: counted (as far as the decoder said it "
                      "sent) or waiting (a thread waiting in the response iterator)")
 END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
-MIN_EXECUTE_S = 0.1  # tts_stream's execute lasts at least this: the stub has registered it by then (TTSStreamModel)
+MIN_EXECUTE_S = 0.1  # tts_stream's execute lasts at least this: time for the stub to register it (TTSStreamModel)
 
 
 class _Health:
@@ -387,6 +387,14 @@ class Orchestrator(InternalCalls):
             log.exception("cancelling decoder request %s failed", request_id)
 
 
+async def _outlast(started: float):
+    """Sleep until MIN_EXECUTE_S after `started` (a cancelled sleep ends it: the loop is stopping)."""
+    try:
+        await asyncio.sleep(max(0.0, MIN_EXECUTE_S - (time.monotonic() - started)))
+    except asyncio.CancelledError:
+        pass
+
+
 def _failure(e: Exception):
     """The error response a request fails with: while the server stops, one that says so (the
     internal models take no new request then, and say it in their own words). A client's
@@ -489,29 +497,30 @@ class TTSStreamModel:
         p = pb()
         self.loop = asyncio.get_running_loop()
         started = time.monotonic()
-        tasks = []
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                if self.closing or runtime.stop_deadline() is not None:
-                    raise Busy(SHUTTING_DOWN)
-                if len(self.streams) >= self.max_streams:
-                    raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
-                               "(parameter max_concurrent_streams); retry later")
-                req = self.orch.parse(request)
-            except Exception as e:
-                sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
-            task = asyncio.ensure_future(self._run(req, sender, request.request_id()))
-            with self.streams_lock:
-                self.streams[task] = sender
-            tasks.append(task)
         try:
+            tasks = []
+            for request in requests:
+                sender = request.get_response_sender()
+                try:
+                    if self.closing or runtime.stop_deadline() is not None:
+                        raise Busy(SHUTTING_DOWN)
+                    if len(self.streams) >= self.max_streams:
+                        raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
+                                   "(parameter max_concurrent_streams); retry later")
+                    req = self.orch.parse(request)
+                except Exception as e:
+                    sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
+                task = asyncio.ensure_future(self._run(req, sender, request.request_id()))
+                with self.streams_lock:
+                    self.streams[task] = sender
+                tasks.append(task)
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.sleep(max(0.0, MIN_EXECUTE_S - (time.monotonic() - started)))
         except asyncio.CancelledError:  # the loop is stopping: finalize() ends the streams
             pass
+        finally:  # however it ends (a refusal that could not be sent, too)
+            await _outlast(started)
         return None
 
     async def _run(self, req, sender, client_id: str = ""):
