@@ -292,10 +292,11 @@ class VoxCPM2:
         if prompt is None:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
                                          reference_audio, reference_sample_rate, normalize)
-        if max_len is None:
+        max_len_default = max_len is None
+        if max_len_default:
             max_len = default_max_len(prompt.n_target_tokens)
         checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,
-                                capacity=self.cfg.max_length - len(prompt))
+                                capacity=self.cfg.max_length - len(prompt), max_len_default=max_len_default)
         shape = (self.feat_dim, self.patch_size)
         if noise is not None:
             noise = torch.as_tensor(noise)

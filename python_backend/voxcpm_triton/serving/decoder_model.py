@@ -332,6 +332,7 @@ class DecoderModel:
         def deliver(event):
             nonlocal first, gone
             if isinstance(event, Finished):
+                gone = gone or ((channel := _channel(sender)) is not None and channel.broken)
                 # Its chunks not decoded yet go undecoded when nobody wants them: it was cancelled
                 # (CANCEL_ID; a cancel with an error is the shutdown's, whose clients still listen)
                 # or its client was found gone here.
