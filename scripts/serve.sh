@@ -88,8 +88,10 @@ if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     if [[ " $* " != *" --http-restricted-api"* && " $* " != *" --grpc-restricted-protocol"* ]]; then
         key="${VOXCPM_ADMIN_KEY:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')}"
         apis="shared-memory,model-repository,logging,trace"
-        cmd+=(--http-restricted-api="$apis:voxcpm-admin-key=$key" --grpc-restricted-protocol="$apis:voxcpm-admin-key=$key")
-        [[ -n ${VOXCPM_ADMIN_KEY:-} ]] || echo "[serve] $apis APIs closed (set VOXCPM_ADMIN_KEY and send the header voxcpm-admin-key to use them)" >&2
+        cmd+=(--http-restricted-api="$apis:voxcpm-admin-key=$key"
+              --grpc-restricted-protocol="$apis:voxcpm-admin-key=$key")
+        [[ -n ${VOXCPM_ADMIN_KEY:-} ]] ||
+            echo "[serve] $apis APIs closed (set VOXCPM_ADMIN_KEY, send the header voxcpm-admin-key)" >&2
     fi
     exec "${cmd[@]}"
 fi

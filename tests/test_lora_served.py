@@ -130,16 +130,19 @@ def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(
     shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), hot)
     f = os.path.join(hot, "lora_weights.safetensors")
     save_file({k: v * 1e36 if k.endswith("lora_B") else v for k, v in load_file(f).items()}, f)
+    added = False
     try:
         assert loras(server, "add", "hot") == ["everything", "hot", "lm_dit"]
+        added = True
         for call in (tts_http, tts_stream):
             with pytest.raises(InferenceServerException, match=r"not finite \(NaN or Inf\): LoRA adapter 'hot'"):
                 call(server, TEXT, LORA=_b("hot"), **GEN)
         base, _ = tts_http(server, TEXT, **GEN)
         assert np.isfinite(base).all() and base.size
     finally:
+        if added:
+            loras(server, "remove", "hot")
         shutil.rmtree(hot)
-        loras(server, "remove", "hot")
 
 
 @pytest.mark.parametrize("action, name, message", [
