@@ -268,6 +268,7 @@ def test_serve_sh_bare_closes_the_restricted_apis_too(tmp_path, key):
         assert Path(f"/proc/{proc.pid}/exe").resolve().name == "tritonserver"  # bare: serve.sh exec'd it
         assert _status(base + "/v2/logging") == 403
         if key is not None:
+            assert _status(base + "/v2/logging", {"voxcpm-admin-key": "wrong"}) == 403
             assert _status(base + "/v2/logging", {"voxcpm-admin-key": key}) == 200
         else:
             assert "APIs closed" in log.read_text()
