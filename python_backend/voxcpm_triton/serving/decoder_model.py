@@ -65,6 +65,14 @@ def _end_error(end) -> str | None:
     return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
 
 
+def _in_lora_dir(message: str, lora_dir: str | None) -> str:
+    """A LoRA error as its client reads it: paths in the LoRA folder written from `<lora_dir>/`, so that
+    the server's own paths stay in its log."""
+    for root in {lora_dir, os.path.realpath(lora_dir)} if lora_dir else ():
+        message = message.replace(os.path.join(root, ""), "<lora_dir>/")
+    return message
+
+
 def _channel(sender) -> "audio_channel.Writer | None":
     """The audio channel a call's sender writes its audio to, if its caller offered one."""
     return getattr(sender, "channel", None)
@@ -79,6 +87,7 @@ class DecoderModel:
         device = placement.instance_device(args, params["device"])
         # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
         on_gpu = device.type == "cuda"
+        self.lora_dir = params["lora_dir"]
         if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):
             raise ValueError(f"decoder parameter 'lora_dir' (or VOXCPM_LORA_DIR): directory not found: "
                              f"{params['lora_dir']}")
@@ -287,7 +296,8 @@ class DecoderModel:
             except LoraFull as e:
                 response = internal_error_response(Busy(str(e)))
             except ValueError as e:
-                response = internal_error_response(InputError(str(e)))
+                log.info("LoRA action %s %r refused: %s", action, name, e)  # with the server's paths
+                response = internal_error_response(InputError(_in_lora_dir(str(e), self.lora_dir)))
             except Exception as e:
                 log.exception("LoRA action %s %r failed", action, name)
                 response = error_response(e)
