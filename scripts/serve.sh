@@ -84,15 +84,9 @@ if [[ $mode == cmd ]]; then
 fi
 echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
-    # Bare, the restricted-API flags scripts/supervise.py adds otherwise, unless given above.
-    if [[ " $* " != *" --http-restricted-api"* && " $* " != *" --grpc-restricted-protocol"* ]]; then
-        key="${VOXCPM_ADMIN_KEY:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')}"
-        apis="shared-memory,model-repository,logging,trace"
-        cmd+=(--http-restricted-api="$apis:voxcpm-admin-key=$key"
-              --grpc-restricted-protocol="$apis:voxcpm-admin-key=$key")
-        [[ -n ${VOXCPM_ADMIN_KEY:-} ]] ||
-            echo "[serve] $apis APIs closed (set VOXCPM_ADMIN_KEY, send the header voxcpm-admin-key)" >&2
-    fi
+    # Bare, with the restricted-API flags the supervisor adds otherwise (its function makes them).
+    mapfile -t cmd < <("$VENV/bin/python" "$REPO/scripts/supervise.py" --print-restricted -- "${cmd[@]}")
+    (( ${#cmd[@]} )) || { echo "[serve] scripts/supervise.py --print-restricted failed" >&2; exit 1; }
     exec "${cmd[@]}"
 fi
 supervise=()

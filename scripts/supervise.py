@@ -64,6 +64,18 @@ def log(msg: str):
     print(f"[supervise {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def restricted(server_args: list[str]) -> list[str]:
+    """The server's command with the restricted-API flags (VOXCPM_ADMIN_KEY, else a random key) added,
+    unless it restricts something already."""
+    if any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in server_args):
+        return list(server_args)
+    key = os.environ.get("VOXCPM_ADMIN_KEY") or secrets.token_hex(16)
+    if not os.environ.get("VOXCPM_ADMIN_KEY"):
+        log(f"{RESTRICTED_APIS} APIs closed (set VOXCPM_ADMIN_KEY and send the header {ADMIN_HEADER} to use them)")
+    return [*server_args, f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
+
+
 def _arg(args: list[str], name: str, default: str) -> str:
     for a in args:
         if a.startswith(f"--{name}="):
@@ -184,13 +196,7 @@ class Supervisor:
     def __init__(self, server_args: list[str], opts):
         self.opts = opts
         self.companions = [Companion(shlex.split(c)) for c in getattr(opts, "companion", None) or []]
-        self.args = list(server_args)
-        if not any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.args):
-            key = os.environ.get("VOXCPM_ADMIN_KEY") or secrets.token_hex(16)
-            if not os.environ.get("VOXCPM_ADMIN_KEY"):
-                log(f"{RESTRICTED_APIS} APIs closed (set VOXCPM_ADMIN_KEY and send the header {ADMIN_HEADER} to use them)")
-            self.args += [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
-                          f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
+        self.args = restricted(server_args)
         host = _arg(self.args, "http-address", "127.0.0.1")
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{host}:{_arg(self.args, 'http-port', '8000')}"
@@ -385,9 +391,15 @@ def main(argv=None) -> int:
     ap.add_argument("--start-timeout", type=float, default=float(env("VOXCPM_START_TIMEOUT", "900")))
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
+    ap.add_argument("--print-restricted", action="store_true",
+                    help="only print the server command with the restricted-API flags, an argument a line "
+                         "(scripts/serve.sh runs it so without supervision)")
     opts = ap.parse_args(argv[:i])
     if not argv[i + 1:]:
         ap.error("no server command after --")
+    if opts.print_restricted:
+        print("\n".join(restricted(argv[i + 1:])))
+        return 0
     return Supervisor(argv[i + 1:], opts).run()
 
 
