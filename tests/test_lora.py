@@ -4,6 +4,7 @@ is strict, and adapters come and go at run time without disturbing running reque
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -353,6 +354,25 @@ def test_strict_loading_names_what_is_wrong(linears, tmp_path, case, message):
         _write(d, t, cfg)
     with pytest.raises(LoraError, match=message):
         load_adapter(d, linears, max_rank=32)
+
+
+def test_an_adapter_past_the_tables_dtype_is_refused_naming_it(linears, tmp_path):
+    """The tables hold lora_A and lora_B x alpha / r in the model's dtype: past float16's largest
+    (65504) an adapter would turn to inf there, so a float16 server refuses it where bfloat16 takes it."""
+    a, b = _pair(64, 64, 8)
+    a[0, 0] = 7e4
+    d = _write(str(tmp_path / "big_a"), {f"{Q}.lora_A": a, f"{Q}.lora_B": b})
+    load_adapter(d, linears, max_rank=32, dtype=torch.bfloat16)
+    with pytest.raises(LoraError, match=rf"{re.escape(Q)}\.lora_A has values past float16's range"):
+        load_adapter(d, linears, max_rank=32, dtype=torch.float16)
+    a, b = _pair(64, 64, 8)
+    b[0, 0] = 4e4  # fits float16 alone, not times alpha / r = 16 / 8
+    d = _write(str(tmp_path / "big_b"), {f"{Q}.lora_A": a, f"{Q}.lora_B": b})
+    load_adapter(d, linears, max_rank=32, dtype=torch.bfloat16)
+    with pytest.raises(LoraError, match=rf"{re.escape(Q)}\.lora_B times alpha / r \(16 / 8\) overflows float16"):
+        load_adapter(d, linears, max_rank=32, dtype=torch.float16)
+    adapters, errors = load_dir(str(tmp_path), linears, max_rank=32, dtype=torch.float16)
+    assert not adapters and sorted(errors) == ["big_a", "big_b"]
 
 
 def test_ckpt_format_and_compiled_key_names_load(linears, tmp_path):

@@ -37,7 +37,7 @@ class AdapterSet:
         and left out."""
         if reserve is not None and reserve not in RESERVE:
             raise ValueError(f"reserve must be None or one of {', '.join(RESERVE)}, got {reserve!r}")
-        adapters, errors = load_dir(lora_dir, linears, max_rank)
+        adapters, errors = load_dir(lora_dir, linears, max_rank, dtype)
         names = sorted(adapters)
         if max_loras is not None and len(names) > max_loras:
             for n in names[max_loras:]:
@@ -65,7 +65,8 @@ class AdapterSet:
     def read(self, name: str) -> Adapter:
         """Adapter `name` from the directory, checked against these tables (rank, covered layers)."""
         check_name(name)
-        ad = load_adapter(os.path.join(self.lora_dir, name), self.linears, self.tables.max_rank, name)
+        ad = load_adapter(os.path.join(self.lora_dir, name), self.linears, self.tables.max_rank, name,
+                          self.tables.dtype)
         missing = self.tables.uncovered(ad.modules)
         if missing:
             raise LoraError(f"adapter {name!r} targets {', '.join(missing[:4])}"

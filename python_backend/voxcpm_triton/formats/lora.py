@@ -234,8 +234,10 @@ def read_config(path: str) -> LoraConfig:
     return LoraConfig.from_file(f) if os.path.isfile(f) else DEFAULT_CONFIG
 
 
-def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: str | None = None) -> Adapter:
-    """Read and check the adapter in directory `path` (its name: the directory's, unless given)."""
+def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: str | None = None,
+                 dtype=None) -> Adapter:
+    """Read and check the adapter in directory `path` (its name: the directory's, unless given).
+    dtype: what the slot tables hold (float32 if None); lora_A and lora_B times alpha / r must fit it."""
     import torch  # only where tensors are read
 
     from .checkpoint import CheckpointError, load_tensors
@@ -254,10 +256,16 @@ def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: st
         if not sd[key].is_floating_point():
             raise LoraError(f"{file}: tensor {key} has dtype {sd[key].dtype}, expected floating point")
     weights = {m: (sd[a].float(), sd[b].float()) for m, (a, b) in spec.modules.items()}
-    # the tables hold lora_B times alpha / r (model.lora): that product must be a number too
-    over = [spec.modules[m][1] for m, (_, b) in weights.items() if not torch.isfinite(b * spec.scale).all()]
+    # The tables hold lora_A and lora_B times alpha / r (model.lora) in `dtype`: both must fit it.
+    dtype = dtype or torch.float32
+    top, kind = torch.finfo(dtype).max, str(dtype).removeprefix("torch.")
+    fits = lambda t: bool(t.abs().max() <= top)  # noqa: E731 - false for inf and nan too
+    over = [spec.modules[m][0] for m, (a, _) in weights.items() if not fits(a)]
     if over:
-        raise LoraError(f"{file}: {_summary(over)} times alpha / r ({spec.alpha:g} / {spec.rank}) overflows float32")
+        raise LoraError(f"{file}: {_summary(over)} has values past {kind}'s range (the dtype the server holds adapters in)")
+    over = [spec.modules[m][1] for m, (_, b) in weights.items() if not fits(b * spec.scale)]
+    if over:
+        raise LoraError(f"{file}: {_summary(over)} times alpha / r ({spec.alpha:g} / {spec.rank}) overflows {kind}")
     return Adapter(name, path, spec, config, weights)
 
 
@@ -269,13 +277,13 @@ def scan(lora_dir: str) -> list[str]:
                   if not n.startswith(".") and os.path.isdir(os.path.join(lora_dir, n)))
 
 
-def load_dir(lora_dir: str, linears: dict, max_rank: int | None = None) -> tuple[dict, dict]:
+def load_dir(lora_dir: str, linears: dict, max_rank: int | None = None, dtype=None) -> tuple[dict, dict]:
     """Every adapter under `lora_dir` -> ({name: Adapter}, {name: error}): a broken adapter is reported
     in the second and left out, the others load."""
     adapters, errors = {}, {}
     for n in scan(lora_dir):
         try:
-            adapters[n] = load_adapter(os.path.join(lora_dir, n), linears, max_rank, name=n)
+            adapters[n] = load_adapter(os.path.join(lora_dir, n), linears, max_rank, name=n, dtype=dtype)
         except LoraError as e:
             errors[n] = str(e)
     return adapters, errors
