@@ -226,3 +226,20 @@ def vae_precision_log_runs(text: str) -> list:
         if m:
             runs[-1][1]["gpu"] = float(m.group(2))
     return runs
+
+
+def gpu_correctness(session: str, tests: dict, check: dict) -> tuple[dict, list[str]]:
+    """A session's call 1 in the sixty-eighth session's form (each GPU test file in its own pytest process, gpu_check
+    beside them; raw names gpu_tests_*_<session>, gpu_check_<session>) -> (its results.json keys, its markdown)."""
+    vae = check["vae_graphs_vs_eager"]
+    keys = {"gpu_tests": tests,
+            "gpu_check": gpu_check_record(check) | {"vae_served_vs_exact_fp32": vae["served_vs_exact_fp32_max_abs"],
+                                                    "vae_pass": vae["pass"]}}
+    passed, skipped, failed = test_counts(tests.values())
+    md = ["", f"**GPU correctness** (call 1, the sixty-eighth session's call 1: each GPU test file in its own pytest "
+          f"process, side by side, `gpu_check.py` beside them; `raw/gpu_tests_summary_{session}.txt`, "
+          f"`raw/gpu_tests_<file>_{session}.txt`, `raw/gpu_check_{session}.{{json,log}}`): {passed} passed, "
+          f"{skipped} skipped, {failed} failed.", "",
+          "| test file | result |", "|---|---|"]
+    md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
+    return keys, md + ["", gpu_check_sentence(check)]

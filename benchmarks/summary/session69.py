@@ -2,7 +2,7 @@
 
 from bench_served import share
 from summary.plots import pyplot, save_panels
-from summary.raw import gpu_check_record, gpu_check_sentence, gpu_test_summaries, load, served_row, test_counts
+from summary.raw import gpu_correctness, gpu_test_summaries, load, served_row
 from summary.session58 import first_audio_stats, level_cells, smooth_cells
 
 S = "sixtyninth"
@@ -16,8 +16,7 @@ def sixty_ninth_session(res) -> list[str]:
     streams with the engine alone in the same call; 128 at once again, then the code before this session against
     it in alternation. Sets res["sixty_ninth"], returns the markdown, draws results_sixty_ninth.png."""
     tests = gpu_test_summaries(f"gpu_tests_summary_{S}.txt")
-    check = load(f"gpu_check_{S}.json")
-    vae = check["vae_graphs_vs_eager"]
+    gpu_keys, gpu_md = gpu_correctness(S, tests, load(f"gpu_check_{S}.json"))
     final = {lv["concurrency"]: lv for lv in load(f"served_final_{S}.json")["levels"]}
     engine = load(f"offline_b64_b1_{S}.json")["engine"]["graphs"]["runs"]
     e64 = [r["aggregate_xrt"] for r in engine if r["batch"] == 64]
@@ -30,9 +29,7 @@ def sixty_ninth_session(res) -> list[str]:
     new128 = [final[128]] + [lv for lv in again if lv["concurrency"] == 128] + by_code["new"]
     res["sixty_ninth"] = {
         "device": "NVIDIA H200",
-        "gpu_tests": tests,
-        "gpu_check": gpu_check_record(check) | {"vae_served_vs_exact_fp32": vae["served_vs_exact_fp32_max_abs"],
-                                                "vae_pass": vae["pass"]},
+        **gpu_keys,
         "final": {n: served_row(lv) for n, lv in final.items()},
         "engine": {"xrt_b64": e64, "rtf_b1": e1["rtf"], "steps_per_s_b1": e1["steps_per_s"]},
         "served_over_engine_c64": ratio,
@@ -40,7 +37,6 @@ def sixty_ninth_session(res) -> list[str]:
         "ab_c128": {f"{place} {code}": [served_row(lv) for lv in ab[(place, code)]] for place, code in AB_RUNS},
         "final_c128_levels_all_smooth": [sum(lv["smooth_playback_frac"] == 1 for lv in new128), len(new128)],
     }
-    passed, skipped, failed = test_counts(tests.values())
     ok, n128 = res["sixty_ninth"]["final_c128_levels_all_smooth"]
     md = ["", "## Sixty-ninth session (2026-12-04, H200): the final code's GPU tests and `gpu_check.py` pass; "
           f"served at 1-128 streams, 64 at {final[64]['x_real_time']:.1f}x; 128 at once against the code before "
@@ -51,14 +47,7 @@ def sixty_ninth_session(res) -> list[str]:
           "they time out (the gateway's fixes do not run on the device). The review's changes after it (the idle "
           "check by poll, the audio thread's end flag set however it ends) ran on the CPU only. \"The final code\" "
           f"below is 840ce37. The driver is `raw/devrun_{S}.sh`.",
-          "", f"**GPU correctness** (call 1, the sixty-eighth session's call 1: each GPU test file in its own pytest "
-          f"process, side by side, `gpu_check.py` beside them; `raw/gpu_tests_summary_{S}.txt`, "
-          f"`raw/gpu_tests_<file>_{S}.txt`, `raw/gpu_check_{S}.{{json,log}}`): {passed} passed, {skipped} skipped, "
-          f"{failed} failed.", "",
-          "| test file | result |", "|---|---|"]
-    md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
-    md += ["",
-           gpu_check_sentence(check),
+          *gpu_md,
            "", "**Served, all at once** (call 2: `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
            "LEVELS=1,8,64,128 REQUESTS=2 bash benchmarks/run_served_gpu.sh`, then the engine alone, `bench.py "
            "--checkpoint /tmp/full --timestep-buckets 10,100 --reference none --no-vae --graphs-only --no-profile "

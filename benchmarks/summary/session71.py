@@ -2,7 +2,7 @@
 
 from bench_served import capacity, share
 from summary.plots import pyplot, save_panels
-from summary.raw import gpu_check_record, gpu_check_sentence, gpu_test_summaries, load, served_row, test_counts
+from summary.raw import gpu_correctness, gpu_test_summaries, load, served_row
 
 S = "seventyfirst"
 
@@ -13,8 +13,7 @@ def seventy_first_session(res) -> list[str]:
     Poisson arrivals at 1-128. Sets res["seventy_first"] and the 128-stream and capacity headline keys, returns the
     markdown, draws results_seventy_first.png."""
     tests = gpu_test_summaries(f"gpu_tests_summary_{S}.txt")
-    check = load(f"gpu_check_{S}.json")
-    vae = check["vae_graphs_vs_eager"]
+    gpu_keys, gpu_md = gpu_correctness(S, tests, load(f"gpu_check_{S}.json"))
     burst = {lv["concurrency"]: lv for lv in load(f"served_final_{S}.json")["levels"]}
     poisson = {lv["concurrency"]: lv for lv in load(f"served_poisson_{S}.json")["levels"]}
     cap = {"burst": capacity(list(burst.values())), "poisson": capacity(list(poisson.values()))}
@@ -24,9 +23,7 @@ def seventy_first_session(res) -> list[str]:
     ratio = burst[64]["x_real_time"] / max(e64)
     res["seventy_first"] = {
         "device": "NVIDIA H200",
-        "gpu_tests": tests,
-        "gpu_check": gpu_check_record(check) | {"vae_served_vs_exact_fp32": vae["served_vs_exact_fp32_max_abs"],
-                                                "vae_pass": vae["pass"]},
+        **gpu_keys,
         "burst": {n: served_row(lv) for n, lv in burst.items()},
         "poisson": {n: served_row(lv) for n, lv in poisson.items()},
         "capacity": cap, "requests_per_stream": 2,
@@ -44,7 +41,6 @@ def seventy_first_session(res) -> list[str]:
                                           f"raw/served_poisson_{S}.json (Poisson: 1-128), 5168409, 2 requests per "
                                           f"stream; at once, {ok} of {n} levels of 128 since the sixty-seventh session "
                                           "played every stream smoothly"})
-    passed, skipped, failed = test_counts(tests.values())
     md = ["", "## Seventy-first session (2026-12-05, H200): the seventieth session's code on a GPU: every GPU test and "
           f"`gpu_check.py` pass; 64 streams at once {burst[64]['x_real_time']:.1f}x, every stream smooth; capacity "
           f"{cap['poisson']} with Poisson arrivals, {cap['burst']} at once (128 at "
@@ -54,14 +50,7 @@ def seventy_first_session(res) -> list[str]:
           "decoder changes (no `is_cancelled()` round trip per chunk of a channel call; a cancelled request's queued "
           "chunks dropped) had run on the CPU only. Call 3's tree also held 8fcae23's LoRA load check, which no level "
           f"runs. The driver is `raw/devrun_{S}.sh`.",
-          "", f"**GPU correctness** (call 1, the sixty-eighth session's call 1: each GPU test file in its own pytest "
-          f"process, side by side, `gpu_check.py` beside them; `raw/gpu_tests_summary_{S}.txt`, "
-          f"`raw/gpu_tests_<file>_{S}.txt`, `raw/gpu_check_{S}.{{json,log}}`): {passed} passed, {skipped} skipped, "
-          f"{failed} failed.", "",
-          "| test file | result |", "|---|---|"]
-    md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
-    md += ["",
-           gpu_check_sentence(check),
+          *gpu_md,
            "", "**Served** (call 2, all at once: `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
            "LEVELS=1,8,64,128 REQUESTS=2 bash benchmarks/run_served_gpu.sh`, then the engine alone, `bench.py "
            "--checkpoint /tmp/full --timestep-buckets 10,100 --reference none --no-vae --graphs-only --no-profile "
