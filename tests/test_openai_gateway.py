@@ -404,6 +404,78 @@ def test_voices_upload_list_use_delete(client, gateway, server, tmp_path):
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
 
 
+def _matroska(layout: str, channels: int, rate: int = 16000, seconds: float = 0.3) -> bytes:
+    """Interleaved float samples in Matroska (read through PyAV: libsndfile does not know it)."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as c:
+        s = c.add_stream("pcm_f32le", rate=rate, layout=layout)
+        x = sine_wave(seconds, rate, freq=190, seed=5)
+        frame = av.AudioFrame.from_ndarray(np.repeat(x, channels)[None, :], format="flt", layout=layout)
+        frame.sample_rate = rate
+        for p in [*s.encode(frame), *s.encode(None)]:
+            c.mux(p)
+    return buf.getvalue()
+
+
+def _wav(channels: int, rate: int = 16000, seconds: float = 0.3) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros((int(rate * seconds), channels), np.float32), rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def _multipart(gateway, parts: list) -> tuple[int, dict]:
+    """POST /v1/audio/voices with these multipart parts: (field, text) or (field, (filename, bytes))."""
+    boundary = "voxcpm" + secrets.token_hex(8)
+    body = b""
+    for field, value in parts:
+        if isinstance(value, str):
+            head, data = f'name="{field}"', value.encode()
+        else:
+            head, data = f'name="{field}"; filename="{value[0]}"\r\nContent-Type: application/octet-stream', value[1]
+        body += f"--{boundary}\r\nContent-Disposition: form-data; {head}\r\n\r\n".encode() + data + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    req = urllib.request.Request(gateway.url + "/v1/audio/voices", data=body, method="POST", headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_is_averaged(client, gateway):
+    """A 7.1 upload is taken (averaged to mono; PyAV's planar read of 8 channels used to crash the
+    gateway); more channels than 8, or a rate the voices model does not take, are a 400 naming
+    audio_sample before anything is decoded; a text field sent as a file part, or twice, is a 400
+    naming it. The gateway lives on."""
+    v = client.audio.voices.create(name="surround", audio_sample=("s.mka", _matroska("7.1", 8), "audio/x-matroska"),
+                                   consent="c")
+    assert v.id == "surround"
+    client.audio.voices.delete("surround")
+    cases = [
+        (("many.mka", _matroska("22.2", 24), "audio/x-matroska"), "has 24 channels; at most 8"),
+        (("many.wav", _wav(9), "audio/wav"), "has 9 channels; at most 8"),
+        (("fast.wav", _wav(1, rate=500_000, seconds=0.01), "audio/wav"), "sample rate 500000 Hz is outside"),
+    ]
+    for upload, message in cases:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.audio.voices.create(name="odd", audio_sample=upload, consent="c")
+        err = error_body(info.value)
+        assert err["param"] == "audio_sample" and message in err["message"], err
+    sample = ("a.wav", _wav(1))
+    for parts, param, message in [
+        ([("name", ("name.txt", b"eve")), ("audio_sample", sample)], "name", "must be a text field"),
+        ([("name", "eve"), ("ref_text", ("t.txt", b"hi")), ("audio_sample", sample)], "ref_text",
+         "must be a text field"),
+        ([("name", "eve"), ("name", "eve2"), ("audio_sample", sample)], "name", "more than once"),
+        ([("name", "eve"), ("audio_sample", sample), ("audio_sample", sample)], "audio_sample", "more than once"),
+    ]:
+        status, body = _multipart(gateway, parts)
+        assert status == 400 and body["error"]["param"] == param and message in body["error"]["message"], body
+    assert gateway.proc.poll() is None
+    assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
+
+
 def _mono(data: bytes) -> np.ndarray:
     """Decoded with PyAV as float planar, the channels averaged: the gateway's decoding, by hand."""
     with av.open(io.BytesIO(data)) as c:
@@ -452,6 +524,11 @@ def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
         gateway.get("/v1/models", key=None)
     assert info.value.code == 401 and json.loads(info.value.read())["error"]["code"] == "invalid_api_key"
     assert gateway.status("/health") == 200 and gateway.status("/metrics") == 200  # open, like Triton's
+    # no schema or docs pages beside the API (they would be open past the key), no redirect to a route
+    for path in ("/openapi.json", "/docs", "/v1/models/"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            gateway.get(path)
+        assert info.value.code == 404 and json.loads(info.value.read())["error"]["code"] == "not_found", path
 
     # request size: an upload past --max-upload-mb, a JSON body past 1 MiB
     big = tmp_path / "big.wav"
@@ -484,6 +561,12 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
         (b'{"input": "ab", "voice": "x\\udfff"}', "application/json", "voice", "lone surrogate"),
         (b'{"input": "ab", "voice": {"id": "x\\udfff"}}', "application/json", "voice", "lone surrogate"),
         (b'{"input": "ab", "cfg_value": 1' + b"0" * 400 + b"}", "application/json", "cfg_value", "finite number"),
+        # a union field's own words, not pydantic's forms ("voice.str: Input should be a valid string")
+        (b'{"input": "ab", "voice": {}}', "application/json", "voice", "or an object {\"id\": \"<voice name>\"}: "
+         "voice.id: Field required"),
+        (b'{"input": "ab", "voice": null}', "application/json", "voice", "got null"),
+        (b'{"input": "ab", "voice": {"id": "a", "x": 1}}', "application/json", "voice", "voice.x: Extra inputs"),
+        (b'{"input": "ab", "speed": "fast"}', "application/json", "speed", "speed: Input should be a valid number"),
         (None, "application/json", None, "the request body is missing"),
         (b"[1, 2]", "application/json", None, "must be a JSON object"),
         (b'{"input": "ab"}', "application/x-www-form-urlencoded", None, "Content-Type application/json"),
@@ -636,7 +719,9 @@ def test_health_is_503_when_triton_answers_nothing(tmp_path):
 def test_unreachable_triton_is_503(tmp_path):
     gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False)
     try:
-        assert gw.status("/health") == 503
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(gw.url + "/health", timeout=30)
+        assert info.value.code == 503 and info.value.headers["Retry-After"] == "1"
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
         with pytest.raises(openai.InternalServerError) as info:
             speech(c)
@@ -675,7 +760,8 @@ def test_metrics_count_requests_by_status_and_format(gateway):
 def test_an_error_mid_stream_ends_the_response_visibly(server, tmp_path):
     """A failure after the first audio (here the gateway's own request timeout): the SSE response,
     already 200, ends with an OpenAI error event; a raw stream ends without the end of its chunked
-    body, so no client takes the part for the whole. Either way Triton's request is cancelled."""
+    body, so no client takes the part for the whole; flac, nothing sent yet, gets the error's status.
+    Every time Triton's request is cancelled."""
     gw = Gateway(server.grpc_url, tmp_path, args=["--request-timeout", "2"])
     try:
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
@@ -699,6 +785,12 @@ def test_an_error_mid_stream_ends_the_response_visibly(server, tmp_path):
         assert type(info.value).__name__ == "RemoteProtocolError" and "incomplete" in str(info.value), info.value
         assert got > 0
         wait_idle(server)
-        assert 'voxcpm_gateway_streams_ended_total{outcome="error"} 2.0' in gw.metrics()
+        # flac sends its bytes only at the end: the same failure is the timeout's own 504, not a 200
+        with pytest.raises(openai.APIStatusError) as info:
+            c.audio.speech.create(model=MODEL, input="A long one, cut short.", voice="default",
+                                  response_format="flac", extra_body=long)
+        assert info.value.status_code == 504 and error_body(info.value)["code"] == "request_timeout"
+        wait_idle(server)
+        assert 'voxcpm_gateway_streams_ended_total{outcome="error"} 3.0' in gw.metrics()
     finally:
         gw.stop()

@@ -41,6 +41,7 @@ log = logging.getLogger("voxcpm_gateway")
 VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_sample", "TEXT": "ref_text",
                 "LORA": "lora"}
 VOICE_FORM_FIELDS = {"name", "audio_sample", "ref_text", "lora", "consent", "type"}
+UNION_FORMS = {"str", "int", "float", "bool", "VoiceRef"}  # the tags pydantic puts in a union field's error location
 
 
 class SpeechHTTPResponse(Response):
@@ -59,6 +60,8 @@ def create_app(settings: Settings) -> FastAPI:
     backend = TritonBackend(settings.triton_url, settings.stream_model, settings.voices_model,
                             settings.request_timeout_s)
     executor = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="voxcpm-gateway")
+    # uploads decode one at a time on their own thread: a slow one never delays a stream's encoding
+    upload_executor = ThreadPoolExecutor(1, thread_name_prefix="voxcpm-gateway-upload")
     started = int(time.time())
 
     unavailable = audio_encoding.unavailable_formats()
@@ -70,8 +73,11 @@ def create_app(settings: Settings) -> FastAPI:
         yield
         await backend.close()
         executor.shutdown(wait=False, cancel_futures=True)
+        upload_executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="VoxCPM2 OpenAI speech API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # no schema or docs pages (they would be open past the API key), no redirects for a trailing slash
+    app = FastAPI(title="VoxCPM2 OpenAI speech API", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None, redirect_slashes=False)
     app.state.settings, app.state.metrics, app.state.backend = settings, metrics, backend
 
     def limit_for(scope) -> int:
@@ -141,35 +147,37 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
-        form = await request.form(max_files=1, max_fields=len(VOICE_FORM_FIELDS))
+        # any field may arrive as a file part: counted as fields here, refused by name below
+        form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
         try:
             unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
             if unknown:
                 raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
                                          "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
                                          "and consent (optional, not checked)", unknown[0])
+            for key in sorted(set(form.keys())):
+                if len(form.getlist(key)) > 1:
+                    raise errors.bad_request(f"{key} was given more than once", key)
+                if key != "audio_sample" and not isinstance(form[key], str):
+                    raise errors.bad_request(f"{key} must be a text field, not a file", key)
             name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
             lora = form.get("lora")
             kind = form.get("type")
             if kind not in (None, "audio_sample"):
                 raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
                                          "type")
-            if not isinstance(name, str) or not name:
+            if not name:
                 raise errors.bad_request("name is required", "name")
             if name == DEFAULT_VOICE:
                 raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
             if not isinstance(upload, UploadFile):
                 raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
                                          "audio_sample")
-            if ref_text is not None and not isinstance(ref_text, str):
-                raise errors.bad_request("ref_text must be text", "ref_text")
-            if lora is not None and not isinstance(lora, str):
-                raise errors.bad_request("lora must be text: the name of a LoRA adapter the server has loaded", "lora")
             data = await upload.read()
         finally:
             await form.close()
         audio, rate = await asyncio.get_running_loop().run_in_executor(
-            executor, audio_decoding.decode, data, settings.max_voice_seconds)
+            upload_executor, audio_decoding.decode, data, settings.max_voice_seconds)
         arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:
@@ -206,7 +214,7 @@ def create_app(settings: Settings) -> FastAPI:
             return {"status": "ok", "triton": settings.triton_url}
         return error_response(errors.APIError(503, f"Triton at {settings.triton_url} is not ready (models "
                                               f"{settings.stream_model}, {settings.voices_model})", None,
-                                              "server_unavailable"))
+                                              "server_unavailable", {"Retry-After": errors.RETRY_AFTER_S}))
 
     @app.get("/metrics")
     async def prometheus():
@@ -236,6 +244,16 @@ def _validation_error(exc: RequestValidationError) -> errors.APIError:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     field = loc[0] if loc else None
     kind, msg = first.get("type", ""), first.get("msg", "invalid request")
+    # a union: pydantic's messages name its forms ("voice.str: ...", "voice.VoiceRef.id: ...")
+    if field == "voice" and kind != "value_error":
+        inner = next((e for e in errs if "VoiceRef" in e.get("loc", ())), None)
+        if isinstance(first.get("input"), dict) and inner is not None:  # the object form's own complaint
+            sub = [str(p) for p in inner["loc"][inner["loc"].index("VoiceRef") + 1:]]
+            why = f"{'.'.join(['voice', *sub])}: {inner['msg']}"
+        else:
+            why = f"got {_json_type(first.get('input'))}"
+        return errors.bad_request(f"voice must be a voice name or an object {{\"id\": \"<voice name>\"}}: {why}",
+                                  field)
     if kind == "extra_forbidden":
         return errors.bad_request(f"unknown field {field!r}", field, "unknown_parameter")
     if kind.startswith("json"):
@@ -248,4 +266,10 @@ def _validation_error(exc: RequestValidationError) -> errors.APIError:
                                   f"application/json: {msg}", None, "invalid_json")
     if kind == "missing":
         return errors.bad_request(f"{field} is required", field, "missing_required_parameter")
-    return errors.bad_request(f"{'.'.join(loc)}: {msg}", field)
+    # a number field's union forms (speed.float, speed.int) are not part of its name
+    return errors.bad_request(f"{'.'.join(p for p in loc if p not in UNION_FORMS)}: {msg}", field)
+
+
+def _json_type(value) -> str:
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "an array"}
+    return kinds.get(type(value), type(value).__name__)

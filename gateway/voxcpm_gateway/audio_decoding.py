@@ -2,8 +2,10 @@
 
 libsndfile (soundfile) reads WAV, FLAC, Ogg Vorbis/Opus and MP3 exactly as the project's
 client does (channels averaged); anything else FFmpeg knows (m4a/AAC, webm, mp4, ...) goes
-through PyAV. Decoding stops past `max_seconds`, so a small compressed file cannot expand
-into unbounded memory.
+through PyAV. Both decode block by block, averaging the channels of each block, and stop
+past `max_seconds`; a file of more than MAX_CHANNELS channels or a rate outside the voices
+model's range is refused before decoding. So a small compressed file cannot expand into
+unbounded memory or minutes of one thread's time.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import io
 import numpy as np
 
 from . import errors
+
+MAX_CHANNELS = 8  # 7.1 surround; a voice sample is mono or stereo
+MIN_RATE, MAX_RATE = 1_000, 384_000  # what the voices model takes (SAMPLE_RATE)
+BLOCK_FRAMES = 1 << 16
 
 
 def decode(data: bytes, max_seconds: float, param: str = "audio_sample") -> tuple[np.ndarray, int]:
@@ -32,6 +38,14 @@ def decode(data: bytes, max_seconds: float, param: str = "audio_sample") -> tupl
         raise errors.bad_request(f"{param} could not be decoded as audio: {e}", param) from None
 
 
+def _check_layout(channels: int, rate: int, param: str):
+    if channels > MAX_CHANNELS:
+        raise errors.bad_request(f"{param} has {channels} channels; at most {MAX_CHANNELS} are taken "
+                                 "(they are averaged to mono)", param)
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise errors.bad_request(f"{param}'s sample rate {rate} Hz is outside [{MIN_RATE}, {MAX_RATE}] Hz", param)
+
+
 def _too_long(param: str, max_seconds: float) -> errors.APIError:
     return errors.bad_request(f"{param} is longer than {max_seconds:g} s", param)
 
@@ -41,11 +55,20 @@ def _soundfile(data: bytes, max_seconds: float, param: str):
 
     with sf.SoundFile(io.BytesIO(data)) as f:
         rate = int(f.samplerate)
+        _check_layout(f.channels, rate, param)
         limit = int(max_seconds * rate) + 1
-        audio = f.read(frames=limit, dtype="float32", always_2d=True)
-    if len(audio) >= limit:
+        parts, total = [], 0
+        while total < limit:
+            block = f.read(frames=min(BLOCK_FRAMES, limit - total), dtype="float32", always_2d=True)
+            if not len(block):
+                break
+            parts.append(block.mean(axis=1, dtype=np.float32))
+            total += len(block)
+    if total >= limit:
         raise _too_long(param, max_seconds)
-    return np.ascontiguousarray(audio.mean(axis=1, dtype=np.float32)), rate
+    if not total:
+        raise errors.bad_request(f"{param} holds no audio", param)
+    return np.ascontiguousarray(np.concatenate(parts)), rate
 
 
 def _pyav(data: bytes, max_seconds: float, param: str):
@@ -56,19 +79,27 @@ def _pyav(data: bytes, max_seconds: float, param: str):
             raise errors.bad_request(f"{param} has no audio stream", param)
         stream = container.streams.audio[0]
         rate = int(stream.codec_context.sample_rate or stream.rate or 0)
-        # float planar, rate and channels as they are; channels averaged below
-        resampler = av.AudioResampler(format="fltp", rate=rate)
+        _check_layout(stream.codec_context.channels, rate, param)
+        # float, rate and channels as they are, interleaved: PyAV's to_ndarray of planar audio of
+        # 8 channels or more reads past its planes (a segfault in PyAV 18)
+        resampler = av.AudioResampler(format="flt", rate=rate)
         parts, total = [], 0
         limit = int(max_seconds * rate) + 1
+
+        def add(out):
+            nonlocal total
+            block = out.to_ndarray().reshape(-1, len(out.layout.channels))
+            parts.append(block.mean(axis=1, dtype=np.float32))
+            total += len(block)
+
         for frame in container.decode(stream):
+            _check_layout(len(frame.layout.channels), int(frame.sample_rate or rate), param)
             for out in resampler.resample(frame):
-                block = out.to_ndarray()
-                parts.append(block.mean(axis=0, dtype=np.float32))
-                total += block.shape[1]
+                add(out)
             if total >= limit:
                 raise _too_long(param, max_seconds)
         for out in resampler.resample(None):
-            parts.append(out.to_ndarray().mean(axis=0, dtype=np.float32))
-    if not parts or not rate:
+            add(out)
+    if not parts:
         raise errors.bad_request(f"{param} holds no audio", param)
     return np.ascontiguousarray(np.concatenate(parts)), rate

@@ -1,7 +1,8 @@
 """The response of `POST /v1/audio/speech`: Triton's audio chunks, encoded, as they arrive.
 
-Nothing is sent until the first audio chunk (or Triton's error) is back, so a refused request
-still gets its proper status (400, 404, 429, 503) and an OpenAI error body. From then on every
+Nothing is sent until the first encoded bytes (or an error) are ready, so a refused request
+still gets its proper status (400, 404, 429, 503, 504) and an OpenAI error body; flac, whose
+bytes come only at the end, gets one for an error at any point. From then on every
 chunk is encoded and sent at once, as raw bytes (`stream_format` "audio") or as OpenAI's
 server-sent events (`speech.audio.delta` with the base64 bytes, then `speech.audio.done`).
 
@@ -62,6 +63,7 @@ class SpeechResponse:
         self.encoder: Encoder | None = None
         self._encoding = None  # the encoder's job in the executor, if one runs
         self.status = 500
+        self.started = False  # the response's status and headers are sent
         self.outcome = "error"
         self.samples = 0
         self.sample_rate = 0
@@ -107,48 +109,52 @@ class SpeechResponse:
     async def _run(self, send):
         self.stream = self.backend.synthesize(self.arrays, self.request_id)
         self.metrics.streams.inc()
+        pieces = self._encoded()
         try:
-            chunk = await self.stream.next_chunk()
-            if chunk is None:
-                raise errors.APIError(500, "Triton's stream ended without audio", None, "triton_error")
-            self.sample_rate = self.stream.sample_rate
-            self.encoder = await self._encode(self.format.make, self.sample_rate)
-            data = await self._encode(self.encoder.encode, chunk)
-        except TritonError as e:
-            return await self._refuse(send, error_for(e, self.backend))
-        except errors.APIError as e:
-            return await self._refuse(send, e)
-        except Exception as e:  # noqa: BLE001 - a bug here still gets an OpenAI-shaped answer
-            log.exception("request %s failed before its first audio", self.request_id)
-            return await self._refuse(send, errors.APIError(500, f"internal error of the gateway: {e}", None,
-                                                            "gateway_error"))
-        self.samples += chunk.size
-        self.status = 200
-        await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
-        await self._send(send, data)
-        while chunk is not None:
-            try:
-                chunk = await self.stream.next_chunk()
-                if chunk is None:
-                    data = await self._encode(self.encoder.finish)
-                else:
-                    self.samples += chunk.size
-                    data = await self._encode(self.encoder.encode, chunk)
-            except Exception as e:  # noqa: BLE001 - Triton's error, or the gateway's own: the client must know
-                err = error_for(e, self.backend) if isinstance(e, TritonError) else errors.APIError(
-                    500, f"internal error of the gateway: {e}", None, "gateway_error")
-                log.warning("request %s failed after its first audio: %s", self.request_id, err.message,
-                            exc_info=not isinstance(e, TritonError))
-                if self.sse:
-                    await send({"type": "http.response.body", "body": sse_event({"type": "error", **err.body()}),
-                                "more_body": False})
-                # raw audio: no end of the chunked body; the server closes the connection
-                return
-            await self._send(send, data)
+            while True:
+                try:
+                    data = await pieces.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as e:  # noqa: BLE001 - Triton's error, or the gateway's own: the client must know
+                    return await self._fail(send, e)
+                await self._send(send, data)  # outside the try: a send that fails is the client gone
+        finally:
+            await pieces.aclose()
         if self.sse:
             await self._send(send, sse_event({"type": "speech.audio.done"}), raw=True)
+        await self._start(send)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self.outcome = "complete"
+
+    async def _encoded(self):
+        """The encoded audio, piece by piece (a piece may be empty), as Triton's chunks arrive."""
+        chunk = await self.stream.next_chunk()
+        if chunk is None:
+            raise errors.APIError(500, "Triton's stream ended without audio", None, "triton_error")
+        self.sample_rate = self.stream.sample_rate
+        self.encoder = await self._encode(self.format.make, self.sample_rate)
+        while chunk is not None:
+            self.samples += chunk.size
+            yield await self._encode(self.encoder.encode, chunk)
+            chunk = await self.stream.next_chunk()
+        yield await self._encode(self.encoder.finish)
+
+    async def _fail(self, send, e: Exception):
+        if isinstance(e, TritonError):
+            err = error_for(e, self.backend)
+        elif isinstance(e, errors.APIError):
+            err = e
+        else:
+            log.exception("request %s failed", self.request_id)
+            err = errors.APIError(500, f"internal error of the gateway: {e}", None, "gateway_error")
+        if not self.started:  # nothing sent yet (flac sends only at the end): a proper status
+            return await self._refuse(send, err)
+        log.warning("request %s failed after its first audio: %s", self.request_id, err.message)
+        if self.sse:
+            await send({"type": "http.response.body", "body": sse_event({"type": "error", **err.body()}),
+                        "more_body": False})
+        # raw audio: no end of the chunked body; the server closes the connection
 
     async def _refuse(self, send, err: errors.APIError):
         if err.param == "input" and (self.req.instructions or "").strip():
@@ -162,9 +168,16 @@ class SpeechResponse:
                    "x-accel-buffering": "no", "x-sample-rate": str(self.encoder.out_rate or self.sample_rate)}
         return [(k.encode(), v.encode()) for k, v in headers.items()]
 
+    async def _start(self, send):
+        if not self.started:
+            self.started, self.status = True, 200
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+
     async def _send(self, send, data: bytes, raw: bool = False):
+        """Send `data`, the response's start before the first bytes."""
         if not data:
             return
+        await self._start(send)
         if not raw and self.sse:
             data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         if self.t0 is not None:
