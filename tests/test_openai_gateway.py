@@ -585,10 +585,14 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
     assert "after its instructions" in err["message"], err
 
 
-def _send_raw_request(gateway, body: dict) -> socket.socket:
+def _send_raw_request(gateway, body: dict, receive_buffer: int | None = None) -> socket.socket:
     """POST /v1/audio/speech on a plain socket, sent whole; returns the socket."""
     data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
+    s = socket.socket()
+    if receive_buffer:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", gateway.port))
     s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
               + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
     return s
@@ -670,6 +674,34 @@ def test_a_client_hanging_up_before_its_first_audio_is_counted_and_cancelled(gat
         pytest.fail("no hang-up was counted")
     assert _gateway_metric(gateway, "voxcpm_gateway_requests_total", gone_label) == gone + 1
     wait_idle(server)  # its Triton request ended: the decoder and the VAE idle
+
+
+def test_a_client_that_reads_nothing_is_cut_off_and_its_synthesis_cancelled(server, tmp_path):
+    """A client that keeps its connection but reads nothing (its socket full) is cut off after
+    --stall-timeout: counted as client_stalled, its Triton request cancelled, so the decoder and the
+    stream slot are free long before the utterance's end, with the socket still open."""
+    gw = Gateway(server.grpc_url, tmp_path, args=["--stall-timeout", "2"])
+    stalled = ("voxcpm_gateway_streams_ended_total", '{outcome="client_stalled"}')
+    sock = None
+    try:
+        wait_idle(server)
+        steps_before = triton_metrics(server)["voxcpm_engine_decode_steps_total"]
+        sock = _send_raw_request(gw, {"input": "Nobody reads this.", "response_format": "pcm", "seed": 1,
+                                      "min_length": 2000, "max_length": 2000}, receive_buffer=4096)
+        deadline = time.monotonic() + 120
+        while _gateway_metric(gw, *stalled) == 0:
+            assert time.monotonic() < deadline, gw.log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        m = wait_idle(server)
+        assert m["voxcpm_engine_decode_steps_total"] - steps_before < 1500, "decoding went on after the cut"
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert len(pcm16(speech(c).content)) == 6 * PATCH  # the one tts_stream slot is free again
+        assert _gateway_metric(gw, "voxcpm_gateway_streams_in_flight") == 0
+        assert "read nothing for 2 s" in gw.log_path.read_text()
+    finally:
+        if sock is not None:
+            sock.close()
+        gw.stop()
 
 
 def test_health_is_503_when_triton_answers_nothing(tmp_path):

@@ -122,7 +122,8 @@ def create_app(settings: Settings) -> FastAPI:
                                   f"{unavailable[body.response_format]}", "response_format", "format_unavailable")
         arrays = body.triton_inputs()
         request_id = "oai-" + secrets.token_hex(8)
-        return SpeechHTTPResponse(SpeechResponse(backend, body, arrays, metrics, executor, request_id, t0))
+        return SpeechHTTPResponse(SpeechResponse(backend, body, arrays, metrics, executor, request_id, t0,
+                                                 settings.stall_timeout_s))
 
     # ------------------------------------------------------------------ voices
     async def call_voices(arrays: dict) -> list[str]:

@@ -19,11 +19,12 @@ class Metrics:
                               registry=r)
         self.streams = Gauge("voxcpm_gateway_streams_in_flight", "Synthesis streams open to Triton", registry=r)
         self.ended = Counter("voxcpm_gateway_streams_ended", "Synthesis streams by how they ended: complete, "
-                             "client_disconnected (the Triton request was cancelled), error", ["outcome"],
+                             "client_disconnected (the Triton request was cancelled), client_stalled (the client "
+                             "read nothing for --stall-timeout: cut off, the Triton request cancelled), error", ["outcome"],
                              registry=r)
         self.audio_seconds = Counter("voxcpm_gateway_audio_seconds", "Seconds of audio sent", ["format"],
                                      registry=r)
-        for outcome in ("complete", "client_disconnected", "error"):
+        for outcome in ("complete", "client_disconnected", "client_stalled", "error"):
             self.ended.labels(outcome)
 
     content_type = CONTENT_TYPE_LATEST

@@ -8,6 +8,7 @@ server-sent events (`speech.audio.delta` with the base64 bytes, then `speech.aud
 
 A task watches the connection while the response runs: the moment the client hangs up, the
 response is cancelled and so is its Triton call, and the decoder frees the request's state.
+A client that stays but reads nothing for the stall timeout is cut off the same way.
 An error after the first bytes ends an SSE stream with an `error` event, and a raw stream by
 closing the connection before its end (so no client mistakes the part for the whole).
 """
@@ -52,11 +53,16 @@ def sse_event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+class ClientStalled(Exception):
+    """A send waited past the stall timeout: the client reads nothing."""
+
+
 class SpeechResponse:
     def __init__(self, backend: TritonBackend, req: SpeechRequest, arrays: dict, metrics: Metrics,
-                 executor: Executor, request_id: str, t0: float):
+                 executor: Executor, request_id: str, t0: float, stall_timeout_s: float):
         self.backend, self.req, self.arrays, self.metrics = backend, req, arrays, metrics
         self.executor, self.request_id, self.t0 = executor, request_id, t0
+        self.stall_timeout_s = stall_timeout_s
         self.format = FORMATS[req.response_format]
         self.sse = req.stream_format == "sse"
         self.stream: SynthesisStream | None = None
@@ -68,8 +74,18 @@ class SpeechResponse:
         self.samples = 0
         self.sample_rate = 0
 
-    async def __call__(self, scope, receive, send):
-        disconnected = cancelled = False
+    async def __call__(self, scope, receive, asgi_send):
+        disconnected = cancelled = stalled = False
+
+        async def send(message):
+            # the server's send waits while the client's socket is full: a client that reads nothing
+            # would hold its synthesis open (and its audio in Triton) until the request timeout
+            try:
+                with anyio.fail_after(self.stall_timeout_s):
+                    await asgi_send(message)
+            except TimeoutError:
+                raise ClientStalled from None
+
         try:
             async with anyio.create_task_group() as tg:
                 async def watch():
@@ -82,6 +98,8 @@ class SpeechResponse:
                 tg.start_soon(watch)
                 try:
                     await self._run(send)
+                except ClientStalled:
+                    stalled = True
                 except OSError:  # a server whose send fails once the client is gone
                     disconnected = True
                 finally:
@@ -95,7 +113,11 @@ class SpeechResponse:
             task = asyncio.current_task()
             if not disconnected or (hasattr(task, "cancelling") and task.cancelling()):
                 raise
-        if disconnected and cancelled:
+        if stalled:
+            self.outcome = "client_stalled"
+            log.warning("request %s: the client read nothing for %g s (--stall-timeout); the response was cut off "
+                        "and its Triton request cancelled", self.request_id, self.stall_timeout_s)
+        elif disconnected and cancelled:
             self.outcome = "client_disconnected"
             log.info("request %s: the client hung up; its Triton request was cancelled", self.request_id)
         if disconnected and self.status == 500 and self.outcome == "client_disconnected":
