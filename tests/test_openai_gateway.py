@@ -476,6 +476,74 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
 
 
+def _decoders(gateway) -> list[int]:
+    """The gateway's upload decoders: children of its forkserver, the gateway's child."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    children = {pid for pid, ppid in pairs if ppid == gateway.proc.pid}
+    return [pid for pid, ppid in pairs if ppid in children]
+
+
+def _slow_flac() -> bytes:
+    """59 s of 8-channel silence at 384 kHz: 0.2 MB, over a second of decoding (in bounds)."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", samplerate=384000, channels=8, format="FLAC", subtype="PCM_16") as f:
+        second = np.zeros((384000, 8), np.float32)
+        for _ in range(59):
+            f.write(second)
+    return buf.getvalue()
+
+
+def test_an_upload_whose_decoder_crashes_or_runs_long_fails_alone(client, gateway, server, tmp_path):
+    """Uploads decode in a child process: one that crashes (here killed with SIGSEGV mid-decode)
+    is a 400 naming audio_sample, and so is one past --decode-timeout (its child killed); the
+    gateway serves on and no decoder process is left."""
+    import threading
+
+    flac = _slow_flac()
+    for _ in range(3):  # the decode must still run when the test finds it
+        result = {}
+
+        def upload():
+            try:
+                client.audio.voices.create(name="crash", audio_sample=("c.flac", flac, "audio/flac"), consent="c")
+                result["ok"] = True
+            except openai.APIStatusError as e:
+                result["err"] = error_body(e)
+
+        thread = threading.Thread(target=upload)
+        thread.start()
+        killed = None
+        while thread.is_alive() and killed is None:
+            for pid in _decoders(gateway):
+                os.kill(pid, signal.SIGSEGV)
+                killed = pid
+            time.sleep(0.01)
+        thread.join(120)
+        if "ok" in result:
+            client.audio.voices.delete("crash")
+        if killed:
+            break
+    err = result.get("err")
+    assert killed and err and err["param"] == "audio_sample", result
+    assert "the decoder crashed (SIGSEGV)" in err["message"], err
+    assert gateway.proc.poll() is None and gateway.status("/health") == 200 and not _decoders(gateway)
+    v = client.audio.voices.create(name="after", audio_sample=("a.mka", _matroska("stereo", 2), "audio/x-matroska"),
+                                   consent="c")
+    client.audio.voices.delete(v.id)
+
+    gw = Gateway(server.grpc_url, tmp_path, args=["--decode-timeout", "0.3"])
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as info:
+            c.audio.voices.create(name="slow", audio_sample=("s.flac", flac, "audio/flac"), consent="c")
+        err = error_body(info.value)
+        assert err["param"] == "audio_sample" and "took longer than 0.3 s to decode" in err["message"], err
+        assert not _decoders(gw)
+    finally:
+        gw.stop()
+
+
 def _mono(data: bytes) -> np.ndarray:
     """Decoded with PyAV as float planar, the channels averaged: the gateway's decoding, by hand."""
     with av.open(io.BytesIO(data)) as c:

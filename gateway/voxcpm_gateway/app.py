@@ -27,13 +27,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from . import audio_decoding, audio_encoding, errors
+from . import audio_encoding, errors
 from .config import Settings
 from .guards import Guards
 from .metrics import Metrics
 from .speech_request import DEFAULT_VOICE, SpeechRequest
 from .speech_stream import SpeechResponse, error_for, send_error
 from .triton_backend import TritonBackend, TritonError
+from .upload_decoder import UploadDecoder
 
 log = logging.getLogger("voxcpm_gateway")
 
@@ -60,8 +61,10 @@ def create_app(settings: Settings) -> FastAPI:
     backend = TritonBackend(settings.triton_url, settings.stream_model, settings.voices_model,
                             settings.request_timeout_s)
     executor = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="voxcpm-gateway")
-    # uploads decode one at a time on their own thread: a slow one never delays a stream's encoding
+    # uploads decode one at a time, in a child process waited for on a thread of their own: a slow
+    # one never delays a stream's encoding, and one that crashes its decoder fails alone
     upload_executor = ThreadPoolExecutor(1, thread_name_prefix="voxcpm-gateway-upload")
+    uploads = UploadDecoder(settings.decode_timeout_s)
     started = int(time.time())
 
     unavailable = audio_encoding.unavailable_formats()
@@ -178,7 +181,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await form.close()
         audio, rate = await asyncio.get_running_loop().run_in_executor(
-            upload_executor, audio_decoding.decode, data, settings.max_voice_seconds)
+            upload_executor, uploads.decode, data, settings.max_voice_seconds)
         arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:

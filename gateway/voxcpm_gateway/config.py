@@ -20,6 +20,7 @@ class Settings:
     max_json_bytes: int = 1 << 20
     max_voice_seconds: float = 60.0  # the voices model's limit; uploads are decoded no further
     request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
+    decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that reads nothing this long is cut off (its audio waits in Triton)
     encode_threads: int = max(2, os.cpu_count() or 2)
     stream_model: str = "tts_stream"
@@ -47,6 +48,8 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
                     help="seconds a speech client may read nothing while its audio waits; past it the response is "
                          "cut off and its synthesis cancelled (the audio it has not read waits in Triton's memory)")
+    ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
+                    help="seconds an uploaded voice sample may take to decode; past it the upload is a 400")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"))
     a = ap.parse_args(argv)
     names = a.model_name or [n.strip() for n in env("VOXCPM_OPENAI_MODEL_NAME", "voxcpm2").split(",") if n.strip()]
@@ -54,8 +57,9 @@ def parse_args(argv=None) -> Settings:
         ap.error("no model name")
     if not 0 < a.port < 65536:
         ap.error(f"--port must be 1..65535, got {a.port}")
-    if a.max_upload_mb <= 0 or a.request_timeout <= 0 or a.stall_timeout <= 0:
-        ap.error("--max-upload-mb, --request-timeout and --stall-timeout must be positive")
+    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout) <= 0:
+        ap.error("--max-upload-mb, --request-timeout, --stall-timeout and --decode-timeout must be positive")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
-                    request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout, log_level=a.log_level)
+                    request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout,
+                    decode_timeout_s=a.decode_timeout, log_level=a.log_level)
