@@ -484,12 +484,12 @@ def _decoders(gateway) -> list[int]:
     return [pid for pid, ppid in pairs if ppid in children]
 
 
-def _slow_flac() -> bytes:
-    """59 s of 8-channel silence at 384 kHz: 0.2 MB, over a second of decoding (in bounds)."""
+def _slow_flac(seconds: int = 59) -> bytes:
+    """8-channel silence at 384 kHz: 0.2 MB for 59 s, over a second of decoding (in bounds)."""
     buf = io.BytesIO()
     with sf.SoundFile(buf, "w", samplerate=384000, channels=8, format="FLAC", subtype="PCM_16") as f:
         second = np.zeros((384000, 8), np.float32)
-        for _ in range(59):
+        for _ in range(seconds):
             f.write(second)
     return buf.getvalue()
 
@@ -542,6 +542,30 @@ def test_an_upload_whose_decoder_crashes_or_runs_long_fails_alone(client, gatewa
         assert not _decoders(gw)
     finally:
         gw.stop()
+
+
+def test_uploads_past_the_pending_limit_are_429_before_their_body_is_read(client, gateway):
+    """Each upload in progress holds its file in memory and they decode one at a time: past
+    --max-pending-uploads (4) at once, an upload is refused at once with 429 and Retry-After."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    flac = _slow_flac(61)  # decoded for a second or more, then refused: longer than 60 s
+
+    def upload(i: int):
+        try:
+            client.audio.voices.create(name=f"many{i}", audio_sample=("m.flac", flac, "audio/flac"), consent="c")
+        except openai.APIStatusError as e:
+            return e.status_code, error_body(e), e.response.headers.get("retry-after")
+        return 200, None, None
+
+    with ThreadPoolExecutor(7) as pool:
+        results = list(pool.map(upload, range(7)))
+    busy = [r for r in results if r[0] == 429]
+    assert 1 <= len(busy) <= 3, results  # 4 fit; how many of the others came while 4 ran depends on timing
+    assert all(err["code"] == "server_busy" and "voice uploads are in progress" in err["message"]
+               and retry == "1" for _, err, retry in busy), busy
+    assert all(status == 400 and "longer than 60 s" in err["message"] for status, err, _ in results if status != 429)
+    assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"] and not _decoders(gateway)
 
 
 def _mono(data: bytes) -> np.ndarray:

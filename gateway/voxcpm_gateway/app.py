@@ -149,8 +149,22 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.requests.labels("voices", "", "200").inc()
         return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
 
+    uploads_open = 0  # voice uploads read, waiting or decoding: each holds its file in memory
+
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
+        nonlocal uploads_open
+        if uploads_open >= settings.max_pending_uploads:  # refused before its body is read
+            raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
+                                  "(--max-pending-uploads); retry later", None, "server_busy",
+                                  {"Retry-After": errors.RETRY_AFTER_S})
+        uploads_open += 1
+        try:
+            return await register_voice(request)
+        finally:
+            uploads_open -= 1
+
+    async def register_voice(request: Request) -> dict:
         # any field may arrive as a file part: counted as fields here, refused by name below
         form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
         try:

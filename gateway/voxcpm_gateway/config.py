@@ -20,6 +20,7 @@ class Settings:
     max_json_bytes: int = 1 << 20
     max_voice_seconds: float = 60.0  # the voices model's limit; uploads are decoded no further
     request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
+    max_pending_uploads: int = 4  # voice uploads at once (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that reads nothing this long is cut off (its audio waits in Triton)
     encode_threads: int = max(2, os.cpu_count() or 2)
@@ -48,6 +49,9 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
                     help="seconds a speech client may read nothing while its audio waits; past it the response is "
                          "cut off and its synthesis cancelled (the audio it has not read waits in Triton's memory)")
+    ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
+                    help="voice uploads in progress at once (each holds its file in memory; they decode one at "
+                         "a time); past it: 429")
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"))
@@ -57,9 +61,11 @@ def parse_args(argv=None) -> Settings:
         ap.error("no model name")
     if not 0 < a.port < 65536:
         ap.error(f"--port must be 1..65535, got {a.port}")
-    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout) <= 0:
-        ap.error("--max-upload-mb, --request-timeout, --stall-timeout and --decode-timeout must be positive")
+    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads) <= 0:
+        ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout and --max-pending-uploads "
+                 "must be positive")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
                     request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout,
-                    decode_timeout_s=a.decode_timeout, log_level=a.log_level)
+                    decode_timeout_s=a.decode_timeout, max_pending_uploads=a.max_pending_uploads,
+                    log_level=a.log_level)
