@@ -484,6 +484,14 @@ def _decoders(gateway) -> list[int]:
     return [pid for pid, ppid in pairs if ppid in children]
 
 
+def _partial_upload(gateway, path: str = "/v1/audio/voices", sent: bytes = b"--x\r\n") -> socket.socket:
+    """A request whose headers promise a 1000-byte body of which `sent` arrives; the socket stays open."""
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {KEY}\r\n"
+              "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 1000\r\n\r\n".encode() + sent)
+    return s
+
+
 def _slow_flac(seconds: int = 59) -> bytes:
     """8-channel silence at 384 kHz: 0.2 MB for 59 s, over a second of decoding (in bounds)."""
     buf = io.BytesIO()
@@ -513,11 +521,12 @@ def test_an_upload_whose_decoder_crashes_or_runs_long_fails_alone(client, gatewa
 
         thread = threading.Thread(target=upload)
         thread.start()
-        killed = None
+        killed, seen = None, {}
         while thread.is_alive() and killed is None:
-            for pid in _decoders(gateway):
-                os.kill(pid, signal.SIGSEGV)
-                killed = pid
+            for pid in _decoders(gateway):  # once it has had time to read its work: decoding
+                if time.monotonic() - seen.setdefault(pid, time.monotonic()) > 0.2:
+                    os.kill(pid, signal.SIGSEGV)
+                    killed = pid
             time.sleep(0.01)
         thread.join(120)
         if "ok" in result:
@@ -532,23 +541,38 @@ def test_an_upload_whose_decoder_crashes_or_runs_long_fails_alone(client, gatewa
                                    consent="c")
     client.audio.voices.delete(v.id)
 
-    gw = Gateway(server.grpc_url, tmp_path, args=["--decode-timeout", "0.3"])
+    gw = Gateway(server.grpc_url, tmp_path, args=["--decode-timeout", "0.05"])
     try:
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
         with pytest.raises(openai.BadRequestError) as info:
             c.audio.voices.create(name="slow", audio_sample=("s.flac", flac, "audio/flac"), consent="c")
         err = error_body(info.value)
-        assert err["param"] == "audio_sample" and "took longer than 0.3 s to decode" in err["message"], err
+        assert err["param"] == "audio_sample" and "took longer than 0.05 s to decode" in err["message"], err
         assert not _decoders(gw)
     finally:
         gw.stop()
 
 
-def test_uploads_past_the_pending_limit_are_429_before_their_body_is_read(client, gateway):
+def test_uploads_past_the_pending_limit_are_429(client, gateway):
     """Each upload in progress holds its file in memory and they decode one at a time: past
-    --max-pending-uploads (4) at once, an upload is refused at once with 429 and Retry-After."""
+    --max-pending-uploads (4) at once, an upload is refused as soon as its body is in, with 429 and
+    Retry-After. Uploads still sending their bodies are not counted."""
     from concurrent.futures import ThreadPoolExecutor
 
+    # uploads whose bodies have not arrived hold no slot (and get a 408 at --stall-timeout)
+    slow = [_partial_upload(gateway) for _ in range(5)]
+    try:
+        v = client.audio.voices.create(name="meanwhile", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+        client.audio.voices.delete(v.id)
+    finally:
+        for sock in slow:
+            sock.close()
+    # hung up mid-body: counted (499), no traceback in the log
+    deadline = time.monotonic() + 10
+    while _gateway_metric(gateway, "voxcpm_gateway_requests_total", '{format="",route="voices",status="499"}') < 5:
+        assert time.monotonic() < deadline, gateway.metrics()
+        time.sleep(0.1)
+    assert "Exception in ASGI application" not in gateway.log_path.read_text()
     flac = _slow_flac(61)  # decoded for a second or more, then refused: longer than 60 s
 
     def upload(i: int):
@@ -768,10 +792,11 @@ def test_a_client_hanging_up_before_its_first_audio_is_counted_and_cancelled(gat
     wait_idle(server)  # its Triton request ended: the decoder and the VAE idle
 
 
-def test_a_client_that_reads_nothing_is_cut_off_and_its_synthesis_cancelled(server, tmp_path):
+def test_a_client_that_reads_or_sends_nothing_is_cut_off(server, tmp_path):
     """A client that keeps its connection but reads nothing (its socket full) is cut off after
     --stall-timeout: counted as client_stalled, its Triton request cancelled, so the decoder and the
-    stream slot are free long before the utterance's end, with the socket still open."""
+    stream slot are free long before the utterance's end, with the socket still open. A request
+    whose body stops arriving gets a 408 after the same time."""
     gw = Gateway(server.grpc_url, tmp_path, args=["--stall-timeout", "2"])
     stalled = ("voxcpm_gateway_streams_ended_total", '{outcome="client_stalled"}')
     sock = None
@@ -790,6 +815,17 @@ def test_a_client_that_reads_nothing_is_cut_off_and_its_synthesis_cancelled(serv
         assert len(pcm16(speech(c).content)) == 6 * PATCH  # the one tts_stream slot is free again
         assert _gateway_metric(gw, "voxcpm_gateway_streams_in_flight") == 0
         assert "read nothing for 2 s" in gw.log_path.read_text()
+        # the other way: a request body (an upload, a speech request) that stops arriving is a 408
+        for path in ("/v1/audio/voices", "/v1/audio/speech"):
+            t0 = time.monotonic()
+            with _partial_upload(gw, path) as partial:
+                head = partial.recv(65536)
+                while b"\r\n\r\n" not in head or not head.rstrip().endswith(b"}"):
+                    more = partial.recv(65536)
+                    assert more, head
+                    head += more
+            assert head.startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in head, head
+            assert 1.5 < time.monotonic() - t0 < 30, path
     finally:
         if sock is not None:
             sock.close()

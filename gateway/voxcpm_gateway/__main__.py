@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 
@@ -13,6 +14,10 @@ from .config import parse_args
 
 def main(argv=None) -> int:
     settings = parse_args(argv)
+    # Run as the console script, __main__ is that script, and every upload decoder (a child of a
+    # forkserver, upload_decoder.py) would run it again, importing the whole gateway; as this
+    # module, multiprocessing skips it.
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec("voxcpm_gateway.__main__")
     logging.basicConfig(level=settings.log_level.upper(), format="[gateway %(asctime)s] %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("voxcpm_gateway").info(

@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from . import audio_encoding, errors
 from .config import Settings
@@ -87,7 +88,8 @@ def create_app(settings: Settings) -> FastAPI:
         upload = scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/audio/voices"
         return settings.max_upload_bytes if upload else settings.max_json_bytes
 
-    app.add_middleware(Guards, api_key=settings.api_key, limit_for=limit_for, send_error=send_error)
+    app.add_middleware(Guards, api_key=settings.api_key, limit_for=limit_for, send_error=send_error,
+                       body_timeout_s=settings.stall_timeout_s)
 
     # ------------------------------------------------------------------ errors
     def error_response(err: errors.APIError, route: str | None = None) -> JSONResponse:
@@ -105,8 +107,15 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
+                413: "request_too_large"}.get(exc.status_code)
         return error_response(errors.APIError(exc.status_code, str(exc.detail), None, code, dict(exc.headers or {})),
+                              _route(request))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):  # mid-body: nobody to answer, nothing went wrong
+        log.info("%s %s: the client hung up before its request body was in", request.method, request.url.path)
+        return error_response(errors.APIError(499, "the client closed the request", None, "client_disconnected"),
                               _route(request))
 
     @app.exception_handler(Exception)
@@ -149,53 +158,28 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.requests.labels("voices", "", "200").inc()
         return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
 
-    uploads_open = 0  # voice uploads read, waiting or decoding: each holds its file in memory
+    uploads_open = 0  # voice uploads whose file is in memory, waiting for or in their decoding
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
         nonlocal uploads_open
-        if uploads_open >= settings.max_pending_uploads:  # refused before its body is read
-            raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
-                                  "(--max-pending-uploads); retry later", None, "server_busy",
-                                  {"Retry-After": errors.RETRY_AFTER_S})
-        uploads_open += 1
-        try:
-            return await register_voice(request)
-        finally:
-            uploads_open -= 1
-
-    async def register_voice(request: Request) -> dict:
-        # any field may arrive as a file part: counted as fields here, refused by name below
+        # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
         form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
         try:
-            unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
-            if unknown:
-                raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
-                                         "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
-                                         "and consent (optional, not checked)", unknown[0])
-            for key in sorted(set(form.keys())):
-                if len(form.getlist(key)) > 1:
-                    raise errors.bad_request(f"{key} was given more than once", key)
-                if key != "audio_sample" and not isinstance(form[key], str):
-                    raise errors.bad_request(f"{key} must be a text field, not a file", key)
-            name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
-            lora = form.get("lora")
-            kind = form.get("type")
-            if kind not in (None, "audio_sample"):
-                raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
-                                         "type")
-            if not name:
-                raise errors.bad_request("name is required", "name")
-            if name == DEFAULT_VOICE:
-                raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
-            if not isinstance(upload, UploadFile):
-                raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
-                                         "audio_sample")
-            data = await upload.read()
+            name, upload, ref_text, lora = voice_fields(form)
+            if uploads_open >= settings.max_pending_uploads:
+                raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
+                                      "(--max-pending-uploads); retry later", None, "server_busy",
+                                      {"Retry-After": errors.RETRY_AFTER_S})
+            uploads_open += 1
+            try:
+                data = await upload.read()
+                audio, rate = await asyncio.get_running_loop().run_in_executor(
+                    upload_executor, uploads.decode, data, settings.max_voice_seconds)
+            finally:
+                uploads_open -= 1
         finally:
             await form.close()
-        audio, rate = await asyncio.get_running_loop().run_in_executor(
-            upload_executor, uploads.decode, data, settings.max_voice_seconds)
         arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:
@@ -239,6 +223,34 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return app
+
+
+def voice_fields(form) -> tuple:
+    """(name, audio_sample, ref_text, lora) of POST /v1/audio/voices's form, each checked."""
+    unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
+    if unknown:
+        raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
+                                 "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
+                                 "and consent (optional, not checked)", unknown[0])
+    for key in sorted(set(form.keys())):
+        if len(form.getlist(key)) > 1:
+            raise errors.bad_request(f"{key} was given more than once", key)
+        if key != "audio_sample" and not isinstance(form[key], str):
+            raise errors.bad_request(f"{key} must be a text field, not a file", key)
+    name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
+    lora = form.get("lora")
+    kind = form.get("type")
+    if kind not in (None, "audio_sample"):
+        raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
+                                 "type")
+    if not name:
+        raise errors.bad_request("name is required", "name")
+    if name == DEFAULT_VOICE:
+        raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
+    if not isinstance(upload, UploadFile):
+        raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
+                                 "audio_sample")
+    return name, upload, ref_text, lora
 
 
 def _bytes(text: str) -> np.ndarray:

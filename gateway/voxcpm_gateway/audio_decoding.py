@@ -26,13 +26,13 @@ def decode(data: bytes, max_seconds: float, param: str = "audio_sample") -> tupl
         raise errors.bad_request(f"{param} is empty", param)
     try:
         return _soundfile(data, max_seconds, param)
-    except errors.APIError:
+    except (errors.APIError, MemoryError):
         raise
     except Exception:  # noqa: BLE001 - not a format libsndfile reads: try FFmpeg
         pass
     try:
         return _pyav(data, max_seconds, param)
-    except errors.APIError:
+    except (errors.APIError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - neither could read it
         raise errors.bad_request(f"{param} could not be decoded as audio: {e}", param) from None

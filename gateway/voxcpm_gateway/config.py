@@ -22,7 +22,7 @@ class Settings:
     request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
     max_pending_uploads: int = 4  # voice uploads at once (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
-    stall_timeout_s: float = 60.0  # a client that reads nothing this long is cut off (its audio waits in Triton)
+    stall_timeout_s: float = 60.0  # a client that sends or reads nothing this long is cut off
     encode_threads: int = max(2, os.cpu_count() or 2)
     stream_model: str = "tts_stream"
     voices_model: str = "voices"
@@ -47,8 +47,9 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", "3600"),
                     help="seconds a request to Triton may take in all")
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
-                    help="seconds a speech client may read nothing while its audio waits; past it the response is "
-                         "cut off and its synthesis cancelled (the audio it has not read waits in Triton's memory)")
+                    help="seconds a client may send nothing of its request's body (past it: 408), or read nothing "
+                         "of a speech response while its audio waits (past it: the response is cut off and its "
+                         "synthesis cancelled; the audio it has not read waits in Triton's memory)")
     ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
                     help="voice uploads in progress at once (each holds its file in memory; they decode one at "
                          "a time); past it: 429")

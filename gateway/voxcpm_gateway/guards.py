@@ -1,12 +1,14 @@
-"""What is checked before a request reaches its route, as ASGI middleware: the API key, and
-the body size (413 before the body is read whole: by Content-Length when the client sends
-one, else while it arrives)."""
+"""What is checked before a request reaches its route, as ASGI middleware: the API key, the
+body size (413 before the body is read whole: by Content-Length when the client sends one,
+else while it arrives), and a body that stops arriving (408 once none of it came for the
+stall timeout: such a client would hold its connection, and an upload its memory, for good)."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Callable
 
+import anyio
 from starlette.exceptions import HTTPException
 
 from . import errors
@@ -19,16 +21,24 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, too_large(limit).message)
 
 
+class BodyStalled(HTTPException):
+    def __init__(self, seconds: float):
+        super().__init__(408, f"the request body stopped arriving: nothing came for {seconds:g} s (--stall-timeout)")
+
+
 def too_large(limit: int) -> errors.APIError:
     return errors.APIError(413, f"the request body is larger than the limit of {limit} bytes", None,
                            "request_too_large")
 
 
 class Guards:
-    def __init__(self, app, api_key: str | None, limit_for: Callable[[dict], int], send_error, protected="/v1/"):
+    def __init__(self, app, api_key: str | None, limit_for: Callable[[dict], int], send_error, body_timeout_s: float,
+                 protected="/v1/"):
         """limit_for(scope) -> the largest body accepted; send_error(send, APIError) answers;
-        paths under `protected` need the API key (when one is set)."""
+        body_timeout_s: the longest wait for the body's next part; paths under `protected` need
+        the API key (when one is set)."""
         self.app, self.limit_for, self.send_error, self.protected = app, limit_for, send_error, protected
+        self.body_timeout_s = body_timeout_s
         self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope, receive, send):
@@ -44,15 +54,22 @@ class Guards:
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             return await self.send_error(send, too_large(limit))
-        received = 0
+        received, body_done = 0, False
 
         async def limited():
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body, receive waits for the client to hang up: no limit there
+                return await receive()
+            try:
+                with anyio.fail_after(self.body_timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyStalled(self.body_timeout_s) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(limit)
+                body_done = not message.get("more_body", False)
             return message
 
         await self.app(scope, limited, send)

@@ -53,6 +53,9 @@ def sse_event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+SEND_SLICE = 64 << 10  # uvicorn's write buffer's high-water mark
+
+
 class ClientStalled(Exception):
     """A send waited past the stall timeout: the client reads nothing."""
 
@@ -79,7 +82,15 @@ class SpeechResponse:
 
         async def send(message):
             # the server's send waits while the client's socket is full: a client that reads nothing
-            # would hold its synthesis open (and its audio in Triton) until the request timeout
+            # would hold its synthesis open (and its audio in Triton) until the request timeout. It
+            # waits before it writes a message whole, so a body goes in slices: a client cut off
+            # leaves at most one slice beyond the server's buffer with its connection.
+            body = message.get("body", b"")
+            if message["type"] == "http.response.body" and len(body) > SEND_SLICE:
+                last = (len(body) - 1) // SEND_SLICE * SEND_SLICE
+                for i in range(0, last, SEND_SLICE):
+                    await send({"type": "http.response.body", "body": body[i:i + SEND_SLICE], "more_body": True})
+                message = {**message, "body": body[last:]}
             try:
                 with anyio.fail_after(self.stall_timeout_s):
                     await asgi_send(message)
@@ -115,8 +126,9 @@ class SpeechResponse:
                 raise
         if stalled:
             self.outcome = "client_stalled"
-            log.warning("request %s: the client read nothing for %g s (--stall-timeout); the response was cut off "
-                        "and its Triton request cancelled", self.request_id, self.stall_timeout_s)
+            log.warning("request %s: the client read nothing for %g s (--stall-timeout); the response was cut off%s",
+                        self.request_id, self.stall_timeout_s,
+                        " and its Triton request cancelled" if cancelled else " (its synthesis had ended)")
         elif disconnected and cancelled:
             self.outcome = "client_disconnected"
             log.info("request %s: the client hung up; its Triton request was cancelled", self.request_id)

@@ -3,12 +3,14 @@
 FFmpeg and libsndfile parse whatever a client sends. In the gateway's own process a file that
 crashes them (PyAV 18 segfaulted on 8-channel audio) would end every stream the gateway serves;
 in a child it fails its upload: a 400 naming `audio_sample`, as does a decode past the time
-limit (the child is killed) or past the memory limit. Children fork from a forkserver that has
+limit (the child is killed, or ends itself by its alarm if the gateway is gone) or past the
+memory limit. Children fork from a forkserver that has
 the decoders imported, so an upload costs milliseconds more, not an interpreter's start.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import resource
 import signal
@@ -29,8 +31,10 @@ def _forkserver():
     return _context
 
 
-def _child(conn, data: bytes, max_seconds: float, param: str, memory_limit: int):
+def _child(conn, data: bytes, max_seconds: float, param: str, memory_limit: int, timeout_s: float):
     resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file holding the user's audio
+    signal.alarm(math.ceil(timeout_s) + 1)  # ends a hung decode even where the gateway died without killing it
     try:
         audio, rate = audio_decoding.decode(data, max_seconds, param)
         conn.send(("ok", audio, rate))
@@ -59,11 +63,16 @@ class UploadDecoder:
         """audio_decoding.decode in a child process (blocking: call it from a thread)."""
         ctx = _forkserver()
         receiver, sender = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(sender, data, max_seconds, param, self.memory_limit),
+        proc = ctx.Process(target=_child, args=(sender, data, max_seconds, param, self.memory_limit, self.timeout_s),
                            name="voxcpm-gateway-decode", daemon=True)
         try:
-            proc.start()
-            sender.close()
+            try:
+                proc.start()
+            except OSError as e:  # no process (a process limit), or it died before it read its work
+                raise errors.APIError(503, f"{param} could not be decoded now: no decoder process started ({e})",
+                                      param, "server_unavailable", {"Retry-After": errors.RETRY_AFTER_S}) from None
+            finally:
+                sender.close()
             if not receiver.poll(self.timeout_s):
                 raise errors.bad_request(f"{param} took longer than {self.timeout_s:g} s to decode "
                                          "(--decode-timeout)", param)
@@ -75,9 +84,10 @@ class UploadDecoder:
                                          f"({_death(proc.exitcode)})", param) from None
         finally:
             receiver.close()
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5)
+            if proc.pid is not None:  # it started
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(5)
         if result[0] == "error":
             raise errors.bad_request(result[1], param)
         return result[1], result[2]
