@@ -4,8 +4,8 @@ FFmpeg and libsndfile parse whatever a client sends. In the gateway's own proces
 crashes them (PyAV 18 segfaulted on 8-channel audio) would end every stream the gateway serves;
 in a child it fails its upload: a 400 naming `audio_sample`, as does a decode past the time
 limit (the child is killed, or ends itself by its alarm if the gateway is gone) or past the
-memory limit. Children fork from a forkserver that has
-the decoders imported, so an upload costs milliseconds more, not an interpreter's start.
+memory limit. Children fork from a forkserver that has the decoders imported, so an upload
+costs tens of milliseconds more, not an interpreter's start.
 """
 
 from __future__ import annotations
