@@ -102,6 +102,20 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
 def _pids_in_group(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     pids = []

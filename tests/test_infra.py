@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import require_executable
-from tests.server import REPO, TritonServer, _cmdline, _free_ports, _pids_in_group, triton_env
+from tests.server import REPO, TritonServer, _children, _cmdline, _free_ports, _pids_in_group, triton_env
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
 ECHO_REPO = REPO / "tests" / "fixtures" / "echo_repo"
@@ -219,19 +219,6 @@ def test_metrics_endpoint(server):
 
 
 # --- lifecycle: scripts/serve.sh, SIGTERM -------------------------------------------------
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
 
 
 def _status(url: str, headers: dict | None = None) -> int:

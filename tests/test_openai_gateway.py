@@ -33,7 +33,7 @@ av = require_module("av", "av in requirements.txt")
 sf = require_module("soundfile", "soundfile in requirements.txt")
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
-from tests.server import REPO, free_port, repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, _children, free_port, repository_copy, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, grpcclient, stream_infer, tts_http, wait_idle  # noqa: E402
 from tests.test_server import metrics as triton_metrics  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -478,10 +478,7 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
 
 def _decoders(gateway) -> list[int]:
     """The gateway's upload decoders: children of its forkserver, the gateway's child."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
-    pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
-    children = {pid for pid, ppid in pairs if ppid == gateway.proc.pid}
-    return [pid for pid, ppid in pairs if ppid in children]
+    return [pid for child in _children(gateway.proc.pid) for pid in _children(child)]
 
 
 def _partial_upload(gateway, path: str = "/v1/audio/voices", sent: bytes = b"--x\r\n") -> socket.socket:
