@@ -521,3 +521,16 @@ def test_compose_runs_the_openai_gateway_beside_triton():
     assert svc["restart"] == "unless-stopped" and "triton" in svc["depends_on"]
     assert _env(svc)["VOXCPM_OPENAI_API_KEY"] is None
     assert _env(_compose_config("openai", VOXCPM_OPENAI_API_KEY="sk-1"))["VOXCPM_OPENAI_API_KEY"] == "sk-1"
+
+
+def test_every_readme_bash_block_parses():
+    """A README command a user pastes must at least be valid shell: an apostrophe inside a '...'
+    JSON body once left the LoRA example waiting at bash's continuation prompt."""
+    blocks = []
+    for readme in (REPO / "README.md", REPO / "client" / "README.md", REPO / "gateway" / "README.md"):
+        if readme.exists():
+            blocks += [(readme.name, b) for b in re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S)]
+    assert blocks
+    for name, block in blocks:
+        r = subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True)
+        assert r.returncode == 0, f"{name}: a bash block does not parse: {r.stderr}\n{block}"
