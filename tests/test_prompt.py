@@ -61,3 +61,19 @@ def test_an_empty_prompt_audio_leaves_the_prompt_ending_in_text():
 def test_features_of_another_shape_are_refused(shape):
     with pytest.raises(ValueError, match="audio features"):
         build_prompt(IDS, 2, torch.zeros(shape), None, P, D)
+
+
+def test_resample_factors_stay_small_for_awkward_rates():
+    """A reference at 383999 Hz (gcd 1 with 16000) made resample_poly build a 7.7M-tap filter:
+    1.4 s of vae_encoder CPU for 1000 samples, stalling every other request."""
+    import numpy as np
+
+    from voxcpm_triton.checks import RESAMPLE_MAX_DOWN, resample, resample_factors
+
+    up, down = resample_factors(383999, 16000)
+    assert down <= RESAMPLE_MAX_DOWN and up <= RESAMPLE_MAX_DOWN
+    for rate, exact in ((44100, (160, 441)), (22050, (320, 441)), (48000, (1, 3)), (8000, (2, 1)),
+                        (384000, (1, 24)), (11025, (640, 441))):
+        assert resample_factors(rate, 16000) == exact
+    out = resample(np.full(3840, 0.01, np.float32), 383999, 16000)
+    assert out.dtype == np.float32 and abs(len(out) - 160) <= 1

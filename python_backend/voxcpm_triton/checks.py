@@ -101,15 +101,26 @@ def check_waveform(audio, sample_rate, name: str, rate_name: str | None = None,
     return audio
 
 
+RESAMPLE_MAX_DOWN = 1000
+
+
+def resample_factors(src_rate: int, dst_rate: int) -> tuple[int, int]:
+    """(up, down) for resample_poly. An awkward rate (383999 Hz: gcd 1) would make a filter of
+    millions of taps and seconds of CPU for a few samples; the ratio is approximated with a
+    denominator of at most RESAMPLE_MAX_DOWN (every common rate stays exact; 383999 is off by 3 ppm)."""
+    from fractions import Fraction
+
+    r = Fraction(int(dst_rate), int(src_rate)).limit_denominator(RESAMPLE_MAX_DOWN)
+    return max(r.numerator, 1), r.denominator
+
+
 def resample(audio: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
     if int(src_rate) == int(dst_rate):
         return audio
-    from math import gcd
-
     from scipy.signal import resample_poly
 
-    g = gcd(int(src_rate), int(dst_rate))
-    return resample_poly(audio, int(dst_rate) // g, int(src_rate) // g).astype(np.float32)
+    up, down = resample_factors(src_rate, dst_rate)
+    return resample_poly(audio, up, down).astype(np.float32)
 
 
 # The reference's bad-case retry (VoxCPM.generate, retry_badcase): a whole utterance of at least
