@@ -12,6 +12,7 @@ from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, 
 from voxcpm_triton.engine.kv_cache import PagedKVCache
 from voxcpm_triton.engine.request import prompt_block_hashes
 from voxcpm_triton.engine.step_runner import check_batch_buckets, check_timestep_buckets
+from voxcpm_triton import checks
 from voxcpm_triton.checks import TIMESTEPS_RANGE
 from voxcpm_triton.model import split_k
 from voxcpm_triton.model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
@@ -334,6 +335,29 @@ def test_request_that_can_never_fit_is_refused(vox):
             eng.submit(EngineRequest("big", prompt_for(vox, "zero_shot", "Too long."), max_len=100))
         with pytest.raises(ValueError, match="cfg_value"):
             eng.submit(EngineRequest("bad", prompt_for(vox, "zero_shot", "x"), cfg_value=float("nan")))
+        assert eng.stats()["in_flight_ids"] == 0
+    finally:
+        eng.shutdown()
+
+
+def test_a_long_text_without_max_len_gets_the_room_the_context_leaves(vox):
+    """The default limit (6 patches a token + 10, at most 4096) is cut to what the model's context leaves
+    after the prompt, not refused as if the caller had asked for more; a prompt that fills the context is
+    refused naming the text and prompt."""
+    prompt = prompt_for(vox, "zero_shot", "Many words here. " * 200)
+    room = vox.cfg.max_length - len(prompt)
+    assert 0 < room < checks.default_max_len(prompt.n_target_tokens), "the text must outgrow the context"
+    assert checks.default_max_len(prompt.n_target_tokens, room) == room
+    eng = Engine(vox, EngineConfig(num_blocks=vox.cfg.max_length // 4 + 8, block_size=4))
+    try:
+        events = []
+        eng.submit(EngineRequest("long", prompt, seed=1), sink=events.append)
+        assert eng.cancel("long")
+        wait_for(lambda: any(isinstance(e, Finished) for e in events))
+        full = vox.prepare_prompt("Many words here. " * 200)
+        full.tokens = torch.cat([full.tokens, full.tokens.new_zeros(room)])  # exactly the context's length
+        with pytest.raises(ValueError, match=r"take 4096 of the model's 4096 positions, leaving none"):
+            eng.submit(EngineRequest("full", full))
         assert eng.stats()["in_flight_ids"] == 0
     finally:
         eng.shutdown()

@@ -130,9 +130,19 @@ BADCASE_RATIO = 6.0
 RETRY_MAX_TIMES = 3
 
 
-def default_max_len(n_target_tokens: int, cap: int = 4096) -> int:
-    """The reference's length limit: 6 patches per target token + 10, at most `cap` (VoxCPM.generate's max_len)."""
-    return min(int(n_target_tokens * BADCASE_RATIO + 10), cap)
+def check_room(n_prompt: int, max_positions: int):
+    """A prompt must leave the model's context at least one position to generate in."""
+    if n_prompt >= max_positions:
+        raise ValueError(f"the text and prompt take {n_prompt} of the model's {max_positions} positions, leaving "
+                         "none to generate: shorten the text, the prompt text or the prompt audio")
+
+
+def default_max_len(n_target_tokens: int, capacity: int | None = None, cap: int = 4096) -> int:
+    """The reference's length limit: 6 patches per target token + 10, at most `cap` (VoxCPM.generate's
+    max_len), and at most `capacity` (the positions the context leaves after the prompt) where given:
+    a long text is not refused for a limit its caller never set."""
+    n = min(int(n_target_tokens * BADCASE_RATIO + 10), cap)
+    return n if capacity is None else min(n, capacity)
 
 
 def is_badcase(n_patches: int, n_target_tokens: int) -> bool:

@@ -245,8 +245,7 @@ class VoxCPM2:
         full_text = (prompt_text + text) if prm is not None else text
         prompt = build_prompt(self.tokenizer(full_text), len(self.tokenizer(text)), ref, prm,
                               self.patch_size, self.feat_dim)
-        if len(prompt) >= self.cfg.max_length:
-            raise ValueError(f"prompt is {len(prompt)} positions; the model's limit is {self.cfg.max_length}")
+        checks.check_room(len(prompt), self.cfg.max_length)
         return prompt
 
     # ------------------------------------------------------------------ generation
@@ -293,10 +292,11 @@ class VoxCPM2:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
                                          reference_audio, reference_sample_rate, normalize)
         max_len_default = max_len is None
+        capacity = self.cfg.max_length - len(prompt)
         if max_len_default:
-            max_len = default_max_len(prompt.n_target_tokens)
+            max_len = default_max_len(prompt.n_target_tokens, capacity)
         checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,
-                                capacity=self.cfg.max_length - len(prompt), max_len_default=max_len_default)
+                                capacity=capacity, max_len_default=max_len_default)
         shape = (self.feat_dim, self.patch_size)
         if noise is not None:
             noise = torch.as_tensor(noise)

@@ -249,9 +249,11 @@ class Engine:
     def submit(self, request: EngineRequest, sink: Callable[[Event], None] | None = None) -> RequestHandle:
         """Queue a request. Invalid or never-fitting requests raise ValueError here."""
         p = request.prompt
-        max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens)
+        checks.check_room(len(p), self.max_positions)
+        capacity = self.max_positions - len(p)
+        max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens, capacity)
         checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
-                                capacity=self.max_positions - len(p), max_len_default=request.max_len is None)
+                                capacity=capacity, max_len_default=request.max_len is None)
         seed = checks.check_seed(resolve_seed(request.seed))
         need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
         lora_slot, salt = self._acquire_lora(request.lora)  # held until the request ends
