@@ -150,6 +150,7 @@ def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(
     ("add", "missing", r"LoRA adapter directory not found: <lora_dir>/missing$"),
     ("add", "broken", r"\] <lora_dir>/broken/lora_weights\.safetensors: cannot read tensors"),
     ("add", "a/b", r"NAME: 'a/b' is not a valid LoRA adapter name"),
+    ("add", "z" * 70_000, r"NAME: 'z{80}'\.\.\. \(70000 characters\) is not a valid LoRA adapter name"),
     ("add", None, r"ACTION add needs NAME"),
     ("list", "lm_dit", r"ACTION list takes no NAME"),
     ("load", "lm_dit", r"ACTION must be one of add, remove, list, got 'load'"),

@@ -113,6 +113,21 @@ def test_path_like_empty_and_long_names_are_refused(server, voices_dir, name):
     assert voices(server, "list") == []
 
 
+def test_a_huge_name_comes_back_cut_short(server):
+    """A megabyte-long VOICE is named in its error by its first characters and length: the whole of it
+    would be over gRPC's 16 KiB limit on an error message (RESOURCE_EXHAUSTED instead of the error)."""
+    from tests.test_server import grpcclient
+    huge = "x" * 100_000
+    want = rf"VOICE 'x{{80}}'\.\.\. \(100000 characters\) {NAME_ERROR}"
+    with pytest.raises(InferenceServerException, match=want) as info:
+        stream_infer(server, "tts_stream", _inputs(grpcclient, TEXT, VOICE=_b(huge), **GEN))
+    assert len(info.value.message()) < 400
+    with pytest.raises(InferenceServerException, match=r"NAME 'x{80}'\.\.\. \(4000 characters\)"):
+        voices(server, "add", huge[:4000], ref_audio(), 16000)
+    with pytest.raises(InferenceServerException, match=r"got 'y{80}'\.\.\. \(4000 characters\)$"):
+        voices(server, "y" * 4000)
+
+
 def test_64_characters_is_a_name(server):
     assert voices(server, "add", "v" * 64, ref_audio(), 16000) == ["v" * 64]
     assert voices(server, "remove", "v" * 64) == []

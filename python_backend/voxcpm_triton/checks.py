@@ -130,6 +130,14 @@ BADCASE_RATIO = 6.0
 RETRY_MAX_TIMES = 3
 
 
+def shown(value: str, limit: int = 80) -> str:
+    """`value` quoted for an error message, cut to `limit` characters: a client's megabyte-long name
+    must not come back in an error (gRPC refuses an error message over its 16 KiB metadata limit)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def check_room(n_prompt: int, max_positions: int):
     """A prompt must leave the model's context at least one position to generate in."""
     if n_prompt >= max_positions:

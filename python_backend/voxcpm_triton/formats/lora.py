@@ -27,6 +27,8 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 
+from ..checks import shown
+
 WEIGHT_FILES = ("lora_weights.safetensors", "lora_weights.ckpt")
 CONFIG_FILE = "lora_config.json"
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
@@ -42,7 +44,8 @@ class LoraError(ValueError):
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise LoraError(f"{name!r} is not a valid LoRA adapter name: {NAME_RULE}")
+        raise LoraError(f"{shown(name) if isinstance(name, str) else repr(name)} is not a valid LoRA adapter "
+                        f"name: {NAME_RULE}")
     return name
 
 

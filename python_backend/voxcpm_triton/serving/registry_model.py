@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from . import bls_stream, contract
 from .triton_io import InputError, error_response, get, pb, tensor
 
@@ -34,7 +35,7 @@ class RegistryModel:
     def _action(inputs: dict) -> str:
         action = contract.value(inputs.get("ACTION"), "ACTION", str)
         if action not in ACTIONS:
-            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {action!r}")
+            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {checks.shown(action)}")
         return action
 
     async def _act(self, action: str, inputs: dict) -> list[str]:

@@ -33,6 +33,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from .. import checks
 from .triton_io import Busy, InputError
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
@@ -50,7 +51,7 @@ def check_name(name: str | None, input_name: str = "NAME") -> str:
     if name is None:
         raise InputError(f"{input_name} is required")
     if not NAME_RE.fullmatch(name):
-        raise InputError(f"{input_name} {name!r} is not a valid voice name: 1 to 64 characters of "
+        raise InputError(f"{input_name} {checks.shown(name)} is not a valid voice name: 1 to 64 characters of "
                          "A-Z a-z 0-9 _ . -, not starting with '.'")
     return name
 
