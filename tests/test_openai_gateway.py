@@ -890,6 +890,38 @@ def test_unreachable_triton_is_503(tmp_path):
         gw.stop()
 
 
+def test_the_gateway_finds_a_triton_that_comes_back_within_seconds(tmp_path):
+    """A Triton down for long (a restart loading a big model) is found again within a few seconds of
+    its return: gRPC's default reconnect backoff grows to two minutes, the gateway's stays at 1 s."""
+    from concurrent import futures
+
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    class Ready(service_pb2_grpc.GRPCInferenceServiceServicer):
+        def ModelReady(self, request, context):
+            return service_pb2.ModelReadyResponse(ready=True)
+
+    port = free_port()
+    gw = Gateway(f"127.0.0.1:{port}", tmp_path, wait_healthy=False)
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    try:
+        deadline = time.monotonic() + 45  # Triton away long enough for the default backoff to pass 15 s
+        while time.monotonic() < deadline:
+            assert gw.status("/health") == 503
+            time.sleep(1)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Ready(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        t0 = time.monotonic()
+        while gw.status("/health") != 200:
+            assert time.monotonic() - t0 < 5, "the gateway did not reconnect within 5 s"
+            time.sleep(0.1)
+    finally:
+        server.stop(0)
+        gw.stop()
+
+
 def test_normalize_reaches_tts_stream(client, server):
     """`normalize` is sent as NORMALIZE: the same audio as tts_stream with NORMALIZE."""
     text = "It costs $5 on 3/4."

@@ -16,10 +16,13 @@ import asyncio
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 HEALTH_TIMEOUT_S = 5.0  # /health's wait for Triton's answer
+# gRPC backs off up to 120 s between reconnects by default, so after a long Triton restart the
+# gateway would answer 503 for up to two minutes more; on the loopback a retry a second costs nothing.
+RECONNECT_BACKOFF_MS = 1000
 
 
 class TritonError(Exception):
@@ -117,6 +120,19 @@ class SynthesisStream:
         return self.call.cancel()
 
 
+def channel_args() -> list[tuple]:
+    """tritonclient's own channel options (passing any replaces them all) and a short reconnect backoff."""
+    keepalive = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
+
+
 class TritonBackend:
     def __init__(self, url: str, stream_model: str = "tts_stream", voices_model: str = "voices",
                  timeout_s: float = 3600.0):
@@ -126,7 +142,7 @@ class TritonBackend:
     @property
     def client(self) -> grpcaio.InferenceServerClient:
         if self._client is None:  # made on first use: a grpc.aio channel belongs to the running loop
-            self._client = grpcaio.InferenceServerClient(url=self.url)
+            self._client = grpcaio.InferenceServerClient(url=self.url, channel_args=channel_args())
         return self._client
 
     def synthesize(self, arrays: dict[str, np.ndarray], request_id: str) -> SynthesisStream:
