@@ -348,6 +348,32 @@ def test_cli_server_down_exit_2(tmp_path, protocol):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args", [("hello",), ("voices", "list")])
+def test_cli_http_at_a_grpc_port_is_one_line_exit_2(tmp_path, args):
+    """--protocol http (the default for `tts`) aimed at a gRPC port: the server answers HTTP/2 frames."""
+    import threading
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        url = f"127.0.0.1:{srv.getsockname()[1]}"
+
+        def answer():
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x04\x00\x40\x00\x00")  # HTTP/2 SETTINGS
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        p = run_cli(*args, "--protocol", "http", "--url", url, "--timeout", "20", *(("-o", str(tmp_path / "o.wav"))
+                                                                                     if args == ("hello",) else ()))
+        thread.join(30)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == (f"error: {url} did not answer as Triton's HTTP endpoint (HTTPParseError): is it the "
+                                "gRPC port? (Triton's defaults: HTTP 8000, gRPC 8001)"), p.stderr
+
+
 def test_cli_bad_arguments_exit_2(tmp_path):
     p = run_cli("hello", "--prompt-audio", str(tmp_path / "p.wav"))
     assert p.returncode == 2 and "--prompt-text" in p.stderr and "Traceback" not in p.stderr

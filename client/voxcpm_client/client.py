@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import queue
 import time
 from typing import Callable, List, Optional
@@ -156,6 +157,9 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
         raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
     except OSError as exc:  # refused, reset, unresolvable host
         raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
+    except http.client.HTTPException as exc:  # an answer that is not HTTP/1.1 (Triton's gRPC port, say)
+        raise ServerUnavailable(f"{url} did not answer as Triton's HTTP endpoint ({type(exc).__name__}): is it "
+                                "the gRPC port? (Triton's defaults: HTTP 8000, gRPC 8001)") from None
 
 
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
