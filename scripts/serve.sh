@@ -28,6 +28,11 @@
 #                         0: no gateway
 #   VOXCPM_OPENAI_API_KEY the API key the gateway requires (Authorization: Bearer), unset: none
 #   VOXCPM_PROBE_INTERVAL seconds between liveness probes, default 10 (0: none)
+#   VOXCPM_PROBE_TIMEOUT  seconds a probe's synthesis may take, default 60
+#   VOXCPM_PROBE_FAILURES failed probes in a row before a restart, default 3 (a dead model: at once)
+#   VOXCPM_START_TIMEOUT  seconds a start may take to become ready, default 900
+#   VOXCPM_MAX_FAILED_STARTS starts in a row that never become ready before giving up (exit 1),
+#                         default 5 (0: never give up)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first
 set -euo pipefail

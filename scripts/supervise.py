@@ -28,6 +28,11 @@ leave more, until the server could not start. So the supervisor notes the region
 model processes' command lines while the server runs and removes those left once its whole
 process group is gone.
 
+A start that never becomes ready (a bad checkpoint, a port another process holds: the supervisor
+checks the server's ports are free before each start, so it never takes another server's answers
+for its own) is retried with a growing pause; after `--max-failed-starts` of them in a row the
+supervisor gives up and exits 1, so that a container's restart policy or a person sees it.
+
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
 exits (backing off while it keeps failing), left running while the server restarts, and stopped
@@ -42,6 +47,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +87,33 @@ def _arg(args: list[str], name: str, default: str) -> str:
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return default
+
+
+def _ports(args: list[str]) -> list[tuple[str, str, int]]:
+    """(name, address, port) of each endpoint the server will listen on, from its arguments (Triton's
+    defaults where they say nothing)."""
+    out = []
+    for name, port in (("http", "8000"), ("grpc", "8001"), ("metrics", "8002")):
+        if _arg(args, f"allow-{name}", "true").lower() in ("false", "0", "no", "off"):
+            continue
+        try:
+            out.append((name, _arg(args, f"{name}-address", "0.0.0.0"), int(_arg(args, f"{name}-port", port))))
+        except ValueError:
+            continue  # the server reports a malformed port itself
+    return out
+
+
+def _taken(ports: list[tuple[str, str, int]]) -> list[str]:
+    """The endpoints whose port another process holds (binding it fails)."""
+    taken = []
+    for name, host, port in ports:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no holder
+            try:
+                s.bind((host, port))
+            except OSError:
+                taken.append(f"{name} {host}:{port}")
+    return taken
 
 
 def _group_alive(pgid: int) -> list[int]:
@@ -205,6 +238,8 @@ class Supervisor:
         self.run_dir: str | None = None
         self.shm_prefix = _shm_prefix(self.args)
         self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
+        self.ports = _ports(self.args)
+        self.was_ready = False  # whether the current server became ready
         self.stopping = False
 
     # ------------------------------------------------------------------ one server
@@ -217,6 +252,7 @@ class Supervisor:
                                      preexec_fn=_die_with_supervisor)
         self.regions = set()
         self.started = time.monotonic()
+        self.was_ready = False
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None):
@@ -291,25 +327,40 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         backoff = 1.0
+        failed = 0  # starts in a row that never became ready
         for c in self.companions:
             c.tend()
         while not self.stopping:
-            self.start()
-            reason = self.watch()
-            if self.stopping:
-                break
-            up = time.monotonic() - self.started
-            # A broken server's requests to its dead model never finish: don't wait out its exit timeout.
-            self.stop(reason, grace=BROKEN_GRACE_S)
+            taken = _taken(self.ports)
+            if taken:
+                reason, up = f"port in use by another process: {', '.join(taken)}", 0.0
+            else:
+                self.start()
+                reason = self.watch()
+                if self.stopping:
+                    break
+                up = time.monotonic() - self.started
+                # A broken server's requests to its dead model never finish: don't wait out its exit timeout.
+                self.stop(reason, grace=BROKEN_GRACE_S)
+            failed = 0 if self.was_ready and not taken else failed + 1
+            if self.opts.max_failed_starts and failed >= self.opts.max_failed_starts:
+                log(f"giving up: {failed} start(s) in a row never became ready; the last: {reason}")
+                self._stop_companions()
+                return 1
             backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
             log(f"restarting in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
-        for c in self.companions:  # both drain their requests at once
+        self._stop_companions(server=True)
+        return 0
+
+    def _stop_companions(self, server: bool = False):
+        """Stop the companions (and the server with them, draining together)."""
+        for c in self.companions:
             c.terminate()
-        self.stop("asked to stop")
+        if server:
+            self.stop("asked to stop")
         for c in self.companions:
             c.stop()
-        return 0
 
     def watch(self) -> str:
         """Wait until the server must be restarted; -> why."""
@@ -322,9 +373,10 @@ class Supervisor:
                 return f"tritonserver exited with code {self.proc.returncode}"
             now = time.monotonic()
             if ready_since is None:
+                # noted while it loads too: a server killed for never becoming ready leaves its regions
+                self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
                 if self.ready():
-                    ready_since = now
-                    self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
+                    ready_since, self.was_ready = now, True
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"
@@ -389,6 +441,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-failures", type=int, default=int(env("VOXCPM_PROBE_FAILURES", "3")),
                     help="consecutive failed probes before a restart (a dead model process restarts at once)")
     ap.add_argument("--start-timeout", type=float, default=float(env("VOXCPM_START_TIMEOUT", "900")))
+    ap.add_argument("--max-failed-starts", type=int, default=int(env("VOXCPM_MAX_FAILED_STARTS", "5")),
+                    help="starts in a row that never become ready before giving up (exit 1); 0: never give up")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
     ap.add_argument("--print-restricted", action="store_true",

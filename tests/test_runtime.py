@@ -195,6 +195,65 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
             sup.kill()
 
 
+def _supervise(tmp_path, server: str, *args: str, opts=()):
+    """scripts/supervise.py run to its end on a stand-in server (`python -c server args...`)."""
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), *opts, "--", sys.executable,
+                           "-c", server, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_supervisor_gives_up_on_a_server_that_never_becomes_ready(tmp_path):
+    """A server that exits at once (a bad checkpoint) is started --max-failed-starts times, backing off,
+    then the supervisor exits 1 saying why, instead of restarting it forever."""
+    from tests.server import free_port
+
+    count = tmp_path / "starts"
+    server = f"open({str(count)!r}, 'a').write('x'); raise SystemExit(3)"
+    p = _supervise(tmp_path, server, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                   f"--metrics-port={free_port()}", opts=("--max-failed-starts", "3"))
+    assert p.returncode == 1, p.stderr
+    assert count.read_text() == "xxx"
+    assert "giving up: 3 start(s) in a row never became ready; the last: tritonserver exited with code 3" in p.stderr
+
+
+def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(tmp_path):
+    """Another server on the HTTP port would answer the readiness checks and probes for this one: the
+    supervisor refuses to start while the port is held, naming it."""
+    import socket
+
+    from tests.server import free_port
+
+    marker = tmp_path / "started"
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        p = _supervise(tmp_path, f"open({str(marker)!r}, 'w')", f"--http-port={port}", "--http-address=127.0.0.1",
+                       f"--grpc-port={free_port()}", f"--metrics-port={free_port()}", opts=("--max-failed-starts", "2"))
+    assert p.returncode == 1, p.stderr
+    assert not marker.exists(), "a server was started on a port another process holds"
+    assert f"port in use by another process: http 127.0.0.1:{port}" in p.stderr
+
+
+def test_a_server_killed_while_loading_leaves_no_shared_memory_region(tmp_path):
+    """Regions are noted while the server loads too, so one killed for never becoming ready (here after
+    --start-timeout) has its model processes' regions removed like one that was ready."""
+    from tests.server import free_port
+
+    name = f"voxcpm_test_region_{os.getpid()}_{time.monotonic_ns()}"
+    path = os.path.join(supervise.SHM_DIR, name)
+    server = f"import sys, time; open({path!r}, 'w'); time.sleep(60)"
+    try:
+        p = _supervise(tmp_path, server, name, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                       f"--metrics-port={free_port()}", "--backend-config=python,shm-region-prefix-name=voxcpm_test_",
+                       opts=("--max-failed-starts", "1", "--start-timeout", "2"))
+        assert p.returncode == 1 and "not ready after 2 s" in p.stderr, p.stderr
+        assert not os.path.exists(path), p.stderr
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):
     """runtime.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
     another process's (another start time) goes, contents and all, unless a live process holds it (a
