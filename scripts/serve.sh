@@ -15,6 +15,9 @@
 #   TRITON_GRPC_PORT      default 8001
 #   TRITON_METRICS_PORT   default 8002
 #   TRITON_BIND           address to bind, default 127.0.0.1 (0.0.0.0 for all)
+#   TRITON_HTTP_BIND      address of the HTTP endpoint alone, default TRITON_BIND: 127.0.0.1 keeps it
+#                         on the loopback while gRPC and the gateway serve other hosts (see the README,
+#                         "Running it safely": Triton 2.51's HTTP JSON parser is for trusted clients)
 #   TRITON_LOG_VERBOSE    tritonserver --log-verbose level, default 0
 #   TRITON_EXIT_TIMEOUT   seconds a SIGTERM gives the server, default 30: running requests get half,
 #                         then end with an error; the models unload in the rest
@@ -74,7 +77,7 @@ cmd=(
     "$TRITONSERVER_BIN"
     --model-repository="$MODEL_REPOSITORY"
     --backend-directory="$TRITON_BACKEND_DIR"
-    --http-address="$BIND" --http-port="${TRITON_HTTP_PORT:-8000}"
+    --http-address="${TRITON_HTTP_BIND:-$BIND}" --http-port="${TRITON_HTTP_PORT:-8000}"
     --grpc-address="$BIND" --grpc-port="${TRITON_GRPC_PORT:-8001}"
     --metrics-address="$BIND" --metrics-port="${TRITON_METRICS_PORT:-8002}"
     --allow-metrics=true
@@ -87,7 +90,7 @@ if [[ $mode == cmd ]]; then
     echo
     exit 0
 fi
-echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
+echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_BIND:-$BIND}:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     # Bare, with the restricted-API flags the supervisor adds otherwise (its function makes them).
     mapfile -t cmd < <("$VENV/bin/python" "$REPO/scripts/supervise.py" --print-restricted -- "${cmd[@]}")

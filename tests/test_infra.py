@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -227,6 +228,21 @@ def _status(url: str, headers: dict | None = None) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_serve_sh_can_keep_http_on_the_loopback_alone():
+    """TRITON_HTTP_BIND moves the HTTP endpoint alone (Triton's HTTP frontend is for trusted clients)."""
+    env = triton_env()
+    env.update(SKIP_SETUP="1", TRITON_BIND="0.0.0.0", TRITON_HTTP_BIND="127.0.0.1")
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    addresses = [a for a in shlex.split(out.stdout) if "-address=" in a]
+    assert addresses == ["--http-address=127.0.0.1", "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0"]
+    env.pop("TRITON_HTTP_BIND")
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert "--http-address=0.0.0.0" in shlex.split(out.stdout)
 
 
 @pytest.mark.parametrize("key", ["let-me-in", None])
