@@ -532,3 +532,15 @@ def test_every_readme_bash_block_parses():
     for name, block in blocks:
         r = subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True)
         assert r.returncode == 0, f"{name}: a bash block does not parse: {r.stderr}\n{block}"
+
+
+def test_the_readme_names_every_metric_the_models_export():
+    """Each metric a model process or the gateway declares is described in the README."""
+    readme = (REPO / "README.md").read_text()
+    names = set()
+    for path in [*(REPO / "python_backend" / "voxcpm_triton").rglob("*.py"), *(REPO / "gateway").rglob("*.py")]:
+        src = path.read_text()
+        names.update(re.findall(r'(?:metric|Counter|Gauge|Histogram)\(\s*"(voxcpm_[a-z_]+)"', src))
+        names.update(re.findall(r'^\s*"(voxcpm_[a-z_]+)", "', src, re.MULTILINE))  # metric( on the line above
+    assert len(names) > 30, names
+    assert sorted(n for n in names if n not in readme) == []

@@ -214,6 +214,24 @@ def error_body(exc: "openai.APIStatusError") -> dict:
 # --- the encoders, without a server ---------------------------------------------------------------------
 
 
+def test_bad_settings_are_refused_by_name(monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway.config import parse_args
+
+    monkeypatch.delenv("OPENAI_API_PORT", raising=False)
+    assert parse_args(["--log-level", "WARNING"]).log_level == "warning"
+    for argv, env, message in (
+            (["--log-level", "loud"], {}, "argument --log-level: invalid choice: 'loud'"),
+            ([], {"VOXCPM_OPENAI_LOG_LEVEL": "loud"}, "VOXCPM_OPENAI_LOG_LEVEL must be one of critical, error"),
+            ([], {"OPENAI_API_PORT": "0"}, "--port must be 1..65535, got 0 (OPENAI_API_PORT=0 tells scripts/serve.sh")):
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            with pytest.raises(SystemExit) as info:
+                parse_args(argv)
+        assert info.value.code == 2 and message in capsys.readouterr().err, (argv, env)
+
+
 def test_pcm_wav_flac_carry_the_quantized_samples():
     """pcm, wav and flac hold exactly clip(x, -1, 1) * 32767 rounded, whatever the chunking; the
     lossy formats keep the waveform (a known delay, high correlation)."""

@@ -264,7 +264,7 @@ def test_client_cli_voices(server, tmp_path, protocol):
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 0
     r = cli("remove", "cli-voice")
-    assert r.returncode == 0 and r.stdout.split() == []
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "no voices are stored\n", r.stderr
     r = cli("remove", "cli-voice")
     assert r.returncode == 2 and "unknown voice 'cli-voice'" in r.stderr
     r = cli("add", "../evil", str(wav))

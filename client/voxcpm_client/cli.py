@@ -90,6 +90,8 @@ def voices_main(argv) -> int:
         return 2
     for name in names:
         print(name)
+    if not names:  # stdout stays the list (empty); a person sees why nothing came
+        print("no voices are stored", file=sys.stderr)
     return 0
 
 

@@ -29,6 +29,9 @@ class Settings:
     log_level: str = "info"
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
 def parse_args(argv=None) -> Settings:
     env = os.environ.get
     d = Settings()
@@ -55,13 +58,17 @@ def parse_args(argv=None) -> Settings:
                          "a time); past it: 429")
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400")
-    ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"))
+    ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"),
+                    type=str.lower, choices=LOG_LEVELS, help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL)")
     a = ap.parse_args(argv)
+    if a.log_level not in LOG_LEVELS:  # argparse does not check a default (here the environment's)
+        ap.error(f"VOXCPM_OPENAI_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {a.log_level!r}")
     names = a.model_name or [n.strip() for n in env("VOXCPM_OPENAI_MODEL_NAME", "voxcpm2").split(",") if n.strip()]
     if not names:
         ap.error("no model name")
     if not 0 < a.port < 65536:
-        ap.error(f"--port must be 1..65535, got {a.port}")
+        ap.error(f"--port must be 1..65535, got {a.port}" + (
+            " (OPENAI_API_PORT=0 tells scripts/serve.sh to run no gateway)" if a.port == 0 else ""))
     if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads) <= 0:
         ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout and --max-pending-uploads "
                  "must be positive")

@@ -290,7 +290,7 @@ class Engine:
             raise ValueError(f"lora must be an adapter's name (a string), got {type(name).__name__}")
         if self.loras is None:
             raise ValueError(f"lora: LoRA adapter {name!r} requested but this server loads no adapters "
-                             "(decoder parameter lora_dir)")
+                             "(decoder parameter lora_dir, or VOXCPM_LORA_DIR)")
         try:
             return self.loras.acquire(name)
         except ValueError as e:
