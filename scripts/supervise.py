@@ -348,7 +348,7 @@ class Supervisor:
                 self._stop_companions()
                 return 1
             backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
-            log(f"restarting in {backoff:.0f} s: {reason}")
+            log(f"next start in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
         self._stop_companions(server=True)
         return 0
