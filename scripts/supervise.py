@@ -42,6 +42,7 @@ with it.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import shlex
@@ -83,35 +84,46 @@ def restricted(server_args: list[str]) -> list[str]:
 
 
 def _arg(args: list[str], name: str, default: str) -> str:
-    for a in args:
+    """The value of option --name (`--name=value` or `--name value`), the last one given; else default."""
+    value = default
+    for i, a in enumerate(args):
         if a.startswith(f"--{name}="):
-            return a.split("=", 1)[1]
-    return default
+            value = a.split("=", 1)[1]
+        elif a == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+    return value
 
 
 def _ports(args: list[str]) -> list[tuple[str, str, int]]:
     """(name, address, port) of each endpoint the server will listen on, from its arguments (Triton's
     defaults where they say nothing)."""
     out = []
-    for name, port in (("http", "8000"), ("grpc", "8001"), ("metrics", "8002")):
+    http_address = _arg(args, "http-address", "0.0.0.0")
+    defaults = {"http": ("0.0.0.0", "8000"), "grpc": ("0.0.0.0", "8001"), "metrics": (http_address, "8002")}
+    for name, (address, port) in defaults.items():
         if _arg(args, f"allow-{name}", "true").lower() in ("false", "0", "no", "off"):
             continue
+        address = _arg(args, f"{name}-address", address)
+        if address.startswith("ipv6:"):  # evhtp's spelling of an IPv6 address
+            address = address[5:]
         try:
-            out.append((name, _arg(args, f"{name}-address", "0.0.0.0"), int(_arg(args, f"{name}-port", port))))
+            out.append((name, address.strip("[]"), int(_arg(args, f"{name}-port", port))))
         except ValueError:
             continue  # the server reports a malformed port itself
     return out
 
 
 def _taken(ports: list[tuple[str, str, int]]) -> list[str]:
-    """The endpoints whose port another process holds (binding it fails)."""
+    """The endpoints whose port another process listens on. Only EADDRINUSE counts: an address this
+    host does not have, a privileged port, a name that does not resolve are the server's to report."""
     taken = []
     for name, host, port in ports:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no holder
-            try:
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no holder
                 s.bind((host, port))
-            except OSError:
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
                 taken.append(f"{name} {host}:{port}")
     return taken
 
@@ -328,27 +340,41 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         backoff = 1.0
         failed = 0  # starts in a row that never became ready
+        held_since = None  # since when another process holds one of the server's ports
         for c in self.companions:
             c.tend()
         while not self.stopping:
             taken = _taken(self.ports)
             if taken:
-                reason, up = f"port in use by another process: {', '.join(taken)}", 0.0
-            else:
-                self.start()
-                reason = self.watch()
-                if self.stopping:
-                    break
-                up = time.monotonic() - self.started
-                # A broken server's requests to its dead model never finish: don't wait out its exit timeout.
-                self.stop(reason, grace=BROKEN_GRACE_S)
-            failed = 0 if self.was_ready and not taken else failed + 1
+                # A server that is still stopping (the one a killed supervisor left) holds them for up to
+                # its exit timeout: wait for them as long as a start may take, without counting starts.
+                now = time.monotonic()
+                held_since = held_since or now
+                reason = f"port in use by another process: {', '.join(taken)}"
+                if now - held_since > self.opts.start_timeout:
+                    log(f"giving up: {reason}, for {now - held_since:.0f} s")
+                    self._stop_companions()
+                    return 1
+                log(f"not starting, checking again in 2 s: {reason}")
+                self._sleep(2.0)
+                continue
+            held_since = None
+            self.start()
+            reason = self.watch()
+            if self.stopping:
+                break
+            up = time.monotonic() - self.started
+            # A broken server's requests to its dead model never finish: don't wait out its exit timeout.
+            self.stop(reason, grace=BROKEN_GRACE_S)
+            if self.stopping:
+                break
+            failed = 0 if self.was_ready else failed + 1
             if self.opts.max_failed_starts and failed >= self.opts.max_failed_starts:
                 log(f"giving up: {failed} start(s) in a row never became ready; the last: {reason}")
                 self._stop_companions()
                 return 1
             backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
-            log(f"next start in {backoff:.0f} s: {reason}")
+            log(f"restarting in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
         self._stop_companions(server=True)
         return 0
@@ -368,13 +394,17 @@ class Supervisor:
         ready_since = None
         failures = 0
         next_probe = 0.0
+        next_scan = 0.0
         while not self.stopping:
             if self.proc.poll() is not None:
                 return f"tritonserver exited with code {self.proc.returncode}"
             now = time.monotonic()
             if ready_since is None:
-                # noted while it loads too: a server killed for never becoming ready leaves its regions
-                self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
+                # noted while it loads too: a server that dies loading (its model processes with it)
+                # leaves its regions, and nobody could find them after
+                if now >= next_scan:
+                    self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
+                    next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
                     log(f"tritonserver ready after {now - self.started:.1f} s")
@@ -449,6 +479,8 @@ def main(argv=None) -> int:
                     help="only print the server command with the restricted-API flags, an argument a line "
                          "(scripts/serve.sh runs it so without supervision)")
     opts = ap.parse_args(argv[:i])
+    if opts.max_failed_starts < 0:
+        ap.error(f"--max-failed-starts must be 0 or more, got {opts.max_failed_starts}")
     if not argv[i + 1:]:
         ap.error("no server command after --")
     if opts.print_restricted:
