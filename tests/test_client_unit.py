@@ -370,8 +370,9 @@ def test_cli_http_at_a_grpc_port_is_one_line_exit_2(tmp_path, args):
                                                                                      if args == ("hello",) else ()))
         thread.join(30)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip() == (f"error: {url} did not answer as Triton's HTTP endpoint (HTTPParseError): is it the "
-                                "gRPC port? (Triton's defaults: HTTP 8000, gRPC 8001)"), p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: no valid HTTP answer from {url} (HTTPParseError: "), lines
+    assert lines[0].endswith("if that is Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol")
 
 
 def test_cli_bad_arguments_exit_2(tmp_path):

@@ -356,8 +356,10 @@ def test_a_long_text_without_max_len_gets_the_room_the_context_leaves(vox):
         wait_for(lambda: any(isinstance(e, Finished) for e in events))
         full = vox.prepare_prompt("Many words here. " * 200)
         full.tokens = torch.cat([full.tokens, full.tokens.new_zeros(room)])  # exactly the context's length
-        with pytest.raises(ValueError, match=r"take 4096 of the model's 4096 positions, leaving none"):
+        with pytest.raises(ValueError, match=r"take 4096 of the model's 4096 positions, leaving none to generate"):
             eng.submit(EngineRequest("full", full))
+        with pytest.raises(ValueError, match=rf"leaving {room}, fewer than min_len {room + 1}, to generate"):
+            eng.submit(EngineRequest("min", prompt, min_len=room + 1))
         assert eng.stats()["in_flight_ids"] == 0
     finally:
         eng.shutdown()

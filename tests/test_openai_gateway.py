@@ -908,6 +908,28 @@ def test_unreachable_triton_is_503(tmp_path):
         gw.stop()
 
 
+def test_the_gateways_channel_keeps_tritonclients_options_and_backs_off_a_second_at_most():
+    """Passing channel_args replaces all of tritonclient's own: the gateway's are those and the backoff."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    import tritonclient.grpc.aio as grpcaio
+
+    from voxcpm_gateway.triton_backend import channel_args
+
+    made = {}
+    real = grpcaio.grpc.aio.insecure_channel
+    try:
+        def spy(url, options=None, **kw):
+            made["options"] = options
+            return real(url, options=options, **kw)
+
+        grpcaio.grpc.aio.insecure_channel = spy
+        grpcaio.InferenceServerClient("127.0.0.1:1")
+    finally:
+        grpcaio.grpc.aio.insecure_channel = real
+    assert channel_args() == [*made["options"], ("grpc.initial_reconnect_backoff_ms", 1000),
+                              ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 def test_the_gateway_finds_a_triton_that_comes_back_within_seconds(tmp_path):
     """A Triton down for long (a restart loading a big model) is found again within a few seconds of
     its return: gRPC's default reconnect backoff grows to two minutes, the gateway's stays at 1 s."""

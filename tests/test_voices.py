@@ -126,6 +126,11 @@ def test_a_huge_name_comes_back_cut_short(server):
         voices(server, "add", huge[:4000], ref_audio(), 16000)
     with pytest.raises(InferenceServerException, match=r"got 'y{80}'\.\.\. \(4000 characters\)$"):
         voices(server, "y" * 4000)
+    voices(server, "add", "short", ref_audio(), 16000)
+    with pytest.raises(InferenceServerException, match=r"VOICE_MODE must be one of .*, got 'z{80}'\.\.\. \(4000 c"):
+        stream_infer(server, "tts_stream", _inputs(grpcclient, TEXT, VOICE=_b("short"), VOICE_MODE=_b("z" * 4000),
+                                                   **GEN))
+    voices(server, "remove", "short")
 
 
 def test_64_characters_is_a_name(server):

@@ -158,8 +158,8 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
     except OSError as exc:  # refused, reset, unresolvable host
         raise ServerUnavailable(f"cannot reach Triton at {url}: {exc}") from None
     except http.client.HTTPException as exc:  # an answer that is not HTTP/1.1 (Triton's gRPC port, say)
-        raise ServerUnavailable(f"{url} did not answer as Triton's HTTP endpoint ({type(exc).__name__}): is it "
-                                "the gRPC port? (Triton's defaults: HTTP 8000, gRPC 8001)") from None
+        raise ServerUnavailable(f"no valid HTTP answer from {url} ({type(exc).__name__}: {exc}): if that is "
+                                "Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol") from None
 
 
 def _grpc_error(exc, url: str) -> VoxCPMClientError:

@@ -138,11 +138,14 @@ def shown(value: str, limit: int = 80) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
-def check_room(n_prompt: int, max_positions: int):
-    """A prompt must leave the model's context at least one position to generate in."""
-    if n_prompt >= max_positions:
+def check_room(n_prompt: int, max_positions: int, min_len=1):
+    """A prompt must leave the model's context room for at least min_len patches (at least one)."""
+    need = min_len if _is_int(min_len) and min_len > 1 else 1
+    if n_prompt + need > max_positions:
+        left = max(max_positions - n_prompt, 0)
         raise ValueError(f"the text and prompt take {n_prompt} of the model's {max_positions} positions, leaving "
-                         "none to generate: shorten the text, the prompt text or the prompt audio")
+                         + ("none" if left == 0 else f"{left}, fewer than min_len {min_len},")
+                         + " to generate: shorten the text, the prompt text or the prompt audio")
 
 
 def default_max_len(n_target_tokens: int, capacity: int | None = None, cap: int = 4096) -> int:

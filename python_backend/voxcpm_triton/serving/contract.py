@@ -158,7 +158,7 @@ def _voice(inputs: dict, req: SynthesisRequest):
         return
     req.voice, req.voice_mode = check_name(voice, "VOICE"), "reference" if mode is None else mode
     if req.voice_mode not in MODES:
-        raise InputError(f"VOICE_MODE must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InputError(f"VOICE_MODE must be one of {', '.join(MODES)}, got {checks.shown(mode)}")
     # A voice fills a role; inline audio for the same role would be ambiguous.
     if req.reference_audio is not None and req.voice_mode in ("reference", "both"):
         raise InputError(f"VOICE with VOICE_MODE {req.voice_mode} is the reference: leave out REFERENCE_AUDIO")
