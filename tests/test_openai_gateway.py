@@ -891,6 +891,16 @@ def test_health_is_503_when_triton_answers_nothing(tmp_path):
         thread.join(10)
 
 
+def test_every_documented_log_level_runs(tmp_path):
+    """uvicorn's trace is no level of Python's logging: the gateway must not set it there by name."""
+    for level in ("trace", "critical"):
+        gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False, args=["--log-level", level])
+        try:
+            assert gw.status("/health") == 503
+        finally:
+            gw.stop()
+
+
 def test_unreachable_triton_is_503(tmp_path):
     gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False)
     try:

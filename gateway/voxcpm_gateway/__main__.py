@@ -7,6 +7,7 @@ import logging
 import sys
 
 import uvicorn
+import uvicorn.config
 
 from .app import create_app
 from .config import parse_args
@@ -18,7 +19,8 @@ def main(argv=None) -> int:
     # forkserver, upload_decoder.py) would run it again, importing the whole gateway; as this
     # module, multiprocessing skips it.
     sys.modules["__main__"].__spec__ = importlib.util.find_spec("voxcpm_gateway.__main__")
-    logging.basicConfig(level=settings.log_level.upper(), format="[gateway %(asctime)s] %(levelname)s %(message)s",
+    # uvicorn's names, trace included (a level of its own that Python's logging does not know)
+    logging.basicConfig(level=uvicorn.config.LOG_LEVELS[settings.log_level], format="[gateway %(asctime)s] %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("voxcpm_gateway").info(
         "OpenAI speech API on http://%s:%d/v1 -> Triton gRPC %s (model name%s %s; API key %s)", settings.host,

@@ -29,7 +29,7 @@ class Settings:
     log_level: str = "info"
 
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn.config.LOG_LEVELS' names
 
 
 def parse_args(argv=None) -> Settings:
