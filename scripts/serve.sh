@@ -14,10 +14,12 @@
 #   TRITON_HTTP_PORT      default 8000
 #   TRITON_GRPC_PORT      default 8001
 #   TRITON_METRICS_PORT   default 8002
-#   TRITON_BIND           address to bind, default 127.0.0.1 (0.0.0.0 for all)
-#   TRITON_HTTP_BIND      address of the HTTP endpoint alone, default TRITON_BIND: 127.0.0.1 keeps it
-#                         on the loopback while gRPC and the gateway serve other hosts (see the README,
-#                         "Running it safely": Triton 2.51's HTTP JSON parser is for trusted clients)
+#   TRITON_BIND           address of gRPC, metrics and the gateway, default 127.0.0.1 (0.0.0.0: all)
+#   TRITON_HTTP_BIND      address of the HTTP endpoint, default 127.0.0.1 whatever TRITON_BIND says
+#                         (Triton 2.51's HTTP JSON parser is for trusted clients: README, "Running it
+#                         safely"); 0.0.0.0 serves HTTP to other hosts too
+#   (ports and addresses go through these variables, not extra tritonserver arguments: the gateway
+#   and the supervisor read them)
 #   TRITON_LOG_VERBOSE    tritonserver --log-verbose level, default 0
 #   TRITON_EXIT_TIMEOUT   seconds a SIGTERM gives the server, default 30: running requests get half,
 #                         then end with an error; the models unload in the rest
@@ -36,6 +38,10 @@
 #   VOXCPM_START_TIMEOUT  seconds a start may take to become ready, default 900
 #   VOXCPM_MAX_FAILED_STARTS starts in a row that never become ready before giving up (exit 1),
 #                         default 5 (0: never give up)
+#   VOXCPM_CHECKPOINT     the VoxCPM2 checkpoint directory; unset: the embedded tiny one, generated
+#                         once into VOXCPM_TINY_DIR (default checkpoints/tiny)
+#   VOXCPM_INTERNAL_KEY   the key the models' internal requests carry; unset: a random one per start
+#   (the gateway's own settings are in the README; its --host and --triton-url come from above)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first
 set -euo pipefail
@@ -73,11 +79,20 @@ from voxcpm_triton.testing import ensure_tiny_checkpoint
 print("[serve] checkpoint:", ensure_tiny_checkpoint(progress=print))' "$REPO/python_backend" >&2
 fi
 BIND="${TRITON_BIND:-127.0.0.1}"
+HTTP_BIND="${TRITON_HTTP_BIND:-127.0.0.1}"
+for a in "$@"; do
+    case "$a" in
+        --http-port*|--grpc-port*|--metrics-port*|--http-address*|--grpc-address*|--metrics-address*)
+            echo "[serve] $a: set TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT, TRITON_BIND or" \
+                 "TRITON_HTTP_BIND instead (the gateway and the supervisor read them)" >&2
+            exit 2 ;;
+    esac
+done
 cmd=(
     "$TRITONSERVER_BIN"
     --model-repository="$MODEL_REPOSITORY"
     --backend-directory="$TRITON_BACKEND_DIR"
-    --http-address="${TRITON_HTTP_BIND:-$BIND}" --http-port="${TRITON_HTTP_PORT:-8000}"
+    --http-address="$HTTP_BIND" --http-port="${TRITON_HTTP_PORT:-8000}"
     --grpc-address="$BIND" --grpc-port="${TRITON_GRPC_PORT:-8001}"
     --metrics-address="$BIND" --metrics-port="${TRITON_METRICS_PORT:-8002}"
     --allow-metrics=true
@@ -90,7 +105,7 @@ if [[ $mode == cmd ]]; then
     echo
     exit 0
 fi
-echo "[serve] tritonserver on $BIND http:${TRITON_HTTP_BIND:-$BIND}:${TRITON_HTTP_PORT:-8000} grpc:${TRITON_GRPC_PORT:-8001} metrics:${TRITON_METRICS_PORT:-8002} repo=$MODEL_REPOSITORY" >&2
+echo "[serve] tritonserver http $HTTP_BIND:${TRITON_HTTP_PORT:-8000}, grpc $BIND:${TRITON_GRPC_PORT:-8001}, metrics $BIND:${TRITON_METRICS_PORT:-8002}, repo $MODEL_REPOSITORY" >&2
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     # Bare, with the restricted-API flags the supervisor adds otherwise (its function makes them).
     mapfile -t cmd < <("$VENV/bin/python" "$REPO/scripts/supervise.py" --print-restricted -- "${cmd[@]}")

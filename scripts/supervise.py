@@ -28,10 +28,12 @@ leave more, until the server could not start. So the supervisor notes the region
 model processes' command lines while the server runs and removes those left once its whole
 process group is gone.
 
-A start that never becomes ready (a bad checkpoint, a port another process holds: the supervisor
-checks the server's ports are free before each start, so it never takes another server's answers
-for its own) is retried with a growing pause; after `--max-failed-starts` of them in a row the
-supervisor gives up and exits 1, so that a container's restart policy or a person sees it.
+A start that does not serve (never ready: a bad checkpoint; or broken before it passed a probe) is
+retried with a growing pause; after `--max-failed-starts` of them in a row, or as many exits in a row
+of a companion within a minute of its start (a setting it refuses), the supervisor stops everything
+and exits 1, so that a container's restart policy or a person sees it. It starts a server only when
+the server's ports are free, so it never takes another server's answers for its own; one held by
+another process (a server still draining) is waited for up to `--start-timeout`.
 
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
@@ -197,6 +199,8 @@ class Companion:
         self.started = 0.0
         self.due = 0.0  # when to start it next
         self.backoff = 1.0
+        self.failures = 0  # exits in a row within a minute of the start (a setting it refuses, a held port)
+        self.last_code: int | None = None
 
     def tend(self):
         """Start it when it is due; notice when it has exited."""
@@ -205,6 +209,8 @@ class Companion:
             if self.proc.poll() is None:
                 return
             up = now - self.started
+            self.failures = 0 if up > 60 else self.failures + 1
+            self.last_code = self.proc.returncode
             self.backoff = 1.0 if up > 60 else min(self.backoff * 2, 30.0)
             log(f"{self.name} exited with code {self.proc.returncode}; restarting in {self.backoff:.0f} s")
             self.proc, self.due = None, now + self.backoff
@@ -242,17 +248,18 @@ class Supervisor:
         self.opts = opts
         self.companions = [Companion(shlex.split(c)) for c in getattr(opts, "companion", None) or []]
         self.args = restricted(server_args)
-        host = _arg(self.args, "http-address", "127.0.0.1")
-        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        self.url = f"http://{host}:{_arg(self.args, 'http-port', '8000')}"
+        self.ports = _ports(self.args)
+        _, host, port = next((p for p in self.ports if p[0] == "http"), ("http", "127.0.0.1", 8000))
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard: the loopback
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
         self.shm_prefix = _shm_prefix(self.args)
         self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
-        self.ports = _ports(self.args)
-        self.was_ready = False  # whether the current server became ready
+        self.was_ready = self.was_healthy = False  # the current server: became ready, passed a probe
         self.stopping = False
+        self.fatal: str | None = None  # why the supervisor gives up (exit 1)
 
     # ------------------------------------------------------------------ one server
     def start(self):
@@ -264,7 +271,7 @@ class Supervisor:
                                      preexec_fn=_die_with_supervisor)
         self.regions = set()
         self.started = time.monotonic()
-        self.was_ready = False
+        self.was_ready = self.was_healthy = False
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None):
@@ -339,26 +346,27 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         backoff = 1.0
-        failed = 0  # starts in a row that never became ready
-        held_since = None  # since when another process holds one of the server's ports
-        for c in self.companions:
-            c.tend()
+        failed = 0  # starts in a row that never served
+        held_since = held_logged = 0.0  # another process holds a port: since when, when last said
+        held: list[str] = []
+        self._tend()
         while not self.stopping:
             taken = _taken(self.ports)
             if taken:
                 # A server that is still stopping (the one a killed supervisor left) holds them for up to
                 # its exit timeout: wait for them as long as a start may take, without counting starts.
                 now = time.monotonic()
-                held_since = held_since or now
-                reason = f"port in use by another process: {', '.join(taken)}"
+                if not held:
+                    held_since = now
+                if taken != held or now - held_logged >= 30:
+                    log(f"not starting: port in use by another process: {', '.join(taken)} (checking every 2 s)")
+                    held, held_logged = taken, now
                 if now - held_since > self.opts.start_timeout:
-                    log(f"giving up: {reason}, for {now - held_since:.0f} s")
-                    self._stop_companions()
-                    return 1
-                log(f"not starting, checking again in 2 s: {reason}")
+                    self.fatal = f"port in use by another process: {', '.join(taken)}, for {now - held_since:.0f} s"
+                    break
                 self._sleep(2.0)
                 continue
-            held_since = None
+            held = []
             self.start()
             reason = self.watch()
             if self.stopping:
@@ -368,23 +376,28 @@ class Supervisor:
             self.stop(reason, grace=BROKEN_GRACE_S)
             if self.stopping:
                 break
-            failed = 0 if self.was_ready else failed + 1
+            # Served: passed a probe (became ready, without probes). A start that breaks before that
+            # counts as failed: a model that loads but cannot synthesize would restart forever.
+            served = self.was_healthy or (self.was_ready and self.opts.probe_interval <= 0)
+            failed = 0 if served else failed + 1
             if self.opts.max_failed_starts and failed >= self.opts.max_failed_starts:
-                log(f"giving up: {failed} start(s) in a row never became ready; the last: {reason}")
-                self._stop_companions()
-                return 1
-            backoff = 1.0 if up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
+                self.fatal = (f"{failed} start(s) in a row did not serve (never ready, or never passed a probe); "
+                              f"the last: {reason}")
+                break
+            backoff = 1.0 if served and up > 60 else min(backoff * 2, 30.0)  # a crash loop backs off
             log(f"restarting in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
-        self._stop_companions(server=True)
+        self._shutdown()
+        if self.fatal:
+            log(f"giving up: {self.fatal}")
+            return 1
         return 0
 
-    def _stop_companions(self, server: bool = False):
-        """Stop the companions (and the server with them, draining together)."""
+    def _shutdown(self):
+        """Stop the server and the companions, which drain their requests at the same time."""
         for c in self.companions:
             c.terminate()
-        if server:
-            self.stop("asked to stop")
+        self.stop("asked to stop")
         for c in self.companions:
             c.stop()
 
@@ -422,7 +435,7 @@ class Supervisor:
             next_probe = time.monotonic() + o.probe_interval
             self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)  # a model loaded since
             if status == probe.HEALTHY:
-                failures = 0
+                failures, self.was_healthy = 0, True
             elif status == probe.BROKEN:
                 return f"probe: {what}"
             else:
@@ -449,9 +462,14 @@ class Supervisor:
             self._tend()
 
     def _tend(self):
-        if not self.stopping:
-            for c in self.companions:
-                c.tend()
+        if self.stopping:
+            return
+        for c in self.companions:
+            c.tend()
+            if self.opts.max_failed_starts and c.failures >= self.opts.max_failed_starts:
+                self.fatal = (f"{c.name} exited {c.failures} times in a row within a minute of its start "
+                              f"(last exit code {c.last_code})")
+                self.stopping = True
 
     def _on_signal(self, signum, _frame):
         self.stopping = True
@@ -465,14 +483,22 @@ def main(argv=None) -> int:
     i = argv.index("--")
     env = os.environ.get
     ap = argparse.ArgumentParser(description="Run tritonserver and restart it when it breaks.")
-    ap.add_argument("--probe-interval", type=float, default=float(env("VOXCPM_PROBE_INTERVAL", "10")),
-                    help="seconds between liveness probes once ready; 0: no probes, restart only on exit")
-    ap.add_argument("--probe-timeout", type=float, default=float(env("VOXCPM_PROBE_TIMEOUT", "60")))
-    ap.add_argument("--probe-failures", type=int, default=int(env("VOXCPM_PROBE_FAILURES", "3")),
-                    help="consecutive failed probes before a restart (a dead model process restarts at once)")
-    ap.add_argument("--start-timeout", type=float, default=float(env("VOXCPM_START_TIMEOUT", "900")))
-    ap.add_argument("--max-failed-starts", type=int, default=int(env("VOXCPM_MAX_FAILED_STARTS", "5")),
-                    help="starts in a row that never become ready before giving up (exit 1); 0: never give up")
+    # string defaults: argparse converts them, so a bad value in the environment is a usage error too
+    ap.add_argument("--probe-interval", type=float, default=env("VOXCPM_PROBE_INTERVAL", "10"),
+                    help="seconds between liveness probes once ready; 0: no probes, restart only on exit "
+                         "(env VOXCPM_PROBE_INTERVAL)")
+    ap.add_argument("--probe-timeout", type=float, default=env("VOXCPM_PROBE_TIMEOUT", "60"),
+                    help="env VOXCPM_PROBE_TIMEOUT")
+    ap.add_argument("--probe-failures", type=int, default=env("VOXCPM_PROBE_FAILURES", "3"),
+                    help="consecutive failed probes before a restart (a dead model process restarts at once; "
+                         "env VOXCPM_PROBE_FAILURES)")
+    ap.add_argument("--start-timeout", type=float, default=env("VOXCPM_START_TIMEOUT", "900"),
+                    help="seconds a start may take to become ready, and ports held by another process may "
+                         "keep it waiting (env VOXCPM_START_TIMEOUT)")
+    ap.add_argument("--max-failed-starts", type=int, default=env("VOXCPM_MAX_FAILED_STARTS", "5"),
+                    help="starts in a row that do not serve (never ready, or never pass a probe), or quick exits "
+                         "in a row of a companion, before giving up (exit 1); 0: never give up "
+                         "(env VOXCPM_MAX_FAILED_STARTS)")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
     ap.add_argument("--print-restricted", action="store_true",

@@ -349,7 +349,7 @@ TUNING_FLAGS = tuple(k for k in _readme_env("env (`scripts/serve.sh`, container)
                      if k not in ("VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY")) + ("VOXCPM_DEVICE", "VOXCPM_DTYPE")
 GATEWAY_VARS = tuple(k for k in _readme_env("gateway flags (env)", "env (gateway)")
                      if k != "VOXCPM_TRITON_GRPC_URL")  # compose points the gateway at its triton service
-_COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
+_COMPOSE_VARS = ("TRITON_BIND", "TRITON_HTTP_BIND", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
                  "VOXCPM_ADMIN_KEY", "VOXCPM_INTERNAL_KEY", "VOXCPM_CHECKPOINT", "OPENAI_API_PORT",
                  "VOXCPM_LORA_DIR") + TUNING_FLAGS + GATEWAY_VARS  # fmt: skip
 
@@ -401,8 +401,10 @@ def _env(svc: dict) -> dict[str, str | None]:
 def test_compose_publishes_on_loopback_by_default():
     loopback = {8000: ("127.0.0.1", 8000), 8001: ("127.0.0.1", 8001), 8002: ("127.0.0.1", 8002)}
     assert _ports(_compose_config()) == loopback
-    svc = _compose_config(TRITON_BIND="0.0.0.0", TRITON_HTTP_PORT="18000")
-    assert _ports(svc) == {8000: ("0.0.0.0", 18000), 8001: ("0.0.0.0", 8001), 8002: ("0.0.0.0", 8002)}
+    svc = _compose_config(TRITON_BIND="0.0.0.0", TRITON_HTTP_PORT="18000")  # HTTP stays on the loopback
+    assert _ports(svc) == {8000: ("127.0.0.1", 18000), 8001: ("0.0.0.0", 8001), 8002: ("0.0.0.0", 8002)}
+    svc = _compose_config(TRITON_BIND="0.0.0.0", TRITON_HTTP_BIND="0.0.0.0")
+    assert _ports(svc) == {8000: ("0.0.0.0", 8000), 8001: ("0.0.0.0", 8001), 8002: ("0.0.0.0", 8002)}
 
 
 def test_compose_runs_the_supervisor_listening_inside_the_container():

@@ -230,19 +230,28 @@ def _status(url: str, headers: dict | None = None) -> int:
         return e.code
 
 
-def test_serve_sh_can_keep_http_on_the_loopback_alone():
-    """TRITON_HTTP_BIND moves the HTTP endpoint alone (Triton's HTTP frontend is for trusted clients)."""
+def test_serve_sh_keeps_http_on_the_loopback_unless_told():
+    """TRITON_BIND opens gRPC and metrics; HTTP (Triton's HTTP frontend is for trusted clients) needs
+    TRITON_HTTP_BIND too. Ports and addresses as extra arguments are refused: the gateway and the
+    supervisor would not see them."""
     env = triton_env()
-    env.update(SKIP_SETUP="1", TRITON_BIND="0.0.0.0", TRITON_HTTP_BIND="127.0.0.1")
-    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    env.pop("TRITON_HTTP_BIND", None)
+    env.update(SKIP_SETUP="1", TRITON_BIND="0.0.0.0")
+
+    def serve(*args):
+        return subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    out = serve()
     assert out.returncode == 0, out.stderr
     addresses = [a for a in shlex.split(out.stdout) if "-address=" in a]
     assert addresses == ["--http-address=127.0.0.1", "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0"]
-    env.pop("TRITON_HTTP_BIND")
-    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd"], env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert "--http-address=0.0.0.0" in shlex.split(out.stdout)
+    env["TRITON_HTTP_BIND"] = "0.0.0.0"
+    assert "--http-address=0.0.0.0" in shlex.split(serve().stdout)
+    for arg in ("--grpc-port=9001", "--http-address=0.0.0.0"):
+        out = serve(arg)
+        assert out.returncode == 2 and out.stderr.startswith(f"[serve] {arg}: set TRITON_HTTP_PORT"), out.stderr
+    assert serve("--log-verbose=1").returncode == 0
 
 
 @pytest.mark.parametrize("key", ["let-me-in", None])

@@ -142,6 +142,8 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert "--http-restricted-api=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
     assert "--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
     assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
+    assert supervise.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).url == "http://[::1]:5"
+    assert supervise.Supervisor(["t", "--http-address=::1"], Opts).url == "http://[::1]:8000"
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
     assert supervise.Supervisor(mine, Opts).args == mine
 
@@ -214,7 +216,56 @@ def test_the_supervisor_gives_up_on_a_server_that_never_becomes_ready(tmp_path):
                    f"--metrics-port={free_port()}", opts=("--max-failed-starts", "3"))
     assert p.returncode == 1, p.stderr
     assert count.read_text() == "xxx"
-    assert "giving up: 3 start(s) in a row never became ready; the last: tritonserver exited with code 3" in p.stderr
+    assert ("giving up: 3 start(s) in a row did not serve (never ready, or never passed a probe); the last: "
+            "tritonserver exited with code 3") in p.stderr
+
+
+def test_the_supervisor_gives_up_on_a_server_that_is_ready_but_never_passes_a_probe(tmp_path):
+    """Ready, then failing every synthesis (a model that loads but cannot run): each start counts as
+    failed until one passes a probe, so this too ends in exit 1 instead of a restart loop."""
+    from tests.server import free_port
+
+    port = free_port()
+    server = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        self.send_response(500); self.end_headers(); self.wfile.write(b'{"error": "cannot synthesize"}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1].split("=")[1])), H).serve_forever()
+"""
+    p = _supervise(tmp_path, server, f"--http-port={port}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
+                   f"--metrics-port={free_port()}",
+                   opts=("--max-failed-starts", "2", "--probe-interval", "0.2", "--probe-failures", "1"))
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("tritonserver ready after") == 2, p.stderr
+    assert "did not serve (never ready, or never passed a probe); the last: probe failed 1 times: {\"error\": \"cannot" in p.stderr
+
+
+def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
+    """A gateway that refuses its settings (exit 2) would otherwise be restarted every 30 s forever."""
+    from tests.server import free_port
+
+    marker = tmp_path / "server.pid"
+    server = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    companion = f"{sys.executable} -c 'raise SystemExit(2)'"
+    p = _supervise(tmp_path, server, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                   f"--metrics-port={free_port()}", opts=("--max-failed-starts", "2", "--companion", companion))
+    assert p.returncode == 1, p.stderr
+    assert "exited 2 times in a row within a minute of its start (last exit code 2)" in p.stderr, p.stderr
+    pid = int(marker.read_text())
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
+
+
+def test_a_bad_setting_in_the_environment_is_a_usage_error():
+    env = dict(os.environ, VOXCPM_MAX_FAILED_STARTS="five")
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", "true"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "argument --max-failed-starts: invalid int value: 'five'" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_the_supervisor_reads_the_servers_ports_as_triton_does():
@@ -259,7 +310,8 @@ def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(
                        f"--grpc-port={free_port()}", f"--metrics-port={free_port()}", opts=("--start-timeout", "3"))
     assert p.returncode == 1, p.stderr
     assert not marker.exists(), "a server was started on a port another process holds"
-    assert f"not starting, checking again in 2 s: port in use by another process: http 127.0.0.1:{port}" in p.stderr
+    said = f"not starting: port in use by another process: http 127.0.0.1:{port} (checking every 2 s)"
+    assert p.stderr.count(said) == 1, p.stderr  # said once, not every 2 s
     assert re.search(rf"giving up: port in use by another process: http 127.0.0.1:{port}, for \d+ s", p.stderr)
 
 
