@@ -12,7 +12,8 @@ DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="voxcpm-tts", description="VoxCPM2 text-to-speech through Triton.")
+    p = argparse.ArgumentParser(prog="voxcpm-tts", description="VoxCPM2 text-to-speech through Triton.",
+                                epilog="Stored voices: voxcpm-tts voices {add,list,remove} --help")
     p.add_argument("text", help="text to speak; a leading '(description)' is voice design")
     p.add_argument("-o", "--output", default="out.wav", help="wav file to write (default out.wav)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
