@@ -891,6 +891,37 @@ def test_health_is_503_when_triton_answers_nothing(tmp_path):
         thread.join(10)
 
 
+def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path):
+    """uvicorn waits for good on a request's headers (a slow-loris client holds its connection, and
+    enough of them the gateway's file descriptors): the gateway closes a connection whose headers are
+    not in within --stall-timeout, on a fresh connection and on a kept-alive one after a response."""
+    gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False, args=["--stall-timeout", "2"])
+
+    def closed_within(s: socket.socket, seconds: float) -> bool:
+        s.settimeout(seconds)
+        try:
+            while s.recv(65536):
+                pass
+            return True
+        except socket.timeout:
+            return False
+
+    try:
+        with socket.create_connection(("127.0.0.1", gw.port)) as s:
+            t0 = time.monotonic()
+            s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n")
+            assert closed_within(s, 15) and time.monotonic() - t0 >= 1.5
+        with socket.create_connection(("127.0.0.1", gw.port)) as s:
+            s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+            s.settimeout(10)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # the next request's headers, half of them
+            assert closed_within(s, 15)
+        assert gw.status("/v1/models") in (200, 401)  # the gateway itself is fine
+    finally:
+        gw.stop()
+
+
 def test_every_documented_log_level_runs(tmp_path):
     """uvicorn's trace is no level of Python's logging: the gateway must not set it there by name."""
     for level in ("trace", "critical"):

@@ -11,6 +11,7 @@ import uvicorn.config
 
 from .app import create_app
 from .config import parse_args
+from .header_timeout import with_header_timeout
 
 
 def main(argv=None) -> int:
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
         ", ".join(settings.model_names), "required" if settings.api_key else "not required")
     # one process, one event loop: every request is a coroutine, the heavy encoders run in threads
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, http=with_header_timeout(settings.stall_timeout_s))
     return 0
 
 

@@ -50,7 +50,8 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", "3600"),
                     help="seconds a request to Triton may take in all")
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
-                    help="seconds a client may send nothing of its request's body (past it: 408), or read nothing "
+                    help="seconds a connection may take to send a request's headers (past it: closed), a client "
+                         "may send nothing of its request's body (past it: 408), or read nothing "
                          "of a speech response while its audio waits (past it: the response is cut off and its "
                          "synthesis cancelled; the audio it has not read waits in Triton's memory)")
     ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
