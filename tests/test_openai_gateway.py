@@ -672,10 +672,11 @@ def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
     assert info.value.status_code == 413
 
 
-def _raw_post(gateway, body: bytes | None, content_type: str | None = "application/json", method: str = "POST"):
+def _raw_post(gateway, body: bytes | None, content_type: str | None = "application/json", method: str = "POST",
+              path: str = "/v1/audio/speech"):
     """(status, error object) for a request the openai package would not send as it is."""
     headers = {"Authorization": f"Bearer {KEY}", **({"Content-Type": content_type} if content_type else {})}
-    req = urllib.request.Request(gateway.url + "/v1/audio/speech", data=body, headers=headers, method=method)
+    req = urllib.request.Request(gateway.url + path, data=body, headers=headers, method=method)
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=60)
     body = json.loads(info.value.read())
@@ -709,6 +710,13 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
         assert err["type"] == "invalid_request_error"
     status, err = _raw_post(gateway, None, None, method="GET")
     assert status == 405 and err["type"] == "invalid_request_error" and err["code"] == "method_not_allowed"
+    # a voice upload that is not multipart, or multipart the parser refuses: 400s with a code that says so
+    for body, content_type, code, message in (
+            (b'{"name": "a"}', "application/json", "invalid_content_type", "takes a multipart/form-data body"),
+            (b"name=a", "application/x-www-form-urlencoded", "invalid_content_type", "not application/x-www-form"),
+            (b"--x\r\n", "multipart/form-data", "invalid_request", "boundary")):
+        status, err = _raw_post(gateway, body, content_type, path="/v1/audio/voices")
+        assert status == 400 and err["code"] == code and message in err["message"], (content_type, err)
     # instructions go before the input as one TEXT: its limit counts both, and the error says so
     body = json.dumps({"input": "x" * 4000, "instructions": "y" * 200, "response_format": "pcm"}).encode()
     status, err = _raw_post(gateway, body)

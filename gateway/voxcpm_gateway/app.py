@@ -107,7 +107,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
                 413: "request_too_large"}.get(exc.status_code)
         return error_response(errors.APIError(exc.status_code, str(exc.detail), None, code, dict(exc.headers or {})),
                               _route(request))
@@ -163,6 +163,11 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
         nonlocal uploads_open
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+            raise errors.bad_request("POST /v1/audio/voices takes a multipart/form-data body (name, audio_sample, "
+                                     "ref_text, lora, consent), not "
+                                     f"{(request.headers.get('content-type') or 'a body without a Content-Type')[:100]}",
+                                     None, "invalid_content_type")
         # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
         form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
         try:
