@@ -35,8 +35,10 @@
 #   VOXCPM_PROBE_INTERVAL seconds between liveness probes, default 10 (0: none)
 #   VOXCPM_PROBE_TIMEOUT  seconds a probe's synthesis may take, default 60
 #   VOXCPM_PROBE_FAILURES failed probes in a row before a restart, default 3 (a dead model: at once)
-#   VOXCPM_START_TIMEOUT  seconds a start may take to become ready, default 900
-#   VOXCPM_MAX_FAILED_STARTS starts in a row that never become ready before giving up (exit 1),
+#   VOXCPM_START_TIMEOUT  seconds a start may take to become ready, and the longest wait for ports
+#                         another process holds, default 900
+#   VOXCPM_MAX_FAILED_STARTS starts in a row that do not serve (never ready, or never pass a probe),
+#                         or quick exits in a row of the gateway, before giving up (exit 1),
 #                         default 5 (0: never give up)
 #   VOXCPM_CHECKPOINT     the VoxCPM2 checkpoint directory; unset: the embedded tiny one, generated
 #                         once into VOXCPM_TINY_DIR (default checkpoints/tiny)
