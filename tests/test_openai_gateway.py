@@ -959,6 +959,8 @@ def test_unreachable_triton_is_503(tmp_path):
 
 def test_the_gateways_channel_keeps_tritonclients_options_and_backs_off_a_second_at_most():
     """Passing channel_args replaces all of tritonclient's own: the gateway's are those and the backoff."""
+    import asyncio
+
     sys.path.insert(0, str(REPO / "gateway"))
     import tritonclient.grpc.aio as grpcaio
 
@@ -971,8 +973,11 @@ def test_the_gateways_channel_keeps_tritonclients_options_and_backs_off_a_second
             made["options"] = options
             return real(url, options=options, **kw)
 
+        async def build():  # a grpc.aio channel belongs to a running event loop
+            await grpcaio.InferenceServerClient("127.0.0.1:1").close()
+
         grpcaio.grpc.aio.insecure_channel = spy
-        grpcaio.InferenceServerClient("127.0.0.1:1")
+        asyncio.run(build())
     finally:
         grpcaio.grpc.aio.insecure_channel = real
     assert channel_args() == [*made["options"], ("grpc.initial_reconnect_backoff_ms", 1000),
