@@ -198,7 +198,6 @@ class Companion:
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
         self.due = 0.0  # when to start it next
-        self.backoff = 1.0
         self.failures = 0  # exits in a row within a minute of the start (a setting it refuses, a held port)
         self.last_code: int | None = None
 
@@ -211,9 +210,9 @@ class Companion:
             up = now - self.started
             self.failures = 0 if up > 60 else self.failures + 1
             self.last_code = self.proc.returncode
-            self.backoff = 1.0 if up > 60 else min(self.backoff * 2, 30.0)
-            log(f"{self.name} exited with code {self.proc.returncode}; restarting in {self.backoff:.0f} s")
-            self.proc, self.due = None, now + self.backoff
+            backoff = min(2.0 ** self.failures, 30.0)  # 1 s after a long run, doubling while it keeps failing
+            log(f"{self.name} exited with code {self.proc.returncode}; restarting in {backoff:.0f} s")
+            self.proc, self.due = None, now + backoff
         if now >= self.due:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_die_with_supervisor)

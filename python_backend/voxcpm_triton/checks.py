@@ -130,22 +130,24 @@ BADCASE_RATIO = 6.0
 RETRY_MAX_TIMES = 3
 
 
-def shown(value: str, limit: int = 80) -> str:
-    """`value` quoted for an error message, cut to `limit` characters: a client's megabyte-long name
-    must not come back in an error (gRPC refuses an error message over its 16 KiB metadata limit)."""
-    if len(value) <= limit:
+def shown(value, limit: int = 80) -> str:
+    """`value` quoted for an error message, a string cut to `limit` characters: a client's megabyte-long
+    name must not come back in an error (gRPC refuses an error message over its 16 KiB metadata limit)."""
+    if not isinstance(value, str) or len(value) <= limit:
         return repr(value)
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
-def check_room(n_prompt: int, max_positions: int, min_len=1):
-    """A prompt must leave the model's context room for at least min_len patches (at least one)."""
+def check_room(n_prompt: int, max_positions: int, min_len=1) -> int:
+    """The positions the model's context leaves after a prompt, which must be room for at least min_len
+    patches (at least one)."""
     need = min_len if _is_int(min_len) and min_len > 1 else 1
     if n_prompt + need > max_positions:
         left = max(max_positions - n_prompt, 0)
         raise ValueError(f"the text and prompt take {n_prompt} of the model's {max_positions} positions, leaving "
                          + ("none" if left == 0 else f"{left}, fewer than min_len {min_len},")
                          + " to generate: shorten the text, the prompt text or the prompt audio")
+    return max_positions - n_prompt
 
 
 def default_max_len(n_target_tokens: int, capacity: int | None = None, cap: int = 4096) -> int:

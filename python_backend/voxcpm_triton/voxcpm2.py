@@ -292,8 +292,7 @@ class VoxCPM2:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
                                          reference_audio, reference_sample_rate, normalize)
         max_len_default = max_len is None
-        checks.check_room(len(prompt), self.cfg.max_length, min_len)
-        capacity = self.cfg.max_length - len(prompt)
+        capacity = checks.check_room(len(prompt), self.cfg.max_length, min_len)
         if max_len_default:
             max_len = default_max_len(prompt.n_target_tokens, capacity)
         checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,

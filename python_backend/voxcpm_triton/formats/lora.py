@@ -44,8 +44,7 @@ class LoraError(ValueError):
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise LoraError(f"{shown(name) if isinstance(name, str) else repr(name)} is not a valid LoRA adapter "
-                        f"name: {NAME_RULE}")
+        raise LoraError(f"{shown(name)} is not a valid LoRA adapter name: {NAME_RULE}")
     return name
 
 
