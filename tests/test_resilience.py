@@ -6,6 +6,7 @@ and queues one more, tts_stream has a single instance, vae_decoder holds two str
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -42,6 +43,10 @@ def tight(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
                            parameters={"decoder": {"max_batch_size": "1", "max_waiting_requests": "1"},
                                        "vae_decoder": {"max_streams": "2"}},
                            instances={"tts_stream": 1})
+    cfg = repo / "text_normalizer" / "config.pbtxt"
+    text, n = re.subn(r"max_queue_size: \d+", "max_queue_size: 1", cfg.read_text())
+    assert n == 1, cfg
+    cfg.write_text(text)
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 
@@ -127,6 +132,42 @@ def test_a_running_stream_keeps_its_rhythm_while_another_waits_for_the_decoder(t
                 s.close(cancel=True)
 
 
+def test_normalize_requests_wait_apart_from_plain_ones_and_past_the_queue_bound_are_busy(tight):
+    """NORMALIZE runs in text_normalizer, not in the tokenizer that every request passes. Five
+    requests with 4 KB of digits to normalise (over a second each) sent at once: one is normalised,
+    one waits (max_queue_size 1 on this server), the rest are refused at once as busy; a plain
+    request sent after them gets its audio before the first of them, as if they were not there."""
+    from tests.test_server import tts_http
+
+    slow = "1 " * 2000
+    params = dict(SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    results: dict = {}
+
+    def run(name, text, **kw):
+        try:
+            out = tts_http(tight, text, **params, **kw)[0]
+        except InferenceServerException as e:
+            out = e
+        results[name] = (out, time.monotonic())
+
+    threads = [threading.Thread(target=run, args=(i, slow), kwargs={"NORMALIZE": ("BOOL", np.array([True]))})
+               for i in range(5)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    run("plain", "I paid $5 for 3 apples.")
+    for t in threads:
+        t.join(120)
+    normalised = [i for i in range(5) if isinstance(results[i][0], np.ndarray)]
+    busy = [results[i][0] for i in range(5) if i not in normalised]
+    assert len(normalised) >= 2 and busy, results
+    for e in busy:
+        assert "too many NORMALIZE requests" in str(e) and e.status() == "503", e  # UNAVAILABLE: retry later
+    assert isinstance(results["plain"][0], np.ndarray), results["plain"]
+    assert results["plain"][1] < min(results[i][1] for i in normalised), results
+
+
 def test_internal_models_refuse_clients(tight):
     """Only the orchestrator (which stamps the server's internal key) may call the internal models;
     a refused vae_decoder START holds no stream state."""
@@ -139,6 +180,7 @@ def test_internal_models_refuse_clients(tight):
 
     calls = {
         "tokenizer": [inp("TEXT", "BYTES", np.array([b"hi"], dtype=object))],
+        "text_normalizer": [inp("TEXT", "BYTES", np.array([[b"$5"]], dtype=object))],
         "vae_encoder": [inp("AUDIO", "FP32", np.zeros((1, 1600), np.float32)),
                         inp("SAMPLE_RATE", "INT32", np.array([[16000]], np.int32)),
                         inp("PAD_LEFT", "BOOL", np.array([[False]]))],
@@ -466,7 +508,7 @@ def test_sigterm_gives_running_requests_half_the_exit_timeout_and_every_model_un
         assert "tritonserver stopped" in text and "(exit code 0)" in text, text[-3000:]
         assert stopped < exit_timeout, f"stopped after {stopped:.0f} s: {text[-3000:]}"
         assert "Exit timeout expired" not in text and "Fatal Python error" not in text, text[-3000:]
-        for model in ("tts", "tts_stream", "decoder", "vae_decoder", "tokenizer"):
+        for model in ("tts", "tts_stream", "decoder", "vae_decoder", "tokenizer", "text_normalizer"):
             assert f"successfully unloaded '{model}'" in text, model
         wait_for(lambda: _pids_in_group(proc.pid) == [], timeout=10, what="every process of the server to end")
     finally:

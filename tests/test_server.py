@@ -429,7 +429,7 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_healthy(server, proto
 
 
 def test_normalize_equals_sending_the_reference_normalised_text(server):
-    """NORMALIZE normalises TEXT in the tokenizer as the reference's generate(normalize=True) does:
+    """NORMALIZE normalises TEXT (text_normalizer) as the reference's generate(normalize=True) does:
     the audio is that of the reference-normalised text sent as it is."""
     from tests.reference import text_normalizer
 
@@ -496,10 +496,11 @@ def test_every_model_process_exits_cleanly(ckpt, tmp_path):
         assert tts_http(srv, "More words.", SEED=2, MIN_LENGTH=3, MAX_LENGTH=3)[0].size > 0
         assert sum(v for name, _, v in metric_samples(srv)  # the metrics were in use
                    if name == "voxcpm_time_to_first_audio_seconds_count") >= 2
-        srv.stop(timeout=180)  # a loaded machine may take a while to unload its 20 model processes
+        srv.stop(timeout=180)  # a loaded machine may take a while to unload its 21 model processes
     log = srv.log
     assert srv.returncode == 0 and srv.leftover_processes == [], srv.log_tail()
-    for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "voices", "loras"):
+    for model in ("tts", "tts_stream", "decoder", "vae_decoder", "vae_encoder", "tokenizer", "text_normalizer", "voices",
+                  "loras"):
         assert f"successfully unloaded '{model}'" in log, model
     assert "Fatal Python error" not in log, log[log.index("Fatal Python error"):][:3000]
 

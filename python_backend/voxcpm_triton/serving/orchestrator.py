@@ -1,9 +1,10 @@
 """The BLS pipeline behind `tts` and `tts_stream`:
 
-    TEXT ─ tokenizer ─┐
-    audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
+    TEXT ─ [text_normalizer] ─ tokenizer ─┐
+                   audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
 
-(A decoder with `decode_audio` sends each chunk's AUDIO itself: vae_decoder is skipped.)
+([text_normalizer]: only with NORMALIZE. A decoder with `decode_audio` sends each chunk's AUDIO
+itself: vae_decoder is skipped.)
 
 One `Orchestrator.synthesize` coroutine serves one request and hands audio chunks to
 `emit` as they are made. `tts` collects them into one response; `tts_stream` sends
@@ -41,6 +42,7 @@ HEALTH_CHECK_S = 1.0  # how often a waiting request looks at the model processes
 DECODER_READS_DOC = ("Decoder calls by how their responses were read: counted (as far as the decoder said it "
                      "sent) or waiting (a thread waiting in the response iterator)")
 END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
+TRITON_QUEUE_FULL = "Exceeds maximum queue size"  # Triton's error past a model's max_queue_size
 MIN_EXECUTE_S = 0.1  # tts_stream's execute lasts at least this: time for the stub to register it (TTSStreamModel)
 
 
@@ -112,6 +114,22 @@ class InternalCalls:
         (names,) = await self.infer_decoupled("decoder", dec_in, ["LORAS"])
         return sorted(bytes(n).decode() for n in names.reshape(-1))
 
+    async def normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
+        """`text` written out as words by text_normalizer (NORMALIZE); None when the client left while
+        it waited. Busy when that model's queue is full."""
+        try:
+            resp = await self.guard(bls("text_normalizer", {"TEXT": np.array([[text.encode()]], dtype=object)},
+                                        ["NORMALIZED_TEXT"]).async_exec(), cancelled)
+            if resp is None:
+                return None
+            (out,) = outputs(resp, ["NORMALIZED_TEXT"])
+        except BLSError as e:
+            if TRITON_QUEUE_FULL not in str(e):
+                raise
+            raise Busy("server busy: too many NORMALIZE requests wait for text normalisation (text_normalizer's "
+                       "max_queue_size); retry later, or send this TEXT with NORMALIZE off") from None
+        return bytes(out.reshape(-1)[0]).decode()
+
     async def encode(self, audio, rate, pad_left: bool, name: str) -> np.ndarray:
         """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's);
         `name`: the client's input it came in, for the error when its encoding overflows."""
@@ -143,9 +161,9 @@ def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseExceptio
 
 
 FIRST_AUDIO_PHASES = ("prepare", "decoder", "vae")
-FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (tokenizer, stored voice, reference "
-                          "encoding), decoder (request to first latents: admission, prefill, first steps; with the decoder's "
-                          "decode_audio, its audio too), vae "
+FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (text normalisation, tokenizer, "
+                          "stored voice, reference encoding), decoder (request to first latents: admission, prefill, "
+                          "first steps; with the decoder's decode_audio, its audio too), vae "
                           "(first latents to first audio)")
 
 
@@ -212,7 +230,10 @@ class Orchestrator(InternalCalls):
         voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
-            tok_in["NORMALIZE"] = np.array([True])
+            normalized = await self.normalize(req.text, cancelled)
+            if normalized is None:  # the client left while it waited
+                return
+            tok_in = {"TEXT": np.array([normalized.encode()], dtype=object), "NORMALIZED": np.array([True])}
         prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)

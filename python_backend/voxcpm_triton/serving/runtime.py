@@ -57,7 +57,7 @@ BEACON_PERIOD_S = 1.0
 # A beacon older than this means its process is stuck or gone (the engine loop wakes every
 # 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
 BEACON_STALE_S = 15.0
-INTERNAL_MODELS = ("tokenizer", "vae_encoder", "vae_decoder", "decoder")
+INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder", "decoder")
 
 
 STOPPING_FILE = "stopping"  # scripts/supervise.py writes it (the same name there)

@@ -1,7 +1,7 @@
 """`tokenizer`: TEXT (+ PROMPT_TEXT) -> the token ids the decoder is fed, and the target text's token count.
 
-With NORMALIZE, TEXT is normalised first (`formats.text_normalize`, built on the first such
-request); PROMPT_TEXT never is, as in the reference.
+With NORMALIZED, TEXT is `text_normalizer`'s output, tokenized as it is (the reference cleans the
+text before normalising it, not after); PROMPT_TEXT is never normalised, as in the reference.
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import clean_text
-from ..formats.text_normalize import NormalizationError, normalize_target
 from ..formats.tokenizer import TextTokenizer
 from . import runtime
 from .contract import text, value
 from .parameters import read, resolve_checkpoint
-from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
+from .triton_io import get, internal_error_response, pb, require_internal, tensor
 
 
 class TokenizerModel:
@@ -31,9 +30,11 @@ class TokenizerModel:
         for request in requests:
             try:
                 require_internal(request, "tokenizer")
-                target_text = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
-                if value(get(request, "NORMALIZE"), "NORMALIZE", bool):
-                    target_text = _normalized(target_text)
+                if value(get(request, "NORMALIZED"), "NORMALIZED", bool):
+                    # checked before normalising, which writes numbers out: it may now pass the byte limit
+                    target_text = value(get(request, "TEXT"), "TEXT", str) or ""
+                else:
+                    target_text = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
                 prompt_text = text(get(request, "PROMPT_TEXT"), "PROMPT_TEXT", required=False)
                 target = self.tokenizer(target_text)
                 ids = self.tokenizer(prompt_text + target_text) if prompt_text is not None else target
@@ -45,9 +46,3 @@ class TokenizerModel:
                 responses.append(internal_error_response(e))  # an InputError stays one past the BLS hop
         return responses
 
-
-def _normalized(target_text: str) -> str:
-    try:
-        return normalize_target(target_text)
-    except NormalizationError as e:
-        raise InputError(f"NORMALIZE: {e}; send this TEXT with NORMALIZE off") from None

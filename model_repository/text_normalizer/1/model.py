@@ -1,0 +1,13 @@
+"""Triton entry point for `text_normalizer`: text written out as words (NORMALIZE). The logic lives in python_backend/voxcpm_triton/serving/."""
+
+import os
+import sys
+
+sys.path.insert(0, os.environ.get("VOXCPM_PYTHON_BACKEND") or
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python_backend"))
+
+from voxcpm_triton.serving import runtime  # noqa: E402
+
+runtime.exit_without_teardown()  # first: before torch is imported (see its doc)
+
+from voxcpm_triton.serving.normalizer_model import TextNormalizerModel as TritonPythonModel  # noqa: E402,F401

@@ -1,0 +1,48 @@
+"""`text_normalizer`: TEXT -> the text to speak with numbers, dates, units... written out
+(`formats.text_normalize`), for requests with NORMALIZE.
+
+A model of its own, not a step of `tokenizer`: normalising 4 KB of digits and symbols takes
+seconds, and every request is tokenized, so a few NORMALIZE requests in the tokenizer's
+instances would hold up everyone's first audio. Here they wait only for each other, and Triton's
+queue bound (`max_queue_size` in its config.pbtxt) refuses one more at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checks import clean_text
+from ..formats.text_normalize import NormalizationError, normalize_target, normalizer
+from . import runtime
+from .contract import text
+from .parameters import read
+from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
+
+
+class TextNormalizerModel:
+    def initialize(self, args):
+        runtime.model_process()
+        read(args, "text_normalizer")  # it takes no parameters: any in its config.pbtxt is an error naming it
+        normalizer()  # wetext's grammars loaded now, not in the first request's time
+        self.beacon = runtime.Beacon("text_normalizer")
+
+    def finalize(self):
+        self.beacon.stop()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                require_internal(request, "text_normalizer")
+                target = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
+                try:
+                    out = normalize_target(target)
+                except NormalizationError as e:
+                    raise InputError(f"NORMALIZE: {e}; send this TEXT with NORMALIZE off") from None
+                # [1, 1]: a batch of one (the queue bound needs Triton's batching dimension)
+                responses.append(pb().InferenceResponse(output_tensors=[
+                    tensor("NORMALIZED_TEXT", np.array([[out.encode()]], dtype=object))]))
+            except Exception as e:
+                responses.append(internal_error_response(e))  # an InputError stays one past the BLS hop
+        return responses
+
