@@ -7,7 +7,9 @@
 #
 #   scripts/serve.sh [extra tritonserver args...]
 #   scripts/serve.sh --print-env      # the environment it would use, KEY=VALUE
-#   scripts/serve.sh --print-cmd      # the command it would run
+#   scripts/serve.sh --print-cmd      # the tritonserver command it would run (scripts/supervise.py
+#                                     # adds the restricted-API flags: VOXCPM_ADMIN_KEY below)
+#   scripts/serve.sh --help           # this text
 #
 # Environment:
 #   MODEL_REPOSITORY      default $REPO/model_repository
@@ -25,7 +27,8 @@
 #                         then end with an error; the models unload in the rest
 #   VOXCPM_ADMIN_KEY      value of the header voxcpm-admin-key that opens Triton's
 #                         shared-memory, model-repository, logging and trace APIs
-#                         (unset: a random key, they stay closed)
+#                         (unset: a random key, they stay closed); it goes on tritonserver's
+#                         command line, which every local user can read (ps)
 #   VOXCPM_SUPERVISE=0    exec tritonserver directly (no restarts, no probe, no OpenAI gateway; the
 #                         restricted APIs closed all the same: VOXCPM_ADMIN_KEY above)
 #   OPENAI_API_PORT       port of the OpenAI speech API gateway (gateway/voxcpm_gateway), run
@@ -43,6 +46,14 @@
 #   VOXCPM_CHECKPOINT     the VoxCPM2 checkpoint directory; unset: the embedded tiny one, generated
 #                         once into VOXCPM_TINY_DIR (default checkpoints/tiny)
 #   VOXCPM_INTERNAL_KEY   the key the models' internal requests carry; unset: a random one per start
+#   VOXCPM_VOICES_DIR     where stored voices are kept (persistent data), default
+#                         ${XDG_DATA_HOME:-~/.local/share}/voxcpm/voices
+#   VOXCPM_LORA_DIR       the LoRA adapters the decoder may load, one subfolder each; unset: none
+#   VOXCPM_DEVICE, VOXCPM_DTYPE  the models' torch device and the decoder's dtype; unset: cuda if
+#                         there is a GPU, else cpu; bfloat16 on a GPU, float32 on the CPU
+#   (the models read these and the other overrides of their parameters from the environment, see
+#   the README's configuration table: VOXCPM_SPLIT_K, VOXCPM_GC_FREEZE, VOXCPM_TIMELINE,
+#   VOXCPM_FUSED_LOCAL_LAYERS, VOXCPM_FUSED_STACKS, VOXCPM_FUSED_LM_LAYERS)
 #   (the gateway's own settings are in the README; its --host and --triton-url come from above)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first
@@ -55,6 +66,9 @@ mode=run
 case "${1:-}" in
     --print-env) mode="env"; shift ;;
     --print-cmd) mode=cmd; shift ;;
+    -h|--help)
+        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+        exit 0 ;;
 esac
 
 if [[ $mode == run && ${SKIP_SETUP:-0} != 1 ]]; then
@@ -74,6 +88,11 @@ fi
 triton_env_ready || triton_build_backend_dir >&2
 
 MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
+if [[ -n ${VOXCPM_CHECKPOINT:-} && ! -f $VOXCPM_CHECKPOINT/config.json ]]; then
+    # Every model would fail to load on it, and the supervisor retry: say so once, now.
+    echo "[serve] VOXCPM_CHECKPOINT=$VOXCPM_CHECKPOINT is not a VoxCPM2 checkpoint directory (no config.json)" >&2
+    exit 2
+fi
 if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
     # The embedded default: generate it once here rather than in six model processes at once.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])

@@ -476,12 +476,9 @@ class Supervisor:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        print("usage: supervise.py [options] -- tritonserver ARGS...", file=sys.stderr)
-        return 2
-    i = argv.index("--")
     env = os.environ.get
-    ap = argparse.ArgumentParser(description="Run tritonserver and restart it when it breaks.")
+    ap = argparse.ArgumentParser(usage="%(prog)s [options] -- tritonserver ARGS...",
+                                 description="Run tritonserver and restart it when it breaks.")
     # string defaults: argparse converts them, so a bad value in the environment is a usage error too
     ap.add_argument("--probe-interval", type=float, default=env("VOXCPM_PROBE_INTERVAL", "10"),
                     help="seconds between liveness probes once ready; 0: no probes, restart only on exit "
@@ -503,7 +500,10 @@ def main(argv=None) -> int:
     ap.add_argument("--print-restricted", action="store_true",
                     help="only print the server command with the restricted-API flags, an argument a line "
                          "(scripts/serve.sh runs it so without supervision)")
-    opts = ap.parse_args(argv[:i])
+    i = argv.index("--") if "--" in argv else len(argv)
+    opts = ap.parse_args(argv[:i])  # --help stops here
+    if i == len(argv):
+        ap.error("no server command: give it after --")
     if opts.max_failed_starts < 0:
         ap.error(f"--max-failed-starts must be 0 or more, got {opts.max_failed_starts}")
     if not argv[i + 1:]:

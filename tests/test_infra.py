@@ -17,6 +17,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -252,6 +253,31 @@ def test_serve_sh_keeps_http_on_the_loopback_unless_told():
         out = serve(arg)
         assert out.returncode == 2 and out.stderr.startswith(f"[serve] {arg}: set TRITON_HTTP_PORT"), out.stderr
     assert serve("--log-verbose=1").returncode == 0
+
+
+def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_starts(tmp_path):
+    """--help prints the header's usage and variables (it used to reach tritonserver, which the
+    supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json is refused at
+    once, naming it, instead of every model failing on it five starts in a row. The supervisor's
+    --help lists its options without a server command."""
+    env = triton_env()
+    env.pop("SKIP_SETUP", None)  # --help must not run setup either
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--help"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("Run Triton Inference Server"), out
+    assert "VOXCPM_VOICES_DIR" in out.stdout and "SKIP_SETUP=1" in out.stdout and "set -euo" not in out.stdout
+    assert "[setup" not in out.stderr, out.stderr
+    env.update(SKIP_SETUP="1", VOXCPM_CHECKPOINT=str(tmp_path))
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"[serve] VOXCPM_CHECKPOINT={tmp_path} is not a VoxCPM2 checkpoint directory (no config.json)"), out
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--help"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and "--probe-interval" in out.stdout and "-- tritonserver ARGS" in out.stdout, out
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--probe-interval", "5"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "no server command" in out.stderr, out
 
 
 @pytest.mark.parametrize("key", ["let-me-in", None])
