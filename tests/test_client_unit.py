@@ -41,6 +41,7 @@ CONTRACT = {
     "VOICE_MODE": ("BYTES", [1]),
     "NORMALIZE": ("BOOL", [1]),
     "LORA": ("BYTES", [1]),
+    "RETRY_BADCASE": ("BOOL", [1]),
 }
 NP = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 ZH = "你好，欢迎使用语音合成。"
@@ -50,7 +51,7 @@ def all_params():
     return dict(reference_audio=np.linspace(-1, 1, 321).astype(np.float32), reference_sample_rate=16000,
                 prompt_audio=np.zeros(77, np.float64), prompt_sample_rate=44100, prompt_text=ZH,
                 cfg_value=2.5, inference_timesteps=8, min_length=5, max_length=100, seed=2**40 + 3,
-                voice="alice", voice_mode="reference", normalize=True, lora="dialect")
+                voice="alice", voice_mode="reference", normalize=True, lora="dialect", retry_badcase=False)
 
 
 # ---------------------------------------------------------------- inputs
@@ -77,6 +78,7 @@ def test_all_inputs_names_dtypes_shapes():
     assert arrays["CFG_VALUE"][0] == np.float32(2.5)
     assert arrays["PROMPT_TEXT"][0].decode("utf-8") == ZH
     assert arrays["NORMALIZE"][0] is np.True_
+    assert arrays["RETRY_BADCASE"][0] is np.False_
 
 
 def test_none_params_are_left_out():
@@ -119,6 +121,22 @@ def test_input_validation():
         input_arrays("hi", voice_mode="both")
     with pytest.raises(TypeError, match="normalize must be True or False"):
         input_arrays("hi", normalize="yes")
+    with pytest.raises(TypeError, match="retry_badcase must be True or False"):
+        input_arrays("hi", retry_badcase=0)
+
+
+def test_retry_badcase_is_for_tts_only():
+    """tts_stream has no RETRY_BADCASE (streamed audio cannot be taken back): the library and the CLI
+    say so before anything is sent."""
+    from voxcpm_client import synthesize_stream
+    from voxcpm_client.cli import parse_args
+
+    with pytest.raises(TypeError, match="retry_badcase is for tts"):
+        synthesize_stream("hi", url="127.0.0.1:1", retry_badcase=False)
+    assert parse_args(["hi", "--protocol", "http", "--no-retry-badcase"]).retry_badcase is False
+    assert parse_args(["hi", "--protocol", "http"]).retry_badcase is None  # not sent: the server's default (on)
+    with pytest.raises(SystemExit):
+        parse_args(["hi", "--no-retry-badcase"])  # gRPC: tts_stream
 
 
 def test_cli_normalize_flag():

@@ -34,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--normalize", action="store_true", default=None,
                    help="write numbers, dates, currencies, units... in the text out as words first (server-side)")
+    p.add_argument("--no-retry-badcase", dest="retry_badcase", action="store_false", default=None,
+                   help="HTTP (tts) only: keep the first try even if it runs far too long for its text (the server "
+                        "tries again by default, 3 tries in all)")
     p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: the "
                                   "--voice's default adapter, if it has one; '': the base model")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
@@ -43,6 +46,8 @@ def parse_args(argv=None):
         p.error("--prompt-audio and --prompt-text go together")
     if args.voice_mode and not args.voice:
         p.error("--voice-mode needs --voice")
+    if args.retry_badcase is not None and args.protocol != "http":
+        p.error("--no-retry-badcase needs --protocol http (tts): streamed audio cannot be taken back")
     return args
 
 
@@ -104,7 +109,7 @@ def main(argv=None) -> int:
     url, model = DEFAULTS[args.protocol]
     url, model = args.url or url, args.model or model
     params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed",
-                                            "voice", "voice_mode", "normalize", "lora")}
+                                            "voice", "voice_mode", "normalize", "lora", "retry_badcase")}
     try:
         if args.reference:
             params["reference_audio"], params["reference_sample_rate"] = load_audio(args.reference)

@@ -30,6 +30,7 @@ SCALAR_INPUTS = {
     "voice_mode": ("VOICE_MODE", np.object_),
     "normalize": ("NORMALIZE", np.bool_),
     "lora": ("LORA", np.object_),
+    "retry_badcase": ("RETRY_BADCASE", np.bool_),  # `tts` only
 }
 VOICE_MODES = ("reference", "continuation", "both")
 AUDIO_INPUTS = {
@@ -98,8 +99,9 @@ def input_arrays(text: str, **params) -> dict:
         raise ValueError("prompt_audio and prompt_text go together")
     if "voice_mode" in params and "voice" not in params:
         raise ValueError("voice_mode needs voice")
-    if "normalize" in params and not isinstance(params["normalize"], (bool, np.bool_)):
-        raise TypeError(f"normalize must be True or False, got {params['normalize']!r}")
+    for flag in ("normalize", "retry_badcase"):
+        if flag in params and not isinstance(params[flag], (bool, np.bool_)):
+            raise TypeError(f"{flag} must be True or False, got {params[flag]!r}")
 
     arrays = {"TEXT": _bytes_tensor(text)}
     for key, name in AUDIO_INPUTS.items():
@@ -186,6 +188,8 @@ def synthesize_stream(text: str, url: str = "localhost:8001", model: str = "tts_
     from tritonclient.utils import InferenceServerException
 
     url = _strip_scheme(url)
+    if params.get("retry_badcase") is not None:
+        raise TypeError("retry_badcase is for tts (synthesize): streamed audio cannot be taken back")
     inputs = make_inputs(grpcclient, text, **params)
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url=url)
