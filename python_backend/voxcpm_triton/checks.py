@@ -138,9 +138,9 @@ def shown(value, limit: int = 80) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
-def check_room(n_prompt: int, max_positions: int, min_len=1) -> int:
-    """The positions the model's context leaves after a prompt, which must be room for at least min_len
-    patches (at least one)."""
+def context_room(n_prompt: int, max_positions: int, min_len=1) -> int:
+    """The positions the model's context leaves after a prompt; a ValueError unless they are room
+    for at least min_len patches (at least one)."""
     need = min_len if _is_int(min_len) and min_len > 1 else 1
     if n_prompt + need > max_positions:
         left = max(max_positions - n_prompt, 0)

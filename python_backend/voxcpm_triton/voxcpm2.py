@@ -245,7 +245,7 @@ class VoxCPM2:
         full_text = (prompt_text + text) if prm is not None else text
         prompt = build_prompt(self.tokenizer(full_text), len(self.tokenizer(text)), ref, prm,
                               self.patch_size, self.feat_dim)
-        checks.check_room(len(prompt), self.cfg.max_length)
+        checks.context_room(len(prompt), self.cfg.max_length)  # raises where the prompt leaves no room
         return prompt
 
     # ------------------------------------------------------------------ generation
@@ -292,7 +292,7 @@ class VoxCPM2:
             prompt = self.prepare_prompt(text, prompt_text, prompt_audio, prompt_sample_rate,
                                          reference_audio, reference_sample_rate, normalize)
         max_len_default = max_len is None
-        capacity = checks.check_room(len(prompt), self.cfg.max_length, min_len)
+        capacity = checks.context_room(len(prompt), self.cfg.max_length, min_len)
         if max_len_default:
             max_len = default_max_len(prompt.n_target_tokens, capacity)
         checks.check_generation(min_len, max_len, cfg_value, inference_timesteps,

@@ -249,7 +249,7 @@ class Engine:
     def submit(self, request: EngineRequest, sink: Callable[[Event], None] | None = None) -> RequestHandle:
         """Queue a request. Invalid or never-fitting requests raise ValueError here."""
         p = request.prompt
-        capacity = checks.check_room(len(p), self.max_positions, request.min_len)
+        capacity = checks.context_room(len(p), self.max_positions, request.min_len)
         max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens, capacity)
         checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
                                 capacity=capacity, max_len_default=request.max_len is None)

@@ -1,1 +1,1 @@
-"""On-disk formats: checkpoint files and the tokenizer."""
+"""On-disk and text formats: checkpoint files, LoRA adapters, the tokenizer and the text normaliser."""

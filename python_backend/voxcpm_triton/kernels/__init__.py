@@ -1,1 +1,2 @@
-"""GPU kernels in Triton. Leaf modules: they import torch, triton and `_triton` only."""
+"""GPU kernels in Triton. They import torch, triton and each other only (the persistent layer
+kernel calls the attention kernels and the FP8 linear), never the model or the engine."""

@@ -45,7 +45,6 @@ FUSED = {"self_attn": (("q_proj", "k_proj", "v_proj"), "qkv"), "mlp": (("gate_pr
 DIT = "feat_decoder.estimator"
 DIT_TOP = ("in_proj", "cond_proj", "out_proj", "time_mlp.linear_1", "time_mlp.linear_2",
            "delta_time_mlp.linear_1", "delta_time_mlp.linear_2")
-PROJ = ("enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj", "fusion_concat_proj", "stop_proj", "stop_head")
 
 
 class LoraSite(NamedTuple):

@@ -2,8 +2,10 @@
 
 `execute` only validates and enqueues; the engine thread streams LATENTS chunks back through
 each request's response sender and closes the stream with the final flag. With `decode_audio`
-each chunk also carries its AUDIO, decoded in this process (`engine.stream_audio`), the last one
-with the final flag when both go in one round, and the orchestrators skip `vae_decoder`. A request
+(the default) each chunk's AUDIO is decoded in this process (`engine.stream_audio`) and the
+orchestrators skip `vae_decoder`: with `audio_channel` (the default) the chunks go over a Unix
+socket of the orchestrator's process (`serving.audio_channel`), and the call carries only an empty
+first response and its final one; without it each chunk is a response carrying its AUDIO. A request
 carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their client goes
 away). LORA names a request's adapter; a request carrying LORA_ACTION (from the `loras` model)
 adds, removes or lists adapters.

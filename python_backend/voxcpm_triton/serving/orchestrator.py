@@ -3,8 +3,9 @@
     TEXT ─ [text_normalizer] ─ tokenizer ─┐
                    audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
 
-([text_normalizer]: only with NORMALIZE. A decoder with `decode_audio` sends each chunk's AUDIO
-itself: vae_decoder is skipped.)
+([text_normalizer]: only with NORMALIZE. The decoder's `decode_audio`, the default, decodes each
+chunk's AUDIO itself, and vae_decoder is skipped; with its `audio_channel`, the default too, the
+chunks come over a Unix socket of this process (`audio_channel`), not as the call's responses.)
 
 One `Orchestrator.synthesize` coroutine serves one request and hands audio chunks to
 `emit` as they are made. `tts` collects them into one response; `tts_stream` sends
