@@ -35,7 +35,7 @@ from .metrics import metric, release_all as release_metrics
 from .parameters import read, read_config, resolve_checkpoint
 from .triton_io import (SHUTTING_DOWN, BLSError, Busy, InputError, Unhealthy, bls, downstream_error, error_response,
                         get, outputs, pb, tensor)
-from .voices import VoiceStore
+from .voices import Voice, VoiceStore
 
 log = logging.getLogger("voxcpm_triton.orchestrator")
 
@@ -161,6 +161,16 @@ def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseExceptio
                       "in the request, or add the voice again")
 
 
+@dataclasses.dataclass
+class _Prepared:
+    """A request made ready for the decoder (`Orchestrator._prepare`)."""
+    dec_in: dict  # the decoder's inputs
+    context: np.ndarray | None  # the audio patches that prime vae_decoder (continuation)
+    voice: Voice | None  # the stored voice it names
+    lora: str | None  # the adapter it runs on (its own, or its voice's)
+    target_tokens: int  # the target text's token count: the bad-case rule's measure
+
+
 FIRST_AUDIO_PHASES = ("prepare", "decoder", "vae")
 FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (text normalisation, tokenizer, "
                           "stored voice, reference encoding), decoder (request to first latents: admission, prefill, "
@@ -220,20 +230,16 @@ class Orchestrator(InternalCalls):
         return (await self.infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
 
     # ------------------------------------------------------------------ pipeline
-    async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
-                         cancelled: Callable[[], bool], playback: bool = True) -> tuple[int, int] | None:
-        """Run one request; `emit(audio)` per chunk. Returns early (no error, None) when `cancelled()`;
-        else (patches generated, target text tokens), what `tts`'s bad-case rule looks at.
-        playback: a client plays the chunks as they come (the decoder may then send them early)."""
-        self.health.check()
-        p = pb()
-        t0 = time.monotonic()
+    async def _prepare(self, req: contract.SynthesisRequest, playback: bool,
+                       cancelled: Callable[[], bool]) -> _Prepared | None:
+        """The decoder's inputs for `req`: its text normalised (NORMALIZE) and tokenized, its voice's or
+        audio's latents (encoded by vae_encoder), its adapter. None when the client left meanwhile."""
         voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
             normalized = await self.normalize(req.text, cancelled)
             if normalized is None:  # the client left while it waited
-                return
+                return None
             tok_in = {"TEXT": np.array([normalized.encode()], dtype=object), "NORMALIZED": np.array([True])}
         prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
         if prompt_text is not None:
@@ -267,8 +273,23 @@ class Orchestrator(InternalCalls):
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
             context = np.concatenate(audio_latents)[-CONTEXT_PATCHES:]
-        if cancelled():
+        return _Prepared(dec_in, context, voice, lora, int(np.asarray(n_target).reshape(-1)[0]))
+
+    async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
+                         cancelled: Callable[[], bool], playback: bool = True) -> tuple[int, int] | None:
+        """Run one request; `emit(audio)` per chunk. Returns early (no error, None) when `cancelled()`;
+        else (patches generated, target text tokens), what `tts`'s bad-case rule looks at.
+        playback: a client plays the chunks as they come (the decoder may then send them early).
+        The decoder's audio comes in one of three ways: frames of the audio channel (the default),
+        responses carrying AUDIO (decode_audio without the channel), or LATENTS that go through
+        vae_decoder here (decode_audio off)."""
+        self.health.check()
+        p = pb()
+        t0 = time.monotonic()
+        prepared = await self._prepare(req, playback, cancelled)
+        if prepared is None or cancelled():
             return
+        dec_in, context, voice, lora = prepared.dec_in, prepared.context, prepared.voice, prepared.lora
 
         request_id = uuid.uuid4().hex
         corrid = secrets.randbits(63) or 1
@@ -356,7 +377,7 @@ class Orchestrator(InternalCalls):
                 await self._close_vae(corrid)
         if error is not None and not stopping:
             raise error if lora == req.lora else _voice_adapter_error(error, voice, lora)
-        return generated, int(np.asarray(n_target).reshape(-1)[0])
+        return generated, prepared.target_tokens
 
     async def _close_vae(self, corrid: int):
         """END the stream's VAE sequence: frees its state in vae_decoder and Triton's sequence slot."""
