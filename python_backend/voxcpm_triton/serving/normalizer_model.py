@@ -16,7 +16,7 @@ from ..formats.text_normalize import NormalizationError, normalize_target, norma
 from . import runtime
 from .contract import text
 from .parameters import read
-from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
+from .triton_io import InputError, answer_each, get, tensor
 
 
 class TextNormalizerModel:
@@ -30,19 +30,14 @@ class TextNormalizerModel:
         self.beacon.stop()
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                require_internal(request, "text_normalizer")
-                target = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
-                try:
-                    out = normalize_target(target)
-                except NormalizationError as e:
-                    raise InputError(f"NORMALIZE: {e}; send this TEXT with NORMALIZE off") from None
-                # [1, 1]: a batch of one (the queue bound needs Triton's batching dimension)
-                responses.append(pb().InferenceResponse(output_tensors=[
-                    tensor("NORMALIZED_TEXT", np.array([[out.encode()]], dtype=object))]))
-            except Exception as e:
-                responses.append(internal_error_response(e))  # an InputError stays one past the BLS hop
-        return responses
+        return answer_each(requests, "text_normalizer", self._answer)
 
+    @staticmethod
+    def _answer(request) -> list:
+        target = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
+        try:
+            out = normalize_target(target)
+        except NormalizationError as e:
+            raise InputError(f"NORMALIZE: {e}; send this TEXT with NORMALIZE off") from None
+        # [1, 1]: a batch of one (the queue bound needs Triton's batching dimension)
+        return [tensor("NORMALIZED_TEXT", np.array([[out.encode()]], dtype=object))]

@@ -13,7 +13,7 @@ from ..formats.tokenizer import TextTokenizer
 from . import runtime
 from .contract import text, value
 from .parameters import read, resolve_checkpoint
-from .triton_io import get, internal_error_response, pb, require_internal, tensor
+from .triton_io import answer_each, get, tensor
 
 
 class TokenizerModel:
@@ -26,23 +26,16 @@ class TokenizerModel:
         self.beacon.stop()
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                require_internal(request, "tokenizer")
-                if value(get(request, "NORMALIZED"), "NORMALIZED", bool):
-                    # checked before normalising, which writes numbers out: it may now pass the byte limit
-                    target_text = value(get(request, "TEXT"), "TEXT", str) or ""
-                else:
-                    target_text = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
-                prompt_text = text(get(request, "PROMPT_TEXT"), "PROMPT_TEXT", required=False)
-                target = self.tokenizer(target_text)
-                ids = self.tokenizer(prompt_text + target_text) if prompt_text is not None else target
-                responses.append(pb().InferenceResponse(output_tensors=[
-                    tensor("TOKEN_IDS", np.asarray(ids, dtype=np.int64)),
-                    tensor("TARGET_TOKENS", np.asarray([len(target)], dtype=np.int32)),
-                ]))
-            except Exception as e:
-                responses.append(internal_error_response(e))  # an InputError stays one past the BLS hop
-        return responses
+        return answer_each(requests, "tokenizer", self._answer)
 
+    def _answer(self, request) -> list:
+        if value(get(request, "NORMALIZED"), "NORMALIZED", bool):
+            # checked before normalising, which writes numbers out: it may now pass the byte limit
+            target_text = value(get(request, "TEXT"), "TEXT", str) or ""
+        else:
+            target_text = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
+        prompt_text = text(get(request, "PROMPT_TEXT"), "PROMPT_TEXT", required=False)
+        target = self.tokenizer(target_text)
+        ids = self.tokenizer(prompt_text + target_text) if prompt_text is not None else target
+        return [tensor("TOKEN_IDS", np.asarray(ids, dtype=np.int64)),
+                tensor("TARGET_TOKENS", np.asarray([len(target)], dtype=np.int32))]

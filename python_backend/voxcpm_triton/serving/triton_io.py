@@ -135,6 +135,20 @@ def internal_error_response(exc: BaseException):
     return p.InferenceResponse(error=p.TritonError(error_message(exc), error_code(exc)))
 
 
+def answer_each(requests, model: str, answer) -> list:
+    """An internal model's responses, one a request in order: `answer(request)` -> its output tensors,
+    for requests from the orchestrator only; an error answers its own request alone, its kind kept
+    past the BLS hop (`internal_error_response`)."""
+    responses = []
+    for request in requests:
+        try:
+            require_internal(request, model)
+            responses.append(pb().InferenceResponse(output_tensors=answer(request)))
+        except Exception as e:
+            responses.append(internal_error_response(e))
+    return responses
+
+
 def downstream_error(error) -> Exception:
     """An internal model's error response (a TritonError) as the exception to pass on: a client
     mistake it found (e.g. an unknown LoRA adapter) stays one, and so does a bound it reached, with
