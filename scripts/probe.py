@@ -6,17 +6,19 @@ Python backend of 2.51 does not restart it), so this asks the whole pipeline to 
 two patches of audio instead. Standard library only: it runs in the container and in
 scripts/supervise.py.
 
-    python3 scripts/probe.py [--url http://127.0.0.1:8000] [--timeout 60]
+    python3 scripts/probe.py [--url http://127.0.0.1:8000] [--timeout 60] [--metrics-url http://127.0.0.1:8002]
 
 Exit status: 0 healthy (audio came back, or the server refused the probe as busy: it is
-alive, only full), 1 not healthy (unreachable, an error, no audio in time), 2 broken (a
-model process is dead: restart the server now).
+alive, only full; or, given the metrics URL, no audio in time while the engine kept decoding
+the requests queued ahead of the probe), 1 not healthy (unreachable, an error, no audio in
+time), 2 broken (a model process is dead: restart the server now).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -25,10 +27,27 @@ import urllib.request
 HEALTHY, UNHEALTHY, BROKEN = 0, 1, 2
 UNHEALTHY_PREFIX = "VoxCPM server unhealthy: "  # serving/triton_io.Unhealthy
 BUSY_MARKERS = ("server busy", "shutting down")
+STEPS_METRIC = "voxcpm_engine_decode_steps_total"  # serving/metrics.py
 
 
-def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str = "tts_stream") -> tuple[int, str]:
-    """-> (status, what happened)."""
+def decode_steps(metrics_url: str | None) -> float | None:
+    """The decode steps the server's engines have run (every decoder instance), None if unknown."""
+    if not metrics_url:
+        return None
+    try:
+        with urllib.request.urlopen(f"{metrics_url.rstrip('/')}/metrics", timeout=5) as r:
+            text = r.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    values = re.findall(rf"^{STEPS_METRIC}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+    return sum(float(v) for v in values) if values else None
+
+
+def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str = "tts_stream",
+          metrics_url: str | None = None) -> tuple[int, str]:
+    """-> (status, what happened). With `metrics_url`, a probe that times out while the engine keeps
+    running decode steps is healthy: it waited behind other requests (a full queue of long ones)."""
+    steps = decode_steps(metrics_url)
     body = json.dumps({"TEXT": "Probe.", "SEED": 1, "MIN_LENGTH": 1, "MAX_LENGTH": 2}).encode()
     req = urllib.request.Request(f"{url.rstrip('/')}/v2/models/{model}/generate_stream", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -39,6 +58,10 @@ def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str 
     except urllib.error.HTTPError as e:
         return _classify(e.read().decode(errors="replace"))
     except (OSError, ValueError) as e:  # refused, reset, timed out, garbled
+        later = decode_steps(metrics_url) if steps is not None and "timed out" in str(e) else None
+        if later is not None and later > steps:
+            return HEALTHY, (f"alive but busy: no audio within {timeout:g} s while the engine ran "
+                             f"{later - steps:.0f} decode steps for the requests queued ahead of it")
         return UNHEALTHY, f"no answer: {e}"
     errors = [str(e["error"]) for e in events if "error" in e]
     if errors:
@@ -60,9 +83,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="Triton's HTTP endpoint")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the audio")
+    ap.add_argument("--metrics-url", help="Triton's metrics endpoint (http://host:8002): a probe that times out "
+                                          "while the engine keeps decoding is healthy, only queued")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    status, what = probe(args.url, args.timeout)
+    status, what = probe(args.url, args.timeout, metrics_url=args.metrics_url)
     if not args.quiet:
         print(("healthy: " if status == HEALTHY else "UNHEALTHY: ") + what, file=sys.stderr)
     return status

@@ -242,6 +242,11 @@ class Companion:
         log(f"{self.name} stopped (exit code {proc.returncode})")
 
 
+def _url(host: str, port: int) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard: the loopback
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class Supervisor:
     def __init__(self, server_args: list[str], opts):
         self.opts = opts
@@ -249,8 +254,9 @@ class Supervisor:
         self.args = restricted(server_args)
         self.ports = _ports(self.args)
         _, host, port = next((p for p in self.ports if p[0] == "http"), ("http", "127.0.0.1", 8000))
-        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard: the loopback
-        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self.url = _url(host, port)
+        metrics = next((p for p in self.ports if p[0] == "metrics"), None)
+        self.metrics_url = _url(*metrics[1:]) if metrics else None  # a probe queued behind work counts as alive
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
@@ -447,7 +453,8 @@ class Supervisor:
     def _probe(self):
         """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping."""
         out: list = []
-        t = threading.Thread(target=lambda: out.append(probe.probe(self.url, self.opts.probe_timeout)), daemon=True)
+        t = threading.Thread(target=lambda: out.append(probe.probe(self.url, self.opts.probe_timeout,
+                                                                    metrics_url=self.metrics_url)), daemon=True)
         t.start()
         while t.is_alive() and not self.stopping:
             t.join(0.1)

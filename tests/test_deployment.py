@@ -432,6 +432,7 @@ def test_compose_healthcheck_is_the_probe():
     assert test[0] == "CMD", test
     assert test[1:5] == ["python3", "/workspace/scripts/probe.py", "--url", "http://127.0.0.1:8000"], test
     assert test[5] == "--timeout" and float(test[6]) < _seconds(hc["timeout"]) == 30, (test, hc)  # probe's own verdict
+    assert test[7:] == ["--metrics-url", "http://127.0.0.1:8002"], test  # queued behind work is alive
     assert _seconds(hc["start_period"]) >= 600, hc
     assert _seconds(hc["interval"]) >= _seconds(hc["timeout"]), hc
     assert int(hc.get("retries", 3)) >= 1

@@ -132,6 +132,50 @@ def test_probe_of_nothing_listening_is_unhealthy():
     assert status == probe.UNHEALTHY and "no answer" in what
 
 
+@pytest.mark.parametrize("engine_runs", [True, False])
+def test_a_probe_queued_behind_running_requests_is_alive_while_the_engine_decodes(engine_runs):
+    """A probe that gets no audio in time because long requests fill the decoder is not a broken
+    server (a review had the supervisor restart a busy one, cutting every stream): with the metrics
+    URL, a timed-out probe is healthy while the engine's decode steps go on, unhealthy when they
+    stand still, and unhealthy without the URL as before."""
+    import http.server
+    import threading
+
+    steps = [100]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the metrics endpoint, two decoder instances
+            if engine_runs:
+                steps[0] += 7
+            body = (f'voxcpm_engine_decode_steps_total{{gpu="0"}} {steps[0]}\n'
+                    f'voxcpm_engine_decode_steps_total{{gpu="1"}} 5\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # the probe's synthesis: queued, never answered in time
+            time.sleep(2.0)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        assert probe.decode_steps(url) == steps[0] + 5
+        status, what = probe.probe(url, timeout=0.5, metrics_url=url)
+        if engine_runs:
+            assert status == probe.HEALTHY and "alive but busy" in what and "decode steps" in what, what
+        else:
+            assert status == probe.UNHEALTHY and "no answer" in what, what
+        assert probe.probe(url, timeout=0.5)[0] == probe.UNHEALTHY  # no metrics URL: as before
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     class Opts:
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
@@ -144,6 +188,10 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
     assert supervise.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).url == "http://[::1]:5"
     assert supervise.Supervisor(["t", "--http-address=::1"], Opts).url == "http://[::1]:8000"
+    # the probe's metrics URL (a probe queued behind work is alive while the engine decodes)
+    assert s.metrics_url == "http://127.0.0.1:8002"
+    assert supervise.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).metrics_url == "http://[::1]:9"
+    assert supervise.Supervisor(["t", "--allow-metrics=false"], Opts).metrics_url is None
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
     assert supervise.Supervisor(mine, Opts).args == mine
 
