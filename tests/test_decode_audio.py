@@ -987,6 +987,58 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
         audio.stop()
 
 
+def test_stream_audio_drops_the_pending_chunks_of_a_request_cancelled_after_its_end(vae):
+    """A request the engine has ended, its end queued behind chunks not yet decoded, then cancelled
+    (CANCEL_ID: a review saw 12 such streams decoded for nobody for 40 s on a CPU): its pending
+    chunks go undecoded, its end still goes; the other requests' chunks are untouched."""
+    from voxcpm_triton.engine.stream_audio import StreamAudio
+
+    cfg, vae = vae
+    P, D = cfg.patch_size, cfg.feat_dim
+    audio = StreamAudio(vae, P, max_streams=4, cuda_graphs=False, graph_patches=(1, 4),
+                        on_failure=lambda key, e: None, rush=False)
+    order = []
+    try:
+        recv, release = _held_round(audio, P, D, order, ("held",), later=(("gone", 0), ("kept", 1)))
+        for k in (("gone", 0), ("kept", 1)):
+            audio.chunk(k, _latents(7, 2, P, D))
+            audio.chunk(k, _latents(8, 1, P, D))
+        audio.end(("gone", 0), "stop")  # the engine's own end: its chunks were still wanted then
+        assert audio.drop_pending(lambda key: key[0] == "gone") == 2
+        assert audio.drop_pending(lambda key: key[0] == "gone") == 0  # nothing left to drop
+        release.set()
+        assert recv[("gone", 0)].done.wait(60)
+        _wait_until(lambda: len(recv[("kept", 1)].chunks) == 2, "the other request's chunks were not delivered")
+        assert recv[("gone", 0)].chunks == [] and recv[("gone", 0)].end == "stop"
+        _end_all(audio, recv, ("held", ("kept", 1)))
+    finally:
+        audio.stop()
+
+
+def test_a_cancel_after_the_engines_end_drops_the_requests_audio_not_yet_decoded():
+    """CANCEL_ID for a request the engine no longer holds reaches its audio instead: the decoder
+    instance held it while chunks of it wait to be decoded (with several instances the marker is
+    then taken), and not once they are all out."""
+    from types import SimpleNamespace
+
+    from voxcpm_triton.serving.decoder_model import DecoderModel
+
+    pending = {("r1", 0): 3, ("r2", 1): 2}
+
+    def drop_pending(which):
+        n = sum(v for k, v in pending.items() if which(k))
+        pending.update({k: 0 for k in pending if which(k)})
+        return n
+
+    held = SimpleNamespace(engine=SimpleNamespace(cancel=lambda rid: rid == "running"),
+                           audio=SimpleNamespace(drop_pending=drop_pending))
+    assert DecoderModel._cancel(held, "running")
+    assert DecoderModel._cancel(held, "r1") and pending == {("r1", 0): 0, ("r2", 1): 2}
+    assert not DecoderModel._cancel(held, "r1") and not DecoderModel._cancel(held, "other")
+    held.audio = None  # decode_audio off: nothing of it here
+    assert not DecoderModel._cancel(held, "r2")
+
+
 def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on():
     """The engine thread's sink queues a request's first chunk at once (asking the parent process
     whether the client left is an IPC round trip on the way to first audio; the audio thread asks

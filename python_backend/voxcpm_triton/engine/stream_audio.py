@@ -161,6 +161,17 @@ class StreamAudio:
             raise ValueError("an end cannot be None: deliver(patches, audio, end=None) is a chunk")
         self._queue(key, None, end, drop_pending)
 
+    def drop_pending(self, which: Callable[[object], bool]) -> int:
+        """Drop the chunks not yet taken by a round of the open requests whose key `which` selects
+        (cancelled after the engine had ended them: its end still goes) -> how many were dropped."""
+        with self.cond:
+            dropped = 0
+            for key, r in self.requests.items():
+                if which(key) and r.pending:
+                    dropped += len(r.pending)
+                    r.pending.clear()
+            return dropped
+
     def _queue(self, key, patches, end=_NO_END, drop_pending=False):
         with self.cond:
             r = self.requests.get(key)

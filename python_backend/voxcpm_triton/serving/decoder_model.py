@@ -132,7 +132,7 @@ class DecoderModel:
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
-        self.peers = (Peers(self.engine, loras=self.engine.loras is not None)
+        self.peers = (Peers(self.engine, loras=self.engine.loras is not None, cancel=self._cancel)
                       if placement.instance_count(args) > 1 else None)
         self._closing = threading.Event()
         threading.Thread(target=self._end_requests_when_stopping, name="stopping-watch", daemon=True).start()
@@ -237,7 +237,7 @@ class DecoderModel:
                 if cancel_id is not None:
                     rid = bytes(cancel_id.reshape(-1)[0]).decode()
                     if self.peers is None:
-                        self.engine.cancel(rid)
+                        self._cancel(rid)
                     else:
                         self.peers.cancel(rid)
                     locked(sender.send, flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -332,6 +332,13 @@ class DecoderModel:
         except BaseException:
             self.audio.forget(key)
             raise
+
+    def _cancel(self, request_id: str) -> bool:
+        """Cancel a request of this instance's -> whether it held one: in the engine, or, once the
+        engine has ended it, with audio not yet decoded, which is then dropped (nobody wants it)."""
+        if self.engine.cancel(request_id):
+            return True
+        return self.audio is not None and self.audio.drop_pending(lambda key: key[0] == request_id) > 0
 
     def _chunks_to_audio(self, sender, key):
         """The engine thread's sink with decode_audio: chunks and the end go to the audio thread.

@@ -110,10 +110,13 @@ class LoraRecord:
 
 class Peers:
     """A decoder instance's side of the exchange: `engine` has cancel(id) -> bool, lora_names(),
-    add_lora(name) and remove_lora(name). `loras`: the engine serves adapters at all."""
+    add_lora(name) and remove_lora(name). `loras`: the engine serves adapters at all. `cancel`
+    (default: the engine's) -> whether this instance held the request."""
 
-    def __init__(self, engine, loras: bool, root: str | None = None, period_s: float = POLL_PERIOD_S):
+    def __init__(self, engine, loras: bool, root: str | None = None, period_s: float = POLL_PERIOD_S,
+                 cancel: Callable[[str], bool] | None = None):
         self.engine, self.period = engine, period_s
+        self._cancel = cancel or engine.cancel
         self.cancels = CancelBoard(root)
         self.record = LoraRecord(root) if loras else None
         self._mutex = threading.Lock()  # one convergence or change at a time in this process
@@ -127,7 +130,7 @@ class Peers:
     # -- cancels
     def cancel(self, request_id: str):
         """A cancel this instance received: here, or for whichever instance holds the request."""
-        if not self.engine.cancel(request_id):
+        if not self._cancel(request_id):
             self.cancels.post(request_id)
 
     # -- LoRA adapters
@@ -191,7 +194,7 @@ class Peers:
     def _run(self):
         while not self._stop.wait(self.period):
             try:
-                self.cancels.sweep(self.engine.cancel)
+                self.cancels.sweep(self._cancel)
                 self.sync_loras()
             except Exception:  # noqa: BLE001 - keep polling: the next round may succeed
                 log.exception("polling the other instances' cancels and LoRA changes failed")
