@@ -141,7 +141,7 @@ def test_64_characters_is_a_name(server):
 def test_add_checks_audio_like_reference_audio(server):
     cases = {"AUDIO is empty": (np.zeros(0, np.float32), 16000),
              "AUDIO contains NaN or Inf": (np.full(100, np.nan, np.float32), 16000),
-             "AUDIO is 61.0 s long; the limit is 60 s": (np.zeros(61 * 1000, np.float32), 1000),
+             r"AUDIO is 61000 samples \(61 s\) at 1000 Hz; the limit is 60 s": (np.zeros(61 * 1000, np.float32), 1000),
              "SAMPLE_RATE 10 is outside": (np.zeros(100, np.float32), 10),
              "AUDIO: its encoding overflows": (np.full(16000, 3e38, np.float32), 16000)}
     for message, (audio, rate) in cases.items():

@@ -156,6 +156,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def list_voices():
         names = await call_voices({"ACTION": _bytes("list")})
         metrics.requests.labels("voices", "", "200").inc()
+        # (a voice stored as "default" through Triton cannot be used here: the name means zero-shot)
+        names = [n for n in names if n != DEFAULT_VOICE]
         return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
 
     uploads_open = 0  # voice uploads whose file is in memory, waiting for or in their decoding

@@ -51,7 +51,8 @@ def utf8_text(value):
 
 def finite_float32(value) -> bool:
     try:
-        return bool(np.isfinite(np.float32(value)))
+        with np.errstate(over="ignore"):  # past float32's range: inf, refused here, not a warning in the log
+            return bool(np.isfinite(np.float32(value)))
     except OverflowError:  # an integer past any float
         return False
 
@@ -107,6 +108,9 @@ class SpeechRequest(BaseModel):
         if self.model is not None and self.model not in served_models:
             raise errors.APIError(404, f"The model '{self.model}' does not exist; this server serves "
                                   f"{', '.join(served_models)} (GET /v1/models)", "model", "model_not_found")
+        if self.voice_mode is not None and self.voice_name == DEFAULT_VOICE:
+            raise errors.bad_request(f"voice_mode needs a stored voice; {DEFAULT_VOICE!r} is the model's own voice "
+                                     "(zero-shot)", "voice_mode")
         if self.speed != 1.0:
             raise errors.bad_request(f"speed must be 1.0, got {self.speed}: VoxCPM2 has no speed control, and "
                                      "resampling the audio would change its pitch", "speed")

@@ -41,9 +41,9 @@ def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity:
         raise ValueError(f"min_len ({min_len}) is larger than " + (
             f"the default max_len for this text ({max_len}); send max_len too" if max_len_default
             else f"max_len ({max_len})"))
-    if max_len > capacity:
-        raise ValueError(f"max_len {max_len} is more than the {capacity} positions the model's context leaves "
-                         "(its length minus the prompt)")
+    if max_len > capacity:  # (a default max_len is at least min_len: then min_len is the one too long)
+        raise ValueError(f"{'min_len' if max_len_default else 'max_len'} {max_len} is more than the {capacity} "
+                         "positions the model's context leaves (its length minus the prompt)")
     try:
         cfg = float(cfg_value)
     except (TypeError, ValueError):
@@ -92,7 +92,9 @@ def check_waveform(audio, sample_rate, name: str, rate_name: str | None = None,
     if audio.size == 0:
         raise ValueError(f"{name} is empty")
     if max_seconds is not None and audio.size > max_seconds * int(sample_rate):
-        raise ValueError(f"{name} is {audio.size / int(sample_rate):.1f} s long; the limit is {max_seconds:.0f} s")
+        limit = int(max_seconds * int(sample_rate))
+        raise ValueError(f"{name} is {audio.size} samples ({audio.size / int(sample_rate):.6g} s) at "
+                         f"{int(sample_rate)} Hz; the limit is {max_seconds:g} s, {limit} samples")
     if not np.issubdtype(audio.dtype, np.floating):
         raise ValueError(f"{name} must hold float samples, got {audio.dtype}")
     audio = audio.astype(np.float32)

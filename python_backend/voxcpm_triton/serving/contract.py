@@ -139,10 +139,14 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.retry_badcase = req.retry_badcase if retry is None else retry
     req.normalize = bool(value(inputs.get("NORMALIZE"), "NORMALIZE", bool))
     req.lora = lora_name(inputs)
+    if min_len is None and max_len is not None and 0 <= max_len < req.min_length:
+        raise InputError(f"MAX_LENGTH ({max_len}) is less than the default MIN_LENGTH ({req.min_length}); "
+                         "send MIN_LENGTH too")
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.
     try:
         checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
-                                req.cfg_value, req.inference_timesteps, capacity=max_positions - 1)
+                                req.cfg_value, req.inference_timesteps, capacity=max_positions - 1,
+                                max_len_default=max_len is None)
     except ValueError as e:
         raise InputError(wire_names(str(e))) from None
     return req

@@ -245,6 +245,10 @@ class Orchestrator(InternalCalls):
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
         ids, n_target = await self.infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
+        if req.normalize and ids.size >= self.max_positions:  # else the decoder's message would not say why
+            raise InputError(f"NORMALIZE wrote TEXT ({len(req.text.encode())} bytes) out as "
+                             f"{len(normalized.encode())} bytes of words, {ids.size} tokens: more than the model's "
+                             f"{self.max_positions} positions; send a shorter TEXT")
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
