@@ -4,8 +4,9 @@
   wav   a RIFF/WAVE header, then the same samples; streamed, so the header's RIFF and data sizes
         are 0xFFFFFFFF ("unknown length", as ffmpeg writes to a pipe); readers take the length
         from the data
-  flac  lossless (soundfile); sent whole at the end: its header holds the total length and MD5,
-        and readers such as libsndfile refuse a stream that leaves them unset
+  flac  lossless (soundfile), encoded as the audio comes but sent whole at the end: its header
+        holds the total length and MD5, and readers such as libsndfile refuse a stream that leaves
+        them unset
   mp3, opus (in Ogg), aac (ADTS): PyAV (FFmpeg's libmp3lame, libopus, aac), streamed
 
 pcm, wav and flac carry the same 16-bit samples: the float audio clipped to [-1, 1] and
@@ -73,22 +74,27 @@ class WavEncoder(PcmEncoder):
 
 
 class FlacEncoder(Encoder):
+    """Encoded chunk by chunk into memory (compressed, not the whole utterance's samples), sent whole
+    at the end, once libsndfile has written the total length and MD5 into the header."""
+
     def __init__(self, sample_rate: int):
-        self.sample_rate = sample_rate
-        self.chunks: list[np.ndarray] = []
+        import soundfile as sf
+
+        self.buf = io.BytesIO()
+        self.file = sf.SoundFile(self.buf, "w", samplerate=sample_rate, channels=1, format="FLAC", subtype="PCM_16")
 
     def encode(self, audio):
-        self.chunks.append(quantize16(audio))
+        self.file.write(quantize16(audio))
         return b""
 
     def finish(self):
-        import soundfile as sf
+        self.file.close()
+        out, self.buf = self.buf.getvalue(), io.BytesIO()
+        return out
 
-        buf = io.BytesIO()
-        samples = np.concatenate(self.chunks) if self.chunks else np.zeros(0, "<i2")
-        sf.write(buf, samples, self.sample_rate, format="FLAC", subtype="PCM_16")
-        self.chunks = []
-        return buf.getvalue()
+    def close(self):
+        if not self.file.closed:
+            self.file.close()
 
 
 class _Sink:
