@@ -10,7 +10,7 @@ scripts/supervise.py.
 
 Exit status: 0 healthy (audio came back, or the server refused the probe as busy: it is
 alive, only full; or, given the metrics URL, no audio in time while the engine kept decoding
-the requests queued ahead of the probe), 1 not healthy (unreachable, an error, no audio in
+the requests still queued ahead of the probe), 1 not healthy (unreachable, an error, no audio in
 time), 2 broken (a model process is dead: restart the server now).
 """
 
@@ -28,27 +28,43 @@ HEALTHY, UNHEALTHY, BROKEN = 0, 1, 2
 UNHEALTHY_PREFIX = "VoxCPM server unhealthy: "  # serving/triton_io.Unhealthy
 BUSY_MARKERS = ("server busy", "shutting down")
 STEPS_METRIC = "voxcpm_engine_decode_steps_total"  # serving/metrics.py
+WAITING_METRIC = "voxcpm_engine_waiting_requests"
+PROBE_STEPS = 2  # the probe's own MAX_LENGTH: at most this many decode steps are its own
+METRICS_TIMEOUT_S = 2.0
 
 
-def decode_steps(metrics_url: str | None) -> float | None:
-    """The decode steps the server's engines have run (every decoder instance), None if unknown."""
+def engine_load(metrics_url: str | None) -> tuple[float, float] | None:
+    """(decode steps run, requests waiting for admission) over every decoder instance; None if unknown."""
     if not metrics_url:
         return None
     try:
-        with urllib.request.urlopen(f"{metrics_url.rstrip('/')}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"{metrics_url.rstrip('/')}/metrics", timeout=METRICS_TIMEOUT_S) as r:
             text = r.read().decode(errors="replace")
-    except (OSError, ValueError):
+    except Exception:  # refused, timed out, a broken HTTP answer: unknown
         return None
-    values = re.findall(rf"^{STEPS_METRIC}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
-    return sum(float(v) for v in values) if values else None
+
+    def total(name):
+        values = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+        return sum(float(v) for v in values) if values else None
+
+    steps, waiting = total(STEPS_METRIC), total(WAITING_METRIC)
+    return None if steps is None or waiting is None else (steps, waiting)
 
 
 def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str = "tts_stream",
           metrics_url: str | None = None) -> tuple[int, str]:
-    """-> (status, what happened). With `metrics_url`, a probe that times out while the engine keeps
-    running decode steps is healthy: it waited behind other requests (a full queue of long ones)."""
-    steps = decode_steps(metrics_url)
-    body = json.dumps({"TEXT": "Probe.", "SEED": 1, "MIN_LENGTH": 1, "MAX_LENGTH": 2}).encode()
+    """-> (status, what happened). With `metrics_url`, a probe that times out while requests still
+    wait for the decoder and the engine ran more decode steps than the probe's own is healthy: it
+    waited behind other requests (a full queue of long ones)."""
+    try:
+        return _probe(url, timeout, model, metrics_url)
+    except Exception as e:  # whatever breaks in here is the probe's verdict, not its crash
+        return UNHEALTHY, f"probe failed: {type(e).__name__}: {e}"
+
+
+def _probe(url, timeout, model, metrics_url) -> tuple[int, str]:
+    before = engine_load(metrics_url)
+    body = json.dumps({"TEXT": "Probe.", "SEED": 1, "MIN_LENGTH": 1, "MAX_LENGTH": PROBE_STEPS}).encode()
     req = urllib.request.Request(f"{url.rstrip('/')}/v2/models/{model}/generate_stream", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
@@ -58,10 +74,11 @@ def probe(url: str = "http://127.0.0.1:8000", timeout: float = 60.0, model: str 
     except urllib.error.HTTPError as e:
         return _classify(e.read().decode(errors="replace"))
     except (OSError, ValueError) as e:  # refused, reset, timed out, garbled
-        later = decode_steps(metrics_url) if steps is not None and "timed out" in str(e) else None
-        if later is not None and later > steps:
+        after = engine_load(metrics_url) if before is not None and "timed out" in str(e) else None
+        if after is not None and after[0] - before[0] > PROBE_STEPS and after[1] > 0:
             return HEALTHY, (f"alive but busy: no audio within {timeout:g} s while the engine ran "
-                             f"{later - steps:.0f} decode steps for the requests queued ahead of it")
+                             f"{after[0] - before[0]:.0f} decode steps and {after[1]:.0f} requests still "
+                             "wait for it")
         return UNHEALTHY, f"no answer: {e}"
     errors = [str(e["error"]) for e in events if "error" in e]
     if errors:

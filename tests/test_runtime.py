@@ -132,12 +132,13 @@ def test_probe_of_nothing_listening_is_unhealthy():
     assert status == probe.UNHEALTHY and "no answer" in what
 
 
-@pytest.mark.parametrize("engine_runs", [True, False])
-def test_a_probe_queued_behind_running_requests_is_alive_while_the_engine_decodes(engine_runs):
+@pytest.mark.parametrize("engine", ["busy", "idle", "only_the_probe", "nothing_waits", "broken_metrics"])
+def test_a_probe_queued_behind_running_requests_is_alive_while_the_engine_decodes(engine):
     """A probe that gets no audio in time because long requests fill the decoder is not a broken
     server (a review had the supervisor restart a busy one, cutting every stream): with the metrics
-    URL, a timed-out probe is healthy while the engine's decode steps go on, unhealthy when they
-    stand still, and unhealthy without the URL as before."""
+    URL, a timed-out probe is healthy while requests wait for the decoder and its decode steps go on
+    past the probe's own; unhealthy when they stand still, when only its own steps ran, when nothing
+    waits (the probe is stuck, not queued), when the metrics cannot be read, and without the URL."""
     import http.server
     import threading
 
@@ -145,10 +146,15 @@ def test_a_probe_queued_behind_running_requests_is_alive_while_the_engine_decode
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # the metrics endpoint, two decoder instances
-            if engine_runs:
-                steps[0] += 7
+            if engine == "broken_metrics":
+                self.wfile.write(b"garbage\r\n")  # not even a status line
+                return
+            steps[0] += {"busy": 7, "nothing_waits": 7, "only_the_probe": 1}.get(engine, 0)
+            waiting = 0 if engine == "nothing_waits" else 40
             body = (f'voxcpm_engine_decode_steps_total{{gpu="0"}} {steps[0]}\n'
-                    f'voxcpm_engine_decode_steps_total{{gpu="1"}} 5\n').encode()
+                    f'voxcpm_engine_decode_steps_total{{gpu="1"}} 5.0e0\n'
+                    f'voxcpm_engine_waiting_requests{{gpu="0"}} {waiting}\n'
+                    f'voxcpm_engine_waiting_requests{{gpu="1"}} 0\n').encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -164,10 +170,11 @@ def test_a_probe_queued_behind_running_requests_is_alive_while_the_engine_decode
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
-        assert probe.decode_steps(url) == steps[0] + 5
+        if engine != "broken_metrics":
+            assert probe.engine_load(url)[1] == (0 if engine == "nothing_waits" else 40)
         status, what = probe.probe(url, timeout=0.5, metrics_url=url)
-        if engine_runs:
-            assert status == probe.HEALTHY and "alive but busy" in what and "decode steps" in what, what
+        if engine == "busy":
+            assert status == probe.HEALTHY and "alive but busy" in what and "40 requests still wait" in what, what
         else:
             assert status == probe.UNHEALTHY and "no answer" in what, what
         assert probe.probe(url, timeout=0.5)[0] == probe.UNHEALTHY  # no metrics URL: as before
