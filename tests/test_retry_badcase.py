@@ -153,6 +153,18 @@ def test_served_tts_retries_and_counts(served, models):
     assert m2["voxcpm_retries_total"] == m1["voxcpm_retries_total"]
     assert m2["voxcpm_badcases_total"] - m1["voxcpm_badcases_total"] == 1
     assert np.abs(audio - last).max() <= TOL
+    # NORMALIZE: the retries read the words text_normalizer made once, not three calls of it.
+    from tests.test_server import metric_samples
+
+    def normalizer_calls():
+        return sum(v for name, labels, v in metric_samples(served)
+                   if name == "nv_inference_request_success" and labels.get("model") == "text_normalizer")
+
+    n0 = normalizer_calls()
+    tts_http(served, TEXT, SEED=5, INFERENCE_TIMESTEPS=4, NORMALIZE=("BOOL", np.array([True])))
+    m3 = metrics(served)
+    assert m3["voxcpm_retries_total"] - m2["voxcpm_retries_total"] == 2
+    assert normalizer_calls() - n0 == 1
     # tts_stream cannot take audio back: it does not declare the input, and Triton names it.
     with pytest.raises(Exception, match="RETRY_BADCASE"):
         tts_stream(served, TEXT, SEED=5, MAX_LENGTH=2, RETRY_BADCASE=no_retry)

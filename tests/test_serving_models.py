@@ -402,3 +402,33 @@ def test_decoder_audio_sink_sends_a_last_chunk_with_the_final_flag_only_when_its
             "end_alone": [([], None, FINAL)],
             "audio_failed": [([], "decoding audio failed: no slot", FINAL)]}[case]
     assert sender.sent == want
+
+
+def test_text_normalizer_without_its_packages_serves_and_refuses_normalize(fake_pb, monkeypatch):
+    """Where wetext/inflect/regex are not installed (a bare GPU box), text_normalizer still loads, so
+    the server serves, and a NORMALIZE request is refused naming the packages; with them, it answers."""
+    from voxcpm_triton.serving import normalizer_model, runtime
+
+    monkeypatch.setattr(runtime, "model_process", lambda: None)
+    args = {"model_config": json.dumps({"parameters": {}}), "model_name": "text_normalizer"}
+    request = FakeRequest(TEXT=np.array([[b"I paid $5."]], dtype=object))
+
+    def missing():
+        raise RuntimeError("text normalisation needs the wetext, inflect and regex packages (requirements.txt): "
+                           "No module named 'wetext'")
+
+    installed = normalizer_model.normalizer
+    for real in (False, True):
+        monkeypatch.setattr(normalizer_model, "normalizer", installed if real else missing)
+        model = normalizer_model.TextNormalizerModel()
+        model.initialize(args)
+        try:
+            (response,) = model.execute([request])
+        finally:
+            model.finalize()
+        if real:
+            assert response.error is None and response.outputs["NORMALIZED_TEXT"].shape == (1, 1)
+            assert response.outputs["NORMALIZED_TEXT"][0, 0].decode() == "I paid five dollars."
+        else:
+            assert response.error is not None and response.error.code == FakeError.INVALID_ARG
+            assert "NORMALIZE is not available on this server" in str(response.error) and "wetext" in str(response.error)

@@ -41,6 +41,7 @@ class SynthesisRequest:
     voice: str | None = None  # a stored voice (serving/voices.py), used as ...
     voice_mode: str | None = None  # ... reference, continuation or both; None without a voice
     normalize: bool = False  # TEXT normalised (numbers, dates, units... as words) before tokenizing
+    normalized_text: str | None = None  # what text_normalizer made of TEXT, once asked (a retry reuses it)
     lora: str | None = None  # a LoRA adapter loaded in the decoder; None: the base model
 
 
@@ -139,7 +140,7 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.retry_badcase = req.retry_badcase if retry is None else retry
     req.normalize = bool(value(inputs.get("NORMALIZE"), "NORMALIZE", bool))
     req.lora = lora_name(inputs)
-    if min_len is None and max_len is not None and 0 <= max_len < req.min_length:
+    if min_len is None and max_len is not None and 1 <= max_len < req.min_length:
         raise InputError(f"MAX_LENGTH ({max_len}) is less than the default MIN_LENGTH ({req.min_length}); "
                          "send MIN_LENGTH too")
     # A prompt takes at least one position; the decoder checks the rest once the prompt is built.

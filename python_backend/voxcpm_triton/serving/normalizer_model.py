@@ -9,6 +9,8 @@ queue bound (`max_queue_size` in its config.pbtxt) refuses one more at once.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..checks import clean_text
@@ -18,12 +20,19 @@ from .contract import text
 from .parameters import read
 from .triton_io import InputError, answer_each, get, tensor
 
+log = logging.getLogger("voxcpm_triton.text_normalizer")
+
 
 class TextNormalizerModel:
     def initialize(self, args):
         runtime.model_process()
         read(args, "text_normalizer")  # it takes no parameters: any in its config.pbtxt is an error naming it
-        normalizer()  # wetext's grammars loaded now, not in the first request's time
+        try:
+            normalizer()  # wetext's grammars loaded now, not in the first request's time
+            self.missing = None
+        except RuntimeError as e:  # its packages are not installed: the server serves, without NORMALIZE
+            log.warning("%s: requests with NORMALIZE will be refused", e)
+            self.missing = str(e)
         self.beacon = runtime.Beacon("text_normalizer")
 
     def finalize(self):
@@ -32,8 +41,10 @@ class TextNormalizerModel:
     def execute(self, requests):
         return answer_each(requests, "text_normalizer", self._answer)
 
-    @staticmethod
-    def _answer(request) -> list:
+    def _answer(self, request) -> list:
+        if self.missing is not None:
+            raise InputError(f"NORMALIZE is not available on this server ({self.missing}); send this TEXT "
+                             "with NORMALIZE off")
         target = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
         try:
             out = normalize_target(target)

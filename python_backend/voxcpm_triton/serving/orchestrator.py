@@ -44,6 +44,7 @@ DECODER_READS_DOC = ("Decoder calls by how their responses were read: counted (a
                      "sent) or waiting (a thread waiting in the response iterator)")
 END_TIMEOUT_S = 30.0  # closing a VAE stream: long enough for a loaded vae_decoder
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"  # Triton's error past a model's max_queue_size
+NORMALIZE_CALLS = 2  # text_normalizer calls in flight per orchestrator process (InternalCalls.normalize)
 MIN_EXECUTE_S = 0.1  # tts_stream's execute lasts at least this: time for the stub to register it (TTSStreamModel)
 
 
@@ -67,6 +68,9 @@ class InternalCalls:
 
     def __init__(self):
         self.health = _Health()
+        # A BLS call holds a thread of the event loop's default executor until it is answered: calls
+        # queued for text_normalizer take at most these, leaving the rest to every other call.
+        self.normalize_slots = asyncio.Semaphore(NORMALIZE_CALLS)
 
     async def guard(self, awaitable, cancelled: Callable[[], bool] | None = None):
         """Await `awaitable`, looking at the model processes' health (and the client) every
@@ -118,18 +122,22 @@ class InternalCalls:
     async def normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
         """`text` written out as words by text_normalizer (NORMALIZE); None when the client left while
         it waited. Busy when that model's queue is full."""
+        if await self.guard(self.normalize_slots.acquire(), cancelled) is None:
+            return None
         try:
+            # Not given up when the client leaves: its executor thread stays held until the answer comes,
+            # and so does its slot.
             resp = await self.guard(bls("text_normalizer", {"TEXT": np.array([[text.encode()]], dtype=object)},
-                                        ["NORMALIZED_TEXT"]).async_exec(), cancelled)
-            if resp is None:
-                return None
+                                        ["NORMALIZED_TEXT"]).async_exec())
             (out,) = outputs(resp, ["NORMALIZED_TEXT"])
         except BLSError as e:
             if TRITON_QUEUE_FULL not in str(e):
                 raise
             raise Busy("server busy: too many NORMALIZE requests wait for text normalisation (text_normalizer's "
                        "max_queue_size); retry later, or send this TEXT with NORMALIZE off") from None
-        return bytes(out.reshape(-1)[0]).decode()
+        finally:
+            self.normalize_slots.release()
+        return None if cancelled() else bytes(out.reshape(-1)[0]).decode()
 
     async def encode(self, audio, rate, pad_left: bool, name: str) -> np.ndarray:
         """Audio -> latent patches through vae_encoder (PAD_LEFT: the prompt role, else the reference's);
@@ -237,7 +245,7 @@ class Orchestrator(InternalCalls):
         voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
-            normalized = await self.normalize(req.text, cancelled)
+            normalized = req.normalized_text or await self.normalize(req.text, cancelled)
             if normalized is None:  # the client left while it waited
                 return None
             tok_in = {"TEXT": np.array([normalized.encode()], dtype=object), "NORMALIZED": np.array([True])}
@@ -245,10 +253,11 @@ class Orchestrator(InternalCalls):
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
         ids, n_target = await self.infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
-        if req.normalize and ids.size >= self.max_positions:  # else the decoder's message would not say why
+        target_tokens = int(np.asarray(n_target).reshape(-1)[0])
+        if req.normalize and target_tokens >= self.max_positions:  # else the decoder's message would not say why
             raise InputError(f"NORMALIZE wrote TEXT ({len(req.text.encode())} bytes) out as "
-                             f"{len(normalized.encode())} bytes of words, {ids.size} tokens: more than the model's "
-                             f"{self.max_positions} positions; send a shorter TEXT")
+                             f"{len(normalized.encode())} bytes of words, {target_tokens} tokens: they leave no room "
+                             f"in the model's {self.max_positions} positions; send a shorter TEXT")
         dec_in = {"TOKEN_IDS": ids, "TARGET_TOKENS": n_target,
                   "MIN_LENGTH": np.array([req.min_length], np.int32),
                   "CFG_VALUE": np.array([req.cfg_value], np.float32),
@@ -277,7 +286,7 @@ class Orchestrator(InternalCalls):
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
             context = np.concatenate(audio_latents)[-CONTEXT_PATCHES:]
-        return _Prepared(dec_in, context, voice, lora, int(np.asarray(n_target).reshape(-1)[0]))
+        return _Prepared(dec_in, context, voice, lora, target_tokens)
 
     async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
                          cancelled: Callable[[], bool], playback: bool = True) -> tuple[int, int] | None:
@@ -502,6 +511,10 @@ class TTSModel:
         a runs with seed SEED + a (`checks.retry_seed`), so results stay reproducible; without a
         SEED each try draws its own."""
         tries = RETRY_MAX_TIMES if req.retry_badcase else 1
+        if req.normalize and tries > 1:  # once: the retries read the same words
+            req.normalized_text = await self.orch.normalize(req.text, cancelled)
+            if req.normalized_text is None:  # the client left while it waited
+                return []
         for attempt in range(tries):
             chunks: list = []
             seed = retry_seed(req.seed, attempt) if req.seed is not None else None
