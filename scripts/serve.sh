@@ -71,6 +71,11 @@ case "${1:-}" in
         exit 0 ;;
 esac
 
+if [[ $mode == run && -n ${VOXCPM_CHECKPOINT:-} && ! -f $VOXCPM_CHECKPOINT/config.json ]]; then
+    # Every model would fail to load on it, and the supervisor retry: say so once, now.
+    echo "[serve] VOXCPM_CHECKPOINT=$VOXCPM_CHECKPOINT is not a VoxCPM2 checkpoint directory (no config.json)" >&2
+    exit 2
+fi
 if [[ $mode == run && ${SKIP_SETUP:-0} != 1 ]]; then
     bash "$REPO/scripts/setup.sh" >&2
 fi
@@ -88,11 +93,6 @@ fi
 triton_env_ready || triton_build_backend_dir >&2
 
 MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
-if [[ -n ${VOXCPM_CHECKPOINT:-} && ! -f $VOXCPM_CHECKPOINT/config.json ]]; then
-    # Every model would fail to load on it, and the supervisor retry: say so once, now.
-    echo "[serve] VOXCPM_CHECKPOINT=$VOXCPM_CHECKPOINT is not a VoxCPM2 checkpoint directory (no config.json)" >&2
-    exit 2
-fi
 if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
     # The embedded default: generate it once here rather than in six model processes at once.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])

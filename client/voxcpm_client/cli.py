@@ -46,8 +46,9 @@ def parse_args(argv=None):
         p.error("--prompt-audio and --prompt-text go together")
     if args.voice_mode and not args.voice:
         p.error("--voice-mode needs --voice")
-    if args.retry_badcase is not None and args.protocol != "http":
-        p.error("--no-retry-badcase needs --protocol http (tts): streamed audio cannot be taken back")
+    if args.retry_badcase is not None and (args.model or DEFAULTS[args.protocol][1]) == "tts_stream":
+        p.error("--no-retry-badcase is for tts (--protocol http, or --model tts): tts_stream's audio, once sent, "
+                "cannot be taken back")
     return args
 
 
