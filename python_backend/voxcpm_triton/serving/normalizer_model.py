@@ -30,8 +30,8 @@ class TextNormalizerModel:
         try:
             normalizer()  # wetext's grammars loaded now, not in the first request's time
             self.missing = None
-        except RuntimeError as e:  # its packages are not installed: the server serves, without NORMALIZE
-            log.warning("%s: requests with NORMALIZE will be refused", e)
+        except Exception as e:  # its packages missing or broken: the server serves, without NORMALIZE
+            log.warning("text normalisation is not available (%s): requests with NORMALIZE will be refused", e)
             self.missing = str(e)
         self.beacon = runtime.Beacon("text_normalizer")
 
