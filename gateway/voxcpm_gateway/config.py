@@ -42,8 +42,10 @@ def parse_args(argv=None) -> Settings:
                                              "/v1/models) in front of Triton's tts_stream and voices models.")
     ap.add_argument("--triton-url", default=env("VOXCPM_TRITON_GRPC_URL", d.triton_url),
                     help="Triton's gRPC endpoint host:port (env VOXCPM_TRITON_GRPC_URL; default %(default)s)")
-    ap.add_argument("--host", default=env("OPENAI_API_HOST", d.host), help="address to bind (env OPENAI_API_HOST; default %(default)s)")
-    ap.add_argument("--port", type=int, default=env("OPENAI_API_PORT", str(d.port)), help="env OPENAI_API_PORT; default %(default)s")
+    ap.add_argument("--host", default=env("OPENAI_API_HOST", d.host),
+                    help="address to bind (env OPENAI_API_HOST; default %(default)s)")
+    ap.add_argument("--port", type=int, default=env("OPENAI_API_PORT", str(d.port)),
+                    help="env OPENAI_API_PORT; default %(default)s")
     ap.add_argument("--model-name", action="append", default=None,
                     help="the model name clients send (repeat for aliases; env VOXCPM_OPENAI_MODEL_NAME, "
                          "comma-separated; default voxcpm2)")
@@ -55,7 +57,8 @@ def parse_args(argv=None) -> Settings:
                     help="seconds a connection may take to send a request's headers (past it: closed), a client "
                          "may send nothing of its request's body (past it: 408), or read nothing "
                          "of a speech response while its audio waits (past it: the response is cut off and its "
-                         "synthesis cancelled; the audio it has not read waits in Triton's memory; default %(default)s)")
+                         "synthesis cancelled; the audio it has not read waits in Triton's memory; "
+                         "default %(default)s)")
     ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
                     help="voice uploads in progress at once (each holds its file in memory; they decode one at "
                          "a time); past it: 429 (default %(default)s)")
@@ -63,7 +66,8 @@ def parse_args(argv=None) -> Settings:
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
                          "(default %(default)s)")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"),
-                    type=str.lower, choices=LOG_LEVELS, help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL; default %(default)s)")
+                    type=str.lower, choices=LOG_LEVELS,
+                    help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL; default %(default)s)")
     a = ap.parse_args(argv)
     if a.log_level not in LOG_LEVELS:  # argparse does not check a default (here the environment's)
         ap.error(f"VOXCPM_OPENAI_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {a.log_level!r}")

@@ -1,4 +1,5 @@
-"""Triton entry point for `text_normalizer`: text written out as words (NORMALIZE). The logic lives in python_backend/voxcpm_triton/serving/."""
+"""Triton entry point for `text_normalizer`: text written out as words (NORMALIZE). The logic lives in
+python_backend/voxcpm_triton/serving/."""
 
 import os
 import sys

@@ -1,7 +1,8 @@
 """The BLS pipeline behind `tts` and `tts_stream`:
 
     TEXT ─ [text_normalizer] ─ tokenizer ─┐
-                   audio ─ vae_encoder ─┴─ decoder (stream of latent chunks) ─ vae_decoder (per-stream state) ─> AUDIO
+                   audio ─ vae_encoder ─┴─ decoder (stream of latent chunks)
+                                             ─ vae_decoder (per-stream state) ─> AUDIO
 
 ([text_normalizer]: only with NORMALIZE. The decoder's `decode_audio`, the default, decodes each
 chunk's AUDIO itself, and vae_decoder is skipped; with its `audio_channel`, the default too, the
