@@ -393,7 +393,7 @@ BAD = [
     ("nothing left after NORMALIZE", dict(text="😀 😀", NORMALIZE=("BOOL", np.array([True]))),
      "nothing is left to speak"),
     ("NORMALIZE fails on the text", dict(text="x² and 3²", NORMALIZE=("BOOL", np.array([True]))),
-     "NORMALIZE: text normalisation failed"),
+     "NORMALIZE: text normalisation failed: wetext's English grammar cannot parse this text"),
     ("reference whose encoding overflows", dict(REFERENCE_AUDIO=np.full(16000, 3e38), REFERENCE_SAMPLE_RATE=16000),
      "REFERENCE_AUDIO: its encoding overflows"),
     ("prompt whose encoding overflows", dict(PROMPT_AUDIO=np.full(16000, -3e38), PROMPT_SAMPLE_RATE=16000,

@@ -90,9 +90,10 @@ class TextNormalizer:
         with self._lock:
             try:
                 return self._chinese(text) if chinese else self._english(text)
-            except Exception as e:  # wetext asserts on inputs its grammar cannot parse
-                raise NormalizationError(f"text normalisation failed ({type(e).__name__}"
-                                         f"{': ' + str(e) if str(e) else ''})") from e
+            except Exception as e:  # wetext asserts, with no message, on inputs its grammar cannot parse
+                detail = f" ({type(e).__name__}: {e})" if str(e) else ""
+                raise NormalizationError(f"text normalisation failed: wetext's {'Chinese' if chinese else 'English'} "
+                                         f"grammar cannot parse this text{detail}") from e
 
     def _clean(self, text: str) -> str:
         for pattern, repl in _MARKDOWN:
