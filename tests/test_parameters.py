@@ -90,13 +90,19 @@ def test_the_project_repository_passes_its_own_checks(tmp_path, caplog):
 
 
 def test_a_chunk_longer_than_vae_decoder_takes_stops_both_models(tmp_path):
-    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"chunk_schedule": "1,4,300"},
-                                                          "vae_decoder": {"graph_patches": "1,4,300"}})
+    """Only where vae_decoder decodes the decoder's chunks (decode_audio false)."""
+    repo = repository_copy(tmp_path / "repo", parameters={
+        "decoder": {"chunk_schedule": "1,4,300", "decode_audio": "false"}, "vae_decoder": {"graph_patches": "1,4,300"}})
     for model in ("decoder", "vae_decoder"):
         with pytest.raises(ValueError, match="decoder's parameter 'chunk_schedule' sends chunks of 300 patches, more "
                                              "than vae_decoder's parameter 'max_chunk_patches' \\(256\\)"):
             read(_args(repo, model), model)
     read(_args(repo, "tts"), "tts")  # models the rule does not read are not stopped by it
+    # With decode_audio (the default) the decoder decodes its own chunks: vae_decoder's limit does not apply.
+    repo = repository_copy(tmp_path / "in_decoder", parameters={"decoder": {"chunk_schedule": "1,4,300"},
+                                                                "vae_decoder": {"graph_patches": "1,4,300"}})
+    for model in ("decoder", "vae_decoder"):
+        read(_args(repo, model), model)
 
 
 def test_a_chunk_length_without_a_vae_graph_is_a_warning(tmp_path, caplog):

@@ -52,11 +52,11 @@ def _files(root: Path) -> set:
     ("decodr.playback_margin_ms=1", "has no model 'decodr'"),
     ("decoder.playback_margn_ms=1", "has no parameter(s) playback_margn_ms"),
     ("decoder.playback_margin_ms=soon", "'playback_margin_ms' of model 'decoder' must be milliseconds"),
-    ("decoder.chunk_schedule=1,4,300", "more than vae_decoder's parameter 'max_chunk_patches'"),
+    ("decoder.decode_audio=false decoder.chunk_schedule=1,4,300", "more than vae_decoder's parameter 'max_chunk_patches'"),
 ])
 def test_a_bad_setting_is_named_and_leaves_no_copy(tmp_path, spec, message):
     dst = tmp_path / "repo"
-    proc = run(REPO / "model_repository", dst, "decoder.timestep_buckets=10,100", spec)
+    proc = run(REPO / "model_repository", dst, "decoder.timestep_buckets=10,100", *spec.split())
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not dst.exists()
 

@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--normalize", action="store_true", default=None,
                    help="write numbers, dates, currencies, units... in the text out as words first (server-side)")
     p.add_argument("--no-retry-badcase", dest="retry_badcase", action="store_false", default=None,
-                   help="HTTP (tts) only: keep the first try even if it runs far too long for its text (the server "
+                   help="model tts only (--protocol http, or --model tts): keep the first try even if it runs far too long for its text (the server "
                         "tries again by default, 3 tries in all)")
     p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: the "
                                   "--voice's default adapter, if it has one; '': the base model")

@@ -185,5 +185,3 @@ class FusedLocalAttention:
         return local_attention_op(qkv, cos, sin, seq_len, n_heads, n_kv, head_dim)
 
 
-fused_local_attention = FusedLocalAttention()
-

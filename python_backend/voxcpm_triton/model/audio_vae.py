@@ -423,7 +423,6 @@ class Encoder(nn.Module):
         self.fc_mu = CausalConv1d(d_model, latent_dim, 3, left_pad=2)
         # Only the mean is used at inference; logvar stays so checkpoints load.
         self.fc_logvar = CausalConv1d(d_model, latent_dim, 3, left_pad=2)
-        self.enc_dim = d_model
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.block:

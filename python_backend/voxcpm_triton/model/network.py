@@ -48,7 +48,8 @@ ATTENTION_BACKENDS = ("torch", "triton")
 class VoxCPM2Model(nn.Module):
     def __init__(self, cfg: VoxCPM2Config, attention: str = "torch", compile: bool = False):
         """attention: LocEnc and LocDiT attention, "torch" (RoPE, head folding and SDPA as separate
-        kernels, `minicpm.local_attention`) or "triton" (one Triton kernel from the packed QKV
+        kernels, `minicpm.local_attention`) or "triton" (whole layers as persistent Triton kernels where
+        they fit, `kernels.persistent_layer`, else attention as one Triton kernel from the packed QKV
         projection, `kernels.local_attention`; GPU, or triton's CPU interpreter in tests).
         compile: torch.compile what a decode step runs (GPU, before CUDA-graph capture): LocEnc
         whole, each CFM Euler step whole (LocDiT and the CFG glue around it, `CFMSolver`), and in

@@ -246,6 +246,8 @@ class Invariant:
 
 
 def _chunk_fits(c):
+    if c["decoder"]["decode_audio"]:  # vae_decoder is never called
+        return None
     longest, limit = max(c["decoder"]["chunk_schedule"]), c["vae_decoder"]["max_chunk_patches"]
     if longest > limit:
         return (f"decoder's parameter 'chunk_schedule' sends chunks of {longest} patches, more than vae_decoder's "
@@ -282,7 +284,7 @@ def _voices_dir_shared(c):
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant(("decoder.chunk_schedule", "vae_decoder.max_chunk_patches"), _chunk_fits, True,
+    Invariant(("decoder.chunk_schedule", "decoder.decode_audio", "vae_decoder.max_chunk_patches"), _chunk_fits, True,
               "vae_decoder refuses a longer chunk: every stream would fail"),
     Invariant(("decoder.chunk_schedule", "decoder.decode_audio", "vae_decoder.cuda_graphs",
                "vae_decoder.graph_patches"), _chunk_has_graph, False, "a chunk length without a graph only decodes slower"),

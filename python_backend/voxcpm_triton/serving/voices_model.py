@@ -16,7 +16,7 @@ import logging
 
 from . import contract, runtime
 from .orchestrator import InternalCalls
-from .parameters import read, read_config, resolve_checkpoint
+from .parameters import read, resolve_checkpoint
 from .registry_model import RegistryModel
 from .triton_io import InputError
 from .voices import VoiceStore, check_name
@@ -31,8 +31,6 @@ class VoicesModel(RegistryModel):
         runtime.model_process()
         params = read(args, "voices")
         self.checkpoint = resolve_checkpoint(params["checkpoint"])
-        cfg = read_config(self.checkpoint)
-        self.latent_shape = [int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))]
         self.store = VoiceStore(params["voices_dir"])
         self.max_voices = params["max_voices"]
         try:
