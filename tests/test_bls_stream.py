@@ -634,14 +634,14 @@ def test_a_stream_its_reader_left_holds_no_response_and_no_timer(run_dir):
 def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(run_dir, monkeypatch):  # run_dir: none made in /tmp
     """`guard` returning None (the client left) cancels what it awaited: a queue's get left running
     would take the queue's next item from whoever reads it next."""
-    from voxcpm_triton.serving import orchestrator
+    from voxcpm_triton.serving import internal_calls
 
-    monkeypatch.setattr(orchestrator, "HEALTH_CHECK_S", 0.05)
-    monkeypatch.setattr(orchestrator._Health, "check", lambda self: None)
+    monkeypatch.setattr(internal_calls, "HEALTH_CHECK_S", 0.05)
+    monkeypatch.setattr(internal_calls._Health, "check", lambda self: None)
 
     async def main():
         q: asyncio.Queue = asyncio.Queue()
-        assert await orchestrator.InternalCalls().guard(q.get(), lambda: True) is None
+        assert await internal_calls.InternalCalls().guard(q.get(), lambda: True) is None
         q.put_nowait("next")
         await asyncio.sleep(0.05)
         return q.get_nowait()
@@ -669,7 +669,7 @@ def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(run_dir, monkeyp
 
     stream = Unanswered()
     calls = orchestrator.Orchestrator.__new__(orchestrator.Orchestrator)
-    orchestrator.InternalCalls.__init__(calls)
+    orchestrator.InternalCalls.__init__(calls)  # (imported there from internal_calls)
     calls.call_decoupled = lambda model, inputs, names: stream
     asyncio.run(asyncio.wait_for(calls._cancel_decoder("r1"), 5))
     assert stream.abandoned

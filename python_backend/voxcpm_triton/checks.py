@@ -14,6 +14,9 @@ import secrets
 import numpy as np
 
 AUDIO_START, AUDIO_END, REF_AUDIO_START, REF_AUDIO_END = 101, 102, 103, 104
+# Names of stored voices and LoRA adapters (a file or directory name each).
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 _ . -, not starting with '.'"
 # Trailing prompt patches that prime the streaming VAE decode in continuation modes
 # (the reference's streaming_prefix_len - 1).
 CONTEXT_PATCHES = 3
@@ -22,6 +25,10 @@ MIN_SAMPLE_RATE = 1_000
 
 CFG_RANGE = (0.0, 20.0)
 TIMESTEPS_RANGE = (1, 100)
+# A request's defaults, as the reference's generate() has them.
+DEFAULT_CFG_VALUE = 2.0
+DEFAULT_TIMESTEPS = 10
+DEFAULT_MIN_LENGTH = 2
 MAX_TEXT_BYTES = 4096
 SEED_RANGE = (-(2**63), 2**63 - 1)
 

@@ -24,7 +24,8 @@ from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
 from .model.noise import noise_for_steps
 from .model.precision import quantize_model_fp8, resolve_precision
-from .checks import check_waveform, clean_text, default_max_len, resample
+from .checks import (DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, check_waveform, clean_text,
+                     default_max_len, resample)
 from .model.prompt import Prompt, build_prompt
 from .model.lora import linear_shapes
 from .lora_adapters import AdapterSet
@@ -115,6 +116,18 @@ def load_audio_vae(path: str, device, triton_kernels: bool = False, compile: boo
     if compile:
         compile_snakes(vae)
     return cfg, vae
+
+
+def decoding_vae(path: str, device, triton_kernels: bool, compile: bool):
+    """The checkpoint's AudioVAE for decoding chunks: on a GPU with the Triton kernels (where they
+    can run) and the compiled snakes asked for; plain on the CPU -> (config, vae)."""
+    if device.type != "cuda":
+        return load_audio_vae(path, device)
+    if triton_kernels:
+        from ..kernels import vae as vae_kernels  # imports triton: only where it can run
+
+        triton_kernels = vae_kernels.available()
+    return load_audio_vae(path, device, triton_kernels=triton_kernels, compile=compile)
 
 
 @torch.inference_mode()
@@ -270,8 +283,8 @@ class VoxCPM2:
 
     @torch.inference_mode()
     def generate_latents(self, text, prompt_text=None, prompt_audio=None, prompt_sample_rate=None,
-                         reference_audio=None, reference_sample_rate=None, min_len=2, max_len=None,
-                         cfg_value=2.0, inference_timesteps=10, seed=None, noise=None,
+                         reference_audio=None, reference_sample_rate=None, min_len=DEFAULT_MIN_LENGTH,
+                         max_len=None, cfg_value=DEFAULT_CFG_VALUE, inference_timesteps=DEFAULT_TIMESTEPS, seed=None, noise=None,
                          prompt: Prompt | None = None, retry_badcase: bool = False,
                          normalize: bool = False, lora: str | None = None) -> torch.Tensor:
         """Generated latent patches [steps, P, D] (the prompt's own patches excluded).

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..checks import draw_seed
+from ..checks import DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, draw_seed
 from ..model.prompt import Prompt
 from .block_manager import chain_hashes
 
@@ -18,10 +18,10 @@ from .block_manager import chain_hashes
 class EngineRequest:
     request_id: str
     prompt: Prompt
-    min_len: int = 2
+    min_len: int = DEFAULT_MIN_LENGTH
     max_len: int | None = None  # None: the reference's default for this text
-    cfg_value: float = 2.0
-    inference_timesteps: int = 10
+    cfg_value: float = DEFAULT_CFG_VALUE
+    inference_timesteps: int = DEFAULT_TIMESTEPS
     seed: int | None = None  # None: a random one
     lora: str | None = None  # a LoRA adapter's name; None or "": the base model
     playback: bool = True  # a client plays the chunks as they come (the playback margin applies)

@@ -86,11 +86,11 @@ def meta_model(cfg: VoxCPM2Config, attention: str = "torch", compile: bool = Fal
     attention, compile: its backends (`VoxCPM2Model`)."""
     from ..model.network import VoxCPM2Model
 
-    # What building those backends imports (the Triton kernel module; what torch.compile imports
+    # What building those backends imports (the Triton kernel modules; what torch.compile imports
     # when it wraps a function) is imported here, outside the meta-device context, so that no
     # module-level tensor of theirs is made on the meta device.
     if attention == "triton":
-        from ..kernels import local_attention  # noqa: F401
+        from ..kernels import persistent_layer  # noqa: F401  (it imports kernels.local_attention)
     if compile:
         torch.compile(_identity)
     with torch.device("meta"), _SkipRandomInit():

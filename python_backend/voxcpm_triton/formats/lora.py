@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field, fields
 
-from ..checks import shown
+from ..checks import NAME_RE, NAME_RULE, shown
 
 WEIGHT_FILES = ("lora_weights.safetensors", "lora_weights.ckpt")
 CONFIG_FILE = "lora_config.json"
-NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
-NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 _ . -, not starting with '.'"
 LM_ROOTS = ("base_lm.", "residual_lm.")
 DIT_ROOT = "feat_decoder.estimator."
 _SUFFIXES = (".lora_A", ".lora_B")

@@ -21,6 +21,7 @@ MAX_AUDIO_SECONDS = 60.0
 INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE",
                "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED",
                "VOICE", "VOICE_MODE", "RETRY_BADCASE", "NORMALIZE", "LORA")
+ACTIONS = ("add", "remove", "list")  # `voices` and `loras` ACTION, the decoder's LORA_ACTION
 
 
 @dataclass
@@ -31,9 +32,9 @@ class SynthesisRequest:
     prompt_audio: np.ndarray | None = None
     prompt_sample_rate: int | None = None
     prompt_text: str | None = None
-    cfg_value: float = 2.0
-    inference_timesteps: int = 10
-    min_length: int = 2
+    cfg_value: float = checks.DEFAULT_CFG_VALUE
+    inference_timesteps: int = checks.DEFAULT_TIMESTEPS
+    min_length: int = checks.DEFAULT_MIN_LENGTH
     max_length: int | None = None
     seed: int | None = None
     # `tts` only (tts_stream does not declare it: audio already sent cannot be taken back).

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from .. import timeline
+from .. import checks, timeline
 from ..checks import CONTEXT_PATCHES
 from ..engine import Engine, EngineConfig, EngineRequest, Finished
 from ..engine.engine import EngineBusy
@@ -31,19 +31,17 @@ from ..engine.loras import LoraFull
 from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
-from ..voxcpm2 import VoxCPM2
-from . import audio_channel, bls_stream, gc_pauses, placement, runtime
+from ..voxcpm2 import VoxCPM2, decoding_vae
+from . import audio_channel, bls_stream, contract, gc_pauses, placement, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
 from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, arrays, error_message, error_response,
                         internal_error_response, locked, pb, require_internal, tensor)
-from .vae_models import decoding_vae
 
 log = logging.getLogger("voxcpm_triton.decoder")
 
-LORA_ACTIONS = ("add", "remove", "list")
 
 # An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle).
 ENGINE_STUCK_S = 60.0
@@ -253,10 +251,10 @@ class DecoderModel:
                 req = EngineRequest(
                     request_id=request.request_id() or f"decoder-{id(request)}",
                     prompt=prompt,
-                    min_len=_scalar(inputs, "MIN_LENGTH", int, 2),
+                    min_len=_scalar(inputs, "MIN_LENGTH", int, checks.DEFAULT_MIN_LENGTH),
                     max_len=_scalar(inputs, "MAX_LENGTH", int),
-                    cfg_value=_scalar(inputs, "CFG_VALUE", float, 2.0),
-                    inference_timesteps=_scalar(inputs, "INFERENCE_TIMESTEPS", int, 10),
+                    cfg_value=_scalar(inputs, "CFG_VALUE", float, checks.DEFAULT_CFG_VALUE),
+                    inference_timesteps=_scalar(inputs, "INFERENCE_TIMESTEPS", int, checks.DEFAULT_TIMESTEPS),
                     seed=_scalar(inputs, "SEED", int),
                     lora=lora,
                     playback=_scalar(inputs, "PLAYBACK", bool, True))
@@ -305,8 +303,8 @@ class DecoderModel:
                 response = error_response(e)
             locked(sender.send, response, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-        if action not in LORA_ACTIONS:
-            raise InputError(f"LORA_ACTION must be one of {', '.join(LORA_ACTIONS)}, got {action!r}")
+        if action not in contract.ACTIONS:
+            raise InputError(f"LORA_ACTION must be one of {', '.join(contract.ACTIONS)}, got {action!r}")
         if (action == "list") != (name is None):
             raise InputError("LORA_ACTION list takes no LORA" if name is not None
                              else f"LORA_ACTION {action} needs LORA (the adapter's name)")

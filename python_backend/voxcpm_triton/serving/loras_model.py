@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..formats import lora as lora_format
 from . import contract, runtime
-from .orchestrator import InternalCalls
+from .internal_calls import InternalCalls
 from .parameters import read
 from .registry_model import RegistryModel
 from .triton_io import InputError

@@ -10,8 +10,6 @@ from .. import checks
 from . import bls_stream, contract
 from .triton_io import InputError, error_response, get, pb, tensor
 
-ACTIONS = ("add", "remove", "list")
-
 
 class RegistryModel:
     INPUT_NAMES: tuple = ("ACTION", "NAME")
@@ -34,8 +32,8 @@ class RegistryModel:
     @staticmethod
     def _action(inputs: dict) -> str:
         action = contract.value(inputs.get("ACTION"), "ACTION", str)
-        if action not in ACTIONS:
-            raise InputError(f"ACTION must be one of {', '.join(ACTIONS)}, got {checks.shown(action)}")
+        if action not in contract.ACTIONS:
+            raise InputError(f"ACTION must be one of {', '.join(contract.ACTIONS)}, got {checks.shown(action)}")
         return action
 
     async def _act(self, action: str, inputs: dict) -> list[str]:

@@ -17,7 +17,7 @@ import torch
 from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
-from ..voxcpm2 import encode_patches, load_audio_vae
+from ..voxcpm2 import decoding_vae, encode_patches, load_audio_vae
 from . import gc_pauses, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
@@ -40,18 +40,6 @@ def _load(args, model: str, decoder_backends: bool = False):
         cfg, vae = load_audio_vae(path, device)
     log.warning("%s instance %s loaded: device=%s", model, placement.instance_name(args), device)
     return params, cfg, vae
-
-
-def decoding_vae(path: str, device, triton_kernels: bool, compile: bool):
-    """The checkpoint's AudioVAE for decoding chunks: on a GPU with the Triton kernels (where they
-    can run) and the compiled snakes asked for; plain on the CPU -> (config, vae)."""
-    if device.type != "cuda":
-        return load_audio_vae(path, device)
-    if triton_kernels:
-        from ..kernels import vae as vae_kernels  # imports triton: only where it can run
-
-        triton_kernels = vae_kernels.available()
-    return load_audio_vae(path, device, triton_kernels=triton_kernels, compile=compile)
 
 
 def _one(request, name: str) -> np.ndarray:

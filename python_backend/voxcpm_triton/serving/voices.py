@@ -21,7 +21,6 @@ import collections
 import fcntl
 import json
 import os
-import re
 import secrets
 import shutil
 import threading
@@ -36,7 +35,6 @@ from safetensors.numpy import save as st_save
 from .. import checks
 from .triton_io import Busy, InputError
 
-NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 MODES = ("reference", "continuation", "both")
 STORE, LOCK = ".store", ".lock"
 CACHE_VOICES = 64  # latents kept in memory per process (a 60 s voice is ~0.5 MB)
@@ -50,9 +48,8 @@ def default_dir() -> str:
 def check_name(name: str | None, input_name: str = "NAME") -> str:
     if name is None:
         raise InputError(f"{input_name} is required")
-    if not NAME_RE.fullmatch(name):
-        raise InputError(f"{input_name} {checks.shown(name)} is not a valid voice name: 1 to 64 characters of "
-                         "A-Z a-z 0-9 _ . -, not starting with '.'")
+    if not checks.NAME_RE.fullmatch(name):
+        raise InputError(f"{input_name} {checks.shown(name)} is not a valid voice name: {checks.NAME_RULE}")
     return name
 
 
@@ -111,7 +108,7 @@ class VoiceStore:
         if not os.path.isdir(self.root):
             return []
         return sorted(n for n in os.listdir(self.root)
-                      if NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
+                      if checks.NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
 
     def add(self, name: str, reference: np.ndarray, prompt: np.ndarray | None, transcript: str | None,
             sample_rate: int, info: dict | None = None, max_voices: int | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from . import contract, runtime
-from .orchestrator import InternalCalls
+from .internal_calls import InternalCalls
 from .parameters import read, resolve_checkpoint
 from .registry_model import RegistryModel
 from .triton_io import InputError
