@@ -53,7 +53,7 @@
 #                         there is a GPU, else cpu; bfloat16 on a GPU, float32 on the CPU
 #   (the models read these and the other overrides of their parameters from the environment, see
 #   the README's configuration table: VOXCPM_SPLIT_K, VOXCPM_GC_FREEZE, VOXCPM_TIMELINE,
-#   VOXCPM_FUSED_LOCAL_LAYERS, VOXCPM_FUSED_STACKS, VOXCPM_FUSED_LM_LAYERS)
+#   VOXCPM_FUSED_LOCAL_LAYERS, VOXCPM_FUSED_STACKS, VOXCPM_FUSED_LM_LAYERS, VOXCPM_FUSED_FP8_LAYERS)
 #   (the gateway's own settings are in the README; its --host and --triton-url come from above)
 #   VENV                  virtual environment, default $REPO/.venv
 #   SKIP_SETUP=1          do not run scripts/setup.sh first

@@ -79,7 +79,7 @@ class EngineConfig:
     prefill_pack_buckets: tuple = PACK_BUCKETS  # their total new positions; a longer pack is split
     # A prefill that replays a graph is queued behind the step in flight at once (that step's
     # patches are read after the next launch, as every step's); False: the step is handed out first,
-    # as before an eager prefill (an A/B switch for benchmarks/closed_loop.py).
+    # as for an eager prefill (an A/B switch for benchmarks/closed_loop.py).
     graph_prefill_behind_step: bool = True
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
@@ -193,7 +193,7 @@ class Engine:
         thread's loop (entered there) and restored after, rather than switched process-wide.
         - SDPA without cuDNN: flash attention beats cuDNN's on LocDiT's 11-token sequences
           (benchmarks/attention_shapes.py); the choice is baked in at capture, and the loop's eager
-          prefills use it too. With CUDA graphs only (as before: eager GPU engines keep torch's default).
+          prefills use it too. With CUDA graphs only: eager GPU engines keep torch's default.
         - dynamo's recompile limit raised (compiled models): never silently eager."""
         stack = contextlib.ExitStack()
         if self.runner.use_graphs:

@@ -1,8 +1,8 @@
 """Copies between host and GPU that do not wait for the GPU.
 
 A copy from pageable host memory first waits for the work queued on its stream, and `.cpu()`
-waits for the copy: each is a round trip to the GPU. The decoder and the VAE decoder run in two
-processes, between which the GPU is time-sliced, so each round trip can cost the other process's
+waits for the copy: each is a round trip to the GPU, and every process on the GPU (the decoder's,
+and vae_decoder's or vae_encoder's) time-slices it, so each round trip can cost the other process's
 turn. Through pinned buffers both copies are queued like kernels; one event then waits for all.
 PyTorch keeps freed pinned buffers for reuse and never gives them back, so only copies up to
 PINNED_MAX_BYTES take one; larger ones (none in normal serving) wait as before.

@@ -25,9 +25,9 @@ engine's stream to wait on. (A high priority only orders kernels that wait at th
 step's persistent kernels hold every SM, and a decode launched behind them trickles between them.)
 
 A round's batch of its longest chunks (at 64 streams most of its requests) is delivered last, one
-request at a time (each send is a round trip to the server), which under load takes tens of
-milliseconds, and a hundred when a wave of requests ends together. A chunk queued meanwhile would
-wait for all of it; so before each of those deliveries (ending requests' too), a request whose
+request at a time (over the audio channel a send only queues a frame; without it, each is a round
+trip to the server, tens of milliseconds under load), and a wave of requests that end together
+makes it long. A chunk queued meanwhile would wait for all of it; so before each of those deliveries (ending requests' too), a request whose
 client has heard nothing yet, or would run out of audio before the round's remaining deliveries are
 done (`RUSH_MARGIN_S` to spare), is decoded and delivered at once ("rushed"), alone or with others
 like it, and so is an end queued alone. Only in that batch: the round's decodes are done on the GPU

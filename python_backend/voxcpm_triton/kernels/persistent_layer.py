@@ -613,8 +613,7 @@ def choose_launch(H: int, HO: int, I: int, tokens: int, device: torch.device, el
     rows the products are also swapped (`Launch.swap`: from 64 rows the tokens' own tile takes
     wgmma), and gate/up items are narrowed where their tiles are fewer than the programs
     (`Launch.balance`: the LM's). e4m3 products keep neither: swapped, the LM's layer was slower and
-    LocDiT's no faster (LocEnc's was 1-4% faster, a few us a step, not taken); balanced, the LM's
-    layer was slower."""
+    LocDiT's no faster; balanced, the LM's layer was slower."""
     block_m, smem = max(16, _next_pow2(tokens)), _smem(device)
     for launch in (launch_for(H, HO, I, tokens, fp8=True), launch_for(H, HO, I, tokens)) if fp8 else \
             (launch_for(H, HO, I, tokens),):

@@ -1,7 +1,6 @@
 """Decoupled BLS responses read without waiting inside Triton's response iterator.
 
-Triton 2.51's Python backend (python_backend r24.10; the newest source read, 2026-07, is the
-same) has two faults on the path where a thread waits in a decoupled BLS response iterator, both
+Triton 2.51's Python backend (python_backend r24.10) has two faults on the path where a thread waits in a decoupled BLS response iterator, both
 reproduced by `benchmarks/bls_stress.py` (benchmarks/results.md, "Twenty-fifth session"):
 
 - a deadlock: a reader woken in `ResponseIterator::Next` holds the iterator's mutex while it
@@ -45,8 +44,8 @@ error as a response with the message in its `ERROR` output (the callee declares 
 asks for it), and the caller turns it back into an error response.
 
 A call that gets no count for `GRACE_S` after it returned (its callee does not count), or whose
-counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator,
-as before: logged, and it is what the orchestrator's metric `voxcpm_decoder_calls_read_total`
+counts stop for `FALLBACK_S` while it is open, is read by a thread that waits in the iterator
+(Triton's own way): logged, and it is what the orchestrator's metric `voxcpm_decoder_calls_read_total`
 counts as "waiting".
 """
 

@@ -85,7 +85,7 @@ class DecoderModel:
         bls_stream.check_callee_config(json.loads(args["model_config"]), "decoder")
         t0 = time.monotonic()
         device = placement.instance_device(args, params["device"])
-        # torch.compile only where the engine captures CUDA graphs (GPU), as the engine did before.
+        # torch.compile only where the engine captures CUDA graphs (GPU): compiled eager steps gain nothing.
         on_gpu = device.type == "cuda"
         self.lora_dir = params["lora_dir"]
         if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):

@@ -29,10 +29,10 @@ class TextNormalizerModel:
         read(args, "text_normalizer")  # it takes no parameters: any in its config.pbtxt is an error naming it
         try:
             normalizer()  # wetext's grammars loaded now, not in the first request's time
-            self.missing = None
+            self.unavailable = None
         except Exception as e:  # its packages missing or broken: the server serves, without NORMALIZE
             log.warning("text normalisation is not available (%s): requests with NORMALIZE will be refused", e)
-            self.missing = str(e)
+            self.unavailable = str(e)
         self.beacon = runtime.Beacon("text_normalizer")
 
     def finalize(self):
@@ -42,8 +42,8 @@ class TextNormalizerModel:
         return answer_each(requests, "text_normalizer", self._answer)
 
     def _answer(self, request) -> list:
-        if self.missing is not None:
-            raise InputError(f"NORMALIZE is not available on this server ({self.missing}); send this TEXT "
+        if self.unavailable is not None:
+            raise InputError(f"NORMALIZE is not available on this server ({self.unavailable}); send this TEXT "
                              "with NORMALIZE off")
         target = clean_text(text(get(request, "TEXT"), "TEXT", required=True))
         try:

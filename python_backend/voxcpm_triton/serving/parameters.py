@@ -5,7 +5,7 @@ naming the parameter.
 
 The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE,
 VOXCPM_DTYPE, VOXCPM_VOICES_DIR and VOXCPM_LORA_DIR (one deployment points every model at its
-checkpoint without editing six files).
+checkpoint without editing every model's config.pbtxt).
 
 Rules that tie models together (`INVARIANTS`) are checked at start-up against the sibling
 models' config.pbtxt, which lie next to the model's own directory.
