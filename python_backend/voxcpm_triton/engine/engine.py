@@ -63,6 +63,8 @@ FIRST_AUDIO_WAIT_S = 0.02
 
 @dataclass
 class EngineConfig:
+    """The engine's settings; these defaults suit an engine in process (tests, `VoxCPM2`, the
+    benchmarks). The served decoder sets each from its parameters (decoder/config.pbtxt)."""
     block_size: int = 16
     num_blocks: int | None = None  # explicit pool size; else from kv_memory_bytes
     kv_memory_bytes: int | None = None  # default: 256 MiB on CPU, 25% of free GPU memory
