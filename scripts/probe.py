@@ -27,6 +27,8 @@ import urllib.request
 HEALTHY, UNHEALTHY, BROKEN = 0, 1, 2
 UNHEALTHY_PREFIX = "VoxCPM server unhealthy: "  # serving/triton_io.Unhealthy
 BUSY_MARKERS = ("server busy", "shutting down")
+# Triton's answer for a model whose process has died: 2.51 does not start it again
+DEAD_STUB = re.compile(r"Stub process '[^']*' is not healthy")
 STEPS_METRIC = "voxcpm_engine_decode_steps_total"  # serving/metrics.py
 WAITING_METRIC = "voxcpm_engine_waiting_requests"
 PROBE_STEPS = 2  # the probe's own MAX_LENGTH: at most this many decode steps are its own
@@ -89,7 +91,7 @@ def _probe(url, timeout, model, metrics_url) -> tuple[int, str]:
 
 
 def _classify(message: str) -> tuple[int, str]:
-    if UNHEALTHY_PREFIX in message:
+    if UNHEALTHY_PREFIX in message or DEAD_STUB.search(message):
         return BROKEN, message
     if any(m in message for m in BUSY_MARKERS):
         return HEALTHY, f"alive but busy: {message}"

@@ -431,6 +431,42 @@ def test_an_idle_writer_whose_caller_closed_its_channel_ends(tmp_path, monkeypat
     assert audio_channel.writer(w.path, str(tmp_path.resolve())) is not w
 
 
+def test_no_final_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, caplog):
+    """Sent through the server to a stub that is gone, a response waits for good, holding the thread
+    that sends it (the decoder's audio thread, and with it every other stream). A channel whose caller
+    merely closed it still gets its final responses (the test above)."""
+    import signal
+    import subprocess
+
+    path = str(tmp_path / "chan-7-0123abcd.sock")
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys, time\n"
+        "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()\n"
+        "c, _ = s.accept(); print('connected', flush=True); time.sleep(60)"), path], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path):
+            assert time.monotonic() < deadline and caller.poll() is None, "the caller did not listen"
+            time.sleep(0.01)
+        w = audio_channel.writer(path, str(tmp_path.resolve()))
+        sent = []
+        sender = bls_stream.CountingSender(types.SimpleNamespace(send=lambda *a, **k: sent.append(k)), path,
+                                           "0123456789abcdef", 1, types.SimpleNamespace(sent=lambda *a: None), w)
+        sender.chunk(1, np.zeros(3, np.float32))
+        assert caller.stdout.readline().strip() == "connected"
+        assert w.drain(time.monotonic() + 5) and w.peer_pid == caller.pid and not w.caller_dead()
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(10)
+        sender.chunk(1, np.zeros(3, np.float32))
+        sender.end(None)
+        assert w.drain(time.monotonic() + 5)
+        assert w.broken and w.caller_dead() and sent == []
+        assert f"its caller's process (pid {caller.pid}) has died" in caplog.text
+    finally:
+        caller.kill()
+        caller.wait(10)
+
+
 def test_the_final_response_of_a_call_whose_frames_were_dropped_says_so(run_dir):
     async def main():
         _, stream, sender = await _started_call("admitted", channel=True)

@@ -311,13 +311,14 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.mark.parametrize("fault", ["killed", "frozen"])
+@pytest.mark.parametrize("fault", ["killed", "frozen", "tts_stream_killed"])
 def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_service(ckpt, tmp_path, fault):
     """With 4 streams in flight the decoder's process is killed (SIGKILL, as an OOM kill would) or
-    frozen (SIGSTOP: alive, answering nothing, as a hung engine would be): every client gets an
-    error instead of hanging (within seconds of a kill; once its beacon is stale when frozen), the
-    server stops being ready, and scripts/serve.sh's supervisor has it serving again without
-    anybody's help. Then SIGTERM after that traffic stops everything the server started, and no
+    frozen (SIGSTOP: alive, answering nothing, as a hung engine would be), or one of the tts_stream
+    instances' processes is killed: every client gets an error instead of hanging (within seconds of
+    a kill; once its beacon is stale when frozen), the server stops being ready, and scripts/serve.sh's
+    supervisor has it serving again without anybody's help. (A dead tts_stream process once left the
+    decoder's audio thread waiting for good on a response to it, and every stream with it.) Then SIGTERM after that traffic stops everything the server started, and no
     model process's shared-memory region is left in /dev/shm (the supervisor removes those of the
     server it stopped by force)."""
     from tests.server import _free_ports, triton_env
@@ -350,20 +351,24 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         streams = [Stream(Srv, f"Stream number {i}, which goes on and on.", SEED=i, MIN_LENGTH=3000,
                           MAX_LENGTH=3000) for i in range(4)]
         wait_for(lambda: all(len(s.times) >= 2 for s in streams), what="audio on all four streams")
-        (decoder,) = [p for p, cmd in _marked(mark) if "/decoder/1/model.py" in cmd]
+        victim = "/tts_stream/1/model.py" if fault == "tts_stream_killed" else "/decoder/1/model.py"
+        pid = [p for p, cmd in _marked(mark) if victim in cmd][0]
         regions = _shm_regions(mark)
         assert len(regions) >= 5 and all(os.path.exists(f"/dev/shm/{r}") for r in regions), regions
-        os.kill(decoder, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP if fault == "frozen" else signal.SIGKILL)
         t_kill = time.monotonic()
         for s in streams:
             assert s.done.wait(30 + runtime.BEACON_STALE_S), f"a client was left hanging after the decoder was {fault}"
         # Killed while it held one of python_backend's interprocess locks, the stub takes the whole
         # tritonserver 2.51 down with it (lock_exception in the backend's execute, SIGABRT): then every
         # client's stream is cut (UNAVAILABLE), and the supervisor restores service as below.
-        server_aborted = fault == "killed" and "boost::interprocess::lock_exception" in log.read_text()
+        server_aborted = fault != "frozen" and "boost::interprocess::lock_exception" in log.read_text()
         for s in streams:
             if server_aborted:
                 assert s.error is not None and "UNAVAILABLE" in str(s.error), s.error
+            elif fault == "tts_stream_killed":  # those it ran: cut when the supervisor stops the server
+                assert s.error is not None and ("UNAVAILABLE" in str(s.error) or (
+                    "unhealthy" in str(s.error) and "tts_stream" in str(s.error))), s.error
             else:
                 assert s.error is not None and "unhealthy" in str(s.error) and "decoder" in str(s.error), s.error
         errors_after = time.monotonic() - t_kill

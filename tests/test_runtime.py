@@ -118,7 +118,7 @@ def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir)
 @pytest.mark.parametrize("message, status", [
     ("VoxCPM server unhealthy: the decoder model process (pid 7) has died", probe.BROKEN),
     ("server busy: 256 requests are already waiting for the decoder", probe.HEALTHY),
-    ("Stub process 'decoder_0_0' is not healthy.", probe.UNHEALTHY),
+    ("Stub process 'tts_stream_0_1' is not healthy.", probe.BROKEN),
     ("TEXT is empty", probe.UNHEALTHY),
 ])
 def test_probe_verdicts(message, status):
@@ -484,6 +484,27 @@ def test_a_stuck_engine_loop_is_reported_with_every_threads_stack_once_per_stall
     with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
         model._status()
     assert len([r for r in caplog.records if "threads:" in r.getMessage()]) == 2
+
+
+def test_an_audio_round_stuck_past_the_limit_makes_the_decoder_unhealthy(caplog):
+    """A send the audio thread never comes back from (a response to a caller whose process died)
+    leaves the engine loop running: the round's age is what shows it."""
+    import types
+
+    from voxcpm_triton.serving import decoder_model
+
+    model = object.__new__(decoder_model.DecoderModel)
+    model.engine = types.SimpleNamespace(heartbeat=time.monotonic(), status=lambda: None)
+    model.audio = types.SimpleNamespace(thread=types.SimpleNamespace(is_alive=lambda: True), round_since=None)
+    model._stuck_logged = None
+    assert model._status() is None
+    model.audio.round_since = time.monotonic() - 1  # a round under way
+    assert model._status() is None
+    model.audio.round_since = time.monotonic() - decoder_model.ENGINE_STUCK_S - 5
+    with caplog.at_level("ERROR", logger="voxcpm_triton.decoder"):
+        for _ in range(2):
+            assert "the decoder's audio thread has been in one round for" in model._status()
+    assert len([r for r in caplog.records if "threads:" in r.getMessage()]) == 1
 
 
 def test_a_stuck_engine_loops_log_line_says_which_cuda_streams_have_not_finished(caplog, monkeypatch):

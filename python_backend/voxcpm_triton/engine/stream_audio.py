@@ -114,6 +114,7 @@ class StreamAudio:
         self.chunks_launched = 0  # of those, queued before a round that has launched its decodes
         self.launch_event = None  # recorded on the audio stream after that round's decodes
         self.round_upto = None  # while a round runs: chunks_queued when it took its work
+        self.round_since = None  # while a round runs: when it began (monotonic; a stuck send shows here)
         self.stopping = False
         self.exited = False  # the thread has taken its last work (it may not have ended yet)
         self.last_batch = 0  # requests decoded together in the latest round
@@ -249,7 +250,7 @@ class StreamAudio:
                     self.exited = True  # (under the lock: whatever is queued after this goes directly)
                     return
                 work, upto = self._take(), self.chunks_queued
-                self.round_upto = upto
+                self.round_upto, self.round_since = upto, time.monotonic()
             launched = lambda: self._launched(upto)  # noqa: E731
             # A failed round's streams are closed on the stream of their decodes too: closing zeroes
             # their state rows, which must come after those decodes' writes.
@@ -264,7 +265,7 @@ class StreamAudio:
                 finally:
                     launched()  # a failed round's chunks are not waited for either
                     with self.lock:
-                        self.round_upto = None
+                        self.round_upto = self.round_since = None
 
     def _launched(self, upto: int):
         """This round's decodes are on the GPU: fences for the chunks it took (upto) may pass."""

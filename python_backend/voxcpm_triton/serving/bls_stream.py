@@ -219,6 +219,10 @@ class CountingSender(CarryingSender):
         """The call's end frame (`error`: None when it ended well), then its final response, with the
         error too, or with audio_channel.LOST if a frame of the call was dropped (the channel broke)."""
         def final(lost: bool):
+            if self.channel.caller_dead():
+                log.warning("not ending call %s: its caller's process (pid %s) has died", self.token,
+                            self.channel.peer_pid)
+                return
             message = error if error is not None else audio_channel.LOST if lost else None
             locked(self.send, None if message is None else _error_response(message), flags=self.final_flag)
 

@@ -43,7 +43,8 @@ from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, arrays, error
 log = logging.getLogger("voxcpm_triton.decoder")
 
 
-# An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle).
+# An engine loop that has not come round for this long is stuck (it wakes every 50 ms when idle), and
+# so is an audio round (a round decodes and sends at most a few chunks per request).
 ENGINE_STUCK_S = 60.0
 STOPPING_POLL_S = 0.5  # how often the decoder looks whether the server is stopping (runtime.stopping)
 # What its requests end with then: a Busy error once past the orchestrator (triton_io's kind tags).
@@ -179,6 +180,13 @@ class DecoderModel:
             return f"the engine loop has not come round for {stuck:.0f} s"
         if self.audio is not None and not self.audio.thread.is_alive():
             return "the decoder's audio thread has stopped"
+        since = self.audio.round_since if self.audio is not None else None
+        if since is not None and (stuck := time.monotonic() - since) > ENGINE_STUCK_S:
+            if self._stuck_logged != since:
+                self._stuck_logged = since
+                log.error("the decoder's audio thread has been in one round for %.0f s; threads:\n%s", stuck,
+                          runtime.thread_stacks())
+            return f"the decoder's audio thread has been in one round for {stuck:.0f} s"
         return self.engine.status()
 
     def _gpu_state(self) -> str:

@@ -22,6 +22,7 @@ class LorasModel(RegistryModel):
         runtime.model_process()
         read(args, "loras")  # it takes no parameters: any in its config.pbtxt is an error naming it
         self.calls = InternalCalls()
+        self.beacon = runtime.Beacon("loras")
 
     async def _act(self, action: str, inputs: dict) -> list[str]:
         name = contract.value(inputs.get("NAME"), "NAME", str)

@@ -375,11 +375,13 @@ class TTSModel:
                                  "(>= 6 patches per target token)", labels, "COUNTER")
         self.m_retries = metric("voxcpm_retries_total", "Whole utterances synthesized again after a bad case",
                                 labels, "COUNTER")
+        self.beacon = runtime.Beacon("tts")
 
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
 
     def finalize(self):
+        self.beacon.stop()
         try:
             bls_stream.close()
         finally:
@@ -444,6 +446,7 @@ class TTSStreamModel:
         self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.beacon = runtime.Beacon("tts_stream")
 
     async def execute(self, requests):
         """Each stream runs as a task of its own; execute returns once they have all ended, and
@@ -519,6 +522,7 @@ class TTSStreamModel:
         """Let running streams finish for a while, then end each one left with an error response.
         The stub stops the event loop before it calls finalize, so streams are ended from here."""
         self.closing = True
+        self.beacon.stop()
         deadline = time.monotonic() + grace_s
         try:
             while self.streams and self.loop is not None and self.loop.is_running() and time.monotonic() < deadline:

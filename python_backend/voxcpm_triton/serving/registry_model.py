@@ -18,6 +18,7 @@ class RegistryModel:
         return [await self._one(r) for r in requests]
 
     def finalize(self):
+        self.beacon.stop()
         bls_stream.close()  # its BLS calls: the decoder's LoRA actions
 
     async def _one(self, request):

@@ -58,6 +58,10 @@ BEACON_PERIOD_S = 1.0
 # 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
 BEACON_STALE_S = 15.0
 INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder", "decoder")
+# Every model writes a beacon: the Python backend of Triton 2.51 does not restart a dead model
+# process, whose requests then fail (or hang, if it died with some in flight) until the server is
+# restarted. A dead one anywhere makes every request fail as unhealthy, so the probe restarts it.
+WATCHED_MODELS = (*INTERNAL_MODELS, "tts", "tts_stream", "voices", "loras")
 
 
 STOPPING_FILE = "stopping"  # scripts/supervise.py writes it (the same name there)
@@ -280,14 +284,14 @@ def thread_stacks() -> str:
                      for ident, frame in sys._current_frames().items())
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         return _proc_fields(pid)[0] not in ("Z", "X")
     except (OSError, ValueError, IndexError):
         return False
 
 
-def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
+def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
     """None if every beacon of `models` in this server's directory is fresh, from a live process
     and error-free; else why not. A model with no beacon yet counts as healthy (it is loading,
     or not part of this repository)."""
@@ -305,7 +309,7 @@ def unhealthy(models=INTERNAL_MODELS, now: float | None = None) -> str | None:
                 b = json.load(f)
         except (OSError, ValueError):
             continue  # removed or being replaced right now
-        if not _alive(int(b["pid"])):
+        if not process_alive(int(b["pid"])):
             return f"the {model} model process (pid {b['pid']}) has died"
         if b.get("error"):
             return f"the {model} model cannot serve: {b['error']}"

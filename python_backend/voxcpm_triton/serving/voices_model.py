@@ -38,6 +38,7 @@ class VoicesModel(RegistryModel):
         except OSError as e:  # the rest of the server still serves; `add` reports it again
             log.warning("voices directory %s cannot be made: %s", self.store.root, e)
         self.calls = InternalCalls()
+        self.beacon = runtime.Beacon("voices")
 
     async def _act(self, action: str, inputs: dict) -> list[str]:
         given = sorted(set(inputs) - {"ACTION"})
