@@ -577,24 +577,36 @@ def test_an_upload_whose_decoder_crashes_or_runs_long_fails_alone(client, gatewa
 
 
 def test_uploads_past_the_pending_limit_are_429(client, gateway):
-    """Each upload in progress holds its file in memory and they decode one at a time: past
-    --max-pending-uploads (4) at once, an upload is refused as soon as its body is in, with 429 and
-    Retry-After. Uploads still sending their bodies are not counted."""
+    """Each upload in progress holds its file (spooled to a temporary file as it arrives, then in
+    memory) and they decode one at a time: past --max-pending-uploads (4) at once, an upload is
+    refused at once with 429 and Retry-After. Uploads still sending their bodies count: else any
+    number of them could fill the disk."""
     from concurrent.futures import ThreadPoolExecutor
 
-    # uploads whose bodies have not arrived hold no slot (and get a 408 at --stall-timeout)
-    slow = [_partial_upload(gateway) for _ in range(5)]
-    try:
+    def meanwhile():
         v = client.audio.voices.create(name="meanwhile", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
         client.audio.voices.delete(v.id)
+
+    slow = [_partial_upload(gateway) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until the gateway has taken all four in
+            try:
+                meanwhile()
+            except openai.RateLimitError as e:
+                assert "voice uploads are in progress" in error_body(e)["message"], error_body(e)
+                break
+            assert time.monotonic() < deadline, "uploads still sending their bodies were not counted"
+            time.sleep(0.1)
     finally:
         for sock in slow:
             sock.close()
-    # hung up mid-body: counted (499), no traceback in the log
+    # hung up mid-body: counted (499), no traceback in the log, their slots free again
     deadline = time.monotonic() + 10
-    while _gateway_metric(gateway, "voxcpm_gateway_requests_total", '{format="",route="voices",status="499"}') < 5:
+    while _gateway_metric(gateway, "voxcpm_gateway_requests_total", '{format="",route="voices",status="499"}') < 4:
         assert time.monotonic() < deadline, gateway.metrics()
         time.sleep(0.1)
+    meanwhile()
     assert "Exception in ASGI application" not in gateway.log_path.read_text()
     flac = _slow_flac(61)  # decoded for a second or more, then refused: longer than 60 s
 
@@ -859,6 +871,24 @@ def test_a_client_that_reads_or_sends_nothing_is_cut_off(server, tmp_path):
                     head += more
             assert head.startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in head, head
             assert 1.5 < time.monotonic() - t0 < 30, path
+        # a body that trickles in, a byte well within each stall timeout, is a 408 too: past the stall
+        # timeout plus its size at the least average rate (2 s + 1000 B at 64 KiB/s)
+        t0, head = time.monotonic(), b""
+        with _partial_upload(gw) as partial:
+            partial.settimeout(0.5)
+            while not head.rstrip().endswith(b"}"):
+                assert time.monotonic() - t0 < 20, f"a trickling body was not cut off: {head!r}"
+                try:
+                    partial.sendall(b"x")
+                    more = partial.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+                if not more:
+                    break
+                head += more
+        assert head.startswith(b"HTTP/1.1 408") and b"did not arrive within 2 s" in head, head
     finally:
         if sock is not None:
             sock.close()
@@ -1087,3 +1117,30 @@ def test_an_error_mid_stream_ends_the_response_visibly(server, tmp_path):
         assert 'voxcpm_gateway_streams_ended_total{outcome="error"} 3.0' in gw.metrics()
     finally:
         gw.stop()
+
+
+def test_a_model_process_that_died_is_503_with_retry_after():
+    """Triton's own answer for a dead stub (a voices, loras or tts_stream process killed) is the
+    server's unavailability, not a 500 to give up on: the supervisor restarts it."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway import errors
+    from voxcpm_gateway.speech_request import PARAMS
+
+    for message in ("Stub process 'voices_0_0' is not healthy.", "Stub process 'tts_stream_0_1' is not healthy."):
+        err = errors.from_triton(message, PARAMS)
+        assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "server_unavailable", "1"), err
+
+
+def test_a_gateway_that_decoded_an_upload_leaves_no_temporary_directory(server, tmp_path):
+    """The forkserver's directory goes with the gateway, which ends by the signal that stopped it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    gw = Gateway(server.grpc_url, tmp_path, env={"TMPDIR": str(tmp)})
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        v = c.audio.voices.create(name="brief", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+        c.audio.voices.delete(v.id)
+        assert list(tmp.glob("pymp-*")), "the upload did not use the forkserver (nothing to check)"
+    finally:
+        gw.stop()
+    assert not list(tmp.glob("pymp-*")), list(tmp.iterdir())

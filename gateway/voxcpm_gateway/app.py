@@ -28,7 +28,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from . import audio_encoding, errors
+from . import audio_encoding, errors, upload_decoder
 from .config import Settings
 from .guards import Guards
 from .metrics import Metrics
@@ -78,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
         await backend.close()
         executor.shutdown(wait=False, cancel_futures=True)
         upload_executor.shutdown(wait=False, cancel_futures=True)
+        upload_decoder.remove_temp_dir()
 
     # no schema or docs pages (they would be open past the API key), no redirects for a trailing slash
     app = FastAPI(title="VoxCPM2 OpenAI speech API", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -160,7 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
         names = [n for n in names if n != DEFAULT_VOICE]
         return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
 
-    uploads_open = 0  # voice uploads whose file is in memory, waiting for or in their decoding
+    uploads_open = 0  # voice uploads arriving, waiting for their decoding or in it
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
@@ -170,23 +171,25 @@ def create_app(settings: Settings) -> FastAPI:
                                      "ref_text, lora, consent), not "
                                      f"{(request.headers.get('content-type') or 'a body without a Content-Type')[:100]}",
                                      None, "invalid_content_type")
-        # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
-        form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
+        # An upload holds its slot from its first byte: its body is spooled to a temporary file as it
+        # arrives, so the slots bound the disk and memory uploads take, not only their decoding.
+        if uploads_open >= settings.max_pending_uploads:
+            raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
+                                  "(--max-pending-uploads); retry later", None, "server_busy",
+                                  {"Retry-After": errors.RETRY_AFTER_S})
+        uploads_open += 1
         try:
-            name, upload, ref_text, lora = voice_fields(form)
-            if uploads_open >= settings.max_pending_uploads:
-                raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
-                                      "(--max-pending-uploads); retry later", None, "server_busy",
-                                      {"Retry-After": errors.RETRY_AFTER_S})
-            uploads_open += 1
+            # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
+            form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
             try:
+                name, upload, ref_text, lora = voice_fields(form)
                 data = await upload.read()
                 audio, rate = await asyncio.get_running_loop().run_in_executor(
                     upload_executor, uploads.decode, data, settings.max_voice_seconds)
             finally:
-                uploads_open -= 1
+                await form.close()
         finally:
-            await form.close()
+            uploads_open -= 1
         arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:

@@ -55,12 +55,14 @@ def parse_args(argv=None) -> Settings:
                     help="seconds a request to Triton may take in all (default %(default)s)")
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
                     help="seconds a connection may take to send a request's headers (past it: closed), a client "
-                         "may send nothing of its request's body (past it: 408), or read nothing "
+                         "may send nothing of its request's body (past it: 408; nor may a body take longer than "
+                         "this plus its size at 64 KiB/s), or read nothing "
                          "of a speech response while its audio waits (past it: the response is cut off and its "
                          "synthesis cancelled; the audio it has not read waits in Triton's memory; "
                          "default %(default)s)")
     ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
-                    help="voice uploads in progress at once (each holds its file in memory; they decode one at "
+                    help="voice uploads in progress at once, from their first byte (each holds its file, on disk as it "
+                         "arrives, then in memory; they decode one at "
                          "a time); past it: 429 (default %(default)s)")
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "

@@ -1,11 +1,13 @@
 """What is checked before a request reaches its route, as ASGI middleware: the API key, the
 body size (413 before the body is read whole: by Content-Length when the client sends one,
 else while it arrives), and a body that stops arriving (408 once none of it came for the
-stall timeout: such a client would hold its connection, and an upload its memory, for good)."""
+stall timeout: such a client would hold its connection, and an upload its memory, for good) or
+trickles in (408 past the stall timeout plus its size at MIN_BODY_BYTES_PER_S)."""
 
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Callable
 
 import anyio
@@ -21,9 +23,20 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, too_large(limit).message)
 
 
+# A body must also arrive at this rate on average (past --stall-timeout): one that trickles in would
+# otherwise hold its connection, and an upload's slot and temporary file, for as long as it likes.
+MIN_BODY_BYTES_PER_S = 64 * 1024
+
+
 class BodyStalled(HTTPException):
     def __init__(self, seconds: float):
         super().__init__(408, f"the request body stopped arriving: nothing came for {seconds:g} s (--stall-timeout)")
+
+
+class BodySlow(HTTPException):
+    def __init__(self, seconds: float):
+        super().__init__(408, f"the request body did not arrive within {seconds:.0f} s: after --stall-timeout, a body "
+                              f"must come at {MIN_BODY_BYTES_PER_S // 1024} KiB/s on average")
 
 
 def too_large(limit: int) -> errors.APIError:
@@ -55,16 +68,20 @@ class Guards:
         if length is not None and length.isdigit() and int(length) > limit:
             return await self.send_error(send, too_large(limit))
         received, body_done = 0, False
+        allowed = self.body_timeout_s + (int(length) if length is not None and length.isdigit() else limit) \
+            / MIN_BODY_BYTES_PER_S
+        deadline = time.monotonic() + allowed
 
         async def limited():
             nonlocal received, body_done
             if body_done:  # after the body, receive waits for the client to hang up: no limit there
                 return await receive()
+            left = deadline - time.monotonic()
             try:
-                with anyio.fail_after(self.body_timeout_s):
+                with anyio.fail_after(max(0.0, min(self.body_timeout_s, left))):
                     message = await receive()
             except TimeoutError:
-                raise BodyStalled(self.body_timeout_s) from None
+                raise (BodyStalled(self.body_timeout_s) if left > self.body_timeout_s else BodySlow(allowed)) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.util
 import resource
+import shutil
 import signal
 
 from . import audio_decoding, errors
@@ -29,6 +31,14 @@ def _forkserver():
         ctx.set_forkserver_preload(_PRELOAD)
         _context = ctx
     return _context
+
+
+def remove_temp_dir():
+    """Remove multiprocessing's temporary directory (the forkserver's socket), where the forkserver was
+    used. Python's exit handlers would, but the gateway ends by the signal that stopped it (uvicorn
+    raises it again once it has shut down), and then they do not run."""
+    if _context is not None:
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 def _child(conn, data: bytes, max_seconds: float, param: str, memory_limit: int, timeout_s: float):
