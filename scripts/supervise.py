@@ -269,7 +269,9 @@ class Supervisor:
     # ------------------------------------------------------------------ one server
     def start(self):
         self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
-        env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir)
+        # VOXCPM_SUPERVISOR_PID: killed (SIGKILL), it cannot write `stopping`; the models then end their
+        # requests themselves before tritonserver's forced exit (voxcpm_triton.serving.runtime.stop_deadline)
+        env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir, VOXCPM_SUPERVISOR_PID=str(os.getpid()))
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,

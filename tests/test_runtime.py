@@ -91,6 +91,19 @@ def test_the_stop_deadline_is_read_from_the_run_directory(run_dir, monkeypatch):
     assert runtime.stop_deadline() == 1000.5  # read less than STOPPING_READ_S ago
 
 
+def test_a_server_whose_supervisor_died_is_stopping(run_dir, monkeypatch):
+    """Killed with SIGKILL, the supervisor writes no `stopping`; its server gets SIGTERM (the death
+    signal it set), so the models end their requests before tritonserver's forced exit."""
+    monkeypatch.setattr(runtime, "_stop_read", (float("-inf"), None))
+    monkeypatch.setattr(runtime, "STOPPING_READ_S", 0.0)
+    monkeypatch.setenv("VOXCPM_SUPERVISOR_PID", str(os.getpid()))
+    assert runtime.stop_deadline() is None
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setenv("VOXCPM_SUPERVISOR_PID", str(gone.pid))
+    assert runtime.stop_deadline() is not None and runtime.stopping()
+
+
 def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):
     status = {"error": None}
     beacon = runtime.Beacon("decoder", lambda: status["error"], period_s=0.05)

@@ -71,7 +71,8 @@ _stop_read = (float("-inf"), None)  # (monotonic time of the read, deadline)
 
 def stop_deadline() -> float | None:
     """The time (epoch seconds) by which running requests must end, once the server is stopping;
-    None while it serves."""
+    None while it serves. A server whose supervisor has died is stopping now: its tritonserver got
+    SIGTERM (the supervisor's death signal), and nobody wrote the deadline."""
     global _stop_read
     now = time.monotonic()
     if now - _stop_read[0] >= STOPPING_READ_S:
@@ -80,6 +81,9 @@ def stop_deadline() -> float | None:
                 deadline = float(f.read())
         except (OSError, ValueError):
             deadline = None
+        supervisor = os.environ.get("VOXCPM_SUPERVISOR_PID", "")
+        if deadline is None and supervisor.isdigit() and not process_alive(int(supervisor)):
+            deadline = time.time()
         _stop_read = (now, deadline)
     return _stop_read[1]
 
