@@ -435,6 +435,62 @@ def test_a_stream_the_decoder_ends_with_an_error_gets_it_and_its_instance_serves
         b.close()
 
 
+def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly(ckpt, tmp_path):
+    """The supervisor killed with SIGKILL (it cannot write `stopping`): its tritonserver gets SIGTERM
+    (the death signal it set), the models see the supervisor gone and end a long stream at once,
+    and the server unloads and exits before its exit timeout. (Before, the stream ran into
+    Triton's forced exit, which crashed tritonserver and left it and its processes hung.)"""
+    import types
+
+    from tests.server import _free_ports, triton_env
+
+    mark = uuid.uuid4().hex
+    http, grpc, metrics_port = _free_ports(3)
+    exit_timeout = 40
+    env = triton_env()
+    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
+               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_CHECKPOINT=ckpt, VOXCPM_PROBE_INTERVAL="0",
+               OPENAI_API_PORT="0", TRITON_EXIT_TIMEOUT=str(exit_timeout), VOXCPM_TEST_MARK=mark,
+               TMPDIR=str(tmp_path))  # the run directory the killed supervisor cannot remove: here
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = types.SimpleNamespace(grpc_url=f"127.0.0.1:{grpc}", http_url=f"127.0.0.1:{http}")
+    long = None
+    try:
+        def ready():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(lambda: ready() or proc.poll() is not None, timeout=300, what="the server")
+        assert proc.poll() is None, log.read_text()
+        long = Stream(srv, "Still talking when the supervisor dies.", SEED=3, MIN_LENGTH=4000, MAX_LENGTH=4000)
+        wait_for(lambda: len(long.times) >= 2 or long.done.is_set(), timeout=120, what="the stream's first chunks")
+        t0 = time.monotonic()
+        proc.kill()  # serve.sh exec'd the supervisor: this is it
+        proc.wait(10)
+        assert long.done.wait(exit_timeout / 2), "the stream did not end"
+        assert long.error is not None and str(long.error).endswith("the server is shutting down"), long.error
+        long.close()
+        long = None
+        wait_for(lambda: not _marked(mark), timeout=exit_timeout + 20, what=f"every process to end: {_marked(mark)}")
+        stopped = time.monotonic() - t0
+        text = log.read_text()
+        assert stopped < exit_timeout, f"gone after {stopped:.0f} s: {text[-3000:]}"
+        assert "Exit timeout expired" not in text and "Signal (6)" not in text, text[-3000:]
+    finally:
+        if long is not None:
+            long.close(cancel=True)
+        for pid, _ in _marked(mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_sigterm_gives_running_requests_half_the_exit_timeout_and_every_model_unloads(ckpt, tmp_path):
     """scripts/serve.sh stopped (SIGTERM, as `docker stop` sends) while requests run: a stream that
     ends within half the exit timeout ends as usual; a long stream and a long HTTP request end
