@@ -435,37 +435,46 @@ def test_a_stream_the_decoder_ends_with_an_error_gets_it_and_its_instance_serves
         b.close()
 
 
+def _serve_sh(ckpt, tmp_path, **env_extra):
+    """scripts/serve.sh on free loopback ports (no probes, no gateway), its output in serve.log
+    -> (its process, the server's URLs with `ready()`, the log's path); not waited for."""
+    import types
+
+    from tests.server import _free_ports, triton_env
+
+    http, grpc, metrics_port = _free_ports(3)
+    env = triton_env()
+    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
+               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_CHECKPOINT=ckpt, VOXCPM_PROBE_INTERVAL="0",
+               OPENAI_API_PORT="0", **env_extra)
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def ready():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    srv = types.SimpleNamespace(grpc_url=f"127.0.0.1:{grpc}", http_url=f"127.0.0.1:{http}", ready=ready)
+    return proc, srv, log
+
+
 def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly(ckpt, tmp_path):
     """The supervisor killed with SIGKILL (it cannot write `stopping`): its tritonserver gets SIGTERM
     (the death signal it set), the models see the supervisor gone and end a long stream at once,
     and the server unloads and exits before its exit timeout. (Before, the stream ran into
     Triton's forced exit, which crashed tritonserver and left it and its processes hung.)"""
-    import types
-
-    from tests.server import _free_ports, triton_env
-
     mark = uuid.uuid4().hex
-    http, grpc, metrics_port = _free_ports(3)
     exit_timeout = 40
-    env = triton_env()
-    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
-               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_CHECKPOINT=ckpt, VOXCPM_PROBE_INTERVAL="0",
-               OPENAI_API_PORT="0", TRITON_EXIT_TIMEOUT=str(exit_timeout), VOXCPM_TEST_MARK=mark,
-               TMPDIR=str(tmp_path))  # the run directory the killed supervisor cannot remove: here
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    srv = types.SimpleNamespace(grpc_url=f"127.0.0.1:{grpc}", http_url=f"127.0.0.1:{http}")
+    # TMPDIR: the run directory the killed supervisor cannot remove goes here
+    proc, srv, log = _serve_sh(ckpt, tmp_path, TRITON_EXIT_TIMEOUT=str(exit_timeout), VOXCPM_TEST_MARK=mark,
+                               TMPDIR=str(tmp_path))
     long = None
     try:
-        def ready():
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_for(lambda: ready() or proc.poll() is not None, timeout=300, what="the server")
+        wait_for(lambda: srv.ready() or proc.poll() is not None, timeout=300, what="the server")
         assert proc.poll() is None, log.read_text()
         long = Stream(srv, "Still talking when the supervisor dies.", SEED=3, MIN_LENGTH=4000, MAX_LENGTH=4000)
         wait_for(lambda: len(long.times) >= 2 or long.done.is_set(), timeout=120, what="the stream's first chunks")
@@ -498,34 +507,17 @@ def test_sigterm_gives_running_requests_half_the_exit_timeout_and_every_model_un
     crashes and nothing is left, before the exit timeout. (Triton 2.51 tells a model nothing until
     its finalize, which waits for its requests: before, a long stream ran until the exit timeout
     cut the server off in the middle of unloading.)"""
-    import types
-
-    from tests.server import _free_ports, _pids_in_group, triton_env
+    from tests.server import _pids_in_group
     from tests.test_server import tts_http
 
-    http, grpc, metrics_port = _free_ports(3)
     # Unloading needs the other half: Triton's HTTP frontend first waits for the HTTP request to
     # end, and python_backend takes about a second per model instance (tts has 8): 11 s here, 4 s
     # short of the default 30's half on a loaded machine, hence more.
     exit_timeout = 40
-    env = triton_env()
-    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
-               TRITON_METRICS_PORT=str(metrics_port), VOXCPM_CHECKPOINT=ckpt, VOXCPM_PROBE_INTERVAL="0",
-               OPENAI_API_PORT="0", TRITON_EXIT_TIMEOUT=str(exit_timeout))
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    srv = types.SimpleNamespace(grpc_url=f"127.0.0.1:{grpc}", http_url=f"127.0.0.1:{http}")
+    proc, srv, log = _serve_sh(ckpt, tmp_path, TRITON_EXIT_TIMEOUT=str(exit_timeout))
     streams = []
     try:
-        def ready():
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_for(lambda: ready() or proc.poll() is not None, timeout=300, what="the server")
+        wait_for(lambda: srv.ready() or proc.poll() is not None, timeout=300, what="the server")
         assert proc.poll() is None, log.read_text()
         long = Stream(srv, "Still talking when the server stops.", SEED=3, MIN_LENGTH=4000, MAX_LENGTH=4000)
         streams.append(long)
