@@ -587,17 +587,16 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
         v = client.audio.voices.create(name="meanwhile", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
         client.audio.voices.delete(v.id)
 
+    assert _gateway_metric(gateway, "voxcpm_gateway_voice_uploads_in_progress") == 0
     slow = [_partial_upload(gateway) for _ in range(4)]
     try:
-        deadline = time.monotonic() + 10
-        while True:  # until the gateway has taken all four in
-            try:
-                meanwhile()
-            except openai.RateLimitError as e:
-                assert "voice uploads are in progress" in error_body(e)["message"], error_body(e)
-                break
+        deadline = time.monotonic() + 30
+        while _gateway_metric(gateway, "voxcpm_gateway_voice_uploads_in_progress") < 4:
             assert time.monotonic() < deadline, "uploads still sending their bodies were not counted"
             time.sleep(0.1)
+        with pytest.raises(openai.RateLimitError) as info:
+            meanwhile()
+        assert "voice uploads are in progress" in error_body(info.value)["message"], error_body(info.value)
     finally:
         for sock in slow:
             sock.close()
@@ -606,6 +605,7 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
     while _gateway_metric(gateway, "voxcpm_gateway_requests_total", '{format="",route="voices",status="499"}') < 4:
         assert time.monotonic() < deadline, gateway.metrics()
         time.sleep(0.1)
+    assert _gateway_metric(gateway, "voxcpm_gateway_voice_uploads_in_progress") == 0
     meanwhile()
     assert "Exception in ASGI application" not in gateway.log_path.read_text()
     flac = _slow_flac(61)  # decoded for a second or more, then refused: longer than 60 s

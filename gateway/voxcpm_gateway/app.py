@@ -178,6 +178,7 @@ def create_app(settings: Settings) -> FastAPI:
                                   "(--max-pending-uploads); retry later", None, "server_busy",
                                   {"Retry-After": errors.RETRY_AFTER_S})
         uploads_open += 1
+        metrics.uploads.set(uploads_open)
         try:
             # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
             form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
@@ -190,6 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
                 await form.close()
         finally:
             uploads_open -= 1
+            metrics.uploads.set(uploads_open)
         arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
                   "SAMPLE_RATE": np.array([rate], np.int32)}
         if ref_text:
