@@ -431,13 +431,14 @@ def test_an_idle_writer_whose_caller_closed_its_channel_ends(tmp_path, monkeypat
     assert audio_channel.writer(w.path, str(tmp_path.resolve())) is not w
 
 
-def test_no_final_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, caplog):
+def test_no_final_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, caplog, monkeypatch):
     """Sent through the server to a stub that is gone, a response waits for good, holding the thread
     that sends it (the decoder's audio thread, and with it every other stream). A channel whose caller
     merely closed it still gets its final responses (the test above)."""
     import signal
     import subprocess
 
+    monkeypatch.setattr(bls_stream, "_error_response", lambda message: message)  # (no Triton here)
     path = str(tmp_path / "chan-7-0123abcd.sock")
     caller = subprocess.Popen([sys.executable, "-c", (
         "import socket, sys, time\n"

@@ -55,8 +55,8 @@ def parse_args(argv=None) -> Settings:
                     help="seconds a request to Triton may take in all (default %(default)s)")
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
                     help="seconds a connection may take to send a request's headers (past it: closed), a client "
-                         "may send nothing of its request's body (past it: 408; nor may a body take longer than "
-                         "this plus its size at 64 KiB/s), or read nothing "
+                         "may send nothing of its request's body (past it: 408; nor may a body fall more than this "
+                         "behind 64 KiB/s), or read nothing "
                          "of a speech response while its audio waits (past it: the response is cut off and its "
                          "synthesis cancelled; the audio it has not read waits in Triton's memory; "
                          "default %(default)s)")

@@ -2,7 +2,7 @@
 body size (413 before the body is read whole: by Content-Length when the client sends one,
 else while it arrives), and a body that stops arriving (408 once none of it came for the
 stall timeout: such a client would hold its connection, and an upload its memory, for good) or
-trickles in (408 past the stall timeout plus its size at MIN_BODY_BYTES_PER_S)."""
+trickles in (408 once it falls more than the stall timeout behind MIN_BODY_BYTES_PER_S)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ class BodyStalled(HTTPException):
 
 class BodySlow(HTTPException):
     def __init__(self, seconds: float):
-        super().__init__(408, f"the request body did not arrive within {seconds:.0f} s: after --stall-timeout, a body "
-                              f"must come at {MIN_BODY_BYTES_PER_S // 1024} KiB/s on average")
+        super().__init__(408, f"the request body arrived too slowly ({seconds:.0f} s allowed for what came): a body "
+                              f"must come at {MIN_BODY_BYTES_PER_S // 1024} KiB/s on average, --stall-timeout aside")
 
 
 def too_large(limit: int) -> errors.APIError:
@@ -68,15 +68,15 @@ class Guards:
         if length is not None and length.isdigit() and int(length) > limit:
             return await self.send_error(send, too_large(limit))
         received, body_done = 0, False
-        allowed = self.body_timeout_s + (int(length) if length is not None and length.isdigit() else limit) \
-            / MIN_BODY_BYTES_PER_S
-        deadline = time.monotonic() + allowed
+        start = time.monotonic()
 
         async def limited():
             nonlocal received, body_done
             if body_done:  # after the body, receive waits for the client to hang up: no limit there
                 return await receive()
-            left = deadline - time.monotonic()
+            # by what has arrived, not what is declared: a trickle falls behind within a stall timeout
+            allowed = self.body_timeout_s + received / MIN_BODY_BYTES_PER_S
+            left = start + allowed - time.monotonic()
             try:
                 with anyio.fail_after(max(0.0, min(self.body_timeout_s, left))):
                     message = await receive()

@@ -122,7 +122,11 @@ class Writer:
     def caller_dead(self) -> bool:
         """Broken because the caller's process has died: a response sent to one of its calls through
         the server would wait for good (nothing takes it), so none is sent."""
-        return self.broken and self.peer_pid is not None and not runtime.process_alive(self.peer_pid)
+        pid = self.peer_pid
+        if pid is None:  # never connected (a dead caller's socket refuses): its name says whose it is
+            m = re.match(r"chan-(\d+)-", os.path.basename(self.path))
+            pid = int(m.group(1)) if m else None
+        return self.broken and pid is not None and not runtime.process_alive(pid)
 
     def drain(self, deadline: float) -> bool:
         """Wait (until the monotonic `deadline`) for everything queued to be done; True if it is."""
