@@ -227,6 +227,7 @@ def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
 
     m = TTSStreamModel()
     m.closing, m.loop, m.streams_lock = False, None, threading.Lock()
+    m.beacon = types.SimpleNamespace(stop=lambda: None)  # (initialize makes a real one)
     a, b = Sender(), Sender()
     m.streams = {"task-a": a, "task-b": b}
     m.finalize(grace_s=0.1)
