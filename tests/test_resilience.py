@@ -311,6 +311,15 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return out
 
 
+def _kill_marked(mark: str):
+    """SIGKILL every live process the test marked (what a failed test would otherwise leave)."""
+    for pid, _ in _marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("fault", ["killed", "frozen", "tts_stream_killed"])
 def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_service(ckpt, tmp_path, fault):
     """With 4 streams in flight the decoder's process is killed (SIGKILL, as an OOM kill would) or
@@ -399,11 +408,7 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     finally:
         for s in streams:
             s.close(cancel=True)
-        for pid, _ in _marked(mark):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_marked(mark)
         proc.wait(10)
 
 
@@ -493,11 +498,7 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
     finally:
         if long is not None:
             long.close(cancel=True)
-        for pid, _ in _marked(mark):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_marked(mark)
 
 
 def test_sigterm_gives_running_requests_half_the_exit_timeout_and_every_model_unloads(ckpt, tmp_path):
