@@ -431,9 +431,11 @@ def test_an_idle_writer_whose_caller_closed_its_channel_ends(tmp_path, monkeypat
     assert audio_channel.writer(w.path, str(tmp_path.resolve())) is not w
 
 
-def test_no_final_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, caplog, monkeypatch):
+def test_no_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, caplog, monkeypatch):
     """Sent through the server to a stub that is gone, a response waits for good, holding the thread
-    that sends it (the decoder's audio thread, and with it every other stream). A channel whose caller
+    that sends it (the decoder's execute, its audio thread or a channel's writer: IPC_LOCK with it, so
+    every other stream). So nothing is sent to a caller whose process has died (the pid in its
+    inbox's name), and the call reads as cancelled, so the engine stops it. A channel whose caller
     merely closed it still gets its final responses (the test above)."""
     import signal
     import subprocess
@@ -451,18 +453,22 @@ def test_no_final_response_goes_to_a_call_whose_callers_process_has_died(tmp_pat
             time.sleep(0.01)
         w = audio_channel.writer(path, str(tmp_path.resolve()))
         sent = []
-        sender = bls_stream.CountingSender(types.SimpleNamespace(send=lambda *a, **k: sent.append(k)), path,
+        triton_sender = types.SimpleNamespace(send=lambda *a, **k: sent.append(k), is_cancelled=lambda: False)
+        sender = bls_stream.CountingSender(triton_sender, str(tmp_path / f"bls-{caller.pid}-0123abcd.sock"),
                                            "0123456789abcdef", 1, types.SimpleNamespace(sent=lambda *a: None), w)
+        sender.send()  # the call's admission
         sender.chunk(1, np.zeros(3, np.float32))
         assert caller.stdout.readline().strip() == "connected"
-        assert w.drain(time.monotonic() + 5) and w.peer_pid == caller.pid and not w.caller_dead()
+        assert w.drain(time.monotonic() + 5) and sent == [{"flags": 0}] and not sender.is_cancelled()
         caller.send_signal(signal.SIGKILL)
         caller.wait(10)
+        assert sender.is_cancelled()
         sender.chunk(1, np.zeros(3, np.float32))
         sender.end(None)
         assert w.drain(time.monotonic() + 5)
-        assert w.broken and w.caller_dead() and sent == []
-        assert f"its caller's process (pid {caller.pid}) has died" in caplog.text
+        sender.send("refused", flags=1)
+        assert w.broken and sent == [{"flags": 0}]
+        assert caplog.text.count(f"its caller's process (pid {caller.pid}) has died") == 1
     finally:
         caller.kill()
         caller.wait(10)

@@ -36,7 +36,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import runtime
 
 log = logging.getLogger("voxcpm_triton.audio_channel")
 
@@ -100,7 +99,6 @@ class Writer:
         self.queued = self.queued_bytes = 0  # items (and their frames' bytes) put and not yet done with
         self.exited = False
         self.sock: socket.socket | None = None  # the thread's connection
-        self.peer_pid: int | None = None  # the caller's process, once connected
         self.idle = threading.Condition()
         with _writers_lock:
             _running.add(self)
@@ -118,15 +116,6 @@ class Writer:
             self._put((token, _frame(_END, token, message=error)))
         finally:
             self._put((token, then))
-
-    def caller_dead(self) -> bool:
-        """Broken because the caller's process has died: a response sent to one of its calls through
-        the server would wait for good (nothing takes it), so none is sent."""
-        pid = self.peer_pid
-        if pid is None:  # never connected (a dead caller's socket refuses): its name says whose it is
-            m = re.match(r"chan-(\d+)-", os.path.basename(self.path))
-            pid = int(m.group(1)) if m else None
-        return self.broken and pid is not None and not runtime.process_alive(pid)
 
     def drain(self, deadline: float) -> bool:
         """Wait (until the monotonic `deadline`) for everything queued to be done; True if it is."""
@@ -213,8 +202,6 @@ class Writer:
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.sock.settimeout(GIVE_UP_S)
                 self.sock.connect(self.path)
-                self.peer_pid = struct.unpack("3i", self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                         struct.calcsize("3i")))[0]
             for part in what:
                 if part:
                     self.sock.sendall(part, socket.MSG_NOSIGNAL)  # a caller gone is an error here, not a signal

@@ -204,10 +204,26 @@ class CountingSender(CarryingSender):
         self.path, self.token, self.final_flag = path, token, final_flag
         self.notifier = notifier or _shared_notifier()
         self.channel = channel
+        m = re.match(r"bls-(\d+)-", os.path.basename(path))  # the inbox is named after its process
+        self.caller_pid = int(m.group(1)) if m else None
+        self.gone = False
+
+    def caller_gone(self) -> bool:
+        """The caller's process has died: a response sent through the server to a stub that is gone
+        waits for good, holding the thread that sends it (and IPC_LOCK with it), so none is sent."""
+        if not self.gone and self.caller_pid is not None and not runtime.process_alive(self.caller_pid):
+            self.gone = True
+            log.warning("not answering call %s: its caller's process (pid %s) has died", self.token, self.caller_pid)
+        return self.gone
 
     def send(self, response=None, flags: int = 0):
+        if self.caller_gone():
+            return
         super().send(response, flags)
         self.notifier.sent(self.path, self.token, self.count, bool(flags & self.final_flag))
+
+    def is_cancelled(self) -> bool:
+        return self.caller_gone() or super().is_cancelled()
 
     def open(self):
         self.channel.open(self.token)
@@ -219,10 +235,6 @@ class CountingSender(CarryingSender):
         """The call's end frame (`error`: None when it ended well), then its final response, with the
         error too, or with audio_channel.LOST if a frame of the call was dropped (the channel broke)."""
         def final(lost: bool):
-            if self.channel.caller_dead():
-                log.warning("not ending call %s: its caller's process (pid %s) has died", self.token,
-                            self.channel.peer_pid)
-                return
             message = error if error is not None else audio_channel.LOST if lost else None
             locked(self.send, None if message is None else _error_response(message), flags=self.final_flag)
 
