@@ -147,6 +147,9 @@ def ckpt(tmp_path_factory):
     return write_checkpoint(str(tmp_path_factory.mktemp("gateway_ckpt")), TINY_CONFIG, seed=3, progress=None)
 
 
+MAX_VOICES = 3  # the tests below store two voices at most at a time
+
+
 @pytest.fixture(scope="module")
 def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     # One tts_stream instance taking one stream: a second concurrent stream is "server busy".
@@ -154,7 +157,8 @@ def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     # samples exactly, and the VAE's streaming decode of other chunk boundaries differs by ~1e-6.
     repo = repository_copy(tmp_path_factory.mktemp("gateway_repo") / "repo",
                            parameters={"tts_stream": {"max_concurrent_streams": "1"},
-                                       "decoder": {"playback_margin_ms": "0"}}, instances={"tts_stream": 1})
+                                       "decoder": {"playback_margin_ms": "0"},
+                                       "voices": {"max_voices": str(MAX_VOICES)}}, instances={"tts_stream": 1})
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 
@@ -625,6 +629,34 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
                and retry == "1" for _, err, retry in busy), busy
     assert all(status == 400 and "longer than 60 s" in err["message"] for status, err, _ in results if status != 429)
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"] and not _decoders(gateway)
+
+
+def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway):
+    """max_voices reached stays reached until a voice is removed: OpenAI's SDK, which retries a 429
+    twice by default, raises at the first (x-should-retry: false). Replacing a stored voice is not
+    refused."""
+    sdk = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=2, timeout=60)
+    names = [f"full{i}" for i in range(MAX_VOICES)]
+    refused = '{format="",route="voices",status="429"}'
+    try:
+        for name in names:
+            sdk.audio.voices.create(name=name, audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+        before = _gateway_metric(gateway, "voxcpm_gateway_requests_total", refused)
+        with pytest.raises(openai.RateLimitError) as info:
+            sdk.audio.voices.create(name="onemore", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+        err = error_body(info.value)
+        assert err["code"] == "voice_limit_reached" and f"{MAX_VOICES} voices are stored already" in err["message"], err
+        headers = info.value.response.headers
+        assert headers.get("x-should-retry") == "false" and "retry-after" not in headers, headers
+        assert _gateway_metric(gateway, "voxcpm_gateway_requests_total", refused) == before + 1  # no retries
+        sdk.audio.voices.create(name=names[0], audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+    finally:
+        for name in names:
+            try:
+                sdk.audio.voices.delete(name)
+            except openai.NotFoundError:
+                pass
+    assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
 
 
 def _mono(data: bytes) -> np.ndarray:

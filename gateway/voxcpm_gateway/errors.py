@@ -27,6 +27,9 @@ ERROR_TYPES = {
     504: "server_error",
 }
 RETRY_AFTER_S = "1"
+# Limits a retry cannot pass (a store that is full stays full): OpenAI's SDKs otherwise retry a 429.
+NO_RETRY = {"x-should-retry": "false"}
+_LASTING = {"voice_limit_reached"}
 
 
 @dataclass
@@ -82,7 +85,7 @@ def from_triton(message: str, params: dict[str, str]) -> APIError:
     param = _named_input(message, params)
     for pattern, status, code in _RULES:
         if pattern.search(message):
-            headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else {}
+            headers = dict(NO_RETRY) if code in _LASTING else {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else {}
             if status == 404:
                 param = params.get("VOICE") or params.get("NAME")
             return APIError(status, message, param if status == 404 else None, code, headers)
