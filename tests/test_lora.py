@@ -473,8 +473,9 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
         assert fin.error is None and maxdiff(got, want) <= TOL
         reads, read = [], eng.loras.adapters.read
         eng.loras.adapters.read = lambda n: reads.append(n) or read(n)
-        with pytest.raises(LoraFull, match="all 2 LoRA slots are in use"):
-            eng.add_lora("copy")  # a replacement needs a free slot too
+        with pytest.raises(LoraFull, match="all 2 LoRA slots are in use .*; replacing 'copy' needs a free slot "
+                                           "too: remove an adapter first"):
+            eng.add_lora("copy")  # a replacement is written beside the old weights
         assert reads == []  # refused before its files are read (instances retry a refused add often)
         del eng.loras.adapters.read
 

@@ -63,11 +63,14 @@ class LoraRegistry:
                 self.retired.discard(slot)
                 self.free.append(slot)
 
-    def check_free(self):
-        """LoraFull when no slot is free."""
+    def check_free(self, name: str | None = None):
+        """LoraFull when no slot is free (for adding adapter `name`, which may replace a loaded one)."""
         if not self.free:
             busy = f"; {len(self.retired)} wait for their requests to end" if self.retired else ""
-            raise LoraFull(f"all {self.max_loras} LoRA slots are in use (parameter max_loras){busy}")
+            # A replacement is written beside the old weights, which serve its running requests.
+            replacing = (f"; replacing {name!r} needs a free slot too: remove an adapter first"
+                         if name in self.published and not self.retired else "")
+            raise LoraFull(f"all {self.max_loras} LoRA slots are in use (parameter max_loras){busy}{replacing}")
 
     def take_free(self) -> int:
         """A slot to write a new adapter into (not visible until `publish`)."""

@@ -42,7 +42,7 @@ class EngineLoras:
         that name: requests running on it finish with its old weights) -> the names loaded after.
         LoraError (formats.lora) for a bad adapter, LoraFull when no slot is free."""
         with self.lock:  # a full table refuses before the files are read (instances retry it often)
-            self.registry.check_free()
+            self.registry.check_free(name)
         adapter = self.adapters.read(name)  # file reading and checks, here in the caller's thread
         done, outcome = threading.Event(), {}
         with self.lock:
