@@ -1,5 +1,7 @@
-"""The package's layout: its intra-package import graph has no cycles, the kernels are leaves, and
-the server reaches the test-fixture generators (`testing/`) through one narrow entry only.
+"""The package's layout: every intra-package import names a module that exists (a relative one
+too: it may sit in a function only a GPU runs, as one did), the import graph has no cycles, the
+kernels are leaves, and the server reaches the test-fixture generators (`testing/`) through one
+narrow entry only.
 
 Every import statement counts (module level, inside functions, under try), absolute
 `voxcpm_triton.x` and relative alike.
@@ -40,6 +42,9 @@ def imports(path: Path, modules: dict[str, Path]) -> set[tuple[str, str | None]]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
+                if node.level > len(base):  # past the top-level package: an ImportError once it runs
+                    found.add(("." * node.level + (node.module or ""), None))
+                    continue
                 base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:

@@ -124,7 +124,7 @@ def decoding_vae(path: str, device, triton_kernels: bool, compile: bool):
     if device.type != "cuda":
         return load_audio_vae(path, device)
     if triton_kernels:
-        from ..kernels import vae as vae_kernels  # imports triton: only where it can run
+        from .kernels import vae as vae_kernels  # imports triton: only where it can run
 
         triton_kernels = vae_kernels.available()
     return load_audio_vae(path, device, triton_kernels=triton_kernels, compile=compile)
