@@ -1,6 +1,7 @@
 """What the model processes of one server share (serving/runtime.py), the liveness probe's verdicts
 and the supervisor's arguments: plain Python, no server."""
 
+import errno
 import json
 import multiprocessing
 import os
@@ -102,6 +103,25 @@ def test_a_server_whose_supervisor_died_is_stopping(run_dir, monkeypatch):
     gone.wait()
     monkeypatch.setenv("VOXCPM_SUPERVISOR_PID", str(gone.pid))
     assert runtime.stop_deadline() is not None and runtime.stopping()
+
+
+def test_a_process_is_dead_once_it_has_exited_and_alive_while_its_state_cannot_be_read(monkeypatch):
+    """Dead means the caller's responses are dropped and a supervisor's server stops: a /proc read that
+    fails for another reason (no file descriptors left, say) must not mean dead."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while runtime._proc_fields(zombie.pid)[0] != "Z":  # exited, not yet reaped
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    assert runtime.process_alive(os.getpid()) and not runtime.process_alive(zombie.pid)
+    zombie.wait()
+    assert not runtime.process_alive(zombie.pid)
+
+    def unreadable(pid):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(runtime, "_proc_fields", unreadable)
+    assert runtime.process_alive(zombie.pid)
 
 
 def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):

@@ -289,10 +289,14 @@ def thread_stacks() -> str:
 
 
 def process_alive(pid: int) -> bool:
+    """False once process `pid` has exited (gone, or a zombie). A process whose state cannot be read
+    (out of file descriptors, say) counts as alive: taking a live process for dead stops its work."""
     try:
         return _proc_fields(pid)[0] not in ("Z", "X")
-    except (OSError, ValueError, IndexError):
+    except FileNotFoundError:
         return False
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
