@@ -631,17 +631,25 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"] and not _decoders(gateway)
 
 
-def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway):
+def _encodes(server) -> int:
+    """vae_encoder's requests so far (Triton's metrics)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        m = re.search(r'^nv_inference_request_success\{model="vae_encoder",version="1"\} (\d+)$', r.read().decode(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway, server):
     """max_voices reached stays reached until a voice is removed: OpenAI's SDK, which retries a 429
-    twice by default, raises at the first (x-should-retry: false). Replacing a stored voice is not
-    refused."""
+    twice by default, raises at the first (x-should-retry: false), and the refused sample is not
+    encoded. Replacing a stored voice is not refused."""
     sdk = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=2, timeout=60)
     names = [f"full{i}" for i in range(MAX_VOICES)]
     refused = '{format="",route="voices",status="429"}'
     try:
         for name in names:
             sdk.audio.voices.create(name=name, audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
-        before = _gateway_metric(gateway, "voxcpm_gateway_requests_total", refused)
+        before, encoded = _gateway_metric(gateway, "voxcpm_gateway_requests_total", refused), _encodes(server)
+        assert encoded >= MAX_VOICES  # (what the check below reads)
         with pytest.raises(openai.RateLimitError) as info:
             sdk.audio.voices.create(name="onemore", audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
         err = error_body(info.value)
@@ -649,6 +657,7 @@ def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway):
         headers = info.value.response.headers
         assert headers.get("x-should-retry") == "false" and "retry-after" not in headers, headers
         assert _gateway_metric(gateway, "voxcpm_gateway_requests_total", refused) == before + 1  # no retries
+        assert _encodes(server) == encoded
         sdk.audio.voices.create(name=names[0], audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
     finally:
         for name in names:

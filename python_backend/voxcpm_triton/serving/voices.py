@@ -110,6 +110,13 @@ class VoiceStore:
         return sorted(n for n in os.listdir(self.root)
                       if checks.NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
 
+    def check_room(self, name: str, max_voices: int | None):
+        """Busy when adding `name` would store more than `max_voices` voices (a replacement never
+        does). `add` checks again under the store's lock; a caller may ask first, before the work."""
+        if max_voices is not None and self._target(name) is None and len(self.names()) >= max_voices:
+            raise Busy(f"{max_voices} voices are stored already (parameter max_voices of model "
+                       f"'voices'); remove one first")
+
     def add(self, name: str, reference: np.ndarray, prompt: np.ndarray | None, transcript: str | None,
             sample_rate: int, info: dict | None = None, max_voices: int | None = None,
             lora: str | None = None) -> list[str]:
@@ -132,9 +139,7 @@ class VoiceStore:
             _write(os.path.join(tmp, "voice.json"), json.dumps(meta, ensure_ascii=False, indent=1).encode())
             _fsync_dir(tmp)
             with self._locked():
-                if max_voices is not None and self._target(name) is None and len(self.names()) >= max_voices:
-                    raise Busy(f"{max_voices} voices are stored already (parameter max_voices of model "
-                               f"'voices'); remove one first")
+                self.check_room(name, max_voices)
                 os.rename(tmp, os.path.join(self.store, version))
                 link = os.path.join(self.root, f".link-{version}")
                 os.symlink(os.path.join(STORE, version), link)

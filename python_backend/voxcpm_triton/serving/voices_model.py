@@ -60,6 +60,7 @@ class VoicesModel(RegistryModel):
             raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
         lora = contract.lora_name(inputs) or None  # empty: no default adapter
         self.calls.health.check()
+        self.store.check_room(name, self.max_voices)  # before the encoding: a full store stays full
         if lora is not None:
             await self._check_loaded(lora)
         reference = await self.calls.encode(audio, rate, False, "AUDIO")
