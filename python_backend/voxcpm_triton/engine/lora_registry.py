@@ -72,9 +72,9 @@ class LoraRegistry:
                          if name in self.published and not self.retired else "")
             raise LoraFull(f"all {self.max_loras} LoRA slots are in use (parameter max_loras){busy}{replacing}")
 
-    def take_free(self) -> int:
-        """A slot to write a new adapter into (not visible until `publish`)."""
-        self.check_free()
+    def take_free(self, name: str | None = None) -> int:
+        """A slot to write adapter `name` into (not visible until `publish`)."""
+        self.check_free(name)
         self.free.sort(reverse=True)
         return self.free.pop()
 

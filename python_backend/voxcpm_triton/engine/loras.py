@@ -48,7 +48,7 @@ class EngineLoras:
         with self.lock:
             if self._closed:
                 raise RuntimeError(self._closed)
-            write = (name, self.registry.take_free(), adapter, done, outcome)
+            write = (name, self.registry.take_free(name), adapter, done, outcome)
             self._writes.append(write)
             self.lock.notify()
         if not done.wait(timeout) and self._withdraw(write):
