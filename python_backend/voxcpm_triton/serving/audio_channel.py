@@ -13,7 +13,8 @@ frame, each chunk and the end for a `Writer` (one per caller process, a thread o
 writes them in order and, after a call's end frame, sends the call's final response: the audio
 thread never waits on the server. The caller reads its channel before it takes a call's final
 response (`Listener.read_all`), so every frame of a call is in its stream before the call's end.
-A channel that breaks ends its calls with `LOST`, never well without their audio.
+A channel that breaks ends its calls with `LOST`, never well without their audio (a caller whose
+process has died is sent nothing: `bls_stream.CountingSender`).
 
 A frame: a header (`_HEADER`: magic, kind, the call's token, patches, audio bytes, message bytes),
 the chunk's audio (float32), an end's error message (UTF-8; none for an end without error).

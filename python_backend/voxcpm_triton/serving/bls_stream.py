@@ -19,6 +19,8 @@ So here no thread waits in an iterator. The callee says how many responses it ha
   `SendBLSDecoupledResponse`, as long as the callee has no response delegator: no dynamic
   batching with `preserve_ordering`, no response cache). It then sends the running count to
   the caller's socket (`Notifier`: Unix datagrams, never blocking; retried while it is full).
+  Nothing is sent to a caller whose process has died (the pid in its inbox's name): that send
+  would wait for good; the call reads as cancelled instead.
 - caller: one `Inbox` per process, a datagram socket in the server's private run directory
   read on the event loop. A `ResponseStream` calls `next()` only as far as it was told, so
   `next()` finds its response buffered. (The first response is buffered when the call returns
