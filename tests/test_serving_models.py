@@ -230,7 +230,7 @@ def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
     m.beacon = types.SimpleNamespace(stop=lambda: None)  # (initialize makes a real one)
     a, b = Sender(), Sender()
     m.streams = {"task-a": a, "task-b": b}
-    m.finalize(grace_s=0.1)
+    m.finalize()
     for s in (a, b):
         ((response, flags),) = s.sent
         assert flags == 1 and "shutting down" in str(response.error) and response.error.code == "UNAVAILABLE"

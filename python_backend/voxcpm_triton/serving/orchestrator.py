@@ -518,15 +518,13 @@ class TTSStreamModel:
         except Exception:
             log.exception("could not end the response stream")
 
-    def finalize(self, grace_s: float = 10.0):
-        """Let running streams finish for a while, then end each one left with an error response.
-        The stub stops the event loop before it calls finalize, so streams are ended from here."""
+    def finalize(self):
+        """End each stream still open with an error response. Triton calls finalize once its
+        in-flight requests have ended or its exit timeout has passed, and the stub stops the event
+        loop first, so the streams are ended from here."""
         self.closing = True
         self.beacon.stop()
-        deadline = time.monotonic() + grace_s
         try:
-            while self.streams and self.loop is not None and self.loop.is_running() and time.monotonic() < deadline:
-                time.sleep(0.1)
             for task in list(self.streams):
                 if self.loop is not None and self.loop.is_running():
                     self.loop.call_soon_threadsafe(task.cancel)
