@@ -1,8 +1,8 @@
 """The decoder engine: continuous batching of VoxCPM2 requests over a paged KV cache.
 
-One background thread owns the model and the cache. Callers only `submit`,
-`cancel`, read `stats` and `shutdown`; everything else happens in the thread,
-at step boundaries:
+One background thread owns the model and the cache. Callers only `submit`, `cancel` (or
+`cancel_all`), add, remove and list LoRA adapters, read `stats` and `status`, and `shutdown`;
+everything else happens in the thread, at step boundaries:
 
     take new requests and cancels  ->  admit waiting requests (FIFO, by free blocks)
     ->  prefill the admitted ones together (each after the longest prefix of its prompt already

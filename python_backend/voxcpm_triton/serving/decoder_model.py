@@ -1,11 +1,13 @@
 """`decoder`: the engine behind a decoupled Triton model.
 
-`execute` only validates and enqueues; the engine thread streams LATENTS chunks back through
-each request's response sender and closes the stream with the final flag. With `decode_audio`
-(the default) each chunk's AUDIO is decoded in this process (`engine.stream_audio`) and the
-orchestrators skip `vae_decoder`: with `audio_channel` (the default) the chunks go over a Unix
-socket of the orchestrator's process (`serving.audio_channel`), and the call carries only an empty
-first response and its final one; without it each chunk is a response carrying its AUDIO. A request
+`execute` only validates and enqueues; the engine thread makes each request's LATENTS chunks.
+Without `decode_audio` it streams them back through the request's response sender and closes the
+stream with the final flag. With `decode_audio` (the default) it hands them to this process's
+audio thread (`engine.stream_audio`), which decodes each chunk's AUDIO, so the orchestrators skip
+`vae_decoder`: with `audio_channel` (the default) the chunks and the end go over a Unix socket of
+the orchestrator's process (`serving.audio_channel`), whose writer thread then sends the final
+response, and the call carries only an empty first response and that final one; without it each
+chunk is a response carrying its AUDIO, sent by the audio thread. A request
 carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their client goes
 away). LORA names a request's adapter; a request carrying LORA_ACTION (from the `loras` model)
 adds, removes or lists adapters.

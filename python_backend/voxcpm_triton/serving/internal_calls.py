@@ -35,7 +35,7 @@ class _Health:
 
 class InternalCalls:
     """BLS calls to the internal models, each awaited while the model processes' health is
-    watched (the orchestrator's pipeline and the `voices` model make them)."""
+    watched (the orchestrator's pipeline and the `voices` and `loras` models make them)."""
 
     def __init__(self):
         self.health = _Health()

@@ -11,7 +11,7 @@ exited and nobody holds. No torch here: the orchestrator processes import this t
   start), else a random key that the first process of this server writes into the
   directory (atomically: written aside, then hard-linked; a loser of the race reads the
   winner's). Internal models refuse requests that do not carry it.
-- Beacons: each internal model process writes `<model>.<pid>.json` every second
+- Beacons: each model process (`WATCHED_MODELS`) writes `<model>.<pid>.json` every second
   ({pid, beat, error}); `error` is set when the process knows it can no longer serve (the
   engine thread died). Triton 2.51 neither restarts a dead stub nor reports it, so the
   orchestrator reads the beacons to fail fast instead of waiting forever.

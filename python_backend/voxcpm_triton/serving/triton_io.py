@@ -13,8 +13,9 @@ from . import runtime
 # instance call into it at once (a segfault in libtriton_python.so when worker threads issued
 # BLS calls in parallel). Models that call into the stub from threads of their own (the
 # decoder's engine thread, metric publishers) take this per-process lock around each call.
-# The orchestrators need none: they make every stub call from their instance's event loop
-# (every metric update takes it anyway, see metrics.release_all).
+# The orchestrators make their stub calls from their instance's event loop, and take it where a
+# thread of theirs calls in (every metric update does, see metrics.release_all; bls_stream's
+# fallback reader, which waits in a call's iterator, is the one thread that does not).
 IPC_LOCK = threading.RLock()
 
 
