@@ -417,7 +417,7 @@ def linears_of(ckpt):
 def test_registry_defers_removal_and_replacement_until_requests_end():
     reg = LoraRegistry(2, {"a": 1})
     slot, gen = reg.acquire("a")
-    assert slot == 1 and reg.in_use() == {"a": 1}
+    assert slot == 1 and reg.refs == {1: 1}
     reg.unpublish("a")  # in use: gone for new requests, slot kept
     with pytest.raises(KeyError, match="unknown LoRA adapter 'a'"):
         reg.acquire("a")

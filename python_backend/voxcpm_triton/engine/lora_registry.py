@@ -103,7 +103,3 @@ class LoraRegistry:
             self.retired.add(slot)
         else:
             self.free.append(slot)
-
-    def in_use(self) -> dict:
-        """name -> requests holding it, for names with any."""
-        return {n: self.refs[s] for n, (s, _) in self.published.items() if self.refs.get(s)}
