@@ -1161,13 +1161,15 @@ def test_an_error_mid_stream_ends_the_response_visibly(server, tmp_path):
 
 
 def test_a_model_process_that_died_is_503_with_retry_after():
-    """Triton's own answer for a dead stub (a voices, loras or tts_stream process killed) is the
-    server's unavailability, not a 500 to give up on: the supervisor restarts it."""
+    """Triton's own answer for a dead stub (a voices, loras or tts_stream process killed), and for a
+    model it is unloading while it stops (the supervisor's restart), is the server's unavailability,
+    not a 500 to give up on."""
     sys.path.insert(0, str(REPO / "gateway"))
     from voxcpm_gateway import errors
     from voxcpm_gateway.speech_request import PARAMS
 
-    for message in ("Stub process 'voices_0_0' is not healthy.", "Stub process 'tts_stream_0_1' is not healthy."):
+    for message in ("Stub process 'voices_0_0' is not healthy.", "Stub process 'tts_stream_0_1' is not healthy.",
+                    "Request for unknown model: 'tts_stream' has no available versions"):  # Triton stopping
         err = errors.from_triton(message, PARAMS)
         assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "server_unavailable", "1"), err
 

@@ -71,6 +71,7 @@ _RULES = [
     (re.compile(r"Stub process '[^']*' is not healthy"), 503, "server_unavailable"),  # Triton: that process died
     (re.compile(r"the server is shutting down"), 503, "server_unavailable"),
     (re.compile(r"Server not ready"), 503, "server_unavailable"),            # Triton itself, stopping
+    (re.compile(r"has no available versions"), 503, "server_unavailable"),  # Triton, unloading its models
     (re.compile(r"^unknown voice "), 404, "voice_not_found"),
 ]
 # Triton's own checks before a model sees the request ("unexpected inference input 'X' for
