@@ -414,6 +414,10 @@ def test_voices_upload_list_use_delete(client, gateway, server, tmp_path):
     try:  # the gateway, where "default" means zero-shot, neither lists it twice nor as a stored voice
         listed = json.loads(gateway.get("/v1/audio/voices"))
         assert listed["voices"] == ["default"] and listed["data"] == [], listed
+        with pytest.raises(openai.BadRequestError) as info:  # nor removes what it does not show
+            client.audio.voices.delete("default")
+        assert error_body(info.value)["param"] == "name" and "reserved" in error_body(info.value)["message"]
+        assert "default" in triton_voices(server, "list")
     finally:
         triton_voices(server, "remove", "default")
     with pytest.raises(openai.NotFoundError) as info:

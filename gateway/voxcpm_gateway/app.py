@@ -204,6 +204,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.delete("/v1/audio/voices/{name}")
     async def delete_voice(name: str):
+        if name == DEFAULT_VOICE:  # zero-shot here: a stored voice of that name is not the gateway's
+            raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
         await call_voices({"ACTION": _bytes("remove"), "NAME": _bytes(name)})
         metrics.requests.labels("voices", "", "200").inc()
         return {"id": name, "object": "audio.voice.deleted", "deleted": True}
