@@ -352,6 +352,36 @@ def test_the_store_bounds_the_number_of_voices(tmp_path):
         n for n in os.listdir(tmp_path / "voices" / ".store") if n.startswith(".tmp")]
 
 
+def test_a_link_the_store_did_not_make_is_no_voice_and_a_damaged_voice_is_named(tmp_path):
+    """A link put into the voices directory by hand (`evil` -> a directory elsewhere) is neither
+    listed, read nor removed, and replacing that name deletes nothing outside the store. A voice
+    whose files were damaged fails with its name, not a path or a parser's bare message."""
+    from voxcpm_triton.serving.triton_io import InputError
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    root, outside = tmp_path / "voices", tmp_path / "elsewhere"
+    store = VoiceStore(str(root))
+    lat = np.zeros((3, 4, 16), np.float32)
+    store.add("a", lat, None, None, 16000)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the store's")
+    os.symlink(str(outside), str(root / "evil"))
+    assert store.names() == ["a"]
+    for call in (store.load, store.remove):
+        with pytest.raises(InputError, match="unknown voice 'evil'"):
+            call("evil")
+    assert store.add("evil", lat, None, None, 16000) == ["a", "evil"]
+    assert (outside / "keep.txt").read_text() == "not the store's"
+
+    latents = os.path.join(os.path.realpath(str(root / "a")), "latents.safetensors")
+    with open(latents, "wb") as f:
+        f.write(os.urandom(64))
+    with pytest.raises(RuntimeError, match=r"voice 'a' cannot be read from the voice store \(.+\); remove it") as info:
+        VoiceStore(str(root)).load("a")  # (another process: nothing cached)
+    assert str(tmp_path) not in str(info.value)
+    assert store.remove("a") == ["evil"]
+
+
 def test_the_store_keeps_a_voices_default_adapter(tmp_path):
     """A voice's LoRA adapter is in its voice.json, read back by another store (another process);
     replacing the voice replaces it; a voice stored before adapters existed has none."""

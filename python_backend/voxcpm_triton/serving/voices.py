@@ -107,8 +107,7 @@ class VoiceStore:
     def names(self) -> list[str]:
         if not os.path.isdir(self.root):
             return []
-        return sorted(n for n in os.listdir(self.root)
-                      if checks.NAME_RE.fullmatch(n) and os.path.islink(os.path.join(self.root, n)))
+        return sorted(n for n in os.listdir(self.root) if checks.NAME_RE.fullmatch(n) and self._target(n))
 
     def check_room(self, name: str, max_voices: int | None):
         """Busy when adding `name` would store more than `max_voices` voices (a replacement never
@@ -168,8 +167,13 @@ class VoiceStore:
             return self.names()
 
     def _target(self, name: str) -> str | None:
-        path = os.path.join(self.root, name)
-        return os.path.realpath(path) if os.path.islink(path) else None
+        """The version directory voice `name` links to, or None. Only a link as `add` makes them
+        (`.store/<version>`) is a voice: a stray one is neither listed, read nor deleted through."""
+        try:
+            head, version = os.path.split(os.readlink(os.path.join(self.root, name)))
+        except OSError:
+            return None
+        return os.path.join(self.store, version) if head == STORE and version and version[0] != "." else None
 
     def _sweep(self):
         """Under the lock: drop what a writer that died left behind (versions no link names, temp
@@ -206,11 +210,15 @@ class VoiceStore:
                     meta = json.load(f)
                 with open(os.path.join(target, "latents.safetensors"), "rb") as f:
                     tensors = st_load(f.read())
+                # Voices stored before adapters existed have no "lora": the base model.
+                voice = Voice(name, tensors["reference"], tensors.get("prompt"), meta.get("transcript"),
+                              int(meta["sample_rate"]), meta.get("lora") or None)
             except FileNotFoundError:
                 continue
-            # Voices stored before adapters existed have no "lora": the base model.
-            voice = Voice(name, tensors["reference"], tensors.get("prompt"), meta.get("transcript"),
-                          int(meta["sample_rate"]), meta.get("lora") or None)
+            except Exception as e:  # the store was changed by hand, or its disk failed
+                detail = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+                raise RuntimeError(f"voice {name!r} cannot be read from the voice store ({detail}); "
+                                   "remove it and add it again") from None
             with self._cache_lock:
                 self._cache[name] = (stamp, voice)
                 self._cache.move_to_end(name)
