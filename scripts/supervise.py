@@ -9,7 +9,9 @@ outside, for scripts/serve.sh and for the container. Standard library only.
     python3 scripts/supervise.py [options] -- tritonserver --model-repository=... [args]
 
 Each start gets a fresh VOXCPM_RUN_DIR (the models' shared directory, removed after the
-server stops) and, unless already set, a fresh VOXCPM_INTERNAL_KEY. Triton's
+server stops) and, unless already set, a fresh VOXCPM_INTERNAL_KEY. VOXCPM_STATE_DIR, the
+directory those are made in, lives as long as the supervisor: what the models keep there
+(the LoRA adapters loaded at run time) carries over a restart. Triton's
 shared-memory, model-repository, logging and trace APIs are restricted to clients that
 send the header `voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixes it:
 `triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use
@@ -260,6 +262,7 @@ class Supervisor:
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
+        self.state_dir: str | None = None  # the runs' parent, kept across restarts
         self.shm_prefix = _shm_prefix(self.args)
         self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
         self.was_ready = self.was_healthy = False  # the current server: became ready, passed a probe
@@ -268,10 +271,12 @@ class Supervisor:
 
     # ------------------------------------------------------------------ one server
     def start(self):
-        self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
+        self.state_dir = self.state_dir or tempfile.mkdtemp(prefix="voxcpm-run-")
+        self.run_dir = tempfile.mkdtemp(prefix="run-", dir=self.state_dir)
         # VOXCPM_SUPERVISOR_PID: killed (SIGKILL), it cannot write `stopping`; the models then end their
         # requests themselves before tritonserver's forced exit (voxcpm_triton.serving.runtime.stop_deadline)
-        env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir, VOXCPM_SUPERVISOR_PID=str(os.getpid()))
+        env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir, VOXCPM_STATE_DIR=self.state_dir,
+                   VOXCPM_SUPERVISOR_PID=str(os.getpid()))
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -407,6 +412,8 @@ class Supervisor:
         self.stop("asked to stop")
         for c in self.companions:
             c.stop()
+        if self.state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def watch(self) -> str:
         """Wait until the server must be restarted; -> why."""

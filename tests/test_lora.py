@@ -406,6 +406,10 @@ def test_a_broken_adapter_is_reported_and_left_out(ckpt, lora_dir, tmp_path):
     with pytest.raises(ValueError, match=r"LoRA adapter 'broken' was not loaded: .*has shape \[3, 8\]"):
         v.generate_latents("Hi.", lora="broken", max_len=2)
     assert v.generate_latents("Hi.", lora="good", seed=3, max_len=2).shape[0] == 2
+    # The set a server had before a restart (lora_names): those, in its order; one gone is reported.
+    shutil.copytree(os.path.join(d, "good"), os.path.join(d, "also"))
+    v = VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32", lora_dir=d, lora_names=["good", "gone"])
+    assert list(v.loras.slots) == ["good"] and v.loras.errors == {"gone": "no longer in the LoRA directory"}
 
 
 def linears_of(ckpt):

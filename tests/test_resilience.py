@@ -7,6 +7,7 @@ and queues one more, tts_stream has a single instance, vae_decoder holds two str
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -326,7 +327,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     frozen (SIGSTOP: alive, answering nothing, as a hung engine would be), or one of the tts_stream
     instances' processes is killed: every client gets an error instead of hanging (within seconds of
     a kill; once its beacon is stale when frozen), the server stops being ready, and scripts/serve.sh's
-    supervisor has it serving again without anybody's help. (A dead tts_stream process once left the
+    supervisor has it serving again without anybody's help, with the LoRA adapters it had at run time
+    (killed: one of three removed before; a restart used to load the directory's again). (A dead tts_stream process once left the
     decoder's audio thread waiting for good on a response to it, and every stream with it.) Then SIGTERM after that traffic stops everything the server started, and no
     model process's shared-memory region is left in /dev/shm (the supervisor removes those of the
     server it stopped by force)."""
@@ -339,6 +341,16 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     env.update(SKIP_SETUP="1", VOXCPM_CHECKPOINT=ckpt, TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
                TRITON_METRICS_PORT=str(metrics_port), VOXCPM_PROBE_INTERVAL="2", VOXCPM_TEST_MARK=mark,
                TRITON_EXIT_TIMEOUT="20", OPENAI_API_PORT="0")  # no gateway: not what this is about
+    if fault == "killed":
+        from tests.lora_helpers import write_adapters
+        from tests.test_lora_served import loras
+
+        lora_dir = tmp_path / "loras"
+        write_adapters(ckpt, str(lora_dir), names=("lm_dit",))
+        for name in ("a", "b", "c"):
+            shutil.copytree(lora_dir / "lm_dit", lora_dir / name)
+        shutil.rmtree(lora_dir / "lm_dit")
+        env["VOXCPM_LORA_DIR"] = str(lora_dir)
 
     class Srv:
         http_url, grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
@@ -357,6 +369,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     streams = []
     try:
         wait_for(ready, timeout=240, what=f"the server to start\n{log.read_text()[-3000:]}")
+        if fault == "killed":
+            assert loras(Srv, "remove", "b") == ["a", "c"]
         streams = [Stream(Srv, f"Stream number {i}, which goes on and on.", SEED=i, MIN_LENGTH=3000,
                           MAX_LENGTH=3000) for i in range(4)]
         wait_for(lambda: all(len(s.times) >= 2 for s in streams), what="audio on all four streams")
@@ -391,6 +405,8 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
             except Exception:  # noqa: BLE001 - down or still loading
                 time.sleep(0.5)
         assert audio.shape == (2 * P * 1920,)
+        if fault == "killed":
+            assert loras(Srv, "list") == ["a", "c"]
         print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault"
               + (" (tritonserver itself aborted)" if server_aborted else ""))
         assert "restarting" in log.read_text()

@@ -124,6 +124,18 @@ def test_a_process_is_dead_once_it_has_exited_and_alive_while_its_state_cannot_b
     assert runtime.process_alive(zombie.pid)
 
 
+def test_the_loaded_lora_adapters_are_kept_for_the_supervisors_next_server(tmp_path, monkeypatch):
+    monkeypatch.delenv("VOXCPM_STATE_DIR", raising=False)
+    runtime.save_loras(["a"])  # no supervisor: nothing kept, nothing read
+    assert runtime.saved_loras() is None
+    monkeypatch.setenv("VOXCPM_STATE_DIR", str(tmp_path))
+    assert runtime.saved_loras() is None
+    runtime.save_loras(["c", "a"])
+    assert runtime.saved_loras() == ["c", "a"] and os.listdir(tmp_path) == [runtime.LORAS_FILE]
+    (tmp_path / runtime.LORAS_FILE).write_text("{not json")
+    assert runtime.saved_loras() is None
+
+
 def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):
     status = {"error": None}
     beacon = runtime.Beacon("decoder", lambda: status["error"], period_s=0.05)

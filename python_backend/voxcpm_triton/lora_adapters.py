@@ -28,8 +28,9 @@ class AdapterSet:
 
     @classmethod
     def load(cls, lora_dir: str, linears: dict, dtype, device, max_loras: int | None = None,
-             max_rank: int | None = None, reserve: str | None = None) -> "AdapterSet":
-        """Every adapter under `lora_dir` into slots 1, 2, ... (by name). linears: the network's linear
+             max_rank: int | None = None, reserve: str | None = None, only: list | None = None) -> "AdapterSet":
+        """Every adapter under `lora_dir` into slots 1, 2, ... (by name), or those named in `only`, in
+        its order (the set a server had loaded before a restart). linears: the network's linear
         layers (`model.lora.linear_shapes`). max_loras / max_rank: the tables' size (default: what the
         adapters found need). reserve: None, or what the tables cover beyond the adapters found
         (`formats.lora.RESERVE`: "default", the official default targets; "all", every linear an
@@ -39,6 +40,10 @@ class AdapterSet:
             raise ValueError(f"reserve must be None or one of {', '.join(RESERVE)}, got {reserve!r}")
         adapters, errors = load_dir(lora_dir, linears, max_rank, dtype)
         names = sorted(adapters)
+        if only is not None:
+            errors = {n: errors.get(n, "no longer in the LoRA directory") for n in only if n not in adapters}
+            adapters = {n: adapters[n] for n in only if n in adapters}
+            names = list(adapters)
         if max_loras is not None and len(names) > max_loras:
             for n in names[max_loras:]:
                 errors[n] = f"left out: all {max_loras} LoRA slots are taken (parameter max_loras)"

@@ -169,7 +169,7 @@ class VoxCPM2:
                         attention: str = "auto", compile: bool = False, precision: str = "bf16",
                         lora_dir: str | None = None, max_loras: int | None = None,
                         max_lora_rank: int | None = None, reserve_lora_targets: str | None = None,
-                        vae: AudioVAE | None = None) -> "VoxCPM2":
+                        lora_names: list | None = None, vae: AudioVAE | None = None) -> "VoxCPM2":
         """attention: the Triton kernels' pair (LocDiT/LocEnc attention here, paged decode attention in
         the engine) or PyTorch's: "auto" (Triton on CUDA where `kernels._triton.available()`, else
         PyTorch), "triton" (an error where they cannot run), "torch". compile (CUDA only):
@@ -185,6 +185,7 @@ class VoxCPM2:
         max_loras, max_lora_rank: the slot tables' size (default: what the adapters found need);
         reserve_lora_targets: None, or what the tables also cover, for adapters added later (a
         server): "default", the official default targets; "all", every layer an adapter may target.
+        lora_names: only these adapters of lora_dir, in this order (default: all, by name).
 
         vae: this checkpoint's AudioVAE, already built (`load_audio_vae` with decoding backends, as the
         served decoder uses it); default: loaded here, plain."""
@@ -212,7 +213,8 @@ class VoxCPM2:
         tokenizer = TextTokenizer.from_dir(path)
         vox = cls(cfg, model, vae, tokenizer, dev, dt, precision)
         if lora_dir:
-            vox.loras = AdapterSet.load(lora_dir, linears, dt, dev, max_loras, max_lora_rank, reserve_lora_targets)
+            vox.loras = AdapterSet.load(lora_dir, linears, dt, dev, max_loras, max_lora_rank, reserve_lora_targets,
+                                        only=lora_names)
         return vox
 
     @property

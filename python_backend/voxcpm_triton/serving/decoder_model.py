@@ -105,7 +105,8 @@ class DecoderModel:
                                            # Adapters added later must fit the tables: they reserve lora_targets.
                                            lora_dir=params["lora_dir"], max_loras=params["max_loras"],
                                            max_lora_rank=params["max_lora_rank"],
-                                           reserve_lora_targets=params["lora_targets"])
+                                           reserve_lora_targets=params["lora_targets"],
+                                           lora_names=runtime.saved_loras() if params["lora_dir"] else None)
         kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
             block_size=params["block_size"],
@@ -130,6 +131,8 @@ class DecoderModel:
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
         self.engine = Engine(self.vox, cfg, first_audio=first_audio)
+        if self.engine.loras is not None:
+            runtime.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
         self.beacon = runtime.Beacon("decoder", self._status)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
@@ -301,6 +304,8 @@ class DecoderModel:
                     names = self.engine.remove_lora(name)
                 else:
                     names = self.engine.add_lora(name)
+                if action != "list":
+                    runtime.save_loras(names)
                 response = p.InferenceResponse(output_tensors=[
                     tensor("LORAS", np.array([n.encode() for n in names], dtype=object))])
             except LoraFull as e:

@@ -1,5 +1,6 @@
 """What the model processes of one tritonserver share, outside Triton: a private directory,
-the secret that marks the orchestrator's internal calls, and liveness beacons.
+the secret that marks the orchestrator's internal calls, liveness beacons, and the LoRA set a
+restart keeps.
 
 Every model process is a child of the tritonserver process, so `os.getppid()` names the
 server; the directory is keyed by it and created 0700 (unless VOXCPM_RUN_DIR names one, as
@@ -7,6 +8,8 @@ scripts/supervise.py does, which removes it after). A plain tritonserver's model
 their directory with a lock while they run and remove, as they start, those of servers that have
 exited and nobody holds. No torch here: the orchestrator processes import this too.
 
+- LoRA set: under a supervisor, the decoder keeps the names of its loaded adapters in
+  `VOXCPM_STATE_DIR` (the supervisor's, kept across its restarts), where the next server reads them.
 - Internal key: `VOXCPM_INTERNAL_KEY` when set (scripts/supervise.py sets a fresh one per
   start), else a random key that the first process of this server writes into the
   directory (atomically: written aside, then hard-linked; a loser of the race reads the
@@ -209,6 +212,38 @@ def run_dir_realpath() -> str:
 @functools.lru_cache(maxsize=8)
 def _run_dir_realpath(_env, _tmp, _ppid) -> str:  # the arguments are what run_dir() depends on
     return os.path.realpath(run_dir())
+
+
+LORAS_FILE = "loras.json"  # in VOXCPM_STATE_DIR: the LoRA adapters loaded, by name
+
+
+def saved_loras() -> list | None:
+    """The LoRA adapters the decoder had loaded when this supervisor's previous server stopped
+    (`save_loras`), or None: no supervisor (VOXCPM_STATE_DIR), or nothing saved yet."""
+    state = os.environ.get("VOXCPM_STATE_DIR")
+    try:
+        with open(os.path.join(state, LORAS_FILE), encoding="utf-8") as f:
+            names = json.load(f)["loaded"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
+
+
+def save_loras(names: list):
+    """Keep the names of the LoRA adapters loaded now where the supervisor's next server reads them:
+    a restart after a crash serves the adapters added and removed at run time, not the directory's
+    first `max_loras`."""
+    state = os.environ.get("VOXCPM_STATE_DIR")
+    if not state:
+        return
+    path = os.path.join(state, LORAS_FILE)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"loaded": list(names)}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep the loaded LoRA adapters for a restart (%s): %s", path, e)
 
 
 def internal_key() -> str:
