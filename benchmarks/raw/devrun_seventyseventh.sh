@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The seventy-seventh session's device calls (kept as benchmarks/raw/devrun_seventyseventh.sh), the scripts as run on an
-# H100: call N = devrun/callN.sh, calls 2-4 with .cache/device_bundle carried. Call 1 ran on bc33ecb's tree, call 2's
+# H100: call N = devrun/callN.sh, calls 2-5 with .cache/device_bundle carried. Call 1 ran on bc33ecb's tree, call 2's
 # first try on 335d0e7 (the server did not load: raw/served_c2_first_try_failed_seventyseventh.txt), calls 2-4
 # on that tree with 4ee3dc1's one-line import fix.
 
@@ -77,3 +77,18 @@ gzip -f "$dir/tritonserver.log" 2>/dev/null
 zcat "$dir/tritonserver.log.gz" | grep -E "ready in|captured" | cut -c1-400
 nvidia-smi --query-gpu=name --format=csv,noheader
 tar -C "$OUT" -czf "$OUT/call4.tgz" cold && rm -rf "$dir"
+
+# ===== devrun/call5.sh (on 8ee0b26, a fresh machine)
+# Call 5: the session's final code (8ee0b26) served on a fresh machine: all at once at 1 and 64 streams
+# (REQUESTS=2), the benchmarks' two loop lengths.
+set -u
+python3 scripts/make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json --out /tmp/full --device cuda 2>&1 | tail -1
+dir="$OUT/final"; mkdir -p "$dir"
+env OUT="$dir" SET="decoder.timestep_buckets=10,100" ARRIVALS=burst LEVELS=1,64 REQUESTS=2 \
+    timeout 540 bash benchmarks/run_served_gpu.sh > "$dir/run.log" 2>&1
+echo "[gpu] served exit $? at ${SECONDS}s"
+grep -E "ready after|x-RT" "$dir/run.log" | tail -6
+gzip -f "$dir/tritonserver.log" 2>/dev/null
+zcat "$dir/tritonserver.log.gz" | grep -E "ready in|^E[0-9]" | cut -c1-300 | head -8
+nvidia-smi --query-gpu=name --format=csv,noheader
+tar -C "$OUT" -czf "$OUT/call5.tgz" final && rm -rf "$dir"

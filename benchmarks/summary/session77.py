@@ -35,8 +35,10 @@ def seventy_seventh_session(res) -> list[str]:
     ratio = served[64]["x_real_time"] / max(e64)
     default = {"warm": {lv["concurrency"]: lv for lv in load(f"served_default_warm_{S}.json")["levels"]},
                "cold": {lv["concurrency"]: lv for lv in load(f"served_default_cold_{S}.json")["levels"]}}
+    final = {lv["concurrency"]: lv for lv in load(f"served_final_fresh_{S}.json")["levels"]}
     start = {"two_loop_buckets": _start_up(f"served_c2_{S}"), "default_warm": _start_up(f"served_default_warm_{S}"),
-             "default_cold": _start_up(f"served_default_cold_{S}")}
+             "default_cold": _start_up(f"served_default_cold_{S}"),
+             "two_loop_buckets_fresh_machine": _start_up(f"served_final_fresh_{S}")}
     res["seventy_seventh"] = {
         "device": "NVIDIA H100 80GB HBM3", "commit": "4ee3dc1",
         **gpu_keys,
@@ -46,12 +48,14 @@ def seventy_seventh_session(res) -> list[str]:
         "served_over_engine_c64": ratio,
         "default_repository": {k: {n: served_row(lv) for n, lv in v.items()} for k, v in default.items()},
         "start_up": start,
+        "final_code_fresh_machine": {"commit": "8ee0b26", **{n: served_row(lv) for n, lv in final.items()}},
     }
-    cs, dw, dc = start["default_cold"], start["default_warm"], start["two_loop_buckets"]
+    cs, dw, dc, fm = (start[k] for k in ("default_cold", "default_warm", "two_loop_buckets",
+                                         "two_loop_buckets_fresh_machine"))
     md = ["", "## Seventy-seventh session (2026-12-06, H100): the seventy-sixth session's code on a GPU; a broken import "
           "found and fixed; the default repository's start-up, cold and warm",
-          "", "Four device calls on one H100 (about 18 of 30 min; two starts before them got no machine). The driver is "
-          f"`raw/devrun_{S}.sh`.",
+          "", "Five device calls on H100s (about 25 of 30 min; four calls got no machine): calls 1-4 on one machine, "
+          f"call 5 on a fresh one. The driver is `raw/devrun_{S}.sh`.",
           *gpu_md,
           "", "**The served path would not load.** Call 2's first try on 335d0e7 (the seventy-sixth session's final code "
           "and this session's first three commits) failed: `decoder` and `vae_decoder` raised `ImportError: attempted "
@@ -78,12 +82,14 @@ def seventy_seventh_session(res) -> list[str]:
            f"{served[1]['ttfa_ms']['p50']:.1f} ms (target 25 ms: met).",
            "", "**The default repository as shipped** (nine CFM loop lengths, 99 decode graphs; call 3: `ARRIVALS=burst "
            "LEVELS=1,64 REQUESTS=2 bash benchmarks/run_served_gpu.sh` right after call 2 on the same machine, so with "
-           "its compile caches; call 4: one stream after removing the inductor and Triton caches; "
-           f"`raw/served_default_{{warm,cold}}_{S}.{{json.gz,log}}`):", "",
+           "its compile caches; call 4: one stream after removing the inductor and Triton caches, on that machine; "
+           f"`raw/served_default_{{warm,cold}}_{S}.{{json.gz,log}}`; call 5, the session's final code on a fresh "
+           f"machine, two loop lengths, `raw/served_final_fresh_{S}.{{json.gz,log}}`):", "",
            "| start | server ready s | decoder: load / decode graphs / prefill warm-up / prefill graphs s |",
            "|---|---|---|"]
     for label, s in (("22 graphs (`timestep_buckets` 10,100), caches warm", dc),
-                     ("99 graphs (default), caches warm", dw), ("99 graphs (default), caches empty", cs)):
+                     ("99 graphs (default), caches warm", dw), ("99 graphs (default), caches emptied", cs),
+                     ("22 graphs, a fresh machine (call 5)", fm)):
         md.append(f"| {label} | {s['server_ready_s']} | {s['load']:.1f} / {s['decode_graphs']:.1f} / "
                   f"{s['prefill_warm_up']:.1f} / {s['prefill_graphs']:.1f} |")
     w64, w1, c1 = default["warm"][64], default["warm"][1], default["cold"][1]
@@ -92,7 +98,13 @@ def seventy_seventh_session(res) -> list[str]:
            f"{w1['ttfa_ms']['p50']:.1f} ms (after the cold start {c1['rtf']['p50']:.4f}, {c1['ttfa_ms']['p50']:.1f} ms); "
            f"64 streams {w64['x_real_time']:.1f}x, TTFA p95 {w64['ttfa_ms']['p95']:.0f} ms, "
            f"{w64['smooth_playback_frac']:.0%} smooth: the same as with two loop lengths (the extra graphs cost "
-           "start-up only). The README's start-up line now gives these figures.",
+           "start-up only). Emptying the compile caches does not make a machine fresh: call 5's first start on a "
+           f"new machine took {fm['server_ready_s']} s for 22 graphs, against {cs['server_ready_s']} s for 99 with "
+           "the caches emptied. The README's start-up line now gives these figures.",
+           f"- The final code (8ee0b26) on the fresh machine: 1 stream RTF {final[1]['rtf']['p50']:.4f}, TTFA p50 "
+           f"{final[1]['ttfa_ms']['p50']:.1f} ms; 64 streams {final[64]['x_real_time']:.1f}x, TTFA p95 "
+           f"{final[64]['ttfa_ms']['p95']:.0f} ms, {final[64]['smooth_playback_frac']:.0%} smooth, "
+           f"{final[64]['errors']} errors.",
            "", "![seventy-seventh session: the decoder's start-up by phase](results_seventy_seventh.png)", ""]
     _plot(start)
     return md
@@ -100,9 +112,9 @@ def seventy_seventh_session(res) -> list[str]:
 
 def _plot(start: dict):
     """The decoder's start-up, stacked by phase, for each start."""
-    fig, ax = pyplot().subplots(figsize=(8, 4))
+    fig, ax = pyplot().subplots(figsize=(9, 4))
     labels = {"two_loop_buckets": "22 graphs,\ncaches warm", "default_warm": "99 graphs,\ncaches warm",
-              "default_cold": "99 graphs,\ncaches empty"}
+              "default_cold": "99 graphs,\ncaches emptied", "two_loop_buckets_fresh_machine": "22 graphs,\nfresh machine"}
     bottom = [0.0] * len(labels)
     for phase in PHASES:
         values = [start[k][phase] for k in labels]
