@@ -178,7 +178,7 @@ class VoiceStore:
     def _sweep(self):
         """Under the lock: drop what a writer that died left behind (versions no link names, temp
         links and directories of another process are left to it unless an hour old)."""
-        live = {os.path.realpath(os.path.join(self.root, n)) for n in self.names()}
+        live = {self._target(n) for n in self.names()}
         now = time.time()
         for d, entries in ((self.store, os.listdir(self.store)), (self.root, os.listdir(self.root))):
             for e in entries:
