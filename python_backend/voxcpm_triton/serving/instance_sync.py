@@ -34,13 +34,6 @@ POLL_PERIOD_S = 0.2
 CANCEL_TTL_S = 60.0
 
 
-def _write_atomic(path: str, text: str):
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 class CancelBoard:
     def __init__(self, root: str | None = None, ttl_s: float = CANCEL_TTL_S):
         self.dir, self.ttl = os.path.join(root or runtime.run_dir(), "cancels"), ttl_s
@@ -48,7 +41,7 @@ class CancelBoard:
 
     def post(self, request_id: str):
         name = hashlib.sha256(request_id.encode()).hexdigest()
-        _write_atomic(os.path.join(self.dir, name), request_id)
+        runtime.write_atomic(os.path.join(self.dir, name), request_id)
 
     def sweep(self, cancel: Callable[[str], bool], now: float | None = None):
         """`cancel(request_id)` -> True if this instance held the request (its marker is then removed)."""
@@ -105,7 +98,7 @@ class LoraRecord:
             os.close(fd)  # releases the lock
 
     def write(self, record: dict):
-        _write_atomic(self.path, json.dumps(record, sort_keys=True))
+        runtime.write_atomic(self.path, json.dumps(record, sort_keys=True))
 
 
 class Peers:

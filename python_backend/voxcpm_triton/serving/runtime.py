@@ -214,6 +214,14 @@ def _run_dir_realpath(_env, _tmp, _ppid) -> str:  # the arguments are what run_d
     return os.path.realpath(run_dir())
 
 
+def write_atomic(path: str, text: str):
+    """`text` into `path`, written aside and renamed over it: a reader sees the old file or the new."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 LORAS_FILE = "loras.json"  # in VOXCPM_STATE_DIR: the LoRA adapters loaded, by name
 
 
@@ -237,11 +245,8 @@ def save_loras(names: list):
     if not state:
         return
     path = os.path.join(state, LORAS_FILE)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"loaded": list(names)}, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"loaded": list(names)}))
     except OSError as e:
         log.warning("could not keep the loaded LoRA adapters for a restart (%s): %s", path, e)
 
