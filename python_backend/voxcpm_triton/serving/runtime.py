@@ -137,24 +137,16 @@ def hold_run_dir():
         _held_fd = fd
 
 
-def _server_gone(pid: int, start: str | None) -> bool:
-    """Whether the server a default run directory was named for has exited (its pid gone, or reused by a
-    process that started at another time). A process whose state cannot be read counts as running."""
-    try:
-        fields = _proc_fields(pid)
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return fields[0] in ("Z", "X") or (start is not None and len(fields) > 19 and fields[19] != start)
-
-
-def _remove_unheld(path: str) -> bool:
-    """Remove the run directory `path` unless a process holds it (`hold_run_dir`); one of several processes
-    sweeping at once does it. True if this one did."""
+def remove_unheld(path: str, held_file_required: bool = False) -> bool:
+    """Remove the directory `path` unless a process holds its `held` file locked (`hold_run_dir`, or a
+    supervisor's state directory, scripts/supervise.py); one of several processes sweeping at once does
+    it. A directory without the file counts as unheld, or, with `held_file_required`, is left. True if
+    this call removed it."""
     try:
         fd = os.open(os.path.join(path, HELD_FILE), os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
+        if held_file_required:
+            return False
         fd = None  # its processes never got as far (or are older than the lock): nobody holds it
     except OSError:
         return False
@@ -197,8 +189,8 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _server_gone(int(m[1]), m[2]) \
-                and _remove_unheld(path):
+        if S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not process_alive(int(m[1]), m[2]) \
+                and remove_unheld(path):
             removed.append(path)
     return removed
 
@@ -297,10 +289,7 @@ class Beacon:
             error = self.status()
         except Exception as e:  # noqa: BLE001 - a broken status check is itself a failure
             error = f"status check failed: {e}"
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), "beat": time.time(), "error": error}, f)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps({"pid": os.getpid(), "beat": time.time(), "error": error}))
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -328,15 +317,20 @@ def thread_stacks() -> str:
                      for ident, frame in sys._current_frames().items())
 
 
-def process_alive(pid: int) -> bool:
-    """False once process `pid` has exited (gone, or a zombie). A process whose state cannot be read
+def process_alive(pid: int, start: str | None = None) -> bool:
+    """False once process `pid` has exited (gone, a zombie, or, given its `start` time (/proc's clock
+    ticks), its pid reused by a process started at another time). A process whose state cannot be read
     (out of file descriptors, say) counts as alive: taking a live process for dead stops its work."""
     try:
-        return _proc_fields(pid)[0] not in ("Z", "X")
+        fields = _proc_fields(pid)
+        state = fields[0]
     except FileNotFoundError:
         return False
     except (OSError, ValueError, IndexError):
         return True
+    if state in ("Z", "X"):
+        return False
+    return start is None or len(fields) <= 19 or fields[19] == start
 
 
 def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
@@ -350,7 +344,7 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
         return f"cannot read the server's runtime directory: {e}"
     for name in names:
         model, _, rest = name.partition(".")
-        if model not in models or not rest.endswith(".json") or rest.endswith(".tmp"):
+        if model not in models or not rest.endswith(".json"):
             continue
         try:
             with open(os.path.join(run_dir(), name), encoding="utf-8") as f:
