@@ -247,7 +247,7 @@ class TritonServer:
         self.env = triton_env()
         # What scripts/supervise.py gives a server: its own runtime directory and internal key
         # (tests that call internal models directly stamp their requests with `internal_key`).
-        self.run_dir = tempfile.mkdtemp(prefix="voxcpm-run-")
+        self.run_dir = tempfile.mkdtemp(prefix="voxcpm-test-run-")
         # and a voices directory of its own, not the user's
         self.env.update(VOXCPM_RUN_DIR=self.run_dir, VOXCPM_INTERNAL_KEY=secrets.token_hex(16),
                         VOXCPM_VOICES_DIR=os.path.join(self.run_dir, "voices"))
@@ -420,11 +420,12 @@ def triton_server_factory():
             print(f"--- processes left after stop: {srv.leftover_processes}")
 
 
-def repository_copy(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str, str]] = {},
-                    instances: Mapping[str, int] = {}) -> Path:
+def edited_repository(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str, str]] = {},
+                      instances: Mapping[str, int] = {}) -> Path:
     """A copy of the project's model_repository in `dst` with some model parameters and instance
     counts changed: ``parameters={"decoder": {"max_batch_size": "1"}}, instances={"tts_stream": 1}``.
-    The models find python_backend through VOXCPM_PYTHON_BACKEND (set by triton_env)."""
+    Unchecked, unlike scripts/repository_copy.py: tests give bad values on purpose. The models find
+    python_backend through VOXCPM_PYTHON_BACKEND (set by triton_env)."""
     import re
 
     from voxcpm_triton.serving.parameters import with_parameters

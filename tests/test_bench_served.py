@@ -11,7 +11,7 @@ from tests.conftest import require_module
 
 require_module("tritonclient.grpc", "tritonclient[all] in requirements.txt")
 
-from tests.server import REPO, repository_copy, triton_env, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, edited_repository, triton_env, triton_server_factory  # noqa: E402,F401
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 BENCH = REPO / "benchmarks" / "bench_served.py"
@@ -25,8 +25,8 @@ def server(triton_server_factory, tmp_path_factory):  # noqa: F811
     ckpt = write_checkpoint(str(tmp_path_factory.mktemp("bench_ckpt")), TINY_CONFIG, seed=0, progress=None)
     # Chunks by the schedule only (no playback margin): the tests count each request's chunks
     # against a probe's, and a CPU under load would send some of them early.
-    repo = repository_copy(tmp_path_factory.mktemp("bench_repo") / "repo",
-                           parameters={"decoder": {"playback_margin_ms": "0"}})
+    repo = edited_repository(tmp_path_factory.mktemp("bench_repo") / "repo",
+                              parameters={"decoder": {"playback_margin_ms": "0"}})
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 

@@ -19,16 +19,16 @@ from tests.conftest import require_module
 
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
-from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_server import HOP, TOL, ckpt, grpc_input, metrics, offline, tts_stream  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["audio_channel", "responses"])
 def server(request, triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
-    repo = repository_copy(tmp_path_factory.mktemp("decode_audio") / "repo",
-                           # chunks by the schedule only: a loaded machine sends none early
-                           parameters={"decoder": {"decode_audio": "true", "playback_margin_ms": "0",
-                                                   "audio_channel": request.param}})
+    repo = edited_repository(tmp_path_factory.mktemp("decode_audio") / "repo",
+                              # chunks by the schedule only: a loaded machine sends none early
+                              parameters={"decoder": {"decode_audio": "true", "playback_margin_ms": "0",
+                                                      "audio_channel": request.param}})
     srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
     srv.audio_channel = request.param == "true"
     return srv

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.lora_helpers import write_adapters  # noqa: E402
-from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_server import tts_http, tts_stream  # noqa: E402
 from tests.test_voices import voices  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -230,8 +230,8 @@ def all_targets(triton_server_factory, ckpt, lora_dir, tmp_path_factory):  # noq
     d = str(tmp_path_factory.mktemp("few_loras"))
     shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), os.path.join(d, "lm_dit"))
     # chunks by the schedule only, so that the gateway's samples compare with tts_stream's (as there)
-    repo = repository_copy(tmp_path_factory.mktemp("all_targets") / "repo",
-                           parameters={"decoder": {"lora_targets": "all", "playback_margin_ms": "0"}})
+    repo = edited_repository(tmp_path_factory.mktemp("all_targets") / "repo",
+                              parameters={"decoder": {"lora_targets": "all", "playback_margin_ms": "0"}})
     return d, triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_LORA_DIR": d})
 
 

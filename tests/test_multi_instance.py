@@ -17,7 +17,7 @@ from tests.conftest import require_module
 
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 from tests.lora_helpers import write_adapters  # noqa: E402
-from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_lora_served import loras  # noqa: E402
 from tests.test_resilience import Stream  # noqa: E402
 from tests.test_server import TOL, metric_samples, tts_http, tts_stream  # noqa: E402
@@ -44,7 +44,7 @@ def lora_dir(ckpt, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(triton_server_factory, tmp_path_factory, ckpt, lora_dir):  # noqa: F811
-    repo = repository_copy(tmp_path_factory.mktemp("mi") / "model_repository", instances=INSTANCES)
+    repo = edited_repository(tmp_path_factory.mktemp("mi") / "model_repository", instances=INSTANCES)
     for model in INSTANCES:
         cfg = repo / model / "config.pbtxt"
         text = cfg.read_text()

@@ -33,7 +33,7 @@ av = require_module("av", "av in requirements.txt")
 sf = require_module("soundfile", "soundfile in requirements.txt")
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
-from tests.server import REPO, _children, free_port, repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, _children, free_port, edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, grpcclient, stream_infer, tts_http, wait_idle  # noqa: E402
 from tests.test_server import metrics as triton_metrics  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -155,10 +155,10 @@ def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     # One tts_stream instance taking one stream: a second concurrent stream is "server busy".
     # Chunks by the schedule only (no playback margin): the tests compare two requests' 16-bit
     # samples exactly, and the VAE's streaming decode of other chunk boundaries differs by ~1e-6.
-    repo = repository_copy(tmp_path_factory.mktemp("gateway_repo") / "repo",
-                           parameters={"tts_stream": {"max_concurrent_streams": "1"},
-                                       "decoder": {"playback_margin_ms": "0"},
-                                       "voices": {"max_voices": str(MAX_VOICES)}}, instances={"tts_stream": 1})
+    repo = edited_repository(tmp_path_factory.mktemp("gateway_repo") / "repo",
+                              parameters={"tts_stream": {"max_concurrent_streams": "1"},
+                                          "decoder": {"playback_margin_ms": "0"},
+                                          "voices": {"max_voices": str(MAX_VOICES)}}, instances={"tts_stream": 1})
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.server import REPO, repository_copy
+from tests.server import REPO, edited_repository
 from voxcpm_triton.serving import parameters
 from voxcpm_triton.serving.parameters import PARAMETERS, TABLE, parse_values, read, read_pbtxt
 
@@ -82,7 +82,7 @@ def test_only_the_documented_environment_variables_override(monkeypatch, tmp_pat
 
 
 def test_the_project_repository_passes_its_own_checks(tmp_path, caplog):
-    repo = repository_copy(tmp_path / "repo")
+    repo = edited_repository(tmp_path / "repo")
     with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
         for model in TABLE:
             assert read(_args(repo, model), model) == parse_values(model, {})
@@ -91,7 +91,7 @@ def test_the_project_repository_passes_its_own_checks(tmp_path, caplog):
 
 def test_a_chunk_longer_than_vae_decoder_takes_stops_both_models(tmp_path):
     """Only where vae_decoder decodes the decoder's chunks (decode_audio false)."""
-    repo = repository_copy(tmp_path / "repo", parameters={
+    repo = edited_repository(tmp_path / "repo", parameters={
         "decoder": {"chunk_schedule": "1,4,300", "decode_audio": "false"}, "vae_decoder": {"graph_patches": "1,4,300"}})
     for model in ("decoder", "vae_decoder"):
         with pytest.raises(ValueError, match="decoder's parameter 'chunk_schedule' sends chunks of 300 patches, more "
@@ -99,8 +99,8 @@ def test_a_chunk_longer_than_vae_decoder_takes_stops_both_models(tmp_path):
             read(_args(repo, model), model)
     read(_args(repo, "tts"), "tts")  # models the rule does not read are not stopped by it
     # With decode_audio (the default) the decoder decodes its own chunks: vae_decoder's limit does not apply.
-    repo = repository_copy(tmp_path / "in_decoder", parameters={"decoder": {"chunk_schedule": "1,4,300"},
-                                                                "vae_decoder": {"graph_patches": "1,4,300"}})
+    repo = edited_repository(tmp_path / "in_decoder", parameters={"decoder": {"chunk_schedule": "1,4,300"},
+                                                                   "vae_decoder": {"graph_patches": "1,4,300"}})
     for model in ("decoder", "vae_decoder"):
         read(_args(repo, model), model)
 
@@ -109,21 +109,22 @@ def test_a_chunk_length_without_a_vae_graph_is_a_warning(tmp_path, caplog):
     """Where vae_decoder decodes the decoder's chunks (decode_audio false), each chunk_schedule length
     wants a graph there; with decode_audio the decoder's own VAE has a graph for each."""
     without = {"decode_audio": "false"}
-    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"graph_patches": "1,16"}, "decoder": without})
+    repo = edited_repository(tmp_path / "repo",
+                             parameters={"vae_decoder": {"graph_patches": "1,16"}, "decoder": without})
     with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
         read(_args(repo, "decoder"), "decoder")
     assert "chunk lengths [4]" in caplog.text and "'graph_patches'" in caplog.text
     for name, params in (("eager", {"vae_decoder": {"graph_patches": "1,16", "cuda_graphs": "false"}, "decoder": without}),
                          ("in_decoder", {"vae_decoder": {"graph_patches": "1,16"}})):
         caplog.clear()
-        repo = repository_copy(tmp_path / name, parameters=params)
+        repo = edited_repository(tmp_path / name, parameters=params)
         with caplog.at_level(logging.WARNING, "voxcpm_triton.parameters"):
             read(_args(repo, "decoder"), "decoder")
         assert not caplog.records, f"{name}: nothing is missing"
 
 
 def test_the_stream_idle_timeout_fits_the_sequence_batchers(tmp_path):
-    repo = repository_copy(tmp_path / "repo", parameters={"vae_decoder": {"stream_idle_timeout_s": "300"}})
+    repo = edited_repository(tmp_path / "repo", parameters={"vae_decoder": {"stream_idle_timeout_s": "300"}})
     with pytest.raises(ValueError, match="'stream_idle_timeout_s' of model 'vae_decoder' \\(300\\) must not exceed "
                                          "the sequence batcher's max_sequence_idle_microseconds \\(120 s\\)"):
         read(_args(repo, "vae_decoder"), "vae_decoder")
@@ -164,7 +165,7 @@ def test_the_readme_configuration_table_matches_the_table():
 
 
 def test_the_voices_dir_is_one_for_the_models_that_share_it(tmp_path):
-    repo = repository_copy(tmp_path / "repo", parameters={"voices": {"voices_dir": "/srv/voices"}})
+    repo = edited_repository(tmp_path / "repo", parameters={"voices": {"voices_dir": "/srv/voices"}})
     for model in ("tts", "voices"):
         with pytest.raises(ValueError, match="'voices_dir'.*must name one directory"):
             read(_args(repo, model), model)

@@ -1,6 +1,6 @@
 """scripts/repository_copy.py (run_served_gpu.sh's SET): a model repository copied with parameters set,
 checked as the models check them before any server starts, and `parameters.with_parameters`, which
-writes them (tests/server.py's repository_copy writes through it too)."""
+writes them (tests/server.py's edited_repository writes through it too)."""
 
 import filecmp
 import os

@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.server import REPO, repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
 from voxcpm_triton.serving import runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -40,10 +40,10 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tight(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
-    repo = repository_copy(tmp_path_factory.mktemp("tight") / "repo",
-                           parameters={"decoder": {"max_batch_size": "1", "max_waiting_requests": "1"},
-                                       "vae_decoder": {"max_streams": "2"}},
-                           instances={"tts_stream": 1})
+    repo = edited_repository(tmp_path_factory.mktemp("tight") / "repo",
+                              parameters={"decoder": {"max_batch_size": "1", "max_waiting_requests": "1"},
+                                          "vae_decoder": {"max_streams": "2"}},
+                              instances={"tts_stream": 1})
     cfg = repo / "text_normalizer" / "config.pbtxt"
     text, n = re.subn(r"max_queue_size: \d+", "max_queue_size: 1", cfg.read_text())
     assert n == 1, cfg
@@ -251,8 +251,8 @@ def test_full_vae_decoder_fails_a_synthesis_cleanly(triton_server_factory, ckpt,
     """The pipeline through vae_decoder (decode_audio false): with both of its slots held, a synthesis
     fails cleanly (its START is refused); once they are free, synthesis works again and leaves no
     state behind."""
-    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"decode_audio": "false"},
-                                                          "vae_decoder": {"max_streams": "2"}})
+    repo = edited_repository(tmp_path / "repo", parameters={"decoder": {"decode_audio": "false"},
+                                                             "vae_decoder": {"max_streams": "2"}})
     srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
     for corrid in (101, 102):
         _vae(srv, corrid, 1, start=True)

@@ -149,9 +149,9 @@ def test_playback_margin_sends_a_streams_patches_early_but_not_ttss(triton_serve
     """A margin no client can reach: tts_stream gets every patch as its own chunk (the decoder's
     early chunks counted), the same audio; tts, answered once at the end, sends PLAYBACK false and
     gets the schedule's chunks (no early chunk counted)."""
-    from tests.server import repository_copy
+    from tests.server import edited_repository
 
-    repo = repository_copy(tmp_path / "repo", parameters={"decoder": {"playback_margin_ms": "1000000"}})
+    repo = edited_repository(tmp_path / "repo", parameters={"decoder": {"playback_margin_ms": "1000000"}})
     srv = triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
     params = dict(SEED=11, MIN_LENGTH=12, MAX_LENGTH=12)
     early = lambda: metrics(srv).get("voxcpm_early_chunks_total", 0)  # noqa: E731

@@ -11,7 +11,7 @@ from tests.conftest import require_module
 
 require_module("tritonclient.grpc", "tritonclient[all] in requirements.txt")
 
-from tests.server import REPO, repository_copy  # noqa: E402
+from tests.server import REPO, edited_repository  # noqa: E402
 
 
 def _instances(repo) -> int:
@@ -21,7 +21,7 @@ def _instances(repo) -> int:
 
 def _run(tmp_path, *server_args):
     out = tmp_path / "shm.json"
-    repo = repository_copy(tmp_path / "repo", instances={"tts": 1})  # a repository other than the checkout's
+    repo = edited_repository(tmp_path / "repo", instances={"tts": 1})  # a repository other than the checkout's
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "shm_regions.py"), "--streams", "2", "--patches",
                            "4", "--bursts", "1", "--model-repository", str(repo), "--json-out", str(out), "--",
                            *server_args],

@@ -9,7 +9,7 @@ from tests.conftest import require_module
 
 require_module("tritonclient", "tritonclient[all] in requirements.txt")
 
-from tests.server import repository_copy, triton_server_factory  # noqa: E402,F401
+from tests.server import edited_repository, triton_server_factory  # noqa: E402,F401
 from tests.test_decode_audio import executions  # noqa: E402
 from tests.test_server import (  # noqa: E402,F401
     ckpt, first_audio_phases, metrics, offline, test_client_leaving_mid_stream_releases_kv_blocks_and_vae_state,
@@ -19,8 +19,8 @@ from tests.test_server import (  # noqa: E402,F401
 
 @pytest.fixture(scope="module")
 def server(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
-    repo = repository_copy(tmp_path_factory.mktemp("vae_decoder_pipeline") / "repo",
-                           parameters={"decoder": {"decode_audio": "false"}})
+    repo = edited_repository(tmp_path_factory.mktemp("vae_decoder_pipeline") / "repo",
+                              parameters={"decoder": {"decode_audio": "false"}})
     return triton_server_factory(repo, env={"VOXCPM_CHECKPOINT": ckpt})
 
 
