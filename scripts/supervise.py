@@ -4,15 +4,15 @@
 
 Triton 2.51's Python backend does not restart a model process that died, and its health
 endpoints keep answering 200 afterwards; recovery has to come from outside. This is that
-outside, for scripts/serve.sh and for the container. Standard library only.
+outside, for scripts/serve.sh and for the container. Standard library only (and the project's
+voxcpm_triton.serving.runtime, which is too).
 
     python3 scripts/supervise.py [options] -- tritonserver --model-repository=... [args]
 
 Each start gets a fresh VOXCPM_RUN_DIR (the models' shared directory, removed after the
 server stops) and, unless already set, a fresh VOXCPM_INTERNAL_KEY. VOXCPM_STATE_DIR, the
 directory those are made in, lives as long as the supervisor: what the models keep there
-(the LoRA adapters loaded at run time) carries over a restart. Triton's
-shared-memory, model-repository, logging and trace APIs are restricted to clients that
+(the LoRA adapters loaded at run time) carries over a restart. Triton's shared-memory, model-repository, logging and trace APIs are restricted to clients that
 send the header `voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixes it:
 `triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use
 them. Arguments that already restrict something are left as they are.
@@ -28,7 +28,9 @@ A server killed (SIGKILL after its grace period) leaves its model processes' sha
 regions in /dev/shm, since a killed process removes nothing: each restart after a crash would
 leave more, until the server could not start. So the supervisor notes the regions named on the
 model processes' command lines while the server runs and removes those left once its whole
-process group is gone.
+process group is gone. It keeps their names in the state directory too, which it and every process
+of its server hold (a lock): a supervisor starting up removes the state directories nobody holds
+any more, those of killed supervisors, with the regions their servers left if killed too.
 
 A start that does not serve (never ready: a bad checkpoint; or broken before it passed a probe) is
 retried with a growing pause; after `--max-failed-starts` of them in a row, or as many exits in a row
@@ -47,12 +49,15 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import os
+import re
 import secrets
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,8 +65,11 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.join(os.path.dirname(SCRIPTS), "python_backend"))  # this checkout's, stdlib only
 import probe  # noqa: E402
+from voxcpm_triton.serving import runtime  # noqa: E402
 
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtime.STOPPING_FILE
@@ -69,6 +77,8 @@ ADMIN_HEADER = "voxcpm-admin-key"
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
 SHM_DIR = "/dev/shm"
+STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, digits or underscores
+REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
 
 
 def log(msg: str):
@@ -177,6 +187,64 @@ def _shm_regions(pgid: int, prefix: str) -> set[str]:
     return out
 
 
+def make_state_dir() -> tuple[str, int]:
+    """A new state directory and the descriptor of its `held` file, locked (shared) before the file has
+    its name: a sweep never finds the directory unheld while its supervisor lives. Each server gets the
+    descriptor too, and its model processes from it, so the lock lasts until the last of them is gone."""
+    path = tempfile.mkdtemp(prefix=STATE_PREFIX)
+    aside = os.path.join(path, f".{runtime.HELD_FILE}")
+    fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.rename(aside, os.path.join(path, runtime.HELD_FILE))
+    return path, fd
+
+
+def _recorded_regions(state_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(state_dir, REGIONS_FILE), encoding="utf-8") as f:
+            names = f.read().split()
+    except OSError:
+        return []
+    return [n for n in names if "/" not in n and n not in (".", "..")]
+
+
+def remove_abandoned_state_dirs(parent: str | None = None) -> tuple[list[str], list[str]]:
+    """Remove the state directories of supervisors that were killed (SIGKILL leaves them in the
+    temporary directory) once no process holds them: neither the supervisor nor anything of its server.
+    Those servers' shared-memory regions still in /dev/shm go too: they are left when supervisor and
+    server were both killed. Only this user's directories; a lock, unlike a pid, holds across the pid
+    namespaces that may share /tmp. -> (directories, regions) removed."""
+    parent = parent or tempfile.gettempdir()
+    dirs, regions = [], []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return dirs, regions
+    for name in names:
+        if not re.fullmatch(rf"{STATE_PREFIX}[A-Za-z0-9_]+", name):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        recorded = _recorded_regions(path)  # final: nobody writes it once the lock is free
+        if not runtime.remove_unheld(path, held_file_required=True):
+            continue
+        dirs.append(path)
+        for r in recorded:
+            try:
+                os.unlink(os.path.join(SHM_DIR, r))
+                regions.append(r)
+            except FileNotFoundError:
+                pass  # the server removed it as it stopped
+            except OSError as e:
+                log(f"could not remove {SHM_DIR}/{r}: {e}")
+    return dirs, regions
+
+
 def _die_with_supervisor():
     """preexec_fn: the server gets SIGTERM if the supervisor dies first (even by SIGKILL), so no
     server outlives the process that was supposed to stop it."""
@@ -263,6 +331,7 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
         self.state_dir: str | None = None  # the runs' parent, kept across restarts
+        self.held_fd: int | None = None  # its `held` file, locked (make_state_dir)
         self.shm_prefix = _shm_prefix(self.args)
         self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
         self.was_ready = self.was_healthy = False  # the current server: became ready, passed a probe
@@ -271,7 +340,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ one server
     def start(self):
-        self.state_dir = self.state_dir or tempfile.mkdtemp(prefix="voxcpm-run-")
+        if self.state_dir is None:
+            self.state_dir, self.held_fd = make_state_dir()
         self.run_dir = tempfile.mkdtemp(prefix="run-", dir=self.state_dir)
         # VOXCPM_SUPERVISOR_PID: killed (SIGKILL), it cannot write `stopping`; the models then end their
         # requests themselves before tritonserver's forced exit (voxcpm_triton.serving.runtime.stop_deadline)
@@ -280,7 +350,7 @@ class Supervisor:
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_supervisor)
+                                     preexec_fn=_die_with_supervisor, pass_fds=(self.held_fd,))
         self.regions = set()
         self.started = time.monotonic()
         self.was_ready = self.was_healthy = False
@@ -293,7 +363,7 @@ class Supervisor:
         if proc is None:
             return
         t0 = time.monotonic()
-        self.regions |= _shm_regions(proc.pid, self.shm_prefix)
+        self._note_regions(proc.pid)
         if proc.poll() is None:
             log(f"stopping tritonserver ({why})")
             self._end_requests_by(time.time() + (self.exit_timeout / 2 if grace is None else 0.0))
@@ -322,6 +392,21 @@ class Supervisor:
             self._remove_regions()
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
 
+    def _note_regions(self, pid: int):
+        """Add the regions the server's processes name now; keep the list in the state directory, where
+        the next supervisor finds it if this one and the server are killed (remove_abandoned_state_dirs)."""
+        new = _shm_regions(pid, self.shm_prefix) - self.regions
+        if new:
+            self.regions |= new
+            self._save_regions()
+
+    def _save_regions(self):
+        try:
+            runtime.write_atomic(os.path.join(self.state_dir, REGIONS_FILE),
+                                 "".join(f"{r}\n" for r in sorted(self.regions)))
+        except OSError as e:
+            log(f"could not note the server's shared-memory regions: {e}")
+
     def _remove_regions(self):
         """Remove the stopped server's shared-memory regions that are still there."""
         left = [r for r in sorted(self.regions) if os.path.exists(os.path.join(SHM_DIR, r))]
@@ -333,6 +418,7 @@ class Supervisor:
         if left:
             log(f"removed {len(left)} shared-memory region(s) the server's model processes left in {SHM_DIR}")
         self.regions = set()
+        self._save_regions()
 
     def _end_requests_by(self, deadline: float):
         """The time from which the server's running requests end (voxcpm_triton.serving.runtime.stopping)."""
@@ -357,6 +443,10 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        dirs, regions = remove_abandoned_state_dirs()
+        if dirs:
+            log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"
+                + (f", and {len(regions)} shared-memory region(s) of their servers" if regions else ""))
         backoff = 1.0
         failed = 0  # starts in a row that never served
         held_since = held_logged = 0.0  # another process holds a port: since when, when last said
@@ -414,6 +504,7 @@ class Supervisor:
             c.stop()
         if self.state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+            os.close(self.held_fd)
 
     def watch(self) -> str:
         """Wait until the server must be restarted; -> why."""
@@ -430,7 +521,7 @@ class Supervisor:
                 # noted while it loads too: a server that dies loading (its model processes with it)
                 # leaves its regions, and nobody could find them after
                 if now >= next_scan:
-                    self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)
+                    self._note_regions(self.proc.pid)
                     next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
@@ -447,7 +538,7 @@ class Supervisor:
                 break
             status, what = result
             next_probe = time.monotonic() + o.probe_interval
-            self.regions |= _shm_regions(self.proc.pid, self.shm_prefix)  # a model loaded since
+            self._note_regions(self.proc.pid)  # a model loaded since
             if status == probe.HEALTHY:
                 failures, self.was_healthy = 0, True
             elif status == probe.BROKEN:

@@ -4,12 +4,14 @@ A "tight" repository makes the limits easy to reach: the decoder runs one reques
 and queues one more, tts_stream has a single instance, vae_decoder holds two streams.
 """
 
+import glob
 import os
 import queue
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -29,6 +31,9 @@ from tests.server import REPO, edited_repository, triton_server_factory  # noqa:
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
 from voxcpm_triton.serving import runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+import supervise  # noqa: E402
 
 P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]
 
@@ -312,6 +317,19 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return out
 
 
+def _open_files(pid: int) -> set[str]:
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
 def _kill_marked(mark: str):
     """SIGKILL every live process the test marked (what a failed test would otherwise leave)."""
     for pid, _ in _marked(mark):
@@ -499,6 +517,12 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
         assert proc.poll() is None, log.read_text()
         long = Stream(srv, "Still talking when the supervisor dies.", SEED=3, MIN_LENGTH=4000, MAX_LENGTH=4000)
         wait_for(lambda: len(long.times) >= 2 or long.done.is_set(), timeout=120, what="the stream's first chunks")
+        # the supervisor's state directory is held by the server and every model process too: no sweep
+        # takes it while any of them runs
+        [state] = glob.glob(str(tmp_path / "voxcpm-run-*"))
+        held = os.path.join(state, runtime.HELD_FILE)
+        server = [(pid, cmd) for pid, cmd in _marked(mark) if "tritonserver" in cmd or "python_backend_stub" in cmd]
+        assert len(server) >= 9 and all(held in _open_files(pid) for pid, _ in server), server
         t0 = time.monotonic()
         proc.kill()  # serve.sh exec'd the supervisor: this is it
         proc.wait(10)
@@ -511,6 +535,8 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
         text = log.read_text()
         assert stopped < exit_timeout, f"gone after {stopped:.0f} s: {text[-3000:]}"
         assert "Exit timeout expired" not in text and "Signal (6)" not in text, text[-3000:]
+        # the next supervisor's sweep removes it
+        assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([state], [])
     finally:
         if long is not None:
             long.close(cancel=True)

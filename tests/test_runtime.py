@@ -435,6 +435,75 @@ def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_pat
             os.unlink(path)
 
 
+def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_of_it_runs(tmp_path):
+    """SIGKILL leaves a supervisor's state directory in the temporary directory and, when its server is
+    killed too, the server's shared-memory regions in /dev/shm. The next supervisor to start removes
+    both, but not while the killed one's server still runs (it drains after its SIGTERM), and never a
+    live supervisor's directory."""
+    import glob
+    import signal
+    import uuid
+
+    from tests.server import free_port
+
+    def ports():
+        return [f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"]
+
+    def state_dirs():
+        return sorted(glob.glob(str(tmp_path / f"{supervise.STATE_PREFIX}*")))
+
+    def wait_until(check, what):
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    region = f"voxcpm_test_{uuid.uuid4().hex}"
+    marker = tmp_path / "server.pid"
+    # a server still draining when its supervisor dies: the death signal (SIGTERM) does not stop it
+    draining = (f"import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"open('/dev/shm/' + sys.argv[1], 'w').close(); open({str(marker)!r}, 'w').write(str(os.getpid())); "
+                f"time.sleep(300)")
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    cmd = [sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c"]
+    killed = subprocess.Popen([*cmd, draining, region, *ports(), "--backend-config=python,shm-region-prefix-name=voxcpm_test_"],
+                              env=env, stderr=subprocess.DEVNULL)
+    alive = None
+    try:
+        wait_until(lambda: state_dirs() and region in supervise._recorded_regions(state_dirs()[0]),
+                   "the supervisor noted its server's region")
+        [killed_dir] = state_dirs()
+        alive = subprocess.Popen([*cmd, "import time; time.sleep(300)", *ports()], env=env, stderr=subprocess.DEVNULL)
+        wait_until(lambda: len(state_dirs()) == 2, "the second supervisor's state directory")
+        [alive_dir] = [d for d in state_dirs() if d != killed_dir]
+        killed.kill()
+        killed.wait(10)
+        server = int(marker.read_text())
+
+        p = _supervise(tmp_path, "raise SystemExit(3)", *ports(), opts=("--max-failed-starts", "1"))
+        assert "killed supervisor" not in p.stderr, p.stderr
+        assert state_dirs() == sorted([killed_dir, alive_dir]) and os.path.exists(f"/dev/shm/{region}")
+
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: not runtime.process_alive(server), "the server's end")
+        p = _supervise(tmp_path, "raise SystemExit(3)", *ports(), opts=("--max-failed-starts", "1"))
+        assert (f"removed what 1 killed supervisor(s) left: {killed_dir}, and 1 shared-memory region(s) of "
+                "their servers") in p.stderr, p.stderr
+        assert state_dirs() == [alive_dir] and not os.path.exists(f"/dev/shm/{region}")
+
+        alive.send_signal(signal.SIGTERM)
+        assert alive.wait(30) == 0
+        assert state_dirs() == []
+    finally:
+        for proc in (killed, alive):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        if marker.exists() and runtime.process_alive(int(marker.read_text())):
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+        if os.path.exists(f"/dev/shm/{region}"):
+            os.unlink(f"/dev/shm/{region}")
+
+
 def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):
     """runtime.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
     another process's (another start time) goes, contents and all, unless a live process holds it (a
