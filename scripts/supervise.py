@@ -42,7 +42,8 @@ another process (a server still draining) is waited for up to `--start-timeout`.
 `--companion CMD` (repeatable; CMD one shell-quoted command line) runs a process beside the
 server, such as the OpenAI API gateway (scripts/serve.sh): started with it, restarted when it
 exits (backing off while it keeps failing), left running while the server restarts, and stopped
-with it.
+with it. Each of its starts gets a TMPDIR of its own in the state directory, removed once that
+start's processes are gone, however it ended.
 """
 
 from __future__ import annotations
@@ -258,12 +259,17 @@ def _die_with_supervisor():
 
 class Companion:
     """A process run beside the server: restarted whenever it exits, on its own (the server is
-    not restarted for it, nor it for the server)."""
+    not restarted for it, nor it for the server). Each start gets a TMPDIR of its own in the state
+    directory, removed once everything of that start is gone: what a companion killed by SIGKILL
+    leaves there (the gateway's forkserver socket directory) goes then, not never."""
 
     STOP_GRACE_S = 15.0  # for its in-flight requests (the gateway drains for 10 s)
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], state_dir: str | None = None, held_fd: int | None = None):
         self.argv = argv
+        self.state_dir, self.held_fd = state_dir, held_fd
+        self.tmp: str | None = None  # the running start's TMPDIR
+        self.left: list[tuple[int, str]] = []  # (process group, TMPDIR) of ended starts, removed once the group is gone
         self.name = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else os.path.basename(argv[0])
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
@@ -274,9 +280,11 @@ class Companion:
     def tend(self):
         """Start it when it is due; notice when it has exited."""
         now = time.monotonic()
+        self._remove_left()
         if self.proc is not None:
             if self.proc.poll() is None:
                 return
+            self.left.append((self.proc.pid, self.tmp))
             up = now - self.started
             self.failures = 0 if up > 60 else self.failures + 1
             self.last_code = self.proc.returncode
@@ -284,8 +292,12 @@ class Companion:
             log(f"{self.name} exited with code {self.proc.returncode}; restarting in {backoff:.0f} s")
             self.proc, self.due = None, now + backoff
         if now >= self.due:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_supervisor)
+            env, fds = None, ()
+            if self.state_dir is not None:  # it holds the state directory too: no sweep takes its TMPDIR
+                self.tmp = tempfile.mkdtemp(prefix="tmp-", dir=self.state_dir)
+                env, fds = dict(os.environ, TMPDIR=self.tmp), (self.held_fd,)
+            self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_supervisor, pass_fds=fds)
             self.started = now
             log(f"{self.name} started (pid {self.proc.pid})")
 
@@ -309,7 +321,17 @@ class Companion:
         except ProcessLookupError:
             pass
         proc.wait()
+        self.left.append((proc.pid, self.tmp))
+        _wait_group(proc.pid, 5)
+        self._remove_left()
         log(f"{self.name} stopped (exit code {proc.returncode})")
+
+    def _remove_left(self):
+        for pgid, tmp in list(self.left):
+            if not _group_alive(pgid):
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                self.left.remove((pgid, tmp))
 
 
 def _url(host: str, port: int) -> str:
@@ -320,7 +342,8 @@ def _url(host: str, port: int) -> str:
 class Supervisor:
     def __init__(self, server_args: list[str], opts):
         self.opts = opts
-        self.companions = [Companion(shlex.split(c)) for c in getattr(opts, "companion", None) or []]
+        self.companion_argvs = [shlex.split(c) for c in getattr(opts, "companion", None) or []]
+        self.companions: list[Companion] = []  # made by run(), with the state directory
         self.args = restricted(server_args)
         self.ports = _ports(self.args)
         _, host, port = next((p for p in self.ports if p[0] == "http"), ("http", "127.0.0.1", 8000))
@@ -447,6 +470,8 @@ class Supervisor:
         if dirs:
             log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"
                 + (f", and {len(regions)} shared-memory region(s) of their servers" if regions else ""))
+        self.state_dir, self.held_fd = make_state_dir()
+        self.companions = [Companion(argv, self.state_dir, self.held_fd) for argv in self.companion_argvs]
         backoff = 1.0
         failed = 0  # starts in a row that never served
         held_since = held_logged = 0.0  # another process holds a port: since when, when last said

@@ -360,6 +360,56 @@ def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
 
+def test_what_a_killed_companion_leaves_in_its_temporary_directory_goes_once_its_processes_have(tmp_path):
+    """Each start of a companion gets a TMPDIR in the supervisor's state directory. One killed by
+    SIGKILL leaves what it made there (the gateway: its forkserver's socket directory); the supervisor
+    removes it once the companion's process group is gone, and the rest when it stops."""
+    import signal
+
+    from tests.server import free_port
+
+    starts = tmp_path / "companion.starts"
+    script = tmp_path / "companion.py"  # makes a directory as multiprocessing does, and a child that outlives it a moment
+    script.write_text(f"""import os, subprocess, tempfile, time
+d = tempfile.mkdtemp(prefix="pymp-")
+subprocess.Popen(["sleep", "1"])
+open({str(starts)!r}, "a").write(f"{{os.getpid()}} {{d}}\\n")
+time.sleep(300)
+""")
+    companion = f"{sys.executable} {script}"
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion", companion, "--",
+                            sys.executable, "-c", "import time; time.sleep(300)", f"--http-port={free_port()}",
+                            f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"],
+                           env=env, stderr=subprocess.DEVNULL)
+
+    def started():
+        return [line.split() for line in starts.read_text().splitlines()] if starts.exists() else []
+
+    def wait_until(check, what):
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    try:
+        wait_until(lambda: len(started()) == 1, "the companion's start")
+        [(pid, first)] = started()
+        state = os.path.dirname(os.path.dirname(first))
+        assert os.path.basename(state).startswith(supervise.STATE_PREFIX) and os.path.dirname(state) == str(tmp_path)
+        os.kill(int(pid), signal.SIGKILL)
+        wait_until(lambda: len(started()) == 2, "the companion's restart")
+        wait_until(lambda: not os.path.exists(os.path.dirname(first)), f"{first} removed")
+        second = started()[1][1]
+        assert os.path.isdir(second) and os.path.dirname(second) != os.path.dirname(first)
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(60) == 0
+        assert not os.path.exists(state)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+
+
 def test_a_bad_setting_in_the_environment_is_a_usage_error():
     env = dict(os.environ, VOXCPM_MAX_FAILED_STARTS="five")
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", "true"], env=env,
