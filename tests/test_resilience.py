@@ -331,11 +331,21 @@ def _open_files(pid: int) -> set[str]:
 
 
 def _kill_marked(mark: str):
-    """SIGKILL every live process the test marked (what a failed test would otherwise leave)."""
+    """SIGKILL every live process the test marked (what a failed test would otherwise leave), then
+    remove the shared-memory regions they named, which nobody else would."""
+    regions = _shm_regions(mark)
     for pid, _ in _marked(mark):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for r in regions:
+        try:
+            os.unlink(f"/dev/shm/{r}")
+        except FileNotFoundError:
             pass
 
 
