@@ -1016,6 +1016,37 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path):
         gw.stop()
 
 
+def test_one_address_holds_at_most_max_connections_per_client(tmp_path):
+    """One host opening as many idle connections as the gateway may hold files kept everybody else out.
+    Past --max-connections-per-client a connection from that address gets 429 (the official client's
+    RateLimitError) and is closed; other addresses are served, and so is the first once it has let go
+    of one."""
+    gw = Gateway(f"127.0.0.1:{free_port()}", tmp_path, wait_healthy=False, args=["--max-connections-per-client", "3"])
+    held = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(3)]
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        with pytest.raises(openai.RateLimitError) as info:
+            c.models.list()
+        assert error_body(info.value)["code"] == "too_many_connections", error_body(info.value)
+        assert "at most 3 at once (--max-connections-per-client)" in error_body(info.value)["message"]
+        with socket.create_connection(("127.0.0.1", gw.port), source_address=("127.0.0.2", 0)) as other:
+            other.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+            other.settimeout(10)
+            assert other.recv(65536).startswith(b"HTTP/1.1 200")
+        held.pop().close()
+        assert MODEL in [m.id for m in c.models.list().data]
+        c.close()
+        for s in held:
+            s.close()
+        held = []
+        assert re.search(r"^voxcpm_gateway_connections_refused_total 1\.0$", gw.metrics(), re.M), gw.metrics()
+        assert "refusing connections from 127.0.0.1: it holds 3 already" in gw.log_path.read_text()
+    finally:
+        for s in held:
+            s.close()
+        gw.stop()
+
+
 def test_every_documented_log_level_runs(tmp_path):
     """uvicorn's trace is no level of Python's logging: the gateway must not set it there by name."""
     for level in ("trace", "critical"):

@@ -11,7 +11,7 @@ import uvicorn.config
 
 from .app import create_app
 from .config import parse_args
-from .header_timeout import with_header_timeout
+from .connections import with_connection_limits
 
 
 def main(argv=None) -> int:
@@ -28,8 +28,11 @@ def main(argv=None) -> int:
         settings.port, settings.triton_url, "s" if len(settings.model_names) > 1 else "",
         ", ".join(settings.model_names), "required" if settings.api_key else "not required")
     # one process, one event loop: every request is a coroutine, the heavy encoders run in threads
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10, http=with_header_timeout(settings.stall_timeout_s))
+    app = create_app(settings)
+    protocol = with_connection_limits(settings.stall_timeout_s, settings.max_connections_per_client,
+                                      app.state.metrics.connections_refused.inc)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=10, http=protocol)
     return 0
 
 

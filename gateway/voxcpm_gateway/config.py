@@ -24,6 +24,7 @@ class Settings:
     max_pending_uploads: int = 4  # voice uploads at once (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that sends or reads nothing this long is cut off
+    max_connections_per_client: int = 256  # open at once from one address; more: 429 and closed (0: no bound)
     encode_threads: int = max(2, os.cpu_count() or 2)
     stream_model: str = "tts_stream"
     voices_model: str = "voices"
@@ -67,6 +68,11 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
                          "(default %(default)s)")
+    ap.add_argument("--max-connections-per-client", type=int,
+                    default=env("VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", str(d.max_connections_per_client)),
+                    help="connections one address may hold open at once; past it a connection gets 429 and is "
+                         "closed (0: no bound; behind a reverse proxy every client has the proxy's address; "
+                         "default %(default)s)")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"),
                     type=str.lower, choices=LOG_LEVELS,
                     help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL; default %(default)s)")
@@ -82,8 +88,10 @@ def parse_args(argv=None) -> Settings:
     if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads) <= 0:
         ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout and --max-pending-uploads "
                  "must be positive")
+    if a.max_connections_per_client < 0:
+        ap.error(f"--max-connections-per-client must be 0 (no bound) or more, got {a.max_connections_per_client}")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
                     request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout,
                     decode_timeout_s=a.decode_timeout, max_pending_uploads=a.max_pending_uploads,
-                    log_level=a.log_level)
+                    max_connections_per_client=a.max_connections_per_client, log_level=a.log_level)

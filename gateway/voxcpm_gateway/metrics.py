@@ -26,6 +26,8 @@ class Metrics:
                              registry=r)
         self.audio_seconds = Counter("voxcpm_gateway_audio_seconds", "Seconds of audio sent", ["format"],
                                      registry=r)
+        self.connections_refused = Counter("voxcpm_gateway_connections_refused", "Connections refused (429) "
+                                           "past --max-connections-per-client from their address", registry=r)
         for outcome in ("complete", "client_disconnected", "client_stalled", "error"):
             self.ended.labels(outcome)
 

@@ -1,0 +1,108 @@
+"""Limits on connections, below HTTP: each must finish a request's headers in time, and one client
+(an address) may hold only so many at once.
+
+uvicorn times out an idle keep-alive connection, but not one that has sent part of a request's
+headers: such a connection (a slow-loris client) is held open for good, and enough of them use up
+the gateway's file descriptors. This protocol, uvicorn's own (httptools or h11) otherwise, closes a
+connection whose request headers are not complete `seconds` after it opened or after it began
+waiting for its next request; a body that stops arriving is `guards`' to time out.
+
+Nor does uvicorn bound connections per client: one host that opens as many idle connections as
+the gateway may hold files keeps everybody else out. A connection past `per_client` from its
+address gets a 429 (the OpenAI SDKs retry it, later) and is closed at once. Behind a reverse
+proxy every client has the proxy's address: there the proxy limits clients, and this limit is 0
+(off) or the proxy's own connection count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+from typing import Callable
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from . import errors
+
+log = logging.getLogger("voxcpm_gateway")
+REFUSAL_LOG_S = 60.0  # a refused client is logged at most this often
+
+
+def _refusal(per_client: int) -> bytes:
+    body = json.dumps(errors.APIError(
+        429, f"too many connections from this address: at most {per_client} at once "
+             f"(--max-connections-per-client)", None, "too_many_connections").body()).encode()
+    return (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+            b"retry-after: " + errors.RETRY_AFTER_S.encode() + b"\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def with_connection_limits(seconds: float, per_client: int = 0,
+                           on_refused: Callable[[], None] = lambda: None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with the header timeout `seconds` and at most `per_client`
+    connections per address (0: no bound); `on_refused` is called for each connection refused."""
+    held: collections.Counter = collections.Counter()  # open connections by address
+    logged: dict[str, float] = {}
+    refusal = _refusal(per_client)
+
+    class LimitedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+        _client: str | None = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            peer = transport.get_extra_info("peername")
+            client = peer[0] if isinstance(peer, tuple) and peer else "local"
+            if per_client and held[client] >= per_client:
+                transport.write(refusal)
+                transport.close()
+                on_refused()
+                now = time.monotonic()
+                if now - logged.get(client, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:
+                    logged[client] = now
+                    log.warning("refusing connections from %s: it holds %d already (--max-connections-per-client)",
+                                client, held[client])
+                return
+            self._client = client
+            held[client] += 1
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._client is None:
+                return  # refused: closing
+            super().data_received(data)
+            self._arm()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            if self._client is not None:
+                held[self._client] -= 1
+                if not held[self._client]:
+                    del held[self._client]
+                    logged.pop(self._client, None)
+            super().connection_lost(exc)
+
+        def _waiting_for_headers(self) -> bool:
+            # uvicorn makes a request's cycle once its headers are in; it is done once answered
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self):
+            if not self._waiting_for_headers():
+                self._disarm()
+            elif self._header_timer is None:
+                self._header_timer = self.loop.call_later(seconds, self._late)
+
+        def _disarm(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _late(self):
+            self._header_timer = None
+            if self._waiting_for_headers() and not self.transport.is_closing():
+                self.transport.close()
+
+    return LimitedProtocol
