@@ -31,8 +31,9 @@ def main(argv=None) -> int:
     app = create_app(settings)
     protocol = with_connection_limits(settings.stall_timeout_s, settings.max_connections_per_client,
                                       app.state.metrics.connections_refused.inc)
+    # ws="none": no route is a WebSocket, and an upgraded connection would leave the protocol that counts it
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10, http=protocol)
+                timeout_graceful_shutdown=10, http=protocol, ws="none")
     return 0
 
 
