@@ -12,10 +12,11 @@ voxcpm_triton.serving.runtime, which is too).
 Each start gets a fresh VOXCPM_RUN_DIR (the models' shared directory, removed after the
 server stops) and, unless already set, a fresh VOXCPM_INTERNAL_KEY. VOXCPM_STATE_DIR, the
 directory those are made in, lives as long as the supervisor: what the models keep there
-(the LoRA adapters loaded at run time) carries over a restart. Triton's shared-memory, model-repository, logging and trace APIs are restricted to clients that
-send the header `voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixes it:
-`triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use
-them. Arguments that already restrict something are left as they are.
+(the LoRA adapters loaded at run time) carries over a restart. Triton's shared-memory,
+model-repository, logging and trace APIs are restricted to clients that send the header
+`voxcpm-admin-key: $VOXCPM_ADMIN_KEY` (over gRPC, Triton prefixes it:
+`triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use them.
+Arguments that already restrict something are left as they are.
 
 SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group after
 its exit timeout) and exit; nothing the server started outlives it. First it writes the time
@@ -78,6 +79,7 @@ ADMIN_HEADER = "voxcpm-admin-key"
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
 SHM_DIR = "/dev/shm"
+UNIX_PATH_MAX = 107  # an AF_UNIX socket path's bytes
 STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, digits or underscores
 REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
 
@@ -188,14 +190,21 @@ def _shm_regions(pgid: int, prefix: str) -> set[str]:
     return out
 
 
-def make_state_dir() -> tuple[str, int]:
+def make_state_dir() -> tuple[str, int | None]:
     """A new state directory and the descriptor of its `held` file, locked (shared) before the file has
     its name: a sweep never finds the directory unheld while its supervisor lives. Each server gets the
-    descriptor too, and its model processes from it, so the lock lasts until the last of them is gone."""
+    descriptor too, and its model processes from it, so the lock lasts until the last of them is gone.
+    Where the filesystem has no locks the directory gets no `held` file (no sweep takes it) and None."""
     path = tempfile.mkdtemp(prefix=STATE_PREFIX)
     aside = os.path.join(path, f".{runtime.HELD_FILE}")
     fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as e:
+        os.close(fd)
+        os.unlink(aside)
+        log(f"no lock on {path} ({e}): a supervisor started after this one is killed will not remove it")
+        return path, None
     os.rename(aside, os.path.join(path, runtime.HELD_FILE))
     return path, fd
 
@@ -209,20 +218,41 @@ def _recorded_regions(state_dir: str) -> list[str]:
     return [n for n in names if "/" not in n and n not in (".", "..")]
 
 
+def _unlink_regions(names: list[str]) -> list[str]:
+    """Unlink these regions from /dev/shm -> those that were there."""
+    gone = []
+    for r in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, r))
+            gone.append(r)
+        except FileNotFoundError:
+            pass  # the server removed it as it stopped
+        except OSError as e:
+            log(f"could not remove {SHM_DIR}/{r}: {e}")
+    return gone
+
+
 def remove_abandoned_state_dirs(parent: str | None = None) -> tuple[list[str], list[str]]:
     """Remove the state directories of supervisors that were killed (SIGKILL leaves them in the
-    temporary directory) once no process holds them: neither the supervisor nor anything of its server.
-    Those servers' shared-memory regions still in /dev/shm go too: they are left when supervisor and
-    server were both killed. Only this user's directories; a lock, unlike a pid, holds across the pid
-    namespaces that may share /tmp. -> (directories, regions) removed."""
+    temporary directory) once no process holds them: neither the supervisor nor anything of its server
+    or companions. The shared-memory regions named in them that are still in /dev/shm go too: they are
+    left when supervisor and server were both killed. Only this user's directories with a `held` file
+    (make_state_dir); a lock, unlike a pid, holds across the pid namespaces that may share /tmp. Also
+    finishes what a sweep that died while removing one left (`<dir>.removing-<its pid>`).
+    -> (directories, regions) removed."""
     parent = parent or tempfile.gettempdir()
     dirs, regions = [], []
     try:
         names = sorted(os.listdir(parent))
     except OSError:
         return dirs, regions
+
+    def regions_of(claimed: str):  # read once the directory is ours: nobody writes it any more
+        regions.extend(_unlink_regions(_recorded_regions(claimed)))
+
     for name in names:
-        if not re.fullmatch(rf"{STATE_PREFIX}[A-Za-z0-9_]+", name):
+        m = re.fullmatch(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?", name)
+        if not m:
             continue
         path = os.path.join(parent, name)
         try:
@@ -231,19 +261,18 @@ def remove_abandoned_state_dirs(parent: str | None = None) -> tuple[list[str], l
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
-        recorded = _recorded_regions(path)  # final: nobody writes it once the lock is free
-        if not runtime.remove_unheld(path, held_file_required=True):
-            continue
-        dirs.append(path)
-        for r in recorded:
-            try:
-                os.unlink(os.path.join(SHM_DIR, r))
-                regions.append(r)
-            except FileNotFoundError:
-                pass  # the server removed it as it stopped
-            except OSError as e:
-                log(f"could not remove {SHM_DIR}/{r}: {e}")
+        if m[1] is not None:  # claimed by a sweep (renamed: nobody else uses it); done unless it still runs
+            if not runtime.process_alive(int(m[1])):
+                regions_of(path)
+                shutil.rmtree(path, ignore_errors=True)
+                dirs.append(path)
+        elif runtime.remove_unheld(path, held_file_required=True, on_claimed=regions_of):
+            dirs.append(path)
     return dirs, regions
+
+
+def _fds(fd: int | None) -> tuple[int, ...]:
+    return () if fd is None else (fd,)
 
 
 def _die_with_supervisor():
@@ -260,7 +289,7 @@ def _die_with_supervisor():
 class Companion:
     """A process run beside the server: restarted whenever it exits, on its own (the server is
     not restarted for it, nor it for the server). Each start gets a TMPDIR of its own in the state
-    directory, removed once everything of that start is gone: what a companion killed by SIGKILL
+    directory, removed once that start's process group is gone: what a companion killed by SIGKILL
     leaves there (the gateway's forkserver socket directory) goes then, not never."""
 
     STOP_GRACE_S = 15.0  # for its in-flight requests (the gateway drains for 10 s)
@@ -269,7 +298,8 @@ class Companion:
         self.argv = argv
         self.state_dir, self.held_fd = state_dir, held_fd
         self.tmp: str | None = None  # the running start's TMPDIR
-        self.left: list[tuple[int, str]] = []  # (process group, TMPDIR) of ended starts, removed once the group is gone
+        self.left: list[tuple[int, str | None]] = []  # ended starts' (process group, TMPDIR): removed once it is gone
+        self.warned = False
         self.name = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else os.path.basename(argv[0])
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
@@ -292,12 +322,11 @@ class Companion:
             log(f"{self.name} exited with code {self.proc.returncode}; restarting in {backoff:.0f} s")
             self.proc, self.due = None, now + backoff
         if now >= self.due:
-            env, fds = None, ()
-            if self.state_dir is not None:  # it holds the state directory too: no sweep takes its TMPDIR
-                self.tmp = tempfile.mkdtemp(prefix="tmp-", dir=self.state_dir)
-                env, fds = dict(os.environ, TMPDIR=self.tmp), (self.held_fd,)
+            self.tmp = self._make_tmp()
+            env = None if self.tmp is None else dict(os.environ, TMPDIR=self.tmp)
+            # it holds the state directory too: no sweep takes its TMPDIR while it runs
             self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_supervisor, pass_fds=fds)
+                                         preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
             self.started = now
             log(f"{self.name} started (pid {self.proc.pid})")
 
@@ -325,6 +354,21 @@ class Companion:
         _wait_group(proc.pid, 5)
         self._remove_left()
         log(f"{self.name} stopped (exit code {proc.returncode})")
+
+    def _make_tmp(self) -> str | None:
+        """A TMPDIR for the next start in the state directory; None (the supervisor's own TMPDIR) where
+        one there would make Python's multiprocessing socket paths (`<TMPDIR>/pymp-*/listener-*`, the
+        gateway's upload decoders) longer than AF_UNIX allows."""
+        if self.state_dir is None:
+            return None
+        longest = os.path.join(self.state_dir, "t" + "x" * 8, "pymp-" + "x" * 8, "listener-" + "x" * 8)
+        if len(longest.encode()) > UNIX_PATH_MAX:
+            if not self.warned:
+                log(f"{self.name}: its TMPDIR stays {tempfile.gettempdir()}: one in {self.state_dir} would make its "
+                    "socket paths too long, so what a SIGKILL leaves of it there stays")
+                self.warned = True
+            return None
+        return tempfile.mkdtemp(prefix="t", dir=self.state_dir)
 
     def _remove_left(self):
         for pgid, tmp in list(self.left):
@@ -373,8 +417,7 @@ class Supervisor:
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_supervisor, pass_fds=(self.held_fd,))
-        self.regions = set()
+                                     preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
         self.started = time.monotonic()
         self.was_ready = self.was_healthy = False
         log(f"tritonserver started (pid {self.proc.pid})")
@@ -529,7 +572,8 @@ class Supervisor:
             c.stop()
         if self.state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
-            os.close(self.held_fd)
+            if self.held_fd is not None:
+                os.close(self.held_fd)
 
     def watch(self) -> str:
         """Wait until the server must be restarted; -> why."""

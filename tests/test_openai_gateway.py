@@ -1047,6 +1047,20 @@ def test_one_address_holds_at_most_max_connections_per_client(tmp_path):
         gw.stop()
 
 
+def test_connections_count_against_an_ipv4_address_or_an_ipv6_64():
+    """One IPv6 host usually holds a whole /64: counted by address it would have the cap billions of times."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway.connections import client_of
+
+    assert client_of(("192.0.2.7", 5000)) == "192.0.2.7"
+    assert client_of(("::ffff:192.0.2.7", 5000, 0, 0)) == "192.0.2.7"  # a dual-stack listener's IPv4 client
+    assert client_of(("2001:db8:1:2:aaaa::1", 5000, 0, 0)) == client_of(("2001:db8:1:2:bbbb::9", 1, 0, 0)) \
+        == "2001:db8:1:2::/64"
+    assert client_of(("2001:db8:1:3::1", 5000, 0, 0)) == "2001:db8:1:3::/64"
+    assert client_of(("fe80::1%eth0", 5000, 0, 2)) == "fe80::/64"
+    assert client_of(None) == client_of("") == "local"
+
+
 def test_every_documented_log_level_runs(tmp_path):
     """uvicorn's trace is no level of Python's logging: the gateway must not set it there by name."""
     for level in ("trace", "critical"):

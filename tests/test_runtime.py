@@ -360,11 +360,16 @@ def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
 
-def test_what_a_killed_companion_leaves_in_its_temporary_directory_goes_once_its_processes_have(tmp_path):
+@pytest.mark.parametrize("tmpdir", ["short", "long"])
+def test_what_a_killed_companion_leaves_in_its_temporary_directory_goes_once_its_processes_have(tmp_path, tmpdir):
     """Each start of a companion gets a TMPDIR in the supervisor's state directory. One killed by
     SIGKILL leaves what it made there (the gateway: its forkserver's socket directory); the supervisor
-    removes it once the companion's process group is gone, and the rest when it stops."""
+    removes it once the companion's process group is gone, and the rest when it stops. Where that
+    TMPDIR would make multiprocessing's socket paths too long for AF_UNIX (the gateway's uploads would
+    fail), the companion keeps the supervisor's own, and the log says what that leaves."""
+    import shutil
     import signal
+    import tempfile
 
     from tests.server import free_port
 
@@ -376,12 +381,16 @@ subprocess.Popen(["sleep", "1"])
 open({str(starts)!r}, "a").write(f"{{os.getpid()}} {{d}}\\n")
 time.sleep(300)
 """)
-    companion = f"{sys.executable} {script}"
-    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion", companion, "--",
-                            sys.executable, "-c", "import time; time.sleep(300)", f"--http-port={free_port()}",
-                            f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"],
-                           env=env, stderr=subprocess.DEVNULL)
+    # pytest's tmp_path is itself too long for the nested one
+    tmp = tempfile.mkdtemp(prefix="vx", dir="/tmp") if tmpdir == "short" else str(tmp_path / ("x" * 40))
+    os.makedirs(tmp, exist_ok=True)
+    log = tmp_path / "supervise.log"
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=tmp)
+    with open(log, "w") as f:
+        sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion",
+                                f"{sys.executable} {script}", "--", sys.executable, "-c", "import time; time.sleep(300)",
+                                f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                                f"--metrics-port={free_port()}"], env=env, stderr=f)
 
     def started():
         return [line.split() for line in starts.read_text().splitlines()] if starts.exists() else []
@@ -395,19 +404,25 @@ time.sleep(300)
     try:
         wait_until(lambda: len(started()) == 1, "the companion's start")
         [(pid, first)] = started()
-        state = os.path.dirname(os.path.dirname(first))
-        assert os.path.basename(state).startswith(supervise.STATE_PREFIX) and os.path.dirname(state) == str(tmp_path)
-        os.kill(int(pid), signal.SIGKILL)
-        wait_until(lambda: len(started()) == 2, "the companion's restart")
-        wait_until(lambda: not os.path.exists(os.path.dirname(first)), f"{first} removed")
-        second = started()[1][1]
-        assert os.path.isdir(second) and os.path.dirname(second) != os.path.dirname(first)
+        [state] = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(supervise.STATE_PREFIX)]
+        if tmpdir == "long":
+            assert os.path.dirname(first) == tmp
+            assert f"its TMPDIR stays {tmp}: one in {state} would make its socket paths too long" in log.read_text()
+        else:
+            assert os.path.dirname(os.path.dirname(first)) == state
+            os.kill(int(pid), signal.SIGKILL)
+            wait_until(lambda: len(started()) == 2, "the companion's restart")
+            wait_until(lambda: not os.path.exists(os.path.dirname(first)), f"{first} removed")
+            second = started()[1][1]
+            assert os.path.isdir(second) and os.path.dirname(second) != os.path.dirname(first)
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(60) == 0
         assert not os.path.exists(state)
     finally:
         if sup.poll() is None:
             sup.kill()
+        if tmpdir == "short":
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_bad_setting_in_the_environment_is_a_usage_error():
@@ -552,6 +567,45 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
             os.kill(int(marker.read_text()), signal.SIGKILL)
         if os.path.exists(f"/dev/shm/{region}"):
             os.unlink(f"/dev/shm/{region}")
+
+
+def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_lock(tmp_path, monkeypatch):
+    """A sweep that died while removing a state directory left it renamed `<dir>.removing-<its pid>`:
+    the next one finishes it, regions named in it included, unless that sweep still runs. Where the
+    filesystem has no locks a state directory gets no `held` file, so no sweep takes it, and a lock
+    that cannot be tried leaves a directory too."""
+    import errno
+    import fcntl
+    import uuid
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    region = f"voxcpm_test_{uuid.uuid4().hex}"
+    dead, running = tmp_path / f"{supervise.STATE_PREFIX}abc.removing-{gone.pid}", \
+        tmp_path / f"{supervise.STATE_PREFIX}def.removing-{os.getpid()}"
+    for d in (dead, running):
+        (d / "run-x").mkdir(parents=True)
+        (d / supervise.REGIONS_FILE).write_text(f"{region}\n")
+    open(f"/dev/shm/{region}", "w").close()
+    try:
+        assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([str(dead)], [region])
+        assert not dead.exists() and running.exists() and not os.path.exists(f"/dev/shm/{region}")
+    finally:
+        if os.path.exists(f"/dev/shm/{region}"):
+            os.unlink(f"/dev/shm/{region}")
+
+    unheld = tmp_path / f"{supervise.STATE_PREFIX}ghi"
+    unheld.mkdir()
+    (unheld / runtime.HELD_FILE).write_text("")
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(supervise.tempfile, "tempdir", str(tmp_path))
+    path, fd = supervise.make_state_dir()
+    assert fd is None and os.listdir(path) == []
+    assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([], []) and unheld.exists()
 
 
 def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):

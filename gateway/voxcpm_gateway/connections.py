@@ -9,7 +9,7 @@ waiting for its next request; a body that stops arriving is `guards`' to time ou
 
 Nor does uvicorn bound connections per client: one host that opens as many idle connections as
 the gateway may hold files keeps everybody else out. A connection past `per_client` from its
-address gets a 429 (the OpenAI SDKs retry it, later) and is closed at once. Behind a reverse
+address (an IPv6 one's /64) gets a 429 (the OpenAI SDKs retry it, later) and is closed at once. Behind a reverse
 proxy every client has the proxy's address: there the proxy limits clients, and this limit is 0
 (off) or the proxy's own connection count.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import json
 import logging
 import time
@@ -40,6 +41,22 @@ def _refusal(per_client: int) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+def client_of(peer) -> str:
+    """Whom a connection counts against: its IPv4 address (an IPv4-mapped IPv6 one as IPv4), or its
+    IPv6 address's /64, which one host usually holds whole."""
+    if not (isinstance(peer, tuple) and peer):
+        return "local"  # a Unix socket
+    try:
+        ip = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
+    except ValueError:
+        return str(peer[0])
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def with_connection_limits(seconds: float, per_client: int = 0,
                            on_refused: Callable[[], None] = lambda: None) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with the header timeout `seconds` and at most `per_client`
@@ -54,8 +71,7 @@ def with_connection_limits(seconds: float, per_client: int = 0,
 
         def connection_made(self, transport):
             super().connection_made(transport)
-            peer = transport.get_extra_info("peername")
-            client = peer[0] if isinstance(peer, tuple) and peer else "local"
+            client = client_of(transport.get_extra_info("peername"))
             if per_client and held[client] >= per_client:
                 transport.write(refusal)
                 transport.close()

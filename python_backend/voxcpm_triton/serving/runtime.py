@@ -137,11 +137,12 @@ def hold_run_dir():
         _held_fd = fd
 
 
-def remove_unheld(path: str, held_file_required: bool = False) -> bool:
+def remove_unheld(path: str, held_file_required: bool = False, on_claimed=None) -> bool:
     """Remove the directory `path` unless a process holds its `held` file locked (`hold_run_dir`, or a
     supervisor's state directory, scripts/supervise.py); one of several processes sweeping at once does
-    it. A directory without the file counts as unheld, or, with `held_file_required`, is left. True if
-    this call removed it."""
+    it. A directory without the file counts as unheld, or, with `held_file_required`, is left; so is one
+    whose lock cannot be tried (a filesystem without flock). `on_claimed(claimed_path)` runs once the
+    directory is this call's, before it is removed. True if this call removed it."""
     try:
         fd = os.open(os.path.join(path, HELD_FILE), os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -154,13 +155,15 @@ def remove_unheld(path: str, held_file_required: bool = False) -> bool:
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except OSError:  # held (EWOULDBLOCK), or no locks here: either way, not known to be free
                 return False
         claimed = f"{path}.removing-{os.getpid()}"
         try:
             os.rename(path, claimed)  # atomic: the one sweeper that wins removes it, and says so
         except OSError:
             return False
+        if on_claimed is not None:
+            on_claimed(claimed)
         shutil.rmtree(claimed, ignore_errors=True)
         return True
     finally:
