@@ -59,7 +59,6 @@ import shlex
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -81,6 +80,7 @@ SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-reg
 SHM_DIR = "/dev/shm"
 UNIX_PATH_MAX = 107  # an AF_UNIX socket path's bytes
 STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, digits or underscores
+_STATE_DIR = re.compile(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?")  # and one a sweep claimed
 REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
 
 
@@ -240,27 +240,12 @@ def remove_abandoned_state_dirs(parent: str | None = None) -> tuple[list[str], l
     (make_state_dir); a lock, unlike a pid, holds across the pid namespaces that may share /tmp. Also
     finishes what a sweep that died while removing one left (`<dir>.removing-<its pid>`).
     -> (directories, regions) removed."""
-    parent = parent or tempfile.gettempdir()
     dirs, regions = [], []
-    try:
-        names = sorted(os.listdir(parent))
-    except OSError:
-        return dirs, regions
 
     def regions_of(claimed: str):  # read once the directory is ours: nobody writes it any more
         regions.extend(_unlink_regions(_recorded_regions(claimed)))
 
-    for name in names:
-        m = re.fullmatch(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?", name)
-        if not m:
-            continue
-        path = os.path.join(parent, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            continue
+    for m, path in runtime.own_dirs(parent or tempfile.gettempdir(), _STATE_DIR):
         if m[1] is not None:  # claimed by a sweep (renamed: nobody else uses it); done unless it still runs
             if not runtime.process_alive(int(m[1])):
                 regions_of(path)

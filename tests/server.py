@@ -362,11 +362,7 @@ class TritonServer:
                 pass
         if killed:
             time.sleep(0.2)
-            for r in regions:
-                try:
-                    os.unlink(f"/dev/shm/{r}")
-                except OSError:
-                    pass
+            remove_shm_regions(regions)
         self.returncode = self.proc.returncode
         shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
         return self.returncode
@@ -418,6 +414,15 @@ def triton_server_factory():
         print(f"\n--- tritonserver log ({srv.log_path}), last lines ---\n{srv.log_tail(40)}")
         if srv.leftover_processes:
             print(f"--- processes left after stop: {srv.leftover_processes}")
+
+
+def remove_shm_regions(names):
+    """Unlink these shared-memory regions (a killed process removes none of its own)."""
+    for r in names:
+        try:
+            os.unlink(f"/dev/shm/{r}")
+        except OSError:
+            pass
 
 
 def edited_repository(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str, str]] = {},

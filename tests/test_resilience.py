@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.server import REPO, edited_repository, triton_server_factory  # noqa: E402,F401
+from tests.server import REPO, edited_repository, remove_shm_regions, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
 from voxcpm_triton.serving import runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
@@ -342,11 +342,7 @@ def _kill_marked(mark: str):
     deadline = time.monotonic() + 10
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for r in regions:
-        try:
-            os.unlink(f"/dev/shm/{r}")
-        except FileNotFoundError:
-            pass
+    remove_shm_regions(regions)
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen", "tts_stream_killed"])

@@ -171,20 +171,15 @@ def remove_unheld(path: str, held_file_required: bool = False, on_claimed=None) 
             os.close(fd)
 
 
-def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
-    """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir()'s without
-    VOXCPM_RUN_DIR) of servers that have exited, and return those this call removed. Nothing else removes
-    them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
-    however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
-    and which no process holds (`hold_run_dir`)."""
-    parent = parent or tempfile.gettempdir()
-    removed = []
+def own_dirs(parent: str, pattern: re.Pattern):
+    """(match, path) for each directory in `parent` (not a link to one) whose whole name matches
+    `pattern` and that belongs to this user."""
     try:
-        names = os.listdir(parent)
+        names = sorted(os.listdir(parent))
     except OSError:
-        return removed
+        return
     for name in names:
-        m = _DEFAULT_RUN_DIR.fullmatch(name)
+        m = pattern.fullmatch(name)
         if not m:
             continue
         path = os.path.join(parent, name)
@@ -192,10 +187,18 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not process_alive(int(m[1]), m[2]) \
-                and remove_unheld(path):
-            removed.append(path)
-    return removed
+        if S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            yield m, path
+
+
+def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
+    """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir()'s without
+    VOXCPM_RUN_DIR) of servers that have exited, and return those this call removed. Nothing else removes
+    them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
+    however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
+    and which no process holds (`hold_run_dir`)."""
+    return [path for m, path in own_dirs(parent or tempfile.gettempdir(), _DEFAULT_RUN_DIR)
+            if not process_alive(int(m[1]), m[2]) and remove_unheld(path)]
 
 
 def run_dir_realpath() -> str:
