@@ -3,6 +3,7 @@
 import os
 import queue
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -20,7 +21,8 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.conftest import sine_wave  # noqa: E402
-from tests.server import TritonServer, triton_env, triton_server_factory  # noqa: E402,F401
+from tests.server import (  # noqa: E402,F401
+    TritonServer, _children, _cmdline, remove_shm_regions, triton_env, triton_server_factory)
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 TOL = 1e-4
@@ -540,6 +542,22 @@ def test_a_plain_tritonserver_removes_the_run_directories_servers_that_exited_le
         assert f"removed {left}, the run directory of a server that has exited" in second.log
     assert second.returncode == 0 and not second.leftover_processes
     assert sorted(glob.glob(str(tmp / "voxcpm-*"))) == [now]
+    # A server killed with its model processes (SIGKILL to them all) leaves its shared-memory regions
+    # too: the next server removes them with its directory.
+    with TritonServer(repo, env=env, log_path=tmp_path / "killed.log") as killed:
+        left = served(killed)
+        regions = {a for p in _children(killed.proc.pid) for a in _cmdline(p).split()
+                   if a.startswith("triton_python_backend_shm_region_")}
+        assert regions and all(os.path.exists(f"/dev/shm/{r}") for r in regions), regions
+        os.killpg(killed.proc.pid, signal.SIGKILL)
+        killed.proc.wait(30)
+    assert all(os.path.exists(f"/dev/shm/{r}") for r in regions)
+    try:
+        with TritonServer(repo, env=env, log_path=tmp_path / "third.log") as third:
+            served(third)
+            assert not os.path.exists(left) and not [r for r in regions if os.path.exists(f"/dev/shm/{r}")]
+    finally:
+        remove_shm_regions(regions)
 
 
 def test_model_processes_freeze_start_up_objects_and_the_decoder_counts_its_collections(server):

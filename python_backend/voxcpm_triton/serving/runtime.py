@@ -198,7 +198,37 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
     however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
     and which no process holds (`hold_run_dir`)."""
     return [path for m, path in own_dirs(parent or tempfile.gettempdir(), _DEFAULT_RUN_DIR)
-            if not process_alive(int(m[1]), m[2]) and remove_unheld(path)]
+            if not process_alive(int(m[1]), m[2]) and remove_unheld(path, on_claimed=_unlink_noted_regions)]
+
+
+REGION_NOTE = "shm."  # + pid, in a default run directory: that model process's shared-memory region's name
+
+
+def note_region():
+    """In a stub: write this process's shared-memory region's name (its command line's second argument,
+    as python_backend launches a stub) into the default run directory. A server killed with its model
+    processes leaves its regions in /dev/shm; the sweep that removes its directory removes them too."""
+    if not in_stub():
+        return
+    with open("/proc/self/cmdline", "rb") as f:
+        args = f.read().decode(errors="replace").split("\0")
+    if len(args) > 2 and args[2] and "/" not in args[2]:
+        write_atomic(os.path.join(run_dir(), f"{REGION_NOTE}{os.getpid()}"), args[2])
+
+
+def _unlink_noted_regions(claimed: str):
+    """The regions a dead server's model processes noted (note_region), unlinked: nobody holds its
+    directory, so none of them runs."""
+    for name in os.listdir(claimed):
+        if not name.startswith(REGION_NOTE):
+            continue
+        try:
+            with open(os.path.join(claimed, name), encoding="utf-8") as f:
+                region = f.read().strip()
+            if region and "/" not in region and region not in (".", ".."):
+                os.unlink(os.path.join("/dev/shm", region))
+        except OSError:
+            pass
 
 
 def run_dir_realpath() -> str:
@@ -370,7 +400,8 @@ def model_process():
     """What every model process does first: leave every thread's Python stack in the server's log
     if it crashes (Triton 2.51 reports a dead stub only as "not healthy") or on SIGUSR2, and exit with
     its server. In a server run without VOXCPM_RUN_DIR (a plain tritonserver): hold its default run
-    directory, and remove those that servers which have exited left behind."""
+    directory, note its shared-memory region there, and remove those directories (and the regions
+    noted in them) that servers which have exited left behind."""
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 <pid>`: every thread's stack, now
     watch_parent()
@@ -378,6 +409,7 @@ def model_process():
         return
     try:  # best effort: a server serves without it
         hold_run_dir()
+        note_region()
         for path in remove_stale_run_dirs():
             log.warning("removed %s, the run directory of a server that has exited", path)
     except Exception:  # noqa: BLE001
