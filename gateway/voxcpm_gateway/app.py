@@ -5,7 +5,7 @@
     POST   /v1/audio/voices          register one (multipart: name, audio_sample, ref_text, lora)
     DELETE /v1/audio/voices/{name}   remove one
     GET    /v1/models[/{model}]      the served model name(s)
-    GET    /health                   200 when Triton's tts_stream and voices are ready and no model process is dead
+    GET    /health                   200 when Triton's tts_stream and voices are ready, else 503
     GET    /metrics                  Prometheus text
 
 No model code runs here: every request becomes gRPC calls to Triton.
@@ -226,10 +226,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        reason = await backend.health()
-        if reason is None:
+        if await backend.ready():
             return {"status": "ok", "triton": settings.triton_url}
-        return error_response(errors.APIError(503, f"Triton at {settings.triton_url} is not ready: {reason}", None,
+        return error_response(errors.APIError(503, f"Triton at {settings.triton_url} is not ready (models "
+                                              f"{settings.stream_model}, {settings.voices_model})", None,
                                               "server_unavailable", {"Retry-After": errors.RETRY_AFTER_S}))
 
     @app.get("/metrics")

@@ -45,7 +45,6 @@ class VoicesModel(RegistryModel):
         if action == "list":
             if given:
                 raise InputError(f"ACTION list takes no other input, got {given}")
-            self.calls.health.check()  # the gateway's /health lists: it tells a dead model process so
             return self.store.names()
         name = check_name(contract.text(inputs.get("NAME"), "NAME", required=True))
         if action == "remove":
