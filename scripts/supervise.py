@@ -211,7 +211,7 @@ def make_state_dir() -> tuple[str, int | None]:
 
 def _recorded_regions(state_dir: str) -> list[str]:
     try:
-        with open(os.path.join(state_dir, REGIONS_FILE), encoding="utf-8") as f:
+        with open(os.path.join(state_dir, REGIONS_FILE), encoding="utf-8", errors="replace") as f:
             names = f.read().split()
     except OSError:
         return []

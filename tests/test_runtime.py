@@ -585,7 +585,7 @@ def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_loc
         tmp_path / f"{supervise.STATE_PREFIX}def.removing-{os.getpid()}"
     for d in (dead, running):
         (d / "run-x").mkdir(parents=True)
-        (d / supervise.REGIONS_FILE).write_text(f"{region}\n")
+        (d / supervise.REGIONS_FILE).write_bytes(f"{region}\n".encode() + b"\xff damaged\n")
     open(f"/dev/shm/{region}", "w").close()
     try:
         assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([str(dead)], [region])
@@ -613,7 +613,8 @@ def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp
     another process's (another start time) goes, contents and all, unless a live process holds it (a
     server in another pid namespace sharing /tmp); one of a running server, one whose process cannot be
     read, another user's, anything not named as run_dir() names them, and what is not a directory (a
-    file, a link to one) stay."""
+    file, a link to one) stay. What a sweep that died left half removed (renamed `.removing-<its pid>`)
+    goes too, unless that sweep still runs; a damaged region note in it breaks nothing."""
     me, my_start = os.getpid(), runtime._proc_fields(os.getpid())[19]
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -629,10 +630,13 @@ def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp
     stale = [f"voxcpm-{gone.pid}-12345", f"voxcpm-{gone.pid}", f"voxcpm-{zombie.pid}-{zombie_start}",
              f"voxcpm-{me}-{int(my_start) + 1}"]
     held = f"voxcpm-{gone.pid}-99"
-    kept = [f"voxcpm-{me}-{my_start}", f"voxcpm-{me}", "voxcpm-run-abc123", f"voxcpm-{gone.pid}-x", "other"]
-    for name in stale + kept + [held]:
+    kept = [f"voxcpm-{me}-{my_start}", f"voxcpm-{me}", "voxcpm-run-abc123", f"voxcpm-{gone.pid}-x", "other",
+            f"voxcpm-{gone.pid}-6.removing-{me}"]
+    half_removed = f"voxcpm-{gone.pid}-5.removing-{gone.pid}"
+    for name in stale + kept + [held, half_removed]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "internal.key").write_text("secret")
+    (tmp_path / half_removed / f"{runtime.REGION_NOTE}1").write_bytes(b"\xff\xfe not a region")
     (tmp_path / held / runtime.HELD_FILE).write_text("")
     (tmp_path / f"voxcpm-{gone.pid}-7").write_text("a file")
     (tmp_path / f"voxcpm-{gone.pid}-8").symlink_to(target)

@@ -70,7 +70,7 @@ def parse_args(argv=None) -> Settings:
                          "(default %(default)s)")
     ap.add_argument("--max-connections-per-client", type=int,
                     default=env("VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", str(d.max_connections_per_client)),
-                    help="connections one address may hold open at once; past it a connection gets 429 and is "
+                    help="connections one address (an IPv6 one's /64) may hold open at once; past it a connection gets 429 and is "
                          "closed (0: no bound; behind a reverse proxy every client has the proxy's address; "
                          "default %(default)s)")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"),

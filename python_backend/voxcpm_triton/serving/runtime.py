@@ -122,6 +122,7 @@ def run_dir() -> str:
 
 
 _DEFAULT_RUN_DIR = re.compile(r"voxcpm-(\d+)(?:-(\d+))?")  # run_dir()'s name without VOXCPM_RUN_DIR
+_CLAIMED_RUN_DIR = re.compile(r"voxcpm-\d+(?:-\d+)?\.removing-(\d+)")  # one a sweep (that pid) took to remove
 HELD_FILE = "held"  # in a default run directory: each of its server's model processes holds a shared lock on it
 _held_fd: int | None = None
 
@@ -197,7 +198,12 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
     them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
     however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
     and which no process holds (`hold_run_dir`)."""
-    return [path for m, path in own_dirs(parent or tempfile.gettempdir(), _DEFAULT_RUN_DIR)
+    parent = parent or tempfile.gettempdir()
+    for m, path in own_dirs(parent, _CLAIMED_RUN_DIR):  # a sweep that died while removing it
+        if not process_alive(int(m[1])):
+            _unlink_noted_regions(path)
+            shutil.rmtree(path, ignore_errors=True)
+    return [path for m, path in own_dirs(parent, _DEFAULT_RUN_DIR)
             if not process_alive(int(m[1]), m[2]) and remove_unheld(path, on_claimed=_unlink_noted_regions)]
 
 
@@ -223,7 +229,7 @@ def _unlink_noted_regions(claimed: str):
         if not name.startswith(REGION_NOTE):
             continue
         try:
-            with open(os.path.join(claimed, name), encoding="utf-8") as f:
+            with open(os.path.join(claimed, name), encoding="utf-8", errors="replace") as f:
                 region = f.read().strip()
             if region and "/" not in region and region not in (".", ".."):
                 os.unlink(os.path.join("/dev/shm", region))
