@@ -5,8 +5,9 @@ restart keeps.
 Every model process is a child of the tritonserver process, so `os.getppid()` names the
 server; the directory is keyed by it and created 0700 (unless VOXCPM_RUN_DIR names one, as
 scripts/supervise.py does, which removes it after). A plain tritonserver's model processes hold
-their directory with a lock while they run and remove, as they start, those of servers that have
-exited and nobody holds. No torch here: the orchestrator processes import this too.
+their directory with a lock while they run, note their shared-memory regions in it, and remove, as
+they start, those of servers that have exited and nobody holds, with the regions noted there.
+No torch here: the orchestrator processes import this too.
 
 - LoRA set: under a supervisor, the decoder keeps the names of its loaded adapters in
   `VOXCPM_STATE_DIR` (the supervisor's, kept across its restarts), where the next server reads them.
@@ -225,7 +226,11 @@ def note_region():
 def _unlink_noted_regions(claimed: str):
     """The regions a dead server's model processes noted (note_region), unlinked: nobody holds its
     directory, so none of them runs."""
-    for name in os.listdir(claimed):
+    try:
+        names = os.listdir(claimed)
+    except OSError:
+        return
+    for name in names:
         if not name.startswith(REGION_NOTE):
             continue
         try:
