@@ -1,7 +1,7 @@
 """results.md: the seventy-eighth session's section, and results_seventy_eighth.png."""
 
 from summary.plots import pyplot, save_panels
-from summary.raw import load, served_row
+from summary.raw import load, served_levels, served_row, served_table
 
 S = "seventyeighth"
 
@@ -11,7 +11,7 @@ def seventy_eighth_session(res) -> list[str]:
     whose state-directory lock the server now inherits), the OpenAI gateway (now with a per-address connection cap)
     at 64 streams, the drain on SIGTERM, and the engine alone on the same machine. Sets res["seventy_eighth"],
     returns the markdown, draws results_seventy_eighth.png."""
-    served = {lv["concurrency"]: lv for lv in load(f"served_supervised_{S}.json")["levels"]}
+    served = served_levels(f"served_supervised_{S}.json")
     gw = load(f"gateway_gpu_{S}.json")
     drain = load(f"drain_{S}.json")
     runs = load(f"offline_b64x2_b1_{S}.json")["engine"]["graphs"]["runs"]
@@ -44,10 +44,7 @@ def seventy_eighth_session(res) -> list[str]:
           f"`raw/gateway_gpu_{S}.json`, `raw/drain_{S}.json`). Call 2, right after on the same machine, the engine "
           "alone: `bench.py --checkpoint /tmp/full --timestep-buckets 10,100 --reference none --no-vae --graphs-only "
           f"--no-profile --batches 64,64,1` (`raw/offline_b64x2_b1_{S}.{{json,log}}`).", "",
-          "| streams | x real time | RTF p50 | TTFA p50 / p95 ms | smooth | errors |", "|---|---|---|---|---|---|"]
-    for n, lv in sorted(served.items()):
-        md.append(f"| {n} | {lv['x_real_time']:.1f} | {lv['rtf']['p50']:.4f} | {lv['ttfa_ms']['p50']:.1f} / "
-                  f"{lv['ttfa_ms']['p95']:.1f} | {lv['smooth_playback_frac']:.0%} | {lv['errors']} |")
+          *served_table(dict(sorted(served.items())))]
     md += ["",
            f"- The engine alone: batch 64 {', '.join(f'{x:.1f}' for x in e64)}x; batch 1 {e1['steps_per_s']:.1f} "
            f"steps/s, RTF {e1['rtf']:.4f}. Served over engine at 64 streams: {ratio:.3f} (issue 17 asks 0.85: missed; "
