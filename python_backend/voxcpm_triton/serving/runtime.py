@@ -122,8 +122,8 @@ def run_dir() -> str:
     return path
 
 
-_DEFAULT_RUN_DIR = re.compile(r"voxcpm-(\d+)(?:-(\d+))?")  # run_dir()'s name without VOXCPM_RUN_DIR
-_CLAIMED_RUN_DIR = re.compile(r"voxcpm-\d+(?:-\d+)?\.removing-(\d+)")  # one a sweep (that pid) took to remove
+# run_dir()'s name without VOXCPM_RUN_DIR, and one a sweep (the last pid) took to remove
+_DEFAULT_RUN_DIR = re.compile(r"voxcpm-(\d+)(?:-(\d+))?(?:\.removing-(\d+))?")
 HELD_FILE = "held"  # in a default run directory: each of its server's model processes holds a shared lock on it
 _held_fd: int | None = None
 
@@ -199,13 +199,15 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
     them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
     however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
     and which no process holds (`hold_run_dir`)."""
-    parent = parent or tempfile.gettempdir()
-    for m, path in own_dirs(parent, _CLAIMED_RUN_DIR):  # a sweep that died while removing it
-        if not process_alive(int(m[1])):
-            _unlink_noted_regions(path)
-            shutil.rmtree(path, ignore_errors=True)
-    return [path for m, path in own_dirs(parent, _DEFAULT_RUN_DIR)
-            if not process_alive(int(m[1]), m[2]) and remove_unheld(path, on_claimed=_unlink_noted_regions)]
+    removed = []
+    for m, path in own_dirs(parent or tempfile.gettempdir(), _DEFAULT_RUN_DIR):
+        if m[3] is not None:  # claimed by a sweep that died while removing it, unless it still runs
+            if not process_alive(int(m[3])):
+                _unlink_noted_regions(path)
+                shutil.rmtree(path, ignore_errors=True)
+        elif not process_alive(int(m[1]), m[2]) and remove_unheld(path, on_claimed=_unlink_noted_regions):
+            removed.append(path)
+    return removed
 
 
 REGION_NOTE = "shm."  # + pid, in a default run directory: that model process's shared-memory region's name
