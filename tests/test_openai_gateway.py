@@ -635,6 +635,58 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"] and not _decoders(gateway)
 
 
+def test_an_upload_holds_its_slot_until_triton_has_stored_it(server, tmp_path):
+    """A decoded sample (up to 92 MB: 60 s at 384 kHz in float32) waits in the gateway and in
+    Triton until the voices model is done with it: its slot is held until then, else any number of
+    decoded uploads pile up there. Both voices instances frozen (SIGSTOP), three uploads reach
+    Triton (two held by the instances, the third queued) and hold the three slots; a fourth is 429."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.server import _cmdline
+    from tests.test_server import metric_samples
+
+    def queued() -> float:
+        return sum(v for name, labels, v in metric_samples(server)
+                   if name == "nv_inference_pending_request_count" and labels.get("model") == "voices")
+
+    gw = Gateway(server.grpc_url, tmp_path, args=["--max-pending-uploads", "3"])
+    sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    voices = [p for p in server.stub_pids() if "/voices/1/model.py" in _cmdline(p)]
+    assert len(voices) == 2, voices
+
+    def upload(name: str):
+        return sdk.audio.voices.create(name=name, audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
+
+    names = [f"held{i}" for i in range(3)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            for pid in voices:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                held = [pool.submit(upload, name) for name in names]
+                deadline = time.monotonic() + 60
+                while queued() < 1:  # the third is in Triton's queue: all three decoded and sent
+                    assert time.monotonic() < deadline and not any(f.done() for f in held), \
+                        [f.result() for f in held if f.done()]
+                    time.sleep(0.1)
+                assert _gateway_metric(gw, "voxcpm_gateway_voice_uploads_in_progress") == 3
+                with pytest.raises(openai.RateLimitError) as info:
+                    upload("fourth")
+                assert "voice uploads are in progress" in error_body(info.value)["message"], error_body(info.value)
+            finally:
+                for pid in voices:
+                    os.kill(pid, signal.SIGCONT)
+            assert sorted(f.result().id for f in held) == names
+        assert _gateway_metric(gw, "voxcpm_gateway_voice_uploads_in_progress") == 0
+    finally:
+        for name in names:
+            try:
+                sdk.audio.voices.delete(name)
+            except openai.NotFoundError:
+                pass
+        gw.stop()
+
+
 def _encodes(server) -> int:
     """vae_encoder's requests so far (Triton's metrics)."""
     from tests.test_server import metric_samples

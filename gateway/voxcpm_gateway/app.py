@@ -161,7 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
         names = [n for n in names if n != DEFAULT_VOICE]
         return {"object": "list", "data": [voice_object(n) for n in names], "voices": [DEFAULT_VOICE, *names]}
 
-    uploads_open = 0  # voice uploads arriving, waiting for their decoding or in it
+    uploads_open = 0  # voice uploads arriving, decoding, or being stored by Triton
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
@@ -171,8 +171,9 @@ def create_app(settings: Settings) -> FastAPI:
                                      "ref_text, lora, consent), not "
                                      f"{(request.headers.get('content-type') or 'a body without a Content-Type')[:100]}",
                                      None, "invalid_content_type")
-        # An upload holds its slot from its first byte: its body is spooled to a temporary file as it
-        # arrives, so the slots bound the disk and memory uploads take, not only their decoding.
+        # An upload holds its slot from its first byte until Triton has stored it: its body is spooled
+        # to a temporary file as it arrives, its decoded sample (up to 92 MB) waits in this process and
+        # in Triton's until the voices model is done, so the slots bound all of it, not its decoding only.
         if uploads_open >= settings.max_pending_uploads:
             raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
                                   "(--max-pending-uploads); retry later", None, "server_busy",
@@ -189,16 +190,18 @@ def create_app(settings: Settings) -> FastAPI:
                     upload_executor, uploads.decode, data, settings.max_voice_seconds)
             finally:
                 await form.close()
+            del data
+            arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32, copy=False),
+                      "SAMPLE_RATE": np.array([rate], np.int32)}
+            del audio
+            if ref_text:
+                arrays["TEXT"] = _bytes(ref_text)
+            if lora:
+                arrays["LORA"] = _bytes(lora)
+            await call_voices(arrays)
         finally:
             uploads_open -= 1
             metrics.uploads.set(uploads_open)
-        arrays = {"ACTION": _bytes("add"), "NAME": _bytes(name), "AUDIO": audio.astype(np.float32),
-                  "SAMPLE_RATE": np.array([rate], np.int32)}
-        if ref_text:
-            arrays["TEXT"] = _bytes(ref_text)
-        if lora:
-            arrays["LORA"] = _bytes(lora)
-        await call_voices(arrays)
         metrics.requests.labels("voices", "", "200").inc()
         return voice_object(name, int(time.time()), lora)
 

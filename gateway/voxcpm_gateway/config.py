@@ -21,7 +21,7 @@ class Settings:
     max_json_bytes: int = 1 << 20
     max_voice_seconds: float = 60.0  # the voices model's limit; uploads are decoded no further
     request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
-    max_pending_uploads: int = 4  # voice uploads at once (they decode one at a time); more: 429
+    max_pending_uploads: int = 4  # voice uploads at once, until stored (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that sends or reads nothing this long is cut off
     max_connections_per_client: int = 256  # open at once from one address; more: 429 and closed (0: no bound)
@@ -62,9 +62,9 @@ def parse_args(argv=None) -> Settings:
                          "synthesis cancelled; the audio it has not read waits in Triton's memory; "
                          "default %(default)s)")
     ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
-                    help="voice uploads in progress at once, from their first byte (each holds its file, on disk as it "
-                         "arrives, then in memory; they decode one at "
-                         "a time); past it: 429 (default %(default)s)")
+                    help="voice uploads in progress at once, from their first byte until Triton has stored them (each "
+                         "holds its file, on disk as it arrives, then its decoded sample in memory; they decode one "
+                         "at a time); past it: 429 (default %(default)s)")
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
                          "(default %(default)s)")

@@ -18,8 +18,8 @@ class Metrics:
                               "-> first audio bytes sent", ["format", "stream_format"], buckets=TTFB_BUCKETS,
                               registry=r)
         self.streams = Gauge("voxcpm_gateway_streams_in_flight", "Synthesis streams open to Triton", registry=r)
-        self.uploads = Gauge("voxcpm_gateway_voice_uploads_in_progress", "Voice uploads arriving, waiting for "
-                             "their decoding or in it (at most --max-pending-uploads)", registry=r)
+        self.uploads = Gauge("voxcpm_gateway_voice_uploads_in_progress", "Voice uploads arriving, decoding or "
+                             "being stored by Triton (at most --max-pending-uploads)", registry=r)
         self.ended = Counter("voxcpm_gateway_streams_ended", "Synthesis streams by how they ended: complete, "
                              "client_disconnected (the Triton request was cancelled), client_stalled (the client "
                              "read nothing for --stall-timeout: cut off, the Triton request cancelled), error", ["outcome"],
