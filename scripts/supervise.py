@@ -277,7 +277,7 @@ class Companion:
     directory, removed once that start's process group is gone: what a companion killed by SIGKILL
     leaves there (the gateway's forkserver socket directory) goes then, not never."""
 
-    STOP_GRACE_S = 15.0  # for its in-flight requests (the gateway drains for 10 s)
+    STOP_GRACE_S = 25.0  # for its in-flight requests (the gateway drains for 20 s: --shutdown-timeout)
 
     def __init__(self, argv: list[str], state_dir: str | None = None, held_fd: int | None = None):
         self.argv = argv

@@ -11,7 +11,8 @@ import uvicorn.config
 
 from .app import create_app
 from .config import parse_args
-from .connections import with_connection_limits
+from .connections import H11_MAX_INCOMPLETE_EVENT_SIZE, with_connection_limits
+from .shutdown import UVICORN_GRACE_S, Server
 
 
 def main(argv=None) -> int:
@@ -32,9 +33,12 @@ def main(argv=None) -> int:
     protocol = with_connection_limits(settings.stall_timeout_s, settings.max_connections_per_client,
                                       app.state.metrics.connections_refused.inc)
     # ws="none": no route is a WebSocket, and an upgraded connection would leave the protocol that counts it
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10, http=protocol, ws="none")
-    return 0
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s + UVICORN_GRACE_S, http=protocol,
+                            ws="none", h11_max_incomplete_event_size=H11_MAX_INCOMPLETE_EVENT_SIZE)
+    server = Server(config, app.state.drain)
+    server.run()
+    return 0 if server.started else 3  # as uvicorn.run: 3, it never started (a port in use)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from .config import Settings
 from .guards import Guards
 from .metrics import Metrics
 from .speech_request import DEFAULT_VOICE, SpeechRequest
+from .shutdown import Drain
 from .speech_stream import SpeechResponse, error_for, send_error
 from .triton_backend import TritonBackend, TritonError
 from .upload_decoder import UploadDecoder
@@ -67,6 +68,7 @@ def create_app(settings: Settings) -> FastAPI:
     upload_executor = ThreadPoolExecutor(1, thread_name_prefix="voxcpm-gateway-upload")
     uploads = UploadDecoder(settings.decode_timeout_s)
     started = int(time.time())
+    drain = Drain(settings.shutdown_timeout_s)
 
     unavailable = audio_encoding.unavailable_formats()
     for fmt, why in unavailable.items():
@@ -84,6 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="VoxCPM2 OpenAI speech API", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None, redirect_slashes=False)
     app.state.settings, app.state.metrics, app.state.backend = settings, metrics, backend
+    app.state.drain = drain
 
     def limit_for(scope) -> int:
         upload = scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/audio/voices"
@@ -136,7 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
         arrays = body.triton_inputs()
         request_id = "oai-" + secrets.token_hex(8)
         return SpeechHTTPResponse(SpeechResponse(backend, body, arrays, metrics, executor, request_id, t0,
-                                                 settings.stall_timeout_s))
+                                                 settings.stall_timeout_s, drain))
 
     # ------------------------------------------------------------------ voices
     async def call_voices(arrays: dict) -> list[str]:
@@ -227,7 +230,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise errors.APIError(404, f"The model '{model}' does not exist", "model", "model_not_found")
         return model_object(model)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some load balancers send
     async def health():
         if await backend.ready():
             return {"status": "ok", "triton": settings.triton_url}

@@ -24,6 +24,9 @@ class Settings:
     max_pending_uploads: int = 4  # voice uploads at once, until stored (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that sends or reads nothing this long is cut off
+    # SIGTERM: responses in flight get this long, past Triton's drain (half its 30 s exit timeout),
+    # so that both stopping at once, they end with Triton's "shutting down"
+    shutdown_timeout_s: float = 20.0
     max_connections_per_client: int = 256  # open at once from one address; more: 429 and closed (0: no bound)
     encode_threads: int = max(2, os.cpu_count() or 2)
     stream_model: str = "tts_stream"
@@ -68,6 +71,11 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
                          "(default %(default)s)")
+    ap.add_argument("--shutdown-timeout", type=float, default=env("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", "20"),
+                    help="seconds responses in flight get after SIGTERM (no new connections are taken meanwhile); "
+                         "then each ends with a 503 'the gateway is shutting down' (a stream: its SSE error "
+                         "event, or its raw bytes cut off); longer than Triton's own drain, half its exit timeout "
+                         "(default %(default)s)")
     ap.add_argument("--max-connections-per-client", type=int,
                     default=env("VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", str(d.max_connections_per_client)),
                     help="connections one address (an IPv6 one's /64) may hold open at once; past it a connection gets 429 and is "
@@ -85,13 +93,15 @@ def parse_args(argv=None) -> Settings:
     if not 0 < a.port < 65536:
         ap.error(f"--port must be 1..65535, got {a.port}" + (
             " (OPENAI_API_PORT=0 tells scripts/serve.sh to run no gateway)" if a.port == 0 else ""))
-    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads) <= 0:
-        ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout and --max-pending-uploads "
-                 "must be positive")
+    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads,
+           a.shutdown_timeout) <= 0:
+        ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout, --max-pending-uploads and "
+                 "--shutdown-timeout must be positive")
     if a.max_connections_per_client < 0:
         ap.error(f"--max-connections-per-client must be 0 (no bound) or more, got {a.max_connections_per_client}")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
                     request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout,
                     decode_timeout_s=a.decode_timeout, max_pending_uploads=a.max_pending_uploads,
+                    shutdown_timeout_s=a.shutdown_timeout,
                     max_connections_per_client=a.max_connections_per_client, log_level=a.log_level)

@@ -1,11 +1,16 @@
-"""Limits on connections, below HTTP: each must finish a request's headers in time, and one client
-(an address) may hold only so many at once.
+"""Limits on connections, below HTTP: each must finish a request's headers in time and within
+MAX_HEAD_BYTES, and one client (an address) may hold only so many at once.
 
 uvicorn times out an idle keep-alive connection, but not one that has sent part of a request's
 headers: such a connection (a slow-loris client) is held open for good, and enough of them use up
 the gateway's file descriptors. This protocol, uvicorn's own (httptools or h11) otherwise, closes a
 connection whose request headers are not complete `seconds` after it opened or after it began
 waiting for its next request; a body that stops arriving is `guards`' to time out.
+
+Nor does httptools bound a request's headers: one connection that sent a 120 MiB header held the
+event loop for seconds, stalling every stream (a review). The protocol is uvicorn's h11 one, and a
+request line and headers past MAX_HEAD_BYTES get a 431 and the connection is closed. (h11 also ends
+an HTTP/1.0 response by closing the connection, where httptools sent such clients chunks.)
 
 Nor does uvicorn bound connections per client: one host that opens as many idle connections as
 the gateway may hold files keeps everybody else out. A connection past `per_client` from its
@@ -24,21 +29,36 @@ import logging
 import time
 from typing import Callable
 
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import errors
 
 log = logging.getLogger("voxcpm_gateway")
 REFUSAL_LOG_S = 60.0  # a refused client is logged at most this often
+MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers; nginx's default allows 32 KiB
+# h11's own bound on what it buffers, past MAX_HEAD_BYTES and one read (asyncio's: 256 KiB), so that
+# the 431 below answers first
+H11_MAX_INCOMPLETE_EVENT_SIZE = MAX_HEAD_BYTES + (512 << 10)
+
+
+def _closing_answer(status: str, err: errors.APIError) -> bytes:
+    """A whole response that ends its connection, written below HTTP."""
+    body = json.dumps(err.body()).encode()
+    extra = b"".join(f"{k.lower()}: {v}\r\n".encode() for k, v in err.headers.items())
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode() + extra +
+            b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def _refusal(per_client: int) -> bytes:
-    body = json.dumps(errors.APIError(
+    return _closing_answer("429 Too Many Requests", errors.APIError(
         429, f"too many connections from this address: at most {per_client} at once "
-             f"(--max-connections-per-client)", None, "too_many_connections").body()).encode()
-    return (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
-            b"retry-after: " + errors.RETRY_AFTER_S.encode() + b"\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+             f"(--max-connections-per-client)", None, "too_many_connections", {"Retry-After": errors.RETRY_AFTER_S}))
+
+
+HEAD_TOO_LARGE = _closing_answer("431 Request Header Fields Too Large", errors.APIError(
+    431, f"the request line and headers are larger than the limit of {MAX_HEAD_BYTES} bytes", None,
+    "request_header_fields_too_large"))
 
 
 def client_of(peer) -> str:
@@ -65,9 +85,10 @@ def with_connection_limits(seconds: float, per_client: int = 0,
     logged: dict[str, float] = {}
     refusal = _refusal(per_client)
 
-    class LimitedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class LimitedProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _client: str | None = None
+        _head_bytes = 0  # of the request whose line and headers are arriving
 
         def connection_made(self, transport):
             super().connection_made(transport)
@@ -87,9 +108,18 @@ def with_connection_limits(seconds: float, per_client: int = 0,
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            if self._client is None:
+            if self._client is None or self.transport.is_closing():
                 return  # refused: closing
+            in_head = self.conn.their_state is h11.IDLE
             super().data_received(data)
+            if in_head and self.conn.their_state is h11.IDLE:  # still no whole head
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self.transport.write(HEAD_TOO_LARGE)
+                    self.transport.close()
+                    return
+            else:
+                self._head_bytes = 0
             self._arm()
 
         def connection_lost(self, exc):

@@ -58,6 +58,11 @@ def unreachable(url: str, detail: str) -> APIError:
                     {"Retry-After": RETRY_AFTER_S})
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the gateway is shutting down (--shutdown-timeout passed); retry the request", None,
+                    "server_unavailable", {"Retry-After": RETRY_AFTER_S})
+
+
 def timed_out(seconds: float) -> APIError:
     return APIError(504, f"the request ran past the gateway's request timeout of {seconds:g} s "
                     "(--request-timeout); its synthesis was cancelled", None, "request_timeout")

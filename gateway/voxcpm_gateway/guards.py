@@ -58,11 +58,15 @@ class Guards:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.key is not None and scope["path"].startswith(self.protected) and not self._authorized(headers):
-            err = errors.APIError(401, "missing or incorrect API key: send the header 'Authorization: Bearer "
-                                  "<key>' with the key the server was given (VOXCPM_OPENAI_API_KEY)", None,
-                                  "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-            return await self.send_error(send, err)
+        if self.key is not None and scope["path"].startswith(self.protected):
+            # Exactly one: with two, a proxy that checks the first and this check (the last) would
+            # each let a request through on a key the other never saw.
+            given = [v for k, v in scope.get("headers") or [] if k == b"authorization"]
+            if len(given) != 1 or not self._authorized(given[0]):
+                err = errors.APIError(401, "missing or incorrect API key: send one header 'Authorization: Bearer "
+                                      "<key>' with the key the server was given (VOXCPM_OPENAI_API_KEY)", None,
+                                      "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+                return await self.send_error(send, err)
         limit = self.limit_for(scope)
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -91,6 +95,6 @@ class Guards:
 
         await self.app(scope, limited, send)
 
-    def _authorized(self, headers: dict) -> bool:
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    def _authorized(self, value: bytes) -> bool:
+        scheme, _, token = value.partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)

@@ -10,7 +10,8 @@ A task watches the connection while the response runs: the moment the client han
 response is cancelled and so is its Triton call, and the decoder frees the request's state.
 A client that stays but reads nothing for the stall timeout is cut off the same way.
 An error after the first bytes ends an SSE stream with an `error` event, and a raw stream by
-closing the connection before its end (so no client mistakes the part for the whole).
+closing the connection before its end (so no client mistakes the part for the whole). A response
+still running past the shutdown's drain (`shutdown.Drain`) ends the same way, with a 503.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import anyio
 from . import errors
 from .audio_encoding import FORMATS, Encoder
 from .metrics import Metrics
+from .shutdown import Drain
 from .speech_request import PARAMS, SpeechRequest
 from .triton_backend import SynthesisStream, TritonBackend, TritonError
 
@@ -62,10 +64,10 @@ class ClientStalled(Exception):
 
 class SpeechResponse:
     def __init__(self, backend: TritonBackend, req: SpeechRequest, arrays: dict, metrics: Metrics,
-                 executor: Executor, request_id: str, t0: float, stall_timeout_s: float):
+                 executor: Executor, request_id: str, t0: float, stall_timeout_s: float, drain: Drain):
         self.backend, self.req, self.arrays, self.metrics = backend, req, arrays, metrics
         self.executor, self.request_id, self.t0 = executor, request_id, t0
-        self.stall_timeout_s = stall_timeout_s
+        self.stall_timeout_s, self.drain = stall_timeout_s, drain
         self.format = FORMATS[req.response_format]
         self.sse = req.stream_format == "sse"
         self.stream: SynthesisStream | None = None
@@ -78,7 +80,7 @@ class SpeechResponse:
         self.sample_rate = 0
 
     async def __call__(self, scope, receive, asgi_send):
-        disconnected = cancelled = stalled = False
+        disconnected = cancelled = stalled = shut_down = False
 
         async def send(message):
             # the server's send waits while the client's socket is full: a client that reads nothing
@@ -106,7 +108,14 @@ class SpeechResponse:
                     disconnected = True
                     tg.cancel_scope.cancel()
 
+                async def drained():
+                    nonlocal shut_down
+                    await self.drain.over()
+                    shut_down = True
+                    tg.cancel_scope.cancel()
+
                 tg.start_soon(watch)
+                tg.start_soon(drained)
                 try:
                     await self._run(send)
                 except ClientStalled:
@@ -124,6 +133,13 @@ class SpeechResponse:
             task = asyncio.current_task()
             if not disconnected or (hasattr(task, "cancelling") and task.cancelling()):
                 raise
+        if shut_down and not (disconnected or stalled):
+            log.warning("request %s: ended by the gateway's shutdown (--shutdown-timeout)", self.request_id)
+            try:
+                with anyio.fail_after(1):
+                    await self._fail(send, errors.shutting_down())
+            except (Exception, ClientStalled):  # noqa: BLE001 - best effort: the connection goes next
+                pass
         if stalled:
             self.outcome = "client_stalled"
             log.warning("request %s: the client read nothing for %g s (--stall-timeout); the response was cut off%s",
