@@ -193,6 +193,34 @@ def test_http_generate_stream_sends_audio_events(server):
     assert info.value.code == 400 and b"TEXT is empty" in info.value.read()
 
 
+def test_a_key_that_names_no_input_is_refused_by_name(server):
+    """Over generate / generate_stream Triton makes a key that names no input a request parameter,
+    which the models never read: a misspelt MAX_LENGTH gave a default-length utterance without a
+    word (a review). The public models refuse parameters they do not take, naming them, on every
+    path; Triton's own (a gRPC stream's empty-final-response flag) still pass."""
+    import json
+
+    for model, body, named in [
+        ("tts_stream", {"TEXT": "Hi.", "MAX_LENGHT": 1, "SEEED": 5}, b"'MAX_LENGHT', 'SEEED'"),
+        ("tts", {"TEXT": "Hi.", "seed": 1}, b"'seed'"),
+        ("voices", {"ACTION": "list", "NAMES": "x"}, b"'NAMES'"),
+        ("loras", {"ACTION": "list", "Name": "x"}, b"'Name'"),
+    ]:
+        path = "generate_stream" if model == "tts_stream" else "generate"
+        req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/{path}", data=json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=60)
+        message = info.value.read()
+        assert info.value.code == 400 and b"unknown request parameter" in message and named in message, message
+    # tritonclient's own parameters, over gRPC
+    inputs = _inputs(grpcclient, "Hi.", SEED=1, MIN_LENGTH=2, MAX_LENGTH=2)
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        with pytest.raises(Exception) as info:
+            c.infer("tts", inputs, parameters={"max_length": 1})
+        assert "unknown request parameter 'max_length'" in str(info.value)
+    assert np.concatenate(stream_infer(server, "tts_stream", inputs)).size == 2 * HOP
+
+
 def test_streams_that_fail_at_once_leave_no_future_in_the_stub(server):
     """A stream that fails before it awaits anything (an unknown VOICE) ends its execute at once:
     were that before the stub registered the execute, the stub would log an error and keep the

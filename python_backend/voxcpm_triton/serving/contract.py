@@ -8,6 +8,7 @@ the checks here cover values and the rules that tie inputs together.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,9 @@ INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO
                "PROMPT_TEXT", "CFG_VALUE", "INFERENCE_TIMESTEPS", "MIN_LENGTH", "MAX_LENGTH", "SEED",
                "VOICE", "VOICE_MODE", "RETRY_BADCASE", "NORMALIZE", "LORA")
 ACTIONS = ("add", "remove", "list")  # `voices` and `loras` ACTION, the decoder's LORA_ACTION
+# Triton's own request parameters, which a frontend may pass on to the model with the request
+TRITON_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+                               "binary_data_output", "binary_data_size", "triton_enable_empty_final_response"})
 
 
 @dataclass
@@ -44,6 +48,22 @@ class SynthesisRequest:
     normalize: bool = False  # TEXT normalised (numbers, dates, units... as words) before tokenizing
     normalized_text: str | None = None  # what text_normalizer made of TEXT, once asked (a retry reuses it)
     lora: str | None = None  # a LoRA adapter loaded in the decoder; None: the base model
+
+
+def check_parameters(parameters: str | None, inputs: tuple[str, ...]):
+    """Refuse request parameters the public models do not take. Over HTTP's generate and
+    generate_stream a key that names no input arrives as a parameter: a misspelt input (MAX_LENGHT)
+    would otherwise be dropped without a word."""
+    try:
+        given = json.loads(parameters or "{}")
+    except ValueError:
+        given = {}
+    unknown = sorted(set(given) - TRITON_PARAMETERS) if isinstance(given, dict) else []
+    if unknown:
+        named = ", ".join(checks.shown(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise InputError(f"unknown request parameter{'s' if len(unknown) > 1 else ''} {named}: this model takes "
+                         f"no parameters, only the inputs {', '.join(inputs)} (over HTTP generate / "
+                         "generate_stream, a key that names no input arrives as a parameter)")
 
 
 def value(a, name: str, kind):

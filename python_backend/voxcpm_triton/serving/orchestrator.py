@@ -111,7 +111,8 @@ class Orchestrator(InternalCalls):
                                                {**labels, "read": "waiting" if waited else "counted"}, "COUNTER")
                                 for waited in (False, True)}
 
-    def parse(self, request) -> contract.SynthesisRequest:
+    def parse(self, request, inputs: tuple[str, ...]) -> contract.SynthesisRequest:
+        contract.check_parameters(request.parameters(), inputs)
         return contract.parse(_inputs(request), max_positions=self.max_positions)
 
     def _voice(self, req: contract.SynthesisRequest):
@@ -358,6 +359,9 @@ def _failure(e: Exception):
     return error_response(e)
 
 
+STREAM_INPUT_NAMES = tuple(n for n in contract.INPUT_NAMES if n != "RETRY_BADCASE")  # audio sent stays sent
+
+
 def _inputs(request) -> dict:
     """The request's inputs as owned numpy arrays (request memory is released after execute)."""
     return {name: np.array(a) for name in contract.INPUT_NAMES if (a := get(request, name)) is not None}
@@ -392,7 +396,7 @@ class TTSModel:
         try:
             if runtime.stop_deadline() is not None:
                 raise Busy(SHUTTING_DOWN)
-            req = self.orch.parse(request)
+            req = self.orch.parse(request, contract.INPUT_NAMES)
             chunks = await self._synthesize(req, request.is_cancelled)
             if request.is_cancelled():
                 return p.InferenceResponse(error=p.TritonError("request cancelled by its client",
@@ -467,7 +471,7 @@ class TTSStreamModel:
                     if len(self.streams) >= self.max_streams:
                         raise Busy(f"server busy: this tts_stream instance already runs {self.max_streams} streams "
                                    "(parameter max_concurrent_streams); retry later")
-                    req = self.orch.parse(request)
+                    req = self.orch.parse(request, STREAM_INPUT_NAMES)
                 except Exception as e:
                     sender.send(error_response(e), flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue

@@ -23,6 +23,7 @@ class RegistryModel:
 
     async def _one(self, request):
         try:
+            contract.check_parameters(request.parameters(), self.INPUT_NAMES)
             inputs = {n: np.array(a) for n in self.INPUT_NAMES if (a := get(request, n)) is not None}
             names = await self._act(self._action(inputs), inputs)
             return pb().InferenceResponse(output_tensors=[
