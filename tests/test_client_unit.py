@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -287,6 +288,17 @@ def test_stream_server_error(fake_grpc):
     assert fake_grpc.last.stopped == {"cancel_requests": True}
 
 
+@pytest.mark.parametrize("message", ["server busy: the decoder's queue is full (max_waiting_requests); retry later",
+                                     "the server is shutting down", "VoxCPM server unhealthy: decoder died"])
+def test_stream_busy_is_server_busy(fake_grpc, message):
+    """A stream's error carries no status: "not now" is told by the contract's messages, so that a
+    caller can retry it and not a bad request (a review). ServerBusy is both older classes."""
+    fake_grpc.script = [(None, InferenceServerException(msg=message))]
+    with pytest.raises(voxcpm_client.ServerBusy, match=f"^{re.escape(message)}$") as info:
+        voxcpm_client.synthesize_stream("hi")
+    assert isinstance(info.value, ServerUnavailable) and isinstance(info.value, SynthesisError)
+
+
 def test_stream_unavailable(fake_grpc):
     fake_grpc.script = [(None, InferenceServerException(msg="connection refused", status="StatusCode.UNAVAILABLE"))]
     with pytest.raises(ServerUnavailable, match="^cannot reach Triton at h:9: connection refused"):
@@ -399,6 +411,11 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     assert p.returncode == 2 and "--prompt-text" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("hello", "--reference", str(tmp_path / "missing.wav"), "--url", f"127.0.0.1:{free_port()}")
     assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
+    # before any request: an output nowhere to write, a seed past INT64 (both were tracebacks: a review)
+    p = run_cli("hello", "-o", str(tmp_path / "missing" / "x.wav"), "--url", f"127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot write") and "Traceback" not in p.stderr, p.stderr
+    p = run_cli("hello", "-o", str(tmp_path / "x.wav"), "--seed", "99999999999999999999", "--url", f"127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and p.stderr.startswith("error: seed must be an integer from") and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -1,6 +1,7 @@
 """Python client for VoxCPM2 TTS on Triton (gRPC streaming, HTTP, wav files)."""
 from .client import (
     Result,
+    ServerBusy,
     ServerUnavailable,
     SynthesisError,
     SynthesisTimeout,
@@ -16,7 +17,7 @@ from .client import (
 )
 
 __all__ = [
-    "Result", "ServerUnavailable", "SynthesisError", "SynthesisTimeout", "VoxCPMClientError",
+    "Result", "ServerBusy", "ServerUnavailable", "SynthesisError", "SynthesisTimeout", "VoxCPMClientError",
     "input_arrays", "load_audio", "make_inputs", "synthesize", "synthesize_stream",
     "add_voice", "list_voices", "remove_voice",
 ]

@@ -3,6 +3,7 @@ the server's stored voices (add NAME WAV [--text T] [--lora L], list, remove NAM
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .client import (VOICE_MODES, VoxCPMClientError, add_voice, list_voices, load_audio, remove_voice, synthesize,
@@ -120,10 +121,15 @@ def main(argv=None) -> int:
     except Exception as exc:  # unreadable audio file
         print(f"error: cannot read audio: {exc}", file=sys.stderr)
         return 2
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(args.output):
+        print(f"error: cannot write {args.output}: {'no folder ' + folder if not os.path.isdir(folder) else 'not writable'}",
+              file=sys.stderr)
+        return 2
     fn = synthesize_stream if args.protocol == "grpc" else synthesize
     try:
         result = fn(args.text, url=url, model=model, timeout=args.timeout, **params)
-    except VoxCPMClientError as exc:
+    except (VoxCPMClientError, ValueError) as exc:  # ValueError: a value out of its input's range (--seed)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if result.ttfa_s is not None:
@@ -134,6 +140,10 @@ def main(argv=None) -> int:
     if result.sample_rate <= 0:
         print("error: server returned no SAMPLE_RATE", file=sys.stderr)
         return 2
-    result.save(args.output, subtype="FLOAT" if args.float else "PCM_16")
+    try:
+        result.save(args.output, subtype="FLOAT" if args.float else "PCM_16")
+    except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
+        print(f"error: cannot write {args.output}: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.output} ({result.sample_rate} Hz)")
     return 0

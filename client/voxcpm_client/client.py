@@ -53,6 +53,19 @@ class SynthesisError(VoxCPMClientError):
     """The server answered with an error (the message is the server's)."""
 
 
+class ServerBusy(ServerUnavailable, SynthesisError):
+    """The server cannot take the request now: full (`server busy`), shutting down, or a model
+    process being restarted. The request was fine: retry it later."""
+
+
+# The contract's messages for "not now" (README, "Contract"), wherever they come in the message.
+_BUSY = ("server busy", "the server is shutting down", "VoxCPM server unhealthy")
+
+
+def _answered(msg: str) -> SynthesisError:
+    return ServerBusy(msg) if any(m in msg for m in _BUSY) else SynthesisError(msg)
+
+
 class SynthesisTimeout(SynthesisError, TimeoutError):
     """No (complete) answer within the timeout."""
 
@@ -112,6 +125,10 @@ def input_arrays(text: str, **params) -> dict:
             arrays[name] = np.ascontiguousarray(audio)
     for key, (name, dtype) in SCALAR_INPUTS.items():
         if key in params:
+            if dtype is not np.object_ and np.issubdtype(dtype, np.integer):
+                bounds = np.iinfo(dtype)
+                if not isinstance(params[key], (int, np.integer)) or not bounds.min <= params[key] <= bounds.max:
+                    raise ValueError(f"{key} must be an integer from {bounds.min} to {bounds.max}, got {params[key]!r}")
             arrays[name] = _bytes_tensor(params[key]) if dtype is np.object_ else np.array([params[key]], dtype=dtype)
     return arrays
 
@@ -154,7 +171,7 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
     except InferenceServerException as exc:
         if grpc:
             raise _grpc_error(exc, url) from None
-        raise SynthesisError(exc.message() or str(exc)) from None
+        raise _answered(exc.message() or str(exc)) from None
     except _TIMEOUTS:
         raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
     except OSError as exc:  # refused, reset, unresolvable host
@@ -167,6 +184,8 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
     status = exc.status() or ""
     msg = exc.message() or str(exc)
+    if any(m in msg for m in _BUSY):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
+        return ServerBusy(msg)
     if status == "StatusCode.UNAVAILABLE":
         return ServerUnavailable(f"cannot reach Triton at {url}: {msg}")
     if status == "StatusCode.DEADLINE_EXCEEDED":
