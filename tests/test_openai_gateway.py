@@ -503,6 +503,7 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
          "must be a text field"),
         ([("name", "eve"), ("name", "eve2"), ("audio_sample", sample)], "name", "more than once"),
         ([("name", "eve"), ("audio_sample", sample), ("audio_sample", sample)], "audio_sample", "more than once"),
+        ([("name", "eve"), ("audio_sample", "RIFF....WAVE")], "audio_sample", "came as a text field"),
     ]:
         status, body = _multipart(gateway, parts)
         assert status == 400 and body["error"]["param"] == param and message in body["error"]["message"], body

@@ -267,6 +267,9 @@ def voice_fields(form) -> tuple:
         raise errors.bad_request("name is required", "name")
     if name == DEFAULT_VOICE:
         raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
+    if isinstance(upload, str):  # a part without a filename is a text field to multipart parsers
+        raise errors.bad_request("audio_sample came as a text field: send it as a file part (Content-Disposition "
+                                 "with a filename, as curl -F 'audio_sample=@voice.wav' does)", "audio_sample")
     if not isinstance(upload, UploadFile):
         raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
                                  "audio_sample")
