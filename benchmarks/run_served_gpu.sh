@@ -11,6 +11,9 @@
 #   dependencies from .cache/gateway_wheels, made by gpu_box/make_gateway_wheels.sh: carry it too)
 #   beside the server; time to first byte through it vs the direct gRPC stream (GW_REQUESTS, 30),
 #   aggregate at GW_STREAMS (32) streams both ways: $OUT/gateway.json, $OUT/gateway.log.
+#   GW_SOURCES="dir,dir,...": gateway source folders measured one after the other against the same
+#   server (default gateway/), e.g. another commit's `git archive REV gateway` and this one's, in
+#   alternation: $OUT/gateway_<i>.json and gateway_<i>.log for the i-th (0-based) when more than one.
 #   TRITON_ARGS: more tritonserver arguments (split on spaces), e.g. --backend-config=python,...
 #   SERVER_ENV="NAME=value ...": environment for the server alone (its stubs inherit it), not the clients
 #   (each variable as it was is back once the server runs; NAME in capitals, once each), e.g.
@@ -117,21 +120,27 @@ fi
 if [[ ${GATEWAY:-0} == 1 ]]; then
     gw_py="$(mktemp -d)"
     for w in .cache/gateway_wheels/*.whl; do python3 -m zipfile -e "$w" "$gw_py"; done
-    PYTHONPATH="$PWD/gateway:$gw_py:$PYTHONPATH" setsid python3 -m voxcpm_gateway --port "${OPENAI_API_PORT:-9000}" \
-        --triton-url "127.0.0.1:$TRITON_GRPC_PORT" --log-level warning >"$OUT/gateway.log" 2>&1 </dev/null &
-    gw_pid=$!
-    for _ in $(seq 120); do
-        python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
-            "http://127.0.0.1:${OPENAI_API_PORT:-9000}/health" 2>/dev/null && break
-        kill -0 "$gw_pid" 2>/dev/null || break
-        sleep 0.5
+    IFS=, read -ra gw_sources <<<"${GW_SOURCES:-$PWD/gateway}"
+    for i in "${!gw_sources[@]}"; do
+        gw_src="$(cd "${gw_sources[i]}" && pwd)"
+        gw_name=gateway; (( ${#gw_sources[@]} > 1 )) && gw_name="gateway_$i"
+        echo "[run_served_gpu] $gw_name: the gateway from $gw_src"
+        PYTHONPATH="$gw_src:$gw_py:$PYTHONPATH" setsid python3 -m voxcpm_gateway --port "${OPENAI_API_PORT:-9000}" \
+            --triton-url "127.0.0.1:$TRITON_GRPC_PORT" --log-level warning >"$OUT/$gw_name.log" 2>&1 </dev/null &
+        gw_pid=$!
+        for _ in $(seq 120); do
+            python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+                "http://127.0.0.1:${OPENAI_API_PORT:-9000}/health" 2>/dev/null && break
+            kill -0 "$gw_pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        python3 benchmarks/bench_gateway.py --grpc-url "127.0.0.1:$TRITON_GRPC_PORT" \
+            --gateway-url "http://127.0.0.1:${OPENAI_API_PORT:-9000}" --requests "${GW_REQUESTS:-30}" \
+            --concurrency "${GW_STREAMS:-32}" --requests-per-stream 2 --min-length 100 --max-length 100 \
+            --json-out "$OUT/$gw_name.json" || rc=$?
+        kill -TERM "$gw_pid" 2>/dev/null; wait "$gw_pid" 2>/dev/null
+        tail -5 "$OUT/$gw_name.log"
     done
-    python3 benchmarks/bench_gateway.py --grpc-url "127.0.0.1:$TRITON_GRPC_PORT" \
-        --gateway-url "http://127.0.0.1:${OPENAI_API_PORT:-9000}" --requests "${GW_REQUESTS:-30}" \
-        --concurrency "${GW_STREAMS:-32}" --requests-per-stream 2 --min-length 100 --max-length 100 \
-        --json-out "$OUT/gateway.json" || rc=$?
-    kill -TERM "$gw_pid" 2>/dev/null; wait "$gw_pid" 2>/dev/null
-    tail -5 "$OUT/gateway.log"
 fi
 if [[ ${PERF_ANALYZER:-0} == 1 ]]; then
     python3 benchmarks/bench_perf_analyzer.py --perf-analyzer "$PA_BIN" --url "127.0.0.1:$TRITON_GRPC_PORT" \
