@@ -299,6 +299,13 @@ def test_stream_busy_is_server_busy(fake_grpc, message):
     assert isinstance(info.value, ServerUnavailable) and isinstance(info.value, SynthesisError)
 
 
+def test_a_bad_request_that_quotes_busy_words_is_no_server_busy(fake_grpc):
+    fake_grpc.script = [(None, InferenceServerException(msg="LORA: unknown LoRA adapter 'server busy' (loaded: none)"))]
+    with pytest.raises(SynthesisError) as info:
+        voxcpm_client.synthesize_stream("hi")
+    assert not isinstance(info.value, voxcpm_client.ServerBusy)
+
+
 def test_stream_unavailable(fake_grpc):
     fake_grpc.script = [(None, InferenceServerException(msg="connection refused", status="StatusCode.UNAVAILABLE"))]
     with pytest.raises(ServerUnavailable, match="^cannot reach Triton at h:9: connection refused"):

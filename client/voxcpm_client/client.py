@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import http.client
 import queue
+import re
 import time
 from typing import Callable, List, Optional
 
@@ -58,12 +59,13 @@ class ServerBusy(ServerUnavailable, SynthesisError):
     process being restarted. The request was fine: retry it later."""
 
 
-# The contract's messages for "not now" (README, "Contract"), wherever they come in the message.
-_BUSY = ("server busy", "the server is shutting down", "VoxCPM server unhealthy")
+# The contract's messages for "not now" (README, "Contract"); a shutdown's may follow another's text.
+_BUSY = re.compile(r"^server busy|^VoxCPM server unhealthy: |the server is shutting down|"
+                   r"Stub process '[^']*' is not healthy")
 
 
 def _answered(msg: str) -> SynthesisError:
-    return ServerBusy(msg) if any(m in msg for m in _BUSY) else SynthesisError(msg)
+    return ServerBusy(msg) if _BUSY.search(msg) else SynthesisError(msg)
 
 
 class SynthesisTimeout(SynthesisError, TimeoutError):
@@ -184,7 +186,7 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
     status = exc.status() or ""
     msg = exc.message() or str(exc)
-    if any(m in msg for m in _BUSY):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
+    if _BUSY.search(msg):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
         return ServerBusy(msg)
     if status == "StatusCode.UNAVAILABLE":
         return ServerUnavailable(f"cannot reach Triton at {url}: {msg}")
