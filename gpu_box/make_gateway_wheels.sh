@@ -14,7 +14,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUTDIR="${1:-$REPO/.cache/gateway_wheels}"
 PY="${VENV:-$REPO/.venv}/bin/python3"
 [[ -x $PY ]] || PY="$(command -v python3)"
-PKGS=(fastapi starlette pydantic anyio "uvicorn>=0.55,<0.56" uvloop httptools python-multipart prometheus-client)
+PKGS=(fastapi starlette pydantic anyio "uvicorn>=0.55,<0.56" h11 uvloop python-multipart prometheus-client)
 [[ ${WITH_AV:-0} == 1 ]] && PKGS+=(av)
 rm -rf "$OUTDIR"
 mkdir -p "$OUTDIR"

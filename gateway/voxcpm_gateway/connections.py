@@ -3,7 +3,7 @@ MAX_HEAD_BYTES, and one client (an address) may hold only so many at once.
 
 uvicorn times out an idle keep-alive connection, but not one that has sent part of a request's
 headers: such a connection (a slow-loris client) is held open for good, and enough of them use up
-the gateway's file descriptors. This protocol, uvicorn's own (httptools or h11) otherwise, closes a
+the gateway's file descriptors. This protocol, uvicorn's h11 one otherwise, closes a
 connection whose request headers are not complete `seconds` after it opened or after it began
 waiting for its next request; a body that stops arriving is `guards`' to time out.
 
