@@ -122,7 +122,7 @@ if [[ ${GATEWAY:-0} == 1 ]]; then
     for w in .cache/gateway_wheels/*.whl; do python3 -m zipfile -e "$w" "$gw_py"; done
     IFS=, read -ra gw_sources <<<"${GW_SOURCES:-$PWD/gateway}"
     for i in "${!gw_sources[@]}"; do
-        gw_src="$(cd "${gw_sources[i]}" && pwd)"
+        gw_src="$(cd "${gw_sources[i]}" && pwd)" || { echo "[run_served_gpu] no gateway source ${gw_sources[i]}"; rc=1; continue; }
         gw_name=gateway; (( ${#gw_sources[@]} > 1 )) && gw_name="gateway_$i"
         echo "[run_served_gpu] $gw_name: the gateway from $gw_src"
         PYTHONPATH="$gw_src:$gw_py:$PYTHONPATH" setsid python3 -m voxcpm_gateway --port "${OPENAI_API_PORT:-9000}" \

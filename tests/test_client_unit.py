@@ -289,7 +289,10 @@ def test_stream_server_error(fake_grpc):
 
 
 @pytest.mark.parametrize("message", ["server busy: the decoder's queue is full (max_waiting_requests); retry later",
-                                     "the server is shutting down", "VoxCPM server unhealthy: decoder died"])
+                                     "the server is shutting down", "VoxCPM server unhealthy: decoder died",
+                                     "the server is shutting down: voices: no answer",
+                                     "vae_decoder: the server is shutting down", "Server is stopping",
+                                     "Stub process 'tts_stream_0_1' is not healthy."])
 def test_stream_busy_is_server_busy(fake_grpc, message):
     """A stream's error carries no status: "not now" is told by the contract's messages, so that a
     caller can retry it and not a bad request (a review). ServerBusy is both older classes."""
@@ -299,8 +302,12 @@ def test_stream_busy_is_server_busy(fake_grpc, message):
     assert isinstance(info.value, ServerUnavailable) and isinstance(info.value, SynthesisError)
 
 
-def test_a_bad_request_that_quotes_busy_words_is_no_server_busy(fake_grpc):
-    fake_grpc.script = [(None, InferenceServerException(msg="LORA: unknown LoRA adapter 'server busy' (loaded: none)"))]
+@pytest.mark.parametrize("message", [
+    "LORA: unknown LoRA adapter 'server busy' (loaded: none)",
+    "VOICE 'the server is shutting down' is not a valid voice name",
+    "unknown request parameter \"Stub process 'x' is not healthy\": this model takes no parameters, only the inputs"])
+def test_a_bad_request_that_quotes_busy_words_is_no_server_busy(fake_grpc, message):
+    fake_grpc.script = [(None, InferenceServerException(msg=message))]
     with pytest.raises(SynthesisError) as info:
         voxcpm_client.synthesize_stream("hi")
     assert not isinstance(info.value, voxcpm_client.ServerBusy)

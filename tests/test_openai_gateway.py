@@ -1158,6 +1158,37 @@ def test_a_stream_still_running_past_the_shutdown_timeout_ends_with_an_error_eve
         gw.stop()
 
 
+def test_a_request_still_waiting_for_triton_past_the_shutdown_timeout_gets_a_503(tmp_path):
+    """A request whose Triton call has not answered yet when the drain ends (here a "Triton" that takes
+    the connection and never answers) gets a JSON 503, not uvicorn's text 500: gRPC's own
+    CancelledError was taken for a failure (a review)."""
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        gw = Gateway(f"127.0.0.1:{mute.getsockname()[1]}", tmp_path, wait_healthy=False,
+                     args=["--shutdown-timeout", "2"])
+        try:
+            sock = _send_raw_request(gw, {"model": MODEL, "input": TEXT, "voice": "default",
+                                          "response_format": "pcm", **GEN})
+            time.sleep(1)  # its call to "Triton" under way
+            t0 = time.monotonic()
+            gw.proc.send_signal(signal.SIGTERM)
+            got = b""
+            with sock:
+                while chunk := sock.recv(65536):
+                    got += chunk
+            waited = time.monotonic() - t0
+            head, body = got.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower(), got[:400]
+            err = json.loads(body)["error"]
+            assert err["code"] == "server_unavailable" and "gateway is shutting down" in err["message"], err
+            assert 1.5 < waited < 6, waited
+            assert gw.proc.wait(30) in (0, -signal.SIGTERM)
+            assert "Exception in ASGI application" not in gw.log_path.read_text()
+        finally:
+            gw.stop()
+
+
 def test_an_http_1_0_client_gets_the_stream_ended_by_the_close(gateway, server):
     """HTTP/1.0 has no chunked encoding: a streamed response to such a client is its bytes, ended
     by closing the connection (httptools sent it chunks, their framing in the audio: a review)."""

@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from .client import (VOICE_MODES, VoxCPMClientError, add_voice, list_voices, load_audio, remove_voice, synthesize,
-                     synthesize_stream)
+from .client import (VOICE_MODES, VoxCPMClientError, add_voice, input_arrays, list_voices, load_audio, remove_voice,
+                     synthesize, synthesize_stream)
 
 DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000", "tts")}
 
@@ -126,10 +126,15 @@ def main(argv=None) -> int:
         print(f"error: cannot write {args.output}: {'no folder ' + folder if not os.path.isdir(folder) else 'not writable'}",
               file=sys.stderr)
         return 2
+    try:
+        input_arrays(args.text, **params)  # a value out of its input's range (--seed): before any request
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     fn = synthesize_stream if args.protocol == "grpc" else synthesize
     try:
         result = fn(args.text, url=url, model=model, timeout=args.timeout, **params)
-    except (VoxCPMClientError, ValueError) as exc:  # ValueError: a value out of its input's range (--seed)
+    except VoxCPMClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if result.ttfa_s is not None:

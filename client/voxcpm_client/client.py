@@ -59,9 +59,10 @@ class ServerBusy(ServerUnavailable, SynthesisError):
     process being restarted. The request was fine: retry it later."""
 
 
-# The contract's messages for "not now" (README, "Contract"); a shutdown's may follow another's text.
-_BUSY = re.compile(r"^server busy|^VoxCPM server unhealthy: |the server is shutting down|"
-                   r"Stub process '[^']*' is not healthy")
+# The contract's messages for "not now" (README, "Contract"), anchored: an error that quotes a client's
+# input (a voice name, a parameter) must not pass for one. A shutdown's may end another's text.
+_BUSY = re.compile(r"^server busy|^VoxCPM server unhealthy: |^the server is shutting down|the server is shutting down$|"
+                   r"^Server is stopping|Stub process '[^']*' is not healthy\.?$")
 
 
 def _answered(msg: str) -> SynthesisError:
@@ -129,7 +130,9 @@ def input_arrays(text: str, **params) -> dict:
         if key in params:
             if dtype is not np.object_ and np.issubdtype(dtype, np.integer):
                 bounds = np.iinfo(dtype)
-                if not isinstance(params[key], (int, np.integer)) or not bounds.min <= params[key] <= bounds.max:
+                if not isinstance(params[key], (int, np.integer)):
+                    raise TypeError(f"{key} must be an integer, got {params[key]!r}")
+                if not bounds.min <= params[key] <= bounds.max:
                     raise ValueError(f"{key} must be an integer from {bounds.min} to {bounds.max}, got {params[key]!r}")
             arrays[name] = _bytes_tensor(params[key]) if dtype is np.object_ else np.array([params[key]], dtype=dtype)
     return arrays

@@ -74,7 +74,7 @@ _RULES = [
     (re.compile(r"voices are stored already"), 429, "voice_limit_reached"),  # voices: max_voices
     (re.compile(r"^VoxCPM server unhealthy: "), 503, "server_unavailable"),  # a model process died
     (re.compile(r"Stub process '[^']*' is not healthy"), 503, "server_unavailable"),  # Triton: that process died
-    (re.compile(r"the server is shutting down"), 503, "server_unavailable"),
+    (re.compile(r"^the server is shutting down|the server is shutting down$"), 503, "server_unavailable"),
     (re.compile(r"Server not ready"), 503, "server_unavailable"),            # Triton itself, stopping
     (re.compile(r"has no available versions"), 503, "server_unavailable"),  # Triton, unloading its models
     (re.compile(r"^unknown voice "), 404, "voice_not_found"),

@@ -127,13 +127,13 @@ class SpeechResponse:
                     cancelled = self._close()
         except asyncio.CancelledError:
             # gRPC's call, cancelled while it waits for Triton's first answer, raises a CancelledError of
-            # its own, which anyio does not take for its scope's cancel: a hang-up all the same, unless
-            # the task was cancelled from outside too (anyio has taken back its own requests by now;
-            # Python 3.10 cannot tell)
+            # its own, which anyio does not take for its scope's cancel: a hang-up, or the drain's end,
+            # all the same, unless the task was cancelled from outside too (anyio has taken back its own
+            # requests by now; Python 3.10 cannot tell)
             task = asyncio.current_task()
-            if not disconnected or (hasattr(task, "cancelling") and task.cancelling()):
+            if not (disconnected or shut_down) or (hasattr(task, "cancelling") and task.cancelling()):
                 raise
-        if shut_down and not (disconnected or stalled):
+        if shut_down and not (disconnected or stalled) and self.outcome != "complete":
             log.warning("request %s: ended by the gateway's shutdown (--shutdown-timeout)", self.request_id)
             try:
                 with anyio.fail_after(1):
