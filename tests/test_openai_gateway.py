@@ -1103,18 +1103,22 @@ def test_request_headers_past_64_kib_are_431_and_the_connection_closed(tmp_path)
                         first += s.recv(65536)
                     assert first.startswith(b"HTTP/1.1 200"), first
                 s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ")
-                sent = 0
-                try:
-                    while sent < 8 << 20:  # refused long before: the gateway closes, the send fails
-                        s.sendall(b"a" * 4096)
-                        sent += 4096
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-                got = answer(s)
+                for _ in range(25):  # 100 KiB of one header, 4 KiB at a time
+                    s.sendall(b"a" * 4096)
+                got = answer(s)  # the 431, read whole: the gateway drops what comes after it, then closes
             assert got.startswith(b"HTTP/1.1 431"), got[:200]
             err = json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]
             assert err["code"] == "request_header_fields_too_large" and "65536 bytes" in err["message"], err
-            assert sent < 4 << 20, sent
+        # a head over the limit that comes whole in one send, or behind a request on a kept-alive
+        # connection: parsed by h11, then refused all the same
+        big = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nX-Big: {'a' * 70000}\r\n\r\n"
+        small = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+        for data in (big, small + big):
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
+                s.sendall(data.encode())
+                got = answer(s)
+            assert got.count(b"HTTP/1.1 431") == 1 and got.count(b"HTTP/1.1 200") == data.count(small), got[:300]
+        assert "refusing a request from 127.0.0.1: its line and headers are over 65536 bytes" in gw.log_path.read_text()
         body = json.dumps({"model": MODEL, "input": TEXT, "voice": "default", "speed": 9}).encode()
         with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
             s.sendall(f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
@@ -1161,8 +1165,10 @@ def test_a_stream_still_running_past_the_shutdown_timeout_ends_with_an_error_eve
 def test_a_request_still_waiting_for_triton_past_the_shutdown_timeout_gets_a_503(tmp_path):
     """A request whose Triton call has not answered yet when the drain ends (here a "Triton" that takes
     the connection and never answers) gets a JSON 503, not uvicorn's text 500: gRPC's own
-    CancelledError was taken for a failure (a review)."""
-    with socket.socket() as mute:
+    CancelledError was taken for a failure (a review). So does a voice upload waiting for Triton."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as mute, ThreadPoolExecutor(1) as pool:
         mute.bind(("127.0.0.1", 0))
         mute.listen(8)
         gw = Gateway(f"127.0.0.1:{mute.getsockname()[1]}", tmp_path, wait_healthy=False,
@@ -1170,7 +1176,8 @@ def test_a_request_still_waiting_for_triton_past_the_shutdown_timeout_gets_a_503
         try:
             sock = _send_raw_request(gw, {"model": MODEL, "input": TEXT, "voice": "default",
                                           "response_format": "pcm", **GEN})
-            time.sleep(1)  # its call to "Triton" under way
+            upload = pool.submit(_multipart, gw, [("name", "eve"), ("audio_sample", ("a.wav", _wav(1)))])
+            time.sleep(2)  # their calls to "Triton" under way (the upload decoded first)
             t0 = time.monotonic()
             gw.proc.send_signal(signal.SIGTERM)
             got = b""
@@ -1183,6 +1190,8 @@ def test_a_request_still_waiting_for_triton_past_the_shutdown_timeout_gets_a_503
             err = json.loads(body)["error"]
             assert err["code"] == "server_unavailable" and "gateway is shutting down" in err["message"], err
             assert 1.5 < waited < 6, waited
+            status, body = upload.result(30)
+            assert status == 503 and body["error"]["code"] == "server_unavailable", body
             assert gw.proc.wait(30) in (0, -signal.SIGTERM)
             assert "Exception in ASGI application" not in gw.log_path.read_text()
         finally:

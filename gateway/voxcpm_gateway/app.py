@@ -144,7 +144,7 @@ def create_app(settings: Settings) -> FastAPI:
     # ------------------------------------------------------------------ voices
     async def call_voices(arrays: dict) -> list[str]:
         try:
-            return await backend.voices(arrays, "oai-" + secrets.token_hex(8))
+            return await drain.run(backend.voices(arrays, "oai-" + secrets.token_hex(8)))
         except TritonError as e:
             raise error_for(e, backend, VOICE_PARAMS) from None
 
@@ -189,8 +189,8 @@ def create_app(settings: Settings) -> FastAPI:
             try:
                 name, upload, ref_text, lora = voice_fields(form)
                 data = await upload.read()
-                audio, rate = await asyncio.get_running_loop().run_in_executor(
-                    upload_executor, uploads.decode, data, settings.max_voice_seconds)
+                audio, rate = await drain.run(asyncio.get_running_loop().run_in_executor(
+                    upload_executor, uploads.decode, data, settings.max_voice_seconds))
             finally:
                 await form.close()
             del data

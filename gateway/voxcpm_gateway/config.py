@@ -73,8 +73,9 @@ def parse_args(argv=None) -> Settings:
                          "(default %(default)s)")
     ap.add_argument("--shutdown-timeout", type=float, default=env("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", "20"),
                     help="seconds responses in flight get after SIGTERM (no new connections are taken meanwhile); "
-                         "then each ends with a 503 'the gateway is shutting down' (a stream: its SSE error "
-                         "event, or its raw bytes cut off); longer than Triton's own drain, half its exit timeout "
+                         "then each speech response and voice call ends with a 503 'the gateway is shutting down' "
+                         "(a stream: its SSE error event, or its raw bytes cut off); longer than Triton's own "
+                         "drain, half its exit timeout; what stops the gateway must wait 5 s more before SIGKILL "
                          "(default %(default)s)")
     ap.add_argument("--max-connections-per-client", type=int,
                     default=env("VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", str(d.max_connections_per_client)),

@@ -9,8 +9,11 @@ waiting for its next request; a body that stops arriving is `guards`' to time ou
 
 Nor does httptools bound a request's headers: one connection that sent a 120 MiB header held the
 event loop for seconds, stalling every stream (a review). The protocol is uvicorn's h11 one, and a
-request line and headers past MAX_HEAD_BYTES get a 431 and the connection is closed. (h11 also ends
-an HTTP/1.0 response by closing the connection, where httptools sent such clients chunks.)
+request line and headers past MAX_HEAD_BYTES get a 431, whether they are still arriving (counted as
+they come) or came whole in one read or behind another request (measured once h11 has parsed them,
+within its own bound); the connection then closes after LINGER_S, its input read and dropped
+meanwhile, so that the client reads the 431 rather than a reset. (h11 also ends an HTTP/1.0
+response by closing the connection, where httptools sent such clients chunks.)
 
 Nor does uvicorn bound connections per client: one host that opens as many idle connections as
 the gateway may hold files keeps everybody else out. A connection past `per_client` from its
@@ -40,6 +43,7 @@ MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers; nginx's default al
 # h11's own bound on what it buffers, past MAX_HEAD_BYTES and one read (asyncio's: 256 KiB), so that
 # the 431 below answers first
 H11_MAX_INCOMPLETE_EVENT_SIZE = MAX_HEAD_BYTES + (512 << 10)
+LINGER_S = 1.0  # a refused head's connection stays this long, its input dropped, before it closes
 
 
 def _closing_answer(status: str, err: errors.APIError) -> bytes:
@@ -77,18 +81,25 @@ def client_of(peer) -> str:
     return str(ip)
 
 
+def head_bytes(event: h11.Request) -> int:
+    """About what a request's line and headers took on the wire."""
+    return len(event.method) + len(event.target) + 12 + sum(len(k) + len(v) + 4 for k, v in event.headers.raw_items())
+
+
 def with_connection_limits(seconds: float, per_client: int = 0,
                            on_refused: Callable[[], None] = lambda: None) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with the header timeout `seconds` and at most `per_client`
     connections per address (0: no bound); `on_refused` is called for each connection refused."""
     held: collections.Counter = collections.Counter()  # open connections by address
     logged: dict[str, float] = {}
+    logged_heads: dict[str, float] = {}
     refusal = _refusal(per_client)
 
     class LimitedProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _client: str | None = None
         _head_bytes = 0  # of the request whose line and headers are arriving
+        _refused = False  # its head was too large: answered 431, closing
 
         def connection_made(self, transport):
             super().connection_made(transport)
@@ -105,22 +116,49 @@ def with_connection_limits(seconds: float, per_client: int = 0,
                 return
             self._client = client
             held[client] += 1
+            parse = self.conn.next_event
+
+            def next_event():  # uvicorn's only reader of h11's events
+                event = parse()
+                if isinstance(event, h11.Request) and head_bytes(event) > MAX_HEAD_BYTES:
+                    self._refuse_head()
+                    return h11.PAUSED  # uvicorn takes no more of this connection
+                return event
+
+            self.conn.next_event = next_event
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            if self._client is None or self.transport.is_closing():
+            if self._client is None or self.transport.is_closing() or self._refused:
                 return  # refused: closing
             in_head = self.conn.their_state is h11.IDLE
             super().data_received(data)
+            if self._refused:
+                return
             if in_head and self.conn.their_state is h11.IDLE:  # still no whole head
                 self._head_bytes += len(data)
                 if self._head_bytes > MAX_HEAD_BYTES:
-                    self.transport.write(HEAD_TOO_LARGE)
-                    self.transport.close()
+                    self._refuse_head()
                     return
             else:
                 self._head_bytes = 0
             self._arm()
+
+        def _refuse_head(self):
+            self._refused = True
+            self._disarm()
+            self.transport.write(HEAD_TOO_LARGE)
+            # its input read and dropped until the close, so that the client reads the 431, not a reset
+            # (after uvicorn's pause for the PAUSED that follows a refusal in next_event)
+            self.loop.call_soon(lambda: self.transport.is_closing() or self.transport.resume_reading())
+            self.loop.call_later(LINGER_S, self.transport.close)
+            now = time.monotonic()
+            if now - logged_heads.get(self._client, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:
+                if len(logged_heads) > 10_000:
+                    logged_heads.clear()
+                logged_heads[self._client] = now
+                log.warning("refusing a request from %s: its line and headers are over %d bytes (431)",
+                            self._client, MAX_HEAD_BYTES)
 
         def connection_lost(self, exc):
             self._disarm()
