@@ -636,6 +636,22 @@ def test_uploads_past_the_pending_limit_are_429(client, gateway):
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"] and not _decoders(gateway)
 
 
+def _triton_metric(server, metric: str, model: str) -> float:
+    """One of Triton's per-model metrics, summed over the model's series."""
+    from tests.test_server import metric_samples
+
+    return sum(v for name, labels, v in metric_samples(server) if name == metric and labels.get("model") == model)
+
+
+def _remove_voices(sdk, names):
+    """A test's voices gone, those it never stored too."""
+    for name in names:
+        try:
+            sdk.audio.voices.delete(name)
+        except openai.NotFoundError:
+            pass
+
+
 def test_an_upload_holds_its_slot_until_triton_has_stored_it(server, tmp_path):
     """A decoded sample (up to 92 MB: 60 s at 384 kHz in float32) waits in the gateway and in
     Triton until the voices model is done with it: its slot is held until then, else any number of
@@ -644,11 +660,6 @@ def test_an_upload_holds_its_slot_until_triton_has_stored_it(server, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.server import _cmdline
-    from tests.test_server import metric_samples
-
-    def queued() -> float:
-        return sum(v for name, labels, v in metric_samples(server)
-                   if name == "nv_inference_pending_request_count" and labels.get("model") == "voices")
 
     gw = Gateway(server.grpc_url, tmp_path, args=["--max-pending-uploads", "3"])
     sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -666,7 +677,8 @@ def test_an_upload_holds_its_slot_until_triton_has_stored_it(server, tmp_path):
             try:
                 held = [pool.submit(upload, name) for name in names]
                 deadline = time.monotonic() + 60
-                while queued() < 1:  # the third is in Triton's queue: all three decoded and sent
+                while _triton_metric(server, "nv_inference_pending_request_count", "voices") < 1:
+                    # the third is in Triton's queue: all three decoded and sent
                     assert time.monotonic() < deadline and not any(f.done() for f in held), \
                         [f.result() for f in held if f.done()]
                     time.sleep(0.1)
@@ -680,20 +692,13 @@ def test_an_upload_holds_its_slot_until_triton_has_stored_it(server, tmp_path):
             assert sorted(f.result().id for f in held) == names
         assert _gateway_metric(gw, "voxcpm_gateway_voice_uploads_in_progress") == 0
     finally:
-        for name in names:
-            try:
-                sdk.audio.voices.delete(name)
-            except openai.NotFoundError:
-                pass
+        _remove_voices(sdk, names)
         gw.stop()
 
 
 def _encodes(server) -> int:
     """vae_encoder's requests so far (Triton's metrics)."""
-    from tests.test_server import metric_samples
-
-    return int(sum(v for name, labels, v in metric_samples(server)
-                   if name == "nv_inference_request_success" and labels.get("model") == "vae_encoder"))
+    return int(_triton_metric(server, "nv_inference_request_success", "vae_encoder"))
 
 
 def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway, server):
@@ -718,11 +723,7 @@ def test_a_full_voice_store_is_a_429_the_sdk_does_not_retry(gateway, server):
         assert _encodes(server) == encoded
         sdk.audio.voices.create(name=names[0], audio_sample=("a.wav", _wav(1), "audio/wav"), consent="c")
     finally:
-        for name in names:
-            try:
-                sdk.audio.voices.delete(name)
-            except openai.NotFoundError:
-                pass
+        _remove_voices(sdk, names)
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
 
 

@@ -189,13 +189,14 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
     status = exc.status() or ""
     msg = exc.message() or str(exc)
-    if _BUSY.search(msg):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
-        return ServerBusy(msg)
+    answered = _answered(msg)
+    if isinstance(answered, ServerBusy):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
+        return answered
     if status == "StatusCode.UNAVAILABLE":
         return ServerUnavailable(f"cannot reach Triton at {url}: {msg}")
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return SynthesisTimeout(msg)
-    return SynthesisError(msg)
+    return answered
 
 
 def synthesize_stream(text: str, url: str = "localhost:8001", model: str = "tts_stream",
