@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -112,7 +111,7 @@ def main():
                     Path(a.stacks).write_text(stacks)
                 print(stacks[-20000:] if not a.stacks else f"[bls_stress] stacks in {a.stacks}", flush=True)
                 break
-    # A stub that crashed (its stacks are in the log: the caller enables faulthandler) or did not stop.
+    # A stub that crashed (its stacks are in the log: both models register faulthandler, runtime.model_process) or did not stop.
     summary["crashed"] = "Fatal Python error" in srv.log
     summary["exit_code"], summary["leftover_processes"] = srv.returncode, srv.leftover_processes
     if summary["crashed"]:

@@ -140,6 +140,17 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _handles(pid: int, sig: int) -> bool:
+    """Whether process `pid` catches signal `sig` (its SigCgt mask in /proc)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGTERM the server if the test process dies first."""
     try:
@@ -337,7 +348,14 @@ class TritonServer:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=timeout)
+                # Before Triton's exit timeout runs out (it then exits 1), the stacks of the stubs
+                # still alive go to the log: what holds the stop up.
+                slow = max(1.0, min(timeout, self.exit_timeout * 0.75))
+                try:
+                    self.proc.wait(timeout=slow)
+                except subprocess.TimeoutExpired:
+                    self._dump_stub_stacks(f"still running {slow:.0f} s after SIGTERM")
+                    self.proc.wait(timeout=max(1.0, timeout - slow))
             except subprocess.TimeoutExpired:
                 with open(self.log_path, "a") as log:
                     log.write(f"### tests/server.py: no exit {timeout:.0f} s after SIGTERM; SIGKILL\n")
@@ -366,6 +384,20 @@ class TritonServer:
         self.returncode = self.proc.returncode
         shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
         return self.returncode
+
+    def _dump_stub_stacks(self, why: str) -> None:
+        """SIGUSR2 to each live stub that handles it (runtime.model_process registers faulthandler
+        there): every thread's Python stack goes to the server's log. A stub that does not handle
+        it is left alone: SIGUSR2's default action ends the process."""
+        stubs = [p for p in self.stub_pids() if _handles(p, signal.SIGUSR2)]
+        with open(self.log_path, "a") as log:
+            log.write(f"### tests/server.py: {why}; stacks of stubs {stubs}:\n")
+        for pid in stubs:
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.0)
 
     def stop(self, timeout: float = 60.0) -> int:
         """Stop with SIGTERM (as ``docker stop`` / Ctrl-C would); return the exit code.

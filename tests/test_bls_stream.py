@@ -841,7 +841,7 @@ def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_
             assert not errors and calls > 64, (calls, errors)
             assert waiting == 0, f"{waiting} of {calls} calls were read by a waiting thread"
         assert glob.glob(str(run_dir / "bls-*.sock")), "the caller reads counts on its socket"
-    assert srv.returncode == 0 and not srv.leftover_processes
+    assert srv.returncode == 0 and not srv.leftover_processes, srv.log_tail(80)
     assert "Fatal Python error" not in srv.log, srv.log[srv.log.index("Fatal Python error"):][:3000]
     assert not glob.glob(str(run_dir / "bls-*.sock")), "the socket goes with its process"
     assert not glob.glob(str(run_dir / "chan-*.sock")), "so does its audio channel's"

@@ -4,7 +4,6 @@ calls to `streamer` in flight for DURATION_S and answers with how many finished.
 the way it did before, a thread per call waiting in the response iterator."""
 
 import asyncio
-import faulthandler
 import os
 import sys
 import threading
@@ -15,10 +14,10 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "python_backend"))
 
-from voxcpm_triton.serving import bls_stream  # noqa: E402
+from voxcpm_triton.serving import bls_stream, runtime  # noqa: E402
 
 END = bls_stream.ResponseStream.END
-faulthandler.enable()  # a crash leaves every thread's Python stack in the server's log
+runtime.model_process()  # a crash, or SIGUSR2, leaves every thread's Python stack in the server's log
 
 
 def _waiting_reader(iterator, queue: asyncio.Queue):
