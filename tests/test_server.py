@@ -403,6 +403,8 @@ BAD = [
     ("huge rate", dict(PROMPT_AUDIO=np.zeros(1600), PROMPT_SAMPLE_RATE=10**8, PROMPT_TEXT="x"), "PROMPT_SAMPLE_RATE"),
     ("prompt audio without text", dict(PROMPT_AUDIO=np.zeros(1600), PROMPT_SAMPLE_RATE=16000), "PROMPT_TEXT"),
     ("prompt text without audio", dict(PROMPT_TEXT="hello"), "PROMPT_AUDIO"),
+    ("blank PROMPT_TEXT", dict(PROMPT_AUDIO=np.zeros(1600), PROMPT_SAMPLE_RATE=16000, PROMPT_TEXT=" \n"),
+     "PROMPT_TEXT is empty"),
     ("CFG out of range", dict(CFG_VALUE=100.0), "CFG_VALUE"),
     ("CFG NaN", dict(CFG_VALUE=float("nan")), "CFG_VALUE"),
     ("timesteps zero", dict(INFERENCE_TIMESTEPS=0), "INFERENCE_TIMESTEPS"),

@@ -146,6 +146,10 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     req.prompt_text = text(inputs.get("PROMPT_TEXT"), "PROMPT_TEXT", required=False)
     if (req.prompt_audio is None) != (req.prompt_text is None):
         raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")
+    if req.prompt_text is not None and not req.prompt_text.strip():
+        # as the voices model refuses an empty transcript: a continuation of audio said to hold no words
+        raise InputError("PROMPT_TEXT is empty: a prompt needs the transcript of PROMPT_AUDIO; for the voice "
+                         "alone, send the audio as REFERENCE_AUDIO")
     _voice(inputs, req)
     cfg = value(inputs.get("CFG_VALUE"), "CFG_VALUE", float)
     steps = value(inputs.get("INFERENCE_TIMESTEPS"), "INFERENCE_TIMESTEPS", int)
