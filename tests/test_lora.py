@@ -412,6 +412,23 @@ def test_a_broken_adapter_is_reported_and_left_out(ckpt, lora_dir, tmp_path):
     assert list(v.loras.slots) == ["good"] and v.loras.errors == {"gone": "no longer in the LoRA directory"}
 
 
+def test_an_adapter_left_out_for_want_of_slots_can_be_added_once_one_is_free(ckpt, lora_dir, tmp_path):
+    """The tables cover every good adapter found at start-up, those past max_loras included: after a
+    remove, the one left out is added (before, its targets were not covered and the error's advice,
+    a restart with it in the directory, left it out again)."""
+    from voxcpm_triton.lora_adapters import AdapterSet
+
+    d = str(tmp_path / "loras")
+    for n in ("lm_dit", "everything"):
+        shutil.copytree(os.path.join(lora_dir[0], n), os.path.join(d, "a_lm_dit" if n == "lm_dit" else n))
+    loras = AdapterSet.load(d, linears_of(ckpt), torch.float32, "cpu", max_loras=1, reserve="default")
+    assert list(loras.slots) == ["a_lm_dit"]
+    assert "all 1 LoRA slots are taken" in loras.errors["everything"]
+    assert loras.tables.max_rank == 8  # the larger rank of the two
+    ad = loras.read("everything")  # covered: no LoraError
+    assert not loras.tables.uncovered(ad.modules)
+
+
 def linears_of(ckpt):
     v = VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32")
     return linear_shapes(v.model)

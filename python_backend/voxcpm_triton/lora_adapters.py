@@ -1,7 +1,8 @@
 """The LoRA adapters a VoxCPM2 serves: read from a directory (formats/lora.py), written into the GPU
 slot tables (model/lora.py), and which name sits in which slot.
 
-The tables cover a fixed set of layers, chosen at load: the targets of the adapters found, plus
+The tables cover a fixed set of layers, chosen at load: the targets of the adapters found (those
+left out for want of slots included), plus
 (for a server that adds adapters at run time, `reserve`) the official default targets (LM and
 LocDiT attention) or every layer an adapter may target. An adapter added later must fit in them and
 in `max_rank`; anything else would change the captured CUDA graphs.
@@ -39,6 +40,9 @@ class AdapterSet:
         if reserve is not None and reserve not in RESERVE:
             raise ValueError(f"reserve must be None or one of {', '.join(RESERVE)}, got {reserve!r}")
         adapters, errors = load_dir(lora_dir, linears, max_rank, dtype)
+        # The tables cover every good adapter found, loaded or not: one left out (slots full, or not
+        # in `only`) can be added once a slot is free.
+        found = list(adapters.values())
         names = sorted(adapters)
         if only is not None:
             errors = {n: errors.get(n, "no longer in the LoRA directory") for n in only if n not in adapters}
@@ -51,13 +55,13 @@ class AdapterSet:
             names = names[:max_loras]
         for n, e in sorted(errors.items()):
             log.warning("LoRA adapter %r not loaded: %s", n, e)
-        modules = {m for a in adapters.values() for m in a.modules}
+        modules = {m for a in found for m in a.modules}
         if reserve is not None:
             modules |= {m for m in linears if RESERVE[reserve](m)}
         if not modules:
             modules = {m for m in linears if DEFAULT_CONFIG.targets(m)}
         max_loras = max_loras or max(1, len(names))
-        max_rank = max_rank or max([a.rank for a in adapters.values()], default=1)
+        max_rank = max_rank or max([a.rank for a in found], default=1)
         tables = LoraTables(sites_for(linears, modules), max_loras, max_rank, dtype, device)
         slots = {}
         for slot, n in enumerate(names, start=1):
@@ -77,7 +81,7 @@ class AdapterSet:
             raise LoraError(f"adapter {name!r} targets {', '.join(missing[:4])}"
                             f"{f' ... ({len(missing)} in all)' if len(missing) > 4 else ''}, which this "
                             "server's LoRA tables do not cover (they cover the targets of the adapters present "
-                            "at start-up and the official defaults, or every target with the decoder parameter "
+                            "at start-up, loaded or not, and the official defaults, or every target with the decoder parameter "
                             "lora_targets=all); restart the server with it in the directory")
         return ad
 
