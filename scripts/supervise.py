@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Run tritonserver and keep it serving: restart it when it exits or when the liveness probe
-(scripts/probe.py, a real tiny synthesis) says it is broken.
+"""Run tritonserver and keep it serving: restart it when it exits, when a model process's beacon
+says it died, stopped answering or cannot serve (checked every half second, probes or not), or when
+the liveness probe (scripts/probe.py, a real tiny synthesis) says it is broken.
 
 Triton 2.51's Python backend does not restart a model process that died, and its health
 endpoints keep answering 200 afterwards; recovery has to come from outside. This is that
@@ -423,6 +424,10 @@ class Supervisor:
                 proc.wait(self.exit_timeout + 10 if grace is None else grace)
             except subprocess.TimeoutExpired:
                 log("tritonserver did not exit in time: SIGKILL")
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         left = _wait_group(proc.pid, 5)  # model processes end on their own once the server is gone
         if left:
             log(f"killing {len(left)} leftover process(es) of the server: {left}")
@@ -584,6 +589,9 @@ class Supervisor:
                     return f"not ready after {o.start_timeout:.0f} s"
                 self._sleep(0.5)
                 continue
+            dead = self._dead_model()
+            if dead:
+                return dead
             if o.probe_interval <= 0 or now < next_probe:
                 self._sleep(0.5)
                 continue
@@ -596,7 +604,7 @@ class Supervisor:
             if status == probe.HEALTHY:
                 failures, self.was_healthy = 0, True
             elif status == probe.BROKEN:
-                return f"probe: {what}"
+                return what if what.startswith("model process: ") else f"probe: {what}"
             else:
                 failures += 1
                 log(f"probe failed ({failures}/{o.probe_failures}): {what}")
@@ -604,15 +612,32 @@ class Supervisor:
                     return f"probe failed {failures} times: {what}"
         return "asked to stop"
 
+    def _dead_model(self) -> str | None:
+        """Why the server must be restarted now, from its model processes' beacons: one has died, stopped
+        answering, or reports it cannot serve. Nothing inside Triton 2.51 can end the requests a dead
+        orchestrator process held (their streams would wait for good), and nothing brings the process
+        back; a restart does both, without waiting for a probe (or with probes off)."""
+        if not self.run_dir or not os.path.isdir(self.run_dir):
+            return None
+        why = runtime.unhealthy(directory=self.run_dir)
+        return None if why is None or why.startswith("cannot read") else f"model process: {why}"
+
     def _probe(self):
-        """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping."""
+        """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping.
+        A model process found dead meanwhile ends the wait: (probe.BROKEN, why)."""
         out: list = []
         t = threading.Thread(target=lambda: out.append(probe.probe(self.url, self.opts.probe_timeout,
                                                                     metrics_url=self.metrics_url)), daemon=True)
         t.start()
+        next_check = time.monotonic() + 0.5
         while t.is_alive() and not self.stopping:
             t.join(0.1)
             self._tend()
+            if time.monotonic() >= next_check:
+                dead = self._dead_model()
+                if dead:
+                    return probe.BROKEN, dead
+                next_check = time.monotonic() + 0.5
         return out[0] if out else None
 
     def _sleep(self, seconds: float):
@@ -643,7 +668,7 @@ def main(argv=None) -> int:
     # string defaults: argparse converts them, so a bad value in the environment is a usage error too
     ap.add_argument("--probe-interval", type=float, default=env("VOXCPM_PROBE_INTERVAL", "10"),
                     help="seconds between liveness probes once ready; 0: no probes, restart only on exit "
-                         "(env VOXCPM_PROBE_INTERVAL)")
+                         "or on a model process's beacon (env VOXCPM_PROBE_INTERVAL)")
     ap.add_argument("--probe-timeout", type=float, default=env("VOXCPM_PROBE_TIMEOUT", "60"),
                     help="env VOXCPM_PROBE_TIMEOUT")
     ap.add_argument("--probe-failures", type=int, default=env("VOXCPM_PROBE_FAILURES", "3"),

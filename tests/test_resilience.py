@@ -365,6 +365,10 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
     env.update(SKIP_SETUP="1", VOXCPM_CHECKPOINT=ckpt, TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
                TRITON_METRICS_PORT=str(metrics_port), VOXCPM_PROBE_INTERVAL="2", VOXCPM_TEST_MARK=mark,
                TRITON_EXIT_TIMEOUT="20", OPENAI_API_PORT="0")  # no gateway: not what this is about
+    if fault == "tts_stream_killed":
+        # No probes: the supervisor restarts on the dead process's beacon. The streams that process held
+        # have nobody left to end them but a restart (before, with probes off they waited for good).
+        env["VOXCPM_PROBE_INTERVAL"] = "0"
     if fault == "killed":
         from tests.lora_helpers import write_adapters
         from tests.test_lora_served import loras
@@ -405,7 +409,9 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         os.kill(pid, signal.SIGSTOP if fault == "frozen" else signal.SIGKILL)
         t_kill = time.monotonic()
         for s in streams:
-            assert s.done.wait(30 + runtime.BEACON_STALE_S), f"a client was left hanging after the decoder was {fault}"
+            wait = 15 if fault == "tts_stream_killed" else 30 + runtime.BEACON_STALE_S
+            assert s.done.wait(max(0.0, wait - (time.monotonic() - t_kill))), \
+                f"a client was left hanging after the decoder was {fault}\n{log.read_text()[-3000:]}"
         # Killed while it held one of python_backend's interprocess locks, the stub takes the whole
         # tritonserver 2.51 down with it (lock_exception in the backend's execute, SIGABRT): then every
         # client's stream is cut (UNAVAILABLE), and the supervisor restores service as below.
@@ -434,6 +440,9 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault"
               + (" (tritonserver itself aborted)" if server_aborted else ""))
         assert "restarting" in log.read_text()
+        if fault == "tts_stream_killed":
+            assert f"model process: the tts_stream model process (pid {pid}) has died" in log.read_text(), \
+                log.read_text()[-3000:]
         assert "shared-memory region(s) the server's model processes left" in log.read_text(), log.read_text()[-3000:]
         regions |= _shm_regions(mark)  # the restarted server's
         # SIGTERM after traffic: everything ends within the exit timeout, nothing is left behind.

@@ -382,13 +382,14 @@ def process_alive(pid: int, start: str | None = None) -> bool:
     return start is None or len(fields) <= 19 or fields[19] == start
 
 
-def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
-    """None if every beacon of `models` in this server's directory is fresh, from a live process
-    and error-free; else why not. A model with no beacon yet counts as healthy (it is loading,
-    or not part of this repository)."""
+def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | None = None) -> str | None:
+    """None if every beacon of `models` in this server's directory (`directory`: another server's,
+    the supervisor's view) is fresh, from a live process and error-free; else why not. A model with
+    no beacon yet counts as healthy (it is loading, or not part of this repository)."""
     now = time.time() if now is None else now
+    directory = directory or run_dir()
     try:
-        names = os.listdir(run_dir())
+        names = os.listdir(directory)
     except OSError as e:
         return f"cannot read the server's runtime directory: {e}"
     for name in names:
@@ -396,7 +397,7 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
         if model not in models or not rest.endswith(".json"):
             continue
         try:
-            with open(os.path.join(run_dir(), name), encoding="utf-8") as f:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
                 b = json.load(f)
         except (OSError, ValueError):
             continue  # removed or being replaced right now
