@@ -76,6 +76,7 @@ from voxcpm_triton.serving import runtime  # noqa: E402
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtime.STOPPING_FILE
 ADMIN_HEADER = "voxcpm-admin-key"
+STALE_CONFIRM_S = 3.0  # a beacon found stale must stay so this long (its process beats every second)
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
 SHM_DIR = "/dev/shm"
@@ -383,6 +384,7 @@ class Supervisor:
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
+        self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
         self.state_dir: str | None = None  # the runs' parent, kept across restarts
         self.held_fd: int | None = None  # its `held` file, locked (make_state_dir)
         self.shm_prefix = _shm_prefix(self.args)
@@ -406,6 +408,7 @@ class Supervisor:
                                      preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
         self.started = time.monotonic()
         self.was_ready = self.was_healthy = False
+        self.stale_since = None
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None):
@@ -620,7 +623,15 @@ class Supervisor:
         if not self.run_dir or not os.path.isdir(self.run_dir):
             return None
         why = runtime.unhealthy(directory=self.run_dir)
-        return None if why is None or why.startswith("cannot read") else f"model process: {why}"
+        if why is None or why.startswith("cannot read"):
+            self.stale_since = None
+            return None
+        if runtime.STALE_MARK in why:  # beacons carry wall-clock times: a clock step makes them look stale once
+            now = time.monotonic()
+            self.stale_since = self.stale_since or now
+            if now - self.stale_since < STALE_CONFIRM_S:
+                return None
+        return f"model process: {why}"
 
     def _probe(self):
         """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping.

@@ -770,3 +770,39 @@ def test_a_crashing_model_process_leaves_its_threads_stacks(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "Fatal Python error: Segmentation fault" in out.stderr and "Thread 0x" in out.stderr, out.stderr
+
+
+def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon_only_if_it_stays(tmp_path,
+                                                                                                  monkeypatch):
+    """supervise.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
+    once; a stale beacon only once it has stayed stale for STALE_CONFIRM_S (beacons carry wall-clock
+    times, so a clock step makes every beacon look stale until its next beat); no run directory, or
+    an unreadable one, is no verdict."""
+    class Opts:
+        probe_interval = probe_timeout = probe_failures = start_timeout = 1
+
+    s = supervise.Supervisor(["tritonserver"], Opts)
+    assert s._dead_model() is None  # no server started yet
+    s.run_dir = str(tmp_path)
+    assert s._dead_model() is None
+    beat = {"t": time.time()}
+    (tmp_path / f"decoder.{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "beat": beat["t"]}))
+    assert s._dead_model() is None
+    clock = {"t": 100.0}
+    monkeypatch.setattr(supervise.time, "monotonic", lambda: clock["t"])
+    late = beat["t"] + runtime.BEACON_STALE_S + 5
+    monkeypatch.setattr(runtime.time, "time", lambda: late)
+    assert s._dead_model() is None  # stale once: not yet
+    clock["t"] += supervise.STALE_CONFIRM_S
+    assert s._dead_model() == (f"model process: the decoder model process (pid {os.getpid()}) has not answered "
+                               f"for {runtime.BEACON_STALE_S + 5:.0f} s")
+    monkeypatch.setattr(runtime.time, "time", lambda: beat["t"])  # fresh again: the wait starts over
+    assert s._dead_model() is None and s.stale_since is None
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": beat["t"]}))
+    assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
+    s.run_dir = str(tmp_path / "gone")
+    assert s._dead_model() is None

@@ -61,6 +61,7 @@ BEACON_PERIOD_S = 1.0
 # A beacon older than this means its process is stuck or gone (the engine loop wakes every
 # 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
 BEACON_STALE_S = 15.0
+STALE_MARK = "has not answered for"  # in unhealthy()'s reason for a stale beacon
 INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder", "decoder")
 # Every model writes a beacon: the Python backend of Triton 2.51 does not restart a dead model
 # process, whose requests then fail (or hang, if it died with some in flight) until the server is
@@ -406,7 +407,7 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | 
         if b.get("error"):
             return f"the {model} model cannot serve: {b['error']}"
         if now - float(b["beat"]) > BEACON_STALE_S:
-            return f"the {model} model process (pid {b['pid']}) has not answered for {now - b['beat']:.0f} s"
+            return f"the {model} model process (pid {b['pid']}) {STALE_MARK} {now - b['beat']:.0f} s"
     return None
 
 
