@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Run tritonserver and keep it serving: restart it when it exits, when a model process's beacon
-says it died, stopped answering or cannot serve (checked every half second, probes or not), or when
+says it died, stopped answering or cannot serve (checked every half second once it is ready,
+probes or not), or when
 the liveness probe (scripts/probe.py, a real tiny synthesis) says it is broken.
 
 Triton 2.51's Python backend does not restart a model process that died, and its health
@@ -19,7 +20,7 @@ model-repository, logging and trace APIs are restricted to clients that send the
 `triton-grpc-protocol-voxcpm-admin-key`); unset, the key is random, so nobody can use them.
 Arguments that already restrict something are left as they are.
 
-SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group after
+SIGTERM / SIGINT stop the server (SIGTERM, then SIGKILL to its whole process group 10 s after
 its exit timeout) and exit; nothing the server started outlives it. First it writes the time
 by which running requests must end, half the exit timeout away, to `stopping` in the run
 directory: the orchestrators refuse new requests from then on, and the decoder ends those still
@@ -620,8 +621,10 @@ class Supervisor:
         answering, or reports it cannot serve. Nothing inside Triton 2.51 can end the requests a dead
         orchestrator process held (their streams would wait for good), and nothing brings the process
         back; a restart does both, without waiting for a probe (or with probes off)."""
-        if not self.run_dir or not os.path.isdir(self.run_dir):
+        if not self.run_dir:
             return None
+        if not os.path.isdir(self.run_dir):  # (a /tmp cleaner?) its sockets, key and beacons are gone with it
+            return f"model process: the server's runtime directory {self.run_dir} is gone"
         why = runtime.unhealthy(directory=self.run_dir)
         if why is None or why.startswith("cannot read"):
             self.stale_since = None

@@ -450,14 +450,14 @@ def test_a_stop_past_the_exit_timeout_leaves_the_stubs_stacks_in_the_log(tmp_pat
     """A server that does not stop in time exits 1 ("Exit timeout expired"); before that, the
     helper has each stub that handles SIGUSR2 (runtime.model_process) write its threads' stacks to
     the log, so that a rare failure in CI says where the stop was held up."""
-    srv = TritonServer(EXIT_REPO, exit_timeout=4, env={"SPIN_FINALIZE_S": "8", "SPIN_MARKER_DIR": str(tmp_path)})
+    srv = TritonServer(EXIT_REPO, exit_timeout=8, env={"SPIN_FINALIZE_S": "16", "SPIN_MARKER_DIR": str(tmp_path)})
     with srv:
         assert len(srv.stub_pids()) == 1
         pgid = srv.pid
     log = srv.log
     assert _pids_in_group(pgid) == []  # the stub still in finalize is killed with the rest
     assert srv.returncode == 1 and "Exit timeout expired" in log, srv.log_tail()
-    assert "still running 3 s after SIGTERM" in log, srv.log_tail()
+    assert "still running 6 s after SIGTERM" in log, srv.log_tail()
     assert re.search(r'File ".*spinning/1/model.py", line \d+ in finalize', log), srv.log_tail()
 
 

@@ -424,9 +424,15 @@ def test_an_adapter_left_out_for_want_of_slots_can_be_added_once_one_is_free(ckp
     loras = AdapterSet.load(d, linears_of(ckpt), torch.float32, "cpu", max_loras=1, reserve="default")
     assert list(loras.slots) == ["a_lm_dit"]
     assert "all 1 LoRA slots are taken" in loras.errors["everything"]
-    assert loras.tables.max_rank == 8  # the larger rank of the two
     ad = loras.read("everything")  # covered: no LoraError
     assert not loras.tables.uncovered(ad.modules)
+    # the tables' rank (max_rank not given) is the largest of all found, the one left out (r=8) too
+    d2 = str(tmp_path / "loras2")
+    for n, as_name in (("everything", "a_everything"), ("lm_dit", "z_lm_dit")):
+        shutil.copytree(os.path.join(lora_dir[0], n), os.path.join(d2, as_name))
+    loras = AdapterSet.load(d2, linears_of(ckpt), torch.float32, "cpu", max_loras=1)
+    assert list(loras.slots) == ["a_everything"] and loras.tables.max_rank == 8
+    assert loras.read("z_lm_dit").rank == 8
 
 
 def linears_of(ckpt):

@@ -440,7 +440,7 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         print(f"{fault}: errors {errors_after:.1f} s and service back {restored:.1f} s after the fault"
               + (" (tritonserver itself aborted)" if server_aborted else ""))
         assert "restarting" in log.read_text()
-        if fault == "tts_stream_killed":
+        if fault == "tts_stream_killed" and not server_aborted:
             assert f"model process: the tts_stream model process (pid {pid}) has died" in log.read_text(), \
                 log.read_text()[-3000:]
         assert "shared-memory region(s) the server's model processes left" in log.read_text(), log.read_text()[-3000:]

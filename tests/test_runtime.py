@@ -776,8 +776,8 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
                                                                                                   monkeypatch):
     """supervise.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
     once; a stale beacon only once it has stayed stale for STALE_CONFIRM_S (beacons carry wall-clock
-    times, so a clock step makes every beacon look stale until its next beat); no run directory, or
-    an unreadable one, is no verdict."""
+    times, so a clock step makes every beacon look stale until its next beat), and never before a
+    dead process; a run directory gone while the server runs is a restart too."""
     class Opts:
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
@@ -804,5 +804,8 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     os.waitpid(child, 0)
     (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": beat["t"]}))
     assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
+    (tmp_path / f"vae_decoder.{os.getpid()}.json").write_text('{"pid": "x"}')  # garbled: skipped, no crash
+    monkeypatch.setattr(runtime.time, "time", lambda: late)  # a stale beacon does not hide a dead process
+    assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
     s.run_dir = str(tmp_path / "gone")
-    assert s._dead_model() is None
+    assert s._dead_model() == f"model process: the server's runtime directory {s.run_dir} is gone"

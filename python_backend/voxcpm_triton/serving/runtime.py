@@ -65,7 +65,7 @@ STALE_MARK = "has not answered for"  # in unhealthy()'s reason for a stale beaco
 INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder", "decoder")
 # Every model writes a beacon: the Python backend of Triton 2.51 does not restart a dead model
 # process, whose requests then fail (or hang, if it died with some in flight) until the server is
-# restarted. A dead one anywhere makes every request fail as unhealthy, so the probe restarts it.
+# restarted. A dead one anywhere makes every request fail as unhealthy, and the supervisor restarts it.
 WATCHED_MODELS = (*INTERNAL_MODELS, "tts", "tts_stream", "voices", "loras")
 
 
@@ -393,6 +393,7 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | 
         names = os.listdir(directory)
     except OSError as e:
         return f"cannot read the server's runtime directory: {e}"
+    stale = None  # a dead or broken process is named before a stale beacon, which may be a clock step
     for name in names:
         model, _, rest = name.partition(".")
         if model not in models or not rest.endswith(".json"):
@@ -400,15 +401,16 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | 
         try:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
                 b = json.load(f)
-        except (OSError, ValueError):
+            pid, beat, error = int(b["pid"]), float(b["beat"]), b.get("error")
+        except (OSError, ValueError, TypeError, KeyError):
             continue  # removed or being replaced right now
-        if not process_alive(int(b["pid"])):
-            return f"the {model} model process (pid {b['pid']}) has died"
-        if b.get("error"):
-            return f"the {model} model cannot serve: {b['error']}"
-        if now - float(b["beat"]) > BEACON_STALE_S:
-            return f"the {model} model process (pid {b['pid']}) {STALE_MARK} {now - b['beat']:.0f} s"
-    return None
+        if not process_alive(pid):
+            return f"the {model} model process (pid {pid}) has died"
+        if error:
+            return f"the {model} model cannot serve: {error}"
+        if stale is None and now - beat > BEACON_STALE_S:
+            stale = f"the {model} model process (pid {pid}) {STALE_MARK} {now - beat:.0f} s"
+    return stale
 
 
 def model_process():
