@@ -625,11 +625,12 @@ class Supervisor:
             return None
         if not os.path.isdir(self.run_dir):  # (a /tmp cleaner?) its sockets, key and beacons are gone with it
             return f"model process: the server's runtime directory {self.run_dir} is gone"
-        why = runtime.unhealthy(directory=self.run_dir)
-        if why is None or why.startswith("cannot read"):
+        fault = runtime.beacon_fault(directory=self.run_dir)
+        if fault is None or fault[0] == "unreadable":
             self.stale_since = None
             return None
-        if runtime.STALE_MARK in why:  # beacons carry wall-clock times: a clock step makes them look stale once
+        kind, why = fault
+        if kind == "stale":  # beacons carry wall-clock times: a clock step makes them look stale once
             now = time.monotonic()
             self.stale_since = self.stale_since or now
             if now - self.stale_since < STALE_CONFIRM_S:

@@ -61,7 +61,6 @@ BEACON_PERIOD_S = 1.0
 # A beacon older than this means its process is stuck or gone (the engine loop wakes every
 # 50 ms even when idle; one CPU prefill of the largest prompt takes a few seconds).
 BEACON_STALE_S = 15.0
-STALE_MARK = "has not answered for"  # in unhealthy()'s reason for a stale beacon
 INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder", "decoder")
 # Every model writes a beacon: the Python backend of Triton 2.51 does not restart a dead model
 # process, whose requests then fail (or hang, if it died with some in flight) until the server is
@@ -383,17 +382,20 @@ def process_alive(pid: int, start: str | None = None) -> bool:
     return start is None or len(fields) <= 19 or fields[19] == start
 
 
-def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | None = None) -> str | None:
+def beacon_fault(models=WATCHED_MODELS, now: float | None = None,
+                 directory: str | None = None) -> tuple[str, str] | None:
     """None if every beacon of `models` in this server's directory (`directory`: another server's,
-    the supervisor's view) is fresh, from a live process and error-free; else why not. A model with
+    the supervisor's view) is fresh, from a live process and error-free; else (kind, why), kind one of
+    "unreadable" (the directory), "dead", "error" (the process says it cannot serve) or "stale". A
+    dead or broken process is named before a stale beacon, which may be a clock step. A model with
     no beacon yet counts as healthy (it is loading, or not part of this repository)."""
     now = time.time() if now is None else now
     directory = directory or run_dir()
     try:
         names = os.listdir(directory)
     except OSError as e:
-        return f"cannot read the server's runtime directory: {e}"
-    stale = None  # a dead or broken process is named before a stale beacon, which may be a clock step
+        return "unreadable", f"cannot read the server's runtime directory: {e}"
+    stale = None
     for name in names:
         model, _, rest = name.partition(".")
         if model not in models or not rest.endswith(".json"):
@@ -405,12 +407,18 @@ def unhealthy(models=WATCHED_MODELS, now: float | None = None, directory: str | 
         except (OSError, ValueError, TypeError, KeyError):
             continue  # removed or being replaced right now
         if not process_alive(pid):
-            return f"the {model} model process (pid {pid}) has died"
+            return "dead", f"the {model} model process (pid {pid}) has died"
         if error:
-            return f"the {model} model cannot serve: {error}"
+            return "error", f"the {model} model cannot serve: {error}"
         if stale is None and now - beat > BEACON_STALE_S:
-            stale = f"the {model} model process (pid {pid}) {STALE_MARK} {now - beat:.0f} s"
+            stale = "stale", f"the {model} model process (pid {pid}) has not answered for {now - beat:.0f} s"
     return stale
+
+
+def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:
+    """beacon_fault's reason, for this server's directory; None when healthy."""
+    fault = beacon_fault(models, now)
+    return None if fault is None else fault[1]
 
 
 def model_process():
