@@ -79,6 +79,8 @@ STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtim
 ADMIN_HEADER = "voxcpm-admin-key"
 STALE_CONFIRM_S = 3.0  # a beacon found stale must stay so this long (its process beats every second)
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
+PROBE_JOIN_S = 5.0  # what a probe cut short gets to end once its server is gone
+DEAD_MODEL = "dead model"  # _probe's status when a model process was found dead while it ran
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
 SHM_DIR = "/dev/shm"
 UNIX_PATH_MAX = 107  # an AF_UNIX socket path's bytes
@@ -386,6 +388,7 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
         self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
+        self.probe_thread: threading.Thread | None = None  # the last probe's (_probe)
         self.state_dir: str | None = None  # the runs' parent, kept across restarts
         self.held_fd: int | None = None  # its `held` file, locked (make_state_dir)
         self.shm_prefix = _shm_prefix(self.args)
@@ -444,6 +447,7 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             pass
         left = _wait_group(proc.pid, 5)  # killed processes take a moment to go
+        self._end_probe()
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if left:
@@ -451,6 +455,15 @@ class Supervisor:
         else:
             self._remove_regions()
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def _end_probe(self):
+        """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,
+        so that it cannot reach the next server on the same port."""
+        t, self.probe_thread = self.probe_thread, None
+        if t is not None and t.is_alive():
+            t.join(PROBE_JOIN_S)
+            if t.is_alive():
+                log(f"a probe of the stopped server is still running after {PROBE_JOIN_S:g} s")
 
     def _note_regions(self, pid: int):
         """Add the regions the server's processes name now; keep the list in the state directory, where
@@ -607,8 +620,10 @@ class Supervisor:
             self._note_regions(self.proc.pid)  # a model loaded since
             if status == probe.HEALTHY:
                 failures, self.was_healthy = 0, True
+            elif status == DEAD_MODEL:
+                return what
             elif status == probe.BROKEN:
-                return what if what.startswith("model process: ") else f"probe: {what}"
+                return f"probe: {what}"
             else:
                 failures += 1
                 log(f"probe failed ({failures}/{o.probe_failures}): {what}")
@@ -639,10 +654,12 @@ class Supervisor:
 
     def _probe(self):
         """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping.
-        A model process found dead meanwhile ends the wait: (probe.BROKEN, why)."""
+        A model process found dead meanwhile ends the wait: (DEAD_MODEL, why); the probe's thread is
+        then left to end with its server (stop() waits for it)."""
         out: list = []
         t = threading.Thread(target=lambda: out.append(probe.probe(self.url, self.opts.probe_timeout,
                                                                     metrics_url=self.metrics_url)), daemon=True)
+        self.probe_thread = t
         t.start()
         next_check = time.monotonic() + 0.5
         while t.is_alive() and not self.stopping:
@@ -651,7 +668,7 @@ class Supervisor:
             if time.monotonic() >= next_check:
                 dead = self._dead_model()
                 if dead:
-                    return probe.BROKEN, dead
+                    return DEAD_MODEL, dead
                 next_check = time.monotonic() + 0.5
         return out[0] if out else None
 

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -809,3 +810,44 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
     s.run_dir = str(tmp_path / "gone")
     assert s._dead_model() == f"model process: the server's runtime directory {s.run_dir} is gone"
+
+
+def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(tmp_path, monkeypatch):
+    """A model process that dies while a probe waits ends the wait with the process's reason (not a
+    probe's), and the probe's thread, still waiting, is waited for once the server is stopped, so
+    that it cannot reach the next server on the same port."""
+    class Opts:
+        probe_interval = probe_timeout = probe_failures = start_timeout = 1
+
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    release = threading.Event()
+
+    def stuck_probe(*args, **kwargs):  # the process dies while the probe's request waits on it
+        (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": time.time()}))
+        release.wait(30)
+        return probe.UNHEALTHY, "connection reset"
+
+    monkeypatch.setattr(supervise.probe, "probe", stuck_probe)
+    s = supervise.Supervisor(["tritonserver"], Opts)
+    s.run_dir = str(tmp_path)
+
+    class Running:  # a server that is up and ready
+        pid = os.getpid()
+
+        def poll(self):
+            return None
+
+    s.proc, s.started = Running(), time.monotonic()
+    monkeypatch.setattr(s, "ready", lambda: True)
+    t0 = time.monotonic()
+    why = s.watch()
+    assert why == f"model process: the tts_stream model process (pid {child}) has died"
+    assert time.monotonic() - t0 < 5
+    thread = s.probe_thread
+    assert thread is not None and thread.is_alive()  # the probe still waits on the server
+    threading.Timer(0.3, release.set).start()
+    s._end_probe()
+    assert not thread.is_alive() and s.probe_thread is None
