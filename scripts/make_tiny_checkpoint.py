@@ -3,7 +3,7 @@
 
     make_tiny_checkpoint.py                       # the tiny embedded default -> checkpoints/tiny
     make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json --out /data/full --device cuda
-                                                  # full-size (2.3B, bf16) random weights, for benchmarks
+                                                  # full-size (2.4B with the VAE, bf16) random weights, for benchmarks
 
 Same seed, dtype and device -> same bytes. Weights are drawn per tensor in the
 target dtype and streamed to the file, so memory stays at about two tensors.

@@ -80,6 +80,7 @@ ADMIN_HEADER = "voxcpm-admin-key"
 STALE_CONFIRM_S = 3.0  # a beacon found stale must stay so this long (its process beats every second)
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
 PROBE_JOIN_S = 5.0  # what a probe cut short gets to end once its server is gone
+HELD_IDLE_S = 5.0  # a stopping server whose model processes all stay idle and loaded this long is held
 DEAD_MODEL = "dead model"  # _probe's status when a model process was found dead while it ran
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
 SHM_DIR = "/dev/shm"
@@ -171,6 +172,18 @@ def _wait_group(pgid: int, seconds: float) -> list[int]:
     while (left := _group_alive(pgid)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def _only_beacon_models(args: list[str]) -> bool:
+    """True if every model in the server's repositories is one of this project's, each of whose
+    processes writes a beacon with its busy count (runtime.WATCHED_MODELS)."""
+    repos = [a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")]
+    repos += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model-repository"]
+    try:
+        models = {m for r in repos for m in os.listdir(r) if os.path.isdir(os.path.join(r, m))}
+    except OSError:
+        return False
+    return bool(repos) and models <= set(runtime.WATCHED_MODELS)
 
 
 def _shm_prefix(args: list[str]) -> str:
@@ -343,7 +356,8 @@ class Companion:
         self.left.append((proc.pid, self.tmp))
         _wait_group(proc.pid, 5)
         self._remove_left()
-        log(f"{self.name} stopped (exit code {proc.returncode})")
+        code = proc.returncode  # uvicorn ends on the SIGTERM it drained for, raised again: -15
+        log(f"{self.name} stopped ({f'by {signal.Signals(-code).name}' if code < 0 else f'exit code {code}'})")
 
     def _make_tmp(self) -> str | None:
         """A TMPDIR for the next start in the state directory; None (the supervisor's own TMPDIR) where
@@ -385,6 +399,7 @@ class Supervisor:
         metrics = next((p for p in self.ports if p[0] == "metrics"), None)
         self.metrics_url = _url(*metrics[1:]) if metrics else None  # a probe queued behind work counts as alive
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
+        self.beacons_tell_all = _only_beacon_models(self.args)  # see _wait_exit
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
         self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
@@ -427,10 +442,9 @@ class Supervisor:
             log(f"stopping tritonserver ({why})")
             self._end_requests_by(time.time() + (self.exit_timeout / 2 if grace is None else 0.0))
             proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.exit_timeout + 10 if grace is None else grace)
-            except subprocess.TimeoutExpired:
-                log("tritonserver did not exit in time: SIGKILL")
+            late = self._wait_exit(proc, self.exit_timeout + 10 if grace is None else grace)
+            if late:
+                log(f"{late}: SIGKILL")
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -455,6 +469,37 @@ class Supervisor:
         else:
             self._remove_regions()
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def _wait_exit(self, proc: subprocess.Popen, seconds: float) -> str | None:
+        """Wait up to `seconds` for a stopping server to exit; None if it did, else why to kill it:
+        out of time, or held. Held: every model process left has reported no request for
+        HELD_IDLE_S and none has unloaded meanwhile, so Triton is waiting for something that never
+        ends. A gRPC stream cancelled while its last response is being written leaves Triton 2.51
+        holding that model for good, and the server would otherwise wait out its exit timeout
+        (then exit 1). Only for a repository of this project's models, which all write beacons."""
+        end = time.monotonic() + seconds
+        idle, idle_since = None, 0.0
+        while True:
+            try:
+                proc.wait(max(0.0, min(0.5, end - time.monotonic())))
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now >= end:
+                return "tritonserver did not exit in time"
+            # not judged: a server stopped while it loads (models without a beacon yet)
+            watch = self.run_dir and self.beacons_tell_all and self.was_ready
+            beacons = runtime.busy_beacons(self.run_dir) if watch else None
+            if not beacons or any(beacons.values()):
+                idle = None
+            elif set(beacons) != idle:
+                idle, idle_since = set(beacons), now
+            elif now - idle_since >= HELD_IDLE_S:
+                models = sorted({name.partition(".")[0] for name in idle})
+                return (f"tritonserver still holds {', '.join(models)}: idle, nothing unloaded for "
+                        f"{now - idle_since:.0f} s (Triton 2.51 keeps a model whose gRPC stream was cancelled "
+                        "while its last response was being written)")
 
     def _end_probe(self):
         """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,

@@ -392,12 +392,13 @@ class TritonServer:
         stubs = [p for p in self.stub_pids() if _handles(p, signal.SIGUSR2)]
         with open(self.log_path, "a") as log:
             log.write(f"### tests/server.py: {why}; stacks of stubs {stubs}:\n")
-        for pid in stubs:
+        for pid in stubs:  # one at a time: stubs writing at once interleave their lines in the log
             try:
                 os.kill(pid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
-        time.sleep(1.0)
+            time.sleep(0.25)
+        time.sleep(0.75)
 
     def stop(self, timeout: float = 60.0) -> int:
         """Stop with SIGTERM (as ``docker stop`` / Ctrl-C would); return the exit code.

@@ -851,3 +851,75 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
     threading.Timer(0.3, release.set).start()
     s._end_probe()
     assert not thread.is_alive() and s.probe_thread is None
+
+
+@pytest.mark.parametrize("case", ["held", "busy", "unloading", "foreign_model", "never_ready"])
+def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, monkeypatch, case):
+    """supervise.Supervisor._wait_exit: a stopping server whose model processes all report no
+    request and none of which unloads for HELD_IDLE_S is held (Triton 2.51 keeps a model whose gRPC
+    stream was cancelled while its last response was written) and is ended then, not at the exit
+    timeout. Not while a process reports a request, while processes unload one after another, with a
+    model in the repository that writes no beacon, or for a server that never became ready."""
+    held = 3.0
+    monkeypatch.setattr(supervise, "HELD_IDLE_S", held)
+    repo = tmp_path / "repo"
+    for m in ("tts_stream", "decoder") + (("custom",) if case == "foreign_model" else ()):
+        (repo / m).mkdir(parents=True)
+
+    class Opts:
+        probe_interval = probe_timeout = probe_failures = start_timeout = 1
+
+    s = supervise.Supervisor(["tritonserver", f"--model-repository={repo}"], Opts)
+    assert s.beacons_tell_all == (case != "foreign_model")
+    run = tmp_path / "run"
+    run.mkdir()
+    s.run_dir, s.was_ready = str(run), case != "never_ready"
+    me = os.getpid()
+    for name, busy in (("tts_stream", 1 if case == "busy" else 0), ("decoder", 0)):
+        (run / f"{name}.{me}.json").write_text(json.dumps({"pid": me, "beat": time.time(), "busy": busy}))
+    extra = []
+    if case == "unloading":  # three more processes, one unloading every 1.5 s
+        for i in range(3):
+            child = subprocess.Popen(["sleep", "60"])
+            extra.append(child)
+            (run / f"tts.{child.pid}.json").write_text(json.dumps({"pid": child.pid, "beat": time.time(), "busy": 0}))
+
+        def unload():
+            for child in extra:
+                time.sleep(1.5)
+                (run / f"tts.{child.pid}.json").unlink()
+        threading.Thread(target=unload, daemon=True).start()
+    server = subprocess.Popen(["sleep", "60"])  # a server that does not exit
+    try:
+        t0 = time.monotonic()
+        why = s._wait_exit(server, 20 if case in ("held", "unloading") else held + 3)
+        took = time.monotonic() - t0
+    finally:
+        for p in [server, *extra]:
+            p.kill()
+            p.wait()
+    if case == "held":
+        assert why.startswith("tritonserver still holds decoder, tts_stream: idle, nothing unloaded for 3 s"), why
+        assert held <= took < held + 2
+    elif case == "unloading":  # held once the last one has gone (4.5 s), then `held` more
+        assert why.startswith("tritonserver still holds decoder, tts_stream:"), why
+        assert 4.5 + held <= took < 4.5 + held + 2
+    else:
+        assert why == "tritonserver did not exit in time" and took >= held + 3
+
+
+def test_busy_beacons_reads_each_live_process_count(tmp_path):
+    """runtime.busy_beacons: a live process's count; none written (an older process) counts as busy;
+    a dead process's beacon, a garbled one and other files are left out; no directory: None."""
+    me = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    (tmp_path / f"tts.{me}.json").write_text(json.dumps({"pid": me, "beat": 1.0, "busy": 3}))
+    (tmp_path / f"decoder.{me}.json").write_text(json.dumps({"pid": me, "beat": 1.0}))
+    (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": 1.0, "busy": 0}))
+    (tmp_path / "voices.1.json").write_text("{")
+    (tmp_path / "stopping").write_text("1")
+    assert runtime.busy_beacons(str(tmp_path)) == {f"tts.{me}.json": 3, f"decoder.{me}.json": 1}
+    assert runtime.busy_beacons(str(tmp_path / "gone")) is None

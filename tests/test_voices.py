@@ -342,8 +342,10 @@ def test_the_store_bounds_the_number_of_voices(tmp_path):
     lat = np.zeros((3, 4, 16), np.float32)
     assert store.add("a", lat, None, None, 16000, max_voices=2) == ["a"]
     assert store.add("b", lat, None, None, 16000, max_voices=2) == ["a", "b"]
-    with pytest.raises(Busy, match="2 voices are stored already .*max_voices"):
+    with pytest.raises(Busy, match="2 voices are stored already, the most allowed is 2 .*max_voices"):
         store.add("c", lat, None, None, 16000, max_voices=2)
+    with pytest.raises(Busy, match="2 voices are stored already, the most allowed is 1 "):  # a limit lowered since
+        store.add("c", lat, None, None, 16000, max_voices=1)
     assert store.add("b", lat + 1, None, None, 16000, max_voices=2) == ["a", "b"]  # a replacement
     assert float(store.load("b").reference[0, 0, 0]) == 1.0
     store.remove("a")

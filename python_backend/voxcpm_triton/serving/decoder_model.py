@@ -234,6 +234,7 @@ class DecoderModel:
         context = torch.cat([f for f in feats if f is not None])[-CONTEXT_PATCHES:] if feats[1] is not None else None
         return prompt, context
 
+    @runtime.counted
     def execute(self, requests):
         timeline.event("execute", len(requests))
         for request in requests:

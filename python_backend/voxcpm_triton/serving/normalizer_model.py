@@ -38,6 +38,7 @@ class TextNormalizerModel:
     def finalize(self):
         self.beacon.stop()
 
+    @runtime.counted
     def execute(self, requests):
         return answer_each(requests, "text_normalizer", self._answer)
 

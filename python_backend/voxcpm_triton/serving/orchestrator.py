@@ -381,6 +381,7 @@ class TTSModel:
                                 labels, "COUNTER")
         self.beacon = runtime.Beacon("tts")
 
+    @runtime.counted
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
 
@@ -452,6 +453,7 @@ class TTSStreamModel:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.beacon = runtime.Beacon("tts_stream")
 
+    @runtime.counted
     async def execute(self, requests):
         """Each stream runs as a task of its own; execute returns once they have all ended, and
         not sooner than MIN_EXECUTE_S. The stub registers an execute's coroutine only after it has

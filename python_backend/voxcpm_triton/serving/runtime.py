@@ -16,9 +16,10 @@ No torch here: the orchestrator processes import this too.
   directory (atomically: written aside, then hard-linked; a loser of the race reads the
   winner's). Internal models refuse requests that do not carry it.
 - Beacons: each model process (`WATCHED_MODELS`) writes `<model>.<pid>.json` every second
-  ({pid, beat, error}); `error` is set when the process knows it can no longer serve (the
+  ({pid, beat, error, busy}); `error` is set when the process knows it can no longer serve (the
   engine thread died). Triton 2.51 neither restarts a dead stub nor reports it, so the
-  orchestrator reads the beacons to fail fast instead of waiting forever.
+  orchestrator reads the beacons to fail fast instead of waiting forever. `busy`: the requests
+  its executes (`counted`) hold now; the supervisor reads it while the server stops.
 - Parent watch: a model process whose tritonserver is gone exits at once, so nothing of
   a server outlives it; one that crashes leaves its threads' stacks in the server's log.
 - Exit: a model process ends with os._exit once its interpreter starts to shut down, after
@@ -40,6 +41,7 @@ import faulthandler
 import fcntl
 import functools
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -321,6 +323,45 @@ def key_matches(parameters_json: str, key: str) -> bool:
     return isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())
 
 
+_busy = 0  # requests inside this process's counted executes
+_busy_lock = threading.Lock()
+
+
+def _add_busy(n: int):
+    global _busy
+    with _busy_lock:
+        _busy += n
+
+
+def busy() -> int:
+    """Requests this process's executes hold now (`counted`)."""
+    return _busy
+
+
+def counted(execute):
+    """A model's `execute` (plain or async) whose requests count as busy while it runs. An
+    orchestrator's execute lasts as long as its requests, so a server whose processes all say 0
+    has nothing left to finish."""
+    if inspect.iscoroutinefunction(execute):
+        @functools.wraps(execute)
+        async def run_async(self, requests):
+            _add_busy(len(requests))
+            try:
+                return await execute(self, requests)
+            finally:
+                _add_busy(-len(requests))
+        return run_async
+
+    @functools.wraps(execute)
+    def run(self, requests):
+        _add_busy(len(requests))
+        try:
+            return execute(self, requests)
+        finally:
+            _add_busy(-len(requests))
+    return run
+
+
 class Beacon:
     """Writes this process's beacon every second until `stop`. `status()` -> None when healthy,
     else a reason (written as the beacon's error)."""
@@ -338,7 +379,8 @@ class Beacon:
             error = self.status()
         except Exception as e:  # noqa: BLE001 - a broken status check is itself a failure
             error = f"status check failed: {e}"
-        write_atomic(self.path, json.dumps({"pid": os.getpid(), "beat": time.time(), "error": error}))
+        write_atomic(self.path, json.dumps({"pid": os.getpid(), "beat": time.time(), "error": error,
+                                            "busy": busy()}))
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -382,6 +424,24 @@ def process_alive(pid: int, start: str | None = None) -> bool:
     return start is None or len(fields) <= 19 or fields[19] == start
 
 
+def _beacons(directory: str, models) -> list[tuple[str, str, dict]]:
+    """(file name, model, contents with an int pid) of each beacon of `models` in `directory` that
+    reads whole; one being replaced right now is left out. OSError if the directory cannot be listed."""
+    out = []
+    for name in os.listdir(directory):
+        model, _, rest = name.partition(".")
+        if model not in models or not rest.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                b = json.load(f)
+            b["pid"] = int(b["pid"])
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        out.append((name, model, b))
+    return out
+
+
 def beacon_fault(models=WATCHED_MODELS, now: float | None = None,
                  directory: str | None = None) -> tuple[str, str] | None:
     """None if every beacon of `models` in this server's directory (`directory`: another server's,
@@ -392,20 +452,16 @@ def beacon_fault(models=WATCHED_MODELS, now: float | None = None,
     now = time.time() if now is None else now
     directory = directory or run_dir()
     try:
-        names = os.listdir(directory)
+        beacons = _beacons(directory, models)
     except OSError as e:
         return "unreadable", f"cannot read the server's runtime directory: {e}"
     stale = None
-    for name in names:
-        model, _, rest = name.partition(".")
-        if model not in models or not rest.endswith(".json"):
-            continue
+    for _, model, b in beacons:
+        pid, error = b["pid"], b.get("error")
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as f:
-                b = json.load(f)
-            pid, beat, error = int(b["pid"]), float(b["beat"]), b.get("error")
-        except (OSError, ValueError, TypeError, KeyError):
-            continue  # removed or being replaced right now
+            beat = float(b["beat"])
+        except (ValueError, TypeError, KeyError):
+            continue
         if not process_alive(pid):
             return "dead", f"the {model} model process (pid {pid}) has died"
         if error:
@@ -413,6 +469,22 @@ def beacon_fault(models=WATCHED_MODELS, now: float | None = None,
         if stale is None and now - beat > BEACON_STALE_S:
             stale = "stale", f"the {model} model process (pid {pid}) has not answered for {now - beat:.0f} s"
     return stale
+
+
+def busy_beacons(directory: str, models=WATCHED_MODELS) -> dict[str, int] | None:
+    """{beacon file name: requests it says its process holds} for each live model process of a
+    server (`directory`: its runtime directory); None if the directory cannot be read. A beacon
+    without a count counts as busy."""
+    try:
+        beacons = _beacons(directory, models)
+    except OSError:
+        return None
+    out = {}
+    for name, _, b in beacons:
+        if process_alive(b["pid"]):
+            count = b.get("busy")
+            out[name] = count if isinstance(count, int) else 1
+    return out
 
 
 def unhealthy(models=WATCHED_MODELS, now: float | None = None) -> str | None:

@@ -25,6 +25,7 @@ class TokenizerModel:
     def finalize(self):
         self.beacon.stop()
 
+    @runtime.counted
     def execute(self, requests):
         return answer_each(requests, "tokenizer", self._answer)
 

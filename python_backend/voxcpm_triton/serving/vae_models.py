@@ -63,6 +63,7 @@ class VAEEncoderModel:
     def finalize(self):
         self.beacon.stop()
 
+    @runtime.counted
     def execute(self, requests):
         responses: list = [None] * len(requests)
         waves, pads, idx = [], [], []
@@ -160,6 +161,7 @@ class VAEDecoderModel:
         return patch_frames(torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32)))
 
     @torch.inference_mode()
+    @runtime.counted
     def execute(self, requests):
         responses: list = [None] * len(requests)
         work = []  # (index, corrid, z, end)

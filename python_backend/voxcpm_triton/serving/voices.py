@@ -112,9 +112,9 @@ class VoiceStore:
     def check_room(self, name: str, max_voices: int | None):
         """Busy when adding `name` would store more than `max_voices` voices (a replacement never
         does). `add` checks again under the store's lock; a caller may ask first, before the work."""
-        if max_voices is not None and self._target(name) is None and len(self.names()) >= max_voices:
-            raise Busy(f"{max_voices} voices are stored already (parameter max_voices of model "
-                       f"'voices'); remove one first")
+        if max_voices is not None and self._target(name) is None and (stored := len(self.names())) >= max_voices:
+            raise Busy(f"{stored} voices are stored already, the most allowed is {max_voices} (parameter "
+                       "max_voices of model 'voices'); remove one first")
 
     def add(self, name: str, reference: np.ndarray, prompt: np.ndarray | None, transcript: str | None,
             sample_rate: int, info: dict | None = None, max_voices: int | None = None,
