@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import glob
 import os
 import re
 import secrets
@@ -87,6 +88,7 @@ SHM_DIR = "/dev/shm"
 UNIX_PATH_MAX = 107  # an AF_UNIX socket path's bytes
 STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, digits or underscores
 _STATE_DIR = re.compile(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?")  # and one a sweep claimed
+PYTHON_ENV_GLOB = "/tmp/python_env_*"  # the python backend's, one per server (mkdtemp, not TMPDIR)
 REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
 
 
@@ -404,6 +406,8 @@ class Supervisor:
         self.run_dir: str | None = None
         self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
         self.probe_thread: threading.Thread | None = None  # the last probe's (_probe)
+        self.envs_before: set[str] = set()  # the python backend's directories before this server started
+        self.python_env: str | None = None  # and the one it made, if known
         self.state_dir: str | None = None  # the runs' parent, kept across restarts
         self.held_fd: int | None = None  # its `held` file, locked (make_state_dir)
         self.shm_prefix = _shm_prefix(self.args)
@@ -428,6 +432,7 @@ class Supervisor:
         self.started = time.monotonic()
         self.was_ready = self.was_healthy = False
         self.stale_since = None
+        self.envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None):
@@ -468,6 +473,11 @@ class Supervisor:
             log("some of the server's processes are still there: its shared-memory regions are left")
         else:
             self._remove_regions()
+            if self.python_env:  # a server killed, or out of its exit timeout, leaves its (empty) directory
+                try:
+                    os.rmdir(self.python_env)
+                except OSError:
+                    pass  # gone with a clean exit, or not empty: not ours to clear
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
 
     def _wait_exit(self, proc: subprocess.Popen, seconds: float) -> str | None:
@@ -646,6 +656,9 @@ class Supervisor:
                     next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
+                    new_envs = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
+                    # ours only if it is the one that appeared (another server may have started meanwhile)
+                    self.python_env = new_envs.pop() if len(new_envs) == 1 else None
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"

@@ -461,6 +461,42 @@ def test_a_stop_past_the_exit_timeout_leaves_the_stubs_stacks_in_the_log(tmp_pat
     assert re.search(r'File ".*spinning/1/model.py", line \d+ in finalize', log), srv.log_tail()
 
 
+def test_the_supervisor_removes_what_a_server_out_of_its_exit_timeout_leaves_in_tmp(tmp_path):
+    """Triton's python backend makes /tmp/python_env_XXXXXX (hard-coded, not $TMPDIR) and removes it
+    only at a clean exit: a server that runs out its exit timeout (a finalize that never ends) or is
+    killed leaves it. The supervisor removes the one its server made."""
+    import glob
+
+    http, grpc, metrics = _free_ports(3)
+    before = set(glob.glob("/tmp/python_env_*"))
+    env = triton_env()
+    env.update(SPIN_FINALIZE_S="30", SPIN_MARKER_DIR=str(tmp_path), VOXCPM_PROBE_INTERVAL="0")
+    log = tmp_path / "supervise.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "supervise.py"), "--", env["TRITONSERVER_BIN"],
+             f"--model-repository={EXIT_REPO}", f"--backend-directory={env['TRITON_BACKEND_DIR']}",
+             "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+             "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--exit-timeout-secs=3"],
+            env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "tritonserver ready" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.25)
+        made = set(glob.glob("/tmp/python_env_*")) - before
+        assert "tritonserver ready" in log.read_text() and len(made) == 1, (made, log.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    text = log.read_text()
+    assert "Exit timeout expired" in text, text[-3000:]  # it did run out: the case this is about
+    assert not made & set(glob.glob("/tmp/python_env_*")), text[-3000:]
+    assert _pids_in_group(proc.pid) == []
+
+
 @pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "exit_without_teardown"])
 def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(hook, tmp_path):
     """The interpreter's teardown ends a daemon thread that takes the GIL again with pthread_exit;
