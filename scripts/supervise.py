@@ -483,8 +483,8 @@ class Supervisor:
     def _wait_exit(self, proc: subprocess.Popen, seconds: float) -> str | None:
         """Wait up to `seconds` for a stopping server to exit; None if it did, else why to kill it:
         out of time, or held. Held: every model process left has reported no request for
-        HELD_IDLE_S and none has unloaded meanwhile, so Triton is waiting for something that never
-        ends. A gRPC stream cancelled while its last response is being written leaves Triton 2.51
+        HELD_IDLE_S and none has unloaded or been unloading meanwhile (a process in its finalize has
+        no beacon any more), so Triton is waiting for something that never ends. A gRPC stream cancelled while its last response is being written leaves Triton 2.51
         holding that model for good, and the server would otherwise wait out its exit timeout
         (then exit 1). Only for a repository of this project's models, which all write beacons."""
         end = time.monotonic() + seconds
@@ -501,8 +501,8 @@ class Supervisor:
             # not judged: a server stopped while it loads (models without a beacon yet)
             watch = self.run_dir and self.beacons_tell_all and self.was_ready
             beacons = runtime.busy_beacons(self.run_dir) if watch else None
-            if not beacons or any(beacons.values()):
-                idle = None
+            if not beacons or any(beacons.values()) or self._stubs_without_beacon(proc.pid, beacons):
+                idle = None  # working, or a process finalizing (its beacon goes as its finalize starts)
             elif set(beacons) != idle:
                 idle, idle_since = set(beacons), now
             elif now - idle_since >= HELD_IDLE_S:
@@ -510,6 +510,20 @@ class Supervisor:
                 return (f"tritonserver still holds {', '.join(models)}: idle, nothing unloaded for "
                         f"{now - idle_since:.0f} s (Triton 2.51 keeps a model whose gRPC stream was cancelled "
                         "while its last response was being written)")
+
+    @staticmethod
+    def _stubs_without_beacon(pgid: int, beacons: dict[str, int]) -> bool:
+        """True if a model process of the server writes no beacon (anymore): one in its finalize."""
+        with_beacon = {name.split(".")[1] for name in beacons}
+        for pid in _group_alive(pgid):
+            if pid != pgid and str(pid) not in with_beacon:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if os.path.basename(f.read().split(b"\0")[0]) == b"triton_python_backend_stub":
+                            return True
+                except OSError:
+                    continue
+        return False
 
     def _end_probe(self):
         """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -853,13 +854,14 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
     assert not thread.is_alive() and s.probe_thread is None
 
 
-@pytest.mark.parametrize("case", ["held", "busy", "unloading", "foreign_model", "never_ready"])
+@pytest.mark.parametrize("case", ["held", "busy", "unloading", "finalizing", "foreign_model", "never_ready"])
 def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, monkeypatch, case):
     """supervise.Supervisor._wait_exit: a stopping server whose model processes all report no
     request and none of which unloads for HELD_IDLE_S is held (Triton 2.51 keeps a model whose gRPC
     stream was cancelled while its last response was written) and is ended then, not at the exit
-    timeout. Not while a process reports a request, while processes unload one after another, with a
-    model in the repository that writes no beacon, or for a server that never became ready."""
+    timeout. Not while a process reports a request, while processes unload one after another, while
+    a model process without a beacon runs (one in its finalize), with a model in the repository that
+    writes no beacon, or for a server that never became ready."""
     held = 3.0
     monkeypatch.setattr(supervise, "HELD_IDLE_S", held)
     repo = tmp_path / "repo"
@@ -889,12 +891,14 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
                 time.sleep(1.5)
                 (run / f"tts.{child.pid}.json").unlink()
         threading.Thread(target=unload, daemon=True).start()
-    server = subprocess.Popen(["sleep", "60"])  # a server that does not exit
+    stub = "(exec -a triton_python_backend_stub sleep 60) & " if case == "finalizing" else ""
+    server = subprocess.Popen(["bash", "-c", f"{stub}exec sleep 60"], start_new_session=True)  # never exits
     try:
         t0 = time.monotonic()
         why = s._wait_exit(server, 20 if case in ("held", "unloading") else held + 3)
         took = time.monotonic() - t0
     finally:
+        os.killpg(server.pid, signal.SIGKILL)
         for p in [server, *extra]:
             p.kill()
             p.wait()
