@@ -359,7 +359,7 @@ class Companion:
         _wait_group(proc.pid, 5)
         self._remove_left()
         code = proc.returncode  # uvicorn ends on the SIGTERM it drained for, raised again: -15
-        log(f"{self.name} stopped ({f'by {signal.Signals(-code).name}' if code < 0 else f'exit code {code}'})")
+        log(f"{self.name} stopped ({f'by {signal.strsignal(-code)}' if code < 0 else f'exit code {code}'})")
 
     def _make_tmp(self) -> str | None:
         """A TMPDIR for the next start in the state directory; None (the supervisor's own TMPDIR) where
@@ -402,6 +402,9 @@ class Supervisor:
         self.metrics_url = _url(*metrics[1:]) if metrics else None  # a probe queued behind work counts as alive
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.beacons_tell_all = _only_beacon_models(self.args)  # see _wait_exit
+        if not self.beacons_tell_all:
+            log("the model repository has models of its own (or cannot be read): a stopping server is left "
+                "its whole exit timeout, never judged held")
         self.proc: subprocess.Popen | None = None
         self.run_dir: str | None = None
         self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
@@ -427,12 +430,12 @@ class Supervisor:
                    VOXCPM_SUPERVISOR_PID=str(os.getpid()))
         if not env.get("VOXCPM_INTERNAL_KEY"):
             env["VOXCPM_INTERNAL_KEY"] = secrets.token_hex(32)
+        self.envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
         self.started = time.monotonic()
         self.was_ready = self.was_healthy = False
         self.stale_since = None
-        self.envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None):
@@ -445,9 +448,10 @@ class Supervisor:
         self._note_regions(proc.pid)
         if proc.poll() is None:
             log(f"stopping tritonserver ({why})")
-            self._end_requests_by(time.time() + (self.exit_timeout / 2 if grace is None else 0.0))
+            drain = self.exit_timeout / 2 if grace is None else 0.0
+            self._end_requests_by(time.time() + drain)
             proc.send_signal(signal.SIGTERM)
-            late = self._wait_exit(proc, self.exit_timeout + 10 if grace is None else grace)
+            late = self._wait_exit(proc, self.exit_timeout + 10 if grace is None else grace, drain)
             if late:
                 log(f"{late}: SIGKILL")
                 try:
@@ -480,14 +484,18 @@ class Supervisor:
                     pass  # gone with a clean exit, or not empty: not ours to clear
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
 
-    def _wait_exit(self, proc: subprocess.Popen, seconds: float) -> str | None:
+    def _wait_exit(self, proc: subprocess.Popen, seconds: float, drain: float = 0.0) -> str | None:
         """Wait up to `seconds` for a stopping server to exit; None if it did, else why to kill it:
-        out of time, or held. Held: every model process left has reported no request for
-        HELD_IDLE_S and none has unloaded or been unloading meanwhile (a process in its finalize has
-        no beacon any more), so Triton is waiting for something that never ends. A gRPC stream cancelled while its last response is being written leaves Triton 2.51
-        holding that model for good, and the server would otherwise wait out its exit timeout
-        (then exit 1). Only for a repository of this project's models, which all write beacons."""
-        end = time.monotonic() + seconds
+        out of time, or held. Held: past `drain` (the time its requests were given: a request's
+        responses may still be on their way to a slow reader, which keeps its model loaded), every
+        model process left has reported no request for HELD_IDLE_S and none has unloaded or been
+        unloading meanwhile (a process in its finalize has no beacon any more), so Triton is waiting
+        for something that never ends. A gRPC stream cancelled while its last response is being
+        written leaves Triton 2.51 holding that model for good, and the server would otherwise wait
+        out its exit timeout (then exit 1). Only for a repository of this project's models, which all
+        write beacons."""
+        start = time.monotonic()
+        end = start + seconds
         idle, idle_since = None, 0.0
         while True:
             try:
@@ -504,12 +512,19 @@ class Supervisor:
             if not beacons or any(beacons.values()) or self._stubs_without_beacon(proc.pid, beacons):
                 idle = None  # working, or a process finalizing (its beacon goes as its finalize starts)
             elif set(beacons) != idle:
-                idle, idle_since = set(beacons), now
+                idle, idle_since = set(beacons), max(now, start + drain)
             elif now - idle_since >= HELD_IDLE_S:
                 models = sorted({name.partition(".")[0] for name in idle})
-                return (f"tritonserver still holds {', '.join(models)}: idle, nothing unloaded for "
-                        f"{now - idle_since:.0f} s (Triton 2.51 keeps a model whose gRPC stream was cancelled "
-                        "while its last response was being written)")
+                return (f"tritonserver still holds {', '.join(models)} {now - start:.0f} s after SIGTERM, every "
+                        f"model process idle and nothing unloaded for {now - idle_since:.0f} s (one known cause: "
+                        "a gRPC stream cancelled while its last response was being written)")
+
+    def _note_python_env(self):
+        """The python backend's directory this server made: the one that appeared between its start
+        and its readiness, if only one did (another server may have started meanwhile). Not for a
+        server stopped before it was ready, which may have made none yet."""
+        made = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
+        self.python_env = made.pop() if len(made) == 1 else None
 
     @staticmethod
     def _stubs_without_beacon(pgid: int, beacons: dict[str, int]) -> bool:
@@ -670,9 +685,7 @@ class Supervisor:
                     next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
-                    new_envs = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
-                    # ours only if it is the one that appeared (another server may have started meanwhile)
-                    self.python_env = new_envs.pop() if len(new_envs) == 1 else None
+                    self._note_python_env()
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"

@@ -854,12 +854,14 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
     assert not thread.is_alive() and s.probe_thread is None
 
 
-@pytest.mark.parametrize("case", ["held", "busy", "unloading", "finalizing", "foreign_model", "never_ready"])
+@pytest.mark.parametrize("case", ["held", "draining", "busy", "unloading", "finalizing", "foreign_model",
+                                  "never_ready"])
 def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, monkeypatch, case):
     """supervise.Supervisor._wait_exit: a stopping server whose model processes all report no
     request and none of which unloads for HELD_IDLE_S is held (Triton 2.51 keeps a model whose gRPC
     stream was cancelled while its last response was written) and is ended then, not at the exit
-    timeout. Not while a process reports a request, while processes unload one after another, while
+    timeout, and not before the time its requests were given (their responses may still be on their
+    way to a slow reader). Not while a process reports a request, while processes unload one after another, while
     a model process without a beacon runs (one in its finalize), with a model in the repository that
     writes no beacon, or for a server that never became ready."""
     held = 3.0
@@ -895,18 +897,20 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
     server = subprocess.Popen(["bash", "-c", f"{stub}exec sleep 60"], start_new_session=True)  # never exits
     try:
         t0 = time.monotonic()
-        why = s._wait_exit(server, 20 if case in ("held", "unloading") else held + 3)
+        drain = 4.0 if case == "draining" else 0.0
+        why = s._wait_exit(server, 20 if case in ("held", "draining", "unloading") else held + 3, drain)
         took = time.monotonic() - t0
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         for p in [server, *extra]:
             p.kill()
             p.wait()
-    if case == "held":
-        assert why.startswith("tritonserver still holds decoder, tts_stream: idle, nothing unloaded for 3 s"), why
-        assert held <= took < held + 2
+    if case in ("held", "draining"):
+        assert re.fullmatch(r"tritonserver still holds decoder, tts_stream \d+ s after SIGTERM, every model process "
+                            r"idle and nothing unloaded for \d+ s \(one known cause: .*\)", why), why
+        assert drain + held <= took < drain + held + 2
     elif case == "unloading":  # held once the last one has gone (4.5 s), then `held` more
-        assert why.startswith("tritonserver still holds decoder, tts_stream:"), why
+        assert why.startswith("tritonserver still holds decoder, tts_stream "), why
         assert 4.5 + held <= took < 4.5 + held + 2
     else:
         assert why == "tritonserver did not exit in time" and took >= held + 3
@@ -927,3 +931,28 @@ def test_busy_beacons_reads_each_live_process_count(tmp_path):
     (tmp_path / "stopping").write_text("1")
     assert runtime.busy_beacons(str(tmp_path)) == {f"tts.{me}.json": 3, f"decoder.{me}.json": 1}
     assert runtime.busy_beacons(str(tmp_path / "gone")) is None
+
+
+def test_a_beacon_counts_its_processs_executes_and_the_work_it_holds_past_them(tmp_path, monkeypatch):
+    """A beacon's `busy`: the requests inside counted executes plus its `work` (the decoder's engine
+    requests, which outlive its execute); a `work` that fails counts as busy."""
+    monkeypatch.setattr(runtime, "run_dir", lambda: str(tmp_path))
+    seen = {}
+
+    class Model:
+        @runtime.counted
+        def execute(self, requests):
+            b.write()
+            seen.update(json.loads(open(b.path).read()))
+
+    b = runtime.Beacon("decoder", work=lambda: 2)
+    try:
+        Model().execute([1, 2, 3])
+        assert seen["busy"] == 5
+        b.write()
+        assert json.loads(open(b.path).read())["busy"] == 2
+        b.work = lambda: 1 / 0
+        b.write()
+        assert json.loads(open(b.path).read())["busy"] == 1
+    finally:
+        b.stop()

@@ -340,6 +340,10 @@ class Engine:
     def running(self) -> dict:
         return self.scheduler.running
 
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._ids)
+
     def stats(self) -> dict:
         with self._lock:
             s = dict(self._stats)

@@ -134,7 +134,7 @@ class DecoderModel:
         if self.engine.loras is not None:
             runtime.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
-        self.beacon = runtime.Beacon("decoder", self._status)
+        self.beacon = runtime.Beacon("decoder", self._status, work=self.engine.in_flight)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None, cancel=self._cancel)
                       if placement.instance_count(args) > 1 else None)

@@ -340,8 +340,8 @@ def busy() -> int:
 
 def counted(execute):
     """A model's `execute` (plain or async) whose requests count as busy while it runs. An
-    orchestrator's execute lasts as long as its requests, so a server whose processes all say 0
-    has nothing left to finish."""
+    orchestrator's execute lasts as long as its requests; a decoupled model that holds requests
+    past its execute (the decoder) adds them through its Beacon's `work`."""
     if inspect.iscoroutinefunction(execute):
         @functools.wraps(execute)
         async def run_async(self, requests):
@@ -366,9 +366,9 @@ class Beacon:
     """Writes this process's beacon every second until `stop`. `status()` -> None when healthy,
     else a reason (written as the beacon's error)."""
 
-    def __init__(self, model: str, status=lambda: None, period_s: float = BEACON_PERIOD_S):
+    def __init__(self, model: str, status=lambda: None, period_s: float = BEACON_PERIOD_S, work=lambda: 0):
         self.path = os.path.join(run_dir(), f"{model}.{os.getpid()}.json")
-        self.status, self.period = status, period_s
+        self.status, self.period, self.work = status, period_s, work  # work: requests held past execute
         self._stop = threading.Event()
         self.write()
         self._thread = threading.Thread(target=self._run, name=f"beacon-{model}", daemon=True)
@@ -379,8 +379,12 @@ class Beacon:
             error = self.status()
         except Exception as e:  # noqa: BLE001 - a broken status check is itself a failure
             error = f"status check failed: {e}"
+        try:
+            held = busy() + self.work()
+        except Exception:  # noqa: BLE001 - unknown counts as busy
+            held = 1
         write_atomic(self.path, json.dumps({"pid": os.getpid(), "beat": time.time(), "error": error,
-                                            "busy": busy()}))
+                                            "busy": held}))
 
     def _run(self):
         while not self._stop.wait(self.period):
