@@ -827,13 +827,16 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
     release = threading.Event()
 
     def stuck_probe(*args, **kwargs):  # the process dies while the probe's request waits on it
-        (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": time.time()}))
+        (run / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": time.time()}))
         release.wait(30)
         return probe.UNHEALTHY, "connection reset"
 
     monkeypatch.setattr(supervise.probe, "probe", stuck_probe)
     s = supervise.Supervisor(["tritonserver"], Opts)
-    s.run_dir = str(tmp_path)
+    run, state = tmp_path / "run", tmp_path / "state"
+    run.mkdir()
+    state.mkdir()
+    s.run_dir, s.state_dir = str(run), str(state)
 
     class Running:  # a server that is up and ready
         pid = os.getpid()
@@ -849,8 +852,9 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
     assert time.monotonic() - t0 < 5
     thread = s.probe_thread
     assert thread is not None and thread.is_alive()  # the probe still waits on the server
-    threading.Timer(0.3, release.set).start()
-    s._end_probe()
+    s.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the server stop() ends
+    threading.Timer(1.0, release.set).start()  # the probe fails once its server is gone
+    s.stop(why, grace=5)
     assert not thread.is_alive() and s.probe_thread is None
 
 
