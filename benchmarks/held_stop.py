@@ -3,13 +3,16 @@
 after the final responses (what Triton 2.51 can keep a model loaded for: the supervisor's
 "held" stop, scripts/supervise.py `_wait_exit`).
 
-Each run starts scripts/serve.sh (the supervisor, no gateway, no probes) on the given checkpoint,
+Each run starts scripts/serve.sh (the supervisor, no gateway, no probes) on the given checkpoint
+(with --environ: scripts/supervise.py over $TRITONSERVER_BIN and $TRITON_BACKEND_DIR as this process
+has them, e.g. after gpu_box/device_serve_env.sh on the GPU machine),
 sends --rounds rounds of 4 `tts_stream` requests on one gRPC stream, cancels the stream as soon as
 all 4 final responses are in, then sends SIGTERM and times the stop. One JSON line per run:
 the stop's seconds, the supervisor's exit code, processes left, and the supervisor's lines about
 a held or late server.
 
     .venv/bin/python benchmarks/held_stop.py --runs 6 --rounds 20
+    source gpu_box/device_serve_env.sh && python3 benchmarks/held_stop.py --environ --checkpoint /tmp/full
 """
 
 from __future__ import annotations
@@ -67,17 +70,25 @@ def _ready(http: int, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def run_once(checkpoint: str, rounds: int, log_path: str) -> dict:
+def run_once(checkpoint: str, rounds: int, log_path: str, environ: bool = False) -> dict:
     http, grpc, metrics = _free_ports(3)
-    env = triton_env()
-    env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
-               TRITON_METRICS_PORT=str(metrics), VOXCPM_CHECKPOINT=checkpoint, VOXCPM_PROBE_INTERVAL="0",
-               OPENAI_API_PORT="0")
+    if environ:
+        env = dict(os.environ, VOXCPM_CHECKPOINT=checkpoint, VOXCPM_PROBE_INTERVAL="0")
+        cmd = [sys.executable, str(ROOT / "scripts" / "supervise.py"), "--", env["TRITONSERVER_BIN"],
+               f"--model-repository={ROOT / 'model_repository'}", f"--backend-directory={env['TRITON_BACKEND_DIR']}",
+               "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+               "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--exit-timeout-secs=30"]
+    else:
+        env = triton_env()
+        env.update(SKIP_SETUP="1", TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc),
+                   TRITON_METRICS_PORT=str(metrics), VOXCPM_CHECKPOINT=checkpoint, VOXCPM_PROBE_INTERVAL="0",
+                   OPENAI_API_PORT="0")
+        cmd = ["bash", str(ROOT / "scripts" / "serve.sh")]
     with open(log_path, "wb") as f:
-        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
-        if not _ready(http, proc, 600):
+        if not _ready(http, proc, 900):
             raise RuntimeError(f"the server did not become ready; see {log_path}")
         for _ in range(rounds):
             _round(f"127.0.0.1:{grpc}", 4, 4)
@@ -100,12 +111,17 @@ def main():
     ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "tiny"))
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=20, help="rounds of 4 streams per server")
+    ap.add_argument("--environ", action="store_true",
+                    help="scripts/supervise.py over $TRITONSERVER_BIN and $TRITON_BACKEND_DIR, not scripts/serve.sh")
+    ap.add_argument("--logs", help="keep each run's server log here (default: a temporary directory)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="held-stop-") as d:
+        logs = args.logs or d
+        os.makedirs(logs, exist_ok=True)
         for k in range(args.runs):
             print(f"[held_stop] run {k + 1}/{args.runs}: starting a server", file=sys.stderr, flush=True)
-            print(json.dumps({"run": k, **run_once(args.checkpoint, args.rounds, os.path.join(d, f"serve_{k}.log"))}),
-                  flush=True)
+            result = run_once(args.checkpoint, args.rounds, os.path.join(logs, f"serve_{k}.log"), args.environ)
+            print(json.dumps({"run": k, **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""results.md: the eighty-first session's section (CPU only)."""
+"""results.md: the eighty-first session's section (CPU; one H100 call)."""
 
-from summary.raw import load
+from summary.raw import load, served_levels, served_table
 
 S = "eightyfirst"
 
@@ -22,12 +22,23 @@ def eighty_first_session(res) -> list[str]:
     f_held = [r["stop_s"] for r in final if r["held"]]
     f_clean = [r["stop_s"] for r in final if not r["held"]]
     echo = d["echo_stream"]["variants"]
+    served = served_levels(f"served_supervised_{S}.json")
+    drain = load(f"drain_{S}.json")
     res["eighty_first"] = {"device": "CPU (2 cores)", "bare_held_of_runs": [len(held), len(bare)],
                            "bare_held_stop_s": held, "supervised_held_stop_s": f_held,
-                           "supervised_clean_stop_s": f_clean}
-    md = ["", "## Eighty-first session (2026-12-06, CPU only): a stop held by gRPC streams cancelled right after "
+                           "supervised_clean_stop_s": f_clean,
+                           "gpu": {"device": "NVIDIA H100 80GB HBM3", "commit": "6cc5f1d",
+                                   "served_rtf_p50_c1": served[1]["rtf"]["p50"],
+                                   "served_ttfa_p50_ms_c1": served[1]["ttfa_ms"]["p50"],
+                                   "served_xrt_c64": served[64]["x_real_time"],
+                                   "served_smooth_c64": served[64]["smooth_playback_frac"],
+                                   "drain": {k: drain[k] for k in ("streams", "ended_shutting_down", "supervisor_exit_s",
+                                                                   "tritonserver_exit_code", "exit_timeout_expired",
+                                                                   "crashes")}}}
+    md = ["", "## Eighty-first session (2026-12-06, CPU; one H100 call): a stop held by gRPC streams cancelled right after "
           "their last responses, on the product models; the supervisor ends it at half the exit timeout plus 5 s",
-          "", "No device time: no GPU code changed. On this machine (2 cores, the tiny checkpoint) the closing note's "
+          "", "No GPU code changed; one device call checked the stop on the GPU (below). On this machine (2 cores, the "
+          "tiny checkpoint) the closing note's "
           "open item, a client that cancels its gRPC stream right after a final response making tritonserver 2.51 "
           f"hold the model, was reproduced on the product and measured (`raw/held_stop_{S}.json`). The pattern: "
           f"{d['pattern']}.",
@@ -50,5 +61,20 @@ def eighty_first_session(res) -> list[str]:
           f"({sup['first_form']['rule']}) stopped held servers in "
           f"{_span([r['stop_s'] for r in first if r['held']])} s ({sum(r['held'] for r in first)} of {len(first)}), "
           "but a review showed it would cut responses still queued for a slow reader.",
-          f"- A clean stop takes about 10 s here: {d['clean_stop']}."]
+          f"- A clean stop takes about 10 s here: {d['clean_stop']}.",
+          "", "**On the GPU** (one call on an H100, 6cc5f1d: `SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst "
+          "LEVELS=1,64 REQUESTS=2 DRAIN=4 bash benchmarks/run_served_gpu.sh`, the server under the supervisor with "
+          f"the held check on; `raw/devrun_{S}.sh`, `raw/served_supervised_{S}.{{json,log}}`, `raw/drain_{S}.json`, "
+          f"`raw/served_supervised_{S}_tritonserver.log.gz`): the stop with long streams in flight is where a wrong "
+          "held verdict would show (a decoder's finalize on the GPU is the slowest).", "",
+          *served_table(dict(sorted(served.items()))),
+          "",
+          f"- The drain: {drain['ended_shutting_down']} of {drain['streams']} long streams ended with \"the server is "
+          f"shutting down\" at {drain['ended_s']['median']:.1f} s, the supervisor was gone at "
+          f"{drain['supervisor_exit_s']:.1f} s, tritonserver's exit code {drain['tritonserver_exit_code']}, "
+          f"{drain['crashes']} crashes; the supervisor logged no held verdict (`stopping tritonserver (asked to "
+          "stop)`, then `stopped in 21.9 s (exit code 0)`); nothing left in /dev/shm or /tmp.",
+          f"- Issue 17 on this H100: one stream RTF {served[1]['rtf']['p50']:.4f} (target 0.025: missed), TTFA p50 "
+          f"{served[1]['ttfa_ms']['p50']:.1f} ms; 64 streams {served[64]['x_real_time']:.1f}x, "
+          f"{served[64]['smooth_playback_frac']:.0%} smooth (the H200 headline stands)."]
     return md
