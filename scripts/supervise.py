@@ -196,17 +196,21 @@ def _shm_prefix(args: list[str]) -> str:
     return SHM_PREFIX
 
 
+def _args(pid: int) -> list[str]:
+    """Process `pid`'s command line; [] if it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 def _shm_regions(pgid: int, prefix: str) -> set[str]:
     """Shared-memory regions named on the command lines of the group's processes: the server gives each
     python backend model process its own region's name as an argument."""
     out = set()
     for pid in _group_alive(pgid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        out.update(a for a in args if a.startswith(prefix) and "/" not in a)
+        out.update(a for a in _args(pid) if a.startswith(prefix) and "/" not in a)
     return out
 
 
@@ -530,15 +534,8 @@ class Supervisor:
     def _stubs_without_beacon(pgid: int, beacons: dict[str, int]) -> bool:
         """True if a model process of the server writes no beacon (anymore): one in its finalize."""
         with_beacon = {name.split(".")[1] for name in beacons}
-        for pid in _group_alive(pgid):
-            if pid != pgid and str(pid) not in with_beacon:
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        if os.path.basename(f.read().split(b"\0")[0]) == b"triton_python_backend_stub":
-                            return True
-                except OSError:
-                    continue
-        return False
+        return any(os.path.basename((_args(pid) or [""])[0]) == runtime.STUB_EXECUTABLE
+                   for pid in _group_alive(pgid) if pid != pgid and str(pid) not in with_beacon)
 
     def _end_probe(self):
         """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,
