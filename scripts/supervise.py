@@ -205,6 +205,12 @@ def _args(pid: int) -> list[str]:
         return []
 
 
+def _stub_pids(pgid: int) -> list[int]:
+    """The group's python backend model processes."""
+    return [pid for pid in _group_alive(pgid)
+            if pid != pgid and os.path.basename((_args(pid) or [""])[0]) == runtime.STUB_EXECUTABLE]
+
+
 def _shm_regions(pgid: int, prefix: str) -> set[str]:
     """Shared-memory regions named on the command lines of the group's processes: the server gives each
     python backend model process its own region's name as an argument."""
@@ -524,9 +530,10 @@ class Supervisor:
                         "a gRPC stream cancelled while its last response was being written)")
 
     def _note_python_env(self):
-        """The python backend's directory this server made: the one that appeared between its start
-        and its readiness, if only one did (another server may have started meanwhile). Not for a
-        server stopped before it was ready, which may have made none yet."""
+        """The python backend's directory this server made: the one that appeared since its start, if
+        only one did (another server may have started meanwhile). Asked once its first model process
+        runs (the backend makes the directory before any) or it is ready: a server stopped before
+        either may have made none yet."""
         made = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
         self.python_env = made.pop() if len(made) == 1 else None
 
@@ -534,8 +541,7 @@ class Supervisor:
     def _stubs_without_beacon(pgid: int, beacons: dict[str, int]) -> bool:
         """True if a model process of the server writes no beacon (anymore): one in its finalize."""
         with_beacon = {name.split(".")[1] for name in beacons}
-        return any(os.path.basename((_args(pid) or [""])[0]) == runtime.STUB_EXECUTABLE
-                   for pid in _group_alive(pgid) if pid != pgid and str(pid) not in with_beacon)
+        return any(str(pid) not in with_beacon for pid in _stub_pids(pgid))
 
     def _end_probe(self):
         """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,
@@ -679,10 +685,13 @@ class Supervisor:
                 # leaves its regions, and nobody could find them after
                 if now >= next_scan:
                     self._note_regions(self.proc.pid)
+                    if self.python_env is None and _stub_pids(self.proc.pid):  # it has made its directory
+                        self._note_python_env()
                     next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
-                    self._note_python_env()
+                    if self.python_env is None:
+                        self._note_python_env()
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"

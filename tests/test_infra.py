@@ -461,24 +461,29 @@ def test_a_stop_past_the_exit_timeout_leaves_the_stubs_stacks_in_the_log(tmp_pat
     assert re.search(r'File ".*spinning/1/model.py", line \d+ in finalize', log), srv.log_tail()
 
 
+def _supervise_exit_repo(tmp_path, env_extra: dict, *args: str) -> subprocess.Popen:
+    """supervise.py over EXIT_REPO, its log in tmp_path/supervise.log."""
+    http, grpc, metrics = _free_ports(3)
+    env = triton_env()
+    env.update(SPIN_MARKER_DIR=str(tmp_path), VOXCPM_PROBE_INTERVAL="0", **env_extra)
+    with open(tmp_path / "supervise.log", "wb") as f:
+        return subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "supervise.py"), *args, "--", env["TRITONSERVER_BIN"],
+             f"--model-repository={EXIT_REPO}", f"--backend-directory={env['TRITON_BACKEND_DIR']}",
+             "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+             "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--exit-timeout-secs=3"],
+            env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def test_the_supervisor_removes_what_a_server_out_of_its_exit_timeout_leaves_in_tmp(tmp_path):
     """Triton's python backend makes /tmp/python_env_XXXXXX (hard-coded, not $TMPDIR) and removes it
     only at a clean exit: a server that runs out its exit timeout (a finalize that never ends) or is
     killed leaves it. The supervisor removes the one its server made."""
     import glob
 
-    http, grpc, metrics = _free_ports(3)
     before = set(glob.glob("/tmp/python_env_*"))
-    env = triton_env()
-    env.update(SPIN_FINALIZE_S="30", SPIN_MARKER_DIR=str(tmp_path), VOXCPM_PROBE_INTERVAL="0")
+    proc = _supervise_exit_repo(tmp_path, {"SPIN_FINALIZE_S": "30"})
     log = tmp_path / "supervise.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, str(REPO / "scripts" / "supervise.py"), "--", env["TRITONSERVER_BIN"],
-             f"--model-repository={EXIT_REPO}", f"--backend-directory={env['TRITON_BACKEND_DIR']}",
-             "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
-             "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--exit-timeout-secs=3"],
-            env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while "tritonserver ready" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
@@ -494,6 +499,26 @@ def test_the_supervisor_removes_what_a_server_out_of_its_exit_timeout_leaves_in_
     text = log.read_text()
     assert "Exit timeout expired" in text, text[-3000:]  # it did run out: the case this is about
     assert not made & set(glob.glob("/tmp/python_env_*")), text[-3000:]
+    assert _pids_in_group(proc.pid) == []
+
+
+def test_the_supervisor_removes_what_a_server_never_ready_leaves_in_tmp(tmp_path):
+    """A server still loading when its start times out is killed; its python backend's directory
+    (made before its first model process) goes with it."""
+    import glob
+
+    before = set(glob.glob("/tmp/python_env_*"))
+    proc = _supervise_exit_repo(tmp_path, {"SPIN_INIT_S": "60"}, "--start-timeout=6", "--max-failed-starts=1")
+    try:
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    text = (tmp_path / "supervise.log").read_text()
+    assert "not ready after 6 s" in text and "giving up" in text, text[-3000:]
+    assert "tritonserver ready" not in text, text[-3000:]
+    assert set(glob.glob("/tmp/python_env_*")) <= before, text[-3000:]
     assert _pids_in_group(proc.pid) == []
 
 
