@@ -307,10 +307,10 @@ class Companion:
     directory, removed once that start's process group is gone: what a companion killed by SIGKILL
     leaves there (the gateway's forkserver socket directory) goes then, not never."""
 
-    STOP_GRACE_S = 25.0  # for its in-flight requests (the gateway drains for 20 s: --shutdown-timeout)
-
-    def __init__(self, argv: list[str], state_dir: str | None = None, held_fd: int | None = None):
+    def __init__(self, argv: list[str], state_dir: str | None = None, held_fd: int | None = None,
+                 grace: float = 25.0):
         self.argv = argv
+        self.grace = grace  # SIGTERM to SIGKILL: its in-flight requests' time (--companion-grace)
         self.state_dir, self.held_fd = state_dir, held_fd
         self.tmp: str | None = None  # the running start's TMPDIR
         self.left: list[tuple[int, str | None]] = []  # ended starts' (process group, TMPDIR): removed once it is gone
@@ -357,7 +357,7 @@ class Companion:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(self.STOP_GRACE_S)
+                proc.wait(self.grace)
             except subprocess.TimeoutExpired:
                 log(f"{self.name} did not exit in time: SIGKILL")
         try:
@@ -608,7 +608,8 @@ class Supervisor:
             log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"
                 + (f", and {len(regions)} shared-memory region(s) of their servers" if regions else ""))
         self.state_dir, self.held_fd = make_state_dir()
-        self.companions = [Companion(argv, self.state_dir, self.held_fd) for argv in self.companion_argvs]
+        self.companions = [Companion(argv, self.state_dir, self.held_fd, self.opts.companion_grace)
+                           for argv in self.companion_argvs]
         backoff = 1.0
         failed = 0  # starts in a row that never served
         held_since = held_logged = 0.0  # another process holds a port: since when, when last said
@@ -783,6 +784,15 @@ class Supervisor:
         self.stopping = True
 
 
+def _companion_grace() -> str:
+    """The OpenAI gateway's drain after SIGTERM (its --shutdown-timeout, from the environment both
+    share) plus 5 s; a value the gateway would refuse is left to it to say so."""
+    try:
+        return f"{float(os.environ.get('VOXCPM_OPENAI_SHUTDOWN_TIMEOUT', '20')) + 5:g}"
+    except ValueError:
+        return "25"
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ.get
@@ -806,6 +816,10 @@ def main(argv=None) -> int:
                          "(env VOXCPM_MAX_FAILED_STARTS)")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
+    ap.add_argument("--companion-grace", type=float, default=env("VOXCPM_COMPANION_GRACE", _companion_grace()),
+                    help="seconds a stopping companion gets between SIGTERM and SIGKILL, for its requests in flight "
+                         "(env VOXCPM_COMPANION_GRACE; default: the gateway's drain, VOXCPM_OPENAI_SHUTDOWN_TIMEOUT "
+                         "(20 s), plus 5 s)")
     ap.add_argument("--print-restricted", action="store_true",
                     help="only print the server command with the restricted-API flags, an argument a line "
                          "(scripts/serve.sh runs it so without supervision)")
@@ -813,6 +827,8 @@ def main(argv=None) -> int:
     opts = ap.parse_args(argv[:i])  # --help stops here
     if i == len(argv):
         ap.error("no server command: give it after --")
+    if not opts.companion_grace > 0:
+        ap.error(f"--companion-grace must be positive, got {opts.companion_grace:g}")
     if opts.max_failed_starts < 0:
         ap.error(f"--max-failed-starts must be 0 or more, got {opts.max_failed_starts}")
     if not argv[i + 1:]:

@@ -362,6 +362,54 @@ def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
 
+@pytest.mark.parametrize("how", ["gateway_drain", "flag"])
+def test_a_stopping_companion_gets_the_grace_it_is_given(tmp_path, how):
+    """A companion that takes 2 s to drain after SIGTERM: under the default grace, the gateway's own
+    drain (VOXCPM_OPENAI_SHUTDOWN_TIMEOUT, here 0.5 s) plus 5 s, it ends on its own; with
+    --companion-grace 0.5 it is killed. A gateway given a longer drain is not cut short."""
+    import signal
+
+    from tests.server import free_port
+
+    started = tmp_path / "companion.started"
+    script = tmp_path / "companion.py"
+    script.write_text(f"""import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))
+open({str(started)!r}, "w").write("x")
+time.sleep(300)
+""")
+    opts = ["--companion-grace", "0.5"] if how == "flag" else []
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path), VOXCPM_OPENAI_SHUTDOWN_TIMEOUT="0.5")
+    env.pop("VOXCPM_COMPANION_GRACE", None)
+    log = tmp_path / "supervise.log"
+    with open(log, "w") as f:
+        sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), *opts, "--companion",
+                                f"{sys.executable} {script}", "--", sys.executable, "-c", "import time; time.sleep(300)",
+                                f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                                f"--metrics-port={free_port()}"], env=env, stderr=f)
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline and sup.poll() is None, log.read_text()
+            time.sleep(0.05)
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(60) == 0, log.read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    text = log.read_text()
+    if how == "flag":
+        assert "python did not exit in time: SIGKILL" in text and "stopped (by Killed)" in text, text
+    else:
+        assert "did not exit in time" not in text and "python stopped (exit code 0)" in text, text
+
+
+def test_the_companion_grace_must_be_positive():
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion-grace", "0", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--companion-grace must be positive, got 0" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("tmpdir", ["short", "long"])
 def test_what_a_killed_companion_leaves_in_its_temporary_directory_goes_once_its_processes_have(tmp_path, tmpdir):
     """Each start of a companion gets a TMPDIR in the supervisor's state directory. One killed by
