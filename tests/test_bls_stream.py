@@ -674,17 +674,26 @@ def test_a_stream_its_reader_left_holds_no_response_and_no_timer(run_dir):
     asyncio.run(main())
 
 
-def test_a_guarded_wait_the_client_left_leaves_nothing_waiting(run_dir, monkeypatch):  # run_dir: none made in /tmp
-    """`guard` returning None (the client left) cancels what it awaited: a queue's get left running
-    would take the queue's next item from whoever reads it next."""
+@pytest.mark.parametrize("why", ["client_left", "unhealthy"])
+def test_a_guarded_wait_given_up_leaves_nothing_waiting(run_dir, monkeypatch, why):  # run_dir: none made in /tmp
+    """`guard` giving up (the client left: None; a model process died: Unhealthy) cancels what it
+    awaited: a queue's get left running would take the queue's next item from whoever reads it next."""
     from voxcpm_triton.serving import internal_calls
 
+    def check(self):
+        if why == "unhealthy":
+            raise internal_calls.Unhealthy("a model process died")
+
     monkeypatch.setattr(internal_calls, "HEALTH_CHECK_S", 0.05)
-    monkeypatch.setattr(internal_calls._Health, "check", lambda self: None)
+    monkeypatch.setattr(internal_calls._Health, "check", check)
 
     async def main():
         q: asyncio.Queue = asyncio.Queue()
-        assert await internal_calls.InternalCalls().guard(q.get(), lambda: True) is None
+        if why == "unhealthy":
+            with pytest.raises(internal_calls.Unhealthy):
+                await internal_calls.InternalCalls().guard(q.get())
+        else:
+            assert await internal_calls.InternalCalls().guard(q.get(), lambda: True) is None
         q.put_nowait("next")
         await asyncio.sleep(0.05)
         return q.get_nowait()

@@ -47,14 +47,16 @@ class InternalCalls:
         """Await `awaitable`, looking at the model processes' health (and the client) every
         second: a dead model would otherwise leave the request waiting forever."""
         task = asyncio.ensure_future(awaitable)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HEALTH_CHECK_S)
-            if done:
-                return task.result()
-            self.health.check()
-            if cancelled is not None and cancelled():
-                task.cancel()  # (a queue's get left running would take its next item)
-                return None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=HEALTH_CHECK_S)
+                if done:
+                    return task.result()
+                self.health.check()
+                if cancelled is not None and cancelled():
+                    return None
+        finally:
+            task.cancel()  # left waiting (cancelled, unhealthy), a queue's get would take its next item
 
     @staticmethod
     def call_decoupled(model: str, inputs: dict, names: list[str], **kw) -> bls_stream.ResponseStream:
