@@ -1,5 +1,6 @@
 """The decoder engine on the CPU: batching must never change a request's output."""
 
+import logging
 import threading
 import time
 
@@ -489,6 +490,30 @@ def test_a_batched_step_failing_for_one_request_is_rerun_without_it(vox):
         wait_for(lambda: eng.stats()["free_blocks"] == 200)
     finally:
         eng.shutdown()
+
+
+def test_a_step_that_fails_only_as_a_batch_is_said_in_the_log(vox, caplog):
+    """Reruns one request at a time that all pass would otherwise hide a batch-only failure (every
+    such step then runs row by row, slower, with nothing said)."""
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4))
+    orig = eng._launch_decode
+
+    def batch_only(batch, *args):
+        if len(batch) > 1 and any(st.launched == 2 for st in batch):
+            raise RuntimeError("batched kernel exploded")
+        return orig(batch, *args)
+
+    eng._launch_decode = batch_only
+    try:
+        prompt = prompt_for(vox, "zero_shot", "Isolation test.")
+        with caplog.at_level(logging.WARNING, logger="voxcpm_triton.engine"):
+            hs = [eng.submit(EngineRequest(f"r{i}", prompt, seed=i, min_len=6, max_len=6)) for i in range(2)]
+            for h in hs:
+                assert h.result(timeout=TIMEOUT)[1].error is None
+    finally:
+        eng.shutdown()
+    said = [r for r in caplog.records if "batched kernel exploded" in str(r.exc_info and r.exc_info[1])]
+    assert said and "failed for a batch of 2" in said[0].getMessage(), [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("mode", ["zero_shot", "continuation"])

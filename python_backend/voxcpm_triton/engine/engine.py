@@ -516,6 +516,9 @@ class Engine:
                 log.exception("%s failed for %s", what, states[0].request_id)
                 self._finish(states[0], "error", f"{what} failed: {e}")
                 return []
+            # said even if every rerun passes: a batch that only fails whole would otherwise go unseen
+            log.warning("%s failed for a batch of %d; rerunning each request alone", what, len(states),
+                        exc_info=True)
         survivors = []
         for st in states:
             try:
@@ -659,6 +662,7 @@ class Engine:
             try:
                 launched.append((group, self._launch_decode(group, plain)))
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
+                log.warning("decode launch failed for a batch of %d; running it again", len(group), exc_info=True)
                 failed.append(group)
         if batch:
             with self._lock:
