@@ -167,3 +167,17 @@ def test_gateway_starts_without_torch():
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(GATEWAY.parent)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_scheduler_and_block_manager_load_without_torch():
+    """The engine's policy is plain Python (engine/scheduler.py's docstring): importing it, through
+    the engine package, loads neither torch nor the engine itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys, voxcpm_triton.engine.scheduler, voxcpm_triton.engine.block_manager; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton', 'numpy'} "
+            "or m == 'voxcpm_triton.engine.engine'); assert not bad, bad")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

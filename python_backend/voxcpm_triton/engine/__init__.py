@@ -1,6 +1,18 @@
-"""The decoder engine: paged KV cache, continuous batching, per-request state."""
+"""The decoder engine: paged KV cache, continuous batching, per-request state.
 
-from .engine import Engine, EngineConfig, EngineShutdown
-from .request import EngineRequest, Finished, LatentChunk, RequestHandle
+Its names are imported lazily, so that the torch-free parts (`scheduler`, `block_manager`) load
+without torch.
+"""
 
-__all__ = ["Engine", "EngineConfig", "EngineShutdown", "EngineRequest", "Finished", "LatentChunk", "RequestHandle"]
+import importlib
+
+_HOMES = {"Engine": "engine", "EngineConfig": "engine", "EngineShutdown": "engine", "EngineRequest": "request",
+          "Finished": "request", "LatentChunk": "request", "RequestHandle": "request"}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

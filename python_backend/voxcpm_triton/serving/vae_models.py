@@ -83,7 +83,7 @@ class VAEEncoderModel:
                 responses[i] = pb().InferenceResponse(output_tensors=[tensor("LATENTS", p.numpy()[None])])
         except Exception as e:
             for i in idx:
-                responses[i] = error_response(e)
+                responses[i] = internal_error_response(e)
         return responses
 
 
@@ -191,7 +191,7 @@ class VAEDecoderModel:
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
-                    responses[i] = error_response(e)
+                    responses[i] = internal_error_response(e)
             # Streams whose chunks have the same length decode as one batch; every batch is queued
             # on the GPU before the first wait for one (`VAEStreams.decode_async`).
             queued = []
@@ -202,7 +202,7 @@ class VAEDecoderModel:
                                                                     torch.cat([z for *_, z, _ in group]))))
                 except Exception as e:
                     for i, *_ in group:
-                        responses[i] = error_response(e)
+                        responses[i] = internal_error_response(e)
             for group, pending in queued:
                 try:
                     for (i, *_), a in zip(group, pending.result().numpy()):
@@ -210,7 +210,7 @@ class VAEDecoderModel:
                     self.m_batches.set(float(len(group)))
                 except Exception as e:
                     for i, *_ in group:
-                        responses[i] = error_response(e)
+                        responses[i] = internal_error_response(e)
             # A stream is idle from the end of its last chunk: a decode slower than the timeout
             # must not make its own stream look abandoned.
             done = time.monotonic()
