@@ -76,7 +76,6 @@ import probe  # noqa: E402
 from voxcpm_triton.serving import runtime  # noqa: E402
 
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
-STOPPING_FILE = "stopping"  # in the run directory: voxcpm_triton.serving.runtime.STOPPING_FILE
 ADMIN_HEADER = "voxcpm-admin-key"
 STALE_CONFIRM_S = 3.0  # a beacon found stale must stay so this long (its process beats every second)
 BROKEN_GRACE_S = 5.0  # what a server being restarted gets after SIGTERM before SIGKILL
@@ -584,11 +583,11 @@ class Supervisor:
         """The time from which the server's running requests end (voxcpm_triton.serving.runtime.stopping)."""
         if not self.run_dir:
             return
-        tmp = os.path.join(self.run_dir, f".{STOPPING_FILE}")
+        tmp = os.path.join(self.run_dir, f".{runtime.STOPPING_FILE}")
         try:
             with open(tmp, "w", encoding="ascii") as f:
                 f.write(repr(deadline))
-            os.replace(tmp, os.path.join(self.run_dir, STOPPING_FILE))
+            os.replace(tmp, os.path.join(self.run_dir, runtime.STOPPING_FILE))
         except OSError as e:
             log(f"could not tell the models the server is stopping: {e}")
 

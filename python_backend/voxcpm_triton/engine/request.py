@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -90,8 +89,6 @@ class RequestState:
     chunks_sent: int = 0
     patches_sent: int = 0
     first_sent_at: float | None = None  # monotonic time its first chunk went out
-    cancelled: bool = False
-    submitted_at: float = field(default_factory=time.monotonic)
 
     @property
     def request_id(self) -> str:

@@ -70,7 +70,7 @@ INTERNAL_MODELS = ("text_normalizer", "tokenizer", "vae_encoder", "vae_decoder",
 WATCHED_MODELS = (*INTERNAL_MODELS, "tts", "tts_stream", "voices", "loras")
 
 
-STOPPING_FILE = "stopping"  # scripts/supervise.py writes it (the same name there)
+STOPPING_FILE = "stopping"  # scripts/supervise.py writes it
 STOPPING_READ_S = 0.25  # how stale a read of it may be: requests ask once per chunk
 _stop_read = (float("-inf"), None)  # (monotonic time of the read, deadline)
 

@@ -22,7 +22,7 @@ from . import gc_pauses, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import InputError, error_response, get, internal_error_response, pb, require_internal, tensor
+from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.vae")
 
