@@ -132,8 +132,9 @@ def test_retry_badcase_is_for_tts_only():
     from voxcpm_client import synthesize_stream
     from voxcpm_client.cli import parse_args
 
-    with pytest.raises(TypeError, match="retry_badcase is for tts"):
-        synthesize_stream("hi", url="127.0.0.1:1", retry_badcase=False)
+    for value in (False, True):
+        with pytest.raises(TypeError, match="retry_badcase is for tts"):
+            synthesize_stream("hi", url="127.0.0.1:1", retry_badcase=value)
     assert parse_args(["hi", "--protocol", "http", "--no-retry-badcase"]).retry_badcase is False
     assert parse_args(["hi", "--model", "tts", "--no-retry-badcase"]).retry_badcase is False  # tts over gRPC
     assert parse_args(["hi", "--protocol", "http"]).retry_badcase is None  # not sent: the server's default (on)

@@ -213,7 +213,7 @@ def synthesize_stream(text: str, url: str = "localhost:8001", model: str = "tts_
     from tritonclient.utils import InferenceServerException
 
     url = _strip_scheme(url)
-    if model == "tts_stream" and params.get("retry_badcase") is False:
+    if model == "tts_stream" and params.get("retry_badcase") is not None:
         raise TypeError("retry_badcase is for tts: tts_stream's audio, once sent, cannot be taken back")
     inputs = make_inputs(grpcclient, text, **params)
     responses: queue.Queue = queue.Queue()
