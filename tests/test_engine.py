@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import sine_wave
 from voxcpm_triton import VoxCPM2
-from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk
+from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk, RequestError
 from voxcpm_triton.engine.kv_cache import PagedKVCache
 from voxcpm_triton.engine.request import prompt_block_hashes
 from voxcpm_triton.engine.step_runner import check_batch_buckets, check_timestep_buckets
@@ -332,9 +332,9 @@ def test_small_pool_queues_and_completes_everyone(vox):
 def test_request_that_can_never_fit_is_refused(vox):
     eng = Engine(vox, EngineConfig(num_blocks=4, block_size=4))
     try:
-        with pytest.raises(ValueError, match="KV blocks"):
+        with pytest.raises(RequestError, match="KV blocks"):
             eng.submit(EngineRequest("big", prompt_for(vox, "zero_shot", "Too long."), max_len=100))
-        with pytest.raises(ValueError, match="cfg_value"):
+        with pytest.raises(RequestError, match="cfg_value"):
             eng.submit(EngineRequest("bad", prompt_for(vox, "zero_shot", "x"), cfg_value=float("nan")))
         assert eng.stats()["in_flight_ids"] == 0
     finally:
@@ -357,9 +357,9 @@ def test_a_long_text_without_max_len_gets_the_room_the_context_leaves(vox):
         wait_for(lambda: any(isinstance(e, Finished) for e in events))
         full = vox.prepare_prompt("Many words here. " * 200)
         full.tokens = torch.cat([full.tokens, full.tokens.new_zeros(room)])  # exactly the context's length
-        with pytest.raises(ValueError, match=r"take 4096 of the model's 4096 positions, leaving none to generate"):
+        with pytest.raises(RequestError, match=r"take 4096 of the model's 4096 positions, leaving none to generate"):
             eng.submit(EngineRequest("full", full))
-        with pytest.raises(ValueError, match=rf"leaving {room}, fewer than min_len {room + 1}, to generate"):
+        with pytest.raises(RequestError, match=rf"leaving {room}, fewer than min_len {room + 1}, to generate"):
             eng.submit(EngineRequest("min", prompt, min_len=room + 1))
         assert eng.stats()["in_flight_ids"] == 0
     finally:

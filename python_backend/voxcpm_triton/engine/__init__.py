@@ -6,7 +6,7 @@ without torch.
 
 import importlib
 
-_HOMES = {"Engine": "engine", "EngineConfig": "engine", "EngineShutdown": "engine", "EngineRequest": "request",
+_HOMES = {"Engine": "engine", "EngineConfig": "engine", "EngineShutdown": "engine", "EngineRequest": "request", "RequestError": "request",
           "Finished": "request", "LatentChunk": "request", "RequestHandle": "request"}
 
 __all__ = list(_HOMES)

@@ -50,7 +50,7 @@ from .prefill_packs import PACK_BUCKETS, PackedPrefillGraphs
 from .prefill_runner import PrefillGraphs
 from .step_runner import (DEFAULT_BUCKETS, DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_batch_buckets,
                           check_timestep_buckets)
-from .request import (EngineRequest, Event, Finished, LatentChunk, RequestHandle, RequestState,
+from .request import (EngineRequest, Event, Finished, LatentChunk, RequestError, RequestHandle, RequestState,
                       prompt_block_hashes, resolve_seed)
 from .scheduler import EngineBusy, Scheduler  # noqa: F401 - EngineBusy: callers import it from here
 
@@ -249,15 +249,20 @@ class Engine:
 
     # ------------------------------------------------------------------ caller side
     def submit(self, request: EngineRequest, sink: Callable[[Event], None] | None = None) -> RequestHandle:
-        """Queue a request. Invalid or never-fitting requests raise ValueError here."""
+        """Queue a request. Invalid or never-fitting requests raise RequestError here."""
         p = request.prompt
-        capacity = checks.context_room(len(p), self.max_positions, request.min_len)
-        max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens, capacity)
-        checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
-                                capacity=capacity, max_len_default=request.max_len is None)
-        seed = checks.check_seed(resolve_seed(request.seed))
-        need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
-        lora_slot, salt = self._acquire_lora(request.lora)  # held until the request ends
+        try:
+            capacity = checks.context_room(len(p), self.max_positions, request.min_len)
+            max_len = request.max_len if request.max_len is not None else default_max_len(p.n_target_tokens, capacity)
+            checks.check_generation(request.min_len, max_len, request.cfg_value, request.inference_timesteps,
+                                    capacity=capacity, max_len_default=request.max_len is None)
+            seed = checks.check_seed(resolve_seed(request.seed))
+            need = self.scheduler.blocks_needed(request.request_id, len(p), max_len)
+            lora_slot, salt = self._acquire_lora(request.lora)  # held until the request ends
+        except RequestError:
+            raise
+        except ValueError as e:
+            raise RequestError(str(e)) from None
         try:
             # Hashed here, in the caller's thread, not in the engine loop. Whatever else would change
             # the prompt's K/V (an adapter) goes into the salt.
@@ -271,7 +276,7 @@ class Engine:
                 if self._stop:
                     raise EngineShutdown("engine is shut down")
                 if request.request_id in self._ids:
-                    raise ValueError(f"request id {request.request_id!r} is already in flight")
+                    raise RequestError(f"request id {request.request_id!r} is already in flight")
                 self.scheduler.check_room(queued_elsewhere=len(self._inbox))
                 self._ids.add(request.request_id)
                 self._inbox.append(state)

@@ -13,6 +13,11 @@ from ..model.prompt import Prompt
 from .block_manager import chain_hashes
 
 
+class RequestError(ValueError):
+    """A request the engine cannot take as it is (its lengths, settings, adapter, or an id already in
+    flight): the caller's to change, unlike a ValueError from inside the engine."""
+
+
 @dataclass
 class EngineRequest:
     request_id: str

@@ -27,7 +27,7 @@ import torch
 
 from .. import checks, timeline
 from ..checks import CONTEXT_PATCHES
-from ..engine import Engine, EngineConfig, EngineRequest, Finished
+from ..engine import Engine, EngineConfig, EngineRequest, Finished, RequestError
 from ..engine.engine import EngineBusy
 from ..engine.loras import LoraFull
 from ..engine.stream_audio import StreamAudio
@@ -276,11 +276,11 @@ class DecoderModel:
             except EngineBusy as e:
                 locked(sender.send, internal_error_response(Busy(str(e))),
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except ValueError as e:
+            except (InputError, RequestError) as e:
                 locked(sender.send, internal_error_response(InputError(wire_names(str(e)))),
                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception as e:
-                locked(sender.send, error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as e:  # not the request's fault (a ValueError from inside the engine neither)
+                locked(sender.send, internal_error_response(e), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         timeline.event("executed", len(requests))
         return None
 
