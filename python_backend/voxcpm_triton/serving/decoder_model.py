@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from .. import checks, timeline
-from ..checks import CONTEXT_PATCHES
 from ..engine import Engine, EngineConfig, EngineRequest, Finished, RequestError
 from ..engine.engine import EngineBusy
 from ..engine.loras import LoraFull
@@ -230,9 +229,8 @@ class DecoderModel:
             raise InputError(f"the prompt is {len(prompt)} positions (TEXT's tokens with PROMPT_TEXT's or the voice's "
                              f"transcript, and a position per patch of the reference and prompt audio); the model's "
                              f"limit is {self.vox.cfg.max_length}: send shorter text or audio")
-        # Continuation (a prompt's audio): the VAE starts from the last audio patches, as the reference does.
-        context = torch.cat([f for f in feats if f is not None])[-CONTEXT_PATCHES:] if feats[1] is not None else None
-        return prompt, context
+        # Continuation (a prompt's audio): the VAE starts from the last audio patches (Prompt.context).
+        return prompt, (prompt.context if len(prompt.context) else None)
 
     @runtime.counted
     def execute(self, requests):
