@@ -1,8 +1,8 @@
 """A decoder layer over a few tokens as one persistent kernel: LocDiT/LocEnc's (local attention), and
 an LM's in a decode step (paged attention over each row's cache).
 
-The layer's kernels at batch 1 are each latency-bound (launch, ramp, tail: ~37 us per LocDiT layer
-even with every weight already in L2, benchmarks/kernel_fused_layer.py). Here one launch of about one
+The layer's kernels at batch 1 are each latency-bound (launch, ramp, tail), even with every weight
+already in L2 (benchmarks/kernel_fused_layer.py). Here one launch of about one
 program per SM runs the layer's phases, with a grid-wide barrier between them:
 
     0  h    = rms_norm(x)                          rows over programs
