@@ -236,6 +236,17 @@ def test_bad_settings_are_refused_by_name(monkeypatch, capsys):
         assert info.value.code == 2 and message in capsys.readouterr().err, (argv, env)
 
 
+def test_the_flags_defaults_are_the_settings_defaults(monkeypatch):
+    """One place holds each default (Settings); the command line and the environment start from it."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway.config import API_KEY_ENV, Settings, parse_args
+
+    for name in [k for k in os.environ if k.startswith(("VOXCPM_OPENAI_", "OPENAI_API_"))] + [
+            "VOXCPM_TRITON_GRPC_URL", API_KEY_ENV]:
+        monkeypatch.delenv(name, raising=False)
+    assert parse_args([]) == Settings()
+
+
 def test_pcm_wav_flac_carry_the_quantized_samples():
     """pcm, wav and flac hold exactly clip(x, -1, 1) * 32767 rounded, whatever the chunking; the
     lossy formats keep the waveform (a known delay, high correlation)."""

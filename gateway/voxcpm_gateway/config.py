@@ -52,26 +52,26 @@ def parse_args(argv=None) -> Settings:
                     help="env OPENAI_API_PORT; default %(default)s")
     ap.add_argument("--model-name", action="append", default=None,
                     help="the model name clients send (repeat for aliases; env VOXCPM_OPENAI_MODEL_NAME, "
-                         "comma-separated; default voxcpm2)")
-    ap.add_argument("--max-upload-mb", type=float, default=env("VOXCPM_OPENAI_MAX_UPLOAD_MB", "32"),
+                         f"comma-separated; default {','.join(d.model_names)})")
+    ap.add_argument("--max-upload-mb", type=float, default=env("VOXCPM_OPENAI_MAX_UPLOAD_MB", f"{d.max_upload_bytes / (1 << 20):g}"),
                     help="largest voice upload (multipart body), MiB; larger ones get 413 (default %(default)s)")
-    ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", "3600"),
+    ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", f"{d.request_timeout_s:g}"),
                     help="seconds a request to Triton may take in all (default %(default)s)")
-    ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", "60"),
+    ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", f"{d.stall_timeout_s:g}"),
                     help="seconds a connection may take to send a request's headers (past it: closed), a client "
                          "may send nothing of its request's body (past it: 408; nor may a body fall more than this "
                          "behind 64 KiB/s), or read nothing "
                          "of a speech response while its audio waits (past it: the response is cut off and its "
                          "synthesis cancelled; the audio it has not read waits in Triton's memory; "
                          "default %(default)s)")
-    ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", "4"),
+    ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", str(d.max_pending_uploads)),
                     help="voice uploads in progress at once, from their first byte until Triton has stored them (each "
                          "holds its file, on disk as it arrives, then its decoded sample in memory; they decode one "
                          "at a time); past it: 429 (default %(default)s)")
-    ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", "30"),
+    ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", f"{d.decode_timeout_s:g}"),
                     help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
                          "(default %(default)s)")
-    ap.add_argument("--shutdown-timeout", type=float, default=env("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", "20"),
+    ap.add_argument("--shutdown-timeout", type=float, default=env("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", f"{d.shutdown_timeout_s:g}"),
                     help="seconds responses in flight get after SIGTERM (no new connections are taken meanwhile); "
                          "then each speech response and voice call ends with a 503 'the gateway is shutting down' "
                          "(a stream: its SSE error event, or its raw bytes cut off); longer than Triton's own "
@@ -82,13 +82,13 @@ def parse_args(argv=None) -> Settings:
                     help="connections one address (an IPv6 one's /64) may hold open at once; past it a connection gets 429 and is "
                          "closed (0: no bound; behind a reverse proxy every client has the proxy's address; "
                          "default %(default)s)")
-    ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", "info"),
+    ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", d.log_level),
                     type=str.lower, choices=LOG_LEVELS,
                     help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL; default %(default)s)")
     a = ap.parse_args(argv)
     if a.log_level not in LOG_LEVELS:  # argparse does not check a default (here the environment's)
         ap.error(f"VOXCPM_OPENAI_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {a.log_level!r}")
-    names = a.model_name or [n.strip() for n in env("VOXCPM_OPENAI_MODEL_NAME", "voxcpm2").split(",") if n.strip()]
+    names = a.model_name or [n.strip() for n in env("VOXCPM_OPENAI_MODEL_NAME", ",".join(d.model_names)).split(",") if n.strip()]
     if not names:
         ap.error("no model name")
     if not 0 < a.port < 65536:
