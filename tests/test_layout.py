@@ -181,3 +181,17 @@ def test_the_scheduler_and_block_manager_load_without_torch():
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_orchestrators_load_without_torch():
+    """`tts`, `tts_stream`, `voices` and the tokenizer run as many light processes: they read config.json
+    through model.config (the same rules and defaults as the decoder) without loading torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, voxcpm_triton.serving.orchestrator, voxcpm_triton.serving.voices_model, "
+            "voxcpm_triton.serving.tokenizer_model, voxcpm_triton.model.config; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton'}); assert not bad, bad")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

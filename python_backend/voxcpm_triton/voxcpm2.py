@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import checks
 from .model.audio_vae import AudioVAE, compile_snakes, patch_frames
 from .formats.checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
-from .model.config import TORCH_DTYPES, VoxCPM2Config
+from .model.config import DTYPES, VoxCPM2Config
 from .model.local_modules import CfmSchedule
 from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
@@ -70,9 +70,9 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    return getattr(torch, DTYPES[dtype])
 
 
 class ContiguousKVCache:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .config import COND_TYPES, AudioVAEConfig
 
 __all__ = [
     "AudioVAEConfig",
@@ -36,7 +37,6 @@ __all__ = [
     "DECODE_PRECISIONS",
 ]
 
-COND_TYPES = ("scale_bias", "scale_bias_init", "add", "concat")
 DECODE_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # One tensor [B, C_i, ctx_i] per look-back convolution of the decoder, in
@@ -44,87 +44,6 @@ DECODE_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torc
 StreamState = list
 
 
-# --------------------------------------------------------------------------- #
-# Config
-# --------------------------------------------------------------------------- #
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-@dataclass
-class AudioVAEConfig:
-    encoder_dim: int = 128
-    encoder_rates: list = field(default_factory=lambda: [2, 5, 8, 8])
-    latent_dim: int = 64
-    decoder_dim: int = 2048
-    decoder_rates: list = field(default_factory=lambda: [8, 6, 5, 2, 2, 2])
-    depthwise: bool = True
-    sample_rate: int = 16000
-    out_sample_rate: int = 48000
-    use_noise_block: bool = False
-    sr_bin_boundaries: Optional[list] = field(default_factory=lambda: [20000, 30000, 40000])
-    cond_type: str = "scale_bias"
-    cond_dim: int = 128
-    cond_out_layer: bool = False
-
-    def __post_init__(self):
-        self.validate()
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "AudioVAEConfig":
-        if not isinstance(d, Mapping):
-            raise ValueError(f"AudioVAE config must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown AudioVAE config field(s): {unknown}")
-        return cls(**dict(d))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def validate(self) -> None:
-        for name in ("encoder_dim", "latent_dim", "decoder_dim", "sample_rate", "out_sample_rate", "cond_dim"):
-            v = getattr(self, name)
-            if not _is_int(v) or v <= 0:
-                raise ValueError(f"AudioVAE config field {name!r} must be a positive int, got {v!r}")
-        for name in ("encoder_rates", "decoder_rates"):
-            v = getattr(self, name)
-            if not isinstance(v, (list, tuple)) or len(v) == 0 or not all(_is_int(r) and r > 0 for r in v):
-                raise ValueError(f"AudioVAE config field {name!r} must be a non-empty list of positive ints, got {v!r}")
-            setattr(self, name, list(v))
-        for name in ("depthwise", "use_noise_block", "cond_out_layer"):
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise ValueError(f"AudioVAE config field {name!r} must be a bool, got {v!r}")
-        if self.use_noise_block:
-            # The noise block injects torch.randn noise; it is a training-time
-            # feature and would make decoding non-deterministic.
-            raise ValueError("AudioVAE config field 'use_noise_block'=True is not supported for inference")
-        b = self.sr_bin_boundaries
-        if b is not None:
-            if (
-                not isinstance(b, (list, tuple))
-                or len(b) == 0
-                or not all(_is_int(x) and x > 0 for x in b)
-                or any(x >= y for x, y in zip(b, b[1:]))
-            ):
-                raise ValueError(
-                    "AudioVAE config field 'sr_bin_boundaries' must be None or a non-empty, strictly "
-                    f"increasing list of positive ints, got {b!r}"
-                )
-            self.sr_bin_boundaries = list(b)
-        if self.cond_type not in COND_TYPES:
-            raise ValueError(f"AudioVAE config field 'cond_type' must be one of {COND_TYPES}, got {self.cond_type!r}")
-        if self.cond_type == "concat" and not self.cond_out_layer:
-            raise ValueError("AudioVAE config field 'cond_out_layer' must be True when cond_type='concat'")
-        if self.decoder_dim // 2 ** len(self.decoder_rates) < 1:
-            raise ValueError(
-                f"AudioVAE config field 'decoder_dim'={self.decoder_dim} is too small: each of the "
-                f"{len(self.decoder_rates)} decoder_rates stages halves the channels"
-            )
 
 
 # --------------------------------------------------------------------------- #

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import secrets
 import threading
 import time
@@ -31,9 +32,10 @@ import numpy as np
 
 from .. import timeline
 from ..checks import CONTEXT_PATCHES, RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
+from ..model.config import VoxCPM2Config
 from . import audio_channel, bls_stream, contract, gc_pauses, runtime
 from .metrics import metric, release_all as release_metrics
-from .parameters import read, read_config, resolve_checkpoint
+from .parameters import read, resolve_checkpoint
 from .internal_calls import InternalCalls
 from .triton_io import (SHUTTING_DOWN, BLSError, Busy, InputError, bls, downstream_error, error_response, get, pb,
                         tensor)
@@ -87,10 +89,9 @@ class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
         runtime.model_process()
-        cfg = read_config(resolve_checkpoint(params["checkpoint"]))
-        self.sample_rate = int(cfg.get("audio_vae_config", {}).get("out_sample_rate", 48000))
-        self.patch_size, self.feat_dim = int(cfg.get("patch_size", 4)), int(cfg.get("feat_dim", 64))
-        self.max_positions = int(cfg.get("max_length", 8192))
+        cfg = VoxCPM2Config.from_file(os.path.join(resolve_checkpoint(params["checkpoint"]), "config.json"))
+        self.sample_rate = cfg.audio_vae_config.out_sample_rate
+        self.patch_size, self.feat_dim, self.max_positions = cfg.patch_size, cfg.feat_dim, cfg.max_length
         self.voices = VoiceStore(params["voices_dir"])
         # Before the metrics (Triton calls no finalize after a failed initialize); the instance's name
         # from args, not placement's helper, which would import torch into this process.

@@ -26,7 +26,7 @@ import torch
 
 from ..model.audio_vae import AudioVAE, CausalConv1d, CausalConvTranspose1d, ResidualUnit, vae_state_dict_official
 from ..formats.checkpoint import meta_model
-from ..model.config import TORCH_DTYPES, VoxCPM2Config
+from ..model.config import DTYPES, VoxCPM2Config
 from ..paths import DEFAULT_TINY_DIR
 from .tokenizer_builder import write_tiny_tokenizer
 
@@ -170,7 +170,7 @@ def write_checkpoint(out_dir: str, config: dict, seed: int = 0, weights_dtype: s
     weights_dtype: of the LM weights (default: the config's dtype); the AudioVAE is fp32.
     device: where the LM weights are drawn ("cuda" is faster; CPU and CUDA values differ)."""
     cfg = VoxCPM2Config.from_dict(copy.deepcopy(config))
-    dtype = TORCH_DTYPES[weights_dtype or cfg.dtype]
+    dtype = getattr(torch, DTYPES[weights_dtype or cfg.dtype])
     os.makedirs(out_dir, exist_ok=True)
     marker = os.path.join(out_dir, "config.json")
     if os.path.exists(marker):  # an older checkpoint here is about to stop being whole
