@@ -4,8 +4,8 @@ prefix cache read (tests/test_model_parity.py holds whole generations to the ref
 import pytest
 import torch
 
-from voxcpm_triton.checks import AUDIO_START, CONTEXT_PATCHES, REF_AUDIO_END, REF_AUDIO_START
-from voxcpm_triton.model.prompt import build_prompt
+from voxcpm_triton.checks import CONTEXT_PATCHES
+from voxcpm_triton.model.prompt import AUDIO_START, REF_AUDIO_END, REF_AUDIO_START, build_prompt
 
 P, D = 4, 3
 IDS = [7, 8]

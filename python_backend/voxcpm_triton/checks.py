@@ -13,7 +13,6 @@ import secrets
 
 import numpy as np
 
-AUDIO_START, AUDIO_END, REF_AUDIO_START, REF_AUDIO_END = 101, 102, 103, 104
 # Names of stored voices and LoRA adapters (a file or directory name each).
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 _ . -, not starting with '.'"

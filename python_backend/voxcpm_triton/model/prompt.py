@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import AUDIO_START, CONTEXT_PATCHES, REF_AUDIO_END, REF_AUDIO_START
+from ..checks import CONTEXT_PATCHES
+
+# The special tokens around the audio parts of a prompt (the reference tokenizer's ids).
+AUDIO_START, REF_AUDIO_START, REF_AUDIO_END = 101, 103, 104
 
 
 @dataclass
