@@ -168,3 +168,41 @@ def test_served_tts_retries_and_counts(served, models):
     # tts_stream cannot take audio back: it does not declare the input, and Triton names it.
     with pytest.raises(Exception, match="RETRY_BADCASE"):
         tts_stream(served, TEXT, SEED=5, MAX_LENGTH=2, RETRY_BADCASE=no_retry)
+
+
+def test_served_tts_retries_keep_the_voice_they_started_with(served):
+    """A request's tries share one preparation: its stored voice removed while it retries does not fail
+    it, and its text is tokenized once (each try used to look the voice up and tokenize again)."""
+    import sys
+    import threading
+    import time
+
+    from tests.conftest import sine_wave
+    from tests.server import REPO
+    from tests.test_server import metric_samples, metrics, tts_http
+
+    sys.path.insert(0, str(REPO / "client"))
+    import voxcpm_client
+
+    def successes(model):
+        return sum(v for name, labels, v in metric_samples(served)
+                   if name == "nv_inference_request_success" and labels.get("model") == model)
+
+    voice = ("BYTES", np.array([b"leaving"], dtype=object))
+    voxcpm_client.add_voice("leaving", sine_wave(0.5, 16000), 16000, url=served.http_url)
+    whole, _ = tts_http(served, TEXT, SEED=5, INFERENCE_TIMESTEPS=4, VOICE=voice)  # the voice there throughout
+    tokenized, retries = successes("tokenizer"), metrics(served)["voxcpm_retries_total"]
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=tts_http(served, TEXT, SEED=5, INFERENCE_TIMESTEPS=4,
+                                                              VOICE=voice)))
+    t.start()
+    deadline = time.monotonic() + 120
+    while metrics(served)["voxcpm_retries_total"] == retries:  # its second try has begun
+        assert t.is_alive() and time.monotonic() < deadline
+        time.sleep(0.02)
+    voxcpm_client.remove_voice("leaving", url=served.http_url)
+    t.join(300)
+    assert "r" in out, "the request failed once its voice was removed"
+    assert metrics(served)["voxcpm_retries_total"] - retries == 2
+    assert np.abs(out["r"][0] - whole).max() <= TOL
+    assert successes("tokenizer") - tokenized == 1

@@ -46,7 +46,6 @@ class SynthesisRequest:
     voice: str | None = None  # a stored voice (serving/voices.py), used as ...
     voice_mode: str | None = None  # ... reference, continuation or both; None without a voice
     normalize: bool = False  # TEXT normalised (numbers, dates, units... as words) before tokenizing
-    normalized_text: str | None = None  # what text_normalizer made of TEXT, once asked (a retry reuses it)
     lora: str | None = None  # a LoRA adapter loaded in the decoder; None: the base model
 
 

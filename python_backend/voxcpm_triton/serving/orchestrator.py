@@ -70,12 +70,18 @@ def _voice_adapter_error(error: BaseException, voice, lora: str) -> BaseExceptio
 
 @dataclasses.dataclass
 class _Prepared:
-    """A request made ready for the decoder (`Orchestrator._prepare`)."""
+    """A request made ready for the decoder (`Orchestrator.prepare`)."""
     dec_in: dict  # the decoder's inputs
     context: np.ndarray | None  # the audio patches that prime vae_decoder (continuation)
     voice: Voice | None  # the stored voice it names
     lora: str | None  # the adapter it runs on (its own, or its voice's)
     target_tokens: int  # the target text's token count: the bad-case rule's measure
+    started: float  # monotonic time its preparation began: where time to first audio counts from
+
+    def reseeded(self, seed: int) -> "_Prepared":
+        """The same request with another SEED (a retry), its time counted from now."""
+        return dataclasses.replace(self, dec_in={**self.dec_in, "SEED": np.array([seed], np.int64)},
+                                   started=time.monotonic())
 
 
 FIRST_AUDIO_PHASES = ("prepare", "decoder", "vae")
@@ -137,14 +143,15 @@ class Orchestrator(InternalCalls):
         return (await self.infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
 
     # ------------------------------------------------------------------ pipeline
-    async def _prepare(self, req: contract.SynthesisRequest, playback: bool,
-                       cancelled: Callable[[], bool]) -> _Prepared | None:
+    async def prepare(self, req: contract.SynthesisRequest, playback: bool,
+                      cancelled: Callable[[], bool]) -> _Prepared | None:
         """The decoder's inputs for `req`: its text normalised (NORMALIZE) and tokenized, its voice's or
         audio's latents (encoded by vae_encoder), its adapter. None when the client left meanwhile."""
+        started = time.monotonic()
         voice = self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
-            normalized = req.normalized_text or await self.normalize(req.text, cancelled)
+            normalized = await self.normalize(req.text, cancelled)
             if normalized is None:  # the client left while it waited
                 return None
             tok_in = {"TEXT": np.array([normalized.encode()], dtype=object), "NORMALIZED": np.array([True])}
@@ -185,22 +192,25 @@ class Orchestrator(InternalCalls):
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
             context = np.concatenate(audio_latents)[-CONTEXT_PATCHES:]
-        return _Prepared(dec_in, context, voice, lora, target_tokens)
+        return _Prepared(dec_in, context, voice, lora, target_tokens, started)
 
     async def synthesize(self, req: contract.SynthesisRequest, emit: Callable[[np.ndarray], None],
-                         cancelled: Callable[[], bool], playback: bool = True) -> tuple[int, int] | None:
+                         cancelled: Callable[[], bool], playback: bool = True,
+                         prepared: _Prepared | None = None) -> tuple[int, int] | None:
         """Run one request; `emit(audio)` per chunk. Returns early (no error, None) when `cancelled()`;
         else (patches generated, target text tokens), what `tts`'s bad-case rule looks at.
         playback: a client plays the chunks as they come (the decoder may then send them early).
+        prepared: `prepare`'s result for `req`, made once for all of a request's tries (else made here).
         The decoder's audio comes in one of three ways: frames of the audio channel (the default),
         responses carrying AUDIO (decode_audio without the channel), or LATENTS that go through
         vae_decoder here (decode_audio off)."""
         self.health.check()
         p = pb()
-        t0 = time.monotonic()
-        prepared = await self._prepare(req, playback, cancelled)
+        if prepared is None:
+            prepared = await self.prepare(req, playback, cancelled)
         if prepared is None or cancelled():
             return
+        t0 = prepared.started
         dec_in, context, voice, lora = prepared.dec_in, prepared.context, prepared.voice, prepared.lora
 
         request_id = uuid.uuid4().hex
@@ -416,17 +426,27 @@ class TTSModel:
         a runs with seed SEED + a (`checks.retry_seed`), so results stay reproducible; without a
         SEED each try draws its own."""
         tries = RETRY_MAX_TIMES if req.retry_badcase else 1
-        if req.normalize and tries > 1:  # once: the retries read the same words
-            req.normalized_text = await self.orch.normalize(req.text, cancelled)
-            if req.normalized_text is None:  # the client left while it waited
-                return []
+        # Once for every try: the same words, voice (removed meanwhile or not), adapter name and latents.
+        prepared = await self.orch.prepare(req, False, cancelled)  # one response at the end: nobody plays along
+        if prepared is None:
+            return []
+        kept: list = []
         for attempt in range(tries):
             chunks: list = []
-            seed = retry_seed(req.seed, attempt) if req.seed is not None else None
-            result = await self.orch.synthesize(dataclasses.replace(req, seed=seed), chunks.append, cancelled,
-                                                playback=False)  # one response at the end: nobody plays along
-            if result is None or cancelled():
+            if attempt:
+                prepared = prepared.reseeded(retry_seed(req.seed, attempt) if req.seed is not None else draw_seed())
+            try:
+                result = await self.orch.synthesize(req, chunks.append, cancelled, playback=False, prepared=prepared)
+            except Exception as e:
+                if not attempt:
+                    raise
+                # A retry that cannot run (its adapter removed meanwhile, the server stopping) leaves the
+                # request the utterance it has: a whole one, if a bad case.
+                log.warning("try %d of %d failed, the one before is kept: %s", attempt + 1, tries, e)
                 break
+            if result is None or cancelled():
+                return chunks
+            kept = chunks
             patches, target_tokens = result
             if not is_badcase(patches, target_tokens):
                 break
@@ -436,7 +456,7 @@ class TTSModel:
             self.m_retries.increment(1.0)
             log.info("bad case (%d patches for %d target tokens): try %d of %d", patches, target_tokens,
                      attempt + 2, tries)
-        return chunks
+        return kept
 
 
 class TTSStreamModel:
