@@ -602,6 +602,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_signal)  # its terminal closed: stop as cleanly as on SIGTERM
         dirs, regions = remove_abandoned_state_dirs()
         if dirs:
             log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"

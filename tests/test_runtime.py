@@ -362,11 +362,12 @@ def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
 
-@pytest.mark.parametrize("how", ["gateway_drain", "flag"])
+@pytest.mark.parametrize("how", ["gateway_drain", "flag", "sighup"])
 def test_a_stopping_companion_gets_the_grace_it_is_given(tmp_path, how):
     """A companion that takes 2 s to drain after SIGTERM: under the default grace, the gateway's own
     drain (VOXCPM_OPENAI_SHUTDOWN_TIMEOUT, here 0.5 s) plus 5 s, it ends on its own; with
-    --companion-grace 0.5 it is killed. A gateway given a longer drain is not cut short."""
+    --companion-grace 0.5 it is killed. A gateway given a longer drain is not cut short. SIGHUP (the
+    terminal of scripts/serve.sh closed) stops everything as SIGTERM does, drain included."""
     import signal
 
     from tests.server import free_port
@@ -392,7 +393,7 @@ time.sleep(300)
         while not started.exists():
             assert time.monotonic() < deadline and sup.poll() is None, log.read_text()
             time.sleep(0.05)
-        sup.send_signal(signal.SIGTERM)
+        sup.send_signal(signal.SIGHUP if how == "sighup" else signal.SIGTERM)
         assert sup.wait(60) == 0, log.read_text()
     finally:
         if sup.poll() is None:
