@@ -778,6 +778,16 @@ def test_bad_fields_get_openai_shaped_errors(client, gateway, tmp_path):
     with pytest.raises(openai.NotFoundError) as info:
         client.audio.speech.create(model="gpt-4o-mini-tts", input=TEXT, voice="default")
     assert error_body(info.value)["code"] == "model_not_found"
+    # a client's long value is quoted cut short, not sent back whole
+    huge = "m" * 500_000
+    with pytest.raises(openai.NotFoundError) as info:
+        client.audio.speech.create(model=huge, input=TEXT, voice="default")
+    err = error_body(info.value)
+    assert len(err["message"]) < 300 and "(500000 characters)" in err["message"], err["message"][:300]
+    with pytest.raises(openai.BadRequestError) as info:
+        speech(client, "pcm", text=TEXT, extra={huge: 1})
+    err = error_body(info.value)
+    assert len(err["message"]) < 300 and len(err["param"]) == 80, (err["message"][:300], len(err["param"]))
 
     # the API key: a wrong one, none at all
     bad = openai.OpenAI(base_url=gateway.url + "/v1", api_key="wrong-key", max_retries=0)
@@ -1432,6 +1442,20 @@ def test_a_model_process_that_died_is_503_with_retry_after():
                     "Request for unknown model: 'tts_stream' has no available versions"):  # Triton stopping
         err = errors.from_triton(message, PARAMS)
         assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "server_unavailable", "1"), err
+
+
+def test_a_voice_the_store_cannot_read_is_the_servers_error_not_the_clients():
+    """A stored voice corrupted on disk, or a store that hangs: a 500, not a 400 on `voice`."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway import errors
+    from voxcpm_gateway.speech_request import PARAMS
+    from voxcpm_triton.serving.voices import READERS
+
+    for message in ("the voice store cannot read voice 'v3' (SafetensorError: bad header); remove it and add it again",
+                    "the voice store did not answer in 10 s reading voice 'v3' (a hung disk or mount?)",
+                    f"the voice store is not answering: {READERS} reads of it are stuck (a hung disk or mount?)"):
+        err = errors.from_triton(message, PARAMS)
+        assert (err.status, err.param) == (500, None), (message, err)
 
 
 def test_a_gateway_that_decoded_an_upload_leaves_no_temporary_directory(server, tmp_path):

@@ -378,10 +378,104 @@ def test_a_link_the_store_did_not_make_is_no_voice_and_a_damaged_voice_is_named(
     latents = os.path.join(os.path.realpath(str(root / "a")), "latents.safetensors")
     with open(latents, "wb") as f:
         f.write(os.urandom(64))
-    with pytest.raises(RuntimeError, match=r"voice 'a' cannot be read from the voice store \(.+\); remove it") as info:
+    with pytest.raises(RuntimeError, match=r"the voice store cannot read voice 'a' \(.+\); remove it") as info:
         VoiceStore(str(root)).load("a")  # (another process: nothing cached)
     assert str(tmp_path) not in str(info.value)
     assert store.remove("a") == ["evil"]
+
+
+def test_a_voice_whose_version_is_gone_is_not_listed_and_goes_at_the_next_change(tmp_path):
+    """Its files removed by hand (or the whole .store): the link is neither listed nor counted; it can
+    be deleted, and the next add sweeps what is left of it."""
+    from voxcpm_triton.serving.triton_io import InputError
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    import shutil
+
+    store = VoiceStore(str(tmp_path))
+    lat = np.zeros((2, 4, 3), np.float32)
+    store.add("a", lat, None, None, 16000)
+    store.add("b", lat, None, None, 16000)
+    shutil.rmtree(os.path.realpath(str(tmp_path / "a")))
+    assert store.names() == ["b"]
+    store.check_room("c", max_voices=2)  # one voice stored, not two
+    with pytest.raises(InputError, match="unknown voice 'a'"):
+        store.load("a")
+    store.add("c", lat, None, None, 16000)
+    assert not os.path.lexists(str(tmp_path / "a")) and store.names() == ["b", "c"]
+    shutil.rmtree(os.path.realpath(str(tmp_path / "b")))
+    assert store.remove("b") == ["c"] and not os.path.lexists(str(tmp_path / "b"))
+
+
+def test_removing_an_unknown_voice_says_so_before_taking_the_lock(tmp_path, monkeypatch):
+    """The lock file is opened for writing: on a read-only store that failed first (a 500 for a 404)."""
+    from voxcpm_triton.serving.triton_io import InputError
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    store = VoiceStore(str(tmp_path))
+    store.add("a", np.zeros((2, 4, 3), np.float32), None, None, 16000)
+
+    def read_only():
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(store, "_locked", read_only)
+    with pytest.raises(InputError, match="unknown voice 'nope'"):
+        store.remove("nope")
+
+
+def test_a_voice_read_stuck_on_its_disk_fails_its_request_and_holds_nothing_else(tmp_path, monkeypatch):
+    """load_async: a read that never returns fails after its timeout while the event loop goes on;
+    once READERS reads are stuck, the next ones fail too (no more threads join them); a read that
+    returns later is not lost to the next request."""
+    from voxcpm_triton.serving.triton_io import InputError
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    import asyncio
+    import threading
+
+    from voxcpm_triton.serving import voices
+
+    store = VoiceStore(str(tmp_path))
+    store.add("a", np.zeros((2, 4, 3), np.float32), None, None, 16000)
+    release = threading.Event()
+    real = store.load
+
+    def stuck(name):
+        release.wait(30)
+        return real(name)
+
+    monkeypatch.setattr(store, "load", stuck)
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        errors = await asyncio.gather(*(store.load_async("a", timeout=0.3) for _ in range(voices.READERS + 2)),
+                                      return_exceptions=True)
+        ticker.cancel()
+        return ticks, errors
+
+    try:
+        ticks, errors = asyncio.run(main())
+    finally:
+        release.set()
+    assert ticks >= 10  # the loop ran meanwhile
+    messages = sorted(str(e) for e in errors)
+    assert all(isinstance(e, RuntimeError) and str(tmp_path) not in str(e) for e in errors), errors
+    assert sum("did not answer in 0.3 s reading voice 'a'" in m for m in messages) == voices.READERS, messages
+    assert sum(f"{voices.READERS} reads of it are stuck" in m for m in messages) == 2, messages
+    monkeypatch.setattr(store, "load", real)
+    deadline = time.monotonic() + 10
+    while store._readers._value < voices.READERS:  # the stuck ones have let go
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert asyncio.run(store.load_async("a")).name == "a"
 
 
 def test_the_store_keeps_a_voices_default_adapter(tmp_path):

@@ -122,11 +122,11 @@ class Orchestrator(InternalCalls):
         contract.check_parameters(request.parameters(), inputs)
         return contract.parse(_inputs(request), max_positions=self.max_positions)
 
-    def _voice(self, req: contract.SynthesisRequest):
+    async def _voice(self, req: contract.SynthesisRequest):
         """The stored voice the request names (None without VOICE), checked against its mode."""
         if req.voice is None:
             return None
-        voice = self.voices.load(req.voice)
+        voice = await self.voices.load_async(req.voice)
         if req.voice_mode != "reference" and voice.prompt is None:
             raise InputError(f"voice {req.voice!r} has no transcript, so it cannot serve VOICE_MODE "
                              f"{req.voice_mode}; add it again with TEXT, or use VOICE_MODE reference")
@@ -148,7 +148,7 @@ class Orchestrator(InternalCalls):
         """The decoder's inputs for `req`: its text normalised (NORMALIZE) and tokenized, its voice's or
         audio's latents (encoded by vae_encoder), its adapter. None when the client left meanwhile."""
         started = time.monotonic()
-        voice = self._voice(req)
+        voice = await self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
             normalized = await self.normalize(req.text, cancelled)

@@ -17,6 +17,7 @@ light orchestrator processes import this.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import fcntl
 import json
@@ -38,6 +39,8 @@ from .triton_io import Busy, InputError
 MODES = ("reference", "continuation", "both")
 STORE, LOCK = ".store", ".lock"
 CACHE_VOICES = 64  # latents kept in memory per process (a 60 s voice is ~0.5 MB)
+READ_TIMEOUT_S = 10.0  # a voice read off the event loop (`load_async`) past it is an error
+READERS = 4  # such reads at once per process: one stuck on its disk holds its thread, not more
 
 
 def default_dir() -> str:
@@ -84,6 +87,7 @@ class VoiceStore:
         self.store = os.path.join(self.root, STORE)
         self._cache: collections.OrderedDict = collections.OrderedDict()  # name -> (stamp, Voice)
         self._cache_lock = threading.Lock()
+        self._readers = threading.BoundedSemaphore(READERS)
 
     def ensure(self):
         """Made on the first add, not at load: a server whose voices dir cannot be written still
@@ -105,9 +109,11 @@ class VoiceStore:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def names(self) -> list[str]:
+        """The stored voices: links whose version is there (one removed by hand is not listed)."""
         if not os.path.isdir(self.root):
             return []
-        return sorted(n for n in os.listdir(self.root) if checks.NAME_RE.fullmatch(n) and self._target(n))
+        return sorted(n for n in os.listdir(self.root)
+                      if checks.NAME_RE.fullmatch(n) and (t := self._target(n)) and os.path.isdir(t))
 
     def check_room(self, name: str, max_voices: int | None):
         """Busy when adding `name` would store more than `max_voices` voices (a replacement never
@@ -155,7 +161,7 @@ class VoiceStore:
 
     def remove(self, name: str) -> list[str]:
         check_name(name)
-        if not os.path.isdir(self.root):
+        if not os.path.isdir(self.root) or self._target(name) is None:  # before the lock, which needs a writable dir
             raise InputError(f"unknown voice {name!r}")
         with self._locked():
             target = self._target(name)
@@ -184,11 +190,47 @@ class VoiceStore:
             for e in entries:
                 path = os.path.join(d, e)
                 stale = e.startswith((".tmp-", ".link-")) and now - os.lstat(path).st_mtime > 3600
-                if (d == self.store and not e.startswith(".") and path not in live) or stale:
+                dangling = d == self.root and (t := self._target(e)) is not None and not os.path.isdir(t)
+                if (d == self.store and not e.startswith(".") and path not in live) or stale or dangling:
                     if os.path.islink(path) or os.path.isfile(path):
                         os.unlink(path)
                     else:
                         shutil.rmtree(path, ignore_errors=True)
+
+    async def load_async(self, name: str, timeout: float = READ_TIMEOUT_S) -> Voice:
+        """`load` in a thread of its own, so that a read stuck on its disk (a hung network mount)
+        holds that thread and fails its request after `timeout`, not the event loop and every stream
+        on it. The threads are daemons: a stuck one cannot hold up the process's exit."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle(result, error):
+            if not done.done():
+                done.set_exception(error) if error is not None else done.set_result(result)
+
+        def read():
+            result = error = None
+            if not self._readers.acquire(timeout=timeout / 2):  # READERS reads stuck already: none joins them
+                error = RuntimeError(f"the voice store is not answering: {READERS} reads of it are stuck "
+                                     "(a hung disk or mount?)")
+            else:
+                try:
+                    result = self.load(name)
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting request
+                    error = e
+                finally:
+                    self._readers.release()
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # its loop closed meanwhile (the process stopping): nobody waits for it
+                pass
+
+        threading.Thread(target=read, name="voxcpm-voice-read", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the voice store did not answer in {timeout:g} s reading voice {name!r} "
+                               "(a hung disk or mount?)") from None
 
     def load(self, name: str) -> Voice:
         """Voice `name`, from memory while its voice.json is the same file (a replaced voice is a new
@@ -217,7 +259,7 @@ class VoiceStore:
                 continue
             except Exception as e:  # the store was changed by hand, or its disk failed
                 detail = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
-                raise RuntimeError(f"voice {name!r} cannot be read from the voice store ({detail}); "
+                raise RuntimeError(f"the voice store cannot read voice {name!r} ({detail}); "
                                    "remove it and add it again") from None
             with self._cache_lock:
                 self._cache[name] = (stamp, voice)
