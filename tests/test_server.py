@@ -391,6 +391,7 @@ def test_first_audio_phases_add_up_to_the_time_to_first_audio(server):
 BAD = [
     ("empty TEXT", dict(text=""), "TEXT is empty"),
     ("blank TEXT", dict(text="   "), "TEXT is empty"),
+    ("invisible TEXT", dict(text="\u200b\ufeff\u200d "), "TEXT is empty"),
     ("TEXT too long", dict(text="a" * 5000), "limit is 4096"),
     ("non-UTF-8 TEXT", dict(text=b"\xff\xfe bad"), "not valid UTF-8"),
     ("CFG_VALUE wrong dtype", dict(CFG_VALUE=("FP64", np.array([2.0]))), "CFG_VALUE"),

@@ -130,6 +130,8 @@ def test_failures_are_clear_errors(ref):
     assert ref.normalize("😀") == "" and normalize("😀") == ""
     with pytest.raises(NormalizationError, match="nothing is left to speak"):
         normalize_target("😀 ")
+    with pytest.raises(NormalizationError, match="nothing is left to speak"):
+        normalize_target("👨\u200d👩\u200d👧")  # a joined emoji leaves its zero-width joiners
     assert normalize_target("I have 3 cats.") == "I have three cats."
     with pytest.raises(TypeError):
         normalize(b"bytes")

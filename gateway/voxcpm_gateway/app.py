@@ -227,7 +227,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/models/{model}")
     async def model(model: str):
         if model not in settings.model_names:
-            raise errors.APIError(404, f"The model '{model}' does not exist", "model", "model_not_found")
+            raise errors.APIError(404, f"The model {errors.quoted(model)} does not exist", "model", "model_not_found")
         return model_object(model)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some load balancers send
@@ -261,7 +261,7 @@ def voice_fields(form) -> tuple:
     lora = form.get("lora")
     kind = form.get("type")
     if kind not in (None, "audio_sample"):
-        raise errors.bad_request(f"type {kind!r} is not supported: voices are made from an audio_sample",
+        raise errors.bad_request(f"type {errors.quoted(kind)} is not supported: voices are made from an audio_sample",
                                  "type")
     if not name:
         raise errors.bad_request("name is required", "name")
@@ -308,7 +308,7 @@ def _validation_error(exc: RequestValidationError) -> errors.APIError:
         return errors.bad_request(f"voice must be a voice name or an object {{\"id\": \"<voice name>\"}}: {why}",
                                   field)
     if kind == "extra_forbidden":
-        return errors.bad_request(f"unknown field {field!r}", field, "unknown_parameter")
+        return errors.bad_request(f"unknown field {errors.quoted(field)}", field[:80], "unknown_parameter")
     if kind.startswith("json"):
         return errors.bad_request(f"the request body is not valid JSON: {msg}", None, "invalid_json")
     if field is None and kind == "missing":

@@ -49,6 +49,12 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+def quoted(value: str, limit: int = 80) -> str:
+    """A client's value as an error quotes it: repr, cut at `limit` characters (a 500 KB field name
+    is not sent back whole)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param, code)
 

@@ -106,7 +106,7 @@ class SpeechRequest(BaseModel):
 
     def check(self, served_models: tuple[str, ...]):
         if self.model is not None and self.model not in served_models:
-            raise errors.APIError(404, f"The model '{self.model}' does not exist; this server serves "
+            raise errors.APIError(404, f"The model {errors.quoted(self.model)} does not exist; this server serves "
                                   f"{', '.join(served_models)} (GET /v1/models)", "model", "model_not_found")
         if self.voice_mode is not None and self.voice_name == DEFAULT_VOICE:
             raise errors.bad_request(f"voice_mode needs a stored voice; {DEFAULT_VOICE!r} is the model's own voice "

@@ -10,6 +10,7 @@ import math
 import numbers
 import re
 import secrets
+import unicodedata
 
 import numpy as np
 
@@ -70,6 +71,12 @@ def check_seed(seed) -> int:
     if not _is_int(seed) or not SEED_RANGE[0] <= int(seed) <= SEED_RANGE[1]:
         raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
     return int(seed)
+
+
+def blank(text: str) -> bool:
+    """Nothing to speak: only whitespace and invisible format characters (zero-width spaces and
+    joiners, a byte order mark; what is left of a joined emoji once its pictures are gone)."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def clean_text(text: str) -> str:

@@ -30,6 +30,8 @@ import itertools
 import re
 import threading
 
+from ..checks import blank
+
 __all__ = ["NormalizationError", "TextNormalizer", "normalize", "normalize_target", "normalizer"]
 
 _CJK = re.compile("[\u4e00-\u9fff]")
@@ -148,6 +150,6 @@ def normalize_target(text: str) -> str:
     """The text to speak, normalised. Unlike the reference, which would go on with an empty text,
     a text with nothing left to speak (only emoji, say) is an error."""
     out = normalize(text)
-    if not out.strip():
+    if blank(out):
         raise NormalizationError("nothing is left to speak after text normalisation")
     return out

@@ -137,15 +137,15 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     if unknown:
         raise InputError(f"unknown input(s) {unknown}")
     target = text(inputs.get("TEXT"), "TEXT", required=True)
-    if not target.strip():
-        raise InputError("TEXT is empty")
+    if checks.blank(target):
+        raise InputError("TEXT is empty (nothing but whitespace or invisible characters)")
     req = SynthesisRequest(text=target)
     req.reference_audio, req.reference_sample_rate = waveform(inputs, "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE")
     req.prompt_audio, req.prompt_sample_rate = waveform(inputs, "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE")
     req.prompt_text = text(inputs.get("PROMPT_TEXT"), "PROMPT_TEXT", required=False)
     if (req.prompt_audio is None) != (req.prompt_text is None):
         raise InputError("PROMPT_AUDIO and PROMPT_TEXT must be given together")
-    if req.prompt_text is not None and not req.prompt_text.strip():
+    if req.prompt_text is not None and checks.blank(req.prompt_text):
         # as the voices model refuses an empty transcript: a continuation of audio said to hold no words
         raise InputError("PROMPT_TEXT is empty: a prompt needs the transcript of PROMPT_AUDIO; for the voice "
                          "alone, send the audio as REFERENCE_AUDIO")
