@@ -742,7 +742,16 @@ class Supervisor:
             self.stale_since = self.stale_since or now
             if now - self.stale_since < STALE_CONFIRM_S:
                 return None
+            if not self._server_answers():  # a process waiting on the server's IPC stops its beacon too
+                return f"tritonserver is not answering, nor its model processes that wait on it: {why}"
         return f"model process: {why}"
+
+    def _server_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/health/live", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def _probe(self):
         """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping.

@@ -845,8 +845,12 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     monkeypatch.setattr(runtime.time, "time", lambda: late)
     assert s._dead_model() is None  # stale once: not yet
     clock["t"] += supervise.STALE_CONFIRM_S
-    assert s._dead_model() == (f"model process: the decoder model process (pid {os.getpid()}) has not answered "
-                               f"for {runtime.BEACON_STALE_S + 5:.0f} s")
+    monkeypatch.setattr(s, "_server_answers", lambda: True)
+    stale = f"the decoder model process (pid {os.getpid()}) has not answered for {runtime.BEACON_STALE_S + 5:.0f} s"
+    assert s._dead_model() == f"model process: {stale}"
+    monkeypatch.setattr(s, "_server_answers", lambda: False)  # the server itself stalled: it is named
+    assert s._dead_model() == f"tritonserver is not answering, nor its model processes that wait on it: {stale}"
+    monkeypatch.setattr(s, "_server_answers", lambda: True)
     monkeypatch.setattr(runtime.time, "time", lambda: beat["t"])  # fresh again: the wait starts over
     assert s._dead_model() is None and s.stale_since is None
     child = os.fork()
@@ -860,6 +864,40 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
     s.run_dir = str(tmp_path / "gone")
     assert s._dead_model() == f"model process: the server's runtime directory {s.run_dir} is gone"
+
+
+def test_the_supervisor_tells_a_stopped_server_from_an_answering_one():
+    """_server_answers: Triton's live endpoint within 2 s; a server stopped (SIGSTOP) does not answer."""
+    import signal
+
+    from tests.server import free_port
+
+    class Opts:
+        probe_interval = probe_timeout = probe_failures = start_timeout = 1
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/health/live" else 404); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""", str(port)])
+    try:
+        s = supervise.Supervisor(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"], Opts)
+        deadline = time.monotonic() + 30
+        while not s._server_answers():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.1)
+        server.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert not s._server_answers()
+        assert time.monotonic() - t0 < 5
+    finally:
+        server.kill()
+        server.wait(30)
 
 
 def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(tmp_path, monkeypatch):
