@@ -37,9 +37,10 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity: int, max_len_default: bool = False):
-    """Raise ValueError naming the first bad parameter. `capacity`: positions left in the KV cache;
-    `max_len_default`: max_len is the default for the text, not the caller's."""
+def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity: int, max_len_default: bool = False,
+                     room: str = "the model's context leaves (its length minus the prompt)"):
+    """Raise ValueError naming the first bad parameter. `capacity`: positions left in the KV cache,
+    which `room` says how; `max_len_default`: max_len is the default for the text, not the caller's."""
     if not _is_int(min_len) or min_len < 0:
         raise ValueError(f"min_len must be a non-negative integer, got {min_len!r}")
     if not _is_int(max_len) or max_len < 1:
@@ -50,7 +51,7 @@ def check_generation(min_len, max_len, cfg_value, inference_timesteps, capacity:
             else f"max_len ({max_len})"))
     if max_len > capacity:  # (a default max_len is at least min_len: then min_len is the one too long)
         raise ValueError(f"{'min_len' if max_len_default else 'max_len'} {max_len} is more than the {capacity} "
-                         "positions the model's context leaves (its length minus the prompt)")
+                         f"positions {room}")
     try:
         cfg = float(cfg_value)
     except (TypeError, ValueError):

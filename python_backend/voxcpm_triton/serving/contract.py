@@ -171,7 +171,8 @@ def parse(inputs: dict, max_positions: int = 8192) -> SynthesisRequest:
     try:
         checks.check_generation(req.min_length, req.max_length if max_len is not None else max(req.min_length, 1),
                                 req.cfg_value, req.inference_timesteps, capacity=max_positions - 1,
-                                max_len_default=max_len is None)
+                                max_len_default=max_len is None,
+                                room=f"the model's context of {max_positions} leaves after the shortest prompt")
     except ValueError as e:
         raise InputError(wire_names(str(e))) from None
     return req
