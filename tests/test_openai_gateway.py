@@ -1028,7 +1028,8 @@ def test_a_client_that_reads_or_sends_nothing_is_cut_off(server, tmp_path):
 
 def test_health_is_503_when_triton_answers_nothing(tmp_path):
     """A gRPC server that takes calls and never answers them (a stuck Triton): /health says 503
-    within its timeout instead of hanging with it."""
+    within its timeout instead of hanging with it, and a voice call ends at --voice-timeout (504),
+    letting go of what it held (an upload's slot)."""
     import asyncio
     import threading
 
@@ -1041,8 +1042,14 @@ def test_health_is_503_when_triton_answers_nothing(tmp_path):
             async def never(request, context):
                 await asyncio.sleep(3600)
 
+            async def never_streamed(requests, context):
+                await asyncio.sleep(3600)
+                yield b""
+
             class Stuck(grpc.GenericRpcHandler):
                 def service(self, details):
+                    if details.method.endswith("ModelStreamInfer"):
+                        return grpc.stream_stream_rpc_method_handler(never_streamed)
                     return grpc.unary_unary_rpc_method_handler(never)
 
             server = grpc.aio.server(handlers=[Stuck()])
@@ -1058,12 +1065,19 @@ def test_health_is_503_when_triton_answers_nothing(tmp_path):
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     assert started.wait(30)
-    gw = Gateway(f"127.0.0.1:{port}", tmp_path, wait_healthy=False)  # its own wait got 503s too
+    gw = Gateway(f"127.0.0.1:{port}", tmp_path, wait_healthy=False,  # its own wait got 503s too
+                 args=["--voice-timeout", "1"])
     try:
         t0 = time.monotonic()
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(gw.url + "/health", timeout=60)
         assert info.value.code == 503 and time.monotonic() - t0 < 10  # HEALTH_TIMEOUT_S is 5
+        t0 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as info:
+            gw.get("/v1/audio/voices")
+        body = json.loads(info.value.read())["error"]
+        assert info.value.code == 504 and body["code"] == "request_timeout", body
+        assert "voice timeout of 1 s (--voice-timeout)" in body["message"] and time.monotonic() - t0 < 10, body
     finally:
         gw.stop()
         stop.set()

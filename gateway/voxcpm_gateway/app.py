@@ -61,7 +61,7 @@ class SpeechHTTPResponse(Response):
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
     backend = TritonBackend(settings.triton_url, settings.stream_model, settings.voices_model,
-                            settings.request_timeout_s)
+                            settings.request_timeout_s, settings.voice_timeout_s)
     executor = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="voxcpm-gateway")
     # uploads decode one at a time, in a child process waited for on a thread of their own: a slow
     # one never delays a stream's encoding, and one that crashes its decoder fails alone
@@ -146,6 +146,8 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             return await drain.run(backend.voices(arrays, "oai-" + secrets.token_hex(8)))
         except TritonError as e:
+            if e.timed_out:
+                raise errors.timed_out(backend.voice_timeout_s, "--voice-timeout", "voice call") from None
             raise error_for(e, backend, VOICE_PARAMS) from None
 
     def voice_object(name: str, created: int | None = None, lora: str | None = None) -> dict:

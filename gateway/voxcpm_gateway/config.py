@@ -21,6 +21,7 @@ class Settings:
     max_json_bytes: int = 1 << 20
     max_voice_seconds: float = 60.0  # the voices model's limit; uploads are decoded no further
     request_timeout_s: float = 3600.0  # a bound for runaway requests, past the longest utterance
+    voice_timeout_s: float = 300.0  # a voice call to Triton (list, add with its encoding, remove)
     max_pending_uploads: int = 4  # voice uploads at once, until stored (they decode one at a time); more: 429
     decode_timeout_s: float = 30.0  # an uploaded voice sample's decoding (a child process, killed past it)
     stall_timeout_s: float = 60.0  # a client that sends or reads nothing this long is cut off
@@ -57,6 +58,9 @@ def parse_args(argv=None) -> Settings:
                     help="largest voice upload (multipart body), MiB; larger ones get 413 (default %(default)s)")
     ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", f"{d.request_timeout_s:g}"),
                     help="seconds a request to Triton may take in all (default %(default)s)")
+    ap.add_argument("--voice-timeout", type=float, default=env("VOXCPM_OPENAI_VOICE_TIMEOUT", f"{d.voice_timeout_s:g}"),
+                    help="seconds a voice call to Triton may take (an upload's encoding included); past it: 504, "
+                         "and the upload's slot is free again (default %(default)s)")
     ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", f"{d.stall_timeout_s:g}"),
                     help="seconds a connection may take to send a request's headers (past it: closed), a client "
                          "may send nothing of its request's body (past it: 408; nor may a body fall more than this "
@@ -94,15 +98,16 @@ def parse_args(argv=None) -> Settings:
     if not 0 < a.port < 65536:
         ap.error(f"--port must be 1..65535, got {a.port}" + (
             " (OPENAI_API_PORT=0 tells scripts/serve.sh to run no gateway)" if a.port == 0 else ""))
-    if min(a.max_upload_mb, a.request_timeout, a.stall_timeout, a.decode_timeout, a.max_pending_uploads,
-           a.shutdown_timeout) <= 0:
-        ap.error("--max-upload-mb, --request-timeout, --stall-timeout, --decode-timeout, --max-pending-uploads and "
-                 "--shutdown-timeout must be positive")
+    if min(a.max_upload_mb, a.request_timeout, a.voice_timeout, a.stall_timeout, a.decode_timeout,
+           a.max_pending_uploads, a.shutdown_timeout) <= 0:
+        ap.error("--max-upload-mb, --request-timeout, --voice-timeout, --stall-timeout, --decode-timeout, "
+                 "--max-pending-uploads and --shutdown-timeout must be positive")
     if a.max_connections_per_client < 0:
         ap.error(f"--max-connections-per-client must be 0 (no bound) or more, got {a.max_connections_per_client}")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
-                    request_timeout_s=a.request_timeout, stall_timeout_s=a.stall_timeout,
+                    request_timeout_s=a.request_timeout, voice_timeout_s=a.voice_timeout,
+                    stall_timeout_s=a.stall_timeout,
                     decode_timeout_s=a.decode_timeout, max_pending_uploads=a.max_pending_uploads,
                     shutdown_timeout_s=a.shutdown_timeout,
                     max_connections_per_client=a.max_connections_per_client, log_level=a.log_level)

@@ -135,8 +135,9 @@ def channel_args() -> list[tuple]:
 
 class TritonBackend:
     def __init__(self, url: str, stream_model: str = "tts_stream", voices_model: str = "voices",
-                 timeout_s: float = 3600.0):
+                 timeout_s: float = 3600.0, voice_timeout_s: float = 300.0):
         self.url, self.stream_model, self.voices_model, self.timeout_s = url, stream_model, voices_model, timeout_s
+        self.voice_timeout_s = voice_timeout_s
         self._client: grpcaio.InferenceServerClient | None = None
 
     @property
@@ -150,7 +151,7 @@ class TritonBackend:
 
     async def voices(self, arrays: dict[str, np.ndarray], request_id: str = "") -> list[str]:
         """One request to the `voices` model; the registered names after it."""
-        call = Call(self.client, self.voices_model, arrays, request_id, self.timeout_s)
+        call = Call(self.client, self.voices_model, arrays, request_id, self.voice_timeout_s)
         try:
             names = None
             while (result := await call.next()) is not None:
