@@ -43,6 +43,8 @@
 #   VOXCPM_MAX_FAILED_STARTS starts in a row that do not serve (never ready, or never pass a probe),
 #                         or quick exits in a row of the gateway, before giving up (exit 1),
 #                         default 5 (0: never give up)
+#   VOXCPM_COMPANION_GRACE seconds the stopping gateway gets between SIGTERM and SIGKILL, default
+#                         its drain (VOXCPM_OPENAI_SHUTDOWN_TIMEOUT, 20) plus 5
 #   VOXCPM_CHECKPOINT     the VoxCPM2 checkpoint directory; unset: the embedded tiny one, generated
 #                         once into VOXCPM_TINY_DIR (default checkpoints/tiny)
 #   VOXCPM_INTERNAL_KEY   the key the models' internal requests carry; unset: a random one per start
