@@ -189,7 +189,7 @@ def test_the_orchestrators_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, voxcpm_triton.serving.orchestrator, voxcpm_triton.serving.voices_model, "
+    code = ("import sys, voxcpm_triton.serving.tts_models, voxcpm_triton.serving.voices_model, "
             "voxcpm_triton.serving.tokenizer_model, voxcpm_triton.model.config; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton'}); assert not bad, bad")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}

@@ -214,7 +214,7 @@ def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
     response from finalize itself, and a stream ended that way is not ended again."""
     import threading
 
-    from voxcpm_triton.serving.orchestrator import TTSStreamModel
+    from voxcpm_triton.serving.tts_models import TTSStreamModel
 
     fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 

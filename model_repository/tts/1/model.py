@@ -10,4 +10,4 @@ from voxcpm_triton.serving import runtime  # noqa: E402
 
 runtime.exit_without_teardown()  # first: before torch is imported (see its doc)
 
-from voxcpm_triton.serving.orchestrator import TTSModel as TritonPythonModel  # noqa: E402,F401
+from voxcpm_triton.serving.tts_models import TTSModel as TritonPythonModel  # noqa: E402,F401
