@@ -154,44 +154,35 @@ def test_gateway_imports_no_model_code():
         assert not bad, f"{path.relative_to(GATEWAY.parent.parent)} imports {sorted(bad)}: the gateway only talks to Triton"
 
 
-def test_gateway_starts_without_torch():
-    """Its whole import graph (app, server entry point) loads with gateway/ alone on the path, and
-    torch is not among what it loaded."""
+def _loads_without(path: Path, imports: str, forbidden: set[str], also: str = "") -> None:
+    """`import imports` in a fresh interpreter with only `path` on PYTHONPATH loads no module of the
+    `forbidden` packages (nor, `also`, one module more); a failed import fails too."""
     import subprocess
     import sys
 
-    code = ("import sys, voxcpm_gateway.__main__, voxcpm_gateway.app; "
-            "from voxcpm_gateway.config import parse_args; voxcpm_gateway.app.create_app(parse_args([])); "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'voxcpm_triton'}); "
-            "assert not bad, bad")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(GATEWAY.parent)}
+    code = (f"import sys, {imports}; bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r} "
+            f"or m == {also!r}); assert not bad, bad")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(path)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_gateway_starts_without_torch():
+    """Its whole import graph (app, server entry point) loads with gateway/ alone on the path, and
+    torch is not among what it loaded."""
+    _loads_without(GATEWAY.parent, "voxcpm_gateway.__main__, voxcpm_gateway.app, voxcpm_gateway.config; "
+                   "voxcpm_gateway.app.create_app(voxcpm_gateway.config.parse_args([]))", {"torch", "voxcpm_triton"})
 
 
 def test_the_scheduler_and_block_manager_load_without_torch():
     """The engine's policy is plain Python (engine/scheduler.py's docstring): importing it, through
     the engine package, loads neither torch nor the engine itself."""
-    import subprocess
-    import sys
-
-    code = ("import sys, voxcpm_triton.engine.scheduler, voxcpm_triton.engine.block_manager; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton', 'numpy'} "
-            "or m == 'voxcpm_triton.engine.engine'); assert not bad, bad")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    _loads_without(ROOT.parent, "voxcpm_triton.engine.scheduler, voxcpm_triton.engine.block_manager",
+                   {"torch", "triton", "numpy"}, also="voxcpm_triton.engine.engine")
 
 
 def test_the_orchestrators_load_without_torch():
     """`tts`, `tts_stream`, `voices` and the tokenizer run as many light processes: they read config.json
     through model.config (the same rules and defaults as the decoder) without loading torch."""
-    import subprocess
-    import sys
-
-    code = ("import sys, voxcpm_triton.serving.tts_models, voxcpm_triton.serving.voices_model, "
-            "voxcpm_triton.serving.tokenizer_model, voxcpm_triton.model.config; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton'}); assert not bad, bad")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    _loads_without(ROOT.parent, "voxcpm_triton.serving.tts_models, voxcpm_triton.serving.voices_model, "
+                   "voxcpm_triton.serving.tokenizer_model, voxcpm_triton.model.config", {"torch", "triton"})
