@@ -22,7 +22,7 @@ from . import gc_pauses, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import InputError, get, internal_error_response, pb, require_internal, tensor
+from .triton_io import InputError, error_response, get, internal_error_response, pb, require_internal, tensor
 
 log = logging.getLogger("voxcpm_triton.vae")
 
@@ -191,7 +191,7 @@ class VAEDecoderModel:
                     self.last_used[corrid] = now
                     work.append((i, corrid, self._z(lat), end))
                 except Exception as e:
-                    responses[i] = internal_error_response(e)
+                    responses[i] = error_response(e)
             # Streams whose chunks have the same length decode as one batch; every batch is queued
             # on the GPU before the first wait for one (`VAEStreams.decode_async`).
             queued = []
@@ -202,7 +202,7 @@ class VAEDecoderModel:
                                                                     torch.cat([z for *_, z, _ in group]))))
                 except Exception as e:
                     for i, *_ in group:
-                        responses[i] = internal_error_response(e)
+                        responses[i] = error_response(e)
             for group, pending in queued:
                 try:
                     for (i, *_), a in zip(group, pending.result().numpy()):
@@ -210,7 +210,7 @@ class VAEDecoderModel:
                     self.m_batches.set(float(len(group)))
                 except Exception as e:
                     for i, *_ in group:
-                        responses[i] = internal_error_response(e)
+                        responses[i] = error_response(e)
             # A stream is idle from the end of its last chunk: a decode slower than the timeout
             # must not make its own stream look abandoned.
             done = time.monotonic()
