@@ -55,6 +55,7 @@ import argparse
 import errno
 import fcntl
 import glob
+import http.client
 import os
 import re
 import secrets
@@ -595,14 +596,15 @@ class Supervisor:
         try:
             with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGHUP, self._on_signal)  # its terminal closed: stop as cleanly as on SIGTERM
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (nohup: its terminal may close)
+            signal.signal(signal.SIGHUP, self._on_signal)  # its terminal closed: stop as cleanly as on SIGTERM
         dirs, regions = remove_abandoned_state_dirs()
         if dirs:
             log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"
@@ -750,7 +752,7 @@ class Supervisor:
         try:
             with urllib.request.urlopen(f"{self.url}/v2/health/live", timeout=2) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
 
     def _probe(self):
@@ -797,9 +799,10 @@ def _companion_grace() -> str:
     """The OpenAI gateway's drain after SIGTERM (its --shutdown-timeout, from the environment both
     share) plus 5 s; a value the gateway would refuse is left to it to say so."""
     try:
-        return f"{float(os.environ.get('VOXCPM_OPENAI_SHUTDOWN_TIMEOUT', '20')) + 5:g}"
+        drain = float(os.environ.get("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", "20"))
     except ValueError:
         return "25"
+    return f"{drain + 5:g}" if drain > 0 else "25"
 
 
 def main(argv=None) -> int:

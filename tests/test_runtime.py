@@ -405,10 +405,42 @@ time.sleep(300)
         assert "did not exit in time" not in text and "python stopped (exit code 0)" in text, text
 
 
-def test_the_companion_grace_must_be_positive():
+def test_a_supervisor_started_under_nohup_keeps_ignoring_sighup(tmp_path):
+    """nohup (SIGHUP ignored, inherited through serve.sh's exec): the terminal closing stops nothing."""
+    import signal
+
+    from tests.server import free_port
+
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    log = tmp_path / "supervise.log"
+    with open(log, "w") as f:
+        sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c",
+                                "import time; time.sleep(300)", f"--http-port={free_port()}",
+                                f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"], env=env, stderr=f,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 30
+        while "tritonserver started" not in log.read_text():
+            assert time.monotonic() < deadline and sup.poll() is None, log.read_text()
+            time.sleep(0.05)
+        sup.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert sup.poll() is None and "asked to stop" not in log.read_text(), log.read_text()
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(60) == 0, log.read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+
+
+def test_the_companion_grace_must_be_positive(monkeypatch):
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion-grace", "0", "--", "true"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--companion-grace must be positive, got 0" in p.stderr, p.stderr
+    # a gateway drain the gateway itself refuses is not blamed on a flag nobody gave: the default stands
+    for drain, grace in (("20", "25"), ("2.5", "7.5"), ("-30", "25"), ("0", "25"), ("soon", "25")):
+        monkeypatch.setenv("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", drain)
+        assert supervise._companion_grace() == grace, drain
 
 
 @pytest.mark.parametrize("tmpdir", ["short", "long"])
