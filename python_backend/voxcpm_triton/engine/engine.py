@@ -172,6 +172,7 @@ class Engine:
         # before it; first_audio_fence_misses: such steps whose decode was not (busy, or past the wait)
         # late_launches: steps launched while another was in flight (launched ahead of its read) whose first
         # launch found the engine's stream idle: the GPU ran out of the engine's work, waiting for this thread
+        self._batch_failures_said: dict[str, float] = {}  # what -> when it was last logged (_batch_failed)
         self._stats = {"steps": 0, "launches": 0, "finished": 0, "batch_sizes": Counter(), "steps_per_s": 0.0,
                        "first_audio_fences": 0, "first_audio_fence_misses": 0, "late_launches": 0}
         self._stop = False
@@ -510,6 +511,16 @@ class Engine:
             positions, longest = positions + n, max(longest, n)
         return packs
 
+    def _batch_failed(self, what: str, rows: int, then: str):
+        """In an except block: log a batch's failure, with its traceback, even if every rerun passes (a
+        batch that only fails whole would go unseen), but at most once a minute for each `what` (one
+        that lasts fails every step)."""
+        now = time.monotonic()
+        if now - self._batch_failures_said.get(what, -math.inf) >= 60.0:
+            self._batch_failures_said[what] = now
+            log.warning("%s failed for a batch of %d; %s (said at most once a minute)", what, rows, then,
+                        exc_info=True)
+
     def _isolated(self, states: list[RequestState], run, what: str) -> list:
         """run(states) -> one result per state. If the batch raises, each state is rerun alone so
         that only the culprit fails (reruns rewrite the same KV slots). Returns (state, result)
@@ -521,9 +532,7 @@ class Engine:
                 log.exception("%s failed for %s", what, states[0].request_id)
                 self._finish(states[0], "error", f"{what} failed: {e}")
                 return []
-            # said even if every rerun passes: a batch that only fails whole would otherwise go unseen
-            log.warning("%s failed for a batch of %d; rerunning each request alone", what, len(states),
-                        exc_info=True)
+            self._batch_failed(what, len(states), "rerunning each request alone")
         survivors = []
         for st in states:
             try:
@@ -667,7 +676,7 @@ class Engine:
             try:
                 launched.append((group, self._launch_decode(group, plain)))
             except Exception:  # noqa: BLE001 - rerun below, one request at a time
-                log.warning("decode launch failed for a batch of %d; running it again", len(group), exc_info=True)
+                self._batch_failed("decode launch", len(group), "running it again")
                 failed.append(group)
         if batch:
             with self._lock:
