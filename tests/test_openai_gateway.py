@@ -1458,16 +1458,38 @@ def test_a_model_process_that_died_is_503_with_retry_after():
         assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "server_unavailable", "1"), err
 
 
-def test_a_voice_the_store_cannot_read_is_the_servers_error_not_the_clients():
-    """A stored voice corrupted on disk, or a store that hangs: a 500, not a 400 on `voice`."""
+def test_a_voice_the_store_cannot_read_is_the_servers_error_not_the_clients(tmp_path, monkeypatch):
+    """A stored voice corrupted on disk, or a store that hangs: a 500, not a 400 on `voice` (the
+    messages as the voice store makes them)."""
+    import asyncio
+    import threading
+
     sys.path.insert(0, str(REPO / "gateway"))
     from voxcpm_gateway import errors
     from voxcpm_gateway.speech_request import PARAMS
-    from voxcpm_triton.serving.voices import READERS
+    from voxcpm_triton.serving.voices import READERS, VoiceStore
 
-    for message in ("the voice store cannot read voice 'v3' (SafetensorError: bad header); remove it and add it again",
-                    "the voice store did not answer in 10 s reading voice 'v3' (a hung disk or mount?)",
-                    f"the voice store is not answering: {READERS} reads of it are stuck (a hung disk or mount?)"):
+    store = VoiceStore(str(tmp_path))
+    store.add("v3", np.zeros((2, 4, 3), np.float32), None, None, 16000)
+    with open(os.path.join(os.path.realpath(str(tmp_path / "v3")), "latents.safetensors"), "wb") as f:
+        f.write(os.urandom(64))
+    messages = []
+    with pytest.raises(RuntimeError) as info:
+        store.load("v3")
+    messages.append(str(info.value))
+    release = threading.Event()
+    monkeypatch.setattr(store, "load", lambda name: release.wait(30))
+
+    async def stuck():
+        return await asyncio.gather(*(store.load_async("v3", timeout=0.5) for _ in range(READERS + 1)),
+                                    return_exceptions=True)
+
+    try:
+        messages += sorted({str(e) for e in asyncio.run(stuck())})
+    finally:
+        release.set()
+    assert len(messages) == 3, messages  # unreadable, did not answer, not answering
+    for message in messages:
         err = errors.from_triton(message, PARAMS)
         assert (err.status, err.param) == (500, None), (message, err)
 

@@ -82,3 +82,14 @@ def test_the_client_gateway_and_probe_read_not_now_as_such():
         if kind != "unhealthy":
             assert any(m in message for m in probe.BUSY_MARKERS), (kind, message)
 
+
+
+def test_the_gateway_finds_nothing_to_speak_where_the_server_does():
+    from voxcpm_gateway import speech_request
+    from voxcpm_triton import checks
+
+    for text, want in (("", True), (" \t\n", True), ("\u200b\ufeff\u200d", True), ("\ufe0f\u20e3", True),
+                       ("e\u0301", False), ("a", False), ("\u200bhi", False), ("😀", False)):
+        assert checks.blank(text) is want and speech_request.blank(text) is want, repr(text)
+    with pytest.raises(Exception, match="input is empty"):  # instructions alone are not spoken
+        speech_request.SpeechRequest(model="voxcpm2", input="\u200b", voice="default", instructions="calm").text()

@@ -132,6 +132,8 @@ def test_failures_are_clear_errors(ref):
         normalize_target("😀 ")
     with pytest.raises(NormalizationError, match="nothing is left to speak"):
         normalize_target("👨\u200d👩\u200d👧")  # a joined emoji leaves its zero-width joiners
+    with pytest.raises(NormalizationError, match="nothing is left to speak"):
+        normalize_target("#\ufe0f\u20e3")  # a keycap leaves its variation selector and enclosing mark
     assert normalize_target("I have 3 cats.") == "I have three cats."
     with pytest.raises(TypeError):
         normalize(b"bytes")

@@ -147,7 +147,8 @@ def create_app(settings: Settings) -> FastAPI:
             return await drain.run(backend.voices(arrays, "oai-" + secrets.token_hex(8)))
         except TritonError as e:
             if e.timed_out:
-                raise errors.timed_out(backend.voice_timeout_s, "--voice-timeout", "voice call") from None
+                raise errors.timed_out(backend.voice_timeout_s, "--voice-timeout", "call",
+                                       " (an add may still be stored: list the voices to see)") from None
             raise error_for(e, backend, VOICE_PARAMS) from None
 
     def voice_object(name: str, created: int | None = None, lora: str | None = None) -> dict:
@@ -176,9 +177,10 @@ def create_app(settings: Settings) -> FastAPI:
                                      "ref_text, lora, consent), not "
                                      f"{(request.headers.get('content-type') or 'a body without a Content-Type')[:100]}",
                                      None, "invalid_content_type")
-        # An upload holds its slot from its first byte until Triton has stored it: its body is spooled
-        # to a temporary file as it arrives, its decoded sample (up to 92 MB) waits in this process and
-        # in Triton's until the voices model is done, so the slots bound all of it, not its decoding only.
+        # An upload holds its slot from its first byte until Triton has stored it, or --voice-timeout has
+        # passed: its body is spooled to a temporary file as it arrives, its decoded sample (up to 92 MB)
+        # waits in this process and in Triton's until the voices model is done, so the slots bound all of
+        # it, not its decoding only (but for what a voices model past the timeout still holds).
         if uploads_open >= settings.max_pending_uploads:
             raise errors.APIError(429, f"server busy: {uploads_open} voice uploads are in progress, the limit "
                                   "(--max-pending-uploads); retry later", None, "server_busy",

@@ -69,9 +69,9 @@ def shutting_down() -> APIError:
                     "server_unavailable", {"Retry-After": RETRY_AFTER_S})
 
 
-def timed_out(seconds: float, flag: str = "--request-timeout", what: str = "synthesis") -> APIError:
+def timed_out(seconds: float, flag: str = "--request-timeout", what: str = "synthesis", after: str = "") -> APIError:
     return APIError(504, f"the request ran past the gateway's {flag[2:].replace('-', ' ')} of {seconds:g} s "
-                    f"({flag}); its {what} was cancelled", None, "request_timeout")
+                    f"({flag}); its {what} was cancelled{after}", None, "request_timeout")
 
 
 # (pattern, status, code) for messages that are not plain input errors; first match wins.

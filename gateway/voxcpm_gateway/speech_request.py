@@ -10,6 +10,7 @@ types, and integers that fit the input's type.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal, Optional, Union
 
 import numpy as np
@@ -18,6 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from . import errors
 
 DEFAULT_VOICE = "default"  # zero-shot: no stored voice
+
+
+def blank(text: str) -> bool:
+    """Nothing to speak, as the server's checks.blank has it (this package does not import it)."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Mn", "Me") for ch in text)
 
 # request field -> (tts_stream input, numpy dtype). Adding an input is one line here (and a
 # field on SpeechRequest).
@@ -94,7 +100,7 @@ class SpeechRequest(BaseModel):
 
     def text(self) -> str:
         """TEXT: the input, after the instructions as VoxCPM2's "(description)" prefix."""
-        if not self.input.strip():
+        if blank(self.input):  # (with instructions, Triton would speak them alone)
             raise errors.bad_request("input is empty", "input")
         instructions = (self.instructions or "").strip()
         if not instructions:

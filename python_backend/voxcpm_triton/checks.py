@@ -74,10 +74,14 @@ def check_seed(seed) -> int:
     return int(seed)
 
 
+INVISIBLE = ("Cf", "Mn", "Me")  # format characters and marks, which only change the character before them
+
+
 def blank(text: str) -> bool:
-    """Nothing to speak: only whitespace and invisible format characters (zero-width spaces and
-    joiners, a byte order mark; what is left of a joined emoji once its pictures are gone)."""
-    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
+    """Nothing to speak: only whitespace, invisible format characters (zero-width spaces and joiners,
+    a byte order mark) and marks with nothing to mark (what is left of an emoji once its pictures
+    are gone: joiners, variation selectors, a keycap's enclosing mark)."""
+    return all(ch.isspace() or unicodedata.category(ch) in INVISIBLE for ch in text)
 
 
 def clean_text(text: str) -> str:

@@ -24,7 +24,7 @@ from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
 from .model.noise import noise_for_steps
 from .model.precision import quantize_model_fp8, resolve_precision
-from .checks import (DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, check_waveform, clean_text,
+from .checks import (DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, blank, check_waveform, clean_text,
                      default_max_len, resample)
 from .model.prompt import Prompt, build_prompt
 from .model.lora import linear_shapes
@@ -244,7 +244,7 @@ class VoxCPM2:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         text = clean_text(text)
-        if not text.strip():
+        if blank(text):
             raise ValueError("text is empty")
         if normalize:
             text = normalize_target(text)

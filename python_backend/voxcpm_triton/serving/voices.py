@@ -227,7 +227,7 @@ class VoiceStore:
 
         threading.Thread(target=read, name="voxcpm-voice-read", daemon=True).start()
         try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout)
+            return await asyncio.wait_for(done, timeout)  # cancelled past it: a late result is dropped (settle)
         except asyncio.TimeoutError:
             raise RuntimeError(f"the voice store did not answer in {timeout:g} s reading voice {name!r} "
                                "(a hung disk or mount?)") from None

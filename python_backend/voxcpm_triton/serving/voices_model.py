@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import checks
 from . import contract, runtime
 from .internal_calls import InternalCalls
 from .parameters import read, resolve_checkpoint
@@ -56,7 +57,7 @@ class VoicesModel(RegistryModel):
         if audio is None:
             raise InputError("ACTION add needs AUDIO and SAMPLE_RATE")
         transcript = contract.text(inputs.get("TEXT"), "TEXT", required=False)
-        if transcript is not None and not transcript.strip():
+        if transcript is not None and checks.blank(transcript):
             raise InputError("TEXT (the transcript) is empty; leave it out for a reference-only voice")
         lora = contract.lora_name(inputs) or None  # empty: no default adapter
         self.calls.health.check()
