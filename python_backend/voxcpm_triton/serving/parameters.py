@@ -21,12 +21,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ..model.config import DTYPES as MODEL_DTYPES
-
 log = logging.getLogger("voxcpm_triton.parameters")
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-DTYPES = ("auto", *MODEL_DTYPES)
+# model.config.DTYPES' names: this file is also read alone, outside its package (scripts/repository_copy.py)
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 # Triton's own setting, not a parameter; the invariants read it too.
 IDLE_US = "sequence_batching.max_sequence_idle_microseconds"
 
