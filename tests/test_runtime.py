@@ -384,10 +384,12 @@ time.sleep(300)
     env.pop("VOXCPM_COMPANION_GRACE", None)
     log = tmp_path / "supervise.log"
     with open(log, "w") as f:
+        # SIGHUP's default action, whatever this test runs under (nohup would pass its SIG_IGN on)
         sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), *opts, "--companion",
                                 f"{sys.executable} {script}", "--", sys.executable, "-c", "import time; time.sleep(300)",
                                 f"--http-port={free_port()}", f"--grpc-port={free_port()}",
-                                f"--metrics-port={free_port()}"], env=env, stderr=f)
+                                f"--metrics-port={free_port()}"], env=env, stderr=f,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not started.exists():
