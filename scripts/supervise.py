@@ -593,8 +593,12 @@ class Supervisor:
             log(f"could not tell the models the server is stopping: {e}")
 
     def ready(self) -> bool:
+        return self._health("ready")
+
+    def _health(self, which: str) -> bool:
+        """Triton's /v2/health/<which> (ready, live) answered 200 within 2 s."""
         try:
-            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.url}/v2/health/{which}", timeout=2) as r:
                 return r.status == 200
         except (OSError, http.client.HTTPException):
             return False
@@ -744,16 +748,9 @@ class Supervisor:
             self.stale_since = self.stale_since or now
             if now - self.stale_since < STALE_CONFIRM_S:
                 return None
-            if not self._server_answers():  # a process waiting on the server's IPC stops its beacon too
+            if not self._health("live"):  # a process waiting on the server's IPC stops its beacon too
                 return f"tritonserver is not answering, nor its model processes that wait on it: {why}"
         return f"model process: {why}"
-
-    def _server_answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/v2/health/live", timeout=2) as r:
-                return r.status == 200
-        except (OSError, http.client.HTTPException):
-            return False
 
     def _probe(self):
         """probe.probe in a daemon thread, so that a signal is not kept waiting for it; None if stopping.

@@ -879,12 +879,12 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     monkeypatch.setattr(runtime.time, "time", lambda: late)
     assert s._dead_model() is None  # stale once: not yet
     clock["t"] += supervise.STALE_CONFIRM_S
-    monkeypatch.setattr(s, "_server_answers", lambda: True)
+    monkeypatch.setattr(s, "_health", lambda which: True)
     stale = f"the decoder model process (pid {os.getpid()}) has not answered for {runtime.BEACON_STALE_S + 5:.0f} s"
     assert s._dead_model() == f"model process: {stale}"
-    monkeypatch.setattr(s, "_server_answers", lambda: False)  # the server itself stalled: it is named
+    monkeypatch.setattr(s, "_health", lambda which: which != "live")  # the server itself stalled: it is named
     assert s._dead_model() == f"tritonserver is not answering, nor its model processes that wait on it: {stale}"
-    monkeypatch.setattr(s, "_server_answers", lambda: True)
+    monkeypatch.setattr(s, "_health", lambda which: True)
     monkeypatch.setattr(runtime.time, "time", lambda: beat["t"])  # fresh again: the wait starts over
     assert s._dead_model() is None and s.stale_since is None
     child = os.fork()
@@ -901,7 +901,7 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
 
 
 def test_the_supervisor_tells_a_stopped_server_from_an_answering_one():
-    """_server_answers: Triton's live endpoint within 2 s; a server stopped (SIGSTOP) does not answer."""
+    """_health("live"): Triton's live endpoint within 2 s; a server stopped (SIGSTOP) does not answer."""
     import signal
 
     from tests.server import free_port
@@ -922,12 +922,12 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
     try:
         s = supervise.Supervisor(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"], Opts)
         deadline = time.monotonic() + 30
-        while not s._server_answers():
+        while not s._health("live"):
             assert time.monotonic() < deadline and server.poll() is None
             time.sleep(0.1)
         server.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
-        assert not s._server_answers()
+        assert not s._health("live")
         assert time.monotonic() - t0 < 5
     finally:
         server.kill()
