@@ -26,6 +26,7 @@ tests, or always with ``-s``).
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import shutil
@@ -47,6 +48,9 @@ TRITON_ENV_SH = REPO / "scripts" / "triton_env.sh"
 # The logs servers made for themselves (no log_path given): tests/conftest.py removes them when a test
 # session passes (a failure's message carries the tail of the log it needs).
 OWN_LOGS: list[Path] = []
+
+# The python backend's directory, one per server (mkdtemp under /tmp, not $TMPDIR); a clean exit removes it.
+PYTHON_ENV_GLOB = "/tmp/python_env_*"
 
 _env_cache: dict[str, dict[str, str]] = {}
 
@@ -206,6 +210,7 @@ class TritonServer:
         self.returncode: int | None = None
         self.leftover_processes: list[str] = []
         self.env: dict[str, str] = {}
+        self.python_env: str | None = None  # the python backend's directory this server made, once ready
 
     # -- urls ------------------------------------------------------------------
     @property
@@ -275,6 +280,7 @@ class TritonServer:
             OWN_LOGS.append(self.log_path)
         for attempt in range(3):  # ports may be taken between picking and binding
             self.http_port, self.grpc_port, self.metrics_port = _free_ports(3)
+            self._envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
             with open(self.log_path, "ab") as log:
                 log.write(f"### {' '.join(self.command())}\n".encode())
                 log.flush()
@@ -314,6 +320,8 @@ class TritonServer:
                 with urllib.request.urlopen(url, timeout=2) as r, \
                         urllib.request.urlopen(self.metrics_url, timeout=2) as m:
                     if r.status == 200 and m.status == 200:
+                        made = set(glob.glob(PYTHON_ENV_GLOB)) - self._envs_before
+                        self.python_env = made.pop() if len(made) == 1 else None  # not known if another server started
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
@@ -383,6 +391,11 @@ class TritonServer:
             remove_shm_regions(regions)
         self.returncode = self.proc.returncode
         shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
+        if self.python_env:  # a killed server, or one out of its exit timeout, leaves it (empty)
+            try:
+                os.rmdir(self.python_env)
+            except OSError:
+                pass  # gone with a clean exit, or not empty: not ours to clear
         return self.returncode
 
     def _dump_stub_stacks(self, why: str) -> None:

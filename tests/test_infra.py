@@ -592,3 +592,20 @@ def test_docker_compose_config_valid():
     assert all(any(str(port) in p for p in published) for port in (8000, 8001, 8002)), published
     mounts = " ".join(v["source"] if isinstance(v, dict) else v for v in svc["volumes"])
     assert "model_repository" in mounts and "python_backend" in mounts and "/tmp/voxcpm-checkpoint" in mounts
+
+
+def test_the_test_helper_removes_what_a_server_out_of_its_exit_timeout_leaves_in_tmp():
+    """tests/server.py does for the suite's bare servers what the supervisor does: a server that runs
+    out its exit timeout leaves the python backend's /tmp/python_env_XXXXXX, which the helper removes."""
+    import glob
+
+    before = set(glob.glob("/tmp/python_env_*"))
+    srv = TritonServer(EXIT_REPO, env={"SPIN_FINALIZE_S": "30"}, exit_timeout=3).start()
+    try:
+        made = set(glob.glob("/tmp/python_env_*")) - before
+        assert len(made) == 1 and srv.python_env in made, (made, srv.python_env)
+    finally:
+        rc = srv.stop()
+    assert rc != 0 and "Exit timeout expired" in srv.log, srv.log_tail()  # it did run out
+    assert not made & set(glob.glob("/tmp/python_env_*"))
+    assert srv.leftover_processes == []
