@@ -382,6 +382,9 @@ def test_instructions_are_the_description_prefix(client, server, reference):
     with pytest.raises(openai.BadRequestError) as info:
         speech(client, instructions="calm (really)")
     assert error_body(info.value)["param"] == "instructions"
+    with pytest.raises(openai.BadRequestError) as info:  # Triton would name TEXT, the input's field
+        speech(client, instructions="calm\x00voice")
+    assert error_body(info.value)["param"] == "instructions" and "NUL" in error_body(info.value)["message"]
 
 
 def test_voices_upload_list_use_delete(client, gateway, server, tmp_path):
@@ -1507,3 +1510,24 @@ def test_a_gateway_that_decoded_an_upload_leaves_no_temporary_directory(server, 
     finally:
         gw.stop()
     assert not list(tmp.glob("pymp-*")), list(tmp.iterdir())
+
+
+def test_a_clients_name_that_spells_an_input_is_not_taken_for_that_input():
+    """A voice or adapter named like an input (SEED) is quoted in the server's messages; `param`
+    names the input the message is about, and a store's failure stays the server's (a 500)."""
+    sys.path.insert(0, str(REPO / "gateway"))
+    from voxcpm_gateway import errors
+    from voxcpm_gateway.speech_request import PARAMS
+
+    cases = {
+        "voice 'SEED' has no transcript, so it cannot serve VOICE_MODE 'continuation'": (400, "voice_mode"),
+        "the voice store cannot read voice 'SEED' (bad file); remove it and add it again": (500, None),
+        'the voice store did not answer in 10 s reading voice "it\'s SEED"': (500, None),
+        "unknown voice 'SEED'": (404, "voice"),
+        "LORA: unknown LoRA adapter 'TEXT' (loaded: none)": (400, "lora"),
+        # Triton's own checks quote the input they are about
+        "[request id: <id_unknown>] unexpected inference input 'SEED' for model 'tts_stream'": (400, "seed"),
+    }
+    for message, want in cases.items():
+        err = errors.from_triton(message, PARAMS)
+        assert (err.status, err.param) == want, (message, err)

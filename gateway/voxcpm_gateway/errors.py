@@ -107,11 +107,18 @@ def from_triton(message: str, params: dict[str, str]) -> APIError:
     return APIError(500, message, None, "triton_error")
 
 
+# A quoted name in a message: a client's own voice or adapter name ("voice 'SEED' has no transcript"),
+# or, in Triton's checks only, an input ("unexpected inference input 'SEED'").
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
 def _named_input(message: str, params: dict[str, str]) -> str | None:
-    """The request field of the input `message` names first (whole words: VOICE is not VOICE_MODE)."""
+    """The request field of the input `message` names first (whole words: VOICE is not VOICE_MODE).
+    Quoted text is a client's name, not an input, except in Triton's own checks."""
+    text = message if _TRITON_REQUEST_CHECK.search(message) else _QUOTED.sub(lambda m: " " * len(m[0]), message)
     best = None
     for name, field_name in params.items():
-        m = re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)
+        m = re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)
         if m and (best is None or m.start() < best[0]):
             best = (m.start(), field_name)
     return None if best is None else best[1]

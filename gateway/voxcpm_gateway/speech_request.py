@@ -105,6 +105,8 @@ class SpeechRequest(BaseModel):
         instructions = (self.instructions or "").strip()
         if not instructions:
             return self.input
+        if "\x00" in instructions:  # Triton's answer would name TEXT, which is the input's field
+            raise errors.bad_request("instructions contains a NUL character", "instructions")
         if "(" in instructions or ")" in instructions:
             raise errors.bad_request("instructions must not contain parentheses: they are sent as VoxCPM2's "
                                      "\"(description)\" prefix of the text", "instructions")
