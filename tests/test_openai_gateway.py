@@ -41,7 +41,7 @@ from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoin
 KEY = "sk-test-" + secrets.token_hex(8)
 MODEL = "voxcpm2"
 TEXT = "The gateway speaks for Triton."
-TRANSCRIPT = "What the stored audio says."
+TRANSCRIPT = "What the stored audio says, in UTF-8: Grüße."  # non-ASCII, as UTF-8 form text
 PATCH = TINY_CONFIG["patch_size"] * 1920  # samples per decode step at 48 kHz
 NO_RETRY = ("BOOL", np.array([False]))  # `tts` would retry bad cases; `tts_stream` never does
 GEN = {"seed": 7, "min_length": 6, "max_length": 6}
@@ -472,12 +472,13 @@ def _wav(channels: int, rate: int = 16000, seconds: float = 0.3) -> bytes:
 
 
 def _multipart(gateway, parts: list) -> tuple[int, dict]:
-    """POST /v1/audio/voices with these multipart parts: (field, text) or (field, (filename, bytes))."""
+    """POST /v1/audio/voices with these multipart parts: (field, text), (field, raw bytes of a text field)
+    or (field, (filename, bytes))."""
     boundary = "voxcpm" + secrets.token_hex(8)
     body = b""
     for field, value in parts:
-        if isinstance(value, str):
-            head, data = f'name="{field}"', value.encode()
+        if isinstance(value, (str, bytes)):
+            head, data = f'name="{field}"', value.encode() if isinstance(value, str) else value
         else:
             head, data = f'name="{field}"; filename="{value[0]}"\r\nContent-Type: application/octet-stream', value[1]
         body += f"--{boundary}\r\nContent-Disposition: form-data; {head}\r\n\r\n".encode() + data + b"\r\n"
@@ -495,7 +496,7 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
     """A 7.1 upload is taken (averaged to mono; PyAV's planar read of 8 channels used to crash the
     gateway); more channels than 8, or a rate the voices model does not take, are a 400 naming
     audio_sample before anything is decoded; a text field sent as a file part, or twice, is a 400
-    naming it. The gateway lives on."""
+    naming it, and so is a text field its charset cannot decode. The gateway lives on."""
     v = client.audio.voices.create(name="surround", audio_sample=("s.mka", _matroska("7.1", 8), "audio/x-matroska"),
                                    consent="c")
     assert v.id == "surround"
@@ -518,6 +519,9 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
         ([("name", "eve"), ("name", "eve2"), ("audio_sample", sample)], "name", "more than once"),
         ([("name", "eve"), ("audio_sample", sample), ("audio_sample", sample)], "audio_sample", "more than once"),
         ([("name", "eve"), ("audio_sample", "RIFF....WAVE")], "audio_sample", "came as a text field"),
+        # Starlette would take it as latin-1, and the voice would keep a garbled transcript
+        ([("name", "eve"), ("ref_text", "Grüße".encode("latin-1")), ("audio_sample", sample)], "ref_text",
+         "'ref_text' is not valid utf-8 text"),
     ]:
         status, body = _multipart(gateway, parts)
         assert status == 400 and body["error"]["param"] == param and message in body["error"]["message"], body

@@ -24,11 +24,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from . import audio_encoding, errors, upload_decoder
+from . import audio_encoding, errors, upload_decoder, voice_form
 from .config import Settings
 from .guards import Guards
 from .metrics import Metrics
@@ -43,7 +42,6 @@ log = logging.getLogger("voxcpm_gateway")
 # Triton input of `voices` -> form field of POST /v1/audio/voices, for naming it in errors.
 VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_sample", "TEXT": "ref_text",
                 "LORA": "lora"}
-VOICE_FORM_FIELDS = {"name", "audio_sample", "ref_text", "lora", "consent", "type"}
 UNION_FORMS = {"str", "int", "float", "bool", "VoiceRef"}  # the tags pydantic puts in a union field's error location
 
 
@@ -188,10 +186,9 @@ def create_app(settings: Settings) -> FastAPI:
         uploads_open += 1
         metrics.uploads.set(uploads_open)
         try:
-            # any field may arrive as a file part: counted as fields here, refused by name in voice_fields
-            form = await request.form(max_files=len(VOICE_FORM_FIELDS), max_fields=len(VOICE_FORM_FIELDS))
+            form = await voice_form.read(request)
             try:
-                name, upload, ref_text, lora = voice_fields(form)
+                name, upload, ref_text, lora = voice_form.fields(form)
                 data = await upload.read()
                 audio, rate = await drain.run(asyncio.get_running_loop().run_in_executor(
                     upload_executor, uploads.decode, data, settings.max_voice_seconds))
@@ -247,37 +244,6 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return app
-
-
-def voice_fields(form) -> tuple:
-    """(name, audio_sample, ref_text, lora) of POST /v1/audio/voices's form, each checked."""
-    unknown = sorted(set(form.keys()) - VOICE_FORM_FIELDS)
-    if unknown:
-        raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
-                                 "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
-                                 "and consent (optional, not checked)", unknown[0])
-    for key in sorted(set(form.keys())):
-        if len(form.getlist(key)) > 1:
-            raise errors.bad_request(f"{key} was given more than once", key)
-        if key != "audio_sample" and not isinstance(form[key], str):
-            raise errors.bad_request(f"{key} must be a text field, not a file", key)
-    name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
-    lora = form.get("lora")
-    kind = form.get("type")
-    if kind not in (None, "audio_sample"):
-        raise errors.bad_request(f"type {errors.quoted(kind)} is not supported: voices are made from an audio_sample",
-                                 "type")
-    if not name:
-        raise errors.bad_request("name is required", "name")
-    if name == DEFAULT_VOICE:
-        raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
-    if isinstance(upload, str):  # a part without a filename is a text field to multipart parsers
-        raise errors.bad_request("audio_sample came as a text field: send it as a file part (Content-Disposition "
-                                 "with a filename, as curl -F 'audio_sample=@voice.wav' does)", "audio_sample")
-    if not isinstance(upload, UploadFile):
-        raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
-                                 "audio_sample")
-    return name, upload, ref_text, lora
 
 
 def _bytes(text: str) -> np.ndarray:

@@ -1,0 +1,79 @@
+"""POST /v1/audio/voices's multipart form: read strictly, and its fields checked by name."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+
+from . import errors
+from .speech_request import DEFAULT_VOICE
+
+FIELDS = {"name", "audio_sample", "ref_text", "lora", "consent", "type"}
+
+
+class _BadText(MultiPartException):
+    def __init__(self, field: str, charset: str):
+        super().__init__(f"{errors.quoted(field)} is not valid {charset} text (the form's charset; Content-Type "
+                         "may name another)")
+        self.field = field
+
+
+class _StrictParser(MultiPartParser):
+    """Starlette's parser, except that a text field its charset cannot decode is refused: Starlette
+    decodes it as latin-1 instead, so a transcript sent in another encoding would be stored garbled."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            charset = getattr(self, "_charset", "utf-8")
+            try:
+                bytes(part.data).decode(charset)
+            except (UnicodeDecodeError, LookupError):
+                raise _BadText(part.field_name, charset) from None
+        super().on_part_end()
+
+
+async def read(request: Request) -> FormData:
+    """The form, its files spooled to temporary files. Any field may arrive as a file part: counted
+    as fields here, refused by name in `fields`."""
+    try:
+        async with aclosing(request.stream()) as stream:
+            return await _StrictParser(request.headers, stream, max_files=len(FIELDS), max_fields=len(FIELDS)).parse()
+    except _BadText as e:
+        raise errors.bad_request(e.message, e.field if e.field in FIELDS else None) from None
+    except MultiPartException as e:
+        raise errors.bad_request(e.message, None, "invalid_request") from None
+
+
+def fields(form) -> tuple:
+    """(name, audio_sample, ref_text, lora) of POST /v1/audio/voices's form, each checked."""
+    unknown = sorted(set(form.keys()) - FIELDS)
+    if unknown:
+        raise errors.bad_request(f"unknown field(s) {', '.join(unknown)}; the fields are name, audio_sample, "
+                                 "ref_text (optional), lora (optional: the voice's default LoRA adapter) "
+                                 "and consent (optional, not checked)", unknown[0])
+    for key in sorted(set(form.keys())):
+        if len(form.getlist(key)) > 1:
+            raise errors.bad_request(f"{key} was given more than once", key)
+        if key != "audio_sample" and not isinstance(form[key], str):
+            raise errors.bad_request(f"{key} must be a text field, not a file", key)
+    name, upload, ref_text = form.get("name"), form.get("audio_sample"), form.get("ref_text")
+    lora = form.get("lora")
+    kind = form.get("type")
+    if kind not in (None, "audio_sample"):
+        raise errors.bad_request(f"type {errors.quoted(kind)} is not supported: voices are made from an audio_sample",
+                                 "type")
+    if not name:
+        raise errors.bad_request("name is required", "name")
+    if name == DEFAULT_VOICE:
+        raise errors.bad_request(f"the name {DEFAULT_VOICE!r} is reserved for zero-shot synthesis", "name")
+    if isinstance(upload, str):  # a part without a filename is a text field to multipart parsers
+        raise errors.bad_request("audio_sample came as a text field: send it as a file part (Content-Disposition "
+                                 "with a filename, as curl -F 'audio_sample=@voice.wav' does)", "audio_sample")
+    if not isinstance(upload, UploadFile):
+        raise errors.bad_request("audio_sample is required: an audio file (wav, flac, mp3, ogg, m4a, ...)",
+                                 "audio_sample")
+    return name, upload, ref_text, lora
