@@ -7,7 +7,7 @@ the liveness probe (scripts/probe.py, a real tiny synthesis) says it is broken.
 Triton 2.51's Python backend does not restart a model process that died, and its health
 endpoints keep answering 200 afterwards; recovery has to come from outside. This is that
 outside, for scripts/serve.sh and for the container. Standard library only (and the project's
-voxcpm_triton.serving.runtime, which is too).
+voxcpm_triton.serving runtime, run_state, liveness and processes, which are too).
 
     python3 scripts/supervise.py [options] -- tritonserver --model-repository=... [args]
 
@@ -74,7 +74,7 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
 sys.path.insert(0, os.path.join(os.path.dirname(SCRIPTS), "python_backend"))  # this checkout's, stdlib only
 import probe  # noqa: E402
-from voxcpm_triton.serving import runtime  # noqa: E402
+from voxcpm_triton.serving import liveness, processes, run_state, runtime  # noqa: E402
 
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 ADMIN_HEADER = "voxcpm-admin-key"
@@ -178,14 +178,14 @@ def _wait_group(pgid: int, seconds: float) -> list[int]:
 
 def _only_beacon_models(args: list[str]) -> bool:
     """True if every model in the server's repositories is one of this project's, each of whose
-    processes writes a beacon with its busy count (runtime.WATCHED_MODELS)."""
+    processes writes a beacon with its busy count (liveness.WATCHED_MODELS)."""
     repos = [a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")]
     repos += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model-repository"]
     try:
         models = {m for r in repos for m in os.listdir(r) if os.path.isdir(os.path.join(r, m))}
     except OSError:
         return False
-    return bool(repos) and models <= set(runtime.WATCHED_MODELS)
+    return bool(repos) and models <= set(liveness.WATCHED_MODELS)
 
 
 def _shm_prefix(args: list[str]) -> str:
@@ -208,7 +208,7 @@ def _args(pid: int) -> list[str]:
 def _stub_pids(pgid: int) -> list[int]:
     """The group's python backend model processes."""
     return [pid for pid in _group_alive(pgid)
-            if pid != pgid and os.path.basename((_args(pid) or [""])[0]) == runtime.STUB_EXECUTABLE]
+            if pid != pgid and os.path.basename((_args(pid) or [""])[0]) == processes.STUB_EXECUTABLE]
 
 
 def _shm_regions(pgid: int, prefix: str) -> set[str]:
@@ -226,7 +226,7 @@ def make_state_dir() -> tuple[str, int | None]:
     descriptor too, and its model processes from it, so the lock lasts until the last of them is gone.
     Where the filesystem has no locks the directory gets no `held` file (no sweep takes it) and None."""
     path = tempfile.mkdtemp(prefix=STATE_PREFIX)
-    aside = os.path.join(path, f".{runtime.HELD_FILE}")
+    aside = os.path.join(path, f".{run_state.HELD_FILE}")
     fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -235,7 +235,7 @@ def make_state_dir() -> tuple[str, int | None]:
         os.unlink(aside)
         log(f"no lock on {path} ({e}): a supervisor started after this one is killed will not remove it")
         return path, None
-    os.rename(aside, os.path.join(path, runtime.HELD_FILE))
+    os.rename(aside, os.path.join(path, run_state.HELD_FILE))
     return path, fd
 
 
@@ -275,13 +275,13 @@ def remove_abandoned_state_dirs(parent: str | None = None) -> tuple[list[str], l
     def regions_of(claimed: str):  # read once the directory is ours: nobody writes it any more
         regions.extend(_unlink_regions(_recorded_regions(claimed)))
 
-    for m, path in runtime.own_dirs(parent or tempfile.gettempdir(), _STATE_DIR):
+    for m, path in run_state.own_dirs(parent or tempfile.gettempdir(), _STATE_DIR):
         if m[1] is not None:  # claimed by a sweep (renamed: nobody else uses it); done unless it still runs
-            if not runtime.process_alive(int(m[1])):
+            if not processes.process_alive(int(m[1])):
                 regions_of(path)
                 shutil.rmtree(path, ignore_errors=True)
                 dirs.append(path)
-        elif runtime.remove_unheld(path, held_file_required=True, on_claimed=regions_of):
+        elif run_state.remove_unheld(path, held_file_required=True, on_claimed=regions_of):
             dirs.append(path)
     return dirs, regions
 
@@ -518,7 +518,7 @@ class Supervisor:
                 return "tritonserver did not exit in time"
             # not judged: a server stopped while it loads (models without a beacon yet)
             watch = self.run_dir and self.beacons_tell_all and self.was_ready
-            beacons = runtime.busy_beacons(self.run_dir) if watch else None
+            beacons = liveness.busy_beacons(self.run_dir) if watch else None
             if not beacons or any(beacons.values()) or self._stubs_without_beacon(proc.pid, beacons):
                 idle = None  # working, or a process finalizing (its beacon goes as its finalize starts)
             elif set(beacons) != idle:
@@ -562,7 +562,7 @@ class Supervisor:
 
     def _save_regions(self):
         try:
-            runtime.write_atomic(os.path.join(self.state_dir, REGIONS_FILE),
+            run_state.write_atomic(os.path.join(self.state_dir, REGIONS_FILE),
                                  "".join(f"{r}\n" for r in sorted(self.regions)))
         except OSError as e:
             log(f"could not note the server's shared-memory regions: {e}")
@@ -738,7 +738,7 @@ class Supervisor:
             return None
         if not os.path.isdir(self.run_dir):  # (a /tmp cleaner?) its sockets, key and beacons are gone with it
             return f"model process: the server's runtime directory {self.run_dir} is gone"
-        fault = runtime.beacon_fault(directory=self.run_dir)
+        fault = liveness.beacon_fault(directory=self.run_dir)
         if fault is None or fault[0] == "unreadable":
             self.stale_since = None
             return None

@@ -547,12 +547,12 @@ def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(h
 
 def test_exit_without_teardown_registers_nothing_outside_a_stub(monkeypatch):
     """In pytest (or any other Python) it must not end that process at its exit."""
-    from voxcpm_triton.serving import runtime
+    from voxcpm_triton.serving import processes, runtime
 
     registered = []
     monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
     runtime.exit_without_teardown()
-    assert not runtime.in_stub() and registered == []
+    assert not processes.in_stub() and registered == []
 
 
 def test_every_model_calls_exit_without_teardown_before_anything_else_it_imports():

@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.server import REPO, edited_repository, remove_shm_regions, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
-from voxcpm_triton.serving import runtime  # noqa: E402
+from voxcpm_triton.serving import liveness, run_state, runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -409,7 +409,7 @@ def test_a_dead_or_frozen_decoder_fails_its_streams_and_the_supervisor_restores_
         os.kill(pid, signal.SIGSTOP if fault == "frozen" else signal.SIGKILL)
         t_kill = time.monotonic()
         for s in streams:
-            wait = 15 if fault == "tts_stream_killed" else 30 + runtime.BEACON_STALE_S
+            wait = 15 if fault == "tts_stream_killed" else 30 + liveness.BEACON_STALE_S
             assert s.done.wait(max(0.0, wait - (time.monotonic() - t_kill))), \
                 f"a client was left hanging after the decoder was {fault}\n{log.read_text()[-3000:]}"
         # Killed while it held one of python_backend's interprocess locks, the stub takes the whole
@@ -535,7 +535,7 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
         # the supervisor's state directory is held by the server and every model process too: no sweep
         # takes it while any of them runs
         [state] = glob.glob(str(tmp_path / "voxcpm-run-*"))
-        held = os.path.join(state, runtime.HELD_FILE)
+        held = os.path.join(state, run_state.HELD_FILE)
         server = [(pid, cmd) for pid, cmd in _marked(mark) if "tritonserver" in cmd or "python_backend_stub" in cmd]
         assert len(server) >= 9 and all(held in _open_files(pid) for pid, _ in server), server
         t0 = time.monotonic()

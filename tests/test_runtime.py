@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.server import REPO
-from voxcpm_triton.serving import runtime
+from voxcpm_triton.serving import liveness, processes, run_state, runtime
 
 sys.path.insert(0, str(REPO / "scripts"))
 import probe  # noqa: E402
@@ -36,15 +36,15 @@ def test_the_run_dirs_real_path_follows_the_setting_and_resolves_links(tmp_path,
     real_a.mkdir()
     (tmp_path / "link").symlink_to(real_a)
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path / "link"))
-    assert runtime.run_dir_realpath() == str(real_a) == runtime.run_dir_realpath()
+    assert run_state.run_dir_realpath() == str(real_a) == run_state.run_dir_realpath()
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(real_b))
-    assert runtime.run_dir_realpath() == str(real_b) and real_b.is_dir()  # made, as run_dir() makes it
+    assert run_state.run_dir_realpath() == str(real_b) and real_b.is_dir()  # made, as run_dir() makes it
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path / "link"))
-    assert runtime.run_dir_realpath() == str(real_a)
+    assert run_state.run_dir_realpath() == str(real_a)
 
 
 def _key(q):
-    q.put(runtime.internal_key())
+    q.put(run_state.internal_key())
 
 
 def test_processes_racing_for_the_internal_key_all_get_the_same_one(run_dir):
@@ -63,16 +63,16 @@ def test_processes_racing_for_the_internal_key_all_get_the_same_one(run_dir):
 
 def test_the_environment_key_wins_and_requests_are_matched_exactly(run_dir, monkeypatch):
     monkeypatch.setenv("VOXCPM_INTERNAL_KEY", "s3cret")
-    assert runtime.internal_key() == "s3cret"
-    assert runtime.key_matches(json.dumps({runtime.KEY_PARAMETER: "s3cret"}), "s3cret")
-    for params in ("", "{}", "not json", "[1]", json.dumps({runtime.KEY_PARAMETER: "s3cre"}),
-                   json.dumps({runtime.KEY_PARAMETER: 5}), json.dumps({"other": "s3cret"})):
-        assert not runtime.key_matches(params, "s3cret"), params
+    assert run_state.internal_key() == "s3cret"
+    assert run_state.key_matches(json.dumps({run_state.KEY_PARAMETER: "s3cret"}), "s3cret")
+    for params in ("", "{}", "not json", "[1]", json.dumps({run_state.KEY_PARAMETER: "s3cre"}),
+                   json.dumps({run_state.KEY_PARAMETER: 5}), json.dumps({"other": "s3cret"})):
+        assert not run_state.key_matches(params, "s3cret"), params
 
 
 def wait_for_verdict(cond, hang_s=10.0):
     deadline = time.monotonic() + hang_s
-    while not cond(v := runtime.unhealthy()):
+    while not cond(v := liveness.unhealthy()):
         assert time.monotonic() < deadline, f"the beacon thread did not rewrite the beacon: still {v!r}"
         time.sleep(0.01)
     return v
@@ -112,36 +112,36 @@ def test_a_process_is_dead_once_it_has_exited_and_alive_while_its_state_cannot_b
     fails for another reason (no file descriptors left, say) must not mean dead."""
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
-    while runtime._proc_fields(zombie.pid)[0] != "Z":  # exited, not yet reaped
+    while processes.proc_fields(zombie.pid)[0] != "Z":  # exited, not yet reaped
         assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.01)
-    assert runtime.process_alive(os.getpid()) and not runtime.process_alive(zombie.pid)
+    assert processes.process_alive(os.getpid()) and not processes.process_alive(zombie.pid)
     zombie.wait()
-    assert not runtime.process_alive(zombie.pid)
+    assert not processes.process_alive(zombie.pid)
 
     def unreadable(pid):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(runtime, "_proc_fields", unreadable)
-    assert runtime.process_alive(zombie.pid)
+    monkeypatch.setattr(processes, "proc_fields", unreadable)
+    assert processes.process_alive(zombie.pid)
 
 
 def test_the_loaded_lora_adapters_are_kept_for_the_supervisors_next_server(tmp_path, monkeypatch):
     monkeypatch.delenv("VOXCPM_STATE_DIR", raising=False)
-    runtime.save_loras(["a"])  # no supervisor: nothing kept, nothing read
-    assert runtime.saved_loras() is None
+    run_state.save_loras(["a"])  # no supervisor: nothing kept, nothing read
+    assert run_state.saved_loras() is None
     monkeypatch.setenv("VOXCPM_STATE_DIR", str(tmp_path))
-    assert runtime.saved_loras() is None
-    runtime.save_loras(["c", "a"])
-    assert runtime.saved_loras() == ["c", "a"] and os.listdir(tmp_path) == [runtime.LORAS_FILE]
-    (tmp_path / runtime.LORAS_FILE).write_text("{not json")
-    assert runtime.saved_loras() is None
+    assert run_state.saved_loras() is None
+    run_state.save_loras(["c", "a"])
+    assert run_state.saved_loras() == ["c", "a"] and os.listdir(tmp_path) == [run_state.LORAS_FILE]
+    (tmp_path / run_state.LORAS_FILE).write_text("{not json")
+    assert run_state.saved_loras() is None
 
 
 def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir):
     status = {"error": None}
-    beacon = runtime.Beacon("decoder", lambda: status["error"], period_s=0.05)
-    assert runtime.unhealthy() is None
+    beacon = liveness.Beacon("decoder", lambda: status["error"], period_s=0.05)
+    assert liveness.unhealthy() is None
     # The beacon's own thread rewrites it: wait for the verdict to change (10 s only bounds a hang;
     # a fixed sleep would make the result depend on how busy the machine is).
     status["error"] = "the engine thread crashed: boom"
@@ -149,8 +149,8 @@ def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir)
     assert "decoder model cannot serve: the engine thread crashed: boom" in verdict
     status["error"] = None
     assert wait_for_verdict(lambda v: v is None) is None
-    assert "has not answered" in runtime.unhealthy(now=time.time() + runtime.BEACON_STALE_S + 5)
-    assert runtime.unhealthy(models=("tokenizer",)) is None  # only the models asked about
+    assert "has not answered" in liveness.unhealthy(now=time.time() + liveness.BEACON_STALE_S + 5)
+    assert liveness.unhealthy(models=("tokenizer",)) is None  # only the models asked about
     beacon.stop()
     assert list(run_dir.glob("decoder.*")) == []
     # A process that died without cleaning up: its beacon names it.
@@ -159,7 +159,7 @@ def test_beacons_tell_a_live_model_from_a_dead_a_stuck_and_a_broken_one(run_dir)
         os._exit(0)
     os.waitpid(child, 0)
     (run_dir / f"vae_decoder.{child}.json").write_text(json.dumps({"pid": child, "beat": time.time(), "error": None}))
-    assert runtime.unhealthy() == f"the vae_decoder model process (pid {child}) has died"
+    assert liveness.unhealthy() == f"the vae_decoder model process (pid {child}) has died"
 
 
 @pytest.mark.parametrize("message, status", [
@@ -635,7 +635,7 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
         assert state_dirs() == sorted([killed_dir, alive_dir]) and os.path.exists(f"/dev/shm/{region}")
 
         os.kill(server, signal.SIGKILL)
-        wait_until(lambda: not runtime.process_alive(server), "the server's end")
+        wait_until(lambda: not processes.process_alive(server), "the server's end")
         p = _supervise(tmp_path, "raise SystemExit(3)", *ports(), opts=("--max-failed-starts", "1"))
         assert (f"removed what 1 killed supervisor(s) left: {killed_dir}, and 1 shared-memory region(s) of "
                 "their servers") in p.stderr, p.stderr
@@ -648,7 +648,7 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
         for proc in (killed, alive):
             if proc is not None and proc.poll() is None:
                 proc.kill()
-        if marker.exists() and runtime.process_alive(int(marker.read_text())):
+        if marker.exists() and processes.process_alive(int(marker.read_text())):
             os.kill(int(marker.read_text()), signal.SIGKILL)
         if os.path.exists(f"/dev/shm/{region}"):
             os.unlink(f"/dev/shm/{region}")
@@ -681,7 +681,7 @@ def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_loc
 
     unheld = tmp_path / f"{supervise.STATE_PREFIX}ghi"
     unheld.mkdir()
-    (unheld / runtime.HELD_FILE).write_text("")
+    (unheld / run_state.HELD_FILE).write_text("")
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -694,21 +694,21 @@ def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_loc
 
 
 def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):
-    """runtime.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
+    """run_state.remove_stale_run_dirs: a directory named for a pid that is gone, a zombie, or a pid now
     another process's (another start time) goes, contents and all, unless a live process holds it (a
     server in another pid namespace sharing /tmp); one of a running server, one whose process cannot be
     read, another user's, anything not named as run_dir() names them, and what is not a directory (a
     file, a link to one) stay. What a sweep that died left half removed (renamed `.removing-<its pid>`)
     goes too, unless that sweep still runs; a damaged region note in it breaks nothing."""
-    me, my_start = os.getpid(), runtime._proc_fields(os.getpid())[19]
+    me, my_start = os.getpid(), processes.proc_fields(os.getpid())[19]
     gone = subprocess.Popen(["true"])
     gone.wait()
     zombie = subprocess.Popen(["true"])  # exited, not yet reaped
     deadline = time.monotonic() + 10
-    while runtime._proc_fields(zombie.pid)[0] != "Z":
+    while processes.proc_fields(zombie.pid)[0] != "Z":
         assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.01)
-    zombie_start = runtime._proc_fields(zombie.pid)[19]
+    zombie_start = processes.proc_fields(zombie.pid)[19]
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "kept").write_text("x")
@@ -721,23 +721,23 @@ def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp
     for name in stale + kept + [held, half_removed]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "internal.key").write_text("secret")
-    (tmp_path / half_removed / f"{runtime.REGION_NOTE}1").write_bytes(b"\xff\xfe not a region")
-    (tmp_path / held / runtime.HELD_FILE).write_text("")
+    (tmp_path / half_removed / f"{run_state.REGION_NOTE}1").write_bytes(b"\xff\xfe not a region")
+    (tmp_path / held / run_state.HELD_FILE).write_text("")
     (tmp_path / f"voxcpm-{gone.pid}-7").write_text("a file")
     (tmp_path / f"voxcpm-{gone.pid}-8").symlink_to(target)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
          "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); time.sleep(60)",
-         str(tmp_path / held / runtime.HELD_FILE)], stdout=subprocess.PIPE, text=True)
+         str(tmp_path / held / run_state.HELD_FILE)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         with monkeypatch.context() as m:  # nothing of another user's, nor of a server it cannot read
             m.setattr(os, "getuid", lambda: os.geteuid() + 1)
-            assert runtime.remove_stale_run_dirs(str(tmp_path)) == []
+            assert run_state.remove_stale_run_dirs(str(tmp_path)) == []
         with monkeypatch.context() as m:
-            m.setattr(runtime, "_proc_fields", lambda pid: (_ for _ in ()).throw(PermissionError(pid)))
-            assert runtime.remove_stale_run_dirs(str(tmp_path)) == []
-        removed = runtime.remove_stale_run_dirs(str(tmp_path))
+            m.setattr(processes, "proc_fields", lambda pid: (_ for _ in ()).throw(PermissionError(pid)))
+            assert run_state.remove_stale_run_dirs(str(tmp_path)) == []
+        removed = run_state.remove_stale_run_dirs(str(tmp_path))
     finally:
         zombie.wait()
         holder.kill()
@@ -746,8 +746,8 @@ def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         kept + [held, "elsewhere", f"voxcpm-{gone.pid}-7", f"voxcpm-{gone.pid}-8"])
     assert (target / "kept").exists()
-    assert runtime.remove_stale_run_dirs(str(tmp_path)) == [str(tmp_path / held)]  # let go of with its holder
-    assert runtime.remove_stale_run_dirs(str(tmp_path / "missing")) == []
+    assert run_state.remove_stale_run_dirs(str(tmp_path)) == [str(tmp_path / held)]  # let go of with its holder
+    assert run_state.remove_stale_run_dirs(str(tmp_path / "missing")) == []
 
 
 def test_thread_stacks_show_where_each_thread_is():
@@ -761,7 +761,7 @@ def test_thread_stacks_show_where_each_thread_is():
     t = threading.Thread(target=parked_in_a_wait, name="parked-thread")
     t.start()
     try:
-        stacks = runtime.thread_stacks()
+        stacks = processes.thread_stacks()
     finally:
         release.set()
         t.join(10)
@@ -875,12 +875,12 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     assert s._dead_model() is None
     clock = {"t": 100.0}
     monkeypatch.setattr(supervise.time, "monotonic", lambda: clock["t"])
-    late = beat["t"] + runtime.BEACON_STALE_S + 5
+    late = beat["t"] + liveness.BEACON_STALE_S + 5
     monkeypatch.setattr(runtime.time, "time", lambda: late)
     assert s._dead_model() is None  # stale once: not yet
     clock["t"] += supervise.STALE_CONFIRM_S
     monkeypatch.setattr(s, "_health", lambda which: True)
-    stale = f"the decoder model process (pid {os.getpid()}) has not answered for {runtime.BEACON_STALE_S + 5:.0f} s"
+    stale = f"the decoder model process (pid {os.getpid()}) has not answered for {liveness.BEACON_STALE_S + 5:.0f} s"
     assert s._dead_model() == f"model process: {stale}"
     monkeypatch.setattr(s, "_health", lambda which: which != "live")  # the server itself stalled: it is named
     assert s._dead_model() == f"tritonserver is not answering, nor its model processes that wait on it: {stale}"
@@ -1042,7 +1042,7 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
 
 
 def test_busy_beacons_reads_each_live_process_count(tmp_path):
-    """runtime.busy_beacons: a live process's count; none written (an older process) counts as busy;
+    """liveness.busy_beacons: a live process's count; none written (an older process) counts as busy;
     a dead process's beacon, a garbled one and other files are left out; no directory: None."""
     me = os.getpid()
     child = os.fork()
@@ -1054,23 +1054,23 @@ def test_busy_beacons_reads_each_live_process_count(tmp_path):
     (tmp_path / f"tts_stream.{child}.json").write_text(json.dumps({"pid": child, "beat": 1.0, "busy": 0}))
     (tmp_path / "voices.1.json").write_text("{")
     (tmp_path / "stopping").write_text("1")
-    assert runtime.busy_beacons(str(tmp_path)) == {f"tts.{me}.json": 3, f"decoder.{me}.json": 1}
-    assert runtime.busy_beacons(str(tmp_path / "gone")) is None
+    assert liveness.busy_beacons(str(tmp_path)) == {f"tts.{me}.json": 3, f"decoder.{me}.json": 1}
+    assert liveness.busy_beacons(str(tmp_path / "gone")) is None
 
 
 def test_a_beacon_counts_its_processs_executes_and_the_work_it_holds_past_them(tmp_path, monkeypatch):
     """A beacon's `busy`: the requests inside counted executes plus its `work` (the decoder's engine
     requests, which outlive its execute); a `work` that fails counts as busy."""
-    monkeypatch.setattr(runtime, "run_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(run_state, "run_dir", lambda: str(tmp_path))
     seen = {}
 
     class Model:
-        @runtime.counted
+        @liveness.counted
         def execute(self, requests):
             b.write()
             seen.update(json.loads(open(b.path).read()))
 
-    b = runtime.Beacon("decoder", work=lambda: 2)
+    b = liveness.Beacon("decoder", work=lambda: 2)
     try:
         Model().execute([1, 2, 3])
         assert seen["busy"] == 5

@@ -69,7 +69,7 @@ import time
 
 import numpy as np
 
-from . import audio_channel, runtime
+from . import audio_channel, processes, run_state
 from .triton_io import locked, pb
 
 log = logging.getLogger("voxcpm_triton.bls_stream")
@@ -213,7 +213,7 @@ class CountingSender(CarryingSender):
     def caller_gone(self) -> bool:
         """The caller's process has died: a response sent through the server to a stub that is gone
         waits for good, holding the thread that sends it (and IPC_LOCK with it), so none is sent."""
-        if not self.gone and self.caller_pid is not None and not runtime.process_alive(self.caller_pid):
+        if not self.gone and self.caller_pid is not None and not processes.process_alive(self.caller_pid):
             self.gone = True
             log.warning("not answering call %s: its caller's process (pid %s) has died", self.token, self.caller_pid)
         return self.gone
@@ -279,7 +279,7 @@ def counting_sender(request, sender, final_flag: int, channel: bool = False):
         path, token = params.get(PARAMETER, "").split(" ")
     except (ValueError, AttributeError, TypeError):
         return carrying
-    run_dir = runtime.run_dir_realpath()
+    run_dir = run_state.run_dir_realpath()
     if (os.path.realpath(os.path.dirname(path)) != run_dir
             or not _SOCKET_NAME.fullmatch(os.path.basename(path)) or not _TOKEN.fullmatch(token)):
         return carrying
@@ -485,8 +485,8 @@ class Inbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         name = f"{os.getpid()}-{secrets.token_hex(4)}.sock"
-        self.path = os.path.join(runtime.run_dir(), f"bls-{name}")
-        channel_path = os.path.join(runtime.run_dir(), f"chan-{name}")
+        self.path = os.path.join(run_state.run_dir(), f"bls-{name}")
+        channel_path = os.path.join(run_state.run_dir(), f"chan-{name}")
         if len(channel_path.encode()) > 107:
             raise OSError(f"socket path too long for AF_UNIX: {channel_path}")
         self.streams: dict[str, ResponseStream] = {}

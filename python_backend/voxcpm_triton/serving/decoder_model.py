@@ -33,7 +33,7 @@ from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
 from ..voxcpm2 import VoxCPM2, decoding_vae
-from . import audio_channel, bls_stream, contract, gc_pauses, placement, runtime
+from . import audio_channel, bls_stream, contract, gc_pauses, liveness, placement, processes, run_state, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
@@ -105,7 +105,7 @@ class DecoderModel:
                                            lora_dir=params["lora_dir"], max_loras=params["max_loras"],
                                            max_lora_rank=params["max_lora_rank"],
                                            reserve_lora_targets=params["lora_targets"],
-                                           lora_names=runtime.saved_loras() if params["lora_dir"] else None)
+                                           lora_names=run_state.saved_loras() if params["lora_dir"] else None)
         kv_mb = params["kv_cache_mb"]
         cfg = EngineConfig(
             block_size=params["block_size"],
@@ -131,9 +131,9 @@ class DecoderModel:
         first_audio = self.audio if params["first_audio_priority"] else None
         self.engine = Engine(self.vox, cfg, first_audio=first_audio)
         if self.engine.loras is not None:
-            runtime.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
+            run_state.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
-        self.beacon = runtime.Beacon("decoder", self._status, work=self.engine.in_flight)
+        self.beacon = liveness.Beacon("decoder", self._status, work=self.engine.in_flight)
         # Several instances: cancels and LoRA changes reach one of them; they pass them on.
         self.peers = (Peers(self.engine, loras=self.engine.loras is not None, cancel=self._cancel)
                       if placement.instance_count(args) > 1 else None)
@@ -180,7 +180,7 @@ class DecoderModel:
             if self._stuck_logged != heartbeat:  # once per stall: where every thread is
                 self._stuck_logged = heartbeat
                 log.error("the engine loop has not come round for %.0f s%s; threads:\n%s", stuck, self._gpu_state(),
-                          runtime.thread_stacks())
+                          processes.thread_stacks())
             return f"the engine loop has not come round for {stuck:.0f} s"
         if self.audio is not None and not self.audio.thread.is_alive():
             return "the decoder's audio thread has stopped"
@@ -189,7 +189,7 @@ class DecoderModel:
             if self._stuck_logged != since:
                 self._stuck_logged = since
                 log.error("the decoder's audio thread has been in one round for %.0f s; threads:\n%s", stuck,
-                          runtime.thread_stacks())
+                          processes.thread_stacks())
             return f"the decoder's audio thread has been in one round for {stuck:.0f} s"
         return self.engine.status()
 
@@ -232,7 +232,7 @@ class DecoderModel:
         # Continuation (a prompt's audio): the VAE starts from the last audio patches (Prompt.context).
         return prompt, (prompt.context if len(prompt.context) else None)
 
-    @runtime.counted
+    @liveness.counted
     def execute(self, requests):
         timeline.event("execute", len(requests))
         for request in requests:
@@ -304,7 +304,7 @@ class DecoderModel:
                 else:
                     names = self.engine.add_lora(name)
                 if action != "list":
-                    runtime.save_loras(names)
+                    run_state.save_loras(names)
                 response = p.InferenceResponse(output_tensors=[
                     tensor("LORAS", np.array([n.encode() for n in names], dtype=object))])
             except LoraFull as e:

@@ -1,5 +1,5 @@
 """What the instances of one model tell each other, through the server's runtime directory
-(`runtime.run_dir()`: every model process of a server finds the same one).
+(`run_state.run_dir()`: every model process of a server finds the same one).
 
 Triton hands each request to one instance. Two of the decoder's control requests concern every
 instance: a cancel (the request may be on another one) and a LoRA change (every engine holds its
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable
 
-from . import runtime
+from . import run_state
 
 log = logging.getLogger("voxcpm_triton.instance_sync")
 
@@ -36,12 +36,12 @@ CANCEL_TTL_S = 60.0
 
 class CancelBoard:
     def __init__(self, root: str | None = None, ttl_s: float = CANCEL_TTL_S):
-        self.dir, self.ttl = os.path.join(root or runtime.run_dir(), "cancels"), ttl_s
+        self.dir, self.ttl = os.path.join(root or run_state.run_dir(), "cancels"), ttl_s
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
 
     def post(self, request_id: str):
         name = hashlib.sha256(request_id.encode()).hexdigest()
-        runtime.write_atomic(os.path.join(self.dir, name), request_id)
+        run_state.write_atomic(os.path.join(self.dir, name), request_id)
 
     def sweep(self, cancel: Callable[[str], bool], now: float | None = None):
         """`cancel(request_id)` -> True if this instance held the request (its marker is then removed)."""
@@ -70,7 +70,7 @@ class LoraRecord:
     """`loras.json`: the adapters every instance should hold."""
 
     def __init__(self, root: str | None = None):
-        root = root or runtime.run_dir()
+        root = root or run_state.run_dir()
         self.path, self.lock_path = os.path.join(root, "loras.json"), os.path.join(root, "loras.lock")
 
     def stamp(self):
@@ -98,7 +98,7 @@ class LoraRecord:
             os.close(fd)  # releases the lock
 
     def write(self, record: dict):
-        runtime.write_atomic(self.path, json.dumps(record, sort_keys=True))
+        run_state.write_atomic(self.path, json.dumps(record, sort_keys=True))
 
 
 class Peers:

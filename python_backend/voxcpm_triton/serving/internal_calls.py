@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import bls_stream, runtime
+from . import bls_stream, liveness
 from .triton_io import BLSError, Busy, InputError, Unhealthy, bls, downstream_error, outputs
 
 HEALTH_CHECK_S = 1.0  # how often a waiting call looks at the model processes' beacons
@@ -28,7 +28,7 @@ class _Health:
     def check(self):
         now = time.monotonic()
         if now - self.checked >= HEALTH_CHECK_S:
-            self.reason, self.checked = runtime.unhealthy(), now
+            self.reason, self.checked = liveness.unhealthy(), now
         if self.reason:
             raise Unhealthy(self.reason)
 

@@ -10,7 +10,7 @@ ones. This model only checks the request and forwards it to the decoder, which o
 from __future__ import annotations
 
 from ..formats import lora as lora_format
-from . import contract, runtime
+from . import contract, liveness, runtime
 from .internal_calls import InternalCalls
 from .parameters import read
 from .registry_model import RegistryModel
@@ -22,7 +22,7 @@ class LorasModel(RegistryModel):
         runtime.model_process()
         read(args, "loras")  # it takes no parameters: any in its config.pbtxt is an error naming it
         self.calls = InternalCalls()
-        self.beacon = runtime.Beacon("loras")
+        self.beacon = liveness.Beacon("loras")
 
     async def _act(self, action: str, inputs: dict) -> list[str]:
         name = contract.value(inputs.get("NAME"), "NAME", str)

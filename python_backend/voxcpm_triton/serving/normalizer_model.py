@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checks import clean_text
 from ..formats.text_normalize import NormalizationError, normalize_target, normalizer
-from . import runtime
+from . import liveness, runtime
 from .contract import text
 from .parameters import read
 from .triton_io import InputError, answer_each, get, tensor
@@ -33,12 +33,12 @@ class TextNormalizerModel:
         except Exception as e:  # its packages missing or broken: the server serves, without NORMALIZE
             log.warning("text normalisation is not available (%s): requests with NORMALIZE will be refused", e)
             self.unavailable = str(e)
-        self.beacon = runtime.Beacon("text_normalizer")
+        self.beacon = liveness.Beacon("text_normalizer")
 
     def finalize(self):
         self.beacon.stop()
 
-    @runtime.counted
+    @liveness.counted
     def execute(self, requests):
         return answer_each(requests, "text_normalizer", self._answer)
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from . import bls_stream, contract, runtime
+from . import bls_stream, contract, liveness
 from .triton_io import InputError, error_response, get, pb, tensor
 
 
 class RegistryModel:
     INPUT_NAMES: tuple = ("ACTION", "NAME")
 
-    @runtime.counted
+    @liveness.counted
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
 

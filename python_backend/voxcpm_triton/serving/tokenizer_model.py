@@ -10,7 +10,7 @@ import numpy as np
 
 from ..checks import clean_text
 from ..formats.tokenizer import TextTokenizer
-from . import runtime
+from . import liveness, runtime
 from .contract import text, value
 from .parameters import read, resolve_checkpoint
 from .triton_io import answer_each, get, tensor
@@ -20,12 +20,12 @@ class TokenizerModel:
     def initialize(self, args):
         runtime.model_process()
         self.tokenizer = TextTokenizer.from_dir(resolve_checkpoint(read(args, "tokenizer")["checkpoint"]))
-        self.beacon = runtime.Beacon("tokenizer")
+        self.beacon = liveness.Beacon("tokenizer")
 
     def finalize(self):
         self.beacon.stop()
 
-    @runtime.counted
+    @liveness.counted
     def execute(self, requests):
         return answer_each(requests, "tokenizer", self._answer)
 

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from . import runtime
+from . import run_state
 
 # The Python backend stub (Triton 2.51) corrupts its IPC when several threads of one model
 # instance call into it at once (a segfault in libtriton_python.so when worker threads issued
@@ -88,7 +88,7 @@ def error_response(exc: BaseException):
 
 @functools.lru_cache(maxsize=1)
 def _internal_key() -> str:
-    return runtime.internal_key()
+    return run_state.internal_key()
 
 
 def bls(model: str, inputs: dict, outputs: list[str], parameters: dict | None = None, **kw):
@@ -97,12 +97,12 @@ def bls(model: str, inputs: dict, outputs: list[str], parameters: dict | None = 
     p = pb()
     return p.InferenceRequest(model_name=model, requested_output_names=outputs,
                               inputs=[tensor(k, v) for k, v in inputs.items()],
-                              parameters={**(parameters or {}), runtime.KEY_PARAMETER: _internal_key()}, **kw)
+                              parameters={**(parameters or {}), run_state.KEY_PARAMETER: _internal_key()}, **kw)
 
 
 def require_internal(request, model: str):
     """Raise Refused unless `request` carries the internal key (it came from the orchestrator)."""
-    if not runtime.key_matches(request.parameters(), _internal_key()):
+    if not run_state.key_matches(request.parameters(), _internal_key()):
         raise Refused(f"model {model!r} is internal to the VoxCPM pipeline; send requests to 'tts' or "
                       "'tts_stream'")
 

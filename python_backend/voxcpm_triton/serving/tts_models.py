@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import timeline
 from ..checks import RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import bls_stream, contract, runtime
+from . import bls_stream, contract, liveness, runtime
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator
 from .parameters import read
@@ -58,9 +58,9 @@ class TTSModel:
                                  "(>= 6 patches per target token)", labels, "COUNTER")
         self.m_retries = metric("voxcpm_retries_total", "Whole utterances synthesized again after a bad case",
                                 labels, "COUNTER")
-        self.beacon = runtime.Beacon("tts")
+        self.beacon = liveness.Beacon("tts")
 
-    @runtime.counted
+    @liveness.counted
     async def execute(self, requests):
         return [await self._one(r) for r in requests]
 
@@ -140,9 +140,9 @@ class TTSStreamModel:
         self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.beacon = runtime.Beacon("tts_stream")
+        self.beacon = liveness.Beacon("tts_stream")
 
-    @runtime.counted
+    @liveness.counted
     async def execute(self, requests):
         """Each stream runs as a task of its own; execute returns once they have all ended, and
         not sooner than MIN_EXECUTE_S. The stub registers an execute's coroutine only after it has

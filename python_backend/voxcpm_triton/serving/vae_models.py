@@ -18,7 +18,7 @@ from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
 from ..voxcpm2 import decoding_vae, encode_patches, load_audio_vae
-from . import gc_pauses, placement, runtime
+from . import gc_pauses, liveness, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
@@ -58,12 +58,12 @@ class VAEEncoderModel:
 
     def initialize(self, args):
         _, self.cfg, self.vae = _load(args, "vae_encoder")
-        self.beacon = runtime.Beacon("vae_encoder")
+        self.beacon = liveness.Beacon("vae_encoder")
 
     def finalize(self):
         self.beacon.stop()
 
-    @runtime.counted
+    @liveness.counted
     def execute(self, requests):
         responses: list = [None] * len(requests)
         waves, pads, idx = [], [], []
@@ -112,7 +112,7 @@ class VAEDecoderModel:
         labels = placement.labels(args, "vae_decoder", self.vae.device)
         self._stop = threading.Event()
         threading.Thread(target=self._sweeper, name="vae-stream-sweeper", daemon=True).start()
-        self.beacon = runtime.Beacon("vae_decoder")
+        self.beacon = liveness.Beacon("vae_decoder")
         gc_pauses.freeze(f"vae_decoder instance {placement.instance_name(args)}")
         # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
         self.m_streams = metric("voxcpm_vae_streams", "Open VAE decode streams (state held)", labels)
@@ -161,7 +161,7 @@ class VAEDecoderModel:
         return patch_frames(torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32)))
 
     @torch.inference_mode()
-    @runtime.counted
+    @liveness.counted
     def execute(self, requests):
         responses: list = [None] * len(requests)
         work = []  # (index, corrid, z, end)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from .. import checks
-from . import contract, runtime
+from . import contract, liveness, runtime
 from .internal_calls import InternalCalls
 from .parameters import read, resolve_checkpoint
 from .registry_model import RegistryModel
@@ -39,7 +39,7 @@ class VoicesModel(RegistryModel):
         except OSError as e:  # the rest of the server still serves; `add` reports it again
             log.warning("voices directory %s cannot be made: %s", self.store.root, e)
         self.calls = InternalCalls()
-        self.beacon = runtime.Beacon("voices")
+        self.beacon = liveness.Beacon("voices")
 
     async def _act(self, action: str, inputs: dict) -> list[str]:
         given = sorted(set(inputs) - {"ACTION"})
