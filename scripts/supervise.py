@@ -427,6 +427,7 @@ class Supervisor:
         self.regions: set[str] = set()  # the running server's model processes' shared-memory regions
         self.was_ready = self.was_healthy = False  # the current server: became ready, passed a probe
         self.stopping = False
+        self.started_once = False  # companions start with the first server
         self.fatal: str | None = None  # why the supervisor gives up (exit 1)
 
     # ------------------------------------------------------------------ one server
@@ -443,7 +444,7 @@ class Supervisor:
         self.envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
-        self.started = time.monotonic()
+        self.started, self.started_once = time.monotonic(), True
         self.was_ready = self.was_healthy = False
         self.stale_since = None
         log(f"tritonserver started (pid {self.proc.pid})")
@@ -620,7 +621,6 @@ class Supervisor:
         failed = 0  # starts in a row that never served
         held_since = held_logged = 0.0  # another process holds a port: since when, when last said
         held: list[str] = []
-        self._tend()
         while not self.stopping:
             taken = _taken(self.ports)
             if taken:
@@ -779,7 +779,9 @@ class Supervisor:
             self._tend()
 
     def _tend(self):
-        if self.stopping:
+        """Start or restart the companions, from the first server's start on: while another process
+        holds the server's ports (a second copy of the service, say) nothing is started."""
+        if self.stopping or not self.started_once:
             return
         for c in self.companions:
             c.tend()

@@ -556,10 +556,13 @@ def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
+        companion = f"{sys.executable} -c \"open({str(tmp_path / 'companion')!r}, 'w')\""
         p = _supervise(tmp_path, f"open({str(marker)!r}, 'w')", f"--http-port={port}", "--http-address=127.0.0.1",
-                       f"--grpc-port={free_port()}", f"--metrics-port={free_port()}", opts=("--start-timeout", "3"))
+                       f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+                       opts=("--start-timeout", "3", "--companion", companion))
     assert p.returncode == 1, p.stderr
     assert not marker.exists(), "a server was started on a port another process holds"
+    assert not (tmp_path / "companion").exists(), "its gateway was started beside a server that is not"
     said = f"not starting: port in use by another process: http 127.0.0.1:{port} (checking every 2 s)"
     assert p.stderr.count(said) == 1, p.stderr  # said once, not every 2 s
     assert re.search(rf"giving up: port in use by another process: http 127.0.0.1:{port}, for \d+ s", p.stderr)
