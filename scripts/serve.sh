@@ -95,6 +95,19 @@ fi
 triton_env_ready || triton_build_backend_dir >&2
 
 MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
+if [[ $mode == run && -n ${VOXCPM_CHECKPOINT:-} ]]; then
+    # Its files and config.json, checked as every model would: a broken one is said once, here.
+    "$VENV/bin/python" - "$REPO/python_backend" "$VOXCPM_CHECKPOINT" <<'PY' || exit 2
+import sys
+sys.path.insert(0, sys.argv[1])
+from voxcpm_triton.formats.checkpoint import CheckpointError, checkpoint_files
+from voxcpm_triton.model.config import ConfigError, VoxCPM2Config
+try:
+    VoxCPM2Config.from_file(checkpoint_files(sys.argv[2])["config"])
+except (CheckpointError, ConfigError, OSError, UnicodeDecodeError) as e:
+    sys.exit(f"[serve] VOXCPM_CHECKPOINT={sys.argv[2]} cannot be served: {e}")
+PY
+fi
 if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
     # The embedded default: generate it once here rather than in six model processes at once.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])

@@ -257,8 +257,9 @@ def test_serve_sh_keeps_http_on_the_loopback_unless_told():
 
 def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_starts(tmp_path):
     """--help prints the header's usage and variables (it used to reach tritonserver, which the
-    supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json is refused at
-    once, naming it, instead of every model failing on it five starts in a row. The supervisor's
+    supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json, without one of
+    its files or with a config.json the models refuse is refused at once, naming it, instead of
+    every model failing on it five starts in a row. The supervisor's
     --help lists its options without a server command."""
     env = triton_env()
     env.pop("SKIP_SETUP", None)  # --help must not run setup either
@@ -272,6 +273,19 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                          timeout=60)
     assert out.returncode == 2 and out.stderr.strip() == (
         f"[serve] VOXCPM_CHECKPOINT={tmp_path} is not a VoxCPM2 checkpoint directory (no config.json)"), out
+    # a config.json the models would refuse, or a file missing: said once, as each model would say it
+    (tmp_path / "config.json").write_text("{}")
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"[serve] VOXCPM_CHECKPOINT={tmp_path} cannot be served: {tmp_path}: no model weights file (expected one "
+        "of model.safetensors, pytorch_model.bin)"), out
+    for name in ("model.safetensors", "audiovae.pth", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes(b"")
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"[serve] VOXCPM_CHECKPOINT={tmp_path} cannot be served: config.json: lm_config: missing required field"), out
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--help"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "--probe-interval" in out.stdout and "-- tritonserver ARGS" in out.stdout, out
