@@ -8,6 +8,7 @@ import re
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -606,3 +607,39 @@ def test_an_engine_without_adapters_refuses_lora(vox, ckpt):
         assert eng.lora_names() == [] and eng.runner.lora is None
     finally:
         eng.shutdown()
+
+
+@torch.inference_mode()
+def test_make_tiny_lora_writes_what_the_reference_loads_and_what_we_serve_changes_the_voice(ckpt, tmp_path):
+    """scripts/make_tiny_lora.py (the README's way to try adapters on the tiny checkpoint) writes the
+    official layout: the reference's own loader takes every key and skips none, and the result
+    through our model equals the reference's with the same adapter."""
+    import subprocess
+    import sys
+
+    from tests.lora_helpers import reference_model
+
+    out = tmp_path / "loras" / "narrator"
+    p = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "make_tiny_lora.py"),
+                        "--checkpoint", ckpt, "--out", str(out), "--seed", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "wrote" in p.stdout, p.stderr
+    config = json.loads((out / "lora_config.json").read_text())
+    ref = reference_model(ckpt, config)
+    want_keys = sorted(k for k, _ in ref.named_parameters() if "lora_" in k)
+    loaded, skipped = ref.load_lora_weights(str(out), device="cpu")
+    assert skipped == [] and sorted(loaded) == want_keys and want_keys
+    vox = VoxCPM2.from_pretrained(ckpt, device="cpu", dtype="float32", lora_dir=str(out.parent))
+    assert vox.loras.errors == {} and sorted(vox.loras.slots) == ["narrator"]
+    text, kw, cache = _mode_inputs("zero_shot", vox, tmp_path)
+    steps = 8
+    noise = noise_for_steps(5, steps, (vox.feat_dim, vox.patch_size))
+    gen = dict(min_len=steps, max_len=steps, cfg_value=2.0, inference_timesteps=4)
+    want, _ = _run_reference(ref, text, cache, noise, **gen)
+    got = vox.generate_latents(text, noise=noise, lora="narrator", **gen, **kw)
+    assert maxdiff(got, want) <= TOL
+    assert maxdiff(got, vox.generate_latents(text, noise=noise, **gen, **kw)) > 100 * TOL
+    bad = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "make_tiny_lora.py"),
+                          "--checkpoint", ckpt, "--out", str(tmp_path / ".hidden")], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "is not a valid LoRA adapter name" in bad.stderr, bad.stderr

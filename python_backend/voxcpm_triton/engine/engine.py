@@ -318,7 +318,7 @@ class Engine:
 
     def _lora_manager(self) -> EngineLoras:
         if self.loras is None:
-            raise ValueError("this server loads no LoRA adapters (decoder parameter lora_dir)")
+            raise ValueError("this server loads no LoRA adapters (decoder parameter lora_dir, or VOXCPM_LORA_DIR)")
         return self.loras
 
     def cancel(self, request_id: str) -> bool:

@@ -1,4 +1,4 @@
-"""Test-fixture generators: a random-weight checkpoint and its tokenizer.
+"""Test-fixture generators: a random-weight checkpoint, its tokenizer, and a random LoRA adapter.
 
 The server reaches this package only through `ensure_tiny_checkpoint`, to generate the embedded
 tiny checkpoint when it is missing.
