@@ -532,9 +532,12 @@ class Supervisor:
 
     def _note_python_env(self):
         """The python backend's directory this server made: the one that appeared since its start, if
-        only one did (another server may have started meanwhile). Asked once its first model process
-        runs (the backend makes the directory before any) or it is ready: a server stopped before
-        either may have made none yet."""
+        only one did (another server may have started meanwhile). Only once a model process of the
+        server runs (the backend makes the directory before any): before, or in a server without
+        python models, the one new directory may be another server's, which would be removed under it
+        (Triton aborts at its exit when its directory is gone)."""
+        if not _stub_pids(self.proc.pid):
+            return
         made = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
         self.python_env = made.pop() if len(made) == 1 else None
 
@@ -692,7 +695,7 @@ class Supervisor:
                 # leaves its regions, and nobody could find them after
                 if now >= next_scan:
                     self._note_regions(self.proc.pid)
-                    if self.python_env is None and _stub_pids(self.proc.pid):  # it has made its directory
+                    if self.python_env is None:
                         self._note_python_env()
                     next_scan = now + 1.0
                 if self.ready():

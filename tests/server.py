@@ -320,8 +320,10 @@ class TritonServer:
                 with urllib.request.urlopen(url, timeout=2) as r, \
                         urllib.request.urlopen(self.metrics_url, timeout=2) as m:
                     if r.status == 200 and m.status == 200:
+                        # The one new directory, if one is, and this server has model processes (without, the
+                        # new one is another server's: Triton aborts at its exit if it finds it gone).
                         made = set(glob.glob(PYTHON_ENV_GLOB)) - self._envs_before
-                        self.python_env = made.pop() if len(made) == 1 else None  # not known if another server started
+                        self.python_env = made.pop() if len(made) == 1 and self.stub_pids() else None
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass

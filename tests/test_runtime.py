@@ -347,6 +347,39 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1].split("=")[1])), H).serve_f
     assert "did not serve (never ready, or never passed a probe); the last: probe failed 1 times: {\"error\": \"cannot" in p.stderr
 
 
+def test_the_supervisor_leaves_another_servers_python_env_alone(tmp_path):
+    """A server without model processes makes no /tmp/python_env_*: the one new directory since its
+    start is then another server's (one starting beside it), which must not be removed at its stop
+    (Triton aborts at its exit if its directory is gone). Here the stand-in server makes that
+    directory itself, becomes ready, fails its probe and is stopped."""
+    import shutil
+
+    from tests.server import free_port
+
+    other = f"/tmp/python_env_voxcpmtest{os.getpid()}_{time.monotonic_ns()}"
+    port = free_port()
+    server = f"""
+import http.server, os, sys
+os.mkdir({other!r})
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        self.send_response(500); self.end_headers(); self.wfile.write(b'{{"error": "cannot synthesize"}}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1].split("=")[1])), H).serve_forever()
+"""
+    try:
+        p = _supervise(tmp_path, server, f"--http-port={port}", "--http-address=127.0.0.1",
+                       f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+                       opts=("--max-failed-starts", "1", "--probe-interval", "0.2", "--probe-failures", "1"))
+        assert p.returncode == 1 and "tritonserver ready after" in p.stderr, p.stderr
+        assert os.path.isdir(other), p.stderr
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
 def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
     """A gateway that refuses its settings (exit 2) would otherwise be restarted every 30 s forever."""
     from tests.server import free_port
