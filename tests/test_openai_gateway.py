@@ -472,13 +472,15 @@ def _wav(channels: int, rate: int = 16000, seconds: float = 0.3) -> bytes:
 
 
 def _multipart(gateway, parts: list) -> tuple[int, dict]:
-    """POST /v1/audio/voices with these multipart parts: (field, text), (field, raw bytes of a text field)
-    or (field, (filename, bytes))."""
+    """POST /v1/audio/voices with these multipart parts: (field, text), (field, raw bytes of a text field
+    [, its part's Content-Type]) or (field, (filename, bytes))."""
     boundary = "voxcpm" + secrets.token_hex(8)
     body = b""
-    for field, value in parts:
+    for field, value, *content_type in parts:
         if isinstance(value, (str, bytes)):
             head, data = f'name="{field}"', value.encode() if isinstance(value, str) else value
+            if content_type:
+                head += f"\r\nContent-Type: {content_type[0]}"
         else:
             head, data = f'name="{field}"; filename="{value[0]}"\r\nContent-Type: application/octet-stream', value[1]
         body += f"--{boundary}\r\nContent-Disposition: form-data; {head}\r\n\r\n".encode() + data + b"\r\n"
@@ -492,11 +494,12 @@ def _multipart(gateway, parts: list) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_is_averaged(client, gateway):
+def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_is_averaged(client, gateway, server):
     """A 7.1 upload is taken (averaged to mono; PyAV's planar read of 8 channels used to crash the
     gateway); more channels than 8, or a rate the voices model does not take, are a 400 naming
     audio_sample before anything is decoded; a text field sent as a file part, or twice, is a 400
-    naming it, and so is a text field its charset cannot decode. The gateway lives on."""
+    naming it, and so is a text field that is not UTF-8 and names no charset of its own (one that
+    does is read in it). The gateway lives on."""
     v = client.audio.voices.create(name="surround", audio_sample=("s.mka", _matroska("7.1", 8), "audio/x-matroska"),
                                    consent="c")
     assert v.id == "surround"
@@ -519,14 +522,25 @@ def test_uploads_of_many_channels_or_odd_rates_are_refused_by_name_and_surround_
         ([("name", "eve"), ("name", "eve2"), ("audio_sample", sample)], "name", "more than once"),
         ([("name", "eve"), ("audio_sample", sample), ("audio_sample", sample)], "audio_sample", "more than once"),
         ([("name", "eve"), ("audio_sample", "RIFF....WAVE")], "audio_sample", "came as a text field"),
-        # Starlette would take it as latin-1, and the voice would keep a garbled transcript
+        ([("name", "eve"), ("audio_sample", _wav(1))], "audio_sample", "came as a text field"),  # binary, too
+        # Starlette would decode it as latin-1, and the voice would keep a garbled transcript
+        ([("name", "eve"), ("ref_text", "你好，世界".encode("gbk")), ("audio_sample", sample)], "ref_text",
+         "'ref_text' is not valid utf-8 text: send UTF-8, or name the charset"),
         ([("name", "eve"), ("ref_text", "Grüße".encode("latin-1")), ("audio_sample", sample)], "ref_text",
-         "'ref_text' is not valid utf-8 text"),
+         "'ref_text' is not valid utf-8 text"),  # not guessed either: it names no charset
     ]:
         status, body = _multipart(gateway, parts)
         assert status == 400 and body["error"]["param"] == param and message in body["error"]["message"], body
     assert gateway.proc.poll() is None
     assert json.loads(gateway.get("/v1/audio/voices"))["voices"] == ["default"]
+    # a text part that names its charset is read in it
+    status, body = _multipart(gateway, [("name", "gbk"), ("ref_text", "你好，世界".encode("gbk"), "text/plain; charset=gbk"),
+                                        ("audio_sample", ("a.wav", _wav(1, seconds=1.0)))])
+    assert status == 200 and body["id"] == "gbk", body
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    assert VoiceStore(server.env["VOXCPM_VOICES_DIR"]).load("gbk").transcript == "你好，世界"
+    client.audio.voices.delete("gbk")
 
 
 def _decoders(gateway) -> list[int]:
@@ -1529,8 +1543,12 @@ def test_a_clients_name_that_spells_an_input_is_not_taken_for_that_input():
         'the voice store did not answer in 10 s reading voice "it\'s SEED"': (500, None),
         "unknown voice 'SEED'": (404, "voice"),
         "LORA: unknown LoRA adapter 'TEXT' (loaded: none)": (400, "lora"),
-        # Triton's own checks quote the input they are about
+        # Triton's own checks quote the input they are about (Triton 2.51's words)
         "[request id: <id_unknown>] unexpected inference input 'SEED' for model 'tts_stream'": (400, "seed"),
+        "[request id: <id_unknown>] inference input 'SEED' data-type is 'INT32', but model 'tts' expects 'INT64'":
+            (400, "seed"),
+        "[request id: <id_unknown>] unexpected shape for input 'SEED' for model 'tts'. Expected [1], got [2]. ":
+            (400, "seed"),
     }
     for message, want in cases.items():
         err = errors.from_triton(message, PARAMS)

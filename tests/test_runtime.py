@@ -1,4 +1,5 @@
-"""What the model processes of one server share (serving/runtime.py), the liveness probe's verdicts
+"""What the model processes of one server share (serving/runtime.py, run_state.py, liveness.py,
+processes.py), the liveness probe's verdicts
 and the supervisor's arguments: plain Python, no server."""
 
 import errno

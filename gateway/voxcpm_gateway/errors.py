@@ -86,8 +86,9 @@ _RULES = [
     (re.compile(r"^unknown voice "), 404, "voice_not_found"),
 ]
 # Triton's own checks before a model sees the request ("unexpected inference input 'X' for
-# model ...", "unexpected datatype ... for input 'X'", "expected N inputs but got M ...").
-_TRITON_REQUEST_CHECK = re.compile(r"unexpected inference input|for input '|expected \d+ inputs")
+# model ...", "inference input 'X' data-type is 'INT32', but model ... expects 'INT64'", "unexpected
+# shape for input 'X' ...", "expected N inputs but got M ...").
+_TRITON_REQUEST_CHECK = re.compile(r"inference input '|for input '|expected \d+ inputs")
 
 
 def from_triton(message: str, params: dict[str, str]) -> APIError:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from contextlib import aclosing
+from email.message import Message
 
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
@@ -16,24 +17,38 @@ FIELDS = {"name", "audio_sample", "ref_text", "lora", "consent", "type"}
 
 class _BadText(MultiPartException):
     def __init__(self, field: str, charset: str):
-        super().__init__(f"{errors.quoted(field)} is not valid {charset} text (the form's charset; Content-Type "
-                         "may name another)")
+        super().__init__(f"{errors.quoted(field)} is not valid {charset} text: send UTF-8, or name the charset in "
+                         "the part's Content-Type (text/plain; charset=...)")
         self.field = field
 
 
+def _part_charset(part, default: str) -> str:
+    """The charset a text part names in its own Content-Type, else the form's."""
+    content_type = Headers(raw=part.item_headers).get("content-type")
+    if not content_type:
+        return default
+    message = Message()
+    message["content-type"] = content_type
+    return message.get_content_charset() or default
+
+
 class _StrictParser(MultiPartParser):
-    """Starlette's parser, except that a text field its charset cannot decode is refused: Starlette
-    decodes it as latin-1 instead, so a transcript sent in another encoding would be stored garbled."""
+    """Starlette's parser, except that a text field is decoded with the charset its part names (else
+    the form's, UTF-8 unless the request's Content-Type says otherwise), and refused if it does not
+    decode: Starlette falls back to latin-1 instead, so a transcript in another encoding (GBK, say)
+    would be stored garbled. audio_sample is left to Starlette: sent as a text field, it is refused
+    by `fields` with a message that says how to send it."""
 
     def on_part_end(self) -> None:
         part = self._current_part
-        if part.file is None:
-            charset = getattr(self, "_charset", "utf-8")
-            try:
-                bytes(part.data).decode(charset)
-            except (UnicodeDecodeError, LookupError):
-                raise _BadText(part.field_name, charset) from None
-        super().on_part_end()
+        if part.file is not None or part.field_name == "audio_sample":
+            return super().on_part_end()
+        charset = _part_charset(part, getattr(self, "_charset", "utf-8"))
+        try:
+            text = bytes(part.data).decode(charset)
+        except (UnicodeDecodeError, LookupError):
+            raise _BadText(part.field_name, charset) from None
+        self.items.append((part.field_name, text))
 
 
 async def read(request: Request) -> FormData:

@@ -1,5 +1,5 @@
-"""Facts about processes, read from /proc: alive or not (pid reuse included), whether this one is a
-python_backend stub, and every thread's stack for a log line. No torch here."""
+"""Facts about processes: from /proc, whether one is alive (pid reuse included) and whether this one
+is a python_backend stub; from the interpreter, every thread's stack for a log line. No torch here."""
 
 from __future__ import annotations
 
