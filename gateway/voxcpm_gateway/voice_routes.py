@@ -38,14 +38,6 @@ def voice_router(settings: Settings, backend: TritonBackend, metrics: Metrics, d
                                        " (an add may still be stored: list the voices to see)") from None
             raise error_for(e, backend, VOICE_PARAMS) from None
 
-    def voice_object(name: str, created: int | None = None, lora: str | None = None) -> dict:
-        obj = {"id": name, "object": "audio.voice", "name": name, "type": "audio_sample"}
-        if created is not None:
-            obj["created_at"] = created
-        if lora:
-            obj["lora"] = lora  # VoxCPM2 extension: the voice's default LoRA adapter
-        return obj
-
     @router.get("/v1/audio/voices")
     async def list_voices():
         names = await call_voices({"ACTION": _bytes("list")})
@@ -107,6 +99,16 @@ def voice_router(settings: Settings, backend: TritonBackend, metrics: Metrics, d
         return {"id": name, "object": "audio.voice.deleted", "deleted": True}
 
     return router
+
+
+def voice_object(name: str, created: int | None = None, lora: str | None = None) -> dict:
+    """OpenAI's `audio.voice` object."""
+    obj = {"id": name, "object": "audio.voice", "name": name, "type": "audio_sample"}
+    if created is not None:
+        obj["created_at"] = created
+    if lora:
+        obj["lora"] = lora  # VoxCPM2 extension: the voice's default LoRA adapter
+    return obj
 
 
 def _bytes(text: str) -> np.ndarray:
