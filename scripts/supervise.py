@@ -567,7 +567,7 @@ class Supervisor:
     def _save_regions(self):
         try:
             run_state.write_atomic(os.path.join(self.state_dir, REGIONS_FILE),
-                                 "".join(f"{r}\n" for r in sorted(self.regions)))
+                                   "".join(f"{r}\n" for r in sorted(self.regions)))
         except OSError as e:
             log(f"could not note the server's shared-memory regions: {e}")
 

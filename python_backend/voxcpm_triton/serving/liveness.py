@@ -94,7 +94,7 @@ class Beacon:
         except Exception:  # noqa: BLE001 - unknown counts as busy
             held = 1
         run_state.write_atomic(self.path, json.dumps({"pid": os.getpid(), "beat": time.time(), "error": error,
-                                            "busy": held}))
+                                                      "busy": held}))
 
     def _run(self):
         while not self._stop.wait(self.period):
