@@ -56,6 +56,7 @@ import errno
 import fcntl
 import glob
 import http.client
+import math
 import os
 import re
 import secrets
@@ -841,12 +842,27 @@ def main(argv=None) -> int:
     opts = ap.parse_args(argv[:i])  # --help stops here
     if i == len(argv):
         ap.error("no server command: give it after --")
-    if not opts.companion_grace > 0:
-        ap.error(f"--companion-grace must be positive, got {opts.companion_grace:g}")
+    for flag, value, least in (("--probe-timeout", opts.probe_timeout, None),
+                               ("--start-timeout", opts.start_timeout, None),
+                               ("--companion-grace", opts.companion_grace, None),
+                               ("--probe-interval", opts.probe_interval, 0.0)):
+        if not math.isfinite(value) or not (value > 0 if least is None else value >= least):
+            ap.error(f"{flag} must be a {'positive' if least is None else 'non-negative'} number of seconds, "
+                     f"got {value:g} (or its VOXCPM_ variable)")
+    if opts.probe_failures < 1:
+        ap.error(f"--probe-failures must be 1 or more, got {opts.probe_failures}")
     if opts.max_failed_starts < 0:
         ap.error(f"--max-failed-starts must be 0 or more, got {opts.max_failed_starts}")
     if not argv[i + 1:]:
         ap.error("no server command after --")
+    server = argv[i + 1:]
+    exit_timeout = _arg(server, "exit-timeout-secs", "30")
+    if not exit_timeout.isdigit():  # what the supervisor reads of the server's own arguments
+        ap.error(f"tritonserver --exit-timeout-secs must be a whole number of seconds, got {exit_timeout!r}")
+    for name in ("http", "grpc", "metrics"):
+        port = _arg(server, f"{name}-port", "0")
+        if not port.isdigit() or int(port) > 65535:
+            ap.error(f"tritonserver --{name}-port must be a port number (0-65535), got {port!r}")
     if opts.print_restricted:
         print("\n".join(restricted(argv[i + 1:])))
         return 0

@@ -469,10 +469,28 @@ def test_a_supervisor_started_under_nohup_keeps_ignoring_sighup(tmp_path):
             sup.kill()
 
 
-def test_the_companion_grace_must_be_positive(monkeypatch):
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--companion-grace", "0", "--", "true"],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "--companion-grace must be positive, got 0" in p.stderr, p.stderr
+def test_settings_that_can_never_work_are_usage_errors_before_any_start(monkeypatch):
+    """A value that would make every probe fail (a zero timeout killed a healthy server every 40 s), or
+    that the supervisor reads of the server's own arguments and would crash on, is refused at once,
+    named, exit 2: not a restart loop, not a traceback."""
+    cases = [
+        ((), {"VOXCPM_PROBE_TIMEOUT": "0"}, "--probe-timeout must be a positive number of seconds, got 0"),
+        (("--probe-timeout", "nan"), {}, "--probe-timeout must be a positive number of seconds, got nan"),
+        (("--start-timeout", "-1"), {}, "--start-timeout must be a positive number of seconds, got -1"),
+        (("--companion-grace", "0"), {}, "--companion-grace must be a positive number of seconds, got 0"),
+        (("--probe-interval", "-2"), {}, "--probe-interval must be a non-negative number of seconds, got -2"),
+        ((), {"VOXCPM_PROBE_FAILURES": "0"}, "--probe-failures must be 1 or more, got 0"),
+        (("--", "tritonserver", "--exit-timeout-secs=abc"), {},
+         "tritonserver --exit-timeout-secs must be a whole number of seconds, got 'abc'"),
+        (("--", "tritonserver", "--http-port=70000"), {}, "tritonserver --http-port must be a port number (0-65535), "
+                                                          "got '70000'"),
+        (("--", "tritonserver", "--grpc-port", "abc"), {}, "tritonserver --grpc-port must be a port number"),
+    ]
+    for args, env, message in cases:
+        args = args if "--" in args else (*args, "--", "true")
+        p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), *args],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (args, env, p.stderr)
     # a gateway drain the gateway itself refuses is not blamed on a flag nobody gave: the default stands
     for drain, grace in (("20", "25"), ("2.5", "7.5"), ("-30", "25"), ("0", "25"), ("soon", "25")):
         monkeypatch.setenv("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", drain)
