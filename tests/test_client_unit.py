@@ -4,6 +4,7 @@ import json
 import os
 import re
 import socket
+import time
 import subprocess
 import sys
 import threading
@@ -431,6 +432,39 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("error: cannot write") and "Traceback" not in p.stderr, p.stderr
     p = run_cli("hello", "-o", str(tmp_path / "x.wav"), "--seed", "99999999999999999999", "--url", f"127.0.0.1:{free_port()}")
     assert p.returncode == 2 and p.stderr.startswith("error: seed must be an integer from") and "Traceback" not in p.stderr
+    # an output it cannot write as named, a timeout no client takes: refused before the synthesis runs
+    for args, said in [(("-o", str(tmp_path / "x.mp3")), "-o/--output must name a .wav file"),
+                       (("-o", ""), "-o/--output must name a .wav file"),
+                       *[(("--timeout", t), "argument --timeout: must be more than 0") for t in ("0", "-1", "nan", "inf")]]:
+        p = run_cli("hello", *args, "--url", f"127.0.0.1:{free_port()}")
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not (tmp_path / "x.mp3").exists()
+
+
+def test_cli_interrupted_mid_request_exits_130_without_a_traceback(tmp_path):
+    """Ctrl-C while the server has not answered: no traceback, exit 130, nothing written."""
+    import signal
+
+    with socket.socket() as srv:  # takes the connection and never answers
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client"))
+        out = tmp_path / "o.wav"
+        p = subprocess.Popen([sys.executable, "-m", "voxcpm_client", "hello", "--protocol", "http", "--url",
+                              f"127.0.0.1:{srv.getsockname()[1]}", "-o", str(out)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            conn, _ = srv.accept()  # the request is out
+            time.sleep(0.5)
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=30)
+            conn.close()
+        finally:
+            if p.poll() is None:
+                p.kill()
+    # (gevent, under tritonclient.http, prints the interrupt's name and a time stamp first)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -10,6 +10,18 @@ from .client import (VOICE_MODES, VoxCPMClientError, add_voice, input_arrays, li
                      synthesize, synthesize_stream)
 
 DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000", "tts")}
+MAX_TIMEOUT_S = 10 * 24 * 3600.0  # gRPC's deadline overflows far past this; a day-long request is a mistake anyway
+
+
+def seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT_S:  # (NaN fails too)
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_TIMEOUT_S:.0f} seconds, got {text}")
+    return value
 
 
 def parse_args(argv=None):
@@ -40,13 +52,15 @@ def parse_args(argv=None):
                         "tries again by default, 3 tries in all)")
     p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: the "
                                   "--voice's default adapter, if it has one; '': the base model")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
     args = p.parse_args(argv)
     if (args.prompt_audio is None) != (args.prompt_text is None):
         p.error("--prompt-audio and --prompt-text go together")
     if args.voice_mode and not args.voice:
         p.error("--voice-mode needs --voice")
+    if not args.output.lower().endswith(".wav"):
+        p.error(f"-o/--output must name a .wav file (what this writes), got {args.output!r}")
     if args.retry_badcase is not None and (args.model or DEFAULTS[args.protocol][1]) == "tts_stream":
         p.error("--no-retry-badcase is for tts (--protocol http, or --model tts): tts_stream's audio, once sent, "
                 "cannot be taken back")
@@ -59,7 +73,7 @@ def parse_voices_args(argv):
         parser.add_argument("--protocol", choices=("grpc", "http"), default=d("grpc"))
         parser.add_argument("--url", default=d(None),
                             help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
-        parser.add_argument("--timeout", type=float, default=d(120.0), help="seconds (default 120)")
+        parser.add_argument("--timeout", type=seconds, default=d(120.0), help="seconds (default 120)")
 
     p = argparse.ArgumentParser(prog="voxcpm-tts voices", description="The server's stored voices (model `voices`).")
     common(p, True)
@@ -104,6 +118,14 @@ def voices_main(argv) -> int:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C: the request is abandoned, nothing is written
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["voices"]:  # to speak the word itself: voxcpm-tts -- voices
         return voices_main(argv[1:])

@@ -92,8 +92,8 @@ class Result:
         return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
 
     def save(self, path: str, subtype: str = "PCM_16") -> None:
-        """Write a wav file; subtype "PCM_16" or "FLOAT"."""
-        sf.write(path, self.audio, self.sample_rate, subtype=subtype)
+        """Write a wav file (whatever the name's extension); subtype "PCM_16" or "FLOAT"."""
+        sf.write(path, self.audio, self.sample_rate, subtype=subtype, format="WAV")
 
 
 def load_audio(path: str):
