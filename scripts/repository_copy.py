@@ -83,6 +83,10 @@ def repository_copy(src: str, dst: str, specs: list[str]) -> dict[str, dict[str,
         raise ValueError(f"no model repository at {src}")
     if os.path.exists(dst):
         raise ValueError(f"{dst} exists already: give a new path")
+    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+    if os.path.commonpath([real_src, real_dst]) == real_src:
+        # inside it, Triton would take the copy for a model of the repository, and fail to load it
+        raise ValueError(f"{dst} is inside {src}: give a path outside the repository")
     models = sorted(m for m in os.listdir(src) if os.path.isfile(os.path.join(src, m, "config.pbtxt")))
     sets = parse_sets(specs, models)
     try:

@@ -643,3 +643,9 @@ def test_make_tiny_lora_writes_what_the_reference_loads_and_what_we_serve_change
                           "--checkpoint", ckpt, "--out", str(tmp_path / ".hidden")], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "is not a valid LoRA adapter name" in bad.stderr, bad.stderr
+    for alpha in ("0", "nan", "inf"):  # what the loader would refuse is not written
+        bad = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "make_tiny_lora.py"),
+                              "--checkpoint", ckpt, "--out", str(tmp_path / "odd"), "--alpha", alpha],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and "alpha must be a positive number" in bad.stderr, bad.stderr
+    assert not (tmp_path / "odd").exists()

@@ -76,6 +76,13 @@ def test_it_refuses_an_existing_destination_and_a_missing_source(tmp_path):
     assert proc.returncode == 2 and "exists already" in proc.stderr, proc.stderr
     proc = run(tmp_path / "nowhere", tmp_path / "repo")
     assert proc.returncode == 2 and "no model repository" in proc.stderr and not (tmp_path / "repo").exists()
+    # a copy inside the repository would be taken for one of its models (the server then fails to
+    # load)
+    shutil.copytree(REPO / "model_repository", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for dst in (tmp_path / "src" / "fast", tmp_path / "src" / "a" / "b"):
+        proc = run(tmp_path / "src", dst)
+        assert proc.returncode == 2 and "is inside" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "src" / "fast").exists()
 
 
 def test_it_checks_against_the_parameter_table_of_voxcpm_python_backend(tmp_path):

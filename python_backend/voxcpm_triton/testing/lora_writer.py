@@ -27,6 +27,8 @@ def write_random_adapter(checkpoint: str, out_dir: str, rank: int = 8, alpha: fl
     check_name(os.path.basename(os.path.normpath(out_dir)))
     if rank < 1:
         raise ValueError(f"rank must be at least 1, got {rank}")
+    if not 0 < alpha < float("inf"):  # what the loader takes (NaN fails too)
+        raise ValueError(f"alpha must be a positive number, got {alpha}")
     cfg = VoxCPM2Config.from_file(checkpoint_files(checkpoint)["config"])
     config = LoraConfig(enable_lm=True, enable_dit=True, r=rank, alpha=alpha)
     linears = linear_shapes(meta_model(cfg))
