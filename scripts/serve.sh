@@ -95,6 +95,26 @@ fi
 triton_env_ready || triton_build_backend_dir >&2
 
 MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
+# Settings every start would fail on, the same way: said once, here, not five starts in a row.
+if [[ $mode == run ]]; then
+    bad=()
+    [[ -d $MODEL_REPOSITORY ]] || bad+=("MODEL_REPOSITORY=$MODEL_REPOSITORY is not a directory")
+    [[ ${TRITON_LOG_VERBOSE:-0} =~ ^[0-9]+$ ]] || bad+=("TRITON_LOG_VERBOSE=$TRITON_LOG_VERBOSE is not a whole number")
+    for v in TRITON_HTTP_PORT TRITON_GRPC_PORT TRITON_METRICS_PORT OPENAI_API_PORT; do
+        p="${!v:-}"
+        if [[ -n $p ]] && ! [[ $p =~ ^[0-9]{1,5}$ && $p -le 65535 ]]; then
+            bad+=("$v=$p is not a port number (0-65535)")
+        fi
+    done
+    used=("${TRITON_HTTP_PORT:-8000}" "${TRITON_GRPC_PORT:-8001}" "${TRITON_METRICS_PORT:-8002}" "${OPENAI_API_PORT:-9000}")
+    if (($(printf '%s\n' "${used[@]}" | grep -vx 0 | sort | uniq -d | wc -l) > 0)); then
+        bad+=("two of TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT, OPENAI_API_PORT are the same port")
+    fi
+    if ((${#bad[@]})); then
+        printf '[serve] %s\n' "${bad[@]}" >&2
+        exit 2
+    fi
+fi
 if [[ $mode == run && -n ${VOXCPM_CHECKPOINT:-} ]]; then
     # Its files and config.json, checked as every model would: a broken one is said once, here.
     "$VENV/bin/python" - "$REPO/python_backend" "$VOXCPM_CHECKPOINT" <<'PY' || exit 2

@@ -286,6 +286,17 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                          timeout=60)
     assert out.returncode == 2 and out.stderr.strip() == (
         f"[serve] VOXCPM_CHECKPOINT={tmp_path} cannot be served: config.json: lm_config: missing required field"), out
+    # settings every start would fail on the same way: said once, before any start
+    env.pop("VOXCPM_CHECKPOINT")
+    for bad, said in [({"MODEL_REPOSITORY": str(tmp_path / "none")}, f"MODEL_REPOSITORY={tmp_path / 'none'} is not a "
+                                                                        "directory"),
+                      ({"TRITON_LOG_VERBOSE": "abc"}, "TRITON_LOG_VERBOSE=abc is not a whole number"),
+                      ({"TRITON_HTTP_PORT": "abc"}, "TRITON_HTTP_PORT=abc is not a port number (0-65535)"),
+                      ({"OPENAI_API_PORT": "70000"}, "OPENAI_API_PORT=70000 is not a port number (0-65535)"),
+                      ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port")]:
+        out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env={**env, **bad}, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2 and said in out.stderr and "tritonserver" not in out.stderr, (bad, out.stderr)
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--help"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "--probe-interval" in out.stdout and "-- tritonserver ARGS" in out.stdout, out
