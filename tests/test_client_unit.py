@@ -439,6 +439,12 @@ def test_cli_bad_arguments_exit_2(tmp_path):
         p = run_cli("hello", *args, "--url", f"127.0.0.1:{free_port()}")
         assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
     assert not (tmp_path / "x.mp3").exists()
+    # a URL that is not host:port, or asks for TLS (it went out as plain HTTP): refused, not reinterpreted
+    for url, said in [("localhost:abc", "is not host:port"), ("localhost:99999", "is not host:port"),
+                      ("https://example.com:443", "https:// is not supported"), ("ftp://h:1", "ftp:// is not supported")]:
+        for args in (("hello",), ("voices", "list")):
+            p = run_cli(*args, "--url", url)
+            assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (url, p.stderr)
 
 
 def test_cli_interrupted_mid_request_exits_130_without_a_traceback(tmp_path):

@@ -7,10 +7,18 @@ import os
 import sys
 
 from .client import (VOICE_MODES, VoxCPMClientError, add_voice, input_arrays, list_voices, load_audio, remove_voice,
-                     synthesize, synthesize_stream)
+                     server_address, synthesize, synthesize_stream)
 
 DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000", "tts")}
 MAX_TIMEOUT_S = 10 * 24 * 3600.0  # gRPC's deadline overflows far past this; a day-long request is a mistake anyway
+
+
+def address(text: str) -> str:
+    """--url: host:port."""
+    try:
+        return server_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def seconds(text: str) -> float:
@@ -31,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("-o", "--output", default="out.wav", help="wav file to write (default out.wav)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
                    help="grpc: streaming (tts_stream); http: whole utterance (tts)")
-    p.add_argument("--url", help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
+    p.add_argument("--url", type=address, help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
     p.add_argument("--model", help="model name (default tts_stream for grpc, tts for http)")
     p.add_argument("--reference", metavar="WAV", help="reference audio for voice cloning")
     p.add_argument("--prompt-audio", metavar="WAV", help="audio to continue from (needs --prompt-text)")
@@ -71,7 +79,7 @@ def parse_voices_args(argv):
     def common(parser, default):  # before or after the action; given after, it wins
         d = (lambda v: v) if default else (lambda v: argparse.SUPPRESS)
         parser.add_argument("--protocol", choices=("grpc", "http"), default=d("grpc"))
-        parser.add_argument("--url", default=d(None),
+        parser.add_argument("--url", type=address, default=d(None),
                             help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
         parser.add_argument("--timeout", type=seconds, default=d(120.0), help="seconds (default 120)")
 

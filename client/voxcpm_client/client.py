@@ -159,11 +159,25 @@ def _tensors(module, arrays: dict) -> list:
     return inputs
 
 
-def _strip_scheme(url: str) -> str:
-    for scheme in ("http://", "https://", "grpc://"):
-        if url.startswith(scheme):
-            return url[len(scheme):]
-    return url
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")
+
+
+def server_address(url: str) -> str:
+    """Triton's host:port from `url` (an http:// or grpc:// in front is dropped); ValueError if it is
+    not one, or asks for TLS, which this client does not speak."""
+    if not isinstance(url, str):
+        raise ValueError(f"url must be a string host:port, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        if scheme.lower() not in ("http", "grpc"):
+            raise ValueError(f"url {url!r}: {scheme}:// is not supported (this client speaks plain HTTP and gRPC, "
+                             "no TLS): give host:port")
+        url = rest
+    m = _ADDRESS.fullmatch(url.rstrip("/"))
+    if not m or not 0 < int(m[2]) <= 65535:
+        raise ValueError(f"url {url!r} is not host:port (a port from 1 to 65535)")
+    return m[0]
+
 
 
 @contextlib.contextmanager
@@ -212,7 +226,7 @@ def synthesize_stream(text: str, url: str = "localhost:8001", model: str = "tts_
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    url = _strip_scheme(url)
+    url = server_address(url)
     if model == "tts_stream" and params.get("retry_badcase") is not None:
         raise TypeError("retry_badcase is for tts: tts_stream's audio, once sent, cannot be taken back")
     inputs = make_inputs(grpcclient, text, **params)
@@ -281,7 +295,7 @@ def synthesize(text: str, url: str = "localhost:8000", model: str = "tts",
     """Synthesize a whole utterance with one HTTP inference request."""
     import tritonclient.http as httpclient
 
-    url = _strip_scheme(url)
+    url = server_address(url)
     inputs = make_inputs(httpclient, text, **params)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("AUDIO", "SAMPLE_RATE")]
     net_timeout = 1e9 if timeout is None else timeout
@@ -340,7 +354,7 @@ def _infer_once(protocol: str, url: Optional[str], model: str, arrays: dict, out
     """One request/response inference over HTTP or gRPC; the output `output` as numpy."""
     if protocol not in ("http", "grpc"):
         raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
-    url = _strip_scheme(url or ("localhost:8000" if protocol == "http" else "localhost:8001"))
+    url = server_address(url or ("localhost:8000" if protocol == "http" else "localhost:8001"))
     if protocol == "grpc":
         import tritonclient.grpc as module
         client = module.InferenceServerClient(url=url)
