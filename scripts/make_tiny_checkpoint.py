@@ -12,6 +12,7 @@ target dtype and streamed to the file, so memory stays at about two tensors.
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -28,6 +29,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to draw the random values")
     args = ap.parse_args(argv)
+    if not 0 <= args.seed < 2**63:
+        ap.error(f"--seed must be from 0 to 2**63-1, got {args.seed}")
+    if args.out is not None and (not args.out.strip() or os.path.exists(args.out) and not os.path.isdir(args.out)):
+        ap.error(f"--out must name a directory, got {args.out!r}")
 
     t0 = time.time()
     import torch
@@ -42,18 +47,21 @@ def main(argv=None) -> int:
         try:
             with open(args.config, encoding="utf-8") as f:
                 config = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             ap.error(f"--config: {e}")
         out = args.out or os.path.join(REPO, "checkpoints", "full")
         dtype = args.dtype or "bfloat16"
     else:
         config, out, dtype = TINY_CONFIG, args.out or DEFAULT_TINY_DIR, args.dtype or "float32"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads (startup {time.time() - t0:.1f}s)", flush=True)
+    created = not os.path.exists(out)
     try:
         write_checkpoint(out, config, seed=args.seed, weights_dtype=dtype, device=args.device,
                          progress=lambda msg: print(msg, flush=True))
-    except ConfigError as e:
-        print(f"error: {args.config}: {e}", file=sys.stderr)
+    except (ConfigError, OSError) as e:
+        if created:  # nothing half-written is left to be taken for a checkpoint
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"error: {args.config if isinstance(e, ConfigError) else out}: {e}", file=sys.stderr)
         return 2
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"wrote {out} ({size / 1e9:.2f} GB) in {time.time() - t0:.1f}s", flush=True)

@@ -71,6 +71,16 @@ def test_cli_writes_the_same_checkpoint(tmp_path):
         assert same_files(out, want)
     assert load_file(os.path.join(out, "model.safetensors"))["base_lm.norm.weight"].dtype == torch.bfloat16
     assert torch.isfinite(load(out).generate_latents("Hi.", seed=1, max_len=4)).all()
+    # bad arguments: one line, exit 2, nothing half-written (an empty --out wrote over checkpoints/tiny)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "latin1.json").write_bytes(b"\xff\xfe")
+    for args, said in [(["--out", ""], "--out must name a directory"),
+                       (["--out", str(tmp_path / "a_file")], "--out must name a directory"),
+                       (["--out", str(tmp_path / "s"), "--seed", str(2**70)], "--seed must be from 0 to 2**63-1"),
+                       (["--out", str(tmp_path / "c"), "--config", str(tmp_path / "latin1.json")], "--config: 'utf-8'")]:
+        r = subprocess.run(script + args, cwd="/", capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
