@@ -560,3 +560,31 @@ def test_perf_files_match_generator(tmp_path):
     for path in glob.glob(str(tmp_path / "*.json")):
         with open(path, encoding="utf-8") as a, open(os.path.join(PERF, os.path.basename(path)), encoding="utf-8") as b:
             assert a.read() == b.read(), os.path.basename(path)
+
+
+def test_the_library_refuses_what_it_would_otherwise_send_converted():
+    """None or a number as text was spoken as "None" / "123", a voice named None stored as "None",
+    integer samples sent unscaled, a sample rate past int32 wrapped round (2**32 + 16000 was 16000)."""
+    from voxcpm_client import add_voice, input_arrays, remove_voice
+
+    url = f"127.0.0.1:{free_port()}"  # nothing listens: every case is refused before any request
+    with pytest.raises(TypeError, match="text must be a string, got NoneType"):
+        input_arrays(None)
+    with pytest.raises(TypeError, match="text must be a string, got int"):
+        input_arrays(123)
+    with pytest.raises(TypeError, match="voice must be a string"):
+        input_arrays("hi", voice=5)
+    with pytest.raises(TypeError, match="reference_audio must be float samples"):
+        input_arrays("hi", reference_audio=np.zeros(16000, np.int16), reference_sample_rate=16000)
+    audio = np.zeros(16000, np.float32)
+    for name, samples, rate, error, said in [
+            (None, audio, 16000, TypeError, "name must be a string, got NoneType"),
+            ("v", np.zeros(16000, np.int16), 16000, TypeError, "audio must be float samples"),
+            ("v", audio, 2**32 + 16000, ValueError, "sample_rate must be a positive number of Hz"),
+            ("v", audio, 16000.5, TypeError, "sample_rate must be an integer"),
+            ("v", audio, True, TypeError, "sample_rate must be an integer")]:
+        with pytest.raises(error, match=re.escape(said)):
+            add_voice(name, samples, rate, url=url)
+    with pytest.raises(TypeError, match="name must be a string"):
+        remove_voice(None, url=url)
+    assert input_arrays("hi", voice=b"v")["VOICE"][0] == b"v"  # bytes, already encoded, go as they are

@@ -119,13 +119,10 @@ def input_arrays(text: str, **params) -> dict:
         if flag in params and not isinstance(params[flag], (bool, np.bool_)):
             raise TypeError(f"{flag} must be True or False, got {params[flag]!r}")
 
-    arrays = {"TEXT": _bytes_tensor(text)}
+    arrays = {"TEXT": _bytes_tensor(text, "text")}
     for key, name in AUDIO_INPUTS.items():
         if key in params:
-            audio = np.asarray(params[key], dtype=np.float32)
-            if audio.ndim != 1:
-                raise ValueError(f"{key} must be a 1-D mono waveform, got shape {audio.shape}")
-            arrays[name] = np.ascontiguousarray(audio)
+            arrays[name] = _waveform(params[key], key)
     for key, (name, dtype) in SCALAR_INPUTS.items():
         if key in params:
             if dtype is not np.object_ and np.issubdtype(dtype, np.integer):
@@ -134,14 +131,30 @@ def input_arrays(text: str, **params) -> dict:
                     raise TypeError(f"{key} must be an integer, got {params[key]!r}")
                 if not bounds.min <= params[key] <= bounds.max:
                     raise ValueError(f"{key} must be an integer from {bounds.min} to {bounds.max}, got {params[key]!r}")
-            arrays[name] = _bytes_tensor(params[key]) if dtype is np.object_ else np.array([params[key]], dtype=dtype)
+            arrays[name] = (_bytes_tensor(params[key], key) if dtype is np.object_
+                            else np.array([params[key]], dtype=dtype))
     return arrays
 
 
-def _bytes_tensor(text) -> np.ndarray:
+def _bytes_tensor(text, what: str = "text") -> np.ndarray:
+    """A BYTES tensor of one string (str, or bytes already encoded); TypeError for anything else,
+    which would otherwise be sent as its repr ("None")."""
     if isinstance(text, str):
         text = text.encode("utf-8")
+    elif not isinstance(text, bytes):
+        raise TypeError(f"{what} must be a string, got {type(text).__name__}")
     return np.array([text], dtype=np.object_)
+
+
+def _waveform(audio, what: str) -> np.ndarray:
+    """A 1-D float32 waveform in [-1, 1]; integer samples are refused, not sent unscaled."""
+    audio = np.asarray(audio)
+    if not np.issubdtype(audio.dtype, np.floating):
+        raise TypeError(f"{what} must be float samples in [-1, 1], got {audio.dtype} (int16 samples: divide by "
+                        "32768)")
+    if audio.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D mono waveform, got shape {audio.shape}")
+    return np.ascontiguousarray(audio, dtype=np.float32)
 
 
 def make_inputs(module, text: str, **params) -> list:
@@ -321,22 +334,23 @@ def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, ur
     name; `text`, its transcript, lets the voice serve voice_mode continuation/both too; `lora`, a
     LoRA adapter the server has loaded, is used by requests with the voice and no lora of their
     own. Returns the registered names."""
-    audio = np.asarray(audio, dtype=np.float32)
-    if audio.ndim != 1:
-        raise ValueError(f"audio must be a 1-D mono waveform, got shape {audio.shape}")
-    arrays = {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name), "AUDIO": np.ascontiguousarray(audio),
+    if isinstance(sample_rate, (bool, np.bool_)) or not isinstance(sample_rate, (int, np.integer)):
+        raise TypeError(f"sample_rate must be an integer, got {sample_rate!r}")
+    if not 0 < sample_rate < 2**31:
+        raise ValueError(f"sample_rate must be a positive number of Hz, got {sample_rate}")
+    arrays = {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name, "name"), "AUDIO": _waveform(audio, "audio"),
               "SAMPLE_RATE": np.array([sample_rate], np.int32)}
     if text is not None:
-        arrays["TEXT"] = _bytes_tensor(text)
+        arrays["TEXT"] = _bytes_tensor(text, "text")
     if lora:
-        arrays["LORA"] = _bytes_tensor(lora)
+        arrays["LORA"] = _bytes_tensor(lora, "lora")
     return _voices(arrays, url, protocol, timeout)
 
 
 def remove_voice(name: str, url: Optional[str] = None, protocol: str = "http",
                  timeout: Optional[float] = 60.0) -> List[str]:
     """Remove voice `name` (an error if there is none); returns the names left."""
-    return _voices({"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name)}, url, protocol, timeout)
+    return _voices({"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol, timeout)
 
 
 def list_voices(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
