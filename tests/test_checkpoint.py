@@ -358,3 +358,25 @@ def test_unparsable_config_is_named(ckpt, text):
         f.write(text)
     with pytest.raises(ValueError, match="config"):
         load(ckpt)
+
+
+def test_the_offline_api_refuses_bad_arguments_by_name(checkpoint_dirs):
+    """What it took in silence or failed on deep inside (a review): flags that are not booleans, a lone
+    surrogate (a TypeError from the tokenizer about a str), empty or non-finite latents and noise, a
+    context that is not latents."""
+    m = load(checkpoint_dirs["real_shaped"])
+    P, D = m.patch_size, m.feat_dim
+    lat = torch.zeros(3, P, D)
+    for call, error, said in [
+            (lambda: m.generate("Hi.", normalize="yes", max_len=2), TypeError, "normalize must be True or False"),
+            (lambda: m.generate("Hi.", retry_badcase="no", max_len=2), TypeError, "retry_badcase must be True or False"),
+            (lambda: m.generate_latents("Hi \ud800", max_len=2), ValueError, "text is not valid text: a lone surrogate"),
+            (lambda: m.decode(torch.zeros(0, P, D)), ValueError, "latents must be [steps >= 1"),
+            (lambda: m.decode(torch.full((2, P, D), float("nan"))), ValueError, "latents hold inf or NaN"),
+            (lambda: m.decode(lat, context=np.zeros(3)), ValueError, "context must be finite [steps"),
+            (lambda: m.generate_latents("Hi.", max_len=2, noise=torch.full((2, D, P), float("inf"))), ValueError,
+             "noise holds inf or NaN")]:
+        with pytest.raises(error) as info:
+            call()
+        assert said in str(info.value), (said, info.value)
+    assert m.decode(lat, context=torch.zeros(1, P, D)).size > 0

@@ -241,8 +241,16 @@ class VoxCPM2:
                        reference_audio=None, reference_sample_rate=None, normalize: bool = False) -> Prompt:
         """normalize: numbers, dates, currencies, units... in `text` (not `prompt_text`) written out
         as words first, as the reference's `generate(normalize=True)` (`formats.text_normalize`)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        for name, value in (("text", text), ("prompt_text", prompt_text)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate: no text, and the tokenizer's TypeError hid it
+                    raise ValueError(f"{name} is not valid text: a lone surrogate at character {e.start}") from None
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be True or False, got {normalize!r}")
         text = clean_text(text)
         if blank(text):
             raise ValueError("text is empty")
@@ -301,6 +309,8 @@ class VoxCPM2:
         3 tries in all (`checks.RETRY_MAX_TIMES`), the last kept. Try a uses the noise of seed
         `checks.retry_seed(seed, a)` (seed + a), or a fresh seed each when `seed` is None. With
         explicit `noise` there is nothing new to draw: no retry."""
+        if not isinstance(retry_badcase, bool):
+            raise TypeError(f"retry_badcase must be True or False, got {retry_badcase!r}")
         lora = lora or None
         self._lora(lora)  # an unknown adapter is an error before any work
         if prompt is None:
@@ -317,6 +327,8 @@ class VoxCPM2:
             noise = torch.as_tensor(noise)
             if noise.dim() != 3 or tuple(noise.shape[1:]) != shape or noise.size(0) < max_len:
                 raise ValueError(f"noise must be [>= {max_len}, {shape[0]}, {shape[1]}], got {list(noise.shape)}")
+            if not torch.isfinite(noise).all():
+                raise ValueError("noise holds inf or NaN values")
             return self._generate_once(prompt, min_len, max_len, cfg_value, inference_timesteps, noise, lora)
         if seed is not None:
             seed = checks.check_seed(seed)
@@ -370,13 +382,19 @@ class VoxCPM2:
         `context` (the prompt's trailing patches in continuation modes) primes the
         causal decoder; its audio is dropped, as the reference does.
         """
+        shape = (self.patch_size, self.feat_dim)
         lat = torch.as_tensor(latents).float()
-        if lat.dim() != 3 or tuple(lat.shape[1:]) != (self.patch_size, self.feat_dim):
-            raise ValueError(f"latents must be [steps, {self.patch_size}, {self.feat_dim}], got {list(lat.shape)}")
+        if lat.dim() != 3 or tuple(lat.shape[1:]) != shape or lat.size(0) == 0:
+            raise ValueError(f"latents must be [steps >= 1, {shape[0]}, {shape[1]}], got {list(lat.shape)}")
+        if not torch.isfinite(lat).all():
+            raise ValueError("latents hold inf or NaN values")
         n_ctx = 0
         if context is not None and len(context):
-            n_ctx = context.size(0)
-            lat = torch.cat([torch.as_tensor(context).float(), lat])
+            ctx = torch.as_tensor(context).float()
+            if ctx.dim() != 3 or tuple(ctx.shape[1:]) != shape or not torch.isfinite(ctx).all():
+                raise ValueError(f"context must be finite [steps, {shape[0]}, {shape[1]}], got {list(ctx.shape)}")
+            n_ctx = ctx.size(0)
+            lat = torch.cat([ctx, lat])
         z = patch_frames(lat).to(self.device)
         wav = self.vae.decode(z)[0, 0]
         return wav[n_ctx * self.patch_size * self.vae.decode_chunk_size:].float().cpu().numpy()
