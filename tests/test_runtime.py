@@ -323,13 +323,10 @@ def test_the_supervisor_gives_up_on_a_server_that_never_becomes_ready(tmp_path):
             "tritonserver exited with code 3") in p.stderr
 
 
-def test_the_supervisor_gives_up_on_a_server_that_is_ready_but_never_passes_a_probe(tmp_path):
-    """Ready, then failing every synthesis (a model that loads but cannot run): each start counts as
-    failed until one passes a probe, so this too ends in exit 1 instead of a restart loop."""
-    from tests.server import free_port
-
-    port = free_port()
-    server = """
+def _ready_but_failing_server(first: str = "") -> str:
+    """A stand-in server (its code, for `_supervise`): ready on its --http-port, every synthesis a 500;
+    `first` runs before it serves."""
+    return first + """
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -340,7 +337,15 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1].split("=")[1])), H).serve_forever()
 """
-    p = _supervise(tmp_path, server, f"--http-port={port}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
+
+
+def test_the_supervisor_gives_up_on_a_server_that_is_ready_but_never_passes_a_probe(tmp_path):
+    """Ready, then failing every synthesis (a model that loads but cannot run): each start counts as
+    failed until one passes a probe, so this too ends in exit 1 instead of a restart loop."""
+    from tests.server import free_port
+
+    port = free_port()
+    p = _supervise(tmp_path, _ready_but_failing_server(), f"--http-port={port}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
                    f"--metrics-port={free_port()}",
                    opts=("--max-failed-starts", "2", "--probe-interval", "0.2", "--probe-failures", "1"))
     assert p.returncode == 1, p.stderr
@@ -359,20 +364,8 @@ def test_the_supervisor_leaves_another_servers_python_env_alone(tmp_path):
 
     other = f"/tmp/python_env_voxcpmtest{os.getpid()}_{time.monotonic_ns()}"
     port = free_port()
-    server = f"""
-import http.server, os, sys
-os.mkdir({other!r})
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def do_POST(self):
-        self.send_response(500); self.end_headers(); self.wfile.write(b'{{"error": "cannot synthesize"}}')
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1].split("=")[1])), H).serve_forever()
-"""
     try:
-        p = _supervise(tmp_path, server, f"--http-port={port}", "--http-address=127.0.0.1",
+        p = _supervise(tmp_path, _ready_but_failing_server(f"import os; os.mkdir({other!r})"), f"--http-port={port}", "--http-address=127.0.0.1",
                        f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
                        opts=("--max-failed-starts", "1", "--probe-interval", "0.2", "--probe-failures", "1"))
         assert p.returncode == 1 and "tritonserver ready after" in p.stderr, p.stderr
