@@ -102,7 +102,7 @@ if [[ $mode == run ]]; then
     [[ ${TRITON_LOG_VERBOSE:-0} =~ ^[0-9]+$ ]] || bad+=("TRITON_LOG_VERBOSE=$TRITON_LOG_VERBOSE is not a whole number")
     for v in TRITON_HTTP_PORT TRITON_GRPC_PORT TRITON_METRICS_PORT OPENAI_API_PORT; do
         p="${!v:-}"
-        if [[ -n $p ]] && ! [[ $p =~ ^[0-9]{1,5}$ && $p -le 65535 ]]; then
+        if [[ -n $p ]] && ! [[ $p =~ ^(0|[1-9][0-9]{0,4})$ && $p -le 65535 ]]; then
             bad+=("$v=$p is not a port number (0-65535)")
         fi
     done
@@ -114,19 +114,11 @@ if [[ $mode == run ]]; then
         printf '[serve] %s\n' "${bad[@]}" >&2
         exit 2
     fi
-fi
-if [[ $mode == run && -n ${VOXCPM_CHECKPOINT:-} ]]; then
-    # Its files and config.json, checked as every model would: a broken one is said once, here.
-    "$VENV/bin/python" - "$REPO/python_backend" "$VOXCPM_CHECKPOINT" <<'PY' || exit 2
-import sys
-sys.path.insert(0, sys.argv[1])
-from voxcpm_triton.formats.checkpoint import CheckpointError, checkpoint_files
-from voxcpm_triton.model.config import ConfigError, VoxCPM2Config
-try:
-    VoxCPM2Config.from_file(checkpoint_files(sys.argv[2])["config"])
-except (CheckpointError, ConfigError, OSError, UnicodeDecodeError) as e:
-    sys.exit(f"[serve] VOXCPM_CHECKPOINT={sys.argv[2]} cannot be served: {e}")
-PY
+    # The checkpoint's files and config.json, VOXCPM_DTYPE, VOXCPM_DEVICE and VOXCPM_LORA_DIR, checked as
+    # every model would check them: what is wrong is said once, here.
+    "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from voxcpm_triton.serving.preflight import main
+sys.exit(main())' "$REPO/python_backend" || exit 2
 fi
 if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
     # The embedded default: generate it once here rather than in six model processes at once.

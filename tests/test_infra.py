@@ -259,7 +259,8 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     """--help prints the header's usage and variables (it used to reach tritonserver, which the
     supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json, without one of
     its files or with a config.json the models refuse is refused at once, naming it, instead of
-    every model failing on it five starts in a row. The supervisor's
+    every model failing on it five starts in a row; so are a VOXCPM_DTYPE, VOXCPM_DEVICE or VOXCPM_LORA_DIR
+    the models refuse, and ports that are not ports. The supervisor's
     --help lists its options without a server command."""
     env = triton_env()
     env.pop("SKIP_SETUP", None)  # --help must not run setup either
@@ -293,10 +294,20 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                       ({"TRITON_LOG_VERBOSE": "abc"}, "TRITON_LOG_VERBOSE=abc is not a whole number"),
                       ({"TRITON_HTTP_PORT": "abc"}, "TRITON_HTTP_PORT=abc is not a port number (0-65535)"),
                       ({"OPENAI_API_PORT": "70000"}, "OPENAI_API_PORT=70000 is not a port number (0-65535)"),
-                      ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port")]:
+                      ({"TRITON_GRPC_PORT": "08001"}, "TRITON_GRPC_PORT=08001 is not a port number (0-65535)"),
+                      ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port"),
+                      # the models' own settings from the environment (each failed every model's load)
+                      ({"VOXCPM_DTYPE": "fp64"}, "VOXCPM_DTYPE=fp64 is not a dtype: must be one of auto, float32"),
+                      ({"VOXCPM_DEVICE": "cuda:99"}, "VOXCPM_DEVICE=cuda:99 cannot be used: "),
+                      ({"VOXCPM_DEVICE": "meta"}, "VOXCPM_DEVICE=meta cannot be used: device 'meta': must be cpu, "
+                                                  "cuda or cuda:<index> (or auto)"),
+                      ({"VOXCPM_LORA_DIR": str(tmp_path / "none")}, f"VOXCPM_LORA_DIR={tmp_path / 'none'} is not a "
+                                                                      "directory")]:
         out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env={**env, **bad}, capture_output=True,
                              text=True, timeout=60)
-        assert out.returncode == 2 and said in out.stderr and "tritonserver" not in out.stderr, (bad, out.stderr)
+        # one line: the setting and what is wrong with it (a leading-zero port also printed bash's own error)
+        assert out.returncode == 2 and out.stderr.startswith("[serve] ") and said in out.stderr, (bad, out.stderr)
+        assert out.stderr.count("\n") == 1 and "tritonserver" not in out.stderr, (bad, out.stderr)
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--help"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "--probe-interval" in out.stdout and "-- tritonserver ARGS" in out.stdout, out

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from . import checks
 from .model.audio_vae import AudioVAE, compile_snakes, patch_frames
-from .formats.checkpoint import CheckpointError, checkpoint_files, load_model_weights, load_tensors, meta_model
+from .formats.checkpoint import load_model_weights, load_tensors, meta_model
+from .formats.checkpoint_layout import CheckpointError, checkpoint_files
 from .model.config import DTYPES, VoxCPM2Config
 from .model.local_modules import CfmSchedule
 from .model.minicpm import LongRoPE, fuse_projections
@@ -36,7 +37,12 @@ from .formats.tokenizer import TextTokenizer
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:  # torch lists every device type it knows; only two are served
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: must be cpu, cuda or cuda:<index> (or auto)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available")
     return dev

@@ -1,31 +1,18 @@
 """Reading an official VoxCPM2 checkpoint directory, strictly.
 
-Files: config.json; model.safetensors or pytorch_model.bin; audiovae.safetensors
-or audiovae.pth; tokenizer.json + tokenizer_config.json. Tensor names are the
+Which files (`checkpoint_layout`): config.json; model.safetensors or pytorch_model.bin;
+audiovae.safetensors or audiovae.pth; tokenizer.json + tokenizer_config.json. Tensor names are the
 reference's. Anything missing, unexpected, mis-shaped or non-finite is an error
 naming the file and the tensor.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.overrides import TorchFunctionMode
 
 from ..model.config import VoxCPM2Config
-
-
-class CheckpointError(ValueError):
-    pass
-
-
-def _find(path: str, names: list[str], what: str) -> str:
-    for n in names:
-        p = os.path.join(path, n)
-        if os.path.isfile(p):
-            return p
-    raise CheckpointError(f"{path}: no {what} file (expected one of {', '.join(names)})")
+from .checkpoint_layout import CheckpointError
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -53,18 +40,6 @@ def load_tensors(file: str, check_finite: bool = True) -> dict[str, torch.Tensor
         if bad:
             raise CheckpointError(f"{file}: tensor(s) with inf/nan values: {_summarise(bad)}")
     return sd
-
-
-def checkpoint_files(path: str) -> dict[str, str]:
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint directory not found: {path}")
-    return {
-        "config": _find(path, ["config.json"], "config"),
-        "model": _find(path, ["model.safetensors", "pytorch_model.bin"], "model weights"),
-        "vae": _find(path, ["audiovae.safetensors", "audiovae.pth"], "AudioVAE weights"),
-        "tokenizer": _find(path, ["tokenizer.json"], "tokenizer"),
-        "tokenizer_config": _find(path, ["tokenizer_config.json"], "tokenizer config"),
-    }
 
 
 class _SkipRandomInit(TorchFunctionMode):

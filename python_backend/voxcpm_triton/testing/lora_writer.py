@@ -9,7 +9,8 @@ import os
 
 import torch
 
-from ..formats.checkpoint import checkpoint_files, meta_model
+from ..formats.checkpoint import meta_model
+from ..formats.checkpoint_layout import checkpoint_files
 from ..formats.lora import CONFIG_FILE, WEIGHT_FILES, LoraConfig, check_name
 from ..model.config import VoxCPM2Config
 from ..model.lora import linear_shapes
