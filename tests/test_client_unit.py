@@ -422,11 +422,44 @@ def test_cli_http_at_a_grpc_port_is_one_line_exit_2(tmp_path, args):
     assert lines[0].endswith("if that is Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol")
 
 
+@pytest.mark.parametrize("args", [("hello",), ("voices", "list")])
+def test_cli_grpc_at_an_http_port_says_so(tmp_path, args):
+    """--protocol grpc (the CLI's default) aimed at an HTTP/1.1 port answering its preface: gRPC's
+    "Failed parsing HTTP/2" comes with the hint to use the gRPC port, as the opposite mistake gets."""
+    import threading
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        url = f"127.0.0.1:{srv.getsockname()[1]}"
+
+        def answer():
+            srv.settimeout(30)
+            for _ in range(8):  # gRPC reconnects within its deadline
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        p = run_cli(*args, "--url", url, "--timeout", "5", *(("-o", str(tmp_path / "o.wav"))
+                                                            if args == ("hello",) else ()))
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach Triton at {url}: "), lines
+    assert lines[0].endswith("if that is Triton's HTTP port, use its gRPC port (default 8001) or the HTTP protocol")
+
+
 def test_cli_bad_arguments_exit_2(tmp_path):
     p = run_cli("hello", "--prompt-audio", str(tmp_path / "p.wav"))
     assert p.returncode == 2 and "--prompt-text" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("hello", "--reference", str(tmp_path / "missing.wav"), "--url", f"127.0.0.1:{free_port()}")
-    assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.strip() == (
+        f"error: cannot read audio: [Errno 2] No such file or directory: '{tmp_path / 'missing.wav'}'"), p.stderr
     # before any request: an output nowhere to write, a seed past INT64 (both were tracebacks: a review)
     p = run_cli("hello", "-o", str(tmp_path / "missing" / "x.wav"), "--url", f"127.0.0.1:{free_port()}")
     assert p.returncode == 2 and p.stderr.startswith("error: cannot write") and "Traceback" not in p.stderr, p.stderr

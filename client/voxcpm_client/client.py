@@ -98,6 +98,7 @@ class Result:
 
 def load_audio(path: str):
     """Read wav/flac/... -> (mono float32 waveform, sample rate); channels are averaged."""
+    open(path, "rb").close()  # a missing or unreadable file said as such (libsndfile says "System error.")
     data, rate = sf.read(path, dtype="float32", always_2d=True)
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32)), int(rate)
 
@@ -220,7 +221,10 @@ def _grpc_error(exc, url: str) -> VoxCPMClientError:
     if isinstance(answered, ServerBusy):  # Triton's answer (UNAVAILABLE over a unary call, no status in a stream)
         return answered
     if status == "StatusCode.UNAVAILABLE":
-        return ServerUnavailable(f"cannot reach Triton at {url}: {msg}")
+        hint = ""
+        if "Failed parsing HTTP/2" in msg or "http1.x server" in msg:  # an HTTP/1.1 answer to gRPC's preface
+            hint = ": if that is Triton's HTTP port, use its gRPC port (default 8001) or the HTTP protocol"
+        return ServerUnavailable(f"cannot reach Triton at {url}: {msg}{hint}")
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return SynthesisTimeout(msg)
     return answered
