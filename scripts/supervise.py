@@ -206,19 +206,20 @@ def _args(pid: int) -> list[str]:
         return []
 
 
-def _stub_pids(pgid: int) -> list[int]:
-    """The group's python backend model processes."""
-    return [pid for pid in _group_alive(pgid)
-            if pid != pgid and os.path.basename((_args(pid) or [""])[0]) == processes.STUB_EXECUTABLE]
+def _group_commands(pgid: int) -> dict[int, list[str]]:
+    """The group's live processes and their command lines: one /proc scan serves all that is read from them."""
+    return {pid: _args(pid) for pid in _group_alive(pgid)}
 
 
-def _shm_regions(pgid: int, prefix: str) -> set[str]:
-    """Shared-memory regions named on the command lines of the group's processes: the server gives each
-    python backend model process its own region's name as an argument."""
-    out = set()
-    for pid in _group_alive(pgid):
-        out.update(a for a in _args(pid) if a.startswith(prefix) and "/" not in a)
-    return out
+def _stub_pids(commands: dict[int, list[str]]) -> list[int]:
+    """The python backend model processes among `commands` (_group_commands)."""
+    return [pid for pid, args in commands.items() if os.path.basename((args or [""])[0]) == processes.STUB_EXECUTABLE]
+
+
+def _shm_regions(commands: dict[int, list[str]], prefix: str) -> set[str]:
+    """Shared-memory regions named on the command lines `commands` (_group_commands): the server gives
+    each python backend model process its own region's name as an argument."""
+    return {a for args in commands.values() for a in args if a.startswith(prefix) and "/" not in a}
 
 
 def make_state_dir() -> tuple[str, int | None]:
@@ -457,7 +458,7 @@ class Supervisor:
         if proc is None:
             return
         t0 = time.monotonic()
-        self._note_regions(proc.pid)
+        self._note_regions(_group_commands(proc.pid))
         if proc.poll() is None:
             log(f"stopping tritonserver ({why})")
             drain = self.exit_timeout / 2 if grace is None else 0.0
@@ -531,13 +532,13 @@ class Supervisor:
                         f"model process idle and nothing unloaded for {now - idle_since:.0f} s (one known cause: "
                         "a gRPC stream cancelled while its last response was being written)")
 
-    def _note_python_env(self):
+    def _note_python_env(self, commands: dict[int, list[str]]):
         """The python backend's directory this server made: the one that appeared since its start, if
         only one did (another server may have started meanwhile). Only once a model process of the
         server runs (the backend makes the directory before any): before, or in a server without
         python models, the one new directory may be another server's, which would be removed under it
         (Triton aborts at its exit when its directory is gone)."""
-        if not _stub_pids(self.proc.pid):
+        if not _stub_pids(commands):
             return
         made = set(glob.glob(PYTHON_ENV_GLOB)) - self.envs_before
         self.python_env = made.pop() if len(made) == 1 else None
@@ -546,7 +547,7 @@ class Supervisor:
     def _stubs_without_beacon(pgid: int, beacons: dict[str, int]) -> bool:
         """True if a model process of the server writes no beacon (anymore): one in its finalize."""
         with_beacon = {name.split(".")[1] for name in beacons}
-        return any(str(pid) not in with_beacon for pid in _stub_pids(pgid))
+        return any(str(pid) not in with_beacon for pid in _stub_pids(_group_commands(pgid)))
 
     def _end_probe(self):
         """A probe cut short (a model process died meanwhile) fails once its server is gone; wait for it,
@@ -557,10 +558,11 @@ class Supervisor:
             if t.is_alive():
                 log(f"a probe of the stopped server is still running after {PROBE_JOIN_S:g} s")
 
-    def _note_regions(self, pid: int):
-        """Add the regions the server's processes name now; keep the list in the state directory, where
-        the next supervisor finds it if this one and the server are killed (remove_abandoned_state_dirs)."""
-        new = _shm_regions(pid, self.shm_prefix) - self.regions
+    def _note_regions(self, commands: dict[int, list[str]]):
+        """Add the regions the server's processes name now (`commands`: _group_commands); keep the list in
+        the state directory, where the next supervisor finds it if this one and the server are killed
+        (remove_abandoned_state_dirs)."""
+        new = _shm_regions(commands, self.shm_prefix) - self.regions
         if new:
             self.regions |= new
             self._save_regions()
@@ -695,14 +697,15 @@ class Supervisor:
                 # noted while it loads too: a server that dies loading (its model processes with it)
                 # leaves its regions, and nobody could find them after
                 if now >= next_scan:
-                    self._note_regions(self.proc.pid)
+                    commands = _group_commands(self.proc.pid)
+                    self._note_regions(commands)
                     if self.python_env is None:
-                        self._note_python_env()
+                        self._note_python_env(commands)
                     next_scan = now + 1.0
                 if self.ready():
                     ready_since, self.was_ready = now, True
                     if self.python_env is None:
-                        self._note_python_env()
+                        self._note_python_env(_group_commands(self.proc.pid))
                     log(f"tritonserver ready after {now - self.started:.1f} s")
                 elif now - self.started > o.start_timeout:
                     return f"not ready after {o.start_timeout:.0f} s"
@@ -719,7 +722,7 @@ class Supervisor:
                 break
             status, what = result
             next_probe = time.monotonic() + o.probe_interval
-            self._note_regions(self.proc.pid)  # a model loaded since
+            self._note_regions(_group_commands(self.proc.pid))  # a model loaded since
             if status == probe.HEALTHY:
                 failures, self.was_healthy = 0, True
             elif status == DEAD_MODEL:

@@ -256,19 +256,22 @@ def test_the_supervisor_finds_the_shared_memory_regions_its_servers_processes_ar
     with the python backend's prefix (its default, or the server's shm-region-prefix-name)."""
     assert supervise._shm_prefix(["tritonserver", "--http-port=1"]) == "triton_python_backend_shm_region_"
     assert supervise._shm_prefix(["tritonserver", "--backend-config=python,shm-region-prefix-name=mine_"]) == "mine_"
+    def regions(pgid, prefix):
+        return supervise._shm_regions(supervise._group_commands(pgid), prefix)
+
     name = "triton_python_backend_shm_region_0123abcd"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", name, "/dev/shm/" + name, "other"],
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while supervise._shm_regions(child.pid, "triton_python_backend_shm_region_") != {name}:
-            assert time.monotonic() < deadline, supervise._shm_regions(child.pid, "triton_python_backend_shm_region_")
+        while supervise._shm_regions(supervise._group_commands(child.pid), "triton_python_backend_shm_region_") != {name}:
+            assert time.monotonic() < deadline, supervise._shm_regions(supervise._group_commands(child.pid), "triton_python_backend_shm_region_")
             time.sleep(0.05)
-        assert supervise._shm_regions(child.pid, "mine_") == set()
+        assert supervise._shm_regions(supervise._group_commands(child.pid), "mine_") == set()
     finally:
         child.kill()
         child.wait()
-    assert supervise._shm_regions(child.pid, "triton_python_backend_shm_region_") == set()  # the group is gone
+    assert regions(child.pid, "triton_python_backend_shm_region_") == set()  # the group is gone
 
 
 def test_a_server_does_not_outlive_its_supervisor(tmp_path):
