@@ -87,6 +87,17 @@ FIRST_AUDIO_PHASES_DOC = ("Sum of the phases of time to first audio: prepare (te
                           "(first latents to first audio)")
 
 
+@dataclasses.dataclass
+class _DecoderCall:
+    """One decoder call as `Orchestrator.synthesize` reads it."""
+    request_id: str
+    corrid: int  # its vae_decoder sequence (decode_audio off)
+    context: np.ndarray | None  # what primes that sequence
+    opened: bool = False  # that sequence was started: it must be ended
+    generated: int = 0  # patches received
+    error: BaseException | None = None  # the first error it reported: raised once it is read to its end
+
+
 class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
@@ -201,7 +212,6 @@ class Orchestrator(InternalCalls):
         responses carrying AUDIO (decode_audio without the channel), or LATENTS that go through
         vae_decoder here (decode_audio off)."""
         self.health.check()
-        p = pb()
         if prepared is None:
             prepared = await self.prepare(req, playback, cancelled)
         if prepared is None or cancelled():
@@ -209,19 +219,16 @@ class Orchestrator(InternalCalls):
         t0 = prepared.started
         dec_in, context, voice, lora = prepared.dec_in, prepared.context, prepared.voice, prepared.lora
 
-        request_id = uuid.uuid4().hex
-        corrid = secrets.randbits(63) or 1
+        call = _DecoderCall(uuid.uuid4().hex, secrets.randbits(63) or 1, context)
         t_decoder = time.monotonic()
-        responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=request_id)
+        responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=call.request_id)
         # The decoder's first response (its admission; without the audio channel, its first chunk too),
         # awaited without blocking the loop.
         if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
-            await self._stop_decoder(request_id, responses)
+            await self._stop_decoder(call.request_id, responses)
             responses.abandon()
             return
-        opened = stopping = emitted = ended = False
-        error = None
-        generated = 0
+        stopping = emitted = ended = False
         try:
             while True:
                 # Until its first audio the client may leave while the decoder still queues the request
@@ -230,49 +237,29 @@ class Orchestrator(InternalCalls):
                     resp = await (asyncio.wait_for(self.guard(responses.queue.get()), END_TIMEOUT_S) if ended
                                   else self.guard(responses.queue.get(), None if emitted or stopping else cancelled))
                 except asyncio.TimeoutError:  # stopping, its audio all out: the final response did not come
-                    log.warning("decoder request %s: no final response %.0f s after its end", request_id,
+                    log.warning("decoder request %s: no final response %.0f s after its end", call.request_id,
                                 END_TIMEOUT_S)
                     break
                 if resp is None:  # the client left
-                    await self._stop_decoder(request_id, responses)
+                    await self._stop_decoder(call.request_id, responses)
                     return
                 if resp is responses.END:
-                    if responses.channeled and not ended and error is None:
-                        error = BLSError("the decoder's call ended without the end of its audio")
+                    if responses.channeled and not ended and call.error is None:
+                        call.error = BLSError("the decoder's call ended without the end of its audio")
                     break
                 if isinstance(resp, BaseException):
                     raise resp
                 if isinstance(resp, audio_channel.Ended):  # the audio channel's: nothing but the final response follows
                     ended = True
                     if resp.error is not None:
-                        error = error or downstream_error(p.TritonError(resp.error))
+                        call.error = call.error or downstream_error(pb().TritonError(resp.error))
                     if runtime.stop_deadline() is None:
                         break
                     continue  # stopping: this process is unloaded once its requests end, the call's must first
-                if isinstance(resp, audio_channel.Chunk):
-                    if stopping:
-                        continue
-                    generated += resp.patches
-                    t_latents = t_audio = time.monotonic()
-                    audio = resp.audio
-                else:
-                    if resp.has_error():
-                        error = error or downstream_error(resp.error())
-                        continue  # drain to the final response
-                    if stopping or not resp.output_tensors():
-                        continue
-                    lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
-                    generated += lat.shape[0]
-                    t_latents = time.monotonic()
-                    decoded = p.get_output_tensor_by_name(resp, "AUDIO")
-                    if decoded is not None:  # the decoder's own (decode_audio)
-                        audio, t_audio = decoded.as_numpy(), t_latents
-                    else:
-                        flags = 0 if opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-                        # Set before the call: whatever its outcome, a START sent is followed by an END.
-                        first, opened = not opened, True
-                        audio = await self._vae_decode(corrid, lat, flags, context if first else None)
-                        t_audio = time.monotonic()
+                got = await self._audio(resp, call, skip=stopping)
+                if got is None:
+                    continue
+                audio, t_latents, t_audio = got
                 if not np.isfinite(audio).all():  # never sent: the model overflowed (an adapter's weights, say)
                     raise RuntimeError("the model's audio is not finite (NaN or Inf)"
                                        + (f": LoRA adapter {lora!r} makes it overflow" if lora else ""))
@@ -282,20 +269,49 @@ class Orchestrator(InternalCalls):
                 emitted = True
                 if cancelled():
                     stopping = True
-                    await self._cancel_decoder(request_id)
+                    await self._cancel_decoder(call.request_id)
         except BaseException as e:
             # Our side broke mid-stream (a VAE call failed, a model died, shutdown): stop the decoder too.
             if responses.returned and not responses.done:  # else it has nothing to stop
-                await self._stop_decoder(request_id, responses)
-            error = e
+                await self._stop_decoder(call.request_id, responses)
+            call.error = e
         finally:
             responses.abandon()  # what comes after we stopped reading (a channel call's final response) goes
             self.m_decoder_reads[responses.waited].increment(1.0)
-            if opened:
-                await self._close_vae(corrid)
-        if error is not None and not stopping:
-            raise error if lora == req.lora else _voice_adapter_error(error, voice, lora)
-        return generated, prepared.target_tokens
+            if call.opened:
+                await self._close_vae(call.corrid)
+        if call.error is not None and not stopping:
+            raise call.error if lora == req.lora else _voice_adapter_error(call.error, voice, lora)
+        return call.generated, prepared.target_tokens
+
+    async def _audio(self, resp, call: _DecoderCall, skip: bool) -> tuple[np.ndarray, float, float] | None:
+        """The audio a decoder message carries, with when its latents and its audio were ready; None where
+        it carries none to send: an error (noted in `call`), an empty response, or `skip` (the client
+        stopped listening). An audio channel's chunk or a response's AUDIO (decode_audio) is the audio;
+        a response's LATENTS go through vae_decoder first, in `call`'s sequence."""
+        if isinstance(resp, audio_channel.Chunk):
+            if skip:
+                return None
+            call.generated += resp.patches
+            now = time.monotonic()
+            return resp.audio, now, now
+        if resp.has_error():
+            call.error = call.error or downstream_error(resp.error())
+            return None  # read on to the final response
+        if skip or not resp.output_tensors():
+            return None
+        p = pb()
+        lat = p.get_output_tensor_by_name(resp, "LATENTS").as_numpy()
+        call.generated += lat.shape[0]
+        t_latents = time.monotonic()
+        decoded = p.get_output_tensor_by_name(resp, "AUDIO")
+        if decoded is not None:  # the decoder's own (decode_audio)
+            return decoded.as_numpy(), t_latents, t_latents
+        flags = 0 if call.opened else p.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        # Set before the call: whatever its outcome, a START sent is followed by an END.
+        first, call.opened = not call.opened, True
+        audio = await self._vae_decode(call.corrid, lat, flags, call.context if first else None)
+        return audio, t_latents, time.monotonic()
 
     async def _close_vae(self, corrid: int):
         """END the stream's VAE sequence: frees its state in vae_decoder and Triton's sequence slot."""
