@@ -80,6 +80,26 @@ def _channel(sender) -> "audio_channel.Writer | None":
     return getattr(sender, "channel", None)
 
 
+def _engine_config(params: dict) -> EngineConfig:
+    """The engine's settings from the decoder's parameters."""
+    kv_mb = params["kv_cache_mb"]
+    return EngineConfig(
+        block_size=params["block_size"],
+        num_blocks=params["num_blocks"],
+        kv_memory_bytes=int(kv_mb * 2**20) if kv_mb else None,
+        max_batch_size=params["max_batch_size"],
+        max_waiting=params["max_waiting_requests"],
+        chunk_schedule=params["chunk_schedule"],
+        playback_margin_s=params["playback_margin_ms"] / 1000,
+        cuda_graphs=params["cuda_graphs"],
+        batch_buckets=params["batch_buckets"],
+        timestep_buckets=params["timestep_buckets"],
+        enable_prefix_caching=params["enable_prefix_caching"],
+        lora_merge=params["lora_merge"],
+        prefill_pack_graphs=params["prefill_pack_graphs"],
+    )
+
+
 class DecoderModel:
     def initialize(self, args):
         runtime.model_process()
@@ -106,22 +126,6 @@ class DecoderModel:
                                            max_lora_rank=params["max_lora_rank"],
                                            reserve_lora_targets=params["lora_targets"],
                                            lora_names=run_state.saved_loras() if params["lora_dir"] else None)
-        kv_mb = params["kv_cache_mb"]
-        cfg = EngineConfig(
-            block_size=params["block_size"],
-            num_blocks=params["num_blocks"],
-            kv_memory_bytes=int(kv_mb * 2**20) if kv_mb else None,
-            max_batch_size=params["max_batch_size"],
-            max_waiting=params["max_waiting_requests"],
-            chunk_schedule=params["chunk_schedule"],
-            playback_margin_s=params["playback_margin_ms"] / 1000,
-            cuda_graphs=params["cuda_graphs"],
-            batch_buckets=params["batch_buckets"],
-            timestep_buckets=params["timestep_buckets"],
-            enable_prefix_caching=params["enable_prefix_caching"],
-            lora_merge=params["lora_merge"],
-            prefill_pack_graphs=params["prefill_pack_graphs"],
-        )
         t1 = time.monotonic()
         # Before the engine's thread runs: capturing the VAE's graphs wants the GPU to itself.
         self.audio = self._stream_audio(params, device) if params["decode_audio"] else None
@@ -129,7 +133,7 @@ class DecoderModel:
         t_audio = time.monotonic() - t1
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
-        self.engine = Engine(self.vox, cfg, first_audio=first_audio)
+        self.engine = Engine(self.vox, _engine_config(params), first_audio=first_audio)
         if self.engine.loras is not None:
             run_state.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
@@ -144,18 +148,21 @@ class DecoderModel:
         # Last: after a failed initialize Triton calls no finalize to let go of them (metrics.release_all).
         self.metrics = EngineMetrics(self.engine, placement.labels(args, "decoder", self.vox.device), self.audio,
                                      self.gc_pauses)
+        self._log_ready(placement.instance_name(args), time.monotonic() - t0, t1 - t0, t_audio)
+
+    def _log_ready(self, name: str, total_s: float, load_s: float, audio_s: float):
+        """One line of what start-up took and made."""
         phases = "".join(f", {k} {v:.1f} s" for k, v in self.engine.startup_s.items())
         if self.audio is not None:  # the audio thread's VAE graphs
-            phases += f", audio {t_audio:.1f} s"
+            phases += f", audio {audio_s:.1f} s"
         memory = ""
         if self.vox.device.type == "cuda":
             memory = f", GPU memory {torch.cuda.max_memory_allocated(self.vox.device) / 2**30:.1f} GiB peak"
         graphs = self.engine.capture_summary
         log.warning("decoder instance %s ready in %.1f s (load %.1f s%s)%s: device=%s dtype=%s kv_blocks=%d "
-                    "decode_graphs=%d (captured in %.1f s) split_k=%s", placement.instance_name(args),
-                    time.monotonic() - t0, t1 - t0, phases, memory, self.vox.device, self.vox.dtype,
-                    self.engine.kv.allocator.total, graphs["graphs"], graphs["seconds"],
-                    "on" if split_k.ENABLED else "off")  # the VOXCPM_SPLIT_K flag (bf16 weights split)
+                    "decode_graphs=%d (captured in %.1f s) split_k=%s", name, total_s, load_s, phases, memory,
+                    self.vox.device, self.vox.dtype, self.engine.kv.allocator.total, graphs["graphs"],
+                    graphs["seconds"], "on" if split_k.ENABLED else "off")  # the VOXCPM_SPLIT_K flag
 
     def _end_requests_when_stopping(self):
         """Triton 2.51 unloads the models only once every request has ended: at the server's stop
