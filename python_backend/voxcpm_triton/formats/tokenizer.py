@@ -208,6 +208,70 @@ def _init_kwargs(path: str, cfg: dict, tok_json: dict, AddedToken) -> dict:
     return init
 
 
+def _special_tokens(init: dict, cfg_path: str, AddedToken) -> tuple[dict[str, Any], list]:
+    """The named special tokens (attribute -> token) and the extra ones, from the tokenizer's init
+    arguments, as PreTrainedTokenizerBase.__init__ sorts them (`init` loses the keys it renames or takes);
+    a token of the wrong kind is an error."""
+    if "additional_special_tokens" in init and "extra_special_tokens" not in init:
+        init["extra_special_tokens"] = init.pop("additional_special_tokens")
+    special_map: dict[str, Any] = dict.fromkeys(_SPECIAL_ATTRS)
+    extra: list = []
+    model_specific = init.pop("model_specific_special_tokens", None) or {}
+    if not isinstance(model_specific, dict):
+        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
+    auto_specific: dict[str, Any] = {}
+    for key in list(init):
+        value = init[key]
+        if key in _SPECIAL_ATTRS:
+            if value is None:
+                continue
+            _check_special(key, value, cfg_path, AddedToken)
+            special_map[key] = value
+        elif key == "extra_special_tokens":
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                for name, token in value.items():
+                    _check_special(name, token, cfg_path, AddedToken)
+                    special_map[name] = token
+            elif isinstance(value, (list, tuple)):
+                extra = list(value)
+            else:
+                raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
+        elif key.endswith("_token") and isinstance(value, (str, AddedToken)):
+            auto_specific[key] = value
+    for key, value in {**auto_specific, **model_specific}.items():
+        _check_special(key, value, cfg_path, AddedToken)
+        special_map[key] = value
+    if not all(isinstance(t, (str, AddedToken)) for t in extra):
+        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must hold strings or AddedToken "
+                                 f"objects: {cfg_path}")
+    return special_map, extra
+
+
+def _add_tokens(tok, decoder: dict, special_map: dict[str, Any], extra: list, AddedToken):
+    """Add to `tok` the tokens of added_tokens_decoder (`decoder`: id -> token), then the special
+    tokens that are not among them, as TokenizersBackend.__init__ does (its new backend has none yet)."""
+    tokens_to_add = [t for _, t in sorted(decoder.items(), key=lambda x: x[0])]
+    encoder = [str(t) for t in tokens_to_add]
+    for value in special_map.values():
+        if value is not None and str(value) not in encoder and value not in tokens_to_add:
+            tokens_to_add.append(value)
+    for value in extra:
+        if str(value) not in encoder and value not in tokens_to_add:
+            tokens_to_add.append(value)
+    if tokens_to_add:
+        named = [str(t) for t in special_map.values() if t]
+        final = []
+        for t in tokens_to_add:
+            if isinstance(t, str):
+                t = AddedToken(t, special=True)
+            elif not t.special and str(t) in named:
+                t.special = True
+            final.append(t)
+        tok.add_tokens(final)
+
+
 def _emulate_from_pretrained(path: str):
     """Load ``path`` the way ``LlamaTokenizerFast.from_pretrained(path)`` does in transformers 5.
 
@@ -263,67 +327,14 @@ def _emulate_from_pretrained(path: str):
         tok.post_processor = original.post_processor
 
     # --- PreTrainedTokenizerBase.__init__: the special tokens ----------------------
-    if "additional_special_tokens" in init and "extra_special_tokens" not in init:
-        init["extra_special_tokens"] = init.pop("additional_special_tokens")
-    special_map: dict[str, Any] = dict.fromkeys(_SPECIAL_ATTRS)
-    extra: list = []
-    model_specific = init.pop("model_specific_special_tokens", None) or {}
-    if not isinstance(model_specific, dict):
-        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
-    auto_specific: dict[str, Any] = {}
-    for key in list(init):
-        value = init[key]
-        if key in _SPECIAL_ATTRS:
-            if value is None:
-                continue
-            _check_special(key, value, cfg_path, AddedToken)
-            special_map[key] = value
-        elif key == "extra_special_tokens":
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                for name, token in value.items():
-                    _check_special(name, token, cfg_path, AddedToken)
-                    special_map[name] = token
-            elif isinstance(value, (list, tuple)):
-                extra = list(value)
-            else:
-                raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must be a list or an object: {cfg_path}")
-        elif key.endswith("_token") and isinstance(value, (str, AddedToken)):
-            auto_specific[key] = value
-    for key, value in {**auto_specific, **model_specific}.items():
-        _check_special(key, value, cfg_path, AddedToken)
-        special_map[key] = value
-    if not all(isinstance(t, (str, AddedToken)) for t in extra):
-        raise TokenizerFileError(f"{CONFIG_FILE}: extra_special_tokens must hold strings or AddedToken "
-                                 f"objects: {cfg_path}")
+    special_map, extra = _special_tokens(init, cfg_path, AddedToken)
     split_special_tokens = init.get("split_special_tokens", False)
     if not isinstance(split_special_tokens, bool):
         raise TokenizerFileError(f"{CONFIG_FILE}: split_special_tokens must be true or false: {cfg_path}")
     tok.encode_special_tokens = split_special_tokens
 
     # --- TokenizersBackend.__init__: the added tokens -------------------------------
-    # The new backend has none yet: every added_tokens_decoder entry is added, in id order,
-    # then the special tokens that are not among them.
-    decoder = init["added_tokens_decoder"]
-    tokens_to_add = [t for _, t in sorted(decoder.items(), key=lambda x: x[0])]
-    encoder = [str(t) for t in tokens_to_add]
-    for value in special_map.values():
-        if value is not None and str(value) not in encoder and value not in tokens_to_add:
-            tokens_to_add.append(value)
-    for value in extra:
-        if str(value) not in encoder and value not in tokens_to_add:
-            tokens_to_add.append(value)
-    if tokens_to_add:
-        named = [str(t) for t in special_map.values() if t]
-        final = []
-        for t in tokens_to_add:
-            if isinstance(t, str):
-                t = AddedToken(t, special=True)
-            elif not t.special and str(t) in named:
-                t.special = True
-            final.append(t)
-        tok.add_tokens(final)
+    _add_tokens(tok, init["added_tokens_decoder"], special_map, extra, AddedToken)
     if original.post_processor is None:  # update_post_processor(), with add_bos/eos_token off
         tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
 
