@@ -686,7 +686,7 @@ def test_custom_timestep_buckets(vox):
 
 
 def test_waiting_queue_bound_refuses_as_busy_and_a_crashed_loop_reports_why(vox):
-    from voxcpm_triton.engine.engine import EngineBusy
+    from voxcpm_triton.engine import EngineBusy
 
     eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=1, max_waiting=1))
     try:

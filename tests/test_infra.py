@@ -558,11 +558,11 @@ def test_the_supervisor_removes_what_a_server_never_ready_leaves_in_tmp(tmp_path
     assert _pids_in_group(proc.pid) == []
 
 
-@pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "exit_without_teardown"])
+@pytest.mark.parametrize("hook", [False, True], ids=["interpreter_teardown", "skip_teardown_at_exit"])
 def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(hook, tmp_path):
     """The interpreter's teardown ends a daemon thread that takes the GIL again with pthread_exit;
     inside a torch op (the GIL released in C++) that aborts the whole stub, which leaves a fatal
-    error in the server's log. runtime.exit_without_teardown (every model.py calls it) ends the
+    error in the server's log. runtime.skip_teardown_at_exit (every model.py calls it) ends the
     process before, after the exit handlers registered later, with stdout flushed. Without it the
     abort shows: the fixture is the one the product's processes would hit."""
     srv = TritonServer(EXIT_REPO, env={"SPIN_EXIT_HOOK": str(int(hook)), "SPIN_MARKER_DIR": str(tmp_path)})
@@ -581,22 +581,22 @@ def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(h
         assert "terminate called without an active exception" in log, srv.log_tail()
 
 
-def test_exit_without_teardown_registers_nothing_outside_a_stub(monkeypatch):
+def test_skip_teardown_at_exit_registers_nothing_outside_a_stub(monkeypatch):
     """In pytest (or any other Python) it must not end that process at its exit."""
     from voxcpm_triton.serving import processes, runtime
 
     registered = []
     monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
-    runtime.exit_without_teardown()
+    runtime.skip_teardown_at_exit()
     assert not processes.in_stub() and registered == []
 
 
-def test_every_model_calls_exit_without_teardown_before_anything_else_it_imports():
+def test_every_model_calls_skip_teardown_at_exit_before_anything_else_it_imports():
     """Torch's exit handlers must be registered after it (they then run first), and a model added
     without it would bring the abort back."""
     for path in sorted((REPO / "model_repository").glob("*/1/model.py")):
         body = ast.parse(path.read_text()).body
-        call = next(i for i, node in enumerate(body) if ast.unparse(node) == "runtime.exit_without_teardown()")
+        call = next(i for i, node in enumerate(body) if ast.unparse(node) == "runtime.skip_teardown_at_exit()")
         imported = [n.module for n in body[:call] if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in body[:call] if isinstance(n, ast.Import) for a in n.names]
         assert set(imported) <= {"os", "sys", "voxcpm_triton.serving"}, (path, imported)

@@ -8,6 +8,6 @@ sys.path.insert(0, os.environ.get("VOXCPM_PYTHON_BACKEND") or
 
 from voxcpm_triton.serving import runtime  # noqa: E402
 
-runtime.exit_without_teardown()  # first: before torch is imported (see its doc)
+runtime.skip_teardown_at_exit()  # first: before torch is imported (see its doc)
 
 from voxcpm_triton.serving.voices_model import VoicesModel as TritonPythonModel  # noqa: E402,F401

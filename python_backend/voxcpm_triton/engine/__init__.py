@@ -6,8 +6,9 @@ without torch.
 
 import importlib
 
-_HOMES = {"Engine": "engine", "EngineConfig": "engine", "EngineShutdown": "engine", "EngineRequest": "request", "RequestError": "request",
-          "Finished": "request", "LatentChunk": "request", "RequestHandle": "request"}
+_HOMES = {"Engine": "engine", "EngineConfig": "engine", "EngineShutdown": "engine", "EngineBusy": "scheduler",
+          "EngineRequest": "request", "RequestError": "request", "Finished": "request", "LatentChunk": "request",
+          "RequestHandle": "request", "LoraFull": "lora_registry"}
 
 __all__ = list(_HOMES)
 

@@ -15,8 +15,10 @@ All GPU work goes to one stream, so reading step N after launching step N+1
 keeps the GPU busy while the host does its bookkeeping, and stream order makes
 reusing a finished request's slot and blocks safe.
 
-Every policy decision (admission, cancels, who joins a step, chunking, finishing, slots and
-blocks) is the `Scheduler`'s (scheduler.py, no torch); this class runs the model and the thread.
+Every policy decision on requests (admission, cancels, who joins a step, chunking, finishing, slots
+and blocks) is the `Scheduler`'s (scheduler.py, no torch); this class runs the model and the thread.
+Two choices about how a step runs are made beside it: which prompts prefill together in one packed
+graph (`prefill_packs`) and when a step's adapter runs merged into the weights (`lora_merging`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from .step_runner import (DEFAULT_BUCKETS, DEFAULT_TIMESTEP_BUCKETS, DecodeStepR
                           check_timestep_buckets)
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestError, RequestHandle, RequestState,
                       prompt_block_hashes, resolve_seed)
-from .scheduler import EngineBusy, Scheduler  # noqa: F401 - EngineBusy: callers import it from here
+from .scheduler import Scheduler
 
 log = logging.getLogger("voxcpm_triton.engine")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from .lora_registry import LoraFull, LoraRegistry  # noqa: F401 - LoraFull: callers catch it from here
+from .lora_registry import LoraRegistry
 
 ADD_TIMEOUT_S = 120.0
 

@@ -1,8 +1,9 @@
 """MiniCPM4 transformer: the base LM, the residual LM, and the bodies of LocEnc and LocDiT.
 
 Attention is delegated to a backend object so the same weights serve every
-caller: plain full attention (LocEnc, LocDiT), a contiguous KV cache (offline
-generation) and the engine's paged KV cache. A backend is called as
+caller: `local_attention` over a patch's few tokens (LocEnc, LocDiT; or the fused Triton
+kernel), a contiguous KV cache (offline generation) and the engine's paged KV cache
+(`full_attention`, cache-less, is the LMs' for the tests that compare them). A backend is called as
 ``backend(layer_idx, q, k, v)`` with ``q: [B, S, Hq, D]``, ``k, v: [B, S, Hkv, D]``
 (RoPE already applied) and returns ``[B, S, Hq, D]``; one whose ``packed_qkv`` is true
 (the fused LocDiT/LocEnc kernel) gets the QKV projection itself and the RoPE tables instead; one
@@ -93,7 +94,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def full_attention(causal: bool):
-    """Attention over the given tokens only (no cache): cache-less prefill."""
+    """Attention over the given tokens only (no cache): the LMs run on a whole sequence at once, as the
+    parity tests compare them with the reference."""
 
     def attend(layer_idx, q, k, v):
         out = F.scaled_dot_product_attention(

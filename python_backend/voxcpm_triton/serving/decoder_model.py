@@ -26,9 +26,7 @@ import numpy as np
 import torch
 
 from .. import checks, timeline
-from ..engine import Engine, EngineConfig, EngineRequest, Finished, RequestError
-from ..engine.engine import EngineBusy
-from ..engine.loras import LoraFull
+from ..engine import Engine, EngineBusy, EngineConfig, EngineRequest, Finished, LoraFull, RequestError
 from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt

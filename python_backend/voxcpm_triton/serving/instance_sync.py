@@ -8,9 +8,9 @@ own adapters). The instance that gets one writes it here; every instance polls a
 - Cancels: `cancels/<sha256 of the request id>` holds the id. The instance holding the request
   cancels it and removes the marker. A marker no instance takes (its request has ended) is removed
   after CANCEL_TTL_S; until then a cancel that overtook its request still applies once it is submitted.
-- LoRA adapters: `loras.json` is the set every instance converges to, {generation, adapters:
+- LoRA adapters: `instance_loras.json` is the set every instance converges to, {generation, adapters:
   {name: generation of its last add}} (an adapter added again is loaded again everywhere); changed
-  under the `loras.lock` file lock, replaced atomically, so a reader sees one whole record.
+  under the `instance_loras.lock` file lock, replaced atomically, so a reader sees one whole record.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ log = logging.getLogger("voxcpm_triton.instance_sync")
 POLL_PERIOD_S = 0.2
 # Longer than any wait between a request's dispatch and its submission to an engine.
 CANCEL_TTL_S = 60.0
+# In the run directory; not run_state.LORAS_FILE, the adapters a restart loads again.
+RECORD_FILE, RECORD_LOCK = "instance_loras.json", "instance_loras.lock"
 
 
 class CancelBoard:
@@ -67,11 +69,11 @@ class CancelBoard:
 
 
 class LoraRecord:
-    """`loras.json`: the adapters every instance should hold."""
+    """`instance_loras.json`: the adapters every instance should hold."""
 
     def __init__(self, root: str | None = None):
         root = root or run_state.run_dir()
-        self.path, self.lock_path = os.path.join(root, "loras.json"), os.path.join(root, "loras.lock")
+        self.path, self.lock_path = os.path.join(root, RECORD_FILE), os.path.join(root, RECORD_LOCK)
 
     def stamp(self):
         """Changes whenever the record is replaced (a new file each time); None while there is none."""

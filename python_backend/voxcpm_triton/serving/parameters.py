@@ -346,8 +346,3 @@ def resolve_checkpoint(path: str | None) -> str:
     from ..testing import ensure_tiny_checkpoint  # imports torch: only when generating
 
     return ensure_tiny_checkpoint()
-
-
-def read_config(path: str) -> dict:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        return json.load(f)

@@ -10,7 +10,7 @@
   ones it still runs with an error, so that every model unloads before the server's exit
   timeout cuts them all off.
 - Exit: a model process ends with os._exit once its interpreter starts to shut down, after
-  its finalize and the exit handlers registered after `exit_without_teardown` (each model.py
+  its finalize and the exit handlers registered after `skip_teardown_at_exit` (each model.py
   calls it first): the interpreter's teardown aborts a process whose daemon thread is inside a
   torch op.
 No torch here: the orchestrator processes import this too.
@@ -82,7 +82,7 @@ def model_process():
         log.exception("holding this server's run directory, or removing those of servers that exited, failed")
 
 
-def exit_without_teardown():
+def skip_teardown_at_exit():
     """In a stub process (elsewhere: nothing): end it with os._exit(0) once its interpreter starts
     to shut down, instead of tearing the interpreter down.
 
