@@ -61,6 +61,22 @@ def test_http_infer_echo(server):
     np.testing.assert_array_equal(res.as_numpy("OUTPUT"), x)
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_client_cli_at_the_other_protocols_port_says_which_port(server, protocol):
+    """On Triton's own ports (a stand-in answered gRPC's preface; Triton's HTTP port closes the socket,
+    and the hint was missing): gRPC aimed at the HTTP port and HTTP at the gRPC port each say which
+    port to use, in one line."""
+    url = server.http_url if protocol == "grpc" else server.grpc_url
+    p = subprocess.run([sys.executable, "-m", "voxcpm_client", "voices", "list", "--protocol", protocol, "--url", url,
+                        "--timeout", "20"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "client")))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert lines[0].endswith("if that is Triton's HTTP port, use its gRPC port (default 8001) or the HTTP protocol"
+                             if protocol == "grpc" else
+                             "if that is Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol"), lines
+
+
 def test_stub_sees_the_venv(server):
     """The python stub runs with the project venv: torch imports, sys.prefix is
     $VENV, and $VOXCPM_PYTHON_BACKEND points at python_backend/."""

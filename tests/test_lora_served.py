@@ -2,6 +2,7 @@
 equals the offline API, a broken adapter is left out at start-up, unknown names are clear errors,
 and the `loras` model adds, lists and removes adapters while the server runs."""
 
+import json
 import os
 import shutil
 import sys
@@ -46,8 +47,20 @@ def lora_dir(ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(triton_server_factory, ckpt, lora_dir):  # noqa: F811
-    return triton_server_factory("model_repository", env={"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_LORA_DIR": lora_dir})
+def state_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("lora_state"))  # the supervisor's: where the loaded set is kept
+
+
+@pytest.fixture(scope="module")
+def server(triton_server_factory, ckpt, lora_dir, state_dir):  # noqa: F811
+    return triton_server_factory("model_repository", env={"VOXCPM_CHECKPOINT": ckpt, "VOXCPM_LORA_DIR": lora_dir,
+                                                          "VOXCPM_STATE_DIR": state_dir})
+
+
+def kept(state_dir):
+    """The adapters a supervisor's next server would load (run_state.save_loras)."""
+    with open(os.path.join(state_dir, "loras.json"), encoding="utf-8") as f:
+        return sorted(json.load(f)["loaded"])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +114,7 @@ def test_unknown_or_malformed_lora_is_a_clear_error(server, name, message):
             assert e.value.status() == "400"  # the client's mistake (INVALID_ARG), not the server's
 
 
-def test_loras_model_adds_replaces_and_removes_while_serving(server, lora_dir):
+def test_loras_model_adds_replaces_and_removes_while_serving(server, lora_dir, state_dir):
     spare = os.path.join(lora_dir, ".spare")
     want, _ = tts_http(server, TEXT, LORA=_b("lm_dit"), **GEN)
     shutil.copytree(os.path.join(spare, "lm_dit"), os.path.join(lora_dir, "copy"))
@@ -118,6 +131,7 @@ def test_loras_model_adds_replaces_and_removes_while_serving(server, lora_dir):
     assert loras(server, "remove", "copy") == ["everything", "lm_dit"]
     with pytest.raises(InferenceServerException, match="unknown LoRA adapter 'copy'"):
         tts_http(server, TEXT, LORA=_b("copy"), **GEN)
+    assert kept(state_dir) == ["everything", "lm_dit"]
 
 
 def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(server, lora_dir):

@@ -436,3 +436,58 @@ def test_text_normalizer_without_its_packages_serves_and_refuses_normalize(fake_
         else:
             assert response.error is not None and response.error.code == FakeError.INVALID_ARG
             assert "NORMALIZE is not available on this server" in str(response.error) and "wetext" in str(response.error)
+
+
+def test_the_kept_lora_set_is_the_one_loaded_when_changes_overlap(fake_pb, monkeypatch):
+    """An add whose keeping of the loaded set (run_state.save_loras) is overtaken by a remove's: each
+    kept the set as its own change left it, the last writer winning, so a restart would load the
+    adapter the remove had dropped. The set kept is now read when it is written, one at a time."""
+    import threading
+    import time
+
+    from voxcpm_triton.serving import decoder_model, run_state
+
+    fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    loaded, added = {"a"}, threading.Event()
+
+    class Engine:
+        loras = object()
+
+        def lora_names(self):
+            return sorted(loaded)
+
+        def add_lora(self, name):
+            loaded.add(name)
+            added.set()
+            return sorted(loaded)
+
+        def remove_lora(self, name):
+            loaded.discard(name)
+            return sorted(loaded)
+
+    kept, first = [], threading.Event()
+
+    def save(names):
+        if not first.is_set():  # the add's: slow enough for the remove to come in between
+            first.set()
+            time.sleep(0.5)
+        kept.append(list(names))
+
+    monkeypatch.setattr(run_state, "save_loras", save)
+    sent = []
+
+    class Sender:
+        def send(self, response, flags=0):
+            sent.append(response)
+
+    model = decoder_model.DecoderModel.__new__(decoder_model.DecoderModel)
+    model.engine, model.peers, model.lora_dir = Engine(), None, None
+    model._loras_saving = threading.Lock()
+    model._lora_action("add", "b", Sender())  # in a thread of its own
+    assert added.wait(10)
+    model._lora_action("remove", "b", Sender())
+    deadline = time.monotonic() + 10
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sent) == 2 and all(r.error is None and "LORAS" in r.outputs for r in sent), sent
+    assert kept[-1] == ["a"] == Engine().lora_names(), kept

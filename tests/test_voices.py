@@ -52,7 +52,7 @@ def server(triton_server_factory, env):  # noqa: F811
 
 def voices(server, action, name=None, audio=None, rate=None, text=None, lora=None):
     """The `voices` model over HTTP, as raw tensors (so malformed requests can be sent too)."""
-    arrays = {"ACTION": np.array([action.encode()], dtype=object)}
+    arrays = {} if action is None else {"ACTION": np.array([action.encode()], dtype=object)}
     if name is not None:
         arrays["NAME"] = np.array([name.encode()], dtype=object)
     if audio is not None:
@@ -152,6 +152,9 @@ def test_add_checks_audio_like_reference_audio(server):
         voices(server, "add", "bad")
     with pytest.raises(InferenceServerException, match="ACTION must be one of add, remove, list"):
         voices(server, "rename", "bad")
+    # no ACTION beside inputs that may be left out: Triton lets it through (its count is not short)
+    with pytest.raises(InferenceServerException, match=r"^\[400\] ACTION is required: one of add, remove, list$"):
+        voices(server, None, "bad", text="words")
     assert voices(server, "list") == []
 
 
@@ -352,6 +355,23 @@ def test_the_store_bounds_the_number_of_voices(tmp_path):
     assert store.add("c", lat, None, None, 16000, max_voices=2) == ["b", "c"]
     assert sorted(os.listdir(tmp_path / "voices" / ".store")) and not [
         n for n in os.listdir(tmp_path / "voices" / ".store") if n.startswith(".tmp")]
+
+
+def test_an_add_is_not_failed_by_another_writers_temp_going_while_it_sweeps(tmp_path, monkeypatch):
+    """The sweep after an add (under the lock) reads the age of every temp it lists; another process
+    removes its own temp outside the lock (its add failed), so one listed may be gone when it is read:
+    that failed the add already stored (FileNotFoundError, a review)."""
+    from voxcpm_triton.serving import voices as voices_module
+    from voxcpm_triton.serving.voices import VoiceStore
+
+    store = VoiceStore(str(tmp_path / "voices"))
+    lat = np.zeros((3, 4, 16), np.float32)
+    store.add("a", lat, None, None, 16000)
+    listdir = os.listdir
+    monkeypatch.setattr(voices_module.os, "listdir", lambda d: listdir(d) + [".tmp-gone-meanwhile"])
+    assert store.add("b", lat, None, None, 16000) == ["a", "b"]
+    monkeypatch.undo()
+    assert store.names() == ["a", "b"] and store.load("b").sample_rate == 16000
 
 
 def test_a_link_the_store_did_not_make_is_no_voice_and_a_damaged_voice_is_named(tmp_path):

@@ -222,7 +222,8 @@ def _grpc_error(exc, url: str) -> VoxCPMClientError:
         return answered
     if status == "StatusCode.UNAVAILABLE":
         hint = ""
-        if "Failed parsing HTTP/2" in msg or "http1.x server" in msg:  # an HTTP/1.1 answer to gRPC's preface
+        # an HTTP/1.1 server's answer to gRPC's preface, or Triton's HTTP port closing the socket on it
+        if any(s in msg for s in ("Failed parsing HTTP/2", "http1.x server", "Socket closed")):
             hint = ": if that is Triton's HTTP port, use its gRPC port (default 8001) or the HTTP protocol"
         return ServerUnavailable(f"cannot reach Triton at {url}: {msg}{hint}")
     if status == "StatusCode.DEADLINE_EXCEEDED":

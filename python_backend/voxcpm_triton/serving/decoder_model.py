@@ -108,6 +108,7 @@ class DecoderModel:
         # torch.compile only where the engine captures CUDA graphs (GPU): compiled eager steps gain nothing.
         on_gpu = device.type == "cuda"
         self.lora_dir = params["lora_dir"]
+        self._loras_saving = threading.Lock()  # the kept LoRA set (run_state.save_loras), written by one change at a time
         if params["lora_dir"] and not os.path.isdir(params["lora_dir"]):
             raise ValueError(f"decoder parameter 'lora_dir' (or VOXCPM_LORA_DIR): directory not found: "
                              f"{params['lora_dir']}")
@@ -309,7 +310,8 @@ class DecoderModel:
                 else:
                     names = self.engine.add_lora(name)
                 if action != "list":
-                    run_state.save_loras(names)
+                    with self._loras_saving:  # the set now: a change that overlapped this one may have come after
+                        run_state.save_loras(self.engine.lora_names())
                 response = p.InferenceResponse(output_tensors=[
                     tensor("LORAS", np.array([n.encode() for n in names], dtype=object))])
             except LoraFull as e:

@@ -35,6 +35,8 @@ class RegistryModel:
     @staticmethod
     def _action(inputs: dict) -> str:
         action = contract.value(inputs.get("ACTION"), "ACTION", str)
+        if action is None:  # Triton checks required inputs only when their count is short
+            raise InputError(f"ACTION is required: one of {', '.join(contract.ACTIONS)}")
         if action not in contract.ACTIONS:
             raise InputError(f"ACTION must be one of {', '.join(contract.ACTIONS)}, got {checks.shown(action)}")
         return action

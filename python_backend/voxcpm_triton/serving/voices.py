@@ -189,7 +189,10 @@ class VoiceStore:
         for d, entries in ((self.store, os.listdir(self.store)), (self.root, os.listdir(self.root))):
             for e in entries:
                 path = os.path.join(d, e)
-                stale = e.startswith((".tmp-", ".link-")) and now - os.lstat(path).st_mtime > 3600
+                try:
+                    stale = e.startswith((".tmp-", ".link-")) and now - os.lstat(path).st_mtime > 3600
+                except FileNotFoundError:  # another process's temp, removed outside the lock meanwhile
+                    continue
                 dangling = d == self.root and (t := self._target(e)) is not None and not os.path.isdir(t)
                 if (d == self.store and not e.startswith(".") and path not in live) or stale or dangling:
                     if os.path.islink(path) or os.path.isfile(path):
