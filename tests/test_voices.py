@@ -447,7 +447,6 @@ def test_a_voice_read_stuck_on_its_disk_fails_its_request_and_holds_nothing_else
     """load_async: a read that never returns fails after its timeout while the event loop goes on;
     once READERS reads are stuck, the next ones fail too (no more threads join them); a read that
     returns later is not lost to the next request."""
-    from voxcpm_triton.serving.triton_io import InputError
     from voxcpm_triton.serving.voices import VoiceStore
 
     import asyncio
