@@ -64,7 +64,7 @@ def admit(s):
 
 def run_step(s, stop=lambda st: False):
     """One step without overlap: launch everyone who takes part, then deliver; returns
-    {id: StepOutput} and ends the finished ones, as the engine does."""
+    {id: Delivery} and ends the finished ones, as the engine does."""
     batch = s.decode_candidates()
     for st in batch:
         s.grow_to(st, st.position + 1)

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig
 from voxcpm_triton.engine.engine import _host_rows
-from voxcpm_triton.engine.scheduler import StepOutput
+from voxcpm_triton.engine.scheduler import Delivery
 from voxcpm_triton.engine.stream_audio import StreamAudio
 from voxcpm_triton.engine.vae_streams import VAEStreams
 from voxcpm_triton.voxcpm2 import load_audio_vae
@@ -115,9 +115,9 @@ def test_handing_out_a_step_costs_the_same_torch_calls_for_any_number_of_rows():
         def on_patch(self, st, patch, stop, now):
             st.pending.append(patch)
             if len(st.pending) < 2:
-                return StepOutput(None, 0, None)
+                return Delivery(None, 0, None)
             out, st.pending = st.pending, []
-            return StepOutput(out, 0, None)
+            return Delivery(out, 0, None)
 
     def deliver(n):
         patches = [torch.randn(n, 4, 8) for _ in range(2)]

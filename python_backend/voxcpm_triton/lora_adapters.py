@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .formats.lora import DEFAULT_CONFIG, RESERVE, Adapter, LoraError, check_name, load_adapter, load_dir
+from .formats.lora import DEFAULT_CONFIG, RESERVE, Adapter, LoraError, check_lora_name, load_adapter, load_dir
 from .model.lora import LoraBatch, LoraTables, sites_for
 
 log = logging.getLogger("voxcpm_triton.lora")
@@ -73,7 +73,7 @@ class AdapterSet:
 
     def read(self, name: str) -> Adapter:
         """Adapter `name` from the directory, checked against these tables (rank, covered layers)."""
-        check_name(name)
+        check_lora_name(name)
         ad = load_adapter(os.path.join(self.lora_dir, name), self.linears, self.tables.max_rank, name,
                           self.tables.dtype)
         missing = self.tables.uncovered(ad.modules)

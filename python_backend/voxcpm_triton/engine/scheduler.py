@@ -66,7 +66,7 @@ class BlockPool(Protocol):
 
 
 @dataclass
-class StepOutput:
+class Delivery:
     """What one delivered step means for its request: patches to send now, and whether it ends."""
 
     patches: list | None  # the oldest patches not yet sent, in step order; None: keep collecting
@@ -220,7 +220,7 @@ class Scheduler:
             return None
         return st.patches_sent * self.patch_seconds - (now - st.first_sent_at)
 
-    def on_patch(self, st, patch, stop: bool, now: float = 0.0) -> StepOutput:
+    def on_patch(self, st, patch, stop: bool, now: float = 0.0) -> Delivery:
         """Record the next step's patch (delivered at `now`, monotonic seconds). The stop head
         counts only after min_len steps; max_len ends the request regardless. A chunk goes out when
         it reaches its size on the schedule, with the last step, or early (a schedule size, the
@@ -231,7 +231,7 @@ class Scheduler:
             st.pending_from = i
         st.pending.append(patch)
         reason = "stop" if (i > st.req.min_len and stop) else "max_len" if st.step >= st.max_len else None
-        out = StepOutput(None, st.pending_from, reason)
+        out = Delivery(None, st.pending_from, reason)
         left = self.buffered_s(st, now)
         send = bool(reason) or len(st.pending) >= self.chunk_size(st)
         n = len(st.pending)  # patches this chunk takes

@@ -39,7 +39,7 @@ class LoraError(ValueError):
     pass
 
 
-def check_name(name: str) -> str:
+def check_lora_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise LoraError(f"{shown(name)} is not a valid LoRA adapter name: {NAME_RULE}")
     return name
@@ -241,7 +241,7 @@ def load_adapter(path: str, linears: dict, max_rank: int | None = None, name: st
 
     from .checkpoint import CheckpointError, load_tensors
 
-    name = check_name(name if name is not None else os.path.basename(os.path.normpath(path)))
+    name = check_lora_name(name if name is not None else os.path.basename(os.path.normpath(path)))
     if not os.path.isdir(path):
         raise LoraError(f"LoRA adapter directory not found: {path}")
     file = weights_file(path)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import checks
 from ..formats import lora as lora_format
 from .triton_io import InputError
-from .voices import MODES, check_name
+from .voices import MODES, check_voice_name
 
 MAX_AUDIO_SECONDS = 60.0
 INPUT_NAMES = ("TEXT", "REFERENCE_AUDIO", "REFERENCE_SAMPLE_RATE", "PROMPT_AUDIO", "PROMPT_SAMPLE_RATE",
@@ -186,7 +186,7 @@ def _voice(inputs: dict, req: SynthesisRequest):
         if mode is not None:
             raise InputError("VOICE_MODE was given without VOICE")
         return
-    req.voice, req.voice_mode = check_name(voice, "VOICE"), "reference" if mode is None else mode
+    req.voice, req.voice_mode = check_voice_name(voice, "VOICE"), "reference" if mode is None else mode
     if req.voice_mode not in MODES:
         raise InputError(f"VOICE_MODE must be one of {', '.join(MODES)}, got {checks.shown(mode)}")
     # A voice fills a role; inline audio for the same role would be ambiguous.
@@ -205,7 +205,7 @@ def lora_name(inputs: dict) -> str | None:
     if not name:
         return None if name is None else ""
     try:
-        return lora_format.check_name(name)
+        return lora_format.check_lora_name(name)
     except lora_format.LoraError as e:
         raise InputError(f"LORA: {e}") from None
 

@@ -33,7 +33,7 @@ class LorasModel(RegistryModel):
             if not name:
                 raise InputError(f"ACTION {action} needs NAME (the adapter's subfolder in the LoRA directory)")
             try:
-                lora_format.check_name(name)
+                lora_format.check_lora_name(name)
             except lora_format.LoraError as e:
                 raise InputError(f"NAME: {e}") from None
         self.calls.health.check()

@@ -48,7 +48,7 @@ def default_dir() -> str:
     return os.path.join(data, "voxcpm", "voices")
 
 
-def check_name(name: str | None, input_name: str = "NAME") -> str:
+def check_voice_name(name: str | None, input_name: str = "NAME") -> str:
     if name is None:
         raise InputError(f"{input_name} is required")
     if not checks.NAME_RE.fullmatch(name):
@@ -128,7 +128,7 @@ class VoiceStore:
         """Store (or replace) voice `name`, with `lora` its default adapter (None: the base model);
         returns the names afterwards. A new name past `max_voices` stored voices is refused (clients
         can reach `add`: the disk they may fill is bounded)."""
-        check_name(name)
+        check_voice_name(name)
         self.ensure()
         version = f"{name}.{secrets.token_hex(8)}"
         tmp = os.path.join(self.store, f".tmp-{version}")  # never a version a link points at
@@ -160,7 +160,7 @@ class VoiceStore:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def remove(self, name: str) -> list[str]:
-        check_name(name)
+        check_voice_name(name)
         if not os.path.isdir(self.root) or self._target(name) is None:  # before the lock, which needs a writable dir
             raise InputError(f"unknown voice {name!r}")
         with self._locked():
@@ -238,7 +238,7 @@ class VoiceStore:
     def load(self, name: str) -> Voice:
         """Voice `name`, from memory while its voice.json is the same file (a replaced voice is a new
         file, so it is read again)."""
-        check_name(name, "VOICE")
+        check_voice_name(name, "VOICE")
         for _ in range(3):  # a concurrent replace may remove the version between stat and read
             target = self._target(name)
             if target is None:

@@ -20,7 +20,7 @@ from .internal_calls import InternalCalls
 from .parameters import read, resolve_checkpoint
 from .registry_model import RegistryModel
 from .triton_io import InputError
-from .voices import VoiceStore, check_name
+from .voices import VoiceStore, check_voice_name
 
 log = logging.getLogger("voxcpm_triton.voices")
 
@@ -47,7 +47,7 @@ class VoicesModel(RegistryModel):
             if given:
                 raise InputError(f"ACTION list takes no other input, got {given}")
             return self.store.names()
-        name = check_name(contract.text(inputs.get("NAME"), "NAME", required=True))
+        name = check_voice_name(contract.text(inputs.get("NAME"), "NAME", required=True))
         if action == "remove":
             if given != ["NAME"]:
                 raise InputError(f"ACTION remove takes only NAME, got {given}")

@@ -11,7 +11,7 @@ import torch
 
 from ..formats.checkpoint import meta_model
 from ..formats.checkpoint_layout import checkpoint_files
-from ..formats.lora import CONFIG_FILE, WEIGHT_FILES, LoraConfig, check_name
+from ..formats.lora import CONFIG_FILE, WEIGHT_FILES, LoraConfig, check_lora_name
 from ..model.config import VoxCPM2Config
 from ..model.lora import linear_shapes
 from .checkpoint_writer import _generator
@@ -25,7 +25,7 @@ def write_random_adapter(checkpoint: str, out_dir: str, rank: int = 8, alpha: fl
     strength/sqrt(rank)); the same arguments write the same bytes. -> the modules it adapts."""
     from safetensors.torch import save_file
 
-    check_name(os.path.basename(os.path.normpath(out_dir)))
+    check_lora_name(os.path.basename(os.path.normpath(out_dir)))
     if rank < 1:
         raise ValueError(f"rank must be at least 1, got {rank}")
     if not 0 < alpha < float("inf"):  # what the loader takes (NaN fails too)
