@@ -1350,7 +1350,7 @@ def test_the_gateways_channel_keeps_tritonclients_options_and_backs_off_a_second
     sys.path.insert(0, str(REPO / "gateway"))
     import tritonclient.grpc.aio as grpcaio
 
-    from voxcpm_gateway.triton_backend import channel_args
+    from voxcpm_gateway.triton_client import channel_args
 
     made = {}
     real = grpcaio.grpc.aio.insecure_channel

@@ -33,7 +33,7 @@ from .metrics import Metrics
 from .speech_request import SpeechRequest
 from .shutdown import Drain
 from .speech_stream import SpeechResponse, send_error
-from .triton_backend import TritonBackend
+from .triton_client import TritonClient
 from .upload_decoder import UploadDecoder
 from .voice_routes import voice_router
 
@@ -55,7 +55,7 @@ class SpeechHTTPResponse(Response):
 
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
-    backend = TritonBackend(settings.triton_url, settings.stream_model, settings.voices_model,
+    backend = TritonClient(settings.triton_url, settings.stream_model, settings.voices_model,
                             settings.request_timeout_s, settings.voice_timeout_s)
     executor = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="voxcpm-gateway")
     # uploads decode one at a time, in a child process waited for on a thread of their own: a slow

@@ -30,12 +30,12 @@ from .audio_encoding import FORMATS, Encoder
 from .metrics import Metrics
 from .shutdown import Drain
 from .speech_request import PARAMS, SpeechRequest
-from .triton_backend import SynthesisStream, TritonBackend, TritonError
+from .triton_client import SynthesisStream, TritonClient, TritonError
 
 log = logging.getLogger("voxcpm_gateway")
 
 
-def error_for(exc: TritonError, backend: TritonBackend, params: dict = PARAMS) -> errors.APIError:
+def error_for(exc: TritonError, backend: TritonClient, params: dict = PARAMS) -> errors.APIError:
     if exc.timed_out:
         return errors.timed_out(backend.timeout_s)
     if exc.unreachable:
@@ -63,7 +63,7 @@ class ClientStalled(Exception):
 
 
 class SpeechResponse:
-    def __init__(self, backend: TritonBackend, req: SpeechRequest, arrays: dict, metrics: Metrics,
+    def __init__(self, backend: TritonClient, req: SpeechRequest, arrays: dict, metrics: Metrics,
                  executor: Executor, request_id: str, t0: float, stall_timeout_s: float, drain: Drain):
         self.backend, self.req, self.arrays, self.metrics = backend, req, arrays, metrics
         self.executor, self.request_id, self.t0 = executor, request_id, t0

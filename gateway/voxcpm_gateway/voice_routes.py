@@ -17,7 +17,7 @@ from .metrics import Metrics
 from .shutdown import Drain
 from .speech_request import DEFAULT_VOICE
 from .speech_stream import error_for
-from .triton_backend import TritonBackend, TritonError
+from .triton_client import TritonClient, TritonError
 from .upload_decoder import UploadDecoder
 
 # Triton input of `voices` -> form field of POST /v1/audio/voices, for naming it in errors.
@@ -25,7 +25,7 @@ VOICE_PARAMS = {"NAME": "name", "AUDIO": "audio_sample", "SAMPLE_RATE": "audio_s
                 "LORA": "lora"}
 
 
-def voice_router(settings: Settings, backend: TritonBackend, metrics: Metrics, drain: Drain,
+def voice_router(settings: Settings, backend: TritonClient, metrics: Metrics, drain: Drain,
                  upload_executor: ThreadPoolExecutor, uploads: UploadDecoder) -> APIRouter:
     router = APIRouter()
 

@@ -133,7 +133,7 @@ def channel_args() -> list[tuple]:
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
 
 
-class TritonBackend:
+class TritonClient:
     def __init__(self, url: str, stream_model: str = "tts_stream", voices_model: str = "voices",
                  timeout_s: float = 3600.0, voice_timeout_s: float = 300.0):
         self.url, self.stream_model, self.voices_model, self.timeout_s = url, stream_model, voices_model, timeout_s
