@@ -31,7 +31,7 @@ import numpy as np
 
 from ..checks import CONTEXT_PATCHES, draw_seed
 from ..model.config import VoxCPM2Config
-from . import audio_channel, bls_stream, contract, gc_pauses, runtime
+from . import audio_channel, bls_stream, contract, runtime
 from .metrics import metric
 from .parameters import resolve_checkpoint
 from .internal_calls import InternalCalls
@@ -101,14 +101,10 @@ class _DecoderCall:
 class Orchestrator(InternalCalls):
     def __init__(self, args, params: dict):
         super().__init__()
-        runtime.model_process()
         cfg = VoxCPM2Config.from_file(os.path.join(resolve_checkpoint(params["checkpoint"]), "config.json"))
         self.sample_rate = cfg.audio_vae_config.out_sample_rate
         self.patch_size, self.feat_dim, self.max_positions = cfg.patch_size, cfg.feat_dim, cfg.max_length
         self.voices = VoiceStore(params["voices_dir"])
-        # Before the metrics (Triton calls no finalize after a failed initialize); the instance's name
-        # from args, not placement's helper, which would import torch into this process.
-        gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
         labels = {"model": args["model_name"]}
         self.m_ttfa_sum = metric("voxcpm_time_to_first_audio_seconds_sum",
                                  "Sum of times from request to first audio", labels, "COUNTER")

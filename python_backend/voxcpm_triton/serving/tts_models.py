@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import timeline
 from ..checks import RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import bls_stream, contract, liveness, runtime
+from . import bls_stream, contract, gc_pauses, liveness, runtime
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator
 from .parameters import read
@@ -46,13 +46,22 @@ def _failure(e: Exception):
 STREAM_INPUT_NAMES = tuple(n for n in contract.INPUT_NAMES if n != "RETRY_BADCASE")  # audio sent stays sent
 
 
+def _orchestrator(args: dict, params: dict) -> Orchestrator:
+    """The model process's start beside Triton (runtime.model_process) and its pipeline, after which
+    start-up's objects are frozen out of the garbage collector's work (by the instance's name from
+    `args`: placement's helper would import torch into this process)."""
+    runtime.model_process()
+    orch = Orchestrator(args, params)
+    gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
+    return orch
+
 class TTSModel:
     """`tts`: one response with the whole utterance. Not decoupled, so Triton runs each execute to
     completion on its instance: concurrency comes from the instance count, and a client that
     cancels (gRPC) stops the work at the next chunk."""
 
     def initialize(self, args):
-        self.orch = Orchestrator(args, read(args, "tts"))
+        self.orch = _orchestrator(args, read(args, "tts"))
         labels = {"model": args["model_name"]}
         self.m_badcases = metric("voxcpm_badcases_total", "Whole-utterance tries judged bad cases "
                                  "(>= 6 patches per target token)", labels, "COUNTER")
@@ -134,7 +143,7 @@ class TTSStreamModel:
 
     def initialize(self, args):
         params = read(args, "tts_stream")
-        self.orch = Orchestrator(args, params)
+        self.orch = _orchestrator(args, params)
         self.max_streams = params["max_concurrent_streams"]
         self.streams: dict = {}  # task -> its response sender, until the stream's final response is sent
         self.streams_lock = threading.Lock()  # finalize() ends streams from the stub's main thread
