@@ -133,7 +133,7 @@ def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
 
     eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
     slot = vox.loras.slots["lm_dit"]
-    states, prefills, launch, for_prefill = [], [], eng.runner.launch, eng.lora_weights.for_prefill
+    states, prefills, launch, for_prefill = [], [], eng.runner.launch, eng.lora_merging.for_prefill
 
     def spy(rows, bucket=None, plain=False):  # (rows' slots, plain, merged adapter) per launch
         state = (frozenset(r[9] for r in rows), plain, eng.merged.slot)
@@ -146,7 +146,7 @@ def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
         prefills.append((s, merged, for_prefill(s)))
         return prefills[-1][2]
 
-    eng.runner.launch, eng.lora_weights.for_prefill = spy, spy_prefill
+    eng.runner.launch, eng.lora_merging.for_prefill = spy, spy_prefill
     try:
         gate = threading.Event()
         sink = _gated(gate)  # holds the engine at a's first chunk: a2 and b are submitted meanwhile

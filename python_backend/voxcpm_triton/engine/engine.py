@@ -152,7 +152,7 @@ class Engine:
                                        buckets=self.cfg.batch_buckets, timestep_buckets=self.cfg.timestep_buckets,
                                        lora=vox.loras.tables if vox.loras is not None else None,
                                        plain_graphs=self.merged is not None)
-        self.lora_weights = LoraMerging(self.merged, self.runner.lora is not None)
+        self.lora_merging = LoraMerging(self.merged, self.runner.lora is not None)
         if self.runner.use_graphs:
             with self._torch_settings():
                 self._prepare_gpu()
@@ -362,7 +362,7 @@ class Engine:
                      cached_blocks=blocks.cached, prefix_cache_hits=sched.prefix_hits,
                      prefix_cache_hit_blocks=sched.prefix_hit_blocks, prefix_cache_evictions=blocks.evictions,
                      early_chunks=sched.early_chunks,
-                     lora_merges=self.lora_weights.merges)
+                     lora_merges=self.lora_merging.merges)
         return s
 
     def status(self) -> str | None:
@@ -387,7 +387,7 @@ class Engine:
             try:
                 self._run_loop()
             finally:
-                self.lora_weights.unmerge_safely()
+                self.lora_merging.unmerge_safely()
 
     def _run_loop(self):
         t_last, steps_window = time.monotonic(), 0
@@ -407,7 +407,7 @@ class Engine:
                     cancels, self._cancels = self._cancels, {}
                 self._apply_cancels(cancels)
                 if self.loras is not None:  # adapters added meanwhile: written between steps, on this stream
-                    self.loras.apply(before_write=self.lora_weights.unmerge)
+                    self.loras.apply(before_write=self.lora_merging.unmerge)
                 admitted = self._admit()
                 if admitted:
                     timeline.event("prefill", len(admitted))
@@ -467,7 +467,7 @@ class Engine:
         for st in ok:
             by_adapter.setdefault(st.lora_slot, []).append(st)
         for slot, group in by_adapter.items():
-            run = functools.partial(self._run_prefill, lora_slot=self.lora_weights.for_prefill(slot))
+            run = functools.partial(self._run_prefill, lora_slot=self.lora_merging.for_prefill(slot))
             for pack in self._packs(group):
                 if not (self._replays_graph(pack) and self.cfg.graph_prefill_behind_step):
                     # An eager prefill is mostly host time spent launching kernels: hand out the step
@@ -672,7 +672,7 @@ class Engine:
             except Exception as e:
                 self._finish(st, "error", f"decode failed: {e}")
         launched, failed = [], []
-        plain = self.lora_weights.for_step([st.lora_slot for st in batch]) if batch else True
+        plain = self.lora_merging.for_step([st.lora_slot for st in batch]) if batch else True
         behind = bool(self._in_flight)  # a step was in flight: this launch was due before it ended
         for group in self.scheduler.launch_groups(batch):
             try:
@@ -781,7 +781,7 @@ class Engine:
                 st.lora_slot = 0  # released once
             idle = not self._ids
         if idle:  # nothing left to run: the weights as loaded, before anyone hears of the end
-            self.lora_weights.unmerge_safely()
+            self.lora_merging.unmerge_safely()
         self._send(st, Finished(rid, reason, st.step, error))
 
 
