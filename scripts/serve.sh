@@ -73,9 +73,13 @@ case "${1:-}" in
         exit 0 ;;
 esac
 
-if [[ $mode == run && -n ${VOXCPM_CHECKPOINT:-} && ! -f $VOXCPM_CHECKPOINT/config.json ]]; then
-    # Every model would fail to load on it, and the supervisor retry: say so once, now.
-    echo "[serve] VOXCPM_CHECKPOINT=$VOXCPM_CHECKPOINT is not a VoxCPM2 checkpoint directory (no config.json)" >&2
+ckpt="${VOXCPM_CHECKPOINT:-}"
+ckpt="${ckpt#"${ckpt%%[![:space:]]*}"}" && ckpt="${ckpt%"${ckpt##*[![:space:]]}"}"  # as the models strip it
+if [[ $mode == run && -n $ckpt && ! -f $ckpt/config.json ]]; then
+    # Every model would fail to load on it, and the supervisor retry: say so once, now (before setup).
+    what="no config.json"
+    [[ -d $ckpt ]] || what="no such directory"
+    echo "[serve] VOXCPM_CHECKPOINT=$VOXCPM_CHECKPOINT is not a VoxCPM2 checkpoint directory ($what)" >&2
     exit 2
 fi
 if [[ $mode == run && ${SKIP_SETUP:-0} != 1 ]]; then
@@ -99,13 +103,24 @@ MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
 if [[ $mode == run ]]; then
     bad=()
     [[ -d $MODEL_REPOSITORY ]] || bad+=("MODEL_REPOSITORY=$MODEL_REPOSITORY is not a directory")
+    # Triton's Python backend starts its model processes through a shell command line that does not
+    # quote these paths: with a space in one, no model process starts and the server never gets ready.
+    for v in MODEL_REPOSITORY TRITON_BACKEND_DIR; do
+        [[ ${!v} =~ [[:space:]] ]] && bad+=("$v=${!v} has a space in it, which Triton's Python backend cannot start models from")
+    done
     [[ ${TRITON_LOG_VERBOSE:-0} =~ ^[0-9]+$ ]] || bad+=("TRITON_LOG_VERBOSE=$TRITON_LOG_VERBOSE is not a whole number")
-    for v in TRITON_HTTP_PORT TRITON_GRPC_PORT TRITON_METRICS_PORT OPENAI_API_PORT; do
+    [[ ${TRITON_EXIT_TIMEOUT:-30} =~ ^[0-9]+$ ]] || bad+=("TRITON_EXIT_TIMEOUT=$TRITON_EXIT_TIMEOUT is not a whole number of seconds")
+    for v in TRITON_HTTP_PORT TRITON_GRPC_PORT TRITON_METRICS_PORT; do
+        # 0 would be a port the system picks, which nothing here could find
         p="${!v:-}"
-        if [[ -n $p ]] && ! [[ $p =~ ^(0|[1-9][0-9]{0,4})$ && $p -le 65535 ]]; then
-            bad+=("$v=$p is not a port number (0-65535)")
+        if [[ -n $p ]] && ! [[ $p =~ ^[1-9][0-9]{0,4}$ && $p -le 65535 ]]; then
+            bad+=("$v=$p is not a port number (1-65535)")
         fi
     done
+    p="${OPENAI_API_PORT:-}"
+    if [[ -n $p ]] && ! [[ $p =~ ^(0|[1-9][0-9]{0,4})$ && $p -le 65535 ]]; then
+        bad+=("OPENAI_API_PORT=$p is not a port number (1-65535, or 0: no gateway)")
+    fi
     used=("${TRITON_HTTP_PORT:-8000}" "${TRITON_GRPC_PORT:-8001}" "${TRITON_METRICS_PORT:-8002}" "${OPENAI_API_PORT:-9000}")
     if (($(printf '%s\n' "${used[@]}" | grep -vx 0 | sort | uniq -d | wc -l) > 0)); then
         bad+=("two of TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT, OPENAI_API_PORT are the same port")

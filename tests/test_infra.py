@@ -15,6 +15,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -305,12 +306,22 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
         f"[serve] VOXCPM_CHECKPOINT={tmp_path} cannot be served: config.json: lm_config: missing required field"), out
     # settings every start would fail on the same way: said once, before any start
     env.pop("VOXCPM_CHECKPOINT")
+    spaced = tmp_path / "model repository"
+    shutil.copytree(REPO / "model_repository", spaced)
     for bad, said in [({"MODEL_REPOSITORY": str(tmp_path / "none")}, f"MODEL_REPOSITORY={tmp_path / 'none'} is not a "
                                                                         "directory"),
                       ({"TRITON_LOG_VERBOSE": "abc"}, "TRITON_LOG_VERBOSE=abc is not a whole number"),
-                      ({"TRITON_HTTP_PORT": "abc"}, "TRITON_HTTP_PORT=abc is not a port number (0-65535)"),
-                      ({"OPENAI_API_PORT": "70000"}, "OPENAI_API_PORT=70000 is not a port number (0-65535)"),
-                      ({"TRITON_GRPC_PORT": "08001"}, "TRITON_GRPC_PORT=08001 is not a port number (0-65535)"),
+                      ({"TRITON_HTTP_PORT": "abc"}, "TRITON_HTTP_PORT=abc is not a port number (1-65535)"),
+                      ({"OPENAI_API_PORT": "70000"}, "OPENAI_API_PORT=70000 is not a port number (1-65535, or 0: "
+                                                     "no gateway)"),
+                      ({"TRITON_GRPC_PORT": "08001"}, "TRITON_GRPC_PORT=08001 is not a port number (1-65535)"),
+                      # 0: a port the system picks, which neither the supervisor nor the gateway can find
+                      ({"TRITON_HTTP_PORT": "0"}, "TRITON_HTTP_PORT=0 is not a port number (1-65535)"),
+                      ({"TRITON_EXIT_TIMEOUT": " 30"}, "TRITON_EXIT_TIMEOUT= 30 is not a whole number of seconds"),
+                      # the Python backend's unquoted command line: no model process would start
+                      ({"MODEL_REPOSITORY": str(spaced)}, f"MODEL_REPOSITORY={spaced} has a space in it"),
+                      ({"VOXCPM_CHECKPOINT": str(tmp_path / "none")}, f"VOXCPM_CHECKPOINT={tmp_path / 'none'} is not a "
+                                                                        "VoxCPM2 checkpoint directory (no such directory)"),
                       ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port"),
                       # the models' own settings from the environment (each failed every model's load)
                       ({"VOXCPM_DTYPE": "fp64"}, "VOXCPM_DTYPE=fp64 is not a dtype: must be one of auto, float32"),

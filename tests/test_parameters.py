@@ -79,6 +79,11 @@ def test_only_the_documented_environment_variables_override(monkeypatch, tmp_pat
     monkeypatch.setenv("VOXCPM_DTYPE", "fp8")  # an override is checked like the value it replaces
     with pytest.raises(ValueError, match="parameter 'dtype' of model 'decoder' must be one of"):
         parse_values("decoder", {})
+    # blank is unset: config.pbtxt's value holds (it took the table's default: LoRA off, dtype automatic)
+    monkeypatch.setenv("VOXCPM_DTYPE", " ")
+    monkeypatch.setenv("VOXCPM_LORA_DIR", "  ")
+    v = parse_values("decoder", {"lora_dir": str(tmp_path), "dtype": "bf16"})
+    assert (v["lora_dir"], v["dtype"]) == (str(tmp_path), "bf16")
 
 
 def test_the_project_repository_passes_its_own_checks(tmp_path, caplog):
@@ -170,3 +175,16 @@ def test_the_voices_dir_is_one_for_the_models_that_share_it(tmp_path):
         with pytest.raises(ValueError, match="'voices_dir'.*must name one directory"):
             read(_args(repo, model), model)
     read(_args(repo, "decoder"), "decoder")
+
+
+def test_serve_sh_pre_flight_reads_the_environment_as_the_models_do(checkpoint_dirs, tmp_path):
+    """Blank is unset and a value is stripped (Param.parse): a checkpoint path with spaces around it,
+    which every model serves, was refused; a blank VOXCPM_DTYPE is no dtype to check."""
+    from voxcpm_triton.serving.preflight import problems
+
+    ckpt = checkpoint_dirs["real_shaped"]
+    assert problems({"VOXCPM_CHECKPOINT": f" {ckpt} ", "VOXCPM_DTYPE": " ", "VOXCPM_LORA_DIR": " ",
+                     "VOXCPM_DEVICE": " cpu "}) == []
+    assert problems({"VOXCPM_CHECKPOINT": str(tmp_path), "VOXCPM_DTYPE": "FP32"}) == [
+        f"VOXCPM_CHECKPOINT={tmp_path} cannot be served: {tmp_path}: no config file (expected one of config.json)",
+        "VOXCPM_DTYPE=FP32 is not a dtype: must be one of auto, float32, fp32, bfloat16, bf16, float16, fp16"]

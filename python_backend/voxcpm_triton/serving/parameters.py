@@ -184,7 +184,8 @@ def parse_values(model: str, raw: dict[str, str], env: bool = True) -> dict:
     if unknown:
         raise ValueError(f"model {model!r} has no parameter(s) {', '.join(unknown)}; "
                          f"it takes {', '.join(sorted(params))}")
-    return {name: p.parse((env and p.env and os.environ.get(p.env)) or raw.get(name, ""))
+    # An environment variable that is empty or blank is unset: config.pbtxt's value holds.
+    return {name: p.parse((env and p.env and os.environ.get(p.env, "").strip()) or raw.get(name, ""))
             for name, p in params.items()}
 
 

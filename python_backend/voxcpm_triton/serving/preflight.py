@@ -25,12 +25,12 @@ def _device_problem(device: str) -> str | None:
 def problems(env: dict[str, str]) -> list[str]:
     """What is wrong with `env`'s VOXCPM_* settings, one line each."""
     said = []
-    if env.get("VOXCPM_CHECKPOINT"):
-        path = env["VOXCPM_CHECKPOINT"]
+    path = env.get("VOXCPM_CHECKPOINT", "").strip()  # as the models read it (Param.parse)
+    if path:
         try:
             VoxCPM2Config.from_file(checkpoint_files(path)["config"])
         except (CheckpointError, ConfigError, OSError, UnicodeDecodeError) as e:
-            said.append(f"VOXCPM_CHECKPOINT={path} cannot be served: {e}")
+            said.append(f"VOXCPM_CHECKPOINT={env['VOXCPM_CHECKPOINT']} cannot be served: {e}")
     dtype = TABLE["decoder"]["dtype"]
     if env.get(dtype.env, "").strip() and env[dtype.env].strip() not in dtype.choices:
         said.append(f"{dtype.env}={env[dtype.env]} is not a dtype: must be {dtype.allowed()}")
