@@ -154,6 +154,28 @@ def _taken(ports: list[tuple[str, str, int]]) -> list[str]:
     return taken
 
 
+def _claim(ports: list[tuple[str, str, int]]) -> tuple[list[socket.socket], list[str]]:
+    """Claim the server's ports for this supervisor's life: -> (the claims, held while they are open;
+    the endpoints another supervisor claimed, with nothing claimed then). Triton listens only once its
+    models have loaded: until then a second supervisor found the ports free, started a server of its
+    own and took the first one's readiness for its own. A claim is an abstract Unix socket's name,
+    which leaves no file and goes with the process however it ends."""
+    claims, held = [], []
+    for name, host, port in ports:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(f"\0voxcpm-serving-port-{port}")
+            claims.append(s)
+        except OSError:
+            s.close()
+            held.append(f"{name} {host}:{port} (another supervisor's server)")
+    if held:
+        for s in claims:
+            s.close()
+        return [], held
+    return claims, []
+
+
 def _group_alive(pgid: int) -> list[int]:
     out = []
     for d in os.listdir("/proc"):
@@ -627,8 +649,12 @@ class Supervisor:
         failed = 0  # starts in a row that never served
         held_since = held_logged = 0.0  # another process holds a port: since when, when last said
         held: list[str] = []
+        claims: list[socket.socket] = []
         while not self.stopping:
-            taken = _taken(self.ports)
+            elsewhere = []
+            if not claims:
+                claims, elsewhere = _claim(self.ports)
+            taken = elsewhere or _taken(self.ports)
             if taken:
                 # A server that is still stopping (the one a killed supervisor left) holds them for up to
                 # its exit timeout: wait for them as long as a start may take, without counting starts.
@@ -665,6 +691,8 @@ class Supervisor:
             log(f"restarting in {backoff:.0f} s: {reason}")
             self._sleep(backoff)
         self._shutdown()
+        for c in claims:  # the server is gone: its ports are free for another supervisor
+            c.close()
         if self.fatal:
             log(f"giving up: {self.fatal}")
             return 1

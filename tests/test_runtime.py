@@ -616,6 +616,37 @@ def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(
     assert re.search(rf"giving up: port in use by another process: http 127.0.0.1:{port}, for \d+ s", p.stderr)
 
 
+def test_a_second_supervisor_does_not_start_while_the_first_ones_server_loads(tmp_path):
+    """Triton listens only once its models have loaded: a second supervisor on the same ports found
+    them free meanwhile, started a server of its own and took the first one's readiness for its own (an
+    operator's probe). The first supervisor's claim on the ports keeps the second waiting, naming it;
+    the claim goes with the first supervisor."""
+    from tests.server import free_port
+
+    ports = [f"--http-port={free_port()}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
+             f"--metrics-port={free_port()}"]
+    loading, second = tmp_path / "loading", tmp_path / "second"
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    first = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c",
+                              f"import time; open({str(loading)!r}, 'w'); time.sleep(120)", *ports],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not loading.exists():
+            assert time.monotonic() < deadline and first.poll() is None, "the first server did not start"
+            time.sleep(0.1)
+        p = _supervise(tmp_path, f"open({str(second)!r}, 'w')", *ports, opts=("--start-timeout", "3"))
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert p.returncode == 1 and not second.exists(), p.stderr
+    assert re.search(r"giving up: port in use by another process: http 127\.0\.0\.1:\d+ \(another supervisor's "
+                     r"server\), grpc ", p.stderr), p.stderr
+    claims, held = supervise._claim([("http", "127.0.0.1", int(ports[0].split("=")[1]))])
+    assert len(claims) == 1 and held == []  # released at its end
+    claims[0].close()
+
+
 def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_path):
     """Regions are noted while the server loads too, so one that dies before it is ready, its model
     processes with it, has their regions removed like one that was ready (once they are gone, nothing
