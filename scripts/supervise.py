@@ -332,8 +332,9 @@ class Companion:
     leaves there (the gateway's forkserver socket directory) goes then, not never."""
 
     def __init__(self, argv: list[str], state_dir: str | None = None, held_fd: int | None = None,
-                 grace: float = 25.0):
+                 grace: float = 25.0, max_failures: int = 0):
         self.argv = argv
+        self.max_failures = max_failures  # quick exits in a row after which it is not restarted (0: none)
         self.grace = grace  # SIGTERM to SIGKILL: its in-flight requests' time (--companion-grace)
         self.state_dir, self.held_fd = state_dir, held_fd
         self.tmp: str | None = None  # the running start's TMPDIR
@@ -358,6 +359,10 @@ class Companion:
             self.failures = 0 if up > 60 else self.failures + 1
             self.last_code = self.proc.returncode
             backoff = min(2.0 ** self.failures, 30.0)  # 1 s after a long run, doubling while it keeps failing
+            if self.max_failures and self.failures >= self.max_failures:  # the supervisor gives up on it
+                log(f"{self.name} exited with code {self.proc.returncode}")
+                self.proc, self.due = None, math.inf
+                return
             log(f"{self.name} exited with code {self.proc.returncode}; restarting in {backoff:.0f} s")
             self.proc, self.due = None, now + backoff
         if now >= self.due:
@@ -643,7 +648,8 @@ class Supervisor:
             log(f"removed what {len(dirs)} killed supervisor(s) left: {', '.join(dirs)}"
                 + (f", and {len(regions)} shared-memory region(s) of their servers" if regions else ""))
         self.state_dir, self.held_fd = make_state_dir()
-        self.companions = [Companion(argv, self.state_dir, self.held_fd, self.opts.companion_grace)
+        self.companions = [Companion(argv, self.state_dir, self.held_fd, self.opts.companion_grace,
+                                     self.opts.max_failed_starts)
                            for argv in self.companion_argvs]
         backoff = 1.0
         failed = 0  # starts in a row that never served
@@ -702,7 +708,7 @@ class Supervisor:
         """Stop the server and the companions, which drain their requests at the same time."""
         for c in self.companions:
             c.terminate()
-        self.stop("asked to stop")
+        self.stop(f"giving up: {self.fatal}" if self.fatal else "asked to stop")
         for c in self.companions:
             c.stop()
         if self.state_dir:

@@ -388,6 +388,11 @@ def test_a_companion_that_keeps_exiting_at_once_stops_everything(tmp_path):
                    f"--metrics-port={free_port()}", opts=("--max-failed-starts", "2", "--companion", companion))
     assert p.returncode == 1, p.stderr
     assert "exited 2 times in a row within a minute of its start (last exit code 2)" in p.stderr, p.stderr
+    # its last exit is not followed by a restart it will not get, nor the server's stop by "asked to stop"
+    lines = p.stderr.splitlines()
+    assert sum("exited with code 2; restarting in" in line for line in lines) == 1, p.stderr
+    assert any(line.endswith("exited with code 2") for line in lines), p.stderr
+    assert "stopping tritonserver (giving up: " in p.stderr and "asked to stop" not in p.stderr, p.stderr
     pid = int(marker.read_text())
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
