@@ -847,35 +847,47 @@ def _companion_grace() -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    env = os.environ.get
+    i = argv.index("--") if "--" in argv else len(argv)
+    # --print-restricted (serve.sh without supervision) takes none of the supervision's settings
+    env = (lambda _var, default: default) if "--print-restricted" in argv[:i] else os.environ.get
+
+    def number(kind, var: str):
+        """argparse's type for an option whose default is environment variable `var`: its error names it."""
+        def convert(text: str):
+            try:
+                return kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not {'a whole number' if kind is int else 'a number'}: {text!r} "
+                                                 f"(given, or from {var})") from None
+        return convert
+
     ap = argparse.ArgumentParser(usage="%(prog)s [options] -- tritonserver ARGS...",
                                  description="Run tritonserver and restart it when it breaks.")
     # string defaults: argparse converts them, so a bad value in the environment is a usage error too
-    ap.add_argument("--probe-interval", type=float, default=env("VOXCPM_PROBE_INTERVAL", "10"),
+    ap.add_argument("--probe-interval", type=number(float, "VOXCPM_PROBE_INTERVAL"), default=env("VOXCPM_PROBE_INTERVAL", "10"),
                     help="seconds between liveness probes once ready; 0: no probes, restart only on exit "
                          "or on a model process's beacon (env VOXCPM_PROBE_INTERVAL)")
-    ap.add_argument("--probe-timeout", type=float, default=env("VOXCPM_PROBE_TIMEOUT", "60"),
+    ap.add_argument("--probe-timeout", type=number(float, "VOXCPM_PROBE_TIMEOUT"), default=env("VOXCPM_PROBE_TIMEOUT", "60"),
                     help="env VOXCPM_PROBE_TIMEOUT")
-    ap.add_argument("--probe-failures", type=int, default=env("VOXCPM_PROBE_FAILURES", "3"),
+    ap.add_argument("--probe-failures", type=number(int, "VOXCPM_PROBE_FAILURES"), default=env("VOXCPM_PROBE_FAILURES", "3"),
                     help="consecutive failed probes before a restart (a dead model process restarts at once; "
                          "env VOXCPM_PROBE_FAILURES)")
-    ap.add_argument("--start-timeout", type=float, default=env("VOXCPM_START_TIMEOUT", "900"),
+    ap.add_argument("--start-timeout", type=number(float, "VOXCPM_START_TIMEOUT"), default=env("VOXCPM_START_TIMEOUT", "900"),
                     help="seconds a start may take to become ready, and ports held by another process may "
                          "keep it waiting (env VOXCPM_START_TIMEOUT)")
-    ap.add_argument("--max-failed-starts", type=int, default=env("VOXCPM_MAX_FAILED_STARTS", "5"),
+    ap.add_argument("--max-failed-starts", type=number(int, "VOXCPM_MAX_FAILED_STARTS"), default=env("VOXCPM_MAX_FAILED_STARTS", "5"),
                     help="starts in a row that do not serve (never ready, or never pass a probe), or quick exits "
                          "in a row of a companion, before giving up (exit 1); 0: never give up "
                          "(env VOXCPM_MAX_FAILED_STARTS)")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
-    ap.add_argument("--companion-grace", type=float, default=env("VOXCPM_COMPANION_GRACE", _companion_grace()),
+    ap.add_argument("--companion-grace", type=number(float, "VOXCPM_COMPANION_GRACE"), default=env("VOXCPM_COMPANION_GRACE", _companion_grace()),
                     help="seconds a stopping companion gets between SIGTERM and SIGKILL, for its requests in flight "
                          "(env VOXCPM_COMPANION_GRACE; default: the gateway's drain, VOXCPM_OPENAI_SHUTDOWN_TIMEOUT "
                          "(20 s), plus 5 s)")
     ap.add_argument("--print-restricted", action="store_true",
                     help="only print the server command with the restricted-API flags, an argument a line "
                          "(scripts/serve.sh runs it so without supervision)")
-    i = argv.index("--") if "--" in argv else len(argv)
     opts = ap.parse_args(argv[:i])  # --help stops here
     if i == len(argv):
         ap.error("no server command: give it after --")

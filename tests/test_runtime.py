@@ -563,12 +563,18 @@ time.sleep(300)
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_a_bad_setting_in_the_environment_is_a_usage_error():
-    env = dict(os.environ, VOXCPM_MAX_FAILED_STARTS="five")
+def test_a_bad_setting_in_the_environment_is_a_usage_error_naming_it():
+    """Named by its variable too (argparse's "invalid int value" named only the option nobody gave);
+    serve.sh's run without supervision (--print-restricted) is not refused over a probe setting."""
+    env = dict(os.environ, VOXCPM_MAX_FAILED_STARTS="five", VOXCPM_PROBE_INTERVAL="abc")
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", "true"], env=env,
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "argument --max-failed-starts: invalid int value: 'five'" in p.stderr, p.stderr
+    assert p.returncode == 2 and "argument --probe-interval: not a number: 'abc' (given, or from " \
+        "VOXCPM_PROBE_INTERVAL)" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--print-restricted", "--",
+                        "tritonserver"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "tritonserver", p.stderr
 
 
 def test_the_supervisor_reads_the_servers_ports_as_triton_does():
