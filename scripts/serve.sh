@@ -149,6 +149,9 @@ for a in "$@"; do
             echo "[serve] $a: set TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT, TRITON_BIND or" \
                  "TRITON_HTTP_BIND instead (the gateway and the supervisor read them)" >&2
             exit 2 ;;
+        --print-env|--print-cmd|-h|--help)  # else passed on to tritonserver, which would refuse it
+            echo "[serve] $a goes first: scripts/serve.sh $a" >&2
+            exit 2 ;;
     esac
 done
 cmd=(
@@ -180,7 +183,11 @@ OPENAI_API_PORT="${OPENAI_API_PORT:-9000}"
 if [[ $OPENAI_API_PORT != 0 ]]; then
     # the gateway reaches Triton's gRPC port on the loopback when Triton listens everywhere
     triton_host="$BIND"
-    [[ $triton_host == 0.0.0.0 || -z $triton_host ]] && triton_host=127.0.0.1
+    case $triton_host in
+        0.0.0.0 | "" | :: | "[::]") triton_host=127.0.0.1 ;;
+        \[*) ;;
+        *:*) triton_host="[$triton_host]" ;;  # an IPv6 address, as host:port writes it
+    esac
     gateway=(env "PYTHONPATH=$REPO/gateway" "$VENV/bin/python" -m voxcpm_gateway --host "$BIND"
              --port "$OPENAI_API_PORT" --triton-url "$triton_host:${TRITON_GRPC_PORT:-8001}")
     supervise+=(--companion "$(printf '%q ' "${gateway[@]}")")
