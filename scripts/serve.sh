@@ -192,6 +192,9 @@ if [[ $OPENAI_API_PORT != 0 ]]; then
              --port "$OPENAI_API_PORT" --triton-url "$triton_host:${TRITON_GRPC_PORT:-8001}")
     # shlex's quoting, which the supervisor reads back (bash's %q writes $'...' for non-ASCII bytes in a C locale)
     supervise+=(--companion "$("$VENV/bin/python" -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${gateway[@]}")")
+    gateway_host="$BIND"
+    [[ $gateway_host == *:* && $gateway_host != \[* ]] && gateway_host="[$gateway_host]"
+    supervise+=(--companion-port "$gateway_host:$OPENAI_API_PORT")
     echo "[serve] OpenAI speech API on http://$BIND:$OPENAI_API_PORT/v1" >&2
 fi
 exec "$VENV/bin/python" "$REPO/scripts/supervise.py" "${supervise[@]}" -- "${cmd[@]}"

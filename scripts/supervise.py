@@ -423,6 +423,14 @@ class Companion:
                 self.left.remove((pgid, tmp))
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) -> (host, port); ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def _url(host: str, port: int) -> str:
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard: the loopback
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -441,6 +449,9 @@ class Supervisor:
         self.metrics_url = _url(*metrics[1:]) if metrics else None  # a probe queued behind work counts as alive
         self.exit_timeout = float(_arg(self.args, "exit-timeout-secs", "30"))
         self.beacons_tell_all = _only_beacon_models(self.args)  # see _wait_exit
+        # the companions' own ports: a start waits for them too (a gateway that cannot listen would
+        # fail its starts beside a server that had loaded for nothing)
+        self.ports += [("companion", *_host_port(a)) for a in getattr(opts, "companion_port", None) or []]
         if not self.beacons_tell_all:
             log("the model repository has models of its own (or cannot be read): a stopping server is left "
                 "its whole exit timeout, never judged held")
@@ -660,7 +671,9 @@ class Supervisor:
             elsewhere = []
             if not claims:
                 claims, elsewhere = _claim(self.ports)
-            taken = elsewhere or _taken(self.ports)
+            # the companions run on across the server's restarts: their ports are checked before the first start
+            ports = [p for p in self.ports if p[0] != "companion" or not self.started_once]
+            taken = elsewhere or _taken(ports)
             if taken:
                 # A server that is still stopping (the one a killed supervisor left) holds them for up to
                 # its exit timeout: wait for them as long as a start may take, without counting starts.
@@ -881,6 +894,8 @@ def main(argv=None) -> int:
                          "(env VOXCPM_MAX_FAILED_STARTS)")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
+    ap.add_argument("--companion-port", action="append", default=[], metavar="HOST:PORT",
+                    help="a port a companion listens on: no start while another process holds it")
     ap.add_argument("--companion-grace", type=number(float, "VOXCPM_COMPANION_GRACE"), default=env("VOXCPM_COMPANION_GRACE", _companion_grace()),
                     help="seconds a stopping companion gets between SIGTERM and SIGKILL, for its requests in flight "
                          "(env VOXCPM_COMPANION_GRACE; default: the gateway's drain, VOXCPM_OPENAI_SHUTDOWN_TIMEOUT "
@@ -898,6 +913,11 @@ def main(argv=None) -> int:
         if not math.isfinite(value) or not (value > 0 if least is None else value >= least):
             ap.error(f"{flag} must be a {'positive' if least is None else 'non-negative'} number of seconds, "
                      f"got {value:g} (or its VOXCPM_ variable)")
+    for text in opts.companion_port:
+        try:
+            _host_port(text)
+        except ValueError as e:
+            ap.error(f"--companion-port: {e}")
     if opts.probe_failures < 1:
         ap.error(f"--probe-failures must be 1 or more, got {opts.probe_failures}")
     if opts.max_failed_starts < 0:

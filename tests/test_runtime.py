@@ -658,6 +658,34 @@ def test_a_second_supervisor_does_not_start_while_the_first_ones_server_loads(tm
     claims[0].close()
 
 
+def test_the_supervisor_waits_for_its_companions_port_before_the_first_start_only(tmp_path):
+    """A foreign process on the gateway's port: Triton was loaded, the gateway failed five times and
+    everything stopped (an operator's probe); now nothing starts while it holds the port. Once started,
+    the companion holds that port itself, across the server's restarts, which do not wait for it."""
+    import socket
+
+    from tests.server import free_port
+
+    triton = [f"--http-port={free_port()}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
+              f"--metrics-port={free_port()}"]
+    marker = tmp_path / "starts"
+    server = f"open({str(marker)!r}, 'a').write('x'); import time; time.sleep(0.5); raise SystemExit(3)"
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        p = _supervise(tmp_path, server, *triton, opts=("--start-timeout", "3", "--companion-port", f"127.0.0.1:{port}"))
+    assert p.returncode == 1 and not marker.exists(), p.stderr
+    assert f"not starting: port in use by another process: companion 127.0.0.1:{port}" in p.stderr, p.stderr
+    port = free_port()
+    companion = (f"{sys.executable} -c \"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); "
+                 "s.listen(); time.sleep(120)\"")
+    p = _supervise(tmp_path, server, *triton, opts=("--start-timeout", "3", "--max-failed-starts", "2", "--companion",
+                                                    companion, "--companion-port", f"127.0.0.1:{port}"))
+    assert p.returncode == 1 and marker.read_text() == "xx", p.stderr  # restarted beside its companion
+    assert "port in use" not in p.stderr, p.stderr
+
+
 def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_path):
     """Regions are noted while the server loads too, so one that dies before it is ready, its model
     processes with it, has their regions removed like one that was ready (once they are gone, nothing
