@@ -135,8 +135,9 @@ if [[ $mode == run ]]; then
 from voxcpm_triton.serving.preflight import main
 sys.exit(main())' "$REPO/python_backend" || exit 2
 fi
-if [[ $mode == run && -z ${VOXCPM_CHECKPOINT:-} ]]; then
-    # The embedded default: generate it once here rather than in six model processes at once.
+if [[ $mode == run && -z $ckpt ]]; then
+    # The embedded default (VOXCPM_CHECKPOINT unset or blank, as the models read it): generate it once
+    # here rather than in six model processes at once.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
 from voxcpm_triton.testing import ensure_tiny_checkpoint
 print("[serve] checkpoint:", ensure_tiny_checkpoint(progress=print))' "$REPO/python_backend" >&2

@@ -271,9 +271,11 @@ def test_serve_sh_keeps_http_on_the_loopback_unless_told():
         assert out.returncode == 2 and out.stderr.startswith(f"[serve] {arg}: set TRITON_HTTP_PORT"), out.stderr
     assert serve("--log-verbose=1").returncode == 0
     # a mode after other arguments went to tritonserver as an argument, which refused it, five starts in a row
-    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--log-verbose=1", "--print-cmd"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    # (a blank VOXCPM_CHECKPOINT is unset, as the models read it: serve.sh makes the embedded default first)
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--log-verbose=1", "--print-cmd"],
+                         env={**env, "VOXCPM_CHECKPOINT": " "}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "[serve] --print-cmd goes first: scripts/serve.sh --print-cmd" in out.stderr, out
+    assert "[serve] checkpoint: " in out.stderr, out.stderr
 
 
 def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_starts(tmp_path):
