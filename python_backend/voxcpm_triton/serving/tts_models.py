@@ -55,6 +55,7 @@ def _orchestrator(args: dict, params: dict) -> Orchestrator:
     gc_pauses.freeze(args.get("model_instance_name") or args["model_name"])
     return orch
 
+
 class TTSModel:
     """`tts`: one response with the whole utterance. Not decoupled, so Triton runs each execute to
     completion on its instance: concurrency comes from the instance count, and a client that
