@@ -182,20 +182,16 @@ fi
 supervise=()
 OPENAI_API_PORT="${OPENAI_API_PORT:-9000}"
 if [[ $OPENAI_API_PORT != 0 ]]; then
+    bind_host="$BIND"  # as host:port writes it: an IPv6 address in brackets
+    [[ $bind_host == *:* && $bind_host != \[* ]] && bind_host="[$bind_host]"
     # the gateway reaches Triton's gRPC port on the loopback when Triton listens everywhere
-    triton_host="$BIND"
-    case $triton_host in
-        0.0.0.0 | "" | :: | "[::]") triton_host=127.0.0.1 ;;
-        \[*) ;;
-        *:*) triton_host="[$triton_host]" ;;  # an IPv6 address, as host:port writes it
-    esac
+    triton_host="$bind_host"
+    [[ $bind_host == 0.0.0.0 || -z $bind_host || $bind_host == "[::]" ]] && triton_host=127.0.0.1
     gateway=(env "PYTHONPATH=$REPO/gateway" "$VENV/bin/python" -m voxcpm_gateway --host "$BIND"
              --port "$OPENAI_API_PORT" --triton-url "$triton_host:${TRITON_GRPC_PORT:-8001}")
     # shlex's quoting, which the supervisor reads back (bash's %q writes $'...' for non-ASCII bytes in a C locale)
     supervise+=(--companion "$("$VENV/bin/python" -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${gateway[@]}")")
-    gateway_host="$BIND"
-    [[ $gateway_host == *:* && $gateway_host != \[* ]] && gateway_host="[$gateway_host]"
-    supervise+=(--companion-port "$gateway_host:$OPENAI_API_PORT")
+    supervise+=(--companion-port "$bind_host:$OPENAI_API_PORT")
     echo "[serve] OpenAI speech API on http://$BIND:$OPENAI_API_PORT/v1" >&2
 fi
 exec "$VENV/bin/python" "$REPO/scripts/supervise.py" "${supervise[@]}" -- "${cmd[@]}"

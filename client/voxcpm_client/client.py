@@ -193,7 +193,6 @@ def server_address(url: str) -> str:
     return m[0]
 
 
-
 @contextlib.contextmanager
 def _client_errors(model: str, url: str, timeout, grpc: bool = False):
     """tritonclient's exceptions as this library's (one blocking infer call inside)."""

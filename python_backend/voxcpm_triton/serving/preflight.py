@@ -32,7 +32,9 @@ def problems(env: dict[str, str]) -> list[str]:
         except (CheckpointError, ConfigError, OSError, UnicodeDecodeError) as e:
             said.append(f"VOXCPM_CHECKPOINT={env['VOXCPM_CHECKPOINT']} cannot be served: {e}")
     dtype = TABLE["decoder"]["dtype"]
-    if env.get(dtype.env, "").strip() and env[dtype.env].strip() not in dtype.choices:
+    try:
+        dtype.parse(env.get(dtype.env, ""))  # as the decoder reads it
+    except ValueError:
         said.append(f"{dtype.env}={env[dtype.env]} is not a dtype: must be {dtype.allowed()}")
     lora_dir = env.get("VOXCPM_LORA_DIR", "").strip()
     if lora_dir and not os.path.isdir(lora_dir):
