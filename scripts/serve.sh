@@ -129,11 +129,11 @@ if [[ $mode == run ]]; then
         printf '[serve] %s\n' "${bad[@]}" >&2
         exit 2
     fi
-    # The checkpoint's files and config.json, VOXCPM_DTYPE, VOXCPM_DEVICE and VOXCPM_LORA_DIR, checked as
-    # every model would check them: what is wrong is said once, here.
+    # The checkpoint's files and config.json, VOXCPM_DTYPE, VOXCPM_DEVICE, VOXCPM_LORA_DIR and the models'
+    # config.pbtxt parameters, checked as every model would check them: what is wrong is said once, here.
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
 from voxcpm_triton.serving.preflight import main
-sys.exit(main())' "$REPO/python_backend" || exit 2
+sys.exit(main(sys.argv[2]))' "$REPO/python_backend" "$MODEL_REPOSITORY" || exit 2
 fi
 if [[ $mode == run && -z $ckpt ]]; then
     # The embedded default (VOXCPM_CHECKPOINT unset or blank, as the models read it): generate it once

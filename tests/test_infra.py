@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import require_executable
-from tests.server import REPO, TritonServer, _children, _cmdline, _free_ports, _pids_in_group, triton_env
+from tests.server import (REPO, TritonServer, _children, _cmdline, _free_ports, _pids_in_group, edited_repository,
+                          triton_env)
 from tests.server import triton_server_factory  # noqa: F401  (fixture)
 
 ECHO_REPO = REPO / "tests" / "fixtures" / "echo_repo"
@@ -283,7 +284,7 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json, without one of
     its files or with a config.json the models refuse is refused at once, naming it, instead of
     every model failing on it five starts in a row; so are a VOXCPM_DTYPE, VOXCPM_DEVICE or VOXCPM_LORA_DIR
-    the models refuse, and ports that are not ports. The supervisor's
+    the models refuse, a config.pbtxt value they refuse, and ports that are not ports. The supervisor's
     --help lists its options without a server command."""
     env = triton_env()
     env.pop("SKIP_SETUP", None)  # --help must not run setup either
@@ -314,6 +315,7 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     env.pop("VOXCPM_CHECKPOINT")
     spaced = tmp_path / "model repository"
     shutil.copytree(REPO / "model_repository", spaced)
+    edited = edited_repository(tmp_path / "edited", parameters={"decoder": {"lora_dir": str(tmp_path / "none")}})
     for bad, said in [({"MODEL_REPOSITORY": str(tmp_path / "none")}, f"MODEL_REPOSITORY={tmp_path / 'none'} is not a "
                                                                         "directory"),
                       ({"TRITON_LOG_VERBOSE": "abc"}, "TRITON_LOG_VERBOSE=abc is not a whole number"),
@@ -335,7 +337,10 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                       ({"VOXCPM_DEVICE": "meta"}, "VOXCPM_DEVICE=meta cannot be used: device 'meta': must be cpu, "
                                                   "cuda or cuda:<index> (or auto)"),
                       ({"VOXCPM_LORA_DIR": str(tmp_path / "none")}, f"VOXCPM_LORA_DIR={tmp_path / 'none'} is not a "
-                                                                      "directory")]:
+                                                                      "directory"),
+                      # and the models' own config.pbtxt, which the environment does not override
+                      ({"MODEL_REPOSITORY": str(edited)}, f"{edited}/decoder/config.pbtxt: parameter 'lora_dir' "
+                                                          f"({tmp_path / 'none'}) cannot be used: not a directory")]:
         out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env={**env, **bad}, capture_output=True,
                              text=True, timeout=60)
         # one line: the setting and what is wrong with it (a leading-zero port also printed bash's own error)

@@ -188,3 +188,52 @@ def test_serve_sh_pre_flight_reads_the_environment_as_the_models_do(checkpoint_d
     assert problems({"VOXCPM_CHECKPOINT": str(tmp_path), "VOXCPM_DTYPE": "FP32"}) == [
         f"VOXCPM_CHECKPOINT={tmp_path} cannot be served: {tmp_path}: no config file (expected one of config.json)",
         "VOXCPM_DTYPE=FP32 is not a dtype: must be one of auto, float32, fp32, bfloat16, bf16, float16, fp16"]
+
+
+def test_serve_sh_pre_flight_reads_the_repository_as_the_models_do(checkpoint_dirs, tmp_path, monkeypatch):
+    """A config.pbtxt value its model refuses failed that model's load at every start, five in a row: each
+    is said once, naming its file (a value given to several models, once for all of them); a rule between
+    two models once; a value that a set environment variable overrides is not the file's to answer for."""
+    from voxcpm_triton.serving.preflight import problems
+
+    for var in ("VOXCPM_CHECKPOINT", "VOXCPM_DTYPE", "VOXCPM_DEVICE", "VOXCPM_LORA_DIR", "VOXCPM_VOICES_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert problems({}, str(REPO / "model_repository")) == []
+    none = tmp_path / "none"
+    repo = edited_repository(tmp_path / "repo", parameters={
+        "decoder": {"checkpoint": str(none), "dtype": "fp64", "lora_dir": str(none), "device": "meta",
+                    "chunk_schedule": "1,x"},
+        "vae_decoder": {"checkpoint": str(none), "stream_idle_timeout_s": "99999"},
+        "tokenizer": {"bogus": "1"}})
+    cfg = {m: str(repo / m / "config.pbtxt") for m in ("decoder", "vae_decoder", "tokenizer")}
+    assert problems({}, str(repo)) == [
+        f"{cfg['tokenizer']}: model 'tokenizer' has no parameter(s) bogus; it takes checkpoint",
+        f"{cfg['decoder']}: parameter 'dtype' of model 'decoder' must be one of auto, float32, fp32, bfloat16, "
+        "bf16, float16, fp16, got 'fp64'",
+        f"{cfg['decoder']}: parameter 'chunk_schedule' of model 'decoder' must be positive integers separated by "
+        "commas, got '1,x'",
+        f"{cfg['vae_decoder']}: parameter 'checkpoint' ({none}) cannot be used: checkpoint directory not found: "
+        f"{none}",
+        "parameter 'stream_idle_timeout_s' of model 'vae_decoder' (99999) must not exceed the sequence batcher's "
+        "max_sequence_idle_microseconds (120 s)"]
+    repo = edited_repository(tmp_path / "repo2", parameters={
+        m: {"checkpoint": str(none)} for m in ("decoder", "vae_decoder")} | {
+        "decoder": {"checkpoint": str(none), "dtype": "fp64", "lora_dir": str(none), "device": "meta"}})
+    cfg = {m: str(repo / m / "config.pbtxt") for m in ("decoder", "vae_decoder")}
+    assert problems({}, str(repo)) == [  # a model with a value it refuses: its other values wait
+        f"{cfg['decoder']}: parameter 'dtype' of model 'decoder' must be one of auto, float32, fp32, bfloat16, "
+        "bf16, float16, fp16, got 'fp64'",
+        f"{cfg['vae_decoder']}: parameter 'checkpoint' ({none}) cannot be used: checkpoint directory not found: "
+        f"{none}"]
+    repo.joinpath("decoder", "config.pbtxt").write_text(
+        repo.joinpath("decoder", "config.pbtxt").read_text().replace('"fp64"', '"bf16"'))
+    assert problems({}, str(repo)) == [
+        f"{cfg['decoder']}, {cfg['vae_decoder']}: parameter 'checkpoint' ({none}) cannot be used: checkpoint "
+        f"directory not found: {none}",
+        f"{cfg['decoder']}: parameter 'lora_dir' ({none}) cannot be used: not a directory",
+        f"{cfg['decoder']}: parameter 'device' (meta) cannot be used: device 'meta': must be cpu, cuda or "
+        "cuda:<index> (or auto)"]
+    # the environment wins over every config.pbtxt: the files' values are never used
+    env = {"VOXCPM_CHECKPOINT": str(checkpoint_dirs["real_shaped"]), "VOXCPM_LORA_DIR": str(tmp_path),
+           "VOXCPM_DEVICE": "cpu"}
+    assert problems(env, str(repo)) == []
