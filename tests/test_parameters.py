@@ -42,6 +42,8 @@ def test_values_are_typed_and_bad_ones_name_the_parameter_and_what_is_allowed():
     assert v["chunk_schedule"] == (1, 4, 16) and v["cuda_graphs"] is False and v["kv_cache_mb"] == 512.5
     assert v["max_batch_size"] == 128 and v["num_blocks"] is None and v["attention"] == "auto"
     assert parse_values("vae_decoder", {"compile": "yes", "max_streams": ""})["max_streams"] == 256
+    v = parse_values("decoder", {"dtype": "BF16", "attention": " Triton", "precision": "FP8"})
+    assert (v["dtype"], v["attention"], v["precision"]) == ("bf16", "triton", "fp8")  # any case, as bools
     bad = {
         ("decoder", "attention", "tritno"): "must be one of auto, triton, torch, got 'tritno'",
         ("decoder", "dtype", "fp8"): "must be one of auto, float32",
@@ -185,9 +187,10 @@ def test_serve_sh_pre_flight_reads_the_environment_as_the_models_do(checkpoint_d
     ckpt = checkpoint_dirs["real_shaped"]
     assert problems({"VOXCPM_CHECKPOINT": f" {ckpt} ", "VOXCPM_DTYPE": " ", "VOXCPM_LORA_DIR": " ",
                      "VOXCPM_DEVICE": " cpu "}) == []
-    assert problems({"VOXCPM_CHECKPOINT": str(tmp_path), "VOXCPM_DTYPE": "FP32"}) == [
+    assert problems({"VOXCPM_CHECKPOINT": str(tmp_path), "VOXCPM_DTYPE": "FP64"}) == [
         f"VOXCPM_CHECKPOINT={tmp_path} cannot be served: {tmp_path}: no config file (expected one of config.json)",
-        "VOXCPM_DTYPE=FP32 is not a dtype: must be one of auto, float32, fp32, bfloat16, bf16, float16, fp16"]
+        "VOXCPM_DTYPE=FP64 is not a dtype: must be one of auto, float32, fp32, bfloat16, bf16, float16, fp16"]
+    assert problems({"VOXCPM_DTYPE": " FP32 "}) == []  # a choice is read in any case, as a bool is
 
 
 def test_serve_sh_pre_flight_reads_the_repository_as_the_models_do(checkpoint_dirs, tmp_path, monkeypatch):

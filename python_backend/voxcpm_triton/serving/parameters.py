@@ -90,7 +90,7 @@ def _ints(_, text):
 
 _PARSERS: dict[str, Callable] = {
     "int": _int, "float": _float, "ms": _ms, "bool": _bool, "ints": _ints, "path": lambda _, t: t, "str": lambda _, t: t,
-    "choice": lambda p, t: t if t in p.choices else None,
+    "choice": lambda p, t: t.lower() if t.lower() in p.choices else None,  # as bools: BF16 is bf16
 }
 
 _CHECKPOINT_DOC = "checkpoint directory; empty: the embedded tiny checkpoint"
