@@ -456,6 +456,7 @@ class Supervisor:
             log("the model repository has models of its own (or cannot be read): a stopping server is left "
                 "its whole exit timeout, never judged held")
         self.proc: subprocess.Popen | None = None
+        self.guard: subprocess.Popen | None = None  # server_guard.py, beside the server
         self.run_dir: str | None = None
         self.stale_since: float | None = None  # when a stale beacon was first seen (_dead_model)
         self.probe_thread: threading.Thread | None = None  # the last probe's (_probe)
@@ -484,6 +485,10 @@ class Supervisor:
         self.envs_before, self.python_env = set(glob.glob(PYTHON_ENV_GLOB)), None
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_die_with_supervisor, pass_fds=_fds(self.held_fd))
+        # what is left of the server if this process is killed (server_guard.py)
+        self.guard = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "server_guard.py"), str(self.proc.pid),
+                                       str(os.getpid()), str(self.exit_timeout), self.shm_prefix],
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.started, self.started_once = time.monotonic(), True
         self.was_ready = self.was_healthy = False
         self.stale_since = None
@@ -522,6 +527,7 @@ class Supervisor:
             pass
         left = _wait_group(proc.pid, 5)  # killed processes take a moment to go
         self._end_probe()
+        self._end_guard()
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if left:
@@ -534,6 +540,17 @@ class Supervisor:
                 except OSError:
                     pass  # gone with a clean exit, or not empty: not ours to clear
         log(f"tritonserver stopped in {time.monotonic() - t0:.1f} s (exit code {proc.returncode})")
+
+    def _end_guard(self):
+        """The stopped server's guard ends by itself once the server's group is empty; else it is killed."""
+        guard, self.guard = self.guard, None
+        if guard is None:
+            return
+        try:
+            guard.wait(5)
+        except subprocess.TimeoutExpired:
+            guard.kill()
+            guard.wait()
 
     def _wait_exit(self, proc: subprocess.Popen, seconds: float, drain: float = 0.0) -> str | None:
         """Wait up to `seconds` for a stopping server to exit; None if it did, else why to kill it:

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.server import REPO
+from tests.server import REPO, _children
 from voxcpm_triton.serving import liveness, processes, run_state, runtime
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -302,6 +302,52 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
     finally:
         if sup.poll() is None:
             sup.kill()
+
+
+def test_a_killed_supervisors_guard_ends_the_model_processes_its_server_left_and_their_regions(tmp_path):
+    """Model processes caught mid-load when the supervisor is killed can hang in Triton's stub for good
+    once their server is gone. The guard the supervisor starts beside each server (server_guard.py)
+    kills them once the server has exited and they have not followed within 5 s, and removes the
+    shared-memory regions their command lines name; it leaves alone a server that exits cleanly."""
+    import signal
+    import uuid
+
+    from tests.server import free_port
+
+    region = f"voxcpm_test_{uuid.uuid4().hex}"
+    marker = tmp_path / "stub.pid"
+    # the server exits at its SIGTERM; its "model process" (same group) ignores SIGTERM and never ends
+    stub = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"open('/dev/shm/{region}', 'w').close(); open({str(marker)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(300)")
+    server = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stub!r}, {region!r}]); time.sleep(300)"
+    env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c", server,
+                            f"--http-port={free_port()}", "--backend-config=python,shm-region-prefix-name=voxcpm_test_"],
+                           env=env, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline, "the stand-in model process did not start"
+            time.sleep(0.05)
+        pid = int(marker.read_text())
+        [guard] = [p for p in _children(sup.pid) if "server_guard.py" in " ".join(supervise._args(p))]
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(10)
+        deadline = time.monotonic() + 20
+        while processes.process_alive(pid) or processes.process_alive(guard):
+            assert time.monotonic() < deadline, "the server's model process outlived its killed supervisor"
+            time.sleep(0.1)
+        assert not os.path.exists(f"/dev/shm/{region}")
+        assert f"guard: the supervisor is gone; killed 1 process(es) its server left: [{pid}]" in sup.stderr.read()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        if pid and processes.process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        if os.path.exists(f"/dev/shm/{region}"):
+            os.unlink(f"/dev/shm/{region}")
 
 
 def _supervise(tmp_path, server: str, *args: str, opts=()):

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Ends what a supervised tritonserver leaves behind when its supervisor is killed (SIGKILL: it
+cannot stop the server itself). supervise.py starts one guard beside each server, in a session of
+its own (a terminal's Ctrl-C or a signal to the supervisor's group does not reach it).
+
+With the supervisor gone, tritonserver gets SIGTERM (PR_SET_PDEATHSIG) and stops. Model processes
+caught between two commands while their models load can then hang in Triton's stub for good: its
+exit waits for the interpreter lock, which the thread waiting for the dead server's next command
+holds. The guard waits as the supervisor's own stop does (the server's exit timeout, then 5 s for
+its model processes to follow), then kills the server's process group and removes the
+shared-memory regions its model processes' command lines named. While the supervisor lives, the
+guard only exits once the server's group is empty.
+
+    server_guard.py PGID SUPERVISOR_PID EXIT_TIMEOUT_S SHM_PREFIX
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import supervise
+
+POLL_S = 0.5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[int]:
+    """Watch until the group is empty, or clear it once the supervisor is gone -> the pids killed."""
+    while os.getppid() == supervisor:
+        if not supervise._group_alive(pgid):
+            return []
+        time.sleep(POLL_S)
+    end = time.monotonic() + exit_timeout + 10  # the server's own stop, as supervise.Server.stop waits for it
+    while _alive(pgid) and time.monotonic() < end:
+        time.sleep(POLL_S)
+    left = supervise._wait_group(pgid, 5)
+    if not left:
+        return []
+    regions = supervise._shm_regions(supervise._group_commands(pgid), prefix)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return []
+    supervise._wait_group(pgid, 5)
+    for r in regions:
+        try:
+            os.unlink(os.path.join(supervise.SHM_DIR, r))
+        except OSError:
+            pass  # removed by its server after all, or not ours
+    supervise.log(f"guard: the supervisor is gone; killed {len(left)} process(es) its server left: {left}")
+    return left
+
+
+def main(argv: list[str]) -> int:
+    pgid, supervisor, exit_timeout, prefix = int(argv[0]), int(argv[1]), float(argv[2]), argv[3]
+    guard(pgid, supervisor, exit_timeout, prefix)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
