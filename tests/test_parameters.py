@@ -171,12 +171,20 @@ def test_the_readme_configuration_table_matches_the_table():
                 assert knob in TABLE.get(model, {}), f"README names {model}/config.pbtxt {knob}, which is no parameter"
 
 
-def test_the_voices_dir_is_one_for_the_models_that_share_it(tmp_path):
+def test_the_voices_dir_is_one_for_the_models_that_share_it(tmp_path, monkeypatch):
+    """Unless VOXCPM_VOICES_DIR overrides all three; a blank one is unset, as everywhere."""
     repo = edited_repository(tmp_path / "repo", parameters={"voices": {"voices_dir": "/srv/voices"}})
-    for model in ("tts", "voices"):
-        with pytest.raises(ValueError, match="'voices_dir'.*must name one directory"):
-            read(_args(repo, model), model)
+    for blank in (None, " "):
+        if blank is None:
+            monkeypatch.delenv("VOXCPM_VOICES_DIR", raising=False)
+        else:
+            monkeypatch.setenv("VOXCPM_VOICES_DIR", blank)
+        for model in ("tts", "voices"):
+            with pytest.raises(ValueError, match="'voices_dir'.*must name one directory"):
+                read(_args(repo, model), model)
     read(_args(repo, "decoder"), "decoder")
+    monkeypatch.setenv("VOXCPM_VOICES_DIR", str(tmp_path))
+    assert read(_args(repo, "voices"), "voices")["voices_dir"] == str(tmp_path)
 
 
 def test_serve_sh_pre_flight_reads_the_environment_as_the_models_do(checkpoint_dirs, tmp_path):

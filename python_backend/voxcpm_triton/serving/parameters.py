@@ -275,7 +275,7 @@ def _idle_fits(c):
 
 
 def _voices_dir_shared(c):
-    if os.environ.get("VOXCPM_VOICES_DIR"):  # overrides all three alike (siblings are read without it)
+    if os.environ.get("VOXCPM_VOICES_DIR", "").strip():  # overrides all three alike (siblings are read without it)
         return None
     dirs = {m: c[m]["voices_dir"] for m in ("tts", "tts_stream", "voices") if m in c}
     if len(set(dirs.values())) > 1:
