@@ -212,6 +212,19 @@ def test_vae_decoder_idle_timeout_is_checked_against_the_sequence_batcher(fake_p
             VAEDecoderModel().initialize(_args(checkpoint_dirs["real_shaped"], stream_idle_timeout_s=bad))
 
 
+def test_decoder_checks_its_engine_settings_before_loading_anything(fake_pb, monkeypatch, tmp_path):
+    """A bad batch or CFM bucket list is said before the checkpoint loads and the audio thread starts
+    (on a GPU: its VAE graphs captured first)."""
+    from voxcpm_triton.serving import bls_stream, decoder_model
+
+    monkeypatch.setattr(bls_stream, "check_callee_config", lambda *a: None)  # not a decoupled config here
+    monkeypatch.setattr(decoder_model.runtime, "model_process", lambda: None)
+    args = _args(str(tmp_path / "none"), timestep_buckets="4,8,50")
+    args["model_name"] = "decoder"
+    with pytest.raises(ValueError, match="timestep_buckets must end at"):
+        decoder_model.DecoderModel().initialize(args)
+
+
 def test_tts_stream_finalize_ends_every_open_stream_once(fake_pb):
     """The stub stops the event loop before finalize: streams still open then get an error final
     response from finalize itself, and a stream ended that way is not ended again."""

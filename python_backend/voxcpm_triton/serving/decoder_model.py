@@ -103,6 +103,7 @@ class DecoderModel:
         runtime.model_process()
         params = read(args, "decoder")
         bls_stream.check_callee_config(json.loads(args["model_config"]), "decoder")
+        cfg = _engine_config(params)  # checks its values: before anything is loaded or started
         t0 = time.monotonic()
         device = placement.instance_device(args, params["device"])
         # torch.compile only where the engine captures CUDA graphs (GPU): compiled eager steps gain nothing.
@@ -132,7 +133,7 @@ class DecoderModel:
         t_audio = time.monotonic() - t1
         self.keys = itertools.count()
         first_audio = self.audio if params["first_audio_priority"] else None
-        self.engine = Engine(self.vox, _engine_config(params), first_audio=first_audio)
+        self.engine = Engine(self.vox, cfg, first_audio=first_audio)
         if self.engine.loras is not None:
             run_state.save_loras(self.engine.lora_names())  # what a restart by the supervisor loads again
         self._stuck_logged = None  # the heartbeat of the stall whose threads were logged
