@@ -175,12 +175,19 @@ def test_load_audio_downmixes_stereo(tmp_path, ext):
 
 
 def test_load_audio_mono(tmp_path):
+    """From a path (str or Path) or a binary file object, as soundfile reads them."""
+    import io
+    from pathlib import Path
+
     path = str(tmp_path / "mono.wav")
     x = np.linspace(-0.5, 0.5, 1000).astype(np.float32)
     sf.write(path, x, 16000, subtype="FLOAT")
-    audio, rate = load_audio(path)
-    assert rate == 16000 and audio.shape == (1000,)
-    np.testing.assert_array_equal(audio, x)
+    for source in (path, Path(path), io.BytesIO(Path(path).read_bytes())):
+        audio, rate = load_audio(source)
+        assert rate == 16000 and audio.shape == (1000,)
+        np.testing.assert_array_equal(audio, x)
+    with pytest.raises(FileNotFoundError, match="No such file"):
+        load_audio(str(tmp_path / "none.wav"))
 
 
 def test_result_math():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import os
 import queue
 import re
 import time
@@ -96,10 +97,13 @@ class Result:
         sf.write(path, self.audio, self.sample_rate, subtype=subtype, format="WAV")
 
 
-def load_audio(path: str):
-    """Read wav/flac/... -> (mono float32 waveform, sample rate); channels are averaged."""
-    open(path, "rb").close()  # a missing or unreadable file said as such (libsndfile says "System error.")
-    data, rate = sf.read(path, dtype="float32", always_2d=True)
+def load_audio(source):
+    """Read wav/flac/... from a path or anything soundfile reads (a binary file object) -> (mono float32
+    waveform, sample rate); channels are averaged."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        with open(source, "rb") as f:  # a missing or unreadable file said as such (libsndfile: "System error.")
+            return load_audio(f)
+    data, rate = sf.read(source, dtype="float32", always_2d=True)
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32)), int(rate)
 
 
