@@ -103,13 +103,21 @@ MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
 if [[ $mode == run ]]; then
     bad=()
     [[ -d $MODEL_REPOSITORY ]] || bad+=("MODEL_REPOSITORY=$MODEL_REPOSITORY is not a directory")
-    # Triton's Python backend starts its model processes through a shell command line that does not
-    # quote these paths: with a space in one, no model process starts and the server never gets ready.
+    # Triton's Python backend starts its model processes through a bash command line that does not
+    # quote these paths: with a space or a character special to the shell in one, no model process
+    # starts and the server never gets ready.
+    special='[][[:space:]"'"'"'\\$`;&|<>()*?{}#!~]'
     for v in MODEL_REPOSITORY TRITON_BACKEND_DIR; do
-        [[ ${!v} =~ [[:space:]] ]] && bad+=("$v=${!v} has a space in it, which Triton's Python backend cannot start models from")
+        [[ ${!v} =~ $special ]] && bad+=("$v=${!v} has a space or a character special to the shell ('${BASH_REMATCH[0]}') in it, which Triton's Python backend cannot start models from")
     done
-    [[ ${TRITON_LOG_VERBOSE:-0} =~ ^[0-9]+$ ]] || bad+=("TRITON_LOG_VERBOSE=$TRITON_LOG_VERBOSE is not a whole number")
-    [[ ${TRITON_EXIT_TIMEOUT:-30} =~ ^[0-9]+$ ]] || bad+=("TRITON_EXIT_TIMEOUT=$TRITON_EXIT_TIMEOUT is not a whole number of seconds")
+    # tritonserver reads both as 32-bit integers (past that it refuses to start)
+    int32='^(0|[1-9][0-9]{0,9})$'
+    if ! [[ ${TRITON_LOG_VERBOSE:-0} =~ $int32 && ${TRITON_LOG_VERBOSE:-0} -le 2147483647 ]]; then
+        bad+=("TRITON_LOG_VERBOSE=$TRITON_LOG_VERBOSE is not a whole number (0-2147483647)")
+    fi
+    if ! [[ ${TRITON_EXIT_TIMEOUT:-30} =~ $int32 && ${TRITON_EXIT_TIMEOUT:-30} -le 2147483647 ]]; then
+        bad+=("TRITON_EXIT_TIMEOUT=$TRITON_EXIT_TIMEOUT is not a whole number of seconds (0-2147483647)")
+    fi
     for v in TRITON_HTTP_PORT TRITON_GRPC_PORT TRITON_METRICS_PORT; do
         # 0 would be a port the system picks, which nothing here could find
         p="${!v:-}"

@@ -943,8 +943,10 @@ def main(argv=None) -> int:
         ap.error("no server command after --")
     server = argv[i + 1:]
     exit_timeout = _arg(server, "exit-timeout-secs", "30")
-    if not exit_timeout.isdigit():  # what the supervisor reads of the server's own arguments
-        ap.error(f"tritonserver --exit-timeout-secs must be a whole number of seconds, got {exit_timeout!r}")
+    if not (exit_timeout.isascii() and exit_timeout.isdigit() and int(exit_timeout) <= 2**31 - 1):
+        # what the supervisor reads of the server's own arguments; tritonserver's is a 32-bit integer
+        ap.error(f"tritonserver --exit-timeout-secs must be a whole number of seconds (0-2147483647), "
+                 f"got {exit_timeout!r}")
     for name in ("http", "grpc", "metrics"):
         port = _arg(server, f"{name}-port", "0")
         if not port.isdigit() or int(port) > 65535:

@@ -315,6 +315,8 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     env.pop("VOXCPM_CHECKPOINT")
     spaced = tmp_path / "model repository"
     shutil.copytree(REPO / "model_repository", spaced)
+    quoted = tmp_path / "the_model's_repository"
+    shutil.copytree(REPO / "model_repository", quoted)
     edited = edited_repository(tmp_path / "edited", parameters={"decoder": {"lora_dir": str(tmp_path / "none")}})
     for bad, said in [({"MODEL_REPOSITORY": str(tmp_path / "none")}, f"MODEL_REPOSITORY={tmp_path / 'none'} is not a "
                                                                         "directory"),
@@ -326,8 +328,16 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                       # 0: a port the system picks, which neither the supervisor nor the gateway can find
                       ({"TRITON_HTTP_PORT": "0"}, "TRITON_HTTP_PORT=0 is not a port number (1-65535)"),
                       ({"TRITON_EXIT_TIMEOUT": " 30"}, "TRITON_EXIT_TIMEOUT= 30 is not a whole number of seconds"),
-                      # the Python backend's unquoted command line: no model process would start
-                      ({"MODEL_REPOSITORY": str(spaced)}, f"MODEL_REPOSITORY={spaced} has a space in it"),
+                      # tritonserver's 32-bit integers: it refused to start, five times
+                      ({"TRITON_EXIT_TIMEOUT": "2147483648"}, "TRITON_EXIT_TIMEOUT=2147483648 is not a whole number "
+                                                              "of seconds (0-2147483647)"),
+                      ({"TRITON_LOG_VERBOSE": "99999999999"}, "TRITON_LOG_VERBOSE=99999999999 is not a whole number "
+                                                              "(0-2147483647)"),
+                      # the Python backend's unquoted bash command line: no model process would start
+                      ({"MODEL_REPOSITORY": str(spaced)}, f"MODEL_REPOSITORY={spaced} has a space or a character "
+                                                          "special to the shell (' ') in it"),
+                      ({"MODEL_REPOSITORY": str(quoted)}, f"MODEL_REPOSITORY={quoted} has a space or a character "
+                                                          "special to the shell (''') in it"),
                       ({"VOXCPM_CHECKPOINT": str(tmp_path / "none")}, f"VOXCPM_CHECKPOINT={tmp_path / 'none'} is not a "
                                                                         "VoxCPM2 checkpoint directory (no such directory)"),
                       ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port"),

@@ -528,7 +528,9 @@ def test_settings_that_can_never_work_are_usage_errors_before_any_start(monkeypa
         (("--probe-interval", "-2"), {}, "--probe-interval must be a non-negative number of seconds, got -2"),
         ((), {"VOXCPM_PROBE_FAILURES": "0"}, "--probe-failures must be 1 or more, got 0"),
         (("--", "tritonserver", "--exit-timeout-secs=abc"), {},
-         "tritonserver --exit-timeout-secs must be a whole number of seconds, got 'abc'"),
+         "tritonserver --exit-timeout-secs must be a whole number of seconds (0-2147483647), got 'abc'"),
+        (("--", "tritonserver", "--exit-timeout-secs=2147483648"), {},
+         "tritonserver --exit-timeout-secs must be a whole number of seconds (0-2147483647), got '2147483648'"),
         (("--", "tritonserver", "--http-port=70000"), {}, "tritonserver --http-port must be a port number (0-65535), "
                                                           "got '70000'"),
         (("--", "tritonserver", "--grpc-port", "abc"), {}, "tritonserver --grpc-port must be a port number"),
