@@ -152,6 +152,16 @@ print("[serve] checkpoint:", ensure_tiny_checkpoint(progress=print))' "$REPO/pyt
 fi
 BIND="${TRITON_BIND:-127.0.0.1}"
 HTTP_BIND="${TRITON_HTTP_BIND:-127.0.0.1}"
+BIND="${BIND#[}" BIND="${BIND%]}" HTTP_BIND="${HTTP_BIND#[}" HTTP_BIND="${HTTP_BIND%]}"
+# An IPv6 address as each listener takes it: tritonserver's gRPC in brackets, its HTTP and metrics
+# (evhtp) as ipv6:ADDRESS; a host:port in brackets (bind_host)
+grpc_address="$BIND" metrics_address="$BIND" http_address="$HTTP_BIND" bind_host="$BIND" http_host="$HTTP_BIND"
+if [[ $BIND == *:* ]]; then
+    grpc_address="[$BIND]" metrics_address="ipv6:$BIND" bind_host="[$BIND]"
+fi
+if [[ $HTTP_BIND == *:* ]]; then
+    http_address="ipv6:$HTTP_BIND" http_host="[$HTTP_BIND]"
+fi
 for a in "$@"; do
     case "$a" in
         --http-port*|--grpc-port*|--metrics-port*|--http-address*|--grpc-address*|--metrics-address*)
@@ -167,9 +177,9 @@ cmd=(
     "$TRITONSERVER_BIN"
     --model-repository="$MODEL_REPOSITORY"
     --backend-directory="$TRITON_BACKEND_DIR"
-    --http-address="$HTTP_BIND" --http-port="${TRITON_HTTP_PORT:-8000}"
-    --grpc-address="$BIND" --grpc-port="${TRITON_GRPC_PORT:-8001}"
-    --metrics-address="$BIND" --metrics-port="${TRITON_METRICS_PORT:-8002}"
+    --http-address="$http_address" --http-port="${TRITON_HTTP_PORT:-8000}"
+    --grpc-address="$grpc_address" --grpc-port="${TRITON_GRPC_PORT:-8001}"
+    --metrics-address="$metrics_address" --metrics-port="${TRITON_METRICS_PORT:-8002}"
     --allow-metrics=true
     --log-verbose="${TRITON_LOG_VERBOSE:-0}"
     --exit-timeout-secs="${TRITON_EXIT_TIMEOUT:-30}"
@@ -180,7 +190,7 @@ if [[ $mode == cmd ]]; then
     echo
     exit 0
 fi
-echo "[serve] tritonserver http $HTTP_BIND:${TRITON_HTTP_PORT:-8000}, grpc $BIND:${TRITON_GRPC_PORT:-8001}, metrics $BIND:${TRITON_METRICS_PORT:-8002}, repo $MODEL_REPOSITORY" >&2
+echo "[serve] tritonserver http $http_host:${TRITON_HTTP_PORT:-8000}, grpc $bind_host:${TRITON_GRPC_PORT:-8001}, metrics $bind_host:${TRITON_METRICS_PORT:-8002}, repo $MODEL_REPOSITORY" >&2
 if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     # Bare, with the restricted-API flags the supervisor adds otherwise (its function makes them).
     mapfile -t cmd < <("$VENV/bin/python" "$REPO/scripts/supervise.py" --print-restricted -- "${cmd[@]}")
@@ -190,8 +200,6 @@ fi
 supervise=()
 OPENAI_API_PORT="${OPENAI_API_PORT:-9000}"
 if [[ $OPENAI_API_PORT != 0 ]]; then
-    bind_host="$BIND"  # as host:port writes it: an IPv6 address in brackets
-    [[ $bind_host == *:* && $bind_host != \[* ]] && bind_host="[$bind_host]"
     # the gateway reaches Triton's gRPC port on the loopback when Triton listens everywhere
     triton_host="$bind_host"
     [[ $bind_host == 0.0.0.0 || -z $bind_host || $bind_host == "[::]" ]] && triton_host=127.0.0.1
@@ -200,6 +208,6 @@ if [[ $OPENAI_API_PORT != 0 ]]; then
     # shlex's quoting, which the supervisor reads back (bash's %q writes $'...' for non-ASCII bytes in a C locale)
     supervise+=(--companion "$("$VENV/bin/python" -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${gateway[@]}")")
     supervise+=(--companion-port "$bind_host:$OPENAI_API_PORT")
-    echo "[serve] OpenAI speech API on http://$BIND:$OPENAI_API_PORT/v1" >&2
+    echo "[serve] OpenAI speech API on http://$bind_host:$OPENAI_API_PORT/v1" >&2
 fi
 exec "$VENV/bin/python" "$REPO/scripts/supervise.py" "${supervise[@]}" -- "${cmd[@]}"

@@ -271,6 +271,12 @@ def test_serve_sh_keeps_http_on_the_loopback_unless_told():
         out = serve(arg)
         assert out.returncode == 2 and out.stderr.startswith(f"[serve] {arg}: set TRITON_HTTP_PORT"), out.stderr
     assert serve("--log-verbose=1").returncode == 0
+    # IPv6, bracketed or not: tritonserver's gRPC takes it in brackets, its HTTP and metrics as ipv6:ADDRESS
+    for v6 in ("::1", "[::1]"):
+        out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--print-cmd"], capture_output=True,
+                             env={**env, "TRITON_BIND": v6, "TRITON_HTTP_BIND": v6}, text=True, timeout=60)
+        addresses = [a for a in shlex.split(out.stdout) if "-address=" in a]
+        assert addresses == ["--http-address=ipv6:::1", "--grpc-address=[::1]", "--metrics-address=ipv6:::1"], out
     # a mode after other arguments went to tritonserver as an argument, which refused it, five starts in a row
     # (a blank VOXCPM_CHECKPOINT is unset, as the models read it: serve.sh makes the embedded default first)
     out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--log-verbose=1", "--print-cmd"],
@@ -397,6 +403,58 @@ def test_serve_sh_bare_closes_the_restricted_apis_too(tmp_path, key):
         assert _status(base + "/v2/models/echo/ready") == 200  # inference and health stay open
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    deadline = time.monotonic() + 10
+    while _pids_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pids_in_group(proc.pid) == [], "processes left after SIGTERM"
+
+
+def test_serve_sh_serves_on_ipv6(tmp_path):
+    """TRITON_BIND=::1: every listener of tritonserver and the gateway on the IPv6 loopback (gRPC used to
+    get `::1:PORT`, which it cannot parse: no start ever served). Then SIGTERM leaves nothing."""
+    import socket
+
+    import tritonclient.grpc as grpcclient
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    http, grpc, metrics, openai_port = _free_ports(4)
+    env = triton_env()
+    env.update(SKIP_SETUP="1", MODEL_REPOSITORY=str(ECHO_REPO), TRITON_BIND="::1", TRITON_HTTP_BIND="::1",
+               TRITON_HTTP_PORT=str(http), TRITON_GRPC_PORT=str(grpc), TRITON_METRICS_PORT=str(metrics),
+               ECHO_MARKER_DIR=str(tmp_path), VOXCPM_PROBE_INTERVAL="0", OPENAI_API_PORT=str(openai_port))
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "serve.sh")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                if _status(f"http://[::1]:{http}/v2/health/ready") == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.25)
+        assert _status(f"http://[::1]:{metrics}/metrics") == 200
+        assert grpcclient.InferenceServerClient(f"[::1]:{grpc}").is_model_ready("echo")
+        while True:  # the gateway (it answers 503: the echo repository has no tts models)
+            assert time.monotonic() < deadline, log.read_text()
+            with socket.socket(socket.AF_INET6) as s:
+                if s.connect_ex(("::1", openai_port)) == 0:
+                    break
+            time.sleep(0.25)
+        assert f"OpenAI speech API on http://[::1]:{openai_port}/v1" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
