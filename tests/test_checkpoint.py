@@ -328,6 +328,9 @@ CONFIG_CASES = {
     "feat_dim != vae latent_dim": (lambda c: c.update(feat_dim=32), "feat_dim"),
     "missing lm hidden_size": (_drop("lm_config", "hidden_size"), "lm_config.hidden_size"),
     "missing encoder_config": (_drop("encoder_config"), "encoder_config"),
+    # a section that is no object: a TypeError from dict() before, or read as an empty one
+    "null lm_config": (lambda c: c.update(lm_config=None), "lm_config: expected an object, got NoneType"),
+    "list dit_config": (lambda c: c.update(dit_config=[]), "dit_config: expected an object, got list"),
     "missing rope_scaling field": (_drop("lm_config", "rope_scaling", "short_factor"), "short_factor"),
     "rope factors of wrong length": (lambda c: c["lm_config"]["rope_scaling"].update(long_factor=[1.0] * 7),
                                      "long_factor"),
@@ -352,7 +355,7 @@ def test_bad_config_is_named(ckpt, case):
     assert words in str(e.value)
 
 
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", ""])
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "", '{"patch_size": ' + "9" * 5000 + "}"])
 def test_unparsable_config_is_named(ckpt, text):
     with open(os.path.join(ckpt, "config.json"), "w") as f:
         f.write(text)

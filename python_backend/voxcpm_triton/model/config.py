@@ -244,6 +244,7 @@ class VoxCPM2Config:
         d = dict(d)
         for sub in ("lm_config", "encoder_config", "dit_config"):
             _check(sub in d, sub, "missing required field")
+            _check(isinstance(d[sub], dict), sub, f"expected an object, got {type(d[sub]).__name__}")
         lm = dict(d.pop("lm_config"))
         _check("rope_scaling" in lm, "lm_config.rope_scaling", "missing required field")
         lm["rope_scaling"] = _from_dict(
@@ -273,7 +274,7 @@ class VoxCPM2Config:
         try:
             with open(path, encoding="utf-8") as f:
                 raw = json.load(f)
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
             raise ConfigError(f"{path}: not valid JSON: {e}") from None
         return cls.from_dict(raw)
 
