@@ -249,6 +249,14 @@ def _status(url: str, headers: dict | None = None) -> int:
         return e.code
 
 
+def _group_left(pgid: int, seconds: float = 10) -> list[int]:
+    """The group's processes still there after up to `seconds` (those ending take a moment)."""
+    deadline = time.monotonic() + seconds
+    while _pids_in_group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _pids_in_group(pgid)
+
+
 def test_serve_sh_keeps_http_on_the_loopback_unless_told():
     """TRITON_BIND opens gRPC and metrics; HTTP (Triton's HTTP frontend is for trusted clients) needs
     TRITON_HTTP_BIND too. Ports and addresses as extra arguments are refused: the gateway and the
@@ -407,10 +415,7 @@ def test_serve_sh_bare_closes_the_restricted_apis_too(tmp_path, key):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-    deadline = time.monotonic() + 10
-    while _pids_in_group(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _pids_in_group(proc.pid) == [], "processes left after SIGTERM"
+    assert _group_left(proc.pid) == [], "processes left after SIGTERM"
 
 
 def test_serve_sh_serves_on_ipv6(tmp_path):
@@ -459,10 +464,7 @@ def test_serve_sh_serves_on_ipv6(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-    deadline = time.monotonic() + 10
-    while _pids_in_group(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _pids_in_group(proc.pid) == [], "processes left after SIGTERM"
+    assert _group_left(proc.pid) == [], "processes left after SIGTERM"
 
 
 def test_serve_sh_supervises_restricts_and_stops_cleanly(tmp_path):
