@@ -154,21 +154,45 @@ def _taken(ports: list[tuple[str, str, int]]) -> list[str]:
     return taken
 
 
+CLAIM = "voxcpm-serving-port-"  # an abstract Unix socket's name: CLAIM<port>-<address>
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _claimed(port: int) -> set[str]:
+    """The addresses claimed on `port` (_claim), from the kernel's list of Unix sockets."""
+    head = f"@{CLAIM}{port}-"
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            return {name[len(head):] for line in f if (name := line.split()[-1]).startswith(head)}
+    except OSError:
+        return set()
+
+
 def _claim(ports: list[tuple[str, str, int]]) -> tuple[list[socket.socket], list[str]]:
     """Claim the server's ports for this supervisor's life: -> (the claims, held while they are open;
     the endpoints another supervisor claimed, with nothing claimed then). Triton listens only once its
     models have loaded: until then a second supervisor found the ports free, started a server of its
-    own and took the first one's readiness for its own. A claim is an abstract Unix socket's name,
-    which leaves no file and goes with the process however it ends."""
-    claims, held = [], []
+    own and took the first one's readiness for its own. A claim is an abstract Unix socket's name
+    (port and address), which leaves no file and goes with the process however it ends. A port claimed
+    on another address does not conflict, except where either address is a wildcard (checked once
+    the claim is made: of two supervisors claiming at once, at least one sees the other)."""
+    claims, held, names = [], [], set()
     for name, host, port in ports:
+        address = "*" if host in _WILDCARDS else host
+        if (port, address) in names:  # one port listed twice (a companion's, say): one claim
+            continue
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            s.bind(f"\0voxcpm-serving-port-{port}")
-            claims.append(s)
+            s.bind(f"\0{CLAIM}{port}-{address}")
         except OSError:
             s.close()
             held.append(f"{name} {host}:{port} (another supervisor's server)")
+            continue
+        claims.append(s)
+        names.add((port, address))
+        others = _claimed(port) - {address}
+        if others and (address == "*" or "*" in others):
+            held.append(f"{name} {host}:{port} (another supervisor's server, on {', '.join(sorted(others))})")
     if held:
         for s in claims:
             s.close()

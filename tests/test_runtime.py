@@ -706,6 +706,33 @@ def test_a_second_supervisor_does_not_start_while_the_first_ones_server_loads(tm
     claims[0].close()
 
 
+def test_port_claims_conflict_on_one_address_or_a_wildcard_only():
+    """Two servers may share a port number on two addresses; a wildcard takes the port on every one. A
+    port listed twice by one supervisor is one claim (it waited for itself)."""
+    from tests.server import free_port
+
+    port = free_port()
+    one, held = supervise._claim([("http", "127.0.0.1", port), ("companion", "127.0.0.1", port)])
+    assert len(one) == 1 and held == []
+    two, held = supervise._claim([("http", "127.0.0.2", port)])
+    assert len(two) == 1 and held == []
+    assert supervise._claim([("http", "127.0.0.1", port)]) == ([], ["http 127.0.0.1:%d (another supervisor's "
+                                                                      "server)" % port])
+    claims, held = supervise._claim([("grpc", "0.0.0.0", port)])
+    assert claims == [] and held == [f"grpc 0.0.0.0:{port} (another supervisor's server, on 127.0.0.1, 127.0.0.2)"]
+    for s in one + two:
+        s.close()
+    every, held = supervise._claim([("grpc", "::", port)])
+    assert len(every) == 1 and held == []
+    claims, held = supervise._claim([("http", "127.0.0.3", port)])
+    assert claims == [] and held == [f"http 127.0.0.3:{port} (another supervisor's server, on *)"]
+    assert supervise._claim([("http", "0.0.0.0", port)])[0] == []  # :: and 0.0.0.0 are one wildcard
+    every[0].close()
+    claims, held = supervise._claim([("http", "127.0.0.3", port)])
+    assert len(claims) == 1 and held == []
+    claims[0].close()
+
+
 def test_the_supervisor_waits_for_its_companions_port_before_the_first_start_only(tmp_path):
     """A foreign process on the gateway's port: Triton was loaded, the gateway failed five times and
     everything stopped (an operator's probe); now nothing starts while it holds the port. Once started,
