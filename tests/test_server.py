@@ -484,6 +484,41 @@ def test_normalize_equals_sending_the_reference_normalised_text(server):
     assert streamed.shape == want.shape and np.abs(streamed - want).max() <= TOL
 
 
+def test_normalize_floods_leave_tts_instances_to_plain_requests(server):
+    """A `tts` request holds its instance while it waits (not decoupled): a flood of NORMALIZE requests
+    waiting for text_normalizer (one at a time, 16 in its queue) held all 8 and a plain request sent
+    after them waited seconds behind them. At most half the instances wait; past that, `server busy`
+    at once, and the plain request is answered before the first of the flood."""
+    import threading
+
+    from tritonclient.utils import InferenceServerException
+
+    slow = "1 " * 1500  # over a second of normalisation each on this machine
+    results: dict = {}
+
+    def run(name, text, **kw):
+        try:
+            out = tts_http(server, text, SEED=1, MIN_LENGTH=2, MAX_LENGTH=2, **kw)[0]
+        except InferenceServerException as e:
+            out = e
+        results[name] = (out, time.monotonic())
+
+    threads = [threading.Thread(target=run, args=(i, slow), kwargs={"NORMALIZE": ("BOOL", np.array([True]))})
+               for i in range(10)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    run("plain", "I paid $5 for 3 apples.")
+    for t in threads:
+        t.join(300)
+    assert isinstance(results["plain"][0], np.ndarray), results["plain"]
+    busy = [out for out, _ in (results[i] for i in range(10)) if isinstance(out, InferenceServerException)
+            and "half of tts's instances" in str(out)]
+    assert len(busy) >= 5 and all(e.status() == "503" for e in busy), results  # UNAVAILABLE: retry later
+    normalised = [at for out, at in (results[i] for i in range(10)) if isinstance(out, np.ndarray)]
+    assert normalised and results["plain"][1] < min(normalised), results
+
+
 def test_internal_models_validate_calls_with_the_internal_key(server):
     """Requests stamped with the server's internal key (as the orchestrator's are) are still
     validated: bad input gets an error naming it."""

@@ -8,6 +8,8 @@ own adapters). The instance that gets one writes it here; every instance polls a
 - Cancels: `cancels/<sha256 of the request id>` holds the id. The instance holding the request
   cancels it and removes the marker. A marker no instance takes (its request has ended) is removed
   after CANCEL_TTL_S; until then a cancel that overtook its request still applies once it is submitted.
+- Shared slots (`SharedSlots`): at most n holders among the instances, one file lock each in
+  `<name>/<k>.lock`, released with its process however it ends (`tts`'s waits for text_normalizer).
 - LoRA adapters: `instance_loras.json` is the set every instance converges to, {generation, adapters:
   {name: generation of its last add}} (an adapter added again is loaded again everywhere); changed
   under the `instance_loras.lock` file lock, replaced atomically, so a reader sees one whole record.
@@ -66,6 +68,32 @@ class CancelBoard:
                     os.unlink(path)
             except FileNotFoundError:
                 continue  # taken by another instance meanwhile
+
+
+class SharedSlots:
+    """At most `n` holders at once among a model's instances (each a process of its own)."""
+
+    def __init__(self, name: str, n: int, root: str | None = None):
+        folder = os.path.join(root or run_state.run_dir(), name)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.paths = [os.path.join(folder, f"{k}.lock") for k in range(n)]
+
+    @contextlib.contextmanager
+    def hold(self):
+        """A free slot held for the block -> True; False (nothing held) when all n are taken."""
+        for path in self.paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield True
+            finally:
+                os.close(fd)  # and its lock
+            return
+        yield False
 
 
 class LoraRecord:

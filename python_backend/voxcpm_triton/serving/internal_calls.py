@@ -6,6 +6,7 @@ caller waiting forever. The `tts`/`tts_stream` pipeline (`orchestrator`) and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Callable
 
@@ -42,6 +43,9 @@ class InternalCalls:
         # A BLS call holds a thread of the event loop's default executor until it is answered: calls
         # queued for text_normalizer take at most these, leaving the rest to every other call.
         self.normalize_slots = asyncio.Semaphore(NORMALIZE_CALLS)
+        # `tts` only (instance_sync.SharedSlots): a request there holds its instance while it waits, so
+        # only some of them may wait for text_normalizer, the others being left to plain requests.
+        self.normalize_gate = None
 
     async def guard(self, awaitable, cancelled: Callable[[], bool] | None = None):
         """Await `awaitable`, looking at the model processes' health (and the client) every
@@ -95,6 +99,13 @@ class InternalCalls:
     async def normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
         """`text` written out as words by text_normalizer (NORMALIZE); None when the client left while
         it waited. Busy when that model's queue is full."""
+        with self.normalize_gate.hold() if self.normalize_gate else contextlib.nullcontext(True) as gated:
+            if not gated:
+                raise Busy("server busy: too many NORMALIZE requests wait for text normalisation (half of tts's "
+                           "instances may); retry later, use tts_stream, or send this TEXT with NORMALIZE off")
+            return await self._normalize(text, cancelled)
+
+    async def _normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
         if await self.guard(self.normalize_slots.acquire(), cancelled) is None:
             return None
         try:

@@ -6,6 +6,7 @@ streaming, cancellation and the server's stop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ import numpy as np
 from .. import timeline
 from ..checks import RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
 from . import bls_stream, contract, gc_pauses, liveness, runtime
+from .instance_sync import SharedSlots
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator
 from .parameters import read
@@ -63,6 +65,10 @@ class TTSModel:
 
     def initialize(self, args):
         self.orch = _orchestrator(args, read(args, "tts"))
+        # Half of its instances (KIND_CPU) may wait for text_normalizer (InternalCalls.normalize_gate).
+        groups = json.loads(args["model_config"]).get("instance_group") or [{}]
+        instances = sum(int(g.get("count", 1)) for g in groups)
+        self.orch.normalize_gate = SharedSlots("tts_normalize_waits", max(1, instances // 2))
         labels = {"model": args["model_name"]}
         self.m_badcases = metric("voxcpm_badcases_total", "Whole-utterance tries judged bad cases "
                                  "(>= 6 patches per target token)", labels, "COUNTER")
