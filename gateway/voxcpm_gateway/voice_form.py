@@ -37,7 +37,21 @@ class _StrictParser(MultiPartParser):
     the form's, UTF-8 unless the request's Content-Type says otherwise), and refused if it does not
     decode: Starlette falls back to latin-1 instead, so a transcript in another encoding (GBK, say)
     would be stored garbled. audio_sample is left to Starlette: sent as a text field, it is refused
-    by `fields` with a message that says how to send it."""
+    by `fields` with a message that says how to send it. A form cut off before its closing boundary
+    is refused as such: Starlette drops its unfinished part, which was then said to be missing."""
+
+    ended = False
+
+    def on_end(self) -> None:
+        self.ended = True
+
+    async def parse(self) -> FormData:
+        form = await super().parse()
+        if not self.ended:
+            await form.close()
+            raise MultiPartException("the multipart body ended before its closing boundary (--BOUNDARY--): it "
+                                     "was cut off, or its Content-Length is short")
+        return form
 
     def on_part_end(self) -> None:
         part = self._current_part
