@@ -877,11 +877,18 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
         (b"[1, 2]", "application/json", None, "must be a JSON object"),
         (b'{"input": "ab"}', "application/x-www-form-urlencoded", None, "Content-Type application/json"),
         (b'{"input": "ab"', "application/json", None, "not valid JSON"),
+        # what json.loads raises besides a syntax error: FastAPI's generic "error parsing the body" before
+        (b'{"input": "a\xff"}', "application/json", None, "not valid JSON: 'utf-8' codec can't decode"),
+        (b"[" * 100000 + b"]" * 100000, "application/json", None, "not valid JSON: maximum recursion depth"),
+        (b'{"input": "ab", "speed": ' + b"9" * 5000 + b"}", "application/json", None,
+         "not valid JSON: Exceeds the limit (4300 digits)"),
     ]
     for body, content_type, param, message in cases:
         status, err = _raw_post(gateway, body, content_type)
-        assert status == 400 and err["param"] == param and message in err["message"], (body, err)
+        assert status == 400 and err["param"] == param and message in err["message"], (body[:80], err)
         assert err["type"] == "invalid_request_error"
+        if "not valid JSON" in message:
+            assert err["code"] == "invalid_json", err
     status, err = _raw_post(gateway, None, None, method="GET")
     assert status == 405 and err["type"] == "invalid_request_error" and err["code"] == "method_not_allowed"
     # a voice upload that is not multipart, or multipart the parser refuses: 400s with a code that says so

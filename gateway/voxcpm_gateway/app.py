@@ -40,6 +40,7 @@ from .voice_routes import voice_router
 log = logging.getLogger("voxcpm_gateway")
 
 UNION_FORMS = {"str", "int", "float", "bool", "VoiceRef"}  # the tags pydantic puts in a union field's error location
+BODY_PARSE_FAILED = "There was an error parsing the body"  # FastAPI's HTTPException detail
 
 
 class SpeechHTTPResponse(Response):
@@ -106,6 +107,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
+        if exc.status_code == 400 and exc.detail == BODY_PARSE_FAILED and exc.__cause__ is not None:
+            # FastAPI's words for what its json.loads raises besides a syntax error: bytes that are not
+            # UTF-8, nesting past the recursion limit, an integer past the digit limit
+            return error_response(errors.bad_request(f"the request body is not valid JSON: {exc.__cause__}", None,
+                                                     "invalid_json"), _route(request))
         code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
                 413: "request_too_large"}.get(exc.status_code)
         return error_response(errors.APIError(exc.status_code, str(exc.detail), None, code, dict(exc.headers or {})),
