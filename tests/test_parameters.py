@@ -248,3 +248,49 @@ def test_serve_sh_pre_flight_reads_the_repository_as_the_models_do(checkpoint_di
     env = {"VOXCPM_CHECKPOINT": str(checkpoint_dirs["real_shaped"]), "VOXCPM_LORA_DIR": str(tmp_path),
            "VOXCPM_DEVICE": "cpu"}
     assert problems(env, str(repo)) == []
+
+
+SPELLINGS = [  # the same parameters, as protobuf's text format allows writing them
+    'parameters { key: "a" value { string_value: "1" } }',
+    'parameters: { key: "a", value: { string_value: "1" } },',  # Triton's docs' style
+    "parameters < key: 'a' value < string_value: '1' > >;",
+    'parameters { value { string_value: "1" } key: "a" }',  # fields in the other order
+    'parameters [ { key: "a" value { string_value: "1" } } ]',  # a list
+    'parameters { key: "a" value { string_value: "1" "" } }  # a comment: key: "b"',  # adjacent strings
+]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_config_pbtxt_is_read_as_protobufs_text_format_reads_it(tmp_path, spelling):
+    """Siblings' parameters and serve.sh's pre-flight read config.pbtxt themselves: a spelling the old
+    pattern did not know (commas, single quotes, < >, another field order) was read as absent, and the
+    default then broke a rule between models that the file kept (the pre-flight refused to start)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text = (f'name: "m"\n{spelling}\nparameters {{ key: "h#sh" value {{ string_value: "x # y \\" z" }} }}\n'
+            "sequence_batching { max_sequence_idle_microseconds: 60000000 }\n")
+    path = tmp_path / "config.pbtxt"
+    path.write_text(text)
+    want = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert read_pbtxt(str(path)) == ({k: v.string_value for k, v in want.parameters.items()}, 60000000)
+    assert read_pbtxt(str(path))[0] == {"a": "1", "h#sh": 'x # y " z'}
+    path.write_text('parameters { key: "a" value { string_value: "1" }')
+    with pytest.raises(ValueError, match="not protobuf text format"):
+        read_pbtxt(str(path))
+
+
+def test_the_pre_flight_takes_a_repository_written_in_another_text_format_style(tmp_path, monkeypatch):
+    from voxcpm_triton.serving.preflight import problems
+
+    for var in ("VOXCPM_CHECKPOINT", "VOXCPM_DTYPE", "VOXCPM_DEVICE", "VOXCPM_LORA_DIR", "VOXCPM_VOICES_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    repo = edited_repository(tmp_path / "repo")
+    cfg = repo / "vae_decoder" / "config.pbtxt"
+    text = cfg.read_text().replace("max_sequence_idle_microseconds: 120000000", "max_sequence_idle_microseconds: 60000000")
+    cfg.write_text(text + '\nparameters: { key: "stream_idle_timeout_s", value: { string_value: "60" } }\n')
+    assert problems({}, str(repo)) == []
+    cfg.write_text(text + '\nparameters: { key: "stream_idle_timeout_s", value: { string_value: "61" } }\n')
+    assert problems({}, str(repo)) == [
+        "parameter 'stream_idle_timeout_s' of model 'vae_decoder' (61) must not exceed the sequence batcher's "
+        "max_sequence_idle_microseconds (60 s)"]

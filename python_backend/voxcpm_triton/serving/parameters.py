@@ -190,16 +190,92 @@ def parse_values(model: str, raw: dict[str, str], env: bool = True) -> dict:
 
 
 # ---------------------------------------------------------------- config.pbtxt, without protobuf
-_PARAM_RE = re.compile(r'key\s*:\s*"([^"]*)"\s*value\s*:?\s*\{\s*string_value\s*:\s*"((?:[^"\\]|\\.)*)"\s*\}')
-_IDLE_RE = re.compile(r"max_sequence_idle_microseconds\s*:\s*(\d+)")
+# Protobuf's text format, as far as a model config uses it: fields `name: value` or `name { ... }` (or
+# `< ... >`), separated by nothing, `,` or `;`; lists `[a, b]`; strings in either quote, with escapes,
+# adjacent ones joined; `#` comments.
+_TOKEN = re.compile(r"""\s+|#[^\n]*|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[{}<>\[\]:,;]|[^\s{}<>\[\]:,;"'#]+""")
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+
+
+def _unescape(m: re.Match) -> str:
+    e = m.group(1)
+    if e[0] == "x":
+        return chr(int(e[1:], 16))
+    if e[0] in "01234567":
+        return chr(int(e, 8))
+    return _ESCAPES.get(e, e)
+
+
+def _pbtxt_value(tokens: list[str], i: int) -> tuple[object, int, bool]:
+    """The value at tokens[i] -> (it, the index after it, whether it is a list)."""
+    tok = tokens[i]
+    if tok in ("{", "<"):
+        fields, i = _pbtxt_message(tokens, i + 1, "}" if tok == "{" else ">")
+        return fields, i, False
+    if tok == "[":
+        items, i = [], i + 1
+        while tokens[i] != "]":
+            if tokens[i] != ",":
+                item, i, _ = _pbtxt_value(tokens, i)
+                items.append(item)
+            else:
+                i += 1
+        return items, i + 1, True
+    if tok[0] in "\"'":
+        text = ""
+        while i < len(tokens) and tokens[i][0] in "\"'":  # "a" "b" is "ab"
+            text += _ESCAPE.sub(_unescape, tokens[i][1:-1])
+            i += 1
+        return text, i, False
+    return tok, i + 1, False
+
+
+def _pbtxt_message(tokens: list[str], i: int, close: str | None) -> tuple[dict, int]:
+    """The fields from tokens[i] to `close` -> ({name: [values]}, the index after `close`)."""
+    fields: dict[str, list] = {}
+    while i < len(tokens) and tokens[i] != close:
+        if tokens[i] in (",", ";"):
+            i += 1
+            continue
+        name, i = tokens[i], i + 1
+        if tokens[i] == ":":
+            i += 1
+        value, i, many = _pbtxt_value(tokens, i)
+        fields.setdefault(name, []).extend(value if many else [value])
+    if close is not None and i == len(tokens):
+        raise IndexError
+    return fields, i + 1
+
+
+def parse_pbtxt(text: str) -> dict:
+    """A model config in protobuf's text format -> {field: [values]}, a message's value a dict alike."""
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise ValueError(f"not protobuf text format at line {text.count(chr(10), 0, pos) + 1}: {text[pos:pos + 20]!r}")
+        if not (m.group()[0].isspace() or m.group()[0] == "#"):
+            tokens.append(m.group())
+        pos = m.end()
+    try:
+        return _pbtxt_message(tokens, 0, None)[0]
+    except IndexError:
+        raise ValueError("not protobuf text format: it ends inside a field") from None
 
 
 def read_pbtxt(path: str) -> tuple[dict[str, str], int | None]:
     """A config.pbtxt's `parameters` (key -> string_value) and its max_sequence_idle_microseconds."""
     with open(path, encoding="utf-8") as f:
-        text = re.sub(r"#[^\n]*", "", f.read())
-    idle = _IDLE_RE.search(text)
-    return dict(_PARAM_RE.findall(text)), int(idle.group(1)) if idle else None
+        cfg = parse_pbtxt(f.read())
+    params = {}
+    for entry in cfg.get("parameters", []):
+        if isinstance(entry, dict) and entry.get("key"):
+            value = (entry.get("value") or [{}])[-1]
+            params[str(entry["key"][-1])] = str((value.get("string_value") or [""])[-1]) if isinstance(value, dict) else ""
+    idle = [b["max_sequence_idle_microseconds"][-1] for b in cfg.get("sequence_batching", [])
+            if isinstance(b, dict) and "max_sequence_idle_microseconds" in b]
+    return params, int(idle[-1]) if idle else None
 
 
 def with_parameters(text: str, values: dict[str, str]) -> str:
