@@ -158,6 +158,19 @@ CLAIM = "voxcpm-serving-port-"  # an abstract Unix socket's name: CLAIM<port>-<a
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
+def _addresses(host: str) -> set[str]:
+    """The addresses `host` names, as one spelling each ("*": every address, also for a name that does
+    not resolve): localhost, 127.1 and 127.0.0.1 are one claim."""
+    if host in _WILDCARDS:
+        return {"*"}
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return {"*"}
+    found = {info[4][0].split("%", 1)[0] for info in infos}
+    return {"*"} if found & set(_WILDCARDS) else found or {"*"}
+
+
 def _claimed(port: int) -> set[str]:
     """The addresses claimed on `port` (_claim), from the kernel's list of Unix sockets."""
     head = f"@{CLAIM}{port}-"
@@ -178,21 +191,22 @@ def _claim(ports: list[tuple[str, str, int]]) -> tuple[list[socket.socket], list
     the claim is made: of two supervisors claiming at once, at least one sees the other)."""
     claims, held, names = [], [], set()
     for name, host, port in ports:
-        address = "*" if host in _WILDCARDS else host
-        if (port, address) in names:  # one port listed twice (a companion's, say): one claim
-            continue
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.bind(f"\0{CLAIM}{port}-{address}")
-        except OSError:
-            s.close()
-            held.append(f"{name} {host}:{port} (another supervisor's server)")
-            continue
-        claims.append(s)
-        names.add((port, address))
-        others = _claimed(port) - {address}
-        if others and (address == "*" or "*" in others):
-            held.append(f"{name} {host}:{port} (another supervisor's server, on {', '.join(sorted(others))})")
+        for address in sorted(_addresses(host)):
+            if (port, address) in names:  # one port listed twice (a companion's, say): one claim
+                continue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.bind(f"\0{CLAIM}{port}-{address}")
+            except OSError:
+                s.close()
+                held.append(f"{name} {host}:{port} (another supervisor's server)")
+                break
+            claims.append(s)
+            names.add((port, address))
+            others = _claimed(port) - {a for p, a in names if p == port}
+            if others and (address == "*" or "*" in others):
+                held.append(f"{name} {host}:{port} (another supervisor's server, on {', '.join(sorted(others))})")
+                break
     if held:
         for s in claims:
             s.close()

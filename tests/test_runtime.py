@@ -731,6 +731,18 @@ def test_port_claims_conflict_on_one_address_or_a_wildcard_only():
     claims, held = supervise._claim([("http", "127.0.0.3", port)])
     assert len(claims) == 1 and held == []
     claims[0].close()
+    # one address however it is spelled (localhost resolves to 127.0.0.1, and maybe ::1 too)
+    one, held = supervise._claim([("http", "127.0.0.1", port)])
+    assert len(one) == 1 and held == []
+    for spelling in ("localhost", "127.1", "127.000.000.001"):
+        assert supervise._claim([("http", spelling, port)])[0] == [], spelling
+    one[0].close()
+    v6, held = supervise._claim([("http", "::1", port)])
+    assert held == [] and supervise._claim([("http", "0:0:0:0:0:0:0:1", port)])[0] == []
+    for s in v6:
+        s.close()
+    # a name that does not resolve could be any address: it takes the port on every one
+    assert supervise._addresses("no-such-host.invalid") == {"*"}
 
 
 def test_the_supervisor_waits_for_its_companions_port_before_the_first_start_only(tmp_path):
