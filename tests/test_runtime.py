@@ -706,9 +706,11 @@ def test_a_second_supervisor_does_not_start_while_the_first_ones_server_loads(tm
     claims[0].close()
 
 
-def test_port_claims_conflict_on_one_address_or_a_wildcard_only():
+def test_port_claims_conflict_on_one_address_or_a_wildcard_only(monkeypatch):
     """Two servers may share a port number on two addresses; a wildcard takes the port on every one. A
     port listed twice by one supervisor is one claim (it waited for itself)."""
+    import socket
+
     from tests.server import free_port
 
     port = free_port()
@@ -742,7 +744,11 @@ def test_port_claims_conflict_on_one_address_or_a_wildcard_only():
     for s in v6:
         s.close()
     # a name that does not resolve could be any address: it takes the port on every one
-    assert supervise._addresses("no-such-host.invalid") == {"*"}
+    def unresolved(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(supervise.socket, "getaddrinfo", unresolved)
+    assert supervise._addresses("triton.example") == {"*"}
 
 
 def test_the_supervisor_waits_for_its_companions_port_before_the_first_start_only(tmp_path):
