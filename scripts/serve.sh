@@ -106,7 +106,8 @@ if [[ $mode == run ]]; then
     # Triton's Python backend starts its model processes through a bash command line that does not
     # quote these paths: with a space or a character special to the shell in one, no model process
     # starts and the server never gets ready.
-    special='[][[:space:]"'"'"'\\$`;&|<>()*?{}#!~]'
+    # (#, ~ and ! are not, inside an absolute path; braces only around a comma or ..)
+    special='[][[:space:]"'"'"'\\$`;&|<>()*?]|\{[^}]*(,|\.\.)[^}]*\}'
     for v in MODEL_REPOSITORY TRITON_BACKEND_DIR; do
         [[ ${!v} =~ $special ]] && bad+=("$v=${!v} has a space or a character special to the shell ('${BASH_REMATCH[0]}') in it, which Triton's Python backend cannot start models from")
     done

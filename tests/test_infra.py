@@ -331,6 +331,8 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     shutil.copytree(REPO / "model_repository", spaced)
     quoted = tmp_path / "the_model's_repository"
     shutil.copytree(REPO / "model_repository", quoted)
+    plain = tmp_path / "repo#1~{a}!"
+    shutil.copytree(REPO / "model_repository", plain)
     edited = edited_repository(tmp_path / "edited", parameters={"decoder": {"lora_dir": str(tmp_path / "none")}})
     for bad, said in [({"MODEL_REPOSITORY": str(tmp_path / "none")}, f"MODEL_REPOSITORY={tmp_path / 'none'} is not a "
                                                                         "directory"),
@@ -352,6 +354,8 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                                                           "special to the shell (' ') in it"),
                       ({"MODEL_REPOSITORY": str(quoted)}, f"MODEL_REPOSITORY={quoted} has a space or a character "
                                                           "special to the shell (''') in it"),
+                      # not special inside an absolute path: only the port is said
+                      ({"MODEL_REPOSITORY": str(plain), "TRITON_HTTP_PORT": "abc"}, "TRITON_HTTP_PORT=abc is not"),
                       ({"VOXCPM_CHECKPOINT": str(tmp_path / "none")}, f"VOXCPM_CHECKPOINT={tmp_path / 'none'} is not a "
                                                                         "VoxCPM2 checkpoint directory (no such directory)"),
                       ({"TRITON_HTTP_PORT": "18555", "OPENAI_API_PORT": "18555"}, "are the same port"),
