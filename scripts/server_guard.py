@@ -26,24 +26,21 @@ import supervise
 POLL_S = 0.5
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[int]:
     """Watch until the group is empty, or clear it once the supervisor is gone -> the pids killed."""
     while os.getppid() == supervisor:
         if not supervise._group_alive(pgid):
             return []
         time.sleep(POLL_S)
-    end = time.monotonic() + exit_timeout + 10  # the server's own stop, as supervise.Server.stop waits for it
-    while _alive(pgid) and time.monotonic() < end:
+    # The server's own stop, as supervise.Server.stop waits for it. Linux does not give the group's id
+    # to a new process while the group has a member: only an empty group's could be another's.
+    end = time.monotonic() + exit_timeout + 10
+    while time.monotonic() < end:
+        members = supervise._group_alive(pgid)
+        if not members:
+            return []
+        if pgid not in members:  # tritonserver is gone; its model processes are left
+            break
         time.sleep(POLL_S)
     left = supervise._wait_group(pgid, 5)
     if not left:

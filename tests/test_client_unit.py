@@ -182,10 +182,15 @@ def test_load_audio_mono(tmp_path):
     path = str(tmp_path / "mono.wav")
     x = np.linspace(-0.5, 0.5, 1000).astype(np.float32)
     sf.write(path, x, 16000, subtype="FLOAT")
-    for source in (path, Path(path), io.BytesIO(Path(path).read_bytes())):
-        audio, rate = load_audio(source)
-        assert rate == 16000 and audio.shape == (1000,)
-        np.testing.assert_array_equal(audio, x)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for source in (path, Path(path), io.BytesIO(Path(path).read_bytes()), fd):
+            audio, rate = load_audio(source)
+            assert rate == 16000 and audio.shape == (1000,)
+            np.testing.assert_array_equal(audio, x)
+        os.fstat(fd)  # the caller's descriptor is still open
+    finally:
+        os.close(fd)
     with pytest.raises(FileNotFoundError, match="No such file"):
         load_audio(str(tmp_path / "none.wav"))
 

@@ -103,7 +103,7 @@ def load_audio(source):
     if isinstance(source, (str, bytes, os.PathLike)):
         with open(source, "rb") as f:  # a missing or unreadable file said as such (libsndfile: "System error.")
             return load_audio(f)
-    data, rate = sf.read(source, dtype="float32", always_2d=True)
+    data, rate = sf.read(source, dtype="float32", always_2d=True, closefd=False)  # a caller's descriptor stays open
     return np.ascontiguousarray(data.mean(axis=1, dtype=np.float32)), int(rate)
 
 
