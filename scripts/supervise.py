@@ -58,6 +58,7 @@ import glob
 import http.client
 import math
 import os
+import random
 import re
 import secrets
 import shlex
@@ -741,7 +742,7 @@ class Supervisor:
                 if now - held_since > self.opts.start_timeout:
                     self.fatal = f"port in use by another process: {', '.join(taken)}, for {now - held_since:.0f} s"
                     break
-                self._sleep(2.0)
+                self._sleep(2.0 + random.random() / 2)  # two claiming at once, each backing off: not in step
                 continue
             held = []
             self.start()
