@@ -8,8 +8,10 @@ caught between two commands while their models load can then hang in Triton's st
 exit waits for the interpreter lock, which the thread waiting for the dead server's next command
 holds. The guard waits as the supervisor's own stop does (the server's exit timeout, then 5 s for
 its model processes to follow), then kills the server's process group and removes the
-shared-memory regions its model processes' command lines named. While the supervisor lives, the
-guard only exits once the server's group is empty.
+shared-memory regions its model processes' command lines named. Then it removes what the next
+supervisor would: the killed supervisor's state directory and the regions recorded there (a server
+stopped by its death signal leaves its regions in /dev/shm). While the supervisor lives, the guard
+only exits once the server's group is empty.
 
     server_guard.py PGID SUPERVISOR_PID EXIT_TIMEOUT_S SHM_PREFIX
 """
@@ -32,6 +34,19 @@ def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[
         if not supervise._group_alive(pgid):
             return []
         time.sleep(POLL_S)
+    killed = _clear(pgid, exit_timeout, prefix)
+    # What the next supervisor would remove: the state directory, once nothing holds it, and the
+    # shared-memory regions recorded there (a server stopped by its death signal leaves them)
+    dirs, regions = supervise.remove_abandoned_state_dirs()
+    if killed or dirs:
+        supervise.log(f"guard: the supervisor is gone; killed {len(killed)} process(es) its server left"
+                      f"{': ' + str(killed) if killed else ''}; removed {', '.join(dirs) or 'no directory'} and "
+                      f"{len(regions)} shared-memory region(s)")
+    return killed
+
+
+def _clear(pgid: int, exit_timeout: float, prefix: str) -> list[int]:
+    """Wait for the server's exit and its model processes', then kill those left -> their pids."""
     # The server's own stop, as supervise.Server.stop waits for it. Linux does not give the group's id
     # to a new process while the group has a member: only an empty group's could be another's.
     end = time.monotonic() + exit_timeout + 10
@@ -56,7 +71,6 @@ def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[
             os.unlink(os.path.join(supervise.SHM_DIR, r))
         except OSError:
             pass  # removed by its server after all, or not ours
-    supervise.log(f"guard: the supervisor is gone; killed {len(left)} process(es) its server left: {left}")
     return left
 
 

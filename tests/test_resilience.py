@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -31,9 +30,6 @@ from tests.server import REPO, edited_repository, remove_shm_regions, triton_ser
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
 from voxcpm_triton.serving import liveness, run_state, runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
-
-sys.path.insert(0, str(REPO / "scripts"))
-import supervise  # noqa: E402
 
 P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]
 
@@ -545,13 +541,15 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
         assert long.error is not None and str(long.error).endswith("the server is shutting down"), long.error
         long.close()
         long = None
-        wait_for(lambda: not _marked(mark), timeout=exit_timeout + 20, what=f"every process to end: {_marked(mark)}")
+        wait_for(lambda: not _marked(mark), timeout=exit_timeout + 20, what=f"every process to end: {_marked(mark)}")  # the guard too
         stopped = time.monotonic() - t0
         text = log.read_text()
         assert stopped < exit_timeout, f"gone after {stopped:.0f} s: {text[-3000:]}"
         assert "Exit timeout expired" not in text and "Signal (6)" not in text, text[-3000:]
-        # the next supervisor's sweep removes it
-        assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([state], [])
+        # the killed supervisor's guard (server_guard.py) removed it, as the next supervisor's sweep would
+        assert glob.glob(str(tmp_path / "voxcpm-run-*")) == [], text[-3000:]
+        assert (f"guard: the supervisor is gone; killed 0 process(es) its server left; removed {state} and 0 "
+                "shared-memory region(s)") in text, text[-3000:]
     finally:
         if long is not None:
             long.close(cancel=True)

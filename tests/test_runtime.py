@@ -304,11 +304,14 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
             sup.kill()
 
 
-def test_a_killed_supervisors_guard_ends_the_model_processes_its_server_left_and_their_regions(tmp_path):
+@pytest.mark.parametrize("stub_ends", [False, True])
+def test_a_killed_supervisors_guard_ends_what_its_server_left(tmp_path, stub_ends):
     """Model processes caught mid-load when the supervisor is killed can hang in Triton's stub for good
     once their server is gone. The guard the supervisor starts beside each server (server_guard.py)
-    kills them once the server has exited and they have not followed within 5 s, and removes the
-    shared-memory regions their command lines name; it leaves alone a server that exits cleanly."""
+    kills them once the server has exited and they have not followed within 5 s; then, as the next
+    supervisor would, it removes the killed supervisor's state directory and the shared-memory regions
+    recorded there, which a server stopped by its death signal leaves (on a GPU, 21 of them)."""
+    import glob
     import signal
     import uuid
 
@@ -316,10 +319,11 @@ def test_a_killed_supervisors_guard_ends_the_model_processes_its_server_left_and
 
     region = f"voxcpm_test_{uuid.uuid4().hex}"
     marker = tmp_path / "stub.pid"
-    # the server exits at its SIGTERM; its "model process" (same group) ignores SIGTERM and never ends
-    stub = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            f"open('/dev/shm/{region}', 'w').close(); open({str(marker)!r}, 'w').write(str(os.getpid())); "
-            "time.sleep(300)")
+    # the server exits at its SIGTERM; its "model process" (same group) ends once the server is gone, as
+    # Triton's do (leaving its region), or never
+    stub = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); server = os.getppid(); "
+            f"open('/dev/shm/{region}', 'w').close(); open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+            f"while {not stub_ends} or os.getppid() == server: time.sleep(0.1)")
     server = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stub!r}, {region!r}]); time.sleep(300)"
     env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
     sup = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c", server,
@@ -328,8 +332,9 @@ def test_a_killed_supervisors_guard_ends_the_model_processes_its_server_left_and
     pid = None
     try:
         deadline = time.monotonic() + 30
-        while not marker.exists() or not marker.read_text():
-            assert time.monotonic() < deadline, "the stand-in model process did not start"
+        while not (marker.exists() and marker.read_text() and (dirs := glob.glob(str(tmp_path / "voxcpm-run-*")))
+                   and region in supervise._recorded_regions(dirs[0])):
+            assert time.monotonic() < deadline, "the stand-in model process did not start, or was not noted"
             time.sleep(0.05)
         pid = int(marker.read_text())
         [guard] = [p for p in _children(sup.pid) if "server_guard.py" in " ".join(supervise._args(p))]
@@ -337,10 +342,12 @@ def test_a_killed_supervisors_guard_ends_the_model_processes_its_server_left_and
         sup.wait(10)
         deadline = time.monotonic() + 20
         while processes.process_alive(pid) or processes.process_alive(guard):
-            assert time.monotonic() < deadline, "the server's model process outlived its killed supervisor"
+            assert time.monotonic() < deadline, "the server's model process or the guard outlived the supervisor"
             time.sleep(0.1)
-        assert not os.path.exists(f"/dev/shm/{region}")
-        assert f"guard: the supervisor is gone; killed 1 process(es) its server left: [{pid}]" in sup.stderr.read()
+        assert not os.path.exists(f"/dev/shm/{region}") and glob.glob(str(tmp_path / "voxcpm-run-*")) == []
+        killed = "killed 0 process(es) its server left" if stub_ends else f"killed 1 process(es) its server left: [{pid}]"
+        assert (f"guard: the supervisor is gone; {killed}; removed {dirs[0]} and "
+                f"{1 if stub_ends else 0} shared-memory region(s)") in sup.stderr.read()
     finally:
         if sup.poll() is None:
             sup.kill()
@@ -801,8 +808,8 @@ def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_pat
 
 def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_of_it_runs(tmp_path):
     """SIGKILL leaves a supervisor's state directory in the temporary directory and, when its server is
-    killed too, the server's shared-memory regions in /dev/shm. The next supervisor to start removes
-    both, but not while the killed one's server still runs (it drains after its SIGTERM), and never a
+    killed too, the server's shared-memory regions in /dev/shm. Where its guard was killed as well, the
+    next supervisor to start removes both, but not while the killed one's server still runs (it drains after its SIGTERM), and never a
     live supervisor's directory."""
     import glob
     import signal
@@ -840,6 +847,9 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
         alive = subprocess.Popen([*cmd, "import time; time.sleep(300)", *ports()], env=env, stderr=subprocess.DEVNULL)
         wait_until(lambda: len(state_dirs()) == 2, "the second supervisor's state directory")
         [alive_dir] = [d for d in state_dirs() if d != killed_dir]
+        # its guard too (server_guard.py would clear up as the next supervisor does: that is tested above)
+        [guard] = [p for p in _children(killed.pid) if "server_guard.py" in " ".join(supervise._args(p))]
+        os.kill(guard, signal.SIGKILL)
         killed.kill()
         killed.wait(10)
         server = int(marker.read_text())
