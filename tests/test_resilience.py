@@ -289,8 +289,10 @@ def test_a_cancelled_tts_request_stops_decoding(tight):
 
 
 def _shm_regions(mark: str) -> set[str]:
-    """The python backend's shared-memory regions named on the command lines of the marked processes."""
-    return {a for _, cmd in _marked(mark) for a in cmd.split() if a.startswith("triton_python_backend_shm_region_")}
+    """The python backend's shared-memory regions named on the command lines of the marked model processes
+    (the supervisor's guard names their prefix)."""
+    return {a for _, cmd in _marked(mark) if "triton_python_backend_stub" in cmd for a in cmd.split()
+            if a.startswith("triton_python_backend_shm_region_")}
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
