@@ -33,6 +33,14 @@ def _checkpoint_problem(path: str) -> str | None:
     return None
 
 
+def _dir_problem(path: str) -> str | None:
+    return None if os.path.isdir(path) else "not a directory"
+
+
+# What is checked of the paths and the device a setting names, by parameter
+_VALUE_PROBLEMS = {"checkpoint": _checkpoint_problem, "lora_dir": _dir_problem, "device": _device_problem}
+
+
 def _environment(env: dict[str, str]) -> list[str]:
     """The documented VOXCPM_* variables that no model would take, one line each."""
     said = []
@@ -45,7 +53,7 @@ def _environment(env: dict[str, str]) -> list[str]:
     except ValueError:
         said.append(f"{dtype.env}={env[dtype.env]} is not a dtype: must be {dtype.allowed()}")
     lora_dir = env.get("VOXCPM_LORA_DIR", "").strip()
-    if lora_dir and not os.path.isdir(lora_dir):
+    if lora_dir and _dir_problem(lora_dir):
         said.append(f"VOXCPM_LORA_DIR={env['VOXCPM_LORA_DIR']} is not a directory")
     device = env.get("VOXCPM_DEVICE", "").strip()
     if device and (problem := _device_problem(device)):
@@ -79,14 +87,11 @@ def _repository(repo: str, env: dict[str, str]) -> list[str]:
             continue
         values = parse_values(model, raw, env=False)
         configs[model] = {**values, IDLE_US: idle}
-        for name in ("checkpoint", "lora_dir", "device"):
+        for name in _VALUE_PROBLEMS:
             if name in params and name not in overridden and values[name]:
                 named.setdefault((name, values[name]), []).append(path)
     for (name, value), paths in named.items():
-        problem = {"checkpoint": _checkpoint_problem,
-                   "lora_dir": lambda v: None if os.path.isdir(v) else "not a directory",
-                   "device": _device_problem}[name](value)
-        if problem:
+        if problem := _VALUE_PROBLEMS[name](value):
             said.append(f"{', '.join(paths)}: parameter {name!r} ({value}) cannot be used: {problem}")
     for model in configs:
         try:
