@@ -177,8 +177,7 @@ def served_python_files(repo: Path = REPO) -> list[Path]:
     files = sorted((repo / "python_backend" / "voxcpm_triton").rglob("*.py"))
     files += sorted(repo.glob("model_repository/*/1/model.py"))
     # the container's supervisor and its healthcheck (docker-compose.yml)
-    files += [p for p in (repo / "scripts" / "supervise.py", repo / "scripts" / "server_guard.py",
-                          repo / "scripts" / "probe.py") if p.is_file()]
+    files += [p for p in (repo / "scripts" / "supervise.py", repo / "scripts" / "probe.py") if p.is_file()]
     # the OpenAI gateway (docker-compose.yml's `openai` service, same image)
     files += sorted((repo / "gateway" / "voxcpm_gateway").rglob("*.py"))
     return files
@@ -463,9 +462,9 @@ def test_compose_passes_the_readmes_env_settings_through(service, names, one):
 
 
 def test_compose_scripts_exist():
-    """The container runs scripts/supervise.py (which starts scripts/server_guard.py) and its healthcheck
+    """The container runs scripts/supervise.py (python_backend/voxcpm_triton/supervisor) and its healthcheck
     scripts/probe.py (mounted from the checkout): they must be there."""
-    for name in ("supervise.py", "server_guard.py", "probe.py"):
+    for name in ("supervise.py", "probe.py"):
         assert (REPO / "scripts" / name).is_file(), f"docker-compose.yml needs scripts/{name}"
 
 

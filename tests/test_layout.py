@@ -186,3 +186,30 @@ def test_the_orchestrators_load_without_torch():
     through model.config (the same rules and defaults as the decoder) without loading torch."""
     _loads_without(ROOT.parent, "voxcpm_triton.serving.tts_models, voxcpm_triton.serving.voices_model, "
                    "voxcpm_triton.serving.tokenizer_model, voxcpm_triton.model.config", {"torch", "triton"})
+
+
+# --- the supervisor: runs outside Triton, standard library only --------------------------------------
+
+def test_the_supervisor_loads_the_standard_library_only():
+    """scripts/supervise.py and scripts/probe.py run where the models' packages may not be installed
+    (the container's healthcheck, a bare host): what they load beyond the interpreter's start-up is the
+    standard library and this package."""
+    import subprocess
+    import sys
+
+    code = ("import sys; before = set(sys.modules); "
+            "import voxcpm_triton.supervisor.cli, voxcpm_triton.supervisor.guard, voxcpm_triton.supervisor.probe; "
+            f"bad = sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names "
+            f"and m.split('.')[0] != {PKG!r}); assert not bad, bad")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT.parent)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_only_the_supervisor_imports_the_supervisor():
+    """The models run inside Triton and know nothing of what runs them: the supervisor reads what
+    they share (serving.runtime, run_state, liveness, processes), never the other way round."""
+    for name, deps in import_graph().items():
+        if not name.startswith(f"{PKG}.supervisor"):
+            inside = sorted(d for d in deps if d.startswith(f"{PKG}.supervisor"))
+            assert not inside, f"{name} imports {inside}"

@@ -548,7 +548,7 @@ def test_a_server_whose_supervisor_is_killed_ends_its_requests_and_exits_cleanly
         text = log.read_text()
         assert stopped < exit_timeout, f"gone after {stopped:.0f} s: {text[-3000:]}"
         assert "Exit timeout expired" not in text and "Signal (6)" not in text, text[-3000:]
-        # the killed supervisor's guard (server_guard.py) removed it, as the next supervisor's sweep would
+        # the killed supervisor's guard (supervisor/guard.py) removed it, as the next supervisor's sweep would
         assert glob.glob(str(tmp_path / "voxcpm-run-*")) == [], text[-3000:]
         assert (f"guard: the supervisor is gone; killed 0 process(es) its server left; removed {state} and 0 "
                 "shared-memory region(s)") in text, text[-3000:]

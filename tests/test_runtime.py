@@ -18,10 +18,8 @@ import torch
 
 from tests.server import REPO, _children
 from voxcpm_triton.serving import liveness, processes, run_state, runtime
+from voxcpm_triton.supervisor import cli, groups, guard, leftovers, ports, probe, server_args, supervisor
 
-sys.path.insert(0, str(REPO / "scripts"))
-import probe  # noqa: E402
-import supervise  # noqa: E402
 
 
 @pytest.fixture
@@ -236,38 +234,38 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
     monkeypatch.setenv("VOXCPM_ADMIN_KEY", "k")
-    s = supervise.Supervisor(["tritonserver", "--http-port=1234", "--http-address=0.0.0.0",
+    s = supervisor.Supervisor(["tritonserver", "--http-port=1234", "--http-address=0.0.0.0",
                               "--exit-timeout-secs=7"], Opts)
     assert "--http-restricted-api=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
     assert "--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
     assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
-    assert supervise.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).url == "http://[::1]:5"
-    assert supervise.Supervisor(["t", "--http-address=::1"], Opts).url == "http://[::1]:8000"
+    assert supervisor.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).url == "http://[::1]:5"
+    assert supervisor.Supervisor(["t", "--http-address=::1"], Opts).url == "http://[::1]:8000"
     # the probe's metrics URL (a probe queued behind work is alive while the engine decodes)
     assert s.metrics_url == "http://127.0.0.1:8002"
-    assert supervise.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).metrics_url == "http://[::1]:9"
-    assert supervise.Supervisor(["t", "--allow-metrics=false"], Opts).metrics_url is None
+    assert supervisor.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).metrics_url == "http://[::1]:9"
+    assert supervisor.Supervisor(["t", "--allow-metrics=false"], Opts).metrics_url is None
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
-    assert supervise.Supervisor(mine, Opts).args == mine
+    assert supervisor.Supervisor(mine, Opts).args == mine
 
 
 def test_the_supervisor_finds_the_shared_memory_regions_its_servers_processes_are_given():
     """The regions a stopped server's model processes leave are the ones named on their command lines,
     with the python backend's prefix (its default, or the server's shm-region-prefix-name)."""
-    assert supervise._shm_prefix(["tritonserver", "--http-port=1"]) == "triton_python_backend_shm_region_"
-    assert supervise._shm_prefix(["tritonserver", "--backend-config=python,shm-region-prefix-name=mine_"]) == "mine_"
+    assert server_args.shm_prefix(["tritonserver", "--http-port=1"]) == "triton_python_backend_shm_region_"
+    assert server_args.shm_prefix(["tritonserver", "--backend-config=python,shm-region-prefix-name=mine_"]) == "mine_"
     def regions(pgid, prefix):
-        return supervise._shm_regions(supervise._group_commands(pgid), prefix)
+        return leftovers.shm_regions(groups.commands_of(pgid), prefix)
 
     name = "triton_python_backend_shm_region_0123abcd"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", name, "/dev/shm/" + name, "other"],
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while supervise._shm_regions(supervise._group_commands(child.pid), "triton_python_backend_shm_region_") != {name}:
-            assert time.monotonic() < deadline, supervise._shm_regions(supervise._group_commands(child.pid), "triton_python_backend_shm_region_")
+        while leftovers.shm_regions(groups.commands_of(child.pid), "triton_python_backend_shm_region_") != {name}:
+            assert time.monotonic() < deadline, leftovers.shm_regions(groups.commands_of(child.pid), "triton_python_backend_shm_region_")
             time.sleep(0.05)
-        assert supervise._shm_regions(supervise._group_commands(child.pid), "mine_") == set()
+        assert leftovers.shm_regions(groups.commands_of(child.pid), "mine_") == set()
     finally:
         child.kill()
         child.wait()
@@ -307,7 +305,7 @@ def test_a_server_does_not_outlive_its_supervisor(tmp_path):
 @pytest.mark.parametrize("stub_ends", [False, True])
 def test_a_killed_supervisors_guard_ends_what_its_server_left(tmp_path, stub_ends):
     """Model processes caught mid-load when the supervisor is killed can hang in Triton's stub for good
-    once their server is gone. The guard the supervisor starts beside each server (server_guard.py)
+    once their server is gone. The guard the supervisor starts beside each server (supervisor/guard.py)
     kills them once the server has exited and they have not followed within 5 s; then, as the next
     supervisor would, it removes the killed supervisor's state directory and the shared-memory regions
     recorded there, which a server stopped by its death signal leaves (on a GPU, 21 of them)."""
@@ -333,15 +331,15 @@ def test_a_killed_supervisors_guard_ends_what_its_server_left(tmp_path, stub_end
     try:
         deadline = time.monotonic() + 30
         while not (marker.exists() and marker.read_text() and (dirs := glob.glob(str(tmp_path / "voxcpm-run-*")))
-                   and region in supervise._recorded_regions(dirs[0])):
+                   and region in leftovers.recorded_regions(dirs[0])):
             assert time.monotonic() < deadline, "the stand-in model process did not start, or was not noted"
             time.sleep(0.05)
         pid = int(marker.read_text())
-        [guard] = [p for p in _children(sup.pid) if "server_guard.py" in " ".join(supervise._args(p))]
+        [guard_pid] = [p for p in _children(sup.pid) if guard.__name__ in groups.command_line(p)]
         sup.send_signal(signal.SIGKILL)
         sup.wait(10)
         deadline = time.monotonic() + 20
-        while processes.process_alive(pid) or processes.process_alive(guard):
+        while processes.process_alive(pid) or processes.process_alive(guard_pid):
             assert time.monotonic() < deadline, "the server's model process or the guard outlived the supervisor"
             time.sleep(0.1)
         assert not os.path.exists(f"/dev/shm/{region}") and glob.glob(str(tmp_path / "voxcpm-run-*")) == []
@@ -550,7 +548,7 @@ def test_settings_that_can_never_work_are_usage_errors_before_any_start(monkeypa
     # a gateway drain the gateway itself refuses is not blamed on a flag nobody gave: the default stands
     for drain, grace in (("20", "25"), ("2.5", "7.5"), ("-30", "25"), ("0", "25"), ("soon", "25")):
         monkeypatch.setenv("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", drain)
-        assert supervise._companion_grace() == grace, drain
+        assert cli.companion_grace() == grace, drain
 
 
 @pytest.mark.parametrize("tmpdir", ["short", "long"])
@@ -597,7 +595,7 @@ time.sleep(300)
     try:
         wait_until(lambda: len(started()) == 1, "the companion's start")
         [(pid, first)] = started()
-        [state] = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(supervise.STATE_PREFIX)]
+        [state] = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(leftovers.STATE_PREFIX)]
         if tmpdir == "long":
             assert os.path.dirname(first) == tmp
             assert f"its TMPDIR stays {tmp}: one in {state} would make its socket paths too long" in log.read_text()
@@ -635,10 +633,10 @@ def test_a_bad_setting_in_the_environment_is_a_usage_error_naming_it():
 def test_the_supervisor_reads_the_servers_ports_as_triton_does():
     """Both option spellings, the last one winning; the metrics address defaults to the HTTP one; an
     endpoint turned off is not checked; bracketed and evhtp-style IPv6 addresses."""
-    ports = supervise._ports(["tritonserver", "--http-address=127.0.0.1", "--http-port", "9000", "--grpc-address",
+    found = server_args.endpoints(["tritonserver", "--http-address=127.0.0.1", "--http-port", "9000", "--grpc-address",
                               "[::]", "--grpc-port=1", "--grpc-port=2", "--metrics-port", "9002"])
-    assert ports == [("http", "127.0.0.1", 9000), ("grpc", "::", 2), ("metrics", "127.0.0.1", 9002)]
-    assert supervise._ports(["t", "--allow-http=false", "--allow-metrics", "false", "--grpc-address=ipv6:::1"]) == [
+    assert found == [("http", "127.0.0.1", 9000), ("grpc", "::", 2), ("metrics", "127.0.0.1", 9002)]
+    assert server_args.endpoints(["t", "--allow-http=false", "--allow-metrics", "false", "--grpc-address=ipv6:::1"]) == [
         ("grpc", "::1", 8001)]
 
 
@@ -651,10 +649,10 @@ def test_only_a_port_in_use_counts_as_taken():
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        assert supervise._taken([("http", "127.0.0.1", port), ("grpc", "0.0.0.0", port)]) == [
+        assert ports.taken([("http", "127.0.0.1", port), ("grpc", "0.0.0.0", port)]) == [
             f"http 127.0.0.1:{port}", f"grpc 0.0.0.0:{port}"]
-    assert supervise._taken([("http", "127.0.0.1", port)]) == []  # closed: free again
-    assert supervise._taken([("http", "192.0.2.1", port), ("grpc", "no-such-host.invalid", port)]) == []
+    assert ports.taken([("http", "127.0.0.1", port)]) == []  # closed: free again
+    assert ports.taken([("http", "192.0.2.1", port), ("grpc", "no-such-host.invalid", port)]) == []
 
 
 def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(tmp_path):
@@ -677,7 +675,7 @@ def test_the_supervisor_does_not_start_a_server_on_a_port_another_process_holds(
     assert p.returncode == 1, p.stderr
     assert not marker.exists(), "a server was started on a port another process holds"
     assert not (tmp_path / "companion").exists(), "its gateway was started beside a server that is not"
-    said = f"not starting: port in use by another process: http 127.0.0.1:{port} (checking every 2 s)"
+    said = f"not starting: port in use by another process: http 127.0.0.1:{port} (checking every 2-2.5 s)"
     assert p.stderr.count(said) == 1, p.stderr  # said once, not every 2 s
     assert re.search(rf"giving up: port in use by another process: http 127.0.0.1:{port}, for \d+ s", p.stderr)
 
@@ -689,26 +687,26 @@ def test_a_second_supervisor_does_not_start_while_the_first_ones_server_loads(tm
     the claim goes with the first supervisor."""
     from tests.server import free_port
 
-    ports = [f"--http-port={free_port()}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
-             f"--metrics-port={free_port()}"]
+    endpoints = [f"--http-port={free_port()}", "--http-address=127.0.0.1", f"--grpc-port={free_port()}",
+                 f"--metrics-port={free_port()}"]
     loading, second = tmp_path / "loading", tmp_path / "second"
     env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
     first = subprocess.Popen([sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c",
-                              f"import time; open({str(loading)!r}, 'w'); time.sleep(120)", *ports],
+                              f"import time; open({str(loading)!r}, 'w'); time.sleep(120)", *endpoints],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while not loading.exists():
             assert time.monotonic() < deadline and first.poll() is None, "the first server did not start"
             time.sleep(0.1)
-        p = _supervise(tmp_path, f"open({str(second)!r}, 'w')", *ports, opts=("--start-timeout", "3"))
+        p = _supervise(tmp_path, f"open({str(second)!r}, 'w')", *endpoints, opts=("--start-timeout", "3"))
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
     assert p.returncode == 1 and not second.exists(), p.stderr
     assert re.search(r"giving up: port in use by another process: http 127\.0\.0\.1:\d+ \(another supervisor's "
                      r"server\), grpc ", p.stderr), p.stderr
-    claims, held = supervise._claim([("http", "127.0.0.1", int(ports[0].split("=")[1]))])
+    claims, held = ports.claim([("http", "127.0.0.1", int(endpoints[0].split("=")[1]))])
     assert len(claims) == 1 and held == []  # released at its end
     claims[0].close()
 
@@ -721,41 +719,41 @@ def test_port_claims_conflict_on_one_address_or_a_wildcard_only(monkeypatch):
     from tests.server import free_port
 
     port = free_port()
-    one, held = supervise._claim([("http", "127.0.0.1", port), ("companion", "127.0.0.1", port)])
+    one, held = ports.claim([("http", "127.0.0.1", port), ("companion", "127.0.0.1", port)])
     assert len(one) == 1 and held == []
-    two, held = supervise._claim([("http", "127.0.0.2", port)])
+    two, held = ports.claim([("http", "127.0.0.2", port)])
     assert len(two) == 1 and held == []
-    assert supervise._claim([("http", "127.0.0.1", port)]) == ([], ["http 127.0.0.1:%d (another supervisor's "
+    assert ports.claim([("http", "127.0.0.1", port)]) == ([], ["http 127.0.0.1:%d (another supervisor's "
                                                                       "server)" % port])
-    claims, held = supervise._claim([("grpc", "0.0.0.0", port)])
+    claims, held = ports.claim([("grpc", "0.0.0.0", port)])
     assert claims == [] and held == [f"grpc 0.0.0.0:{port} (another supervisor's server, on 127.0.0.1, 127.0.0.2)"]
     for s in one + two:
         s.close()
-    every, held = supervise._claim([("grpc", "::", port)])
+    every, held = ports.claim([("grpc", "::", port)])
     assert len(every) == 1 and held == []
-    claims, held = supervise._claim([("http", "127.0.0.3", port)])
+    claims, held = ports.claim([("http", "127.0.0.3", port)])
     assert claims == [] and held == [f"http 127.0.0.3:{port} (another supervisor's server, on *)"]
-    assert supervise._claim([("http", "0.0.0.0", port)])[0] == []  # :: and 0.0.0.0 are one wildcard
+    assert ports.claim([("http", "0.0.0.0", port)])[0] == []  # :: and 0.0.0.0 are one wildcard
     every[0].close()
-    claims, held = supervise._claim([("http", "127.0.0.3", port)])
+    claims, held = ports.claim([("http", "127.0.0.3", port)])
     assert len(claims) == 1 and held == []
     claims[0].close()
     # one address however it is spelled (localhost resolves to 127.0.0.1, and maybe ::1 too)
-    one, held = supervise._claim([("http", "127.0.0.1", port)])
+    one, held = ports.claim([("http", "127.0.0.1", port)])
     assert len(one) == 1 and held == []
     for spelling in ("localhost", "127.1", "127.000.000.001"):
-        assert supervise._claim([("http", spelling, port)])[0] == [], spelling
+        assert ports.claim([("http", spelling, port)])[0] == [], spelling
     one[0].close()
-    v6, held = supervise._claim([("http", "::1", port)])
-    assert held == [] and supervise._claim([("http", "0:0:0:0:0:0:0:1", port)])[0] == []
+    v6, held = ports.claim([("http", "::1", port)])
+    assert held == [] and ports.claim([("http", "0:0:0:0:0:0:0:1", port)])[0] == []
     for s in v6:
         s.close()
     # a name that does not resolve could be any address: it takes the port on every one
     def unresolved(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    monkeypatch.setattr(supervise.socket, "getaddrinfo", unresolved)
-    assert supervise._addresses("triton.example") == {"*"}
+    monkeypatch.setattr(ports.socket, "getaddrinfo", unresolved)
+    assert ports._addresses("triton.example") == {"*"}
 
 
 def test_the_supervisor_waits_for_its_companions_port_before_the_first_start_only(tmp_path):
@@ -793,7 +791,7 @@ def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_pat
     from tests.server import free_port
 
     name = f"voxcpm_test_region_{os.getpid()}_{time.monotonic_ns()}"
-    path = os.path.join(supervise.SHM_DIR, name)
+    path = os.path.join(leftovers.SHM_DIR, name)
     server = f"import os, time; open({path!r}, 'w'); time.sleep(2.5); os._exit(1)"
     try:
         p = _supervise(tmp_path, server, name, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
@@ -821,7 +819,7 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
         return [f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"]
 
     def state_dirs():
-        return sorted(glob.glob(str(tmp_path / f"{supervise.STATE_PREFIX}*")))
+        return sorted(glob.glob(str(tmp_path / f"{leftovers.STATE_PREFIX}*")))
 
     def wait_until(check, what):
         deadline = time.monotonic() + 30
@@ -841,15 +839,15 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
                               env=env, stderr=subprocess.DEVNULL)
     alive = None
     try:
-        wait_until(lambda: state_dirs() and region in supervise._recorded_regions(state_dirs()[0]),
+        wait_until(lambda: state_dirs() and region in leftovers.recorded_regions(state_dirs()[0]),
                    "the supervisor noted its server's region")
         [killed_dir] = state_dirs()
         alive = subprocess.Popen([*cmd, "import time; time.sleep(300)", *ports()], env=env, stderr=subprocess.DEVNULL)
         wait_until(lambda: len(state_dirs()) == 2, "the second supervisor's state directory")
         [alive_dir] = [d for d in state_dirs() if d != killed_dir]
-        # its guard too (server_guard.py would clear up as the next supervisor does: that is tested above)
-        [guard] = [p for p in _children(killed.pid) if "server_guard.py" in " ".join(supervise._args(p))]
-        os.kill(guard, signal.SIGKILL)
+        # its guard too (it would clear up as the next supervisor does: that is tested above)
+        [guard_pid] = [p for p in _children(killed.pid) if guard.__name__ in groups.command_line(p)]
+        os.kill(guard_pid, signal.SIGKILL)
         killed.kill()
         killed.wait(10)
         server = int(marker.read_text())
@@ -890,20 +888,20 @@ def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_loc
     gone = subprocess.Popen(["true"])
     gone.wait()
     region = f"voxcpm_test_{uuid.uuid4().hex}"
-    dead, running = tmp_path / f"{supervise.STATE_PREFIX}abc.removing-{gone.pid}", \
-        tmp_path / f"{supervise.STATE_PREFIX}def.removing-{os.getpid()}"
+    dead, running = tmp_path / f"{leftovers.STATE_PREFIX}abc.removing-{gone.pid}", \
+        tmp_path / f"{leftovers.STATE_PREFIX}def.removing-{os.getpid()}"
     for d in (dead, running):
         (d / "run-x").mkdir(parents=True)
-        (d / supervise.REGIONS_FILE).write_bytes(f"{region}\n".encode() + b"\xff damaged\n")
+        (d / leftovers.REGIONS_FILE).write_bytes(f"{region}\n".encode() + b"\xff damaged\n")
     open(f"/dev/shm/{region}", "w").close()
     try:
-        assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([str(dead)], [region])
+        assert leftovers.remove_abandoned_state_dirs(str(tmp_path)) == ([str(dead)], [region])
         assert not dead.exists() and running.exists() and not os.path.exists(f"/dev/shm/{region}")
     finally:
         if os.path.exists(f"/dev/shm/{region}"):
             os.unlink(f"/dev/shm/{region}")
 
-    unheld = tmp_path / f"{supervise.STATE_PREFIX}ghi"
+    unheld = tmp_path / f"{leftovers.STATE_PREFIX}ghi"
     unheld.mkdir()
     (unheld / run_state.HELD_FILE).write_text("")
 
@@ -911,10 +909,10 @@ def test_a_sweep_finishes_what_a_dead_sweep_left_and_takes_nothing_it_cannot_loc
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    monkeypatch.setattr(supervise.tempfile, "tempdir", str(tmp_path))
-    path, fd = supervise.make_state_dir()
+    monkeypatch.setattr(leftovers.tempfile, "tempdir", str(tmp_path))
+    path, fd = leftovers.make_state_dir()
     assert fd is None and os.listdir(path) == []
-    assert supervise.remove_abandoned_state_dirs(str(tmp_path)) == ([], []) and unheld.exists()
+    assert leftovers.remove_abandoned_state_dirs(str(tmp_path)) == ([], []) and unheld.exists()
 
 
 def test_only_the_default_run_directories_of_servers_that_exited_are_removed(tmp_path, monkeypatch):
@@ -1083,14 +1081,14 @@ def test_a_crashing_model_process_leaves_its_threads_stacks(tmp_path):
 
 def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon_only_if_it_stays(tmp_path,
                                                                                                   monkeypatch):
-    """supervise.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
+    """supervisor.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
     once; a stale beacon only once it has stayed stale for STALE_CONFIRM_S (beacons carry wall-clock
     times, so a clock step makes every beacon look stale until its next beat), and never before a
     dead process; a run directory gone while the server runs is a restart too."""
     class Opts:
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
-    s = supervise.Supervisor(["tritonserver"], Opts)
+    s = supervisor.Supervisor(["tritonserver"], Opts)
     assert s._dead_model() is None  # no server started yet
     s.run_dir = str(tmp_path)
     assert s._dead_model() is None
@@ -1098,11 +1096,11 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     (tmp_path / f"decoder.{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "beat": beat["t"]}))
     assert s._dead_model() is None
     clock = {"t": 100.0}
-    monkeypatch.setattr(supervise.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock["t"])
     late = beat["t"] + liveness.BEACON_STALE_S + 5
     monkeypatch.setattr(runtime.time, "time", lambda: late)
     assert s._dead_model() is None  # stale once: not yet
-    clock["t"] += supervise.STALE_CONFIRM_S
+    clock["t"] += supervisor.STALE_CONFIRM_S
     monkeypatch.setattr(s, "_health", lambda which: True)
     stale = f"the decoder model process (pid {os.getpid()}) has not answered for {liveness.BEACON_STALE_S + 5:.0f} s"
     assert s._dead_model() == f"model process: {stale}"
@@ -1144,7 +1142,7 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """, str(port)])
     try:
-        s = supervise.Supervisor(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"], Opts)
+        s = supervisor.Supervisor(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"], Opts)
         deadline = time.monotonic() + 30
         while not s._health("live"):
             assert time.monotonic() < deadline and server.poll() is None
@@ -1176,8 +1174,8 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
         release.wait(30)
         return probe.UNHEALTHY, "connection reset"
 
-    monkeypatch.setattr(supervise.probe, "probe", stuck_probe)
-    s = supervise.Supervisor(["tritonserver"], Opts)
+    monkeypatch.setattr(probe, "probe", stuck_probe)
+    s = supervisor.Supervisor(["tritonserver"], Opts)
     run, state = tmp_path / "run", tmp_path / "state"
     run.mkdir()
     state.mkdir()
@@ -1206,7 +1204,7 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
 @pytest.mark.parametrize("case", ["held", "draining", "busy", "unloading", "finalizing", "foreign_model",
                                   "never_ready"])
 def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, monkeypatch, case):
-    """supervise.Supervisor._wait_exit: a stopping server whose model processes all report no
+    """supervisor.Supervisor._wait_exit: a stopping server whose model processes all report no
     request and none of which unloads for HELD_IDLE_S is held (Triton 2.51 keeps a model whose gRPC
     stream was cancelled while its last response was written) and is ended then, not at the exit
     timeout, and not before the time its requests were given (their responses may still be on their
@@ -1214,7 +1212,7 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
     a model process without a beacon runs (one in its finalize), with a model in the repository that
     writes no beacon, or for a server that never became ready."""
     held = 3.0
-    monkeypatch.setattr(supervise, "HELD_IDLE_S", held)
+    monkeypatch.setattr(supervisor, "HELD_IDLE_S", held)
     repo = tmp_path / "repo"
     for m in ("tts_stream", "decoder") + (("custom",) if case == "foreign_model" else ()):
         (repo / m).mkdir(parents=True)
@@ -1222,7 +1220,7 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
     class Opts:
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
-    s = supervise.Supervisor(["tritonserver", f"--model-repository={repo}"], Opts)
+    s = supervisor.Supervisor(["tritonserver", f"--model-repository={repo}"], Opts)
     assert s.beacons_tell_all == (case != "foreign_model")
     run = tmp_path / "run"
     run.mkdir()

@@ -1,5 +1,5 @@
 """What the project's parts copy from one another because they do not import each other (the
-client and the gateway never load the server's package; scripts/probe.py runs on its own): the
+client and the gateway never load the server's package; the liveness probe is standard library only): the
 models' inputs and the messages that mean "not now". Each copy is checked against the server's
 own definition, so that a change on one side fails here instead of in a client."""
 
@@ -15,7 +15,6 @@ from tests.server import REPO
 
 sys.path.insert(0, str(REPO / "client"))
 sys.path.insert(0, str(REPO / "gateway"))
-sys.path.insert(0, str(REPO / "scripts"))
 
 DTYPES = {"TYPE_STRING": np.object_, "TYPE_FP32": np.float32, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64,
           "TYPE_BOOL": np.bool_}
@@ -69,10 +68,10 @@ def _not_now_messages() -> dict[str, str]:
 
 
 def test_the_client_gateway_and_probe_read_not_now_as_such():
-    import probe
     from voxcpm_client import client
     from voxcpm_gateway import errors
     from voxcpm_triton.serving.triton_io import Unhealthy
+    from voxcpm_triton.supervisor import probe
 
     assert probe.UNHEALTHY_PREFIX == Unhealthy.PREFIX
     want_status = {"busy": 429, "unhealthy": 503, "shutting_down": 503}

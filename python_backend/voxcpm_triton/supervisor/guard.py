@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 """Ends what a supervised tritonserver leaves behind when its supervisor is killed (SIGKILL: it
-cannot stop the server itself). supervise.py starts one guard beside each server, in a session of
+cannot stop the server itself). The supervisor starts one guard beside each server, in a session of
 its own (a terminal's Ctrl-C or a signal to the supervisor's group does not reach it).
 
 With the supervisor gone, tritonserver gets SIGTERM (PR_SET_PDEATHSIG) and stops. Model processes
@@ -13,7 +12,7 @@ supervisor would: the killed supervisor's state directory and the regions record
 stopped by its death signal leaves its regions in /dev/shm). While the supervisor lives, the guard
 only exits once the server's group is empty.
 
-    server_guard.py PGID SUPERVISOR_PID EXIT_TIMEOUT_S SHM_PREFIX
+    python -m voxcpm_triton.supervisor.guard PGID SUPERVISOR_PID EXIT_TIMEOUT_S SHM_PREFIX
 """
 
 from __future__ import annotations
@@ -23,54 +22,54 @@ import signal
 import sys
 import time
 
-import supervise
+from . import groups, leftovers
+from .log import log
 
 POLL_S = 0.5
+# where `python -m` finds this package: the guard runs there, so that nothing in the supervisor's
+# working directory can stand in for it
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[int]:
     """Watch until the group is empty, or clear it once the supervisor is gone -> the pids killed."""
     while os.getppid() == supervisor:
-        if not supervise._group_alive(pgid):
+        if not groups.alive(pgid):
             return []
         time.sleep(POLL_S)
     killed = _clear(pgid, exit_timeout, prefix)
     # What the next supervisor would remove: the state directory, once nothing holds it, and the
     # shared-memory regions recorded there (a server stopped by its death signal leaves them)
-    dirs, regions = supervise.remove_abandoned_state_dirs()
+    dirs, regions = leftovers.remove_abandoned_state_dirs()
     if killed or dirs:
-        supervise.log(f"guard: the supervisor is gone; killed {len(killed)} process(es) its server left"
-                      f"{': ' + str(killed) if killed else ''}; removed {', '.join(dirs) or 'no directory'} and "
-                      f"{len(regions)} shared-memory region(s)")
+        log(f"guard: the supervisor is gone; killed {len(killed)} process(es) its server left"
+            f"{': ' + str(killed) if killed else ''}; removed {', '.join(dirs) or 'no directory'} and "
+            f"{len(regions)} shared-memory region(s)")
     return killed
 
 
 def _clear(pgid: int, exit_timeout: float, prefix: str) -> list[int]:
     """Wait for the server's exit and its model processes', then kill those left -> their pids."""
-    # The server's own stop, as supervise.Server.stop waits for it. Linux does not give the group's id
+    # The server's own stop, as Supervisor.stop waits for it. Linux does not give the group's id
     # to a new process while the group has a member: only an empty group's could be another's.
     end = time.monotonic() + exit_timeout + 10
     while time.monotonic() < end:
-        members = supervise._group_alive(pgid)
+        members = groups.alive(pgid)
         if not members:
             return []
         if pgid not in members:  # tritonserver is gone; its model processes are left
             break
         time.sleep(POLL_S)
-    left = supervise._wait_group(pgid, 5)
+    left = groups.wait(pgid, 5)
     if not left:
         return []
-    regions = supervise._shm_regions(supervise._group_commands(pgid), prefix)
+    regions = leftovers.shm_regions(groups.commands_of(pgid), prefix)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return []
-    supervise._wait_group(pgid, 5)
-    for r in regions:
-        try:
-            os.unlink(os.path.join(supervise.SHM_DIR, r))
-        except OSError:
-            pass  # removed by its server after all, or not ours
+    groups.wait(pgid, 5)
+    leftovers.unlink_regions(sorted(regions))
     return left
 
 
