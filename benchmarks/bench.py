@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "python_backend"))
 import torch  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
-from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
+from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished, LatentChunk  # noqa: E402
 
 from cli import int_list, timestep_buckets  # noqa: E402

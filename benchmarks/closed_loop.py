@@ -91,7 +91,7 @@ from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E
 from voxcpm_triton.kernels import persistent_layer  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.model import split_k  # noqa: E402
-from voxcpm_triton.serving.vae_models import decoding_vae  # noqa: E402
+from voxcpm_triton.loading import decoding_vae  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the quiet river bank, while the children laugh "
         "and play in the warm afternoon sun.")  # bench_served.py's

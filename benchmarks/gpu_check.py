@@ -32,7 +32,7 @@ from voxcpm_triton.engine import Engine, EngineConfig  # noqa: E402
 from voxcpm_triton.model import split_k  # noqa: E402
 from voxcpm_triton.model.local_modules import CfmSchedule  # noqa: E402
 from voxcpm_triton.model.noise import noise_for_steps  # noqa: E402
-from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
+from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 
 from cli import timestep_buckets  # noqa: E402
 

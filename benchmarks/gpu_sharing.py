@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--out", default="gpu_sharing.json")
     args = ap.parse_args()
     from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     cfg, vae = load_audio_vae(args.checkpoint, "cuda", compile=True)
     bank = VAEStreams(vae, cfg.patch_size, max_streams=8, cuda_graphs=True)

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
-from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
+from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 
 
 def log(*a):

@@ -50,7 +50,7 @@ def main():
     import torch
 
     from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     dev = torch.device("cuda")
     t0 = time.perf_counter()

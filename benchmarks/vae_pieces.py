@@ -42,7 +42,7 @@ from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.model import audio_vae  # noqa: E402
-from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
+from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 
 
 def ways(bank: VAEStreams, keys: list, z: torch.Tensor, piece: int, group: int) -> dict:

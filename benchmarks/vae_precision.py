@@ -39,7 +39,7 @@ from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
 from kernel_vae_blocks import parse_settings  # noqa: E402
 from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
-from voxcpm_triton.voxcpm2 import load_audio_vae  # noqa: E402
+from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 
 SHAPES = ((1, 1), (8, 4), (16, 4), (64, 1), (64, 4), (64, 16))
 CHUNKS = [1, 2, 4] + [16] * 5 + [13]  # 100 patches, the served chunk schedule's shape

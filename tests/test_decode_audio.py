@@ -123,7 +123,7 @@ def test_the_decoders_last_chunk_carries_the_final_flag(server):
 # ---------------------------------------------------------------------- engine.stream_audio itself
 @pytest.fixture(scope="module")
 def vae(ckpt):
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     cfg, vae = load_audio_vae(ckpt, torch.device("cpu"))
     return cfg, vae

@@ -262,7 +262,7 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
     longest first, and gives the eager decode's audio; past the longest graph it decodes eagerly.
     Decodes queued together give the same audio."""
     from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
     P = 4
@@ -312,7 +312,7 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
 
     from voxcpm_triton.engine.stream_audio import StreamAudio
     from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
     P, D = 4, vae.latent_dim
@@ -382,7 +382,7 @@ def test_a_last_chunk_on_the_gpu_replays_one_padded_graph_and_gives_the_eager_de
 
     from voxcpm_triton.engine.stream_audio import StreamAudio
     from voxcpm_triton.engine.vae_streams import VAEStreams
-    from voxcpm_triton.voxcpm2 import load_audio_vae
+    from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
     P, D = 4, vae.latent_dim

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from voxcpm_triton.voxcpm2 import load_audio_vae
+from voxcpm_triton.loading import load_audio_vae
 
 
 class FakeTensor:

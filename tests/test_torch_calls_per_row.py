@@ -19,7 +19,7 @@ from voxcpm_triton.engine.engine import _host_rows
 from voxcpm_triton.engine.scheduler import Delivery
 from voxcpm_triton.engine.stream_audio import StreamAudio
 from voxcpm_triton.engine.vae_streams import VAEStreams
-from voxcpm_triton.voxcpm2 import load_audio_vae
+from voxcpm_triton.loading import load_audio_vae
 
 KEEPS_THE_GIL = {"numpy", "tolist", "__get__"}
 

@@ -1,4 +1,4 @@
-"""The offline API shared by the engine, the tests and the benchmarks.
+"""The offline API shared by the engine, the tests and the benchmarks (its loading: loading.py).
 
     m = VoxCPM2.from_pretrained(path, device="cpu", dtype="float32")
     lat = m.generate_latents("Hello.", seed=1)   # [steps, P, D]
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from . import checks
-from .model.audio_vae import AudioVAE, compile_snakes, patch_frames
-from .formats.checkpoint import load_model_weights, load_tensors, meta_model
-from .formats.checkpoint_layout import CheckpointError, checkpoint_files
-from .model.config import DTYPES, VoxCPM2Config
+from .model.audio_vae import AudioVAE, patch_frames
+from .formats.checkpoint import load_model_weights, meta_model
+from .formats.checkpoint_layout import checkpoint_files
+from .model.config import VoxCPM2Config
 from .model.local_modules import CfmSchedule
 from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
@@ -31,54 +31,8 @@ from .model.prompt import Prompt, build_prompt
 from .model.lora import linear_shapes
 from .lora_adapters import AdapterSet
 from .formats.text_normalize import normalize_target
+from .loading import encode_patches, load_audio_vae, resolve_attention, resolve_device, resolve_dtype
 from .formats.tokenizer import TextTokenizer
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:  # torch lists every device type it knows; only two are served
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: must be cpu, cuda or cuda:<index> (or auto)")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
-def resolve_attention(attention: str, device: torch.device) -> str:
-    """"auto" | "triton" | "torch" -> "triton" or "torch" for a model on `device` (see from_pretrained)."""
-    if attention not in ("auto", "triton", "torch"):
-        raise ValueError(f"attention must be 'auto', 'triton' or 'torch', got {attention!r}")
-    if attention == "torch" or (attention == "auto" and device.type != "cuda"):
-        return "torch"  # no triton import where it cannot be used
-    from .kernels import _triton
-
-    if attention == "auto":
-        return "triton" if _triton.available() else "torch"
-    if device.type == "cuda":
-        if not _triton.available():
-            raise ValueError("attention='triton' requested but triton is unavailable")
-    else:
-        from .kernels import local_attention  # the CPU can run the kernels only interpreted (tests)
-
-        if not local_attention._INTERPRETED:
-            raise ValueError("attention='triton' needs a CUDA device (or triton's CPU interpreter, "
-                             "TRITON_INTERPRET=1)")
-    return "triton"
-
-
-def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    """bf16 on a GPU, fp32 on the CPU, unless asked otherwise."""
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
-    return getattr(torch, DTYPES[dtype])
 
 
 class ContiguousKVCache:
@@ -102,61 +56,6 @@ class ContiguousKVCache:
 
     def advance(self, n: int):
         self.length += n
-
-
-def load_audio_vae(path: str, device, triton_kernels: bool = False, compile: bool = False,
-                   decode_precision: str = "fp32") -> tuple[VoxCPM2Config, AudioVAE]:
-    """The checkpoint's AudioVAE alone, for the VAE Triton models, built with its decoder's
-    backends: triton_kernels (`AudioVAE`: the `kernels.vae` kernels; the caller checks that they
-    can run), compile (GPU: the snake activations torch.compile'd and warmed up here,
-    `audio_vae.compile_snakes`) and decode_precision (the decoder's weights and activations:
-    fp32, or opt-in bf16 / fp16, `AudioVAE.set_decode_precision`)."""
-    files = checkpoint_files(path)
-    cfg = VoxCPM2Config.from_file(files["config"])
-    vae = AudioVAE(cfg.audio_vae_config, triton_kernels=triton_kernels)
-    try:
-        vae.load_vae_state_dict(load_tensors(files["vae"]))
-    except ValueError as e:
-        raise CheckpointError(f"{files['vae']}: {e}") from None
-    vae = vae.to(device).eval().requires_grad_(False).set_decode_precision(decode_precision)
-    if compile:
-        compile_snakes(vae)
-    return cfg, vae
-
-
-def decoding_vae(path: str, device, triton_kernels: bool, compile: bool):
-    """The checkpoint's AudioVAE for decoding chunks: on a GPU with the Triton kernels (where they
-    can run) and the compiled snakes asked for; plain on the CPU -> (config, vae)."""
-    if device.type != "cuda":
-        return load_audio_vae(path, device)
-    if triton_kernels:
-        from .kernels import vae as vae_kernels  # imports triton: only where it can run
-
-        triton_kernels = vae_kernels.available()
-    return load_audio_vae(path, device, triton_kernels=triton_kernels, compile=compile)
-
-
-@torch.inference_mode()
-def encode_patches(vae: AudioVAE, patch_size: int, waves: list[np.ndarray], pads: list[str]) -> list[torch.Tensor]:
-    """Waveforms already at the VAE's input rate -> latent patches [n, P, D] each.
-
-    Each is padded to whole patches ('left' for continuation prompts, 'right' for
-    references, as the reference does); equal lengths are encoded as one batch.
-    """
-    patch_len = patch_size * vae.chunk_size
-    padded = []
-    for w, side in zip(waves, pads):
-        x = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
-        extra = (-x.numel()) % patch_len
-        padded.append(F.pad(x, (extra, 0) if side == "left" else (0, extra)))
-    out: list = [None] * len(waves)
-    dev = next(vae.parameters()).device
-    for n in sorted({x.numel() for x in padded}):
-        idx = [i for i, x in enumerate(padded) if x.numel() == n]
-        z = vae.encode(torch.stack([padded[i] for i in idx]).to(dev))  # [B, D, frames]
-        for j, i in enumerate(idx):
-            out[i] = z[j].view(z.size(1), -1, patch_size).permute(1, 2, 0).float().cpu()
-    return out
 
 
 class VoxCPM2:

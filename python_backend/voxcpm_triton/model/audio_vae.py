@@ -775,7 +775,7 @@ def compile_snakes(vae: AudioVAE, warm_up: bool = True) -> AudioVAE:
     """GPU: each decoder snake activation of `vae` as one fused kernel instead of seven elementwise
     passes over the activations (most of the decoder's memory traffic). One dynamic graph serves
     every channel count and length; warm-up compiles it before the first request. Applied once,
-    by the loader (`voxcpm2.load_audio_vae(compile=True)`), to a VAE on its device."""
+    by the loader (`loading.load_audio_vae(compile=True)`), to a VAE on its device."""
     compiled = torch.compile(snake, dynamic=True)
 
     def fused(x, alpha):

@@ -30,7 +30,8 @@ from ..engine import Engine, EngineBusy, EngineConfig, EngineRequest, Finished, 
 from ..engine.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
-from ..voxcpm2 import VoxCPM2, decoding_vae
+from ..loading import decoding_vae
+from ..voxcpm2 import VoxCPM2
 from . import audio_channel, bls_stream, contract, gc_pauses, liveness, placement, processes, run_state, runtime
 from .contract import value, wire_names
 from .instance_sync import Peers

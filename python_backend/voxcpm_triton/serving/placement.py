@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from ..voxcpm2 import resolve_device
+from ..loading import resolve_device
 
 
 def instance_name(args: dict) -> str:

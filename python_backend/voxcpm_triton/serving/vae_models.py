@@ -17,7 +17,7 @@ import torch
 from ..checks import check_waveform, resample
 from ..engine.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
-from ..voxcpm2 import decoding_vae, encode_patches, load_audio_vae
+from ..loading import decoding_vae, encode_patches, load_audio_vae
 from . import gc_pauses, liveness, placement, runtime
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
