@@ -240,7 +240,7 @@ def vae_bench(path: str, P: int, dev, streams=(1, 8, 32, 64), chunks=(1, 4, 16))
     graphs (where captured: B x n <= vae_streams.MAX_GRAPH_PATCHES); then the same two with the
     Triton kernels (`vae_kernels`: residual units, polyphase upsampling). ms per call and x real time."""
     from voxcpm_triton.kernels import vae as vae_kernels
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
 
     t0 = time.perf_counter()
     _, vae = load_audio_vae(path, dev)

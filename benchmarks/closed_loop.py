@@ -86,8 +86,8 @@ from cli import timestep_buckets  # noqa: E402
 
 from voxcpm_triton import VoxCPM2  # noqa: E402
 from voxcpm_triton.engine import Engine, EngineConfig, EngineRequest, Finished  # noqa: E402
-from voxcpm_triton.engine.stream_audio import StreamAudio  # noqa: E402
-from voxcpm_triton.engine.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
+from voxcpm_triton.audio.stream_audio import StreamAudio  # noqa: E402
+from voxcpm_triton.audio.vae_streams import DecodedAudio, VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import persistent_layer  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.model import split_k  # noqa: E402

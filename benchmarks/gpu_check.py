@@ -147,7 +147,7 @@ def _decode_in_pieces(bank, batch, z, pieces):
 @torch.inference_mode()
 def vae_graphs_vs_eager(path: str) -> dict:
     from voxcpm_triton.kernels import vae as vae_kernels
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
 
     # Four decoders over the same streams and latents: plain eager; compiled snakes + graphs;
     # and the served path (Triton conv + compiled snakes) eagerly and as graphs.

@@ -83,7 +83,7 @@ def main():
     ap.add_argument("--step-ms", default="10,25")
     ap.add_argument("--out", default="gpu_sharing.json")
     args = ap.parse_args()
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
     from voxcpm_triton.loading import load_audio_vae
 
     cfg, vae = load_audio_vae(args.checkpoint, "cuda", compile=True)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(REPO, "python_backend"))
 
 import torch  # noqa: E402
 
-from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
+from voxcpm_triton.audio.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.loading import load_audio_vae  # noqa: E402
 

@@ -49,7 +49,7 @@ def main():
 
     import torch
 
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
     from voxcpm_triton.loading import load_audio_vae
 
     dev = torch.device("cuda")

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from bench import log, summarize_profile  # noqa: E402
 from kernel_kinds import VAE_KERNEL_KINDS  # noqa: E402
-from voxcpm_triton.engine.vae_streams import VAEStreams  # noqa: E402
+from voxcpm_triton.audio.vae_streams import VAEStreams  # noqa: E402
 from voxcpm_triton.kernels import vae as vae_kernels  # noqa: E402
 from voxcpm_triton.model import audio_vae  # noqa: E402
 from voxcpm_triton.loading import load_audio_vae  # noqa: E402

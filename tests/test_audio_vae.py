@@ -423,7 +423,7 @@ def test_prime_continuation():
 def test_vae_streams_slot_pool_matches_one_shot():
     """VAEStreams: streams at different positions, in changing batches and orders, one
     restarted and one primed with context, each equal to decoding its latents in one go."""
-    from voxcpm_triton.engine.vae_streams import StreamSlotsFull, VAEStreams
+    from voxcpm_triton.audio.vae_streams import StreamSlotsFull, VAEStreams
 
     _, ours = _pair("realish")
     hop, P = ours.decode_chunk_size, 2
@@ -527,7 +527,7 @@ def test_vae_streams_cover_a_length_without_a_graph_with_graph_pieces():
     """The decomposition a GPU uses for chunk lengths with no graph (tests/test_engine_gpu.py
     decodes through it): graph lengths of the batch's bucket, longest first; eager (None) past the
     longest or where they cannot cover it. Only the captured lengths' keys matter here."""
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
 
     _, ours = _pair("realish")
     streams = VAEStreams(ours, patch_size=2, max_streams=4)

@@ -3,7 +3,7 @@ process and the orchestrators skip vae_decoder. Served (real tritonserver, tiny 
 the audio is the offline API's with the schedule's chunks and vae_decoder is never called (the
 parity and release checks of tests/test_server.py run on this pipeline, a client leaving included;
 tests/test_vae_decoder_pipeline.py runs them on the other). And
-`engine.stream_audio` itself, with a real VAE, keeps each request's chunks in order, equal to one
+`audio.stream_audio` itself, with a real VAE, keeps each request's chunks in order, equal to one
 decode of the whole, and fails one request, not the others, when its decode fails."""
 
 import json
@@ -120,7 +120,7 @@ def test_the_decoders_last_chunk_carries_the_final_flag(server):
     assert merged >= 1
 
 
-# ---------------------------------------------------------------------- engine.stream_audio itself
+# ---------------------------------------------------------------------- audio.stream_audio itself
 @pytest.fixture(scope="module")
 def vae(ckpt):
     from voxcpm_triton.loading import load_audio_vae
@@ -227,7 +227,7 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
     patches here) per request and round, and come back split chunk by chunk, in order, equal to one
     decode of the whole (continuation context included), the request's end with its last chunk
     (taken in the same round: one delivery, one send to the client fewer)."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -276,7 +276,7 @@ def test_stream_audio_keeps_each_requests_chunks_in_order_and_equal_to_one_decod
 def test_stream_audio_sends_an_end_with_the_last_of_several_chunks_of_its_round(vae):
     """Chunks of 1, 1 and 1 patch and the end, taken in one round: the chunks in order, the end with
     the third, nothing after it; an end queued after its last chunk was delivered goes alone."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -313,7 +313,7 @@ def test_stream_audio_pads_a_last_chunk_to_a_graph_length_and_gives_the_same_aud
     """With graphs (pad_last), a request's last chunk decodes padded to the next graph length, in one
     batch with other chunks of that length; its audio, cut back, equals one decode of the whole.
     A chunk that does not end its request, or a last chunk longer than any graph, is not padded."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -369,7 +369,7 @@ def test_stream_audio_pads_a_last_chunk_to_a_graph_length_and_gives_the_same_aud
 def test_stream_audio_sends_an_ending_requests_end_right_after_its_own_audio(vae):
     """In a round, a request that ends goes before the others of its batch, and its end right after
     its audio, not after the round's other batches: its client sends its next request on it."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -407,7 +407,7 @@ def test_stream_audio_an_end_after_its_thread_took_its_last_work_is_delivered(va
     """At shutdown, an end that comes after the audio thread has taken its last work, while that
     thread has not ended yet (the engine still ending requests after its own stop timed out), is
     delivered where it is queued, not left in a queue nobody reads."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     linger = threading.Event()
@@ -435,7 +435,7 @@ def test_stream_audio_an_end_after_its_thread_took_its_last_work_is_delivered(va
 def test_stream_audio_an_end_after_its_thread_died_is_delivered(vae):
     """The audio thread killed by an error outside any round (a CUDA error entering its stream, say):
     an end that comes later still reaches its request, where it is queued."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
 
@@ -456,7 +456,7 @@ def test_stream_audio_an_end_after_its_thread_died_is_delivered(vae):
 def test_stream_audio_an_end_that_drops_pending_chunks_delivers_none_of_them(vae):
     """A cancelled request's chunks still queued (the audio thread busy with a round) are neither
     decoded nor delivered: only its end goes. Another request's queued chunks go as before."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -487,8 +487,8 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
     and delivered before the round's next delivery, an ending request's too, and so is an end that
     came alone; a chunk for a client with plenty of audio still to play waits for the next round, and
     so does a request whose own delivery in this round is still to come."""
-    from voxcpm_triton.engine import stream_audio
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio import stream_audio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -553,7 +553,7 @@ def test_stream_audio_rushes_a_waiting_clients_chunk_between_a_rounds_deliveries
 def test_stream_audio_a_rush_that_takes_everything_queued_tells_the_fence(vae):
     """A fence for chunks that a rush has launched passes (the engine's first-audio priority need not
     wait for the round in progress), where before the rush it would give up at once (busy round)."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -595,7 +595,7 @@ def test_stream_audio_a_rushed_decode_that_fails_fails_its_requests_and_the_roun
     """A rushed request whose decode fails gets the error as its end (and its generation is told to
     stop), and the round it was rushed into delivers the rest; a rushed request with no stream slot
     free is put back, and rushed again once one is (here the failed request's)."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -638,7 +638,7 @@ def test_stream_audio_a_rushed_decode_that_fails_fails_its_requests_and_the_roun
 def test_stream_audio_does_not_count_a_rush_that_only_put_requests_back(vae):
     """A rush whose requests all find no stream slot free (put back for a later round) decoded nothing:
     the rush counter (voxcpm_decoder_audio_rushes_total) does not count it."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -664,7 +664,7 @@ def test_stream_audio_does_not_count_a_rush_that_only_put_requests_back(vae):
 def test_stream_audio_a_broken_rush_fails_its_requests_and_the_round_goes_on(vae):
     """A fault in a rush outside any one decode (a bug) ends the rushed requests with the error, tells
     the fence their chunks are not to be waited for, and the round it broke into delivers the rest."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -707,7 +707,7 @@ def test_stream_audio_a_broken_rush_fails_its_requests_and_the_round_goes_on(vae
 def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
     """A round's end with no chunk of its own (its audio went out in earlier rounds) is sent as soon as
     the round's decodes are launched, not after the round's audio."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -741,7 +741,7 @@ def test_stream_audio_sends_an_end_that_came_alone_before_the_rounds_audio(vae):
 def test_stream_audio_counts_an_ends_delivery_in_the_rushs_estimate_of_a_send(vae):
     """The rush's estimate of a delivery's time (how long a round's remaining deliveries take) counts
     ends too: a batch of ends alone (a wave of requests ending together) takes as long as its sends."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -770,7 +770,7 @@ def test_stream_audio_counts_an_ends_delivery_in_the_rushs_estimate_of_a_send(va
 def test_stream_audio_without_rush_leaves_a_waiting_clients_chunk_to_the_next_round(vae):
     """`rush=False` (decoder parameter audio_rush): a first chunk queued while a round delivers its
     last batch waits for that round's end."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -792,7 +792,7 @@ def test_stream_audio_without_rush_leaves_a_waiting_clients_chunk_to_the_next_ro
 
 
 def test_stream_audio_fails_the_request_whose_decode_fails_and_serves_the_others(vae):
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -856,7 +856,7 @@ def test_stream_audio_fails_the_request_whose_decode_fails_and_serves_the_others
 def test_stream_audio_fails_a_broken_rounds_requests_and_serves_on(vae):
     """A fault outside any one decode (a bug in a round) ends that round's requests with the error;
     the thread lives on and serves the next."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -895,7 +895,7 @@ def test_stream_audio_fence_waits_until_what_is_queued_has_been_launched(vae):
     every chunk queued before the call, without waiting for its delivery. It does not wait behind a
     round busy with chunks older than its mark (it returns at once), does wait for a round that took
     part of its chunks and then for the rest, waits at most its timeout, and stopping releases it."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim
@@ -991,7 +991,7 @@ def test_stream_audio_drops_the_pending_chunks_of_a_request_cancelled_after_its_
     """A request the engine has ended, its end queued behind chunks not yet decoded, then cancelled
     (CANCEL_ID: a review saw 12 such streams decoded for nobody for 40 s on a CPU): its pending
     chunks go undecoded, its end still goes; the other requests' chunks are untouched."""
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     cfg, vae = vae
     P, D = cfg.patch_size, cfg.feat_dim

@@ -261,7 +261,7 @@ def test_vae_chunks_without_a_graph_of_their_own_decode_as_graph_pieces(checkpoi
     """A chunk length with no graph (a last chunk, a chunk sent early) replays graph-sized pieces,
     longest first, and gives the eager decode's audio; past the longest graph it decodes eagerly.
     Decodes queued together give the same audio."""
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.vae_streams import VAEStreams
     from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
@@ -310,8 +310,8 @@ def test_stream_audio_on_the_gpu_gives_the_eager_decodes_audio_beside_busy_gpu_w
     # python -m pytest -q tests/test_engine_gpu.py -k stream_audio   (on a GPU machine)
     import threading
 
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.stream_audio import StreamAudio
+    from voxcpm_triton.audio.vae_streams import VAEStreams
     from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
@@ -380,8 +380,8 @@ def test_a_last_chunk_on_the_gpu_replays_one_padded_graph_and_gives_the_eager_de
     replay, not three), and the audio cut back to its 3 patches is the eager decode's."""
     import threading
 
-    from voxcpm_triton.engine.stream_audio import StreamAudio
-    from voxcpm_triton.engine.vae_streams import VAEStreams
+    from voxcpm_triton.audio.stream_audio import StreamAudio
+    from voxcpm_triton.audio.vae_streams import VAEStreams
     from voxcpm_triton.loading import load_audio_vae
 
     _, vae = load_audio_vae(checkpoint_dirs["real_shaped"], torch.device("cuda"))
@@ -443,7 +443,7 @@ def test_first_audio_on_the_gpu_waits_for_the_decode_and_changes_no_latent(check
     # python -m pytest -q tests/test_engine_gpu.py -k first_audio   (on a GPU machine)
     import threading
 
-    from voxcpm_triton.engine.stream_audio import StreamAudio
+    from voxcpm_triton.audio.stream_audio import StreamAudio
 
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
     prompt = vox.prepare_prompt("The first audio goes first.")

@@ -17,8 +17,8 @@ from voxcpm_triton import VoxCPM2
 from voxcpm_triton.engine import Engine, EngineConfig
 from voxcpm_triton.engine.engine import _host_rows
 from voxcpm_triton.engine.scheduler import Delivery
-from voxcpm_triton.engine.stream_audio import StreamAudio
-from voxcpm_triton.engine.vae_streams import VAEStreams
+from voxcpm_triton.audio.stream_audio import StreamAudio
+from voxcpm_triton.audio.vae_streams import VAEStreams
 from voxcpm_triton.loading import load_audio_vae
 
 KEEPS_THE_GIL = {"numpy", "tolist", "__get__"}

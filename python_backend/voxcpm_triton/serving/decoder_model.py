@@ -3,7 +3,7 @@
 `execute` only validates and enqueues; the engine thread makes each request's LATENTS chunks.
 Without `decode_audio` it streams them back through the request's response sender and closes the
 stream with the final flag. With `decode_audio` (the default) it hands them to this process's
-audio thread (`engine.stream_audio`), which decodes each chunk's AUDIO, so the orchestrators skip
+audio thread (`audio.stream_audio`), which decodes each chunk's AUDIO, so the orchestrators skip
 `vae_decoder`: with `audio_channel` (the default) the chunks and the end go over a Unix socket of
 the orchestrator's process (`serving.audio_channel`), whose writer thread then sends the final
 response, and the call carries only an empty first response and that final one; without it each
@@ -27,7 +27,7 @@ import torch
 
 from .. import checks, timeline
 from ..engine import Engine, EngineBusy, EngineConfig, EngineRequest, Finished, LoraFull, RequestError
-from ..engine.stream_audio import StreamAudio
+from ..audio.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
 from ..loading import decoding_vae

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..checks import check_waveform, resample
-from ..engine.vae_streams import VAEStreams
+from ..audio.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
 from ..loading import decoding_vae, encode_patches, load_audio_vae
 from . import gc_pauses, liveness, placement, runtime

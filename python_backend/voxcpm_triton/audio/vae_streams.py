@@ -22,9 +22,9 @@ import logging
 import torch
 
 from ..model.audio_vae import AudioVAE
-from .buckets import smallest_at_least
-from .cuda_graph import capture_graph
-from .host_copies import to_device, to_host
+from ..engine.buckets import smallest_at_least
+from ..engine.cuda_graph import capture_graph
+from ..engine.host_copies import to_device, to_host
 
 log = logging.getLogger("voxcpm_triton.vae_streams")
 

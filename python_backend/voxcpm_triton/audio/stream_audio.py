@@ -48,7 +48,7 @@ import torch
 
 from .. import timeline
 from ..model.audio_vae import AudioVAE, patch_frames
-from .buckets import smallest_at_least
+from ..engine.buckets import smallest_at_least
 from .vae_streams import StreamSlotsFull, VAEStreams
 
 log = logging.getLogger("voxcpm_triton.stream_audio")

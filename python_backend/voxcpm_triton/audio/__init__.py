@@ -1,0 +1,4 @@
+"""Audio from latents as they stream: each stream's VAE decoder state, decoded in batches by chunk
+length with CUDA graphs (`vae_streams`, which `vae_decoder` serves), and the decoder's own audio
+thread that decodes its requests' chunks beside the engine (`stream_audio`, decoder parameter
+`decode_audio`)."""
