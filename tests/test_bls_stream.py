@@ -720,10 +720,10 @@ def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(run_dir, monkeyp
             self.abandoned = True
 
     stream = Unanswered()
-    calls = orchestrator.Orchestrator.__new__(orchestrator.Orchestrator)
-    orchestrator.InternalCalls.__init__(calls)  # (imported there from internal_calls)
-    calls.call_decoupled = lambda model, inputs, names: stream
-    asyncio.run(asyncio.wait_for(calls._cancel_decoder("r1"), 5))
+    orch = orchestrator.Orchestrator.__new__(orchestrator.Orchestrator)
+    orch.calls = orchestrator.InternalCalls()  # (imported there from internal_calls)
+    orch.calls.call_decoupled = lambda model, inputs, names: stream
+    asyncio.run(asyncio.wait_for(orch._cancel_decoder("r1"), 5))
     assert stream.abandoned
 
 

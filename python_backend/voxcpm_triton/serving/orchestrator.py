@@ -98,9 +98,9 @@ class _DecoderCall:
     error: BaseException | None = None  # the first error it reported: raised once it is read to its end
 
 
-class Orchestrator(InternalCalls):
+class Orchestrator:
     def __init__(self, args, params: dict):
-        super().__init__()
+        self.calls = InternalCalls()  # the BLS calls to the internal models, health watched
         cfg = VoxCPM2Config.from_file(os.path.join(resolve_checkpoint(params["checkpoint"]), "config.json"))
         self.sample_rate = cfg.audio_vae_config.out_sample_rate
         self.patch_size, self.feat_dim, self.max_positions = cfg.patch_size, cfg.feat_dim, cfg.max_length
@@ -143,7 +143,7 @@ class Orchestrator(InternalCalls):
         inputs = {"LATENTS": latents[None]}
         if context is not None:
             inputs["CONTEXT"] = context[None]
-        return (await self.infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
+        return (await self.calls.infer("vae_decoder", inputs, ["AUDIO"], correlation_id=corrid, flags=flags))[0][0]
 
     # ------------------------------------------------------------------ pipeline
     async def prepare(self, req: contract.SynthesisRequest, playback: bool,
@@ -154,14 +154,14 @@ class Orchestrator(InternalCalls):
         voice = await self._voice(req)
         tok_in = {"TEXT": np.array([req.text.encode()], dtype=object)}
         if req.normalize:
-            normalized = await self.normalize(req.text, cancelled)
+            normalized = await self.calls.normalize(req.text, cancelled)
             if normalized is None:  # the client left while it waited
                 return None
             tok_in = {"TEXT": np.array([normalized.encode()], dtype=object), "NORMALIZED": np.array([True])}
         prompt_text = voice.transcript if voice is not None and req.voice_mode != "reference" else req.prompt_text
         if prompt_text is not None:
             tok_in["PROMPT_TEXT"] = np.array([prompt_text.encode()], dtype=object)
-        ids, n_target = await self.infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
+        ids, n_target = await self.calls.infer("tokenizer", tok_in, ["TOKEN_IDS", "TARGET_TOKENS"])
         target_tokens = int(np.asarray(n_target).reshape(-1)[0])
         if req.normalize and target_tokens >= self.max_positions:  # else the decoder's message would not say why
             raise InputError(f"NORMALIZE wrote TEXT ({len(req.text.encode())} bytes) out as "
@@ -184,12 +184,12 @@ class Orchestrator(InternalCalls):
             dec_in["REF_LATENTS"] = voice.reference
             audio_latents.append(dec_in["REF_LATENTS"])
         elif req.reference_audio is not None:
-            dec_in["REF_LATENTS"] = await self.encode(req.reference_audio, req.reference_sample_rate, False,
+            dec_in["REF_LATENTS"] = await self.calls.encode(req.reference_audio, req.reference_sample_rate, False,
                                                       "REFERENCE_AUDIO")
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
         if req.prompt_audio is not None or (voice is not None and req.voice_mode != "reference"):
-            dec_in["PROMPT_LATENTS"] = (await self.encode(req.prompt_audio, req.prompt_sample_rate, True,
+            dec_in["PROMPT_LATENTS"] = (await self.calls.encode(req.prompt_audio, req.prompt_sample_rate, True,
                                                           "PROMPT_AUDIO")
                                         if req.prompt_audio is not None else voice.prompt)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
@@ -207,7 +207,7 @@ class Orchestrator(InternalCalls):
         The decoder's audio comes in one of three ways: frames of the audio channel (the default),
         responses carrying AUDIO (decode_audio without the channel), or LATENTS that go through
         vae_decoder here (decode_audio off)."""
-        self.health.check()
+        self.calls.health.check()
         if prepared is None:
             prepared = await self.prepare(req, playback, cancelled)
         if prepared is None or cancelled():
@@ -217,10 +217,10 @@ class Orchestrator(InternalCalls):
 
         call = _DecoderCall(uuid.uuid4().hex, secrets.randbits(63) or 1, context)
         t_decoder = time.monotonic()
-        responses = self.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=call.request_id)
+        responses = self.calls.call_decoupled("decoder", dec_in, ["LATENTS", "AUDIO"], request_id=call.request_id)
         # The decoder's first response (its admission; without the audio channel, its first chunk too),
         # awaited without blocking the loop.
-        if await self.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
+        if await self.calls.guard(responses.started.wait(), cancelled) is None:  # the client left while it was queued
             await self._stop_decoder(call.request_id, responses)
             responses.abandon()
             return
@@ -230,8 +230,8 @@ class Orchestrator(InternalCalls):
                 # Until its first audio the client may leave while the decoder still queues the request
                 # (with the audio channel, the call's first response, empty, comes at its admission).
                 try:
-                    resp = await (asyncio.wait_for(self.guard(responses.queue.get()), END_TIMEOUT_S) if ended
-                                  else self.guard(responses.queue.get(), None if emitted or stopping else cancelled))
+                    resp = await (asyncio.wait_for(self.calls.guard(responses.queue.get()), END_TIMEOUT_S) if ended
+                                  else self.calls.guard(responses.queue.get(), None if emitted or stopping else cancelled))
                 except asyncio.TimeoutError:  # stopping, its audio all out: the final response did not come
                     log.warning("decoder request %s: no final response %.0f s after its end", call.request_id,
                                 END_TIMEOUT_S)
@@ -315,7 +315,7 @@ class Orchestrator(InternalCalls):
         try:
             req = bls("vae_decoder", {"LATENTS": empty}, ["AUDIO"], correlation_id=corrid,
                       flags=pb().TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
-            await asyncio.wait_for(self.guard(req.async_exec()), END_TIMEOUT_S)
+            await asyncio.wait_for(self.calls.guard(req.async_exec()), END_TIMEOUT_S)
         except BaseException:  # noqa: BLE001 - the stream is over either way; its state times out
             log.exception("closing VAE stream %s failed", corrid)
 
@@ -337,7 +337,7 @@ class Orchestrator(InternalCalls):
             await self._cancel_decoder(request_id)
             return
         try:
-            while await self.guard(responses.queue.get()) is not responses.END:
+            while await self.calls.guard(responses.queue.get()) is not responses.END:
                 pass
         except BaseException:  # noqa: BLE001 - a model died: nothing more will come
             log.exception("reading decoder request %s to its end failed", request_id)
@@ -348,10 +348,10 @@ class Orchestrator(InternalCalls):
             return
         try:
             # its only response is the final flag
-            stream = self.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
+            stream = self.calls.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
                                          ["LATENTS"])
             try:
-                while (resp := await asyncio.wait_for(self.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
+                while (resp := await asyncio.wait_for(self.calls.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
                     if isinstance(resp, BaseException):
                         raise resp
             finally:

@@ -68,7 +68,7 @@ class TTSModel:
         # Half of its instances (KIND_CPU) may wait for text_normalizer (InternalCalls.normalize_gate).
         groups = json.loads(args["model_config"]).get("instance_group") or [{}]
         instances = sum(int(g.get("count", 1)) for g in groups)
-        self.orch.normalize_gate = SharedSlots(f"normalize_waits_{args['model_name']}", max(1, instances // 2))
+        self.orch.calls.normalize_gate = SharedSlots(f"normalize_waits_{args['model_name']}", max(1, instances // 2))
         labels = {"model": args["model_name"]}
         self.m_badcases = metric("voxcpm_badcases_total", "Whole-utterance tries judged bad cases "
                                  "(>= 6 patches per target token)", labels, "COUNTER")
