@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a supervised server takes to stop after clients cancelled their gRPC streams right
 after the final responses (what Triton 2.51 can keep a model loaded for: the supervisor's
-"held" stop, scripts/supervise.py `_wait_exit`).
+"held" stop, `TritonServer.wait_exit` in python_backend/voxcpm_triton/supervisor/tritonserver.py).
 
 Each run starts scripts/serve.sh (the supervisor, no gateway, no probes) on the given checkpoint
 (with --environ: scripts/supervise.py over $TRITONSERVER_BIN and $TRITON_BACKEND_DIR as this process

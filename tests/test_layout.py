@@ -191,9 +191,10 @@ def test_the_orchestrators_load_without_torch():
 # --- the supervisor: runs outside Triton, standard library only --------------------------------------
 
 def test_the_supervisor_loads_the_standard_library_only():
-    """scripts/supervise.py and scripts/probe.py run where the models' packages may not be installed
-    (the container's healthcheck, a bare host): what they load beyond the interpreter's start-up is the
-    standard library and this package."""
+    """What scripts/supervise.py and scripts/probe.py run (the package's cli, with the loop under it,
+    guard and probe) runs where the models' packages may not be installed (the container's
+    healthcheck, a bare host): what it loads beyond the interpreter's start-up is the standard
+    library and this package."""
     import subprocess
     import sys
 

@@ -18,7 +18,7 @@ import torch
 
 from tests.server import REPO, _children
 from voxcpm_triton.serving import liveness, processes, run_state, runtime
-from voxcpm_triton.supervisor import cli, groups, guard, leftovers, ports, probe, server_args, supervisor
+from voxcpm_triton.supervisor import cli, groups, guard, leftovers, loop, ports, probe, server_args, tritonserver
 
 
 
@@ -234,19 +234,19 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
     monkeypatch.setenv("VOXCPM_ADMIN_KEY", "k")
-    s = supervisor.Supervisor(["tritonserver", "--http-port=1234", "--http-address=0.0.0.0",
-                              "--exit-timeout-secs=7"], Opts)
-    assert "--http-restricted-api=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
-    assert "--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.args
-    assert s.url == "http://127.0.0.1:1234" and s.exit_timeout == 7
-    assert supervisor.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).url == "http://[::1]:5"
-    assert supervisor.Supervisor(["t", "--http-address=::1"], Opts).url == "http://[::1]:8000"
+    s = loop.Supervisor(["tritonserver", "--http-port=1234", "--http-address=0.0.0.0",
+                        "--exit-timeout-secs=7"], Opts)
+    assert "--http-restricted-api=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.server.args
+    assert "--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:voxcpm-admin-key=k" in s.server.args
+    assert s.server.url == "http://127.0.0.1:1234" and s.server.exit_timeout == 7
+    assert loop.Supervisor(["t", "--http-address", "ipv6:[::]", "--http-port=5"], Opts).server.url == "http://[::1]:5"
+    assert loop.Supervisor(["t", "--http-address=::1"], Opts).server.url == "http://[::1]:8000"
     # the probe's metrics URL (a probe queued behind work is alive while the engine decodes)
-    assert s.metrics_url == "http://127.0.0.1:8002"
-    assert supervisor.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).metrics_url == "http://[::1]:9"
-    assert supervisor.Supervisor(["t", "--allow-metrics=false"], Opts).metrics_url is None
+    assert s.server.metrics_url == "http://127.0.0.1:8002"
+    assert loop.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).server.metrics_url == "http://[::1]:9"
+    assert loop.Supervisor(["t", "--allow-metrics=false"], Opts).server.metrics_url is None
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
-    assert supervisor.Supervisor(mine, Opts).args == mine
+    assert loop.Supervisor(mine, Opts).server.args == mine
 
 
 def test_the_supervisor_finds_the_shared_memory_regions_its_servers_processes_are_given():
@@ -815,7 +815,7 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
 
     from tests.server import free_port
 
-    def ports():
+    def endpoints():
         return [f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"]
 
     def state_dirs():
@@ -835,14 +835,14 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
                 f"time.sleep(300)")
     env = dict(os.environ, VOXCPM_PROBE_INTERVAL="0", TMPDIR=str(tmp_path))
     cmd = [sys.executable, str(REPO / "scripts" / "supervise.py"), "--", sys.executable, "-c"]
-    killed = subprocess.Popen([*cmd, draining, region, *ports(), "--backend-config=python,shm-region-prefix-name=voxcpm_test_"],
+    killed = subprocess.Popen([*cmd, draining, region, *endpoints(), "--backend-config=python,shm-region-prefix-name=voxcpm_test_"],
                               env=env, stderr=subprocess.DEVNULL)
     alive = None
     try:
         wait_until(lambda: state_dirs() and region in leftovers.recorded_regions(state_dirs()[0]),
                    "the supervisor noted its server's region")
         [killed_dir] = state_dirs()
-        alive = subprocess.Popen([*cmd, "import time; time.sleep(300)", *ports()], env=env, stderr=subprocess.DEVNULL)
+        alive = subprocess.Popen([*cmd, "import time; time.sleep(300)", *endpoints()], env=env, stderr=subprocess.DEVNULL)
         wait_until(lambda: len(state_dirs()) == 2, "the second supervisor's state directory")
         [alive_dir] = [d for d in state_dirs() if d != killed_dir]
         # its guard too (it would clear up as the next supervisor does: that is tested above)
@@ -852,13 +852,13 @@ def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_
         killed.wait(10)
         server = int(marker.read_text())
 
-        p = _supervise(tmp_path, "raise SystemExit(3)", *ports(), opts=("--max-failed-starts", "1"))
+        p = _supervise(tmp_path, "raise SystemExit(3)", *endpoints(), opts=("--max-failed-starts", "1"))
         assert "killed supervisor" not in p.stderr, p.stderr
         assert state_dirs() == sorted([killed_dir, alive_dir]) and os.path.exists(f"/dev/shm/{region}")
 
         os.kill(server, signal.SIGKILL)
         wait_until(lambda: not processes.process_alive(server), "the server's end")
-        p = _supervise(tmp_path, "raise SystemExit(3)", *ports(), opts=("--max-failed-starts", "1"))
+        p = _supervise(tmp_path, "raise SystemExit(3)", *endpoints(), opts=("--max-failed-starts", "1"))
         assert (f"removed what 1 killed supervisor(s) left: {killed_dir}, and 1 shared-memory region(s) of "
                 "their servers") in p.stderr, p.stderr
         assert state_dirs() == [alive_dir] and not os.path.exists(f"/dev/shm/{region}")
@@ -1081,32 +1081,32 @@ def test_a_crashing_model_process_leaves_its_threads_stacks(tmp_path):
 
 def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon_only_if_it_stays(tmp_path,
                                                                                                   monkeypatch):
-    """supervisor.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
+    """loop.Supervisor._dead_model reads the server's beacons: a dead process is a restart at
     once; a stale beacon only once it has stayed stale for STALE_CONFIRM_S (beacons carry wall-clock
     times, so a clock step makes every beacon look stale until its next beat), and never before a
     dead process; a run directory gone while the server runs is a restart too."""
     class Opts:
         probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
-    s = supervisor.Supervisor(["tritonserver"], Opts)
+    s = loop.Supervisor(["tritonserver"], Opts)
     assert s._dead_model() is None  # no server started yet
-    s.run_dir = str(tmp_path)
+    s.server.run_dir = str(tmp_path)
     assert s._dead_model() is None
     beat = {"t": time.time()}
     (tmp_path / f"decoder.{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "beat": beat["t"]}))
     assert s._dead_model() is None
     clock = {"t": 100.0}
-    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock["t"])
     late = beat["t"] + liveness.BEACON_STALE_S + 5
     monkeypatch.setattr(runtime.time, "time", lambda: late)
     assert s._dead_model() is None  # stale once: not yet
-    clock["t"] += supervisor.STALE_CONFIRM_S
-    monkeypatch.setattr(s, "_health", lambda which: True)
+    clock["t"] += loop.STALE_CONFIRM_S
+    monkeypatch.setattr(s.server, "health", lambda which: True)
     stale = f"the decoder model process (pid {os.getpid()}) has not answered for {liveness.BEACON_STALE_S + 5:.0f} s"
     assert s._dead_model() == f"model process: {stale}"
-    monkeypatch.setattr(s, "_health", lambda which: which != "live")  # the server itself stalled: it is named
+    monkeypatch.setattr(s.server, "health", lambda which: which != "live")  # the server itself stalled: it is named
     assert s._dead_model() == f"tritonserver is not answering, nor its model processes that wait on it: {stale}"
-    monkeypatch.setattr(s, "_health", lambda which: True)
+    monkeypatch.setattr(s.server, "health", lambda which: True)
     monkeypatch.setattr(runtime.time, "time", lambda: beat["t"])  # fresh again: the wait starts over
     assert s._dead_model() is None and s.stale_since is None
     child = os.fork()
@@ -1118,8 +1118,8 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
     (tmp_path / f"vae_decoder.{os.getpid()}.json").write_text('{"pid": "x"}')  # garbled: skipped, no crash
     monkeypatch.setattr(runtime.time, "time", lambda: late)  # a stale beacon does not hide a dead process
     assert s._dead_model() == f"model process: the tts_stream model process (pid {child}) has died"
-    s.run_dir = str(tmp_path / "gone")
-    assert s._dead_model() == f"model process: the server's runtime directory {s.run_dir} is gone"
+    s.server.run_dir = str(tmp_path / "gone")
+    assert s._dead_model() == f"model process: the server's runtime directory {s.server.run_dir} is gone"
 
 
 def test_the_supervisor_tells_a_stopped_server_from_an_answering_one():
@@ -1127,9 +1127,6 @@ def test_the_supervisor_tells_a_stopped_server_from_an_answering_one():
     import signal
 
     from tests.server import free_port
-
-    class Opts:
-        probe_interval = probe_timeout = probe_failures = start_timeout = 1
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", """
@@ -1142,14 +1139,14 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """, str(port)])
     try:
-        s = supervisor.Supervisor(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"], Opts)
+        s = tritonserver.TritonServer(["tritonserver", f"--http-port={port}", "--http-address=127.0.0.1"])
         deadline = time.monotonic() + 30
-        while not s._health("live"):
+        while not s.health("live"):
             assert time.monotonic() < deadline and server.poll() is None
             time.sleep(0.1)
         server.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
-        assert not s._health("live")
+        assert not s.health("live")
         assert time.monotonic() - t0 < 5
     finally:
         server.kill()
@@ -1175,11 +1172,11 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
         return probe.UNHEALTHY, "connection reset"
 
     monkeypatch.setattr(probe, "probe", stuck_probe)
-    s = supervisor.Supervisor(["tritonserver"], Opts)
+    s = loop.Supervisor(["tritonserver"], Opts)
     run, state = tmp_path / "run", tmp_path / "state"
     run.mkdir()
     state.mkdir()
-    s.run_dir, s.state_dir = str(run), str(state)
+    s.server.run_dir, s.server.state_dir = str(run), str(state)
 
     class Running:  # a server that is up and ready
         pid = os.getpid()
@@ -1187,15 +1184,15 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
         def poll(self):
             return None
 
-    s.proc, s.started = Running(), time.monotonic()
-    monkeypatch.setattr(s, "ready", lambda: True)
+    s.server.proc, s.server.started = Running(), time.monotonic()
+    monkeypatch.setattr(s.server, "ready", lambda: True)
     t0 = time.monotonic()
     why = s.watch()
     assert why == f"model process: the tts_stream model process (pid {child}) has died"
     assert time.monotonic() - t0 < 5
     thread = s.probe_thread
     assert thread is not None and thread.is_alive()  # the probe still waits on the server
-    s.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the server stop() ends
+    s.server.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the server stop() ends
     threading.Timer(1.0, release.set).start()  # the probe fails once its server is gone
     s.stop(why, grace=5)
     assert not thread.is_alive() and s.probe_thread is None
@@ -1204,7 +1201,7 @@ def test_a_probe_cut_short_by_a_dead_process_names_it_and_ends_with_its_server(t
 @pytest.mark.parametrize("case", ["held", "draining", "busy", "unloading", "finalizing", "foreign_model",
                                   "never_ready"])
 def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, monkeypatch, case):
-    """supervisor.Supervisor._wait_exit: a stopping server whose model processes all report no
+    """tritonserver.TritonServer.wait_exit: a stopping server whose model processes all report no
     request and none of which unloads for HELD_IDLE_S is held (Triton 2.51 keeps a model whose gRPC
     stream was cancelled while its last response was written) and is ended then, not at the exit
     timeout, and not before the time its requests were given (their responses may still be on their
@@ -1212,15 +1209,12 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
     a model process without a beacon runs (one in its finalize), with a model in the repository that
     writes no beacon, or for a server that never became ready."""
     held = 3.0
-    monkeypatch.setattr(supervisor, "HELD_IDLE_S", held)
+    monkeypatch.setattr(tritonserver, "HELD_IDLE_S", held)
     repo = tmp_path / "repo"
     for m in ("tts_stream", "decoder") + (("custom",) if case == "foreign_model" else ()):
         (repo / m).mkdir(parents=True)
 
-    class Opts:
-        probe_interval = probe_timeout = probe_failures = start_timeout = 1
-
-    s = supervisor.Supervisor(["tritonserver", f"--model-repository={repo}"], Opts)
+    s = tritonserver.TritonServer(["tritonserver", f"--model-repository={repo}"])
     assert s.beacons_tell_all == (case != "foreign_model")
     run = tmp_path / "run"
     run.mkdir()
@@ -1245,7 +1239,7 @@ def test_a_stopping_server_held_with_every_model_idle_is_ended_early(tmp_path, m
     try:
         t0 = time.monotonic()
         drain = 4.0 if case == "draining" else 0.0
-        why = s._wait_exit(server, 20 if case in ("held", "draining", "unloading") else held + 3, drain)
+        why = s.wait_exit(server, 20 if case in ("held", "draining", "unloading") else held + 3, drain)
         took = time.monotonic() - t0
     finally:
         os.killpg(server.pid, signal.SIGKILL)

@@ -29,7 +29,7 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def resolve_attention(attention: str, device: torch.device) -> str:
-    """"auto" | "triton" | "torch" -> "triton" or "torch" for a model on `device` (see from_pretrained)."""
+    """"auto" | "triton" | "torch" -> "triton" or "torch" for a model on `device` (see VoxCPM2.from_pretrained)."""
     if attention not in ("auto", "triton", "torch"):
         raise ValueError(f"attention must be 'auto', 'triton' or 'torch', got {attention!r}")
     if attention == "torch" or (attention == "auto" and device.type != "cuda"):

@@ -185,12 +185,12 @@ class Orchestrator:
             audio_latents.append(dec_in["REF_LATENTS"])
         elif req.reference_audio is not None:
             dec_in["REF_LATENTS"] = await self.calls.encode(req.reference_audio, req.reference_sample_rate, False,
-                                                      "REFERENCE_AUDIO")
+                                                            "REFERENCE_AUDIO")
             audio_latents.append(dec_in["REF_LATENTS"])
         context = None
         if req.prompt_audio is not None or (voice is not None and req.voice_mode != "reference"):
             dec_in["PROMPT_LATENTS"] = (await self.calls.encode(req.prompt_audio, req.prompt_sample_rate, True,
-                                                          "PROMPT_AUDIO")
+                                                                "PROMPT_AUDIO")
                                         if req.prompt_audio is not None else voice.prompt)
             audio_latents.append(dec_in["PROMPT_LATENTS"])
             # Continuation: prime the VAE with the last audio patches, as the reference does.
@@ -349,7 +349,7 @@ class Orchestrator:
         try:
             # its only response is the final flag
             stream = self.calls.call_decoupled("decoder", {"CANCEL_ID": np.array([request_id.encode()], dtype=object)},
-                                         ["LATENTS"])
+                                               ["LATENTS"])
             try:
                 while (resp := await asyncio.wait_for(self.calls.guard(stream.queue.get()), END_TIMEOUT_S)) is not stream.END:
                     if isinstance(resp, BaseException):

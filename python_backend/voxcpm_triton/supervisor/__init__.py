@@ -47,9 +47,10 @@ exits (backing off while it keeps failing), left running while the server restar
 with it. Each of its starts gets a TMPDIR of its own in the state directory, removed once that
 start's processes are gone, however it ended.
 
-Where each part lives: `cli` (the command line), `supervisor` (the loop: start, watch, restart,
-stop), `companion` (a process beside the server), `guard` (what a killed supervisor's server
-leaves), `probe` (the liveness probe), `server_args` (what tritonserver's command line says),
-`ports` (free ports and claims on them), `groups` (process groups, children), `leftovers`
-(shared-memory regions, state directories), `log`.
+Where each part lives: `cli` (the command line), `loop` (the policy: when to start, restart or
+give up), `tritonserver` (the mechanism: one server's start, stop and health), `companion` (a
+process beside the server), `guard` (what a killed supervisor's server leaves), `probe` (the
+liveness probe), `server_args` (what tritonserver's command line says), `ports` (free ports and
+claims on them), `groups` (process groups, children), `leftovers` (shared-memory regions, state
+directories), `log`.
 """

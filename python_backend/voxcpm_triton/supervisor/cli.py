@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-from . import ports, server_args, supervisor
+from . import loop, ports, server_args
 
 
 def companion_grace() -> str:
@@ -99,4 +99,4 @@ def main(argv=None) -> int:
     if opts.print_restricted:
         print("\n".join(server_args.restricted(argv[i + 1:])))
         return 0
-    return supervisor.Supervisor(argv[i + 1:], opts).run()
+    return loop.Supervisor(argv[i + 1:], opts).run()

@@ -12,6 +12,7 @@ import time
 
 from . import groups
 from .log import log
+
 UNIX_PATH_MAX = 107  # an AF_UNIX socket path's bytes
 
 

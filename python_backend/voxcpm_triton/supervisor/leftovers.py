@@ -11,6 +11,7 @@ import tempfile
 
 from ..serving import processes, run_state
 from .log import log
+
 SHM_DIR = "/dev/shm"
 STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, digits or underscores
 _STATE_DIR = re.compile(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?")  # and one a sweep claimed

@@ -20,6 +20,8 @@ def taken(ports: list[tuple[str, str, int]]) -> list[str]:
             if e.errno == errno.EADDRINUSE:
                 taken.append(f"{name} {host}:{port}")
     return taken
+
+
 CLAIM = "voxcpm-serving-port-"  # an abstract Unix socket's name: CLAIM<port>-<address>
 _WILDCARDS = ("", "0.0.0.0", "::")
 

@@ -3,7 +3,7 @@
 Triton's own health endpoints keep answering 200 after a model process has died (the
 Python backend of 2.51 does not restart it), so this asks the whole pipeline to make
 two patches of audio instead. Standard library only: it runs in the container's healthcheck
-(scripts/probe.py) and in the supervisor.
+(scripts/probe.py, which needs this checkout's python_backend/ beside it) and in the supervisor.
 
     python3 scripts/probe.py [--url http://127.0.0.1:8000] [--timeout 60] [--metrics-url http://127.0.0.1:8002]
 

@@ -8,6 +8,7 @@ import secrets
 
 from ..serving import liveness
 from .log import log
+
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 ADMIN_HEADER = "voxcpm-admin-key"
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
