@@ -695,7 +695,7 @@ def test_a_daemon_thread_inside_torch_does_not_abort_its_model_process_at_exit(h
 
 def test_skip_teardown_at_exit_registers_nothing_outside_a_stub(monkeypatch):
     """In pytest (or any other Python) it must not end that process at its exit."""
-    from voxcpm_triton.serving import processes, runtime
+    from voxcpm_triton.coordination import processes, runtime
 
     registered = []
     monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
@@ -711,7 +711,7 @@ def test_every_model_calls_skip_teardown_at_exit_before_anything_else_it_imports
         call = next(i for i, node in enumerate(body) if ast.unparse(node) == "runtime.skip_teardown_at_exit()")
         imported = [n.module for n in body[:call] if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in body[:call] if isinstance(n, ast.Import) for a in n.names]
-        assert set(imported) <= {"os", "sys", "voxcpm_triton.serving"}, (path, imported)
+        assert set(imported) <= {"os", "sys", "voxcpm_triton.coordination"}, (path, imported)
         assert any(isinstance(n, ast.ImportFrom) and n.module.startswith("voxcpm_triton.serving.")
                    for n in body[call + 1:]), path
 

@@ -209,8 +209,16 @@ def test_the_supervisor_loads_the_standard_library_only():
 
 def test_only_the_supervisor_imports_the_supervisor():
     """The models run inside Triton and know nothing of what runs them: the supervisor reads what
-    they share (serving.runtime, run_state, liveness, processes), never the other way round."""
+    they share (coordination/), never the other way round."""
     for name, deps in import_graph().items():
         if not name.startswith(f"{PKG}.supervisor"):
             inside = sorted(d for d in deps if d.startswith(f"{PKG}.supervisor"))
             assert not inside, f"{name} imports {inside}"
+
+
+def test_coordination_imports_only_itself():
+    """coordination/ is what the models and the supervisor share: it knows neither."""
+    for name, deps in import_graph().items():
+        if name.startswith(f"{PKG}.coordination"):
+            outside = {d for d in deps if not d.startswith(f"{PKG}.coordination")}
+            assert not outside, f"{name} imports {sorted(outside)}: coordination/ imports only coordination/"

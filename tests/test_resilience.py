@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.server import REPO, edited_repository, remove_shm_regions, triton_server_factory  # noqa: E402,F401
 from tests.test_server import _inputs, metrics, tts_stream  # noqa: E402
-from voxcpm_triton.serving import liveness, run_state, runtime  # noqa: E402
+from voxcpm_triton.coordination import liveness, run_state, runtime  # noqa: E402
 from voxcpm_triton.testing.checkpoint_writer import TINY_CONFIG, write_checkpoint  # noqa: E402
 
 P, D = TINY_CONFIG["patch_size"], TINY_CONFIG["feat_dim"]

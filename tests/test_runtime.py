@@ -1,4 +1,4 @@
-"""What the model processes of one server share (serving/runtime.py, run_state.py, liveness.py,
+"""What the model processes of one server share (coordination/runtime.py, run_state.py, liveness.py,
 processes.py), the liveness probe's verdicts
 and the supervisor's arguments: plain Python, no server."""
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.server import REPO, _children
-from voxcpm_triton.serving import liveness, processes, run_state, runtime
+from voxcpm_triton.coordination import liveness, processes, run_state, runtime
 from voxcpm_triton.supervisor import cli, groups, guard, leftovers, loop, ports, probe, server_args, tritonserver
 
 
@@ -1069,7 +1069,7 @@ def test_a_stuck_engine_loops_log_line_says_which_cuda_streams_have_not_finished
 def test_a_crashing_model_process_leaves_its_threads_stacks(tmp_path):
     """Triton 2.51 reports a dead stub only as 'not healthy': the stacks in its log say where."""
     code = ("import os, signal, threading\n"
-            "from voxcpm_triton.serving import runtime\n"
+            "from voxcpm_triton.coordination import runtime\n"
             "runtime.model_process()\n"
             "threading.Thread(target=lambda: threading.Event().wait(), name='bls-responses', daemon=True).start()\n"
             "os.kill(os.getpid(), signal.SIGSEGV)\n")

@@ -69,7 +69,8 @@ import time
 
 import numpy as np
 
-from . import audio_channel, processes, run_state
+from ..coordination import processes, run_state
+from . import audio_channel
 from .triton_io import locked, pb
 
 log = logging.getLogger("voxcpm_triton.bls_stream")

@@ -32,7 +32,8 @@ from ..model import split_k
 from ..model.prompt import build_prompt
 from ..loading import decoding_vae
 from ..voxcpm2 import VoxCPM2
-from . import audio_channel, bls_stream, contract, gc_pauses, liveness, placement, processes, run_state, runtime
+from ..coordination import liveness, processes, run_state, runtime
+from . import audio_channel, bls_stream, contract, gc_pauses, placement
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics

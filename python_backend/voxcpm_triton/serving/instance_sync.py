@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable
 
-from . import run_state
+from ..coordination import run_state
 
 log = logging.getLogger("voxcpm_triton.instance_sync")
 

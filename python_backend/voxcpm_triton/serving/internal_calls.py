@@ -12,7 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import bls_stream, liveness
+from ..coordination import liveness
+from . import bls_stream
 from .triton_io import BLSError, Busy, InputError, Unhealthy, bls, downstream_error, outputs
 
 HEALTH_CHECK_S = 1.0  # how often a waiting call looks at the model processes' beacons

@@ -10,7 +10,8 @@ ones. This model only checks the request and forwards it to the decoder, which o
 from __future__ import annotations
 
 from ..formats import lora as lora_format
-from . import contract, liveness, runtime
+from ..coordination import liveness, runtime
+from . import contract
 from .internal_calls import InternalCalls
 from .parameters import read
 from .registry_model import RegistryModel

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checks import clean_text
 from ..formats.text_normalize import NormalizationError, normalize_target, normalizer
-from . import liveness, runtime
+from ..coordination import liveness, runtime
 from .contract import text
 from .parameters import read
 from .triton_io import InputError, answer_each, get, tensor

@@ -31,7 +31,8 @@ import numpy as np
 
 from ..checks import CONTEXT_PATCHES, draw_seed
 from ..model.config import VoxCPM2Config
-from . import audio_channel, bls_stream, contract, runtime
+from ..coordination import runtime
+from . import audio_channel, bls_stream, contract
 from .metrics import metric
 from .parameters import resolve_checkpoint
 from .internal_calls import InternalCalls

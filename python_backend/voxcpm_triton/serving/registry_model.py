@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from . import bls_stream, contract, liveness
+from ..coordination import liveness
+from . import bls_stream, contract
 from .triton_io import InputError, error_response, get, pb, tensor
 
 

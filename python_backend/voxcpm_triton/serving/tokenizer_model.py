@@ -10,7 +10,7 @@ import numpy as np
 
 from ..checks import clean_text
 from ..formats.tokenizer import TextTokenizer
-from . import liveness, runtime
+from ..coordination import liveness, runtime
 from .contract import text, value
 from .parameters import read, resolve_checkpoint
 from .triton_io import answer_each, get, tensor

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from . import run_state
+from ..coordination import run_state
 
 # The Python backend stub (Triton 2.51) corrupts its IPC when several threads of one model
 # instance call into it at once (a segfault in libtriton_python.so when worker threads issued

@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import timeline
 from ..checks import RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
-from . import bls_stream, contract, gc_pauses, liveness, runtime
+from ..coordination import liveness, runtime
+from . import bls_stream, contract, gc_pauses
 from .instance_sync import SharedSlots
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator

@@ -18,7 +18,8 @@ from ..checks import check_waveform, resample
 from ..audio.vae_streams import VAEStreams
 from ..model.audio_vae import patch_frames
 from ..loading import decoding_vae, encode_patches, load_audio_vae
-from . import gc_pauses, liveness, placement, runtime
+from ..coordination import liveness, runtime
+from . import gc_pauses, placement
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
 from .parameters import read, resolve_checkpoint

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 
 from .. import checks
-from . import contract, liveness, runtime
+from ..coordination import liveness, runtime
+from . import contract
 from .internal_calls import InternalCalls
 from .parameters import read, resolve_checkpoint
 from .registry_model import RegistryModel

@@ -6,7 +6,7 @@ broken.
 Triton 2.51's Python backend does not restart a model process that died, and its health
 endpoints keep answering 200 afterwards; recovery has to come from outside. This is that
 outside, for scripts/serve.sh and for the container. Standard library only (and the project's
-voxcpm_triton.serving runtime, run_state, liveness and processes, which are too): no torch.
+voxcpm_triton.coordination, which is too): no torch.
 
     python3 scripts/supervise.py [options] -- tritonserver --model-repository=... [args]
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from ..serving import processes
+from ..coordination import processes
 
 
 def alive(pgid: int) -> list[int]:

@@ -9,7 +9,7 @@ import re
 import shutil
 import tempfile
 
-from ..serving import processes, run_state
+from ..coordination import processes, run_state
 from .log import log
 
 SHM_DIR = "/dev/shm"

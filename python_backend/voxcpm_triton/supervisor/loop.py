@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from ..serving import liveness
+from ..coordination import liveness
 from . import companion, leftovers, ports, probe, server_args, tritonserver
 from .log import log
 

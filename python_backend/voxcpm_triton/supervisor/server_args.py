@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..serving import liveness
+from ..coordination import liveness
 from .log import log
 
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Callable
 
-from ..serving import liveness, runtime
+from ..coordination import liveness, runtime
 from . import groups, guard, leftovers, ports, server_args
 from .log import log
 
@@ -63,7 +63,7 @@ class TritonServer:
         self.state_dir = state_dir
         self.run_dir = tempfile.mkdtemp(prefix="run-", dir=self.state_dir)
         # VOXCPM_SUPERVISOR_PID: killed (SIGKILL), it cannot write `stopping`; the models then end their
-        # requests themselves before tritonserver's forced exit (voxcpm_triton.serving.runtime.stop_deadline)
+        # requests themselves before tritonserver's forced exit (voxcpm_triton.coordination.runtime.stop_deadline)
         env = dict(os.environ, VOXCPM_RUN_DIR=self.run_dir, VOXCPM_STATE_DIR=self.state_dir,
                    VOXCPM_SUPERVISOR_PID=str(os.getpid()))
         if not env.get("VOXCPM_INTERNAL_KEY"):
@@ -211,7 +211,7 @@ class TritonServer:
         self._save_regions()
 
     def _end_requests_by(self, deadline: float):
-        """The time from which the server's running requests end (voxcpm_triton.serving.runtime.stopping)."""
+        """The time from which the server's running requests end (voxcpm_triton.coordination.runtime.stopping)."""
         if not self.run_dir:
             return
         tmp = os.path.join(self.run_dir, f".{runtime.STOPPING_FILE}")
