@@ -222,3 +222,11 @@ def test_coordination_imports_only_itself():
         if name.startswith(f"{PKG}.coordination"):
             outside = {d for d in deps if not d.startswith(f"{PKG}.coordination")}
             assert not outside, f"{name} imports {sorted(outside)}: coordination/ imports only coordination/"
+
+
+def test_the_supervisor_imports_only_itself_and_coordination():
+    """The supervisor runs outside Triton: nothing of the models (serving/), the engine or torch."""
+    for name, deps in import_graph().items():
+        if name.startswith(f"{PKG}.supervisor"):
+            outside = {d for d in deps if not d.startswith((f"{PKG}.supervisor", f"{PKG}.coordination"))}
+            assert not outside, f"{name} imports {sorted(outside)}: the supervisor imports only coordination/"

@@ -1123,7 +1123,7 @@ def test_the_supervisor_restarts_on_a_dead_process_at_once_and_on_a_stale_beacon
 
 
 def test_the_supervisor_tells_a_stopped_server_from_an_answering_one():
-    """_health("live"): Triton's live endpoint within 2 s; a server stopped (SIGSTOP) does not answer."""
+    """TritonServer.health("live"): Triton's live endpoint within 2 s; a server stopped (SIGSTOP) does not answer."""
     import signal
 
     from tests.server import free_port

@@ -424,8 +424,8 @@ def test_decoder_audio_sink_sends_a_last_chunk_with_the_final_flag_only_when_its
 def test_text_normalizer_without_its_packages_serves_and_refuses_normalize(fake_pb, monkeypatch):
     """Where wetext/inflect/regex are not installed (a bare GPU box), text_normalizer still loads, so
     the server serves, and a NORMALIZE request is refused naming the packages; with them, it answers."""
-    from voxcpm_triton.serving import normalizer_model
     from voxcpm_triton.coordination import runtime
+    from voxcpm_triton.serving import normalizer_model
 
     monkeypatch.setattr(runtime, "model_process", lambda: None)
     args = {"model_config": json.dumps({"parameters": {}}), "model_name": "text_normalizer"}
@@ -459,8 +459,8 @@ def test_the_kept_lora_set_is_the_one_loaded_when_changes_overlap(fake_pb, monke
     import threading
     import time
 
-    from voxcpm_triton.serving import decoder_model
     from voxcpm_triton.coordination import run_state
+    from voxcpm_triton.serving import decoder_model
 
     fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     loaded, added = {"a"}, threading.Event()

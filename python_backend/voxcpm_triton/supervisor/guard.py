@@ -50,7 +50,7 @@ def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[
 
 def _clear(pgid: int, exit_timeout: float, prefix: str) -> list[int]:
     """Wait for the server's exit and its model processes', then kill those left -> their pids."""
-    # The server's own stop, as Supervisor.stop waits for it. Linux does not give the group's id
+    # The server's own stop, as TritonServer.stop waits for it. Linux does not give the group's id
     # to a new process while the group has a member: only an empty group's could be another's.
     end = time.monotonic() + exit_timeout + 10
     while time.monotonic() < end:

@@ -175,7 +175,7 @@ class Supervisor:
                 break
             status, what = result
             next_probe = time.monotonic() + o.probe_interval
-            self.server.scan()  # a model loaded since
+            self.server.scan(python_env=False)  # a model loaded since
             if status == probe.HEALTHY:
                 failures, self.was_healthy = 0, True
             elif status == DEAD_MODEL:

@@ -49,12 +49,13 @@ class TritonServer:
         self.python_env: str | None = None  # and the one it made, if known
         self.regions: set[str] = set()  # its model processes' shared-memory regions
 
-    def scan(self):
+    def scan(self, python_env: bool = True):
         """Note what the running server's processes show now: their shared-memory regions (a server that
-        dies loading leaves them, and nobody could find them after) and its python backend directory."""
+        dies loading leaves them, and nobody could find them after) and, until it is ready, its python
+        backend directory (later, another server's could be the only new one)."""
         commands = groups.commands_of(self.proc.pid)
         self.note_regions(commands)
-        if self.python_env is None:
+        if python_env and self.python_env is None:
             self.note_python_env(commands)
 
     def start(self, state_dir: str, held_fd: int | None):

@@ -12,8 +12,8 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "python_backend"))
 
-from voxcpm_triton.serving import bls_stream  # noqa: E402
 from voxcpm_triton.coordination import runtime  # noqa: E402
+from voxcpm_triton.serving import bls_stream  # noqa: E402
 
 runtime.model_process()  # a crash, or SIGUSR2, leaves every thread's Python stack in the server's log
 
