@@ -10,6 +10,7 @@ Every import statement counts (module level, inside functions, under try), absol
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = "voxcpm_triton"
@@ -230,3 +231,23 @@ def test_the_supervisor_imports_only_itself_and_coordination():
         if name.startswith(f"{PKG}.supervisor"):
             outside = {d for d in deps if not d.startswith((f"{PKG}.supervisor", f"{PKG}.coordination"))}
             assert not outside, f"{name} imports {sorted(outside)}: the supervisor imports only coordination/"
+
+
+def test_the_readmes_map_has_every_folder_and_top_level_module():
+    """README's "Where things live": a row for each folder of the package, the top-level modules
+    named, and every module of the folders whose row lists files (a newcomer's map of the code)."""
+    readme = (ROOT.parent.parent / "README.md").read_text()
+    start = readme.index("Where things live")
+    table = readme[start:readme.index("\n\n", readme.index("| folder | holds |", start))]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)/` \| (.*) \|$", table, re.M)}
+    folders = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert folders == set(rows), (sorted(folders), sorted(rows))
+    top = {p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"}
+    assert not [name for name in sorted(top) if f"`{name}`" not in table], table
+    for folder in ("serving", "coordination", "supervisor", "audio"):
+        files = {p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"}
+        named = set(re.findall(r"`(\w+\.py)`", rows[folder]))
+        missing = files - named
+        if folder == "serving":  # "a `*_model.py` each" names these three by their models
+            missing -= {"decoder_model.py", "tokenizer_model.py", "normalizer_model.py"}
+        assert not missing, f"README's {folder}/ row does not name {sorted(missing)}"
