@@ -898,7 +898,9 @@ def test_malformed_bodies_get_400s_that_name_what_is_wrong(gateway):
             (b"--x\r\n", "multipart/form-data", "invalid_request", "boundary"),
             # cut off: its unfinished part was dropped, then said to be a missing field ("name is required")
             (b'--zz\r\nContent-Disposition: form-data; name="name"\r\n\r\nx\r\n', "multipart/form-data; boundary=zz",
-             "invalid_request", "the multipart body ended before its closing boundary")):
+             "invalid_request", "the multipart body ended before its closing boundary"),
+            # nothing at all: said as such, not as a body cut off
+            (b"", "multipart/form-data; boundary=zz", "invalid_request", "the request body is empty")):
         status, err = _raw_post(gateway, body, content_type, path="/v1/audio/voices")
         assert status == 400 and err["code"] == code and message in err["message"], (content_type, err)
     # instructions go before the input as one TEXT: its limit counts both, and the error says so

@@ -32,6 +32,10 @@ def _part_charset(part, default: str) -> str:
     return message.get_content_charset() or default
 
 
+class _CutOff(MultiPartException):
+    """The body ended before the form's closing boundary (or had none at all)."""
+
+
 class _StrictParser(MultiPartParser):
     """Starlette's parser, except that a text field is decoded with the charset its part names (else
     the form's, UTF-8 unless the request's Content-Type says otherwise), and refused if it does not
@@ -49,8 +53,8 @@ class _StrictParser(MultiPartParser):
         form = await super().parse()
         if not self.ended:
             await form.close()
-            raise MultiPartException("the multipart body ended before its closing boundary (--BOUNDARY--): it "
-                                     "was cut off, or its Content-Length is short")
+            raise _CutOff("the multipart body ended before its closing boundary (--BOUNDARY--): it was cut off, "
+                          "or its Content-Length is short")
         return form
 
     def on_part_end(self) -> None:
@@ -68,11 +72,24 @@ class _StrictParser(MultiPartParser):
 async def read(request: Request) -> FormData:
     """The form, its files spooled to temporary files. Any field may arrive as a file part: counted
     as fields here, refused by name in `fields`."""
+    received = 0
+
+    async def counted(stream):
+        nonlocal received
+        async for chunk in stream:
+            received += len(chunk)
+            yield chunk
+
     try:
         async with aclosing(request.stream()) as stream:
-            return await _StrictParser(request.headers, stream, max_files=len(FIELDS), max_fields=len(FIELDS)).parse()
+            return await _StrictParser(request.headers, counted(stream), max_files=len(FIELDS),
+                                       max_fields=len(FIELDS)).parse()
     except _BadText as e:
         raise errors.bad_request(e.message, e.field if e.field in FIELDS else None) from None
+    except _CutOff as e:
+        message = e.message if received else ("the request body is empty: a voice upload is a multipart/form-data "
+                                              "body with the fields name and audio_sample")
+        raise errors.bad_request(message, None, "invalid_request") from None
     except MultiPartException as e:
         raise errors.bad_request(e.message, None, "invalid_request") from None
 
