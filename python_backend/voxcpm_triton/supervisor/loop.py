@@ -157,7 +157,7 @@ class Supervisor:
                     self.server.scan()
                     next_scan = now + 1.0
                 if self.server.ready():
-                    ready_since, self.server.was_ready = now, True
+                    ready_since = now
                     self.server.scan()
                     log(f"tritonserver ready after {now - self.server.started:.1f} s")
                 elif now - self.server.started > o.start_timeout:

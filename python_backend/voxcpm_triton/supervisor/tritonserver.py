@@ -224,7 +224,11 @@ class TritonServer:
             log(f"could not tell the models the server is stopping: {e}")
 
     def ready(self) -> bool:
-        return self.health("ready")
+        """Triton's ready endpoint answers 200; from then on the server counts as having been ready."""
+        if self.health("ready"):
+            self.was_ready = True
+            return True
+        return False
 
     def health(self, which: str) -> bool:
         """Triton's /v2/health/<which> (ready, live) answered 200 within 2 s."""
