@@ -72,7 +72,7 @@ class Supervisor:
                 + (f", and {len(regions)} shared-memory region(s) of their servers" if regions else ""))
         self.state_dir, self.held_fd = leftovers.make_state_dir()
         self.companions = [companion.Companion(argv, self.state_dir, self.held_fd, self.opts.companion_grace,
-                                     self.opts.max_failed_starts)
+                                               self.opts.max_failed_starts)
                            for argv in self.companion_argvs]
         backoff = 1.0
         failed = 0  # starts in a row that never served
@@ -218,7 +218,7 @@ class Supervisor:
         then left to end with its server (stop() waits for it)."""
         out: list = []
         t = threading.Thread(target=lambda: out.append(probe.probe(self.server.url, self.opts.probe_timeout,
-                                                                    metrics_url=self.server.metrics_url)), daemon=True)
+                                                                   metrics_url=self.server.metrics_url)), daemon=True)
         self.probe_thread = t
         t.start()
         next_check = time.monotonic() + 0.5
