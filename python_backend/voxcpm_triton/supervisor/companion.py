@@ -79,10 +79,7 @@ class Companion:
                 proc.wait(self.grace)
             except subprocess.TimeoutExpired:
                 log(f"{self.name} did not exit in time: SIGKILL")
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        groups.kill(proc.pid)
         proc.wait()
         self.left.append((proc.pid, self.tmp))
         groups.wait(proc.pid, 5)

@@ -52,6 +52,15 @@ def stub_pids(commands: dict[int, list[str]]) -> list[int]:
     return [pid for pid, args in commands.items() if os.path.basename((args or [""])[0]) == processes.STUB_EXECUTABLE]
 
 
+def kill(pgid: int) -> bool:
+    """SIGKILL to every process of the group -> False if it had none left."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def spawn(argv: list[str], env: dict[str, str] | None, held_fd: int | None) -> subprocess.Popen:
     """Start a child of the supervisor (the server, a companion) in a process group of its own, which
     gets SIGTERM if the supervisor dies first (even by SIGKILL) and holds the state directory's lock

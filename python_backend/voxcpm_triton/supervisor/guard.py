@@ -18,7 +18,6 @@ only exits once the server's group is empty.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
@@ -64,9 +63,7 @@ def _clear(pgid: int, exit_timeout: float, prefix: str) -> list[int]:
     if not left:
         return []
     regions = leftovers.shm_regions(groups.commands_of(pgid), prefix)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+    if not groups.kill(pgid):
         return []
     groups.wait(pgid, 5)
     leftovers.unlink_regions(sorted(regions))

@@ -94,17 +94,11 @@ class TritonServer:
             late = self.wait_exit(proc, self.exit_timeout + 10 if grace is None else grace, drain)
             if late:
                 log(f"{late}: SIGKILL")
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                groups.kill(proc.pid)
         left = groups.wait(proc.pid, 5)  # model processes end on their own once the server is gone
         if left:
             log(f"killing {len(left)} leftover process(es) of the server: {left}")
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            groups.kill(proc.pid)
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
