@@ -32,7 +32,7 @@ from . import processes, run_state
 
 log = logging.getLogger("voxcpm_triton.runtime")
 
-STOPPING_FILE = "stopping"  # scripts/supervise.py writes it
+STOPPING_FILE = "stopping"  # the supervisor writes it (supervisor/tritonserver.py)
 STOPPING_READ_S = 0.25  # how stale a read of it may be: requests ask once per chunk
 _stop_read = (float("-inf"), None)  # (monotonic time of the read, deadline)
 

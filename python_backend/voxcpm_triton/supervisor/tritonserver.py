@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Callable
 
-from ..coordination import liveness, runtime
+from ..coordination import liveness, run_state, runtime
 from . import groups, guard, leftovers, ports, server_args
 from .log import log
 
@@ -209,11 +209,8 @@ class TritonServer:
         """The time from which the server's running requests end (voxcpm_triton.coordination.runtime.stopping)."""
         if not self.run_dir:
             return
-        tmp = os.path.join(self.run_dir, f".{runtime.STOPPING_FILE}")
         try:
-            with open(tmp, "w", encoding="ascii") as f:
-                f.write(repr(deadline))
-            os.replace(tmp, os.path.join(self.run_dir, runtime.STOPPING_FILE))
+            run_state.write_atomic(os.path.join(self.run_dir, runtime.STOPPING_FILE), repr(deadline))
         except OSError as e:
             log(f"could not tell the models the server is stopping: {e}")
 
