@@ -243,3 +243,45 @@ def gpu_correctness(session: str, tests: dict, check: dict) -> tuple[dict, list[
           "| test file | result |", "|---|---|"]
     md += [f"| `tests/test_{f}.py` | {r} |" for f, r in tests.items()]
     return keys, md + ["", gpu_check_sentence(check)]
+
+
+def supervised_gpu_run(s: str, commit: str, tests_note: str = "", drain_end: str = "") -> tuple[dict, dict, list[str]]:
+    """The closing GPU call of a session (`raw/devrun_<s>.sh`): the GPU tests file by file, gpu_check.py, and
+    run_served_gpu.sh's 1- and 64-stream burst with the drain under the supervisor. -> (results.json's record,
+    the served levels {streams: level}, the markdown bullets); tests_note follows the test files' raw name,
+    drain_end ends the drain's bullet."""
+    chk = load(f"gpu_check_{s}.json")
+    tests = [line for line in text(f"gpu_tests_{s}.txt").splitlines() if line and not line.startswith("#")]
+    served = served_levels(f"served_supervised_{s}.json")
+    drain = load(f"drain_{s}.json")
+    one, c64 = served[1], served[64]
+    passed = sum(int(t.split(": ")[1].split(" passed")[0]) for t in tests)
+    record = {"device": chk["device"], "commit": commit, "gpu_test_files": len(tests), "gpu_tests_passed": passed,
+              "gpu_check_pass": all(v["pass"] for k, v in chk.items() if isinstance(v, dict) and "pass" in v)
+              and all(g["pass"] for g in chk["graph_vs_eager"].values()),
+              "teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
+              "served_rtf_p50_c1": one["rtf"]["p50"], "served_ttfa_p50_ms_c1": one["ttfa_ms"]["p50"],
+              "served_xrt_c64": c64["x_real_time"], "served_smooth_c64": c64["smooth_playback_frac"],
+              "served_ttfa_p95_ms_c64": c64["ttfa_ms"]["p95"],
+              "drain": {k: drain[k] for k in ("streams", "ended_shutting_down", "supervisor_exit_s",
+                                              "tritonserver_exit_code", "exit_timeout_expired", "crashes")}}
+    bullets = [
+        f"- **GPU tests**, each file in its own pytest process: {len(tests)} files, {passed} passed, no failure "
+        f"(`raw/gpu_tests_{s}.txt`{tests_note}).",
+        f"- **`gpu_check.py`** (`raw/gpu_check_{s}.{{json,log}}`): bf16 against fp32 teacher-forced cosine min "
+        f"{chk['teacher_forced']['cosine_min']:.5f}; decode graphs against eager max abs 0 at batches "
+        f"{', '.join(chk['graph_vs_eager'])}; prefill graph max abs {chk['prefill_graph_vs_eager']['max_abs']:.0f}; "
+        f"the served VAE {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} from exact fp32 (bound "
+        f"{chk['vae_graphs_vs_eager']['served_bound']:.0e}): all pass.",
+        "- **Served under the supervisor** (`SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst LEVELS=1,64 "
+        f"REQUESTS=2 DRAIN=4 bash benchmarks/run_served_gpu.sh`; `raw/served_supervised_{s}.{{json,log}}`, "
+        f"`raw/drain_{s}.json`, `raw/served_supervised_{s}_tritonserver.log.gz`):", "",
+        *served_table(dict(sorted(served.items()))), "",
+        f"- The drain: {drain['ended_shutting_down']} of {drain['streams']} long streams ended with \"the server is "
+        f"shutting down\" at {drain['ended_s']['median']:.1f} s, the supervisor was gone at "
+        f"{drain['supervisor_exit_s']:.1f} s, tritonserver's exit code {drain['tritonserver_exit_code']}, "
+        f"{drain['crashes']} crashes; {drain_end}",
+        f"- Issue 17 on this H100: one stream RTF {one['rtf']['p50']:.4f} (target 0.025: missed), TTFA p50 "
+        f"{one['ttfa_ms']['p50']:.1f} ms; 64 streams at once {c64['x_real_time']:.1f}x, "
+        f"{c64['smooth_playback_frac']:.0%} smooth, TTFA p95 {c64['ttfa_ms']['p95']:.0f} ms."]
+    return record, served, bullets

@@ -2,7 +2,7 @@
 
 import re
 
-from summary.raw import load, served_levels, served_table, text
+from summary.raw import load, served_levels, served_table, supervised_gpu_run, text
 
 S = "eightyfifth"
 
@@ -10,21 +10,8 @@ S = "eightyfifth"
 def eighty_fifth_session(res) -> list[str]:
     """2026-12-07: the GPU tests, gpu_check.py and the served run under the supervisor on fa00851, the first
     GPU run of the eighty-second to eighty-fourth sessions' code. Sets res["eighty_fifth"], returns the markdown."""
-    chk = load(f"gpu_check_{S}.json")
-    tests = [line for line in text(f"gpu_tests_{S}.txt").splitlines() if line and not line.startswith("#")]
-    served = served_levels(f"served_supervised_{S}.json")
-    drain = load(f"drain_{S}.json")
-    one, c64 = served[1], served[64]
-    res["eighty_fifth"] = {"device": chk["device"], "commit": "fa00851",
-                           "gpu_check_pass": all(v["pass"] for k, v in chk.items() if isinstance(v, dict) and "pass" in v)
-                           and all(g["pass"] for g in chk["graph_vs_eager"].values()),
-                           "teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
-                           "served_rtf_p50_c1": one["rtf"]["p50"], "served_ttfa_p50_ms_c1": one["ttfa_ms"]["p50"],
-                           "served_xrt_c64": c64["x_real_time"], "served_smooth_c64": c64["smooth_playback_frac"],
-                           "served_ttfa_p95_ms_c64": c64["ttfa_ms"]["p95"],
-                           "drain": {k: drain[k] for k in ("streams", "ended_shutting_down", "supervisor_exit_s",
-                                                           "tritonserver_exit_code", "exit_timeout_expired", "crashes")}}
-    passed = sum(int(t.split(": ")[1].split(" passed")[0]) for t in tests)
+    res["eighty_fifth"], served, bullets = supervised_gpu_run(S, "fa00851",
+                                                              drain_end="nothing left in /dev/shm or /tmp.")
     c3 = served_levels(f"served_supervised_call3_{S}.json")
     drain3 = load(f"drain_call3_{S}.json")
     guard = [line for line in text(f"guard_gpu_{S}.txt").splitlines() if line.startswith("[guard]")]
@@ -42,26 +29,10 @@ def eighty_fifth_session(res) -> list[str]:
             "", "The eighty-second to eighty-fourth sessions got no device machine; their code (serving, supervisor and "
             "structure; engine code renamed and split, no kernel changed) landed at stop 92 untested on a GPU. Two "
             f"calls on fa00851 (`raw/devrun_{S}.sh`):", "",
-            f"- **GPU tests**, each file in its own pytest process: {len(tests)} files, {passed} passed, no failure "
-            f"(`raw/gpu_tests_{S}.txt`).",
-            f"- **`gpu_check.py`** (`raw/gpu_check_{S}.{{json,log}}`): bf16 against fp32 teacher-forced cosine min "
-            f"{chk['teacher_forced']['cosine_min']:.5f}; decode graphs against eager max abs 0 at batches "
-            f"{', '.join(chk['graph_vs_eager'])}; prefill graph max abs {chk['prefill_graph_vs_eager']['max_abs']:.0f}; "
-            f"the served VAE {chk['vae_graphs_vs_eager']['served_vs_exact_fp32_max_abs']:.2e} from exact fp32 (bound "
-            f"{chk['vae_graphs_vs_eager']['served_bound']:.0e}): all pass.",
-            "- **Served under the supervisor** (`SET=\"decoder.timestep_buckets=10,100\" ARRIVALS=burst LEVELS=1,64 "
-            f"REQUESTS=2 DRAIN=4 bash benchmarks/run_served_gpu.sh`; `raw/served_supervised_{S}.{{json,log}}`, "
-            f"`raw/drain_{S}.json`, `raw/served_supervised_{S}_tritonserver.log.gz`):", "",
-            *served_table(dict(sorted(served.items()))), "",
-            f"- The drain: {drain['ended_shutting_down']} of {drain['streams']} long streams ended with \"the server is "
-            f"shutting down\" at {drain['ended_s']['median']:.1f} s, the supervisor was gone at "
-            f"{drain['supervisor_exit_s']:.1f} s, tritonserver's exit code {drain['tritonserver_exit_code']}, "
-            f"{drain['crashes']} crashes; nothing left in /dev/shm or /tmp.",
-            f"- Issue 17 on this H100: one stream RTF {one['rtf']['p50']:.4f} (target 0.025: missed), TTFA p50 "
-            f"{one['ttfa_ms']['p50']:.1f} ms; 64 streams at once {c64['x_real_time']:.1f}x, "
-            f"{c64['smooth_playback_frac']:.0%} smooth, TTFA p95 {c64['ttfa_ms']['p95']:.0f} ms. The seventy-seventh to "
-            "eighty-first sessions' H100 calls gave one-stream RTF 0.0361-0.0365 and 64 streams 489-507x, which "
-            "this run is inside, and one-stream TTFA p50 17.2-22.7 ms (2 requests each), which this run's is 1.1 ms "
+            *bullets[:-1],
+            bullets[-1] + " The seventy-seventh to eighty-first sessions' H100 calls gave one-stream RTF "
+            "0.0361-0.0365 and 64 streams 489-507x, which this run is inside, and one-stream TTFA p50 17.2-22.7 ms "
+            f"(2 requests each), which this run's is {served[1]['ttfa_ms']['p50'] - 22.7:.1f} ms "
             "above; the H200 headline stands.",
             "", f"**Call 3, this session's code** (1cdd910, `raw/devrun_{S}.sh`'s call 3). Part A: the supervisor "
             "(full-size checkpoint, exit timeout 10 s) killed with SIGKILL 40 s into loading, while "
