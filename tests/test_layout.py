@@ -112,6 +112,14 @@ def test_kernels_are_leaves():
             assert not outside, f"{name} imports {sorted(outside)}: kernels import only kernels/"
 
 
+def test_the_gpu_utilities_are_leaves():
+    """gpu/ is what engine/ and audio/ share: it knows neither."""
+    for name, deps in import_graph().items():
+        if name.startswith(f"{PKG}.gpu"):
+            outside = {d for d in deps if d.startswith(PKG) and not d.startswith(f"{PKG}.gpu")}
+            assert not outside, f"{name} imports {sorted(outside)}: gpu/ imports only gpu/"
+
+
 def test_testing_reached_through_one_entry():
     modules = package_modules()
     entry_module, _, entry_name = TESTING_ENTRY.rpartition(".")
@@ -244,7 +252,7 @@ def test_the_readmes_map_has_every_folder_and_top_level_module():
     assert folders == set(rows), (sorted(folders), sorted(rows))
     top = {p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"}
     assert not [name for name in sorted(top) if f"`{name}`" not in table], table
-    for folder in ("serving", "coordination", "supervisor", "audio"):
+    for folder in ("serving", "coordination", "supervisor", "audio", "gpu"):
         files = {p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"}
         named = set(re.findall(r"`(\w+\.py)`", rows[folder]))
         missing = files - named

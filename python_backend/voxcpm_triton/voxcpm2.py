@@ -16,23 +16,24 @@ import torch
 import torch.nn.functional as F
 
 from . import checks
-from .model.audio_vae import AudioVAE, patch_frames
+from .audio.patches import encode_patches
+from .checks import (DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, blank, check_waveform, clean_text,
+                     default_max_len, resample)
 from .formats.checkpoint import load_model_weights, meta_model
 from .formats.checkpoint_layout import checkpoint_files
+from .formats.text_normalize import normalize_target
+from .formats.tokenizer import TextTokenizer
+from .loading import load_audio_vae, resolve_attention, resolve_device, resolve_dtype
+from .lora_adapters import AdapterSet
+from .model.audio_vae import AudioVAE, patch_frames
 from .model.config import VoxCPM2Config
 from .model.local_modules import CfmSchedule
+from .model.lora import linear_shapes
 from .model.minicpm import LongRoPE, fuse_projections
 from .model.network import VoxCPM2Model
 from .model.noise import noise_for_steps
 from .model.precision import quantize_model_fp8, resolve_precision
-from .checks import (DEFAULT_CFG_VALUE, DEFAULT_MIN_LENGTH, DEFAULT_TIMESTEPS, blank, check_waveform, clean_text,
-                     default_max_len, resample)
 from .model.prompt import Prompt, build_prompt
-from .model.lora import linear_shapes
-from .lora_adapters import AdapterSet
-from .formats.text_normalize import normalize_target
-from .loading import encode_patches, load_audio_vae, resolve_attention, resolve_device, resolve_dtype
-from .formats.tokenizer import TextTokenizer
 
 
 class ContiguousKVCache:

@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from .. import timeline
+from ..gpu.buckets import smallest_at_least
 from ..model.audio_vae import AudioVAE, patch_frames
-from ..engine.buckets import smallest_at_least
 from .vae_streams import StreamSlotsFull, VAEStreams
 
 log = logging.getLogger("voxcpm_triton.stream_audio")

@@ -21,10 +21,10 @@ import logging
 
 import torch
 
+from ..gpu.buckets import smallest_at_least
+from ..gpu.cuda_graph import capture_graph
+from ..gpu.host_copies import to_device, to_host
 from ..model.audio_vae import AudioVAE
-from ..engine.buckets import smallest_at_least
-from ..engine.cuda_graph import capture_graph
-from ..engine.host_copies import to_device, to_host
 
 log = logging.getLogger("voxcpm_triton.vae_streams")
 

@@ -37,24 +37,24 @@ import numpy as np
 import torch
 
 from .. import checks, timeline
-from ..model.noise import request_key
 from ..checks import default_max_len
+from ..gpu.cuda_graph import capture_graph
+from ..gpu.host_copies import to_device
+from ..model import split_k
+from ..model.lora import LoraBatch
+from ..model.lora_merge import MergedWeights
+from ..model.noise import request_key
 from .attention import PagedAttention, PrefillMetadata, PrefillRowsMetadata
 from .kv_cache import PagedKVCache
 from .lora_merging import LoraMerging
 from .loras import EngineLoras
-from ..model.lora import LoraBatch
-from ..model.lora_merge import MergedWeights
-from ..model import split_k
-from .cuda_graph import capture_graph
-from .host_copies import to_device
 from .prefill_packs import PACK_BUCKETS, PackedPrefillGraphs
 from .prefill_runner import PrefillGraphs
-from .step_runner import (DEFAULT_BUCKETS, DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_batch_buckets,
-                          check_timestep_buckets)
 from .request import (EngineRequest, Event, Finished, LatentChunk, RequestError, RequestHandle, RequestState,
                       prompt_block_hashes, resolve_seed)
 from .scheduler import Scheduler
+from .step_runner import (DEFAULT_BUCKETS, DEFAULT_TIMESTEP_BUCKETS, DecodeStepRunner, check_batch_buckets,
+                          check_timestep_buckets)
 
 log = logging.getLogger("voxcpm_triton.engine")
 

@@ -8,10 +8,10 @@ import logging
 
 import torch
 
+from ..gpu.cuda_graph import capture_graph
+from ..gpu.host_copies import to_device
 from ..model.lora import LoraBatch, LoraTables
 from .attention import PagedAttention
-from .cuda_graph import capture_graph
-from .host_copies import to_device
 from .kv_cache import PagedKVCache
 
 log = logging.getLogger("voxcpm_triton.engine")

@@ -25,10 +25,10 @@ import time
 
 import torch
 
+from ..gpu.buckets import smallest_at_least
+from ..gpu.host_copies import to_device
 from ..model.lora import LoraTables
 from .attention import PrefillRowsMetadata
-from .buckets import smallest_at_least
-from .host_copies import to_device
 from .kv_cache import PagedKVCache
 from .prefill_body import PrefillBody
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .buckets import smallest_at_least
-from .cuda_graph import capture_graph
+from ..checks import TIMESTEPS_RANGE
+from ..gpu.buckets import smallest_at_least
+from ..gpu.cuda_graph import capture_graph
 from ..model.local_modules import CfmSchedule, row_tables, zero_velocity_steps
 from ..model.lora import LoraBatch, LoraTables
-from ..checks import TIMESTEPS_RANGE
 from ..model.noise import gaussian_noise
 from .attention import DecodeMetadata, PagedAttention
 from .kv_cache import PagedKVCache

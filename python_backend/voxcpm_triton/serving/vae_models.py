@@ -14,11 +14,12 @@ import time
 import numpy as np
 import torch
 
-from ..checks import check_waveform, resample
+from ..audio.patches import encode_patches
 from ..audio.vae_streams import VAEStreams
-from ..model.audio_vae import patch_frames
-from ..loading import decoding_vae, encode_patches, load_audio_vae
+from ..checks import check_waveform, resample
 from ..coordination import liveness, runtime
+from ..loading import decoding_vae, load_audio_vae
+from ..model.audio_vae import patch_frames
 from . import gc_pauses, placement
 from .contract import MAX_AUDIO_SECONDS
 from .metrics import metric, release_all as release_metrics
