@@ -3,7 +3,7 @@
 Each model process (`WATCHED_MODELS`) writes `<model>.<pid>.json` into the server's run directory
 every second ({pid, beat, error, busy}); `error` is set when the process knows it can no longer
 serve (the engine thread died). Triton 2.51 neither restarts a dead stub nor reports it, so the
-orchestrators read the beacons to fail fast instead of waiting forever, and scripts/supervise.py
+orchestrators read the beacons to fail fast instead of waiting forever, and the supervisor
 reads them to restart the server. `busy`: the requests its executes (`counted`) hold now; the
 supervisor reads it while the server stops. No torch here.
 """

@@ -2,13 +2,13 @@
 the secret that marks the orchestrators' internal calls, and the LoRA set a restart keeps.
 
 Every model process is a child of the tritonserver process, so `os.getppid()` names the server; the
-directory is keyed by it and created 0700 (unless VOXCPM_RUN_DIR names one, as scripts/supervise.py
+directory is keyed by it and created 0700 (unless VOXCPM_RUN_DIR names one, as the supervisor
 does, which removes it after). A plain tritonserver's model processes hold their directory with a
 lock while they run, note their shared-memory regions in it, and remove, as they start, those of
 servers that have exited and nobody holds, with the regions noted there (`runtime.model_process`).
 No torch here: the orchestrator processes import this too.
 
-- Internal key: `VOXCPM_INTERNAL_KEY` when set (scripts/supervise.py sets a fresh one per start),
+- Internal key: `VOXCPM_INTERNAL_KEY` when set (the supervisor sets a fresh one per start),
   else a random key that the first process of this server writes into the directory (atomically:
   written aside, then hard-linked; a loser of the race reads the winner's). Internal models refuse
   requests that do not carry it.
@@ -74,7 +74,7 @@ def hold_run_dir():
 
 def remove_unheld(path: str, held_file_required: bool = False, on_claimed=None) -> bool:
     """Remove the directory `path` unless a process holds its `held` file locked (`hold_run_dir`, or a
-    supervisor's state directory, scripts/supervise.py); one of several processes sweeping at once does
+    supervisor's state directory); one of several processes sweeping at once does
     it. A directory without the file counts as unheld, or, with `held_file_required`, is left; so is one
     whose lock cannot be tried (a filesystem without flock). `on_claimed(claimed_path)` runs once the
     directory is this call's, before it is removed. True if this call removed it."""
@@ -129,7 +129,7 @@ def own_dirs(parent: str, pattern: re.Pattern):
 def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
     """Remove the default run directories (`<tmp>/voxcpm-<pid>-<start time>`, run_dir()'s without
     VOXCPM_RUN_DIR) of servers that have exited, and return those this call removed. Nothing else removes
-    them: a tritonserver run without scripts/supervise.py leaves its directory, internal key included,
+    them: a tritonserver run without the supervisor leaves its directory, internal key included,
     however it ends. Only directories of this user, whose server's pid is gone (or another process's now)
     and which no process holds (`hold_run_dir`)."""
     removed = []

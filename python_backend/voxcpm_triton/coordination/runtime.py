@@ -4,7 +4,7 @@
   on a crash or SIGUSR2; a model process whose tritonserver is gone exits at once, so nothing of a
   server outlives it; a plain tritonserver's model processes hold its run directory and sweep those
   of servers that have exited (run_state).
-- Stopping: scripts/supervise.py writes `stopping` (a time, epoch seconds) before it sends
+- Stopping: the supervisor writes `stopping` (a time, epoch seconds) before it sends
   SIGTERM. Triton 2.51 tells a model nothing until its finalize, which waits for its requests:
   from then on the orchestrators take no new request, and at that time the decoder ends the
   ones it still runs with an error, so that every model unloads before the server's exit

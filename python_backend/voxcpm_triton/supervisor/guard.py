@@ -5,8 +5,8 @@ its own (a terminal's Ctrl-C or a signal to the supervisor's group does not reac
 With the supervisor gone, tritonserver gets SIGTERM (PR_SET_PDEATHSIG) and stops. Model processes
 caught between two commands while their models load can then hang in Triton's stub for good: its
 exit waits for the interpreter lock, which the thread waiting for the dead server's next command
-holds. The guard waits as the supervisor's own stop does (the server's exit timeout, then 5 s for
-its model processes to follow), then kills the server's process group and removes the
+holds. The guard waits as the supervisor's own stop does (the server's exit timeout and 10 s, then 5 s
+for its model processes to follow), then kills the server's process group and removes the
 shared-memory regions its model processes' command lines named. Then it removes what the next
 supervisor would: the killed supervisor's state directory and the regions recorded there (a server
 stopped by its death signal leaves its regions in /dev/shm). While the supervisor lives, the guard
