@@ -41,19 +41,20 @@ def main(argv=None) -> int:
     # string defaults: argparse converts them, so a bad value in the environment is a usage error too
     ap.add_argument("--probe-interval", type=number(float, "VOXCPM_PROBE_INTERVAL"), default=env("VOXCPM_PROBE_INTERVAL", "10"),
                     help="seconds between liveness probes once ready; 0: no probes, restart only on exit "
-                         "or on a model process's beacon (env VOXCPM_PROBE_INTERVAL)")
+                         "or on a model process's beacon (env VOXCPM_PROBE_INTERVAL; default %(default)s)")
     ap.add_argument("--probe-timeout", type=number(float, "VOXCPM_PROBE_TIMEOUT"), default=env("VOXCPM_PROBE_TIMEOUT", "60"),
-                    help="env VOXCPM_PROBE_TIMEOUT")
+                    help="seconds a probe (a short synthesis) may take before it counts as failed "
+                         "(env VOXCPM_PROBE_TIMEOUT; default %(default)s)")
     ap.add_argument("--probe-failures", type=number(int, "VOXCPM_PROBE_FAILURES"), default=env("VOXCPM_PROBE_FAILURES", "3"),
                     help="consecutive failed probes before a restart (a dead model process restarts at once; "
-                         "env VOXCPM_PROBE_FAILURES)")
+                         "env VOXCPM_PROBE_FAILURES; default %(default)s)")
     ap.add_argument("--start-timeout", type=number(float, "VOXCPM_START_TIMEOUT"), default=env("VOXCPM_START_TIMEOUT", "900"),
                     help="seconds a start may take to become ready, and ports held by another process may "
-                         "keep it waiting (env VOXCPM_START_TIMEOUT)")
+                         "keep it waiting (env VOXCPM_START_TIMEOUT; default %(default)s)")
     ap.add_argument("--max-failed-starts", type=number(int, "VOXCPM_MAX_FAILED_STARTS"), default=env("VOXCPM_MAX_FAILED_STARTS", "5"),
                     help="starts in a row that do not serve (never ready, or never pass a probe), or quick exits "
                          "in a row of a companion, before giving up (exit 1); 0: never give up "
-                         "(env VOXCPM_MAX_FAILED_STARTS)")
+                         "(env VOXCPM_MAX_FAILED_STARTS; default %(default)s)")
     ap.add_argument("--companion", action="append", default=[], metavar="CMD",
                     help="a command line (shell-quoted) to run beside the server and restart when it exits")
     ap.add_argument("--companion-port", action="append", default=[], metavar="HOST:PORT",

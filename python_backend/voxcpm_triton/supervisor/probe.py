@@ -99,11 +99,11 @@ def _classify(message: str) -> tuple[int, str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8000", help="Triton's HTTP endpoint")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the audio")
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="Triton's HTTP endpoint (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the audio (default %(default)s)")
     ap.add_argument("--metrics-url", help="Triton's metrics endpoint (http://host:8002): a probe that times out "
                                           "while the engine keeps decoding is healthy, only queued")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="print no verdict; the exit status alone says it")
     args = ap.parse_args(argv)
     status, what = probe(args.url, args.timeout, metrics_url=args.metrics_url)
     if not args.quiet:
