@@ -476,7 +476,7 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     p = run_cli("hello", "-o", str(tmp_path / "missing" / "x.wav"), "--url", f"127.0.0.1:{free_port()}")
     assert p.returncode == 2 and p.stderr.startswith("error: cannot write") and "Traceback" not in p.stderr, p.stderr
     p = run_cli("hello", "-o", str(tmp_path / "x.wav"), "--seed", "99999999999999999999", "--url", f"127.0.0.1:{free_port()}")
-    assert p.returncode == 2 and p.stderr.startswith("error: seed must be an integer from") and "Traceback" not in p.stderr
+    assert p.returncode == 2 and p.stderr.startswith("error: seed must fit SEED, an int64 input (") and "Traceback" not in p.stderr
     # an output it cannot write as named, a timeout no client takes: refused before the synthesis runs
     for args, said in [(("-o", str(tmp_path / "x.mp3")), "-o/--output must name a .wav file"),
                        (("-o", ""), "-o/--output must name a .wav file"),

@@ -135,7 +135,8 @@ def input_arrays(text: str, **params) -> dict:
                 if not isinstance(params[key], (int, np.integer)):
                     raise TypeError(f"{key} must be an integer, got {params[key]!r}")
                 if not bounds.min <= params[key] <= bounds.max:
-                    raise ValueError(f"{key} must be an integer from {bounds.min} to {bounds.max}, got {params[key]!r}")
+                    raise ValueError(f"{key} must fit {name}, an {np.dtype(dtype).name} input ({bounds.min} to "
+                                     f"{bounds.max}; the server checks its own range), got {params[key]!r}")
             arrays[name] = (_bytes_tensor(params[key], key) if dtype is np.object_
                             else np.array([params[key]], dtype=dtype))
     return arrays
