@@ -170,6 +170,7 @@ def test_concurrent_requests_spread_over_both_instances_and_equal_their_solo_run
 def test_instance_count_reads_the_normalized_instance_group(gpus):
     import json
 
+    from voxcpm_triton.serving import triton_io
     from voxcpm_triton.serving.placement import instance_count
 
     def args(*groups):
@@ -182,6 +183,9 @@ def test_instance_count_reads_the_normalized_instance_group(gpus):
     gpus(0)
     assert instance_count(args({"count": 1, "kind": "KIND_AUTO"})) == 1
     assert instance_count({"model_config": "{}"}) == 1
+    # the orchestrators' count (no torch there): tts gates half its instances for text_normalizer
+    assert triton_io.instance_count(args({"count": 4, "kind": "KIND_GPU", "gpus": [0, 1]})) == 8
+    assert triton_io.instance_count(args({"count": 8, "kind": "KIND_CPU"})) == 8
 
 
 def test_a_client_hang_up_stops_its_request_on_whichever_instance_holds_it(server):

@@ -10,12 +10,12 @@ index ("cuda:1") or "cpu" is taken as given by every instance.
 
 from __future__ import annotations
 
-import json
 import re
 
 import torch
 
 from ..loading import resolve_device
+from . import triton_io
 
 
 def instance_name(args: dict) -> str:
@@ -29,17 +29,9 @@ def instance_index(args: dict) -> int:
 
 
 def instance_count(args: dict) -> int:
-    """How many instances of this model the server runs, from its (normalized) instance_group: a
-    KIND_GPU group's count is per GPU it lists (KIND_AUTO, if left unresolved, per visible GPU)."""
-    groups = json.loads(args.get("model_config") or "{}").get("instance_group") or [{}]
-    n = 0
-    for g in groups:
-        count = int(g.get("count", 1))
-        if g.get("kind", "KIND_AUTO") in ("KIND_GPU", "KIND_AUTO"):
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            count *= len(g.get("gpus") or ()) or max(gpus, 1)
-        n += count
-    return n
+    """How many instances of this model the server runs (`triton_io.instance_count`), a KIND_AUTO
+    group left unresolved counted per visible GPU."""
+    return triton_io.instance_count(args, lambda: torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def instance_device(args: dict, device: str | None) -> torch.device:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import threading
 
 import numpy as np
@@ -54,6 +55,20 @@ class Unhealthy(RuntimeError):
 
     def __init__(self, reason: str):
         super().__init__(self.PREFIX + reason)
+
+
+def instance_count(args: dict, visible_gpus=lambda: 1) -> int:
+    """How many instances of this model the server runs, from its (normalized) instance_group in
+    `args`: a KIND_GPU group's count is per GPU it lists (a KIND_AUTO one, if left unresolved, per
+    `visible_gpus()`, at least 1)."""
+    groups = json.loads(args.get("model_config") or "{}").get("instance_group") or [{}]
+    n = 0
+    for g in groups:
+        count = int(g.get("count", 1))
+        if g.get("kind", "KIND_AUTO") in ("KIND_GPU", "KIND_AUTO"):
+            count *= len(g.get("gpus") or ()) or max(visible_gpus(), 1)
+        n += count
+    return n
 
 
 def get(request, name: str):

@@ -6,7 +6,6 @@ streaming, cancellation and the server's stop."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -21,7 +20,7 @@ from .instance_sync import SharedSlots
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator
 from .parameters import read
-from .triton_io import SHUTTING_DOWN, Busy, InputError, error_response, pb, tensor
+from .triton_io import SHUTTING_DOWN, Busy, InputError, error_response, instance_count, pb, tensor
 
 log = logging.getLogger("voxcpm_triton.tts_models")
 
@@ -66,10 +65,9 @@ class TTSModel:
 
     def initialize(self, args):
         self.orch = _orchestrator(args, read(args, "tts"))
-        # Half of its instances (KIND_CPU) may wait for text_normalizer (InternalCalls.normalize_gate).
-        groups = json.loads(args["model_config"]).get("instance_group") or [{}]
-        instances = sum(int(g.get("count", 1)) for g in groups)
-        self.orch.calls.normalize_gate = SharedSlots(f"normalize_waits_{args['model_name']}", max(1, instances // 2))
+        # Half of its instances may wait for text_normalizer (InternalCalls.normalize_gate).
+        self.orch.calls.normalize_gate = SharedSlots(f"normalize_waits_{args['model_name']}",
+                                                     max(1, instance_count(args) // 2))
         labels = {"model": args["model_name"]}
         self.m_badcases = metric("voxcpm_badcases_total", "Whole-utterance tries judged bad cases "
                                  "(>= 6 patches per target token)", labels, "COUNTER")
