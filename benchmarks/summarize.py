@@ -483,20 +483,23 @@ def main(out_dir: str = HERE):
                    res["single_stream_rtf_triton"]]
     for section in SECTIONS:
         md += section(res)
-    targets, h100 = res.pop("_issue17_targets"), res["eighty_sixth"]
+    targets = res.pop("_issue17_targets")
+    h100 = [(k.replace("_", "-"), v) for k, v in res.items() if isinstance(v, dict) and "H100" in str(v.get("device"))]
+    served_at, served = next((k, v) for k, v in reversed(h100) if "served_ttfa_p95_ms_c64" in v)
+    ratio_at, ratio = next((k, v["served_over_engine_c64"]) for k, v in reversed(h100) if "served_over_engine_c64" in v)
     md[2:2] = [f"**Latest served headline** ({res['served_headline_source']}): one stream RTF "
                f"{res['single_stream_rtf_triton']:.4f}, TTFA p50 {res['ttfa_ms_p50']:.1f} ms; 64 streams at once "
                f"{res['aggregate_xrt_c64']:.1f}x, {100 * res['smooth_frac_c64']:.0f}% smooth, TTFA p95 "
                f"{res['ttfa_ms_p95_c64']:.0f} ms; 128 streams {res['aggregate_xrt_c128']:.1f}x; capacity "
-               f"{res['capacity_streams']['burst']} (burst) / {res['capacity_streams']['poisson']} (Poisson). "
-               "The tables just below are the sixth session's H100 run; the sessions follow in order.", "",
+               f"{res['capacity_streams']['burst']} (burst) / {res['capacity_streams']['poisson']} (Poisson).", "",
                "**Issue 17's targets** (the seventy-first session's table, on H200s; no later session changed a figure "
-               "in it. The latest H100 figures, in the same order, are the eighty-sixth session's: one stream RTF "
-               f"{h100['served_rtf_p50_c1']:.4f}, TTFA p50 {h100['served_ttfa_p50_ms_c1']:.1f} ms; 64 streams "
-               f"{h100['served_xrt_c64']:.1f}x, {100 * h100['served_smooth_c64']:.0f}% smooth, TTFA p95 "
-               f"{h100['served_ttfa_p95_ms_c64']:.0f} ms; served over engine at 64 on an H100 "
-               f"{res['seventy_third']['served_over_engine_c64']:.3f}, the seventy-third session's):", "",
-               *(row.replace("this session", "the seventy-first session") for row in targets), ""]
+               f"in it. The latest H100 figures of its rows: the {served_at} session's one stream RTF "
+               f"{served['served_rtf_p50_c1']:.4f}, TTFA p50 {served['served_ttfa_p50_ms_c1']:.1f} ms, 64 streams "
+               f"{served['served_xrt_c64']:.1f}x, {100 * served['served_smooth_c64']:.0f}% smooth, TTFA p95 "
+               f"{served['served_ttfa_p95_ms_c64']:.0f} ms; the {ratio_at} session's served over engine at 64, "
+               f"{ratio:.3f}):", "",
+               *targets("the seventy-first session"), "",
+               "The tables after it are the sixth session's H100 run; the sessions follow in order.", ""]
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
