@@ -235,9 +235,11 @@ class DecoderModel:
             feats.append(None if a is None else torch.from_numpy(np.array(a, dtype=np.float32)))
         prompt = build_prompt(ids, n_target, feats[0], feats[1], P, D)
         if len(prompt) >= self.vox.cfg.max_length:
-            raise InputError(f"the prompt is {len(prompt)} positions (TEXT's tokens with PROMPT_TEXT's or the voice's "
-                             f"transcript, and a position per patch of the reference and prompt audio); the model's "
-                             f"limit is {self.vox.cfg.max_length}: send shorter text or audio")
+            ref, cont = (0 if f is None else f.size(0) for f in feats)
+            raise InputError(f"the prompt is {len(prompt)} positions: TEXT's {n_target} tokens, PROMPT_TEXT's or the "
+                             f"voice's transcript's {len(ids) - n_target}, {ref} patches of reference audio, {cont} of "
+                             f"prompt audio and {len(prompt) - len(ids) - ref - cont} markers; the model's limit is "
+                             f"{self.vox.cfg.max_length}: send shorter text or audio")
         # Continuation (a prompt's audio): the VAE starts from the last audio patches (Prompt.context).
         return prompt, (prompt.context if len(prompt.context) else None)
 
