@@ -161,7 +161,8 @@ def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(
 
 @pytest.mark.parametrize("action, name, message", [
     ("remove", "nope", r"unknown LoRA adapter 'nope'"),
-    ("add", "missing", r"LoRA adapter directory not found: <lora_dir>/missing$"),
+    ("add", "missing", r"LoRA adapter directory not found: <lora_dir>/missing \(<lora_dir>: the server's LoRA "
+                       r"folder, the decoder's lora_dir or VOXCPM_LORA_DIR\)$"),
     ("add", "broken", r"\] <lora_dir>/broken/lora_weights\.safetensors: cannot read tensors"),
     ("add", "a/b", r"NAME: 'a/b' is not a valid LoRA adapter name"),
     ("add", "z" * 70_000, r"NAME: 'z{80}'\.\.\. \(70000 characters\) is not a valid LoRA adapter name"),

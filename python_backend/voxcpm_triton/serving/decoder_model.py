@@ -69,9 +69,11 @@ def _end_error(end) -> str | None:
 
 def _in_lora_dir(message: str, lora_dir: str | None) -> str:
     """A LoRA error as its client reads it: paths in the LoRA folder written from `<lora_dir>/`, so that
-    the server's own paths stay in its log."""
+    the server's own paths stay in its log, and said once what that folder is."""
     for root in {lora_dir, os.path.realpath(lora_dir)} if lora_dir else ():
         message = message.replace(os.path.join(root, ""), "<lora_dir>/")
+    if "<lora_dir>/" in message:
+        message += " (<lora_dir>: the server's LoRA folder, the decoder's lora_dir or VOXCPM_LORA_DIR)"
     return message
 
 
