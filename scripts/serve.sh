@@ -6,7 +6,8 @@
 # it within its exit timeout, and every process it started with it.
 #
 #   scripts/serve.sh [extra tritonserver args...]
-#   scripts/serve.sh --print-env      # the environment it would use, KEY=VALUE
+#   scripts/serve.sh --print-env      # where its tools come from (tritonserver, backends, venv, PYTHONPATH),
+#                                     # KEY=VALUE; the ports and addresses are those below
 #   scripts/serve.sh --print-cmd      # the tritonserver command it would run (scripts/supervise.py
 #                                     # adds the restricted-API flags: VOXCPM_ADMIN_KEY below)
 #   scripts/serve.sh --help           # this text
