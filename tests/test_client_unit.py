@@ -389,8 +389,8 @@ def test_library_server_down(fn):
         getattr(voxcpm_client, fn)("hi", url=url, timeout=20)
 
 
-def run_cli(*args):
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client"))
+def run_cli(*args, env: dict | None = None):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client"), **(env or {}))
     return subprocess.run([sys.executable, "-m", "voxcpm_client", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
@@ -464,6 +464,18 @@ def test_cli_grpc_at_an_http_port_says_so(tmp_path, args):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach Triton at {url}: "), lines
     assert lines[0].endswith("if that is Triton's HTTP port, use its gRPC port (default 8001) or the HTTP protocol")
+
+
+@pytest.mark.parametrize("protocol, var", [("grpc", "TRITON_GRPC_PORT"), ("http", "TRITON_HTTP_PORT")])
+def test_cli_without_url_takes_the_port_serve_sh_was_given(tmp_path, protocol, var):
+    """No --url: localhost at the port scripts/serve.sh serves the protocol on, from the same variable."""
+    port = free_port()
+    p = run_cli("hello", "-o", str(tmp_path / "x.wav"), "--protocol", protocol, "--timeout", "20", env={var: str(port)})
+    assert p.returncode == 2 and f"cannot reach Triton at localhost:{port}" in p.stderr, p.stderr
+    for argv in (("hello", "-o", str(tmp_path / "x.wav"), "--protocol", protocol),
+                 ("voices", "list", "--protocol", protocol)):
+        p = run_cli(*argv, env={var: "abc"})
+        assert p.returncode == 2 and p.stderr == f"error: {var}='abc' is not a port (1-65535); give --url host:port\n"
 
 
 def test_cli_bad_arguments_exit_2(tmp_path):

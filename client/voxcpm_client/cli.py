@@ -9,7 +9,11 @@ import sys
 from .client import (VOICE_MODES, VoxCPMClientError, add_voice, input_arrays, list_voices, load_audio, remove_voice,
                      server_address, synthesize, synthesize_stream)
 
-DEFAULTS = {"grpc": ("localhost:8001", "tts_stream"), "http": ("localhost:8000", "tts")}
+MODELS = {"grpc": "tts_stream", "http": "tts"}
+# Without --url: localhost, at the port scripts/serve.sh serves the protocol on (its variable where set, as for it)
+PORTS = {"grpc": ("TRITON_GRPC_PORT", "8001"), "http": ("TRITON_HTTP_PORT", "8000")}
+URL_HELP = ("host:port (default: localhost at $TRITON_GRPC_PORT, else 8001, for grpc; at $TRITON_HTTP_PORT, else "
+            "8000, for http)")
 MAX_TIMEOUT_S = 10 * 24 * 3600.0  # gRPC's deadline overflows far past this; a day-long request is a mistake anyway
 
 
@@ -19,6 +23,19 @@ def address(text: str) -> str:
         return server_address(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def server_url(args) -> str | None:
+    """--url, else localhost at the protocol's port (PORTS); None, said on stderr, if its variable is no port."""
+    if args.url:
+        return args.url
+    var, port = PORTS[args.protocol]
+    value = os.environ.get(var, "").strip() or port
+    try:
+        return server_address(f"localhost:{value}")
+    except ValueError:
+        print(f"error: {var}={value!r} is not a port (1-65535); give --url host:port", file=sys.stderr)
+        return None
 
 
 def seconds(text: str) -> float:
@@ -39,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("-o", "--output", default="out.wav", help="wav file to write (default out.wav)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
                    help="grpc: streaming (tts_stream); http: whole utterance (tts)")
-    p.add_argument("--url", type=address, help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
+    p.add_argument("--url", type=address, help=URL_HELP)
     p.add_argument("--model", help="model name (default tts_stream for grpc, tts for http)")
     p.add_argument("--reference", metavar="WAV", help="reference audio for voice cloning")
     p.add_argument("--prompt-audio", metavar="WAV", help="audio to continue from (needs --prompt-text)")
@@ -69,7 +86,7 @@ def parse_args(argv=None):
         p.error("--voice-mode needs --voice")
     if not args.output.lower().endswith(".wav"):
         p.error(f"-o/--output must name a .wav file (what this writes), got {args.output!r}")
-    if args.retry_badcase is not None and (args.model or DEFAULTS[args.protocol][1]) == "tts_stream":
+    if args.retry_badcase is not None and (args.model or MODELS[args.protocol]) == "tts_stream":
         p.error("--no-retry-badcase is for tts (--protocol http, or --model tts): tts_stream's audio, once sent, "
                 "cannot be taken back")
     return args
@@ -79,8 +96,7 @@ def parse_voices_args(argv):
     def common(parser, default):  # before or after the action; given after, it wins
         d = (lambda v: v) if default else (lambda v: argparse.SUPPRESS)
         parser.add_argument("--protocol", choices=("grpc", "http"), default=d("grpc"))
-        parser.add_argument("--url", type=address, default=d(None),
-                            help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
+        parser.add_argument("--url", type=address, default=d(None), help=URL_HELP)
         parser.add_argument("--timeout", type=seconds, default=d(120.0), help="seconds (default 120)")
 
     p = argparse.ArgumentParser(prog="voxcpm-tts voices", description="The server's stored voices (model `voices`).")
@@ -102,7 +118,10 @@ def parse_voices_args(argv):
 
 def voices_main(argv) -> int:
     args = parse_voices_args(argv)
-    kw = {"url": args.url or DEFAULTS[args.protocol][0], "protocol": args.protocol, "timeout": args.timeout}
+    url = server_url(args)
+    if url is None:
+        return 2
+    kw = {"url": url, "protocol": args.protocol, "timeout": args.timeout}
     try:
         if args.action == "add":
             try:
@@ -138,8 +157,9 @@ def _main(argv=None) -> int:
     if argv[:1] == ["voices"]:  # to speak the word itself: voxcpm-tts -- voices
         return voices_main(argv[1:])
     args = parse_args(argv)
-    url, model = DEFAULTS[args.protocol]
-    url, model = args.url or url, args.model or model
+    url, model = server_url(args), args.model or MODELS[args.protocol]
+    if url is None:
+        return 2
     params = {k: getattr(args, k) for k in ("cfg_value", "inference_timesteps", "min_length", "max_length", "seed",
                                             "voice", "voice_mode", "normalize", "lora", "retry_badcase")}
     try:
