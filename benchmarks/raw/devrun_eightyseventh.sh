@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The eighty-seventh session's device calls (2026-12-07, NVIDIA H100 80GB HBM3, both on d748d2c, one warm machine,
-# after six refused tries between 15:39 and 16:11 UTC): first devrun/call2.sh (16:20 UTC, carry .cache/device_bundle
+# after seven refused tries between 15:39 and 16:11 UTC): first devrun/call2.sh (16:20 UTC, carry .cache/device_bundle
 # and .cache/gateway_wheels, unchanged since the eighty-fifth session), then devrun/call1.sh (16:27 UTC, no carry; its
 # per-file timeouts cut from 450 to 360 s, `sed -i 's/timeout 450/timeout 360/g'` in the call, to fit the budget left).
 # The eighty-sixth session's calls, test_audio_vae.py left out of call 1 (the device has no official voxcpm package).

@@ -15,7 +15,7 @@ def eighty_seventh_session(res) -> list[str]:
     return ["", "## Eighty-seventh session (2026-12-07, NVIDIA H100 80GB HBM3): gpu/ and audio/patches.py on the GPU",
             "", "This session moved the engine's bucket tables, CUDA graph capture and host copies to `gpu/`, which "
             "`engine/` and `audio/` share, and `encode_patches` to `audio/patches.py`; nothing else it changed runs on "
-            "the GPU. Two calls on d748d2c, one warm machine after six refused tries, the served run first "
+            "the GPU. Two calls on d748d2c, one warm machine after seven refused tries, the served run first "
             f"(`raw/devrun_{S}.sh`):", "",
             *bullets[:-1],
             bullets[-1] + " The seventy-eighth to eighty-sixth sessions' six H100 runs of this table gave one-stream "
