@@ -473,7 +473,7 @@ def test_cli_without_url_takes_the_port_serve_sh_was_given(tmp_path, protocol, v
     p = run_cli("hello", "-o", str(tmp_path / "x.wav"), "--protocol", protocol, "--timeout", "20", env={var: str(port)})
     assert p.returncode == 2 and f"cannot reach Triton at localhost:{port}" in p.stderr, p.stderr
     for argv in (("hello", "-o", str(tmp_path / "x.wav"), "--protocol", protocol),
-                 ("voices", "list", "--protocol", protocol)):
+                 ("voices", "list", "--protocol", protocol), ("loras", "list", "--protocol", protocol)):
         p = run_cli(*argv, env={var: "abc"})
         assert p.returncode == 2 and p.stderr == f"error: {var}='abc' is not a port (1-65535); give --url host:port\n"
 
@@ -499,7 +499,7 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     # a URL that is not host:port, or asks for TLS (it went out as plain HTTP): refused, not reinterpreted
     for url, said in [("localhost:abc", "is not host:port"), ("localhost:99999", "is not host:port"),
                       ("https://example.com:443", "https:// is not supported"), ("ftp://h:1", "ftp:// is not supported")]:
-        for args in (("hello",), ("voices", "list")):
+        for args in (("hello",), ("voices", "list"), ("loras", "list")):
             p = run_cli(*args, "--url", url)
             assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (url, p.stderr)
 
@@ -539,6 +539,13 @@ def test_cli_voices_server_down_and_bad_arguments(tmp_path, protocol):
     assert p.returncode == 2 and p.stderr.startswith("error: cannot read audio") and "Traceback" not in p.stderr
     p = run_cli("voices", "rename", "a")
     assert p.returncode == 2 and "invalid choice" in p.stderr
+    p = run_cli("loras", "list", "--protocol", protocol, "--url", url, "--timeout", "20")
+    assert p.returncode == 2 and p.stderr.startswith(f"error: cannot reach Triton at {url}: "), p.stderr
+    for args, said in [(("loras", "load", "a"), "invalid choice: 'load'"),
+                       (("loras", "add"), "the following arguments are required: name"),
+                       (("loras", "list", "extra"), "unrecognized arguments: extra")]:
+        p = run_cli(*args, "--url", url)
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
     p = run_cli("hello", "--voice-mode", "both")
     assert p.returncode == 2 and "--voice-mode needs --voice" in p.stderr
 
@@ -563,6 +570,24 @@ def test_voices_functions_send_the_registry_inputs(monkeypatch):
     assert set(sent["arrays"]) == {"ACTION", "NAME"} and sent["arrays"]["ACTION"][0] == b"remove"
     voxcpm_client.list_voices()
     assert set(sent["arrays"]) == {"ACTION"}
+
+
+def test_loras_functions_send_the_registry_inputs(monkeypatch):
+    sent = []
+
+    def fake(protocol, url, model, arrays, output, timeout):
+        sent.append((protocol, model, {k: list(v) for k, v in arrays.items()}, output))
+        return np.array([b"narrator"], dtype=object)
+
+    monkeypatch.setattr(voxcpm_client.client, "_infer_once", fake)
+    assert voxcpm_client.add_lora("narrator", protocol="grpc") == ["narrator"]
+    assert voxcpm_client.remove_lora("narrator") == ["narrator"]
+    assert voxcpm_client.list_loras() == ["narrator"]
+    assert sent == [("grpc", "loras", {"ACTION": [b"add"], "NAME": [b"narrator"]}, "NAMES"),
+                    ("http", "loras", {"ACTION": [b"remove"], "NAME": [b"narrator"]}, "NAMES"),
+                    ("http", "loras", {"ACTION": [b"list"]}, "NAMES")]
+    with pytest.raises(TypeError, match="name"):
+        voxcpm_client.add_lora(None)
 
 
 # ---------------------------------------------------------------- perf_analyzer input files

@@ -177,6 +177,36 @@ def test_loras_model_errors_name_the_problem(server, lora_dir, action, name, mes
     assert loras(server, "list") == ["everything", "lm_dit"]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_client_cli_loras(server, lora_dir, protocol):
+    """`voxcpm-tts loras add|list|remove` over either protocol; a refused add is one line, exit 2."""
+    import subprocess
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    env = {**os.environ, "PYTHONPATH": str(REPO / "client")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "voxcpm_client", "loras", *args, "--protocol", protocol,
+                               "--url", url], capture_output=True, text=True, env=env, timeout=300)
+
+    name = f"cli_{protocol}"
+    shutil.copytree(os.path.join(lora_dir, ".spare", "lm_dit"), os.path.join(lora_dir, name))
+    try:
+        r = cli("add", name)
+        assert r.returncode == 0 and r.stdout.split() == sorted([name, "everything", "lm_dit"]), r.stderr
+        assert cli("list").stdout.split() == sorted([name, "everything", "lm_dit"])
+        r = cli("remove", name)
+        assert r.returncode == 0 and r.stdout.split() == ["everything", "lm_dit"], r.stderr
+        r = cli("remove", name)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: ") and f"unknown LoRA adapter '{name}'" in r.stderr, r.stderr
+        r = cli("add", "broken")
+        assert r.returncode == 2 and "broken/lora_weights.safetensors: cannot read tensors" in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(os.path.join(lora_dir, name))
+    assert loras(server, "list") == ["everything", "lm_dit"]
+
+
 def _close(a, b):
     return a.shape == b.shape and np.abs(a - b).max() <= TOL
 

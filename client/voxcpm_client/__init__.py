@@ -6,11 +6,14 @@ from .client import (
     SynthesisError,
     SynthesisTimeout,
     VoxCPMClientError,
+    add_lora,
     add_voice,
     input_arrays,
+    list_loras,
     list_voices,
     load_audio,
     make_inputs,
+    remove_lora,
     remove_voice,
     synthesize,
     synthesize_stream,
@@ -19,5 +22,5 @@ from .client import (
 __all__ = [
     "Result", "ServerBusy", "ServerUnavailable", "SynthesisError", "SynthesisTimeout", "VoxCPMClientError",
     "input_arrays", "load_audio", "make_inputs", "synthesize", "synthesize_stream",
-    "add_voice", "list_voices", "remove_voice",
+    "add_voice", "list_voices", "remove_voice", "add_lora", "list_loras", "remove_lora",
 ]

@@ -1,13 +1,14 @@
 """voxcpm-tts / python -m voxcpm_client: synthesize one text to a wav file; `voices ...` manages
-the server's stored voices (add NAME WAV [--text T] [--lora L], list, remove NAME)."""
+the server's stored voices (add NAME WAV [--text T] [--lora L], list, remove NAME), `loras ...` its
+LoRA adapters (add NAME, list, remove NAME)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from .client import (VOICE_MODES, VoxCPMClientError, add_voice, input_arrays, list_voices, load_audio, remove_voice,
-                     server_address, synthesize, synthesize_stream)
+from .client import (VOICE_MODES, VoxCPMClientError, add_lora, add_voice, input_arrays, list_loras, list_voices,
+                     load_audio, remove_lora, remove_voice, server_address, synthesize, synthesize_stream)
 
 MODELS = {"grpc": "tts_stream", "http": "tts"}
 # Without --url: localhost, at the port scripts/serve.sh serves the protocol on (its variable where set, as for it)
@@ -51,7 +52,8 @@ def seconds(text: str) -> float:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="voxcpm-tts", description="VoxCPM2 text-to-speech through Triton.",
-                                epilog="Stored voices: voxcpm-tts voices {add,list,remove} --help")
+                                epilog="Stored voices: voxcpm-tts voices {add,list,remove} --help; LoRA adapters: "
+                                       "voxcpm-tts loras {add,list,remove} --help")
     p.add_argument("text", help="text to speak; a leading '(description)' is voice design")
     p.add_argument("-o", "--output", default="out.wav", help="wav file to write (default out.wav)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
@@ -75,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--no-retry-badcase", dest="retry_badcase", action="store_false", default=None,
                    help="model tts only (--protocol http, or --model tts): keep the first try even if it runs far too long for its text (the server "
                         "tries again by default, 3 tries in all)")
-    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see the `loras` model); default: the "
+    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see `loras list`); default: the "
                                   "--voice's default adapter, if it has one; '': the base model")
     p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
@@ -92,17 +94,24 @@ def parse_args(argv=None):
     return args
 
 
-def parse_voices_args(argv):
-    def common(parser, default):  # before or after the action; given after, it wins
+def _registry_parser(prog: str, description: str):
+    """A parser for a registry model's actions; returns it and the subparsers' parent holding the
+    connection options (given before or after the action; after, they win)."""
+    def common(parser, default):
         d = (lambda v: v) if default else (lambda v: argparse.SUPPRESS)
         parser.add_argument("--protocol", choices=("grpc", "http"), default=d("grpc"))
         parser.add_argument("--url", type=address, default=d(None), help=URL_HELP)
         parser.add_argument("--timeout", type=seconds, default=d(120.0), help="seconds (default 120)")
 
-    p = argparse.ArgumentParser(prog="voxcpm-tts voices", description="The server's stored voices (model `voices`).")
+    p = argparse.ArgumentParser(prog=prog, description=description)
     common(p, True)
     shared = argparse.ArgumentParser(add_help=False)
     common(shared, False)
+    return p, shared
+
+
+def parse_voices_args(argv):
+    p, shared = _registry_parser("voxcpm-tts voices", "The server's stored voices (model `voices`).")
     sub = p.add_subparsers(dest="action", required=True)
     add = sub.add_parser("add", parents=[shared], help="store a wav file as a voice (replaces one of that name)")
     add.add_argument("name", help="1-64 characters of A-Z a-z 0-9 _ . -, not starting with '.'")
@@ -114,6 +123,26 @@ def parse_voices_args(argv):
     rm = sub.add_parser("remove", parents=[shared], help="remove a voice")
     rm.add_argument("name")
     return p.parse_args(argv)
+
+
+def parse_loras_args(argv):
+    p, shared = _registry_parser("voxcpm-tts loras", "The decoder's LoRA adapters while it serves (model `loras`).")
+    sub = p.add_subparsers(dest="action", required=True)
+    add = sub.add_parser("add", parents=[shared], help="load an adapter from the server's LoRA folder (replaces a "
+                                                       "loaded one of that name)")
+    add.add_argument("name", help="the adapter's subfolder of the server's LoRA folder (lora_dir, VOXCPM_LORA_DIR)")
+    sub.add_parser("list", parents=[shared], help="the loaded adapters' names")
+    rm = sub.add_parser("remove", parents=[shared], help="unload an adapter (requests running on it finish first)")
+    rm.add_argument("name")
+    return p.parse_args(argv)
+
+
+def _print_names(names, none: str) -> int:
+    for name in names:
+        print(name)
+    if not names:  # stdout stays the list (empty); a person sees why nothing came
+        print(none, file=sys.stderr)
+    return 0
 
 
 def voices_main(argv) -> int:
@@ -137,11 +166,22 @@ def voices_main(argv) -> int:
     except VoxCPMClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for name in names:
-        print(name)
-    if not names:  # stdout stays the list (empty); a person sees why nothing came
-        print("no voices are stored", file=sys.stderr)
-    return 0
+    return _print_names(names, "no voices are stored")
+
+
+def loras_main(argv) -> int:
+    args = parse_loras_args(argv)
+    url = server_url(args)
+    if url is None:
+        return 2
+    kw = {"url": url, "protocol": args.protocol, "timeout": args.timeout}
+    action = {"add": add_lora, "remove": remove_lora}.get(args.action)
+    try:
+        names = action(args.name, **kw) if action else list_loras(**kw)
+    except VoxCPMClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _print_names(names, "no LoRA adapters are loaded")
 
 
 def main(argv=None) -> int:
@@ -156,6 +196,8 @@ def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["voices"]:  # to speak the word itself: voxcpm-tts -- voices
         return voices_main(argv[1:])
+    if argv[:1] == ["loras"]:
+        return loras_main(argv[1:])
     args = parse_args(argv)
     url, model = server_url(args), args.model or MODELS[args.protocol]
     if url is None:

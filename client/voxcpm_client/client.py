@@ -353,22 +353,46 @@ def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, ur
         arrays["TEXT"] = _bytes_tensor(text, "text")
     if lora:
         arrays["LORA"] = _bytes_tensor(lora, "lora")
-    return _voices(arrays, url, protocol, timeout)
+    return _names("voices", arrays, url, protocol, timeout)
 
 
 def remove_voice(name: str, url: Optional[str] = None, protocol: str = "http",
                  timeout: Optional[float] = 60.0) -> List[str]:
     """Remove voice `name` (an error if there is none); returns the names left."""
-    return _voices({"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol, timeout)
+    return _names("voices", {"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
+                  timeout)
 
 
 def list_voices(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
     """The registered voice names, sorted."""
-    return _voices({"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
+    return _names("voices", {"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
 
 
-def _voices(arrays: dict, url: Optional[str], protocol: str, timeout: Optional[float]) -> List[str]:
-    names = _infer_once(protocol, url, "voices", arrays, "NAMES", timeout)
+# ---------------------------------------------------------------- LoRA adapters (model `loras`)
+def add_lora(name: str, url: Optional[str] = None, protocol: str = "http",
+             timeout: Optional[float] = 120.0) -> List[str]:
+    """Load the adapter in the server's LoRA folder's subfolder `name` (replacing a loaded one of
+    that name); returns the loaded adapters' names."""
+    return _names("loras", {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
+                  timeout)
+
+
+def remove_lora(name: str, url: Optional[str] = None, protocol: str = "http",
+                timeout: Optional[float] = 60.0) -> List[str]:
+    """Unload adapter `name` (an error if none is loaded); requests running on it finish first.
+    Returns the names left."""
+    return _names("loras", {"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
+                  timeout)
+
+
+def list_loras(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
+    """The loaded LoRA adapters' names, sorted."""
+    return _names("loras", {"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
+
+
+def _names(model: str, arrays: dict, url: Optional[str], protocol: str, timeout: Optional[float]) -> List[str]:
+    """A registry model's (`voices`, `loras`) NAMES output as strings."""
+    names = _infer_once(protocol, url, model, arrays, "NAMES", timeout)
     return [] if names is None else [n.decode() if isinstance(n, bytes) else str(n) for n in names.reshape(-1)]
 
 
