@@ -92,11 +92,15 @@ class Supervisor:
                 now = time.monotonic()
                 if not held:
                     held_since = now
+                hint = ports.serve_sh_hint(taken)
+                hint = f"; {hint}" if hint else ""
                 if taken != held or now - held_logged >= 30:
-                    log(f"not starting: port in use by another process: {', '.join(taken)} (checking every 2-2.5 s)")
+                    log(f"not starting: port in use by another process: {', '.join(taken)} (checking every 2-2.5 s"
+                        f"{hint})")
                     held, held_logged = taken, now
                 if now - held_since > self.opts.start_timeout:
-                    self.fatal = f"port in use by another process: {', '.join(taken)}, for {now - held_since:.0f} s"
+                    self.fatal = (f"port in use by another process: {', '.join(taken)}, for {now - held_since:.0f} s"
+                                  f"{hint}")
                     break
                 self._sleep(2.0 + random.random() / 2)  # two claiming at once, each backing off: not in step
                 continue
