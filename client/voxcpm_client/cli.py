@@ -4,6 +4,7 @@ LoRA adapters (add NAME, list, remove NAME)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -137,51 +138,43 @@ def parse_loras_args(argv):
     return p.parse_args(argv)
 
 
-def _print_names(names, none: str) -> int:
+def _registry_call(args, call, none: str) -> int:
+    """call(url=, protocol=, timeout=) -> names, printed one a line; `none` said on stderr when
+    there are none (stdout stays the list, empty)."""
+    url = server_url(args)
+    if url is None:
+        return 2
+    try:
+        names = call(url=url, protocol=args.protocol, timeout=args.timeout)
+    except VoxCPMClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for name in names:
         print(name)
-    if not names:  # stdout stays the list (empty); a person sees why nothing came
+    if not names:
         print(none, file=sys.stderr)
     return 0
 
 
 def voices_main(argv) -> int:
     args = parse_voices_args(argv)
-    url = server_url(args)
-    if url is None:
-        return 2
-    kw = {"url": url, "protocol": args.protocol, "timeout": args.timeout}
-    try:
-        if args.action == "add":
-            try:
-                audio, rate = load_audio(args.audio)
-            except Exception as exc:  # unreadable audio file
-                print(f"error: cannot read audio: {exc}", file=sys.stderr)
-                return 2
-            names = add_voice(args.name, audio, rate, text=args.text, lora=args.lora, **kw)
-        elif args.action == "remove":
-            names = remove_voice(args.name, **kw)
-        else:
-            names = list_voices(**kw)
-    except VoxCPMClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _print_names(names, "no voices are stored")
+    if args.action == "add":
+        try:
+            audio, rate = load_audio(args.audio)
+        except Exception as exc:  # unreadable audio file
+            print(f"error: cannot read audio: {exc}", file=sys.stderr)
+            return 2
+        call = functools.partial(add_voice, args.name, audio, rate, text=args.text, lora=args.lora)
+    else:
+        call = functools.partial(remove_voice, args.name) if args.action == "remove" else list_voices
+    return _registry_call(args, call, "no voices are stored")
 
 
 def loras_main(argv) -> int:
     args = parse_loras_args(argv)
-    url = server_url(args)
-    if url is None:
-        return 2
-    kw = {"url": url, "protocol": args.protocol, "timeout": args.timeout}
     action = {"add": add_lora, "remove": remove_lora}.get(args.action)
-    try:
-        names = action(args.name, **kw) if action else list_loras(**kw)
-    except VoxCPMClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _print_names(names, "no LoRA adapters are loaded")
+    call = functools.partial(action, args.name) if action else list_loras
+    return _registry_call(args, call, "no LoRA adapters are loaded")
 
 
 def main(argv=None) -> int:
