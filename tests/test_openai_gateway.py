@@ -1555,6 +1555,13 @@ def test_a_clients_name_that_spells_an_input_is_not_taken_for_that_input():
         'the voice store did not answer in 10 s reading voice "it\'s SEED"': (500, None),
         "unknown voice 'SEED'": (404, "voice"),
         "LORA: unknown LoRA adapter 'TEXT' (loaded: none)": (400, "lora"),
+        # past the positions: the voice when its transcript and audio hold more of them than TEXT
+        "the prompt is 4100 positions: TEXT's 5 tokens, PROMPT_TEXT's or the voice's transcript's 4000, 90 patches "
+        "of reference audio, 0 of prompt audio and 5 markers; the model's limit is 4096: send shorter text or audio":
+            (400, "voice"),
+        "the prompt is 4100 positions: TEXT's 4000 tokens, PROMPT_TEXT's or the voice's transcript's 5, 90 patches "
+        "of reference audio, 0 of prompt audio and 5 markers; the model's limit is 4096: send shorter text or audio":
+            (400, "input"),
         # Triton's own checks quote the input they are about (Triton 2.51's words)
         "[request id: <id_unknown>] unexpected inference input 'SEED' for model 'tts_stream'": (400, "seed"),
         "[request id: <id_unknown>] inference input 'SEED' data-type is 'INT32', but model 'tts' expects 'INT64'":
@@ -1565,3 +1572,25 @@ def test_a_clients_name_that_spells_an_input_is_not_taken_for_that_input():
     for message, want in cases.items():
         err = errors.from_triton(message, PARAMS)
         assert (err.status, err.param) == want, (message, err)
+
+
+def test_a_prompt_past_the_models_positions_names_the_field_holding_most_of_them(client, tmp_path):
+    """The decoder tells the prompt part by part; `param` is the voice when its transcript and audio
+    take more positions than the input, else the input (a probe registered a voice whose transcript
+    alone filled the context: the error named `input`)."""
+    wav = tmp_path / "ref.wav"
+    sf.write(str(wav), sine_wave(0.5, 16000, seed=9), 16000, subtype="FLOAT")
+    client.audio.voices.create(name="wordy", audio_sample=wav.open("rb"), consent="c",
+                               extra_body={"ref_text": "\N{GRINNING FACE}" * 1024})
+    client.audio.voices.create(name="brief", audio_sample=wav.open("rb"), consent="c", extra_body={"ref_text": "Hi."})
+    try:
+        for voice, text, param in (("wordy", TEXT, "voice"), ("brief", "\N{GRINNING FACE}" * 1024, "input"),
+                                   ("default", "\N{GRINNING FACE}" * 1024, "input")):
+            extra = {} if voice == "default" else {"voice_mode": "both"}
+            with pytest.raises(openai.BadRequestError) as info:
+                speech(client, text=text, voice=voice, extra=extra)
+            err = error_body(info.value)
+            assert err["param"] == param and err["message"].startswith("the prompt is "), (voice, err)
+            assert "the model's limit is 4096" in err["message"], err
+    finally:
+        _remove_voices(client, ["wordy", "brief"])

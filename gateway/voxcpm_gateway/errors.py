@@ -95,7 +95,7 @@ def from_triton(message: str, params: dict[str, str]) -> APIError:
     """The APIError for Triton's error `message`. `params`: Triton input name -> request field,
     for the route that made the call (what `param` names)."""
     message = message.strip() or "Triton answered with an empty error"
-    param = _named_input(message, params)
+    param = _positions_part(message, params) or _named_input(message, params)
     for pattern, status, code in _RULES:
         if pattern.search(message):
             headers = dict(NO_RETRY) if code in _LASTING else {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else {}
@@ -106,6 +106,21 @@ def from_triton(message: str, params: dict[str, str]) -> APIError:
         return bad_request(message, param or params.get("VOICE"))
     # Anything else is the server's own failure, not the request's.
     return APIError(500, message, None, "triton_error")
+
+
+# The decoder's prompt past the model's positions, part by part (serving/decoder_model.py's words)
+_POSITIONS = re.compile(r"^the prompt is \d+ positions: TEXT's (\d+) tokens, PROMPT_TEXT's or the voice's "
+                        r"transcript's (\d+), (\d+) patches of reference audio, (\d+) of prompt audio")
+
+
+def _positions_part(message: str, params: dict[str, str]) -> str | None:
+    """For a prompt past the model's positions, the field holding most of them: the text, or the
+    voice (its transcript and audio) where the route has one and it holds more."""
+    m = _POSITIONS.match(message)
+    if m is None or "VOICE" not in params:
+        return None
+    text, *voice = (int(g) for g in m.groups())
+    return params["VOICE"] if sum(voice) > text else params.get("TEXT")
 
 
 # A quoted name in a message: a client's own voice or adapter name ("voice 'SEED' has no transcript"),
