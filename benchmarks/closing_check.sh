@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The GPU check a change is closed with (the device tool runs it from the repo root), in two parts,
-# one device call each:
-#   bash benchmarks/closing_check.sh tests    every test file that runs on the GPU (GPU_TESTS below),
-#       each in its own pytest process, side by side, and benchmarks/gpu_check.py beside them, on the
-#       full-size random checkpoint: $OUT/t/gpu_tests_<file>.txt, $OUT/t/gpu_check.{json,log}.
-#       TEST_TIMEOUT (450 s a file). test_audio_vae.py runs only where the official voxcpm imports.
+# The GPU check a change is closed with (the device tool runs it from the repo root), in two parts
+# that each fit one device call of 10 minutes:
+#   bash benchmarks/closing_check.sh tests    the test files that take the GPU where there is one
+#       (GPU_TESTS below: those that ask for CUDA, and two whose CPU runs in CI cannot show the GPU's
+#       behaviour, torch_calls_per_row and audio_vae), each in its own pytest process, side by side,
+#       and benchmarks/gpu_check.py beside them, on the full-size random checkpoint:
+#       $OUT/t/gpu_tests_<file>.txt, $OUT/t/gpu_check.{json,log}. TEST_TIMEOUT (450 s a file).
+#       test_audio_vae.py runs only where the official voxcpm package is installed.
 #       GPU_TESTS: other files (names without test_ and .py).
 #   bash benchmarks/closing_check.sh served   the served benchmark under the supervisor (run_served_gpu.sh
 #       with DRAIN: 1 and 64 streams at once, then SIGTERM with 4 long streams in flight) and what the
-#       server left in /tmp and /dev/shm before and after: $OUT/call2.tgz (run.log, served.json,
+#       server left in /tmp and /dev/shm before and after: $OUT/served.tgz (run.log, served.json,
 #       drain.json, tritonserver.log.gz). Carry .cache/device_bundle. SERVED_BUDGET (500 s).
 # CKPT (/tmp/full): the checkpoint, made if missing.
 # Prints the summary lines a results section quotes; exits 1 when a test file, gpu_check or the
 # served run fails.
-set -u
+set -uo pipefail
 OUT="${OUT:-benchmarks/out}"
 # Keep in step with the tests that need CUDA (tests/test_closing_check.py checks it).
 GPU_TESTS="${GPU_TESTS:-engine_gpu persistent_layer vae_kernels torch_calls_per_row five_kernel_layer fp8 fp8_model
@@ -23,15 +25,16 @@ CKPT="${CKPT:-/tmp/full}"
 checkpoint() {
     [[ -f $CKPT/config.json ]] || python3 scripts/make_tiny_checkpoint.py --config benchmarks/voxcpm2_config.json \
         --out "$CKPT" --device cuda 2>&1 | tail -1
+    [[ -f $CKPT/config.json ]] || { echo "[closing] no checkpoint at $CKPT"; exit 1; }
     echo "[closing] checkpoint at ${SECONDS}s"
 }
 
 gpu_tests() {
     local t="$OUT/t" files="" f i code rc=0
-    mkdir -p "$t"
+    rm -rf "$t" && mkdir -p "$t"
     for f in $GPU_TESTS; do
-        if [[ $f == audio_vae ]] && ! python3 -c "import voxcpm" 2>/dev/null; then
-            echo "[closing] test_audio_vae.py left out: the official voxcpm package does not import here"
+        if [[ $f == audio_vae ]] && ! python3 -c "import importlib.util as u, sys; sys.exit(not u.find_spec('voxcpm'))"; then
+            echo "[closing] test_audio_vae.py left out: the official voxcpm package is not installed here"
             continue
         fi
         files+=" $f"
@@ -51,7 +54,7 @@ gpu_tests() {
     done
     echo "[closing] all done at ${SECONDS}s"
     for f in $files; do echo "$f: $(tail -1 "$t/gpu_tests_$f.txt")"; done
-    grep -E "FAILED|ERROR" "$t"/gpu_tests_*.txt | cut -c1-300 | head -40
+    for f in $files; do grep -E "FAILED|ERROR" "$t/gpu_tests_$f.txt"; done | cut -c1-300 | head -40
     tail -12 "$t/gpu_check.log"
     return $rc
 }
@@ -77,7 +80,7 @@ served() {
     ls /dev/shm | grep -c triton_python_backend | sed 's/^/[after] shm regions: /'
     date -u
     gzip -f "$dir/tritonserver.log" 2>/dev/null
-    tar -C "$OUT" -czf "$OUT/call2.tgz" served && rm -rf "$dir"
+    tar -C "$OUT" -czf "$OUT/served.tgz" served && rm -rf "$dir"
     [[ $rc == 0 ]]
 }
 

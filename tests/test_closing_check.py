@@ -1,5 +1,5 @@
 """benchmarks/closing_check.sh, the GPU check a change is closed with: its list of GPU test files
-keeps up with the tests, and a failing file or gpu_check fails it (run here with stand-ins for
+keeps up with the tests, and a failing test file or gpu_check fails it (run here with stand-ins for
 python3 and nvidia-smi; the real run is on the GPU, recorded in benchmarks/results.md)."""
 
 import os
@@ -31,8 +31,8 @@ def _stand_ins(tmp_path, failing: str):
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(f"""#!/usr/bin/env bash
 case "$*" in
-    "-c import voxcpm") exit 1 ;;
-    *gpu_check.py*) echo "gpu_check: every check passes"; exit 0 ;;
+    *find_spec*voxcpm*) exit 1 ;;
+    *gpu_check.py*) echo "gpu_check: $GPU_CHECK"; [[ $GPU_CHECK == passes ]]; exit $? ;;
     *tests/test_{failing}.py*) echo "1 failed, 2 passed in 0.1s"; exit 1 ;;
     *pytest*) echo "3 passed in 0.1s"; exit 0 ;;
 esac
@@ -44,7 +44,7 @@ echo "unexpected: $*" >&2; exit 3
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-            "CKPT": str(tmp_path / "ckpt"), "GPU_TESTS": "alpha beta audio_vae"}
+            "CKPT": str(tmp_path / "ckpt"), "GPU_TESTS": "alpha beta audio_vae", "GPU_CHECK": "passes"}
 
 
 def test_a_failing_test_file_fails_it_and_a_passing_run_passes(tmp_path):
@@ -52,7 +52,8 @@ def test_a_failing_test_file_fails_it_and_a_passing_run_passes(tmp_path):
     p = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "[closing] beta failed (exit 1)" in p.stdout and "alpha failed" not in p.stdout, p.stdout
-    assert "test_audio_vae.py left out: the official voxcpm package does not import here" in p.stdout
+    assert "test_audio_vae.py left out: the official voxcpm package is not installed here" in p.stdout
+    assert "gpu_check failed" not in p.stdout
     assert "alpha: 3 passed in 0.1s" in p.stdout and "beta: 1 failed, 2 passed in 0.1s" in p.stdout
     assert p.stdout.rstrip().endswith("Stand-in GPU")
     (tmp_path / "second").mkdir()
@@ -60,6 +61,9 @@ def test_a_failing_test_file_fails_it_and_a_passing_run_passes(tmp_path):
     p = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "failed" not in p.stdout, p.stdout + p.stderr
     assert (tmp_path / "second" / "out" / "t" / "gpu_tests_alpha.txt").read_text() == "3 passed in 0.1s\n"
+    p = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env={**env, "GPU_CHECK": "fails"},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "[closing] gpu_check failed (exit 1)" in p.stdout, p.stdout + p.stderr
 
 
 def test_it_says_how_to_call_it():
