@@ -199,7 +199,9 @@ if [[ ${VOXCPM_SUPERVISE:-1} == 0 ]]; then
     (( ${#cmd[@]} )) || { echo "[serve] scripts/supervise.py --print-restricted failed" >&2; exit 1; }
     exec "${cmd[@]}"
 fi
-supervise=()
+ports_from="TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT"
+[[ ${OPENAI_API_PORT:-9000} == 0 ]] || ports_from+=", OPENAI_API_PORT (the gateway)"
+supervise=(--port-hint "scripts/serve.sh takes its ports from $ports_from")
 OPENAI_API_PORT="${OPENAI_API_PORT:-9000}"
 if [[ $OPENAI_API_PORT != 0 ]]; then
     # the gateway reaches Triton's gRPC port on the loopback when Triton listens everywhere

@@ -293,6 +293,29 @@ def test_serve_sh_keeps_http_on_the_loopback_unless_told():
     assert "[serve] checkpoint: " in out.stderr, out.stderr
 
 
+def test_serve_sh_names_its_port_variables_when_a_port_is_held(tmp_path):
+    """A port another process holds keeps the supervisor waiting: the wait names where serve.sh takes
+    its ports from (a newcomer's server collided with one already running on 8000)."""
+    import socket
+
+    from tests.server import free_port
+
+    env = {**triton_env(), "SKIP_SETUP": "1", "VOXCPM_START_TIMEOUT": "2", "TMPDIR": str(tmp_path),
+           "TRITON_GRPC_PORT": str(free_port()), "TRITON_METRICS_PORT": str(free_port()), "OPENAI_API_PORT": "0"}
+    env.pop("TRITON_HTTP_BIND", None)
+    env.pop("TRITON_BIND", None)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        env["TRITON_HTTP_PORT"] = str(other.getsockname()[1])
+        out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], env=env, capture_output=True, text=True,
+                             timeout=120)
+    hint = "scripts/serve.sh takes its ports from TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT"
+    assert out.returncode == 1, out.stderr
+    assert f"http 127.0.0.1:{env['TRITON_HTTP_PORT']} (checking every 2-2.5 s; {hint})" in out.stderr, out.stderr
+    assert re.search(rf"giving up: port in use by another process: .*, for \d+ s; {hint}\n", out.stderr), out.stderr
+
+
 def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_starts(tmp_path):
     """--help prints the header's usage and variables (it used to reach tritonserver, which the
     supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json, without one of

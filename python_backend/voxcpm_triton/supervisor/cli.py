@@ -63,6 +63,9 @@ def main(argv=None) -> int:
                     help="seconds a stopping companion gets between SIGTERM and SIGKILL, for its requests in flight "
                          "(env VOXCPM_COMPANION_GRACE; default: the gateway's drain, VOXCPM_OPENAI_SHUTDOWN_TIMEOUT "
                          "(20 s), plus 5 s)")
+    ap.add_argument("--port-hint", default="", metavar="TEXT",
+                    help="said after a port another process holds: where other ports are set (scripts/serve.sh "
+                         "names its variables)")
     ap.add_argument("--print-restricted", action="store_true",
                     help="only print the server command with the restricted-API flags, an argument a line "
                          "(scripts/serve.sh runs it so without supervision)")

@@ -92,8 +92,7 @@ class Supervisor:
                 now = time.monotonic()
                 if not held:
                     held_since = now
-                hint = ports.serve_sh_hint(taken)
-                hint = f"; {hint}" if hint else ""
+                hint = f"; {self.opts.port_hint}" if getattr(self.opts, "port_hint", "") else ""
                 if taken != held or now - held_logged >= 30:
                     log(f"not starting: port in use by another process: {', '.join(taken)} (checking every 2-2.5 s"
                         f"{hint})")

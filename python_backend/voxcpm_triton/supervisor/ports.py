@@ -22,17 +22,6 @@ def taken(ports: list[tuple[str, str, int]]) -> list[str]:
     return taken
 
 
-# The variable scripts/serve.sh takes each endpoint's port from (the companion: the gateway it starts)
-SERVE_SH_VARIABLES = {"http": "TRITON_HTTP_PORT", "grpc": "TRITON_GRPC_PORT", "metrics": "TRITON_METRICS_PORT",
-                      "companion": "OPENAI_API_PORT"}
-
-
-def serve_sh_hint(taken: list[str]) -> str:
-    """Where scripts/serve.sh takes other ports for the endpoints `taken` (as taken() names them)."""
-    names = list(dict.fromkeys(SERVE_SH_VARIABLES[t.split()[0]] for t in taken if t.split()[0] in SERVE_SH_VARIABLES))
-    return f"scripts/serve.sh takes other ports from {', '.join(names)}" if names else ""
-
-
 CLAIM = "voxcpm-serving-port-"  # an abstract Unix socket's name: CLAIM<port>-<address>
 _WILDCARDS = ("", "0.0.0.0", "::")
 
