@@ -502,6 +502,7 @@ def test_cli_bad_arguments_exit_2(tmp_path):
         for args in (("hello",), ("voices", "list"), ("loras", "list")):
             p = run_cli(*args, "--url", url)
             assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (url, p.stderr)
+            assert f"voxcpm-tts{' ' + ' '.join(args) if args[0] != 'hello' else ''}: error: " in p.stderr, p.stderr
 
 
 def test_cli_interrupted_mid_request_exits_130_without_a_traceback(tmp_path):

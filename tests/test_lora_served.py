@@ -166,7 +166,9 @@ def test_an_adapter_that_makes_the_model_overflow_fails_its_requests_not_others(
     ("add", "broken", r"\] <lora_dir>/broken/lora_weights\.safetensors: cannot read tensors"),
     ("add", "a/b", r"NAME: 'a/b' is not a valid LoRA adapter name"),
     ("add", "z" * 70_000, r"NAME: 'z{80}'\.\.\. \(70000 characters\) is not a valid LoRA adapter name"),
-    ("add", None, r"ACTION add needs NAME"),
+    ("add", None, r"ACTION add needs NAME \(the adapter's subfolder in the LoRA directory\)$"),
+    ("remove", None, r"ACTION remove needs NAME \(a loaded adapter's name\)$"),
+    ("add", "", r"NAME: '' is not a valid LoRA adapter name: "),
     ("list", "lm_dit", r"ACTION list takes no NAME"),
     ("load", "lm_dit", r"ACTION must be one of add, remove, list, got 'load'"),
 ])

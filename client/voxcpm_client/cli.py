@@ -78,7 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--no-retry-badcase", dest="retry_badcase", action="store_false", default=None,
                    help="model tts only (--protocol http, or --model tts): keep the first try even if it runs far too long for its text (the server "
                         "tries again by default, 3 tries in all)")
-    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see `loras list`); default: the "
+    p.add_argument("--lora", help="a LoRA adapter the server has loaded (see `voxcpm-tts loras list`); default: the "
                                   "--voice's default adapter, if it has one; '': the base model")
     p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
     p.add_argument("--float", action="store_true", help="write 32-bit float wav instead of 16-bit PCM")
@@ -133,7 +133,7 @@ def parse_loras_args(argv):
                                                        "loaded one of that name)")
     add.add_argument("name", help="the adapter's subfolder of the server's LoRA folder (lora_dir, VOXCPM_LORA_DIR)")
     sub.add_parser("list", parents=[shared], help="the loaded adapters' names")
-    rm = sub.add_parser("remove", parents=[shared], help="unload an adapter (requests running on it finish first)")
+    rm = sub.add_parser("remove", parents=[shared], help="unload an adapter (new requests cannot use it; those running on it finish)")
     rm.add_argument("name")
     return p.parse_args(argv)
 
@@ -166,7 +166,8 @@ def voices_main(argv) -> int:
             return 2
         call = functools.partial(add_voice, args.name, audio, rate, text=args.text, lora=args.lora)
     else:
-        call = functools.partial(remove_voice, args.name) if args.action == "remove" else list_voices
+        action = {"remove": remove_voice}.get(args.action)
+        call = functools.partial(action, args.name) if action else list_voices
     return _registry_call(args, call, "no voices are stored")
 
 

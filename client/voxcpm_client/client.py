@@ -347,7 +347,7 @@ def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, ur
         raise TypeError(f"sample_rate must be an integer, got {sample_rate!r}")
     if not 0 < sample_rate < 2**31:
         raise ValueError(f"sample_rate must be a positive number of Hz, got {sample_rate}")
-    arrays = {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name, "name"), "AUDIO": _waveform(audio, "audio"),
+    arrays = {**_action("add", name), "AUDIO": _waveform(audio, "audio"),
               "SAMPLE_RATE": np.array([sample_rate], np.int32)}
     if text is not None:
         arrays["TEXT"] = _bytes_tensor(text, "text")
@@ -359,13 +359,12 @@ def add_voice(name: str, audio, sample_rate: int, text: Optional[str] = None, ur
 def remove_voice(name: str, url: Optional[str] = None, protocol: str = "http",
                  timeout: Optional[float] = 60.0) -> List[str]:
     """Remove voice `name` (an error if there is none); returns the names left."""
-    return _names("voices", {"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
-                  timeout)
+    return _names("voices", _action("remove", name), url, protocol, timeout)
 
 
 def list_voices(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
     """The registered voice names, sorted."""
-    return _names("voices", {"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
+    return _names("voices", _action("list"), url, protocol, timeout)
 
 
 # ---------------------------------------------------------------- LoRA adapters (model `loras`)
@@ -373,21 +372,24 @@ def add_lora(name: str, url: Optional[str] = None, protocol: str = "http",
              timeout: Optional[float] = 120.0) -> List[str]:
     """Load the adapter in the server's LoRA folder's subfolder `name` (replacing a loaded one of
     that name); returns the loaded adapters' names."""
-    return _names("loras", {"ACTION": _bytes_tensor("add"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
-                  timeout)
+    return _names("loras", _action("add", name), url, protocol, timeout)
 
 
 def remove_lora(name: str, url: Optional[str] = None, protocol: str = "http",
                 timeout: Optional[float] = 60.0) -> List[str]:
-    """Unload adapter `name` (an error if none is loaded); requests running on it finish first.
-    Returns the names left."""
-    return _names("loras", {"ACTION": _bytes_tensor("remove"), "NAME": _bytes_tensor(name, "name")}, url, protocol,
-                  timeout)
+    """Unload adapter `name` (an error if no adapter of that name is loaded): new requests cannot
+    use it, those running on it finish. Returns the names left."""
+    return _names("loras", _action("remove", name), url, protocol, timeout)
 
 
 def list_loras(url: Optional[str] = None, protocol: str = "http", timeout: Optional[float] = 60.0) -> List[str]:
     """The loaded LoRA adapters' names, sorted."""
-    return _names("loras", {"ACTION": _bytes_tensor("list")}, url, protocol, timeout)
+    return _names("loras", _action("list"), url, protocol, timeout)
+
+
+def _action(action: str, name=None) -> dict:
+    """A registry model's ACTION and, but for list, NAME."""
+    return {"ACTION": _bytes_tensor(action), **({} if action == "list" else {"NAME": _bytes_tensor(name, "name")})}
 
 
 def _names(model: str, arrays: dict, url: Optional[str], protocol: str, timeout: Optional[float]) -> List[str]:

@@ -31,8 +31,9 @@ class LorasModel(RegistryModel):
             if name is not None:
                 raise InputError("ACTION list takes no NAME")
         else:
-            if not name:
-                raise InputError(f"ACTION {action} needs NAME (the adapter's subfolder in the LoRA directory)")
+            if name is None:  # (an empty one is no valid name: check_lora_name says so)
+                what = "the adapter's subfolder in the LoRA directory" if action == "add" else "a loaded adapter's name"
+                raise InputError(f"ACTION {action} needs NAME ({what})")
             try:
                 lora_format.check_lora_name(name)
             except lora_format.LoraError as e:
