@@ -133,7 +133,8 @@ def parse_loras_args(argv):
                                                        "loaded one of that name)")
     add.add_argument("name", help="the adapter's subfolder of the server's LoRA folder (lora_dir, VOXCPM_LORA_DIR)")
     sub.add_parser("list", parents=[shared], help="the loaded adapters' names")
-    rm = sub.add_parser("remove", parents=[shared], help="unload an adapter (new requests cannot use it; those running on it finish)")
+    rm = sub.add_parser("remove", parents=[shared],
+                        help="unload an adapter (new requests cannot use it; those running on it finish)")
     rm.add_argument("name")
     return p.parse_args(argv)
 
@@ -165,9 +166,10 @@ def voices_main(argv) -> int:
             print(f"error: cannot read audio: {exc}", file=sys.stderr)
             return 2
         call = functools.partial(add_voice, args.name, audio, rate, text=args.text, lora=args.lora)
+    elif args.action == "remove":
+        call = functools.partial(remove_voice, args.name)
     else:
-        action = {"remove": remove_voice}.get(args.action)
-        call = functools.partial(action, args.name) if action else list_voices
+        call = list_voices
     return _registry_call(args, call, "no voices are stored")
 
 
@@ -190,7 +192,7 @@ def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["voices"]:  # to speak the word itself: voxcpm-tts -- voices
         return voices_main(argv[1:])
-    if argv[:1] == ["loras"]:
+    if argv[:1] == ["loras"]:  # (and voxcpm-tts -- loras)
         return loras_main(argv[1:])
     args = parse_args(argv)
     url, model = server_url(args), args.model or MODELS[args.protocol]
