@@ -281,7 +281,7 @@ def supervised_gpu_run(s: str, commit: str, tests_note: str = "", drain_end: str
         f"shutting down\" at {drain['ended_s']['median']:.1f} s, the supervisor was gone at "
         f"{drain['supervisor_exit_s']:.1f} s, tritonserver's exit code {drain['tritonserver_exit_code']}, "
         f"{drain['crashes']} crashes; {drain_end}",
-        f"- Issue 17 on this H100: one stream RTF {one['rtf']['p50']:.4f} (target 0.025: missed), TTFA p50 "
+        f"- Issue 17 on this {'H200' if 'H200' in chk['device'] else 'H100'}: one stream RTF {one['rtf']['p50']:.4f} (target 0.025: missed), TTFA p50 "
         f"{one['ttfa_ms']['p50']:.1f} ms; 64 streams at once {c64['x_real_time']:.1f}x, "
         f"{c64['smooth_playback_frac']:.0%} smooth, TTFA p95 {c64['ttfa_ms']['p95']:.0f} ms."]
     return record, served, bullets
