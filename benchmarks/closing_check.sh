@@ -4,8 +4,9 @@
 #   bash benchmarks/closing_check.sh tests    the test files that take the GPU where there is one
 #       (GPU_TESTS below: those that ask for CUDA, and two whose CPU runs in CI cannot show the GPU's
 #       behaviour, torch_calls_per_row and audio_vae), each in its own pytest process, side by side,
-#       and benchmarks/gpu_check.py beside them, on the full-size random checkpoint:
-#       $OUT/t/gpu_tests_<file>.txt, $OUT/t/gpu_check.{json,log}. TEST_TIMEOUT (450 s a file).
+#       and benchmarks/gpu_check.py beside them, on the full-size random checkpoint: $OUT/tests.tgz
+#       (t/gpu_tests_<file>.txt, t/gpu_check.{json,log}: one file, as the device tool brings back at most
+#       eight). TEST_TIMEOUT (450 s a file).
 #       test_audio_vae.py runs only where the official voxcpm package is installed.
 #       GPU_TESTS: other files (names without test_ and .py).
 #   bash benchmarks/closing_check.sh served   the served benchmark under the supervisor (run_served_gpu.sh
@@ -56,6 +57,7 @@ gpu_tests() {
     for f in $files; do echo "$f: $(tail -1 "$t/gpu_tests_$f.txt")"; done
     for f in $files; do grep -E "FAILED|ERROR" "$t/gpu_tests_$f.txt"; done | cut -c1-300 | head -40
     tail -12 "$t/gpu_check.log"
+    tar -C "$OUT" -czf "$OUT/tests.tgz" t && rm -rf "$t"
     return $rc
 }
 

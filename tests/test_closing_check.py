@@ -6,6 +6,7 @@ import os
 import re
 import stat
 import subprocess
+import tarfile
 
 from tests.server import REPO
 
@@ -60,7 +61,10 @@ def test_a_failing_test_file_fails_it_and_a_passing_run_passes(tmp_path):
     env = _stand_ins(tmp_path / "second", failing="nothing")
     p = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "failed" not in p.stdout, p.stdout + p.stderr
-    assert (tmp_path / "second" / "out" / "t" / "gpu_tests_alpha.txt").read_text() == "3 passed in 0.1s\n"
+    with tarfile.open(tmp_path / "second" / "out" / "tests.tgz") as tar:
+        assert tar.extractfile("t/gpu_tests_alpha.txt").read() == b"3 passed in 0.1s\n"
+        assert sorted(tar.getnames()) == ["t", "t/gpu_check.log", "t/gpu_tests_alpha.txt", "t/gpu_tests_beta.txt"]
+    assert not (tmp_path / "second" / "out" / "t").exists()
     p = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env={**env, "GPU_CHECK": "fails"},
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "[closing] gpu_check failed (exit 1)" in p.stdout, p.stdout + p.stderr
