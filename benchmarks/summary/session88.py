@@ -23,8 +23,8 @@ def eighty_eighth_session(res) -> list[str]:
             "`benchmarks/closing_check.sh` (`tests`: the GPU test files side by side with `gpu_check.py`; `served`: "
             "the run below under the supervisor, with its drain and the leftovers). This session's code changes "
             "(the client's `loras` commands, the supervisor's port hint, the gateway's `param`, the `loras` model's "
-            "messages) run nothing on the GPU. Three calls on 40172a8, one warm machine after twelve refused tries "
-            f"(`raw/devrun_{S}.sh`): the two parts, then the served part again.", "",
+            "messages) run nothing on the GPU. Three calls on 40172a8, one warm machine after twelve refused or "
+            f"untried calls (`raw/devrun_{S}.sh`): the two parts, then the served part again.", "",
             *bullets[:-1],
             f"- The served part again on the same machine (`raw/served_supervised_{S}_repeat.{{json,log}}`, "
             f"`raw/drain_{S}_repeat.json`; start-up 89 s with the kernels compiled by the first; its drain the same: "
@@ -33,8 +33,8 @@ def eighty_eighth_session(res) -> list[str]:
             *served_table(dict(sorted(again.items()))), "",
             bullets[-1] + f" Again: {again[64]['x_real_time']:.1f}x, "
             f"{again[64]['smooth_playback_frac']:.1%} smooth, TTFA p95 {again[64]['ttfa_ms']['p95']:.0f} ms. Both "
-            "runs are below the seventy-eighth to eighty-seventh sessions' seven H100 runs of this table (489.4-507.1x, "
-            f"100% smooth, TTFA p95 117-191 ms at 64 streams): {now['served_xrt_c64'] / prev['served_xrt_c64']:.3f}x "
+            "runs are below the seventy-eighth to eighty-seventh sessions' seven H100 runs of this table "
+            f"(489.4-507.1x, 100% smooth, TTFA p95 117-191 ms at 64 streams): {now['served_xrt_c64'] / prev['served_xrt_c64']:.3f}x "
             "the eighty-seventh session's throughput. The served path's code is the eighty-seventh session's "
             "(d748d2c) but for the decoder's message for a prompt past the positions, built only when it is refused, "
             "so the cause is not in the code; most likely the machine, or its GPU tests just before (the earlier "
