@@ -247,9 +247,18 @@ def test_the_flags_defaults_are_the_settings_defaults(monkeypatch):
     assert parse_args([]) == Settings()
 
 
+def speech_band(a: np.ndarray, rate: int = 48000, top_hz: float = 8000.0) -> np.ndarray:
+    """`a` without what lies above `top_hz`."""
+    spectrum = np.fft.rfft(a)
+    spectrum[np.fft.rfftfreq(len(a), 1 / rate) > top_hz] = 0
+    return np.fft.irfft(spectrum, len(a))
+
+
 def test_pcm_wav_flac_carry_the_quantized_samples():
     """pcm, wav and flac hold exactly clip(x, -1, 1) * 32767 rounded, whatever the chunking; the
-    lossy formats keep the waveform (a known delay, high correlation)."""
+    lossy formats keep the waveform (a known delay, high correlation in speech's band: how white
+    noise's top octaves come through changes with the encoder's build; PyAV 18.1.1's libmp3lame
+    took the full band's correlation from 0.90 to 0.76, and 0.98 to 0.95 below 8 kHz)."""
     sys.path.insert(0, str(REPO / "gateway"))
     from voxcpm_gateway.audio_encoding import FORMATS
 
@@ -272,7 +281,9 @@ def test_pcm_wav_flac_carry_the_quantized_samples():
         else:
             got, rate = decode_av(data)
             assert rate == 48000 and len(x) <= len(got) <= len(x) + 3500
-            assert best_alignment(got, x)[1] > 0.8, fmt
+            lag, _ = best_alignment(got, x)
+            kept = np.corrcoef(speech_band(got[lag:lag + len(x)]), speech_band(x))[0, 1]
+            assert kept > 0.85, (fmt, kept)
         if fmt != "flac":  # flac is written whole at the end (its header holds the length)
             assert parts[0], f"{fmt}: nothing to send after the first chunk"
 
