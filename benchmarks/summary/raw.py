@@ -245,6 +245,14 @@ def gpu_correctness(session: str, tests: dict, check: dict) -> tuple[dict, list[
     return keys, md + ["", gpu_check_sentence(check)]
 
 
+def served_record(served: dict) -> dict:
+    """results.json's figures of a 1- and 64-stream served run (served_levels' {streams: level})."""
+    one, c64 = served[1], served[64]
+    return {"served_rtf_p50_c1": one["rtf"]["p50"], "served_ttfa_p50_ms_c1": one["ttfa_ms"]["p50"],
+            "served_xrt_c64": c64["x_real_time"], "served_smooth_c64": c64["smooth_playback_frac"],
+            "served_ttfa_p95_ms_c64": c64["ttfa_ms"]["p95"]}
+
+
 def supervised_gpu_run(s: str, commit: str, tests_note: str = "", drain_end: str = "") -> tuple[dict, dict, list[str]]:
     """The closing GPU call of a session (`raw/devrun_<s>.sh`): the GPU tests file by file, gpu_check.py, and
     run_served_gpu.sh's 1- and 64-stream burst with the drain under the supervisor. -> (results.json's record,
@@ -260,9 +268,7 @@ def supervised_gpu_run(s: str, commit: str, tests_note: str = "", drain_end: str
               "gpu_check_pass": all(v["pass"] for k, v in chk.items() if isinstance(v, dict) and "pass" in v)
               and all(g["pass"] for g in chk["graph_vs_eager"].values()),
               "teacher_forced_cosine_min": chk["teacher_forced"]["cosine_min"],
-              "served_rtf_p50_c1": one["rtf"]["p50"], "served_ttfa_p50_ms_c1": one["ttfa_ms"]["p50"],
-              "served_xrt_c64": c64["x_real_time"], "served_smooth_c64": c64["smooth_playback_frac"],
-              "served_ttfa_p95_ms_c64": c64["ttfa_ms"]["p95"],
+              **served_record(served),
               "drain": {k: drain[k] for k in ("streams", "ended_shutting_down", "supervisor_exit_s",
                                               "tritonserver_exit_code", "exit_timeout_expired", "crashes")}}
     bullets = [

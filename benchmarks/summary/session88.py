@@ -1,7 +1,7 @@
 """results.md: the eighty-eighth session's section (the committed closing check, benchmarks/closing_check.sh, on an
 H100; the session's code changed nothing the GPU runs)."""
 
-from summary.raw import load, served_levels, served_table, supervised_gpu_run
+from summary.raw import load, served_levels, served_record, served_table, supervised_gpu_run
 
 S = "eightyeighth"
 
@@ -13,11 +13,7 @@ def eighty_eighth_session(res) -> list[str]:
     again = served_levels(f"served_supervised_{S}_repeat.json")
     rd = load(f"drain_{S}_repeat.json")
     now, prev = res["eighty_eighth"], res["eighty_seventh"]
-    res["eighty_eighth"]["repeat"] = {"served_rtf_p50_c1": again[1]["rtf"]["p50"],
-                                      "served_ttfa_p50_ms_c1": again[1]["ttfa_ms"]["p50"],
-                                      "served_xrt_c64": again[64]["x_real_time"],
-                                      "served_smooth_c64": again[64]["smooth_playback_frac"],
-                                      "served_ttfa_p95_ms_c64": again[64]["ttfa_ms"]["p95"]}
+    res["eighty_eighth"]["repeat"] = served_record(again)
     return ["", "## Eighty-eighth session (2026-12-07, NVIDIA H100 80GB HBM3): the committed closing check", "",
             "The GPU check the eighty-fifth to eighty-seventh sessions copied into their device scripts is now "
             "`benchmarks/closing_check.sh` (`tests`: the GPU test files side by side with `gpu_check.py`; `served`: "
