@@ -198,7 +198,7 @@ def engine_bench(vox, prompt, args) -> dict:
                                               attention=args.attention)
         t0 = time.perf_counter()
         buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
-        eng = Engine(vox, EngineConfig(max_batch_size=max(args.batches), cuda_graphs=graphs,
+        eng = Engine(vox, EngineConfig(max_num_seqs=max(args.batches), cuda_graphs=graphs,
                                        kv_memory_bytes=int(args.kv_gb * 2**30), **buckets))
         startup = time.perf_counter() - t0
         key = "graphs" if graphs else "eager"

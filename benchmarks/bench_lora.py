@@ -237,7 +237,7 @@ def main():
     prompt = vox.prepare_prompt(TEXT)
     result = {"config": vars(args), "gpu": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
               "lora_tables_gib": tables.tables.nbytes() / 2**30, "lora_sites": len(tables.tables.sites)}
-    cfg = EngineConfig(max_batch_size=max(max(batches), 4), kv_memory_bytes=int(args.kv_gb * 2**30),  # check(): 4 rows
+    cfg = EngineConfig(max_num_seqs=max(max(batches), 4), kv_memory_bytes=int(args.kv_gb * 2**30),  # check(): 4 rows
                        timestep_buckets=(10, 100), enable_prefix_caching=False)
     variants = args.variants.split(",")
     for variant in variants:

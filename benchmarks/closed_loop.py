@@ -281,7 +281,7 @@ def main():
     streams = {"highest": audio.cuda_stream, "normal": torch.cuda.Stream(dev) if gpu else None}
 
     def new_engine() -> Engine:
-        return Engine(vox, EngineConfig(max_batch_size=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
+        return Engine(vox, EngineConfig(max_num_seqs=a.max_batch, max_waiting=256, chunk_schedule=SCHEDULE,
                                         playback_margin_s=0.1,
                                         timestep_buckets=a.timestep_buckets),
                       first_audio=audio)

@@ -95,7 +95,7 @@ def main():
     ap.add_argument("--lm-launch", type=launch_field, action="append", default=[], metavar="FIELD=VALUE",
                     help="as --launch, the LMs' layers only")
     ap.add_argument("--max-batch", type=int, default=1,
-                    help="the engine's max_batch_size: 1 runs the lone request in a bucket of 1, more in the "
+                    help="the engine's max_num_seqs: 1 runs the lone request in a bucket of 1, more in the "
                          "smallest of --batch-buckets")
     ap.add_argument("--batch-buckets", type=batch_buckets, default=None,
                     help="the batch buckets with graphs (2,4: a lone request padded to 2 rows); default: the engine's")
@@ -129,7 +129,7 @@ def main():
     buckets = {} if args.timestep_buckets is None else {"timestep_buckets": args.timestep_buckets}
     if args.batch_buckets is not None:
         buckets["batch_buckets"] = args.batch_buckets
-    eng = Engine(vox, EngineConfig(max_batch_size=args.max_batch, cuda_graphs=True, **buckets))
+    eng = Engine(vox, EngineConfig(max_num_seqs=args.max_batch, cuda_graphs=True, **buckets))
     ready_s = time.perf_counter() - t0
     print(f"[engine_loop] ready after {ready_s:.1f} s; capture seconds per batch bucket "
           f"{eng.runner.capture_seconds}", flush=True)

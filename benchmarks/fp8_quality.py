@@ -116,7 +116,7 @@ def free_running(models: dict, steps: int) -> dict:
 
 def step_times(vox: VoxCPM2, batches, window: int) -> dict:
     """ms per decode step at each batch, steady state, as `bench.profile_step` measures it."""
-    eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=4 << 30, prefill_graphs=False,
+    eng = Engine(vox, EngineConfig(max_num_seqs=max(batches), kv_memory_bytes=4 << 30, prefill_graphs=False,
                                    timestep_buckets=(10, 100)))
     prompt = vox.prepare_prompt(TEXT)
     res = {"graphs": sum(g is not None for g in eng.runner.graphs.values()), "runs": []}

@@ -89,7 +89,7 @@ def graph_vs_eager(path: str, batches, timestep_buckets: tuple | None = None) ->
     # Nothing compiled and PyTorch attention everywhere: the Triton kernels are checked by this too.
     plain_vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16", attention="torch")
     prompt = plain_vox.prepare_prompt(TEXT)
-    plain_eng = Engine(plain_vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30,
+    plain_eng = Engine(plain_vox, EngineConfig(max_num_seqs=max(batches), kv_memory_bytes=2 << 30,
                                                cuda_graphs=False))
     plain = {b: plain_eng.runner.collect(plain_eng.runner.launch(_rows(plain_eng, plain_vox, prompt, b)))[0]
              for b in batches}
@@ -98,7 +98,7 @@ def graph_vs_eager(path: str, batches, timestep_buckets: tuple | None = None) ->
     torch.cuda.empty_cache()
     vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16", compile=True)  # as served
     loops = {} if timestep_buckets is None else {"timestep_buckets": timestep_buckets}  # fewer graphs to capture
-    eng = Engine(vox, EngineConfig(max_batch_size=max(batches), kv_memory_bytes=2 << 30, **loops))  # compiles, captures
+    eng = Engine(vox, EngineConfig(max_num_seqs=max(batches), kv_memory_bytes=2 << 30, **loops))  # compiles, captures
     r = eng.runner
     out = {}
     for b in batches:

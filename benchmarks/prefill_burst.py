@@ -92,7 +92,7 @@ def main():
            "prompt_positions": len(distinct[0]), "runs": {}}
     for packed in (True, False):
         t0 = time.monotonic()
-        eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, chunk_schedule=(1, 4, 16),
+        eng = Engine(vox, EngineConfig(max_num_seqs=a.max_batch, chunk_schedule=(1, 4, 16),
                                        timestep_buckets=a.timestep_buckets,
                                        prefill_pack_graphs=packed))
         print(f"[burst] engine (pack graphs {packed}) ready in {time.monotonic() - t0:.0f} s", flush=True)

@@ -50,14 +50,14 @@ def wave(eng, vox, prompt, n: int, tag: str, steps: int = 20) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--max-batch", type=int, default=128, help="the decoder's max_batch_size (config.pbtxt: 128)")
+    ap.add_argument("--max-batch", type=int, default=128, help="the decoder's max_num_seqs (config.pbtxt: 128)")
     ap.add_argument("--out", help="write the phases as JSON here")
     ap.add_argument("--bursts", default="", help="after start-up, waves of this many requests at once (e.g. 1,7,16)")
     a = ap.parse_args()
     t0 = time.monotonic()
     vox = VoxCPM2.from_pretrained(a.checkpoint, device="cuda", dtype="bfloat16", compile=True)  # as served
     load = time.monotonic() - t0
-    eng = Engine(vox, EngineConfig(max_batch_size=a.max_batch, chunk_schedule=(1, 4, 16)))
+    eng = Engine(vox, EngineConfig(max_num_seqs=a.max_batch, chunk_schedule=(1, 4, 16)))
     res = {"device": torch.cuda.get_device_name(), "load_s": load, **{f"{k}_s": v for k, v in eng.startup_s.items()},
            "total_s": time.monotonic() - t0, "gpu_mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     if a.bursts:

@@ -39,7 +39,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--backend", default=os.path.join(REPO, "python_backend"))
-    ap.add_argument("--max-streams", type=int, default=128, help="the decoder's: 2 x max_batch_size")
+    ap.add_argument("--max-streams", type=int, default=128, help="the decoder's: 2 x max_num_seqs")
     ap.add_argument("--graph-patches", default="1,4,16", help="the decoder's chunk_schedule lengths")
     ap.add_argument("--shapes", default=",".join(f"{b}x{p}" for b in (24, 40, 17, 64, 80, 100)
                                                  for p in (2, 5, 6, 10, 15, 16)))

@@ -476,7 +476,7 @@ def remove_shm_regions(names):
 def edited_repository(dst: str | os.PathLike, parameters: Mapping[str, Mapping[str, str]] = {},
                       instances: Mapping[str, int] = {}) -> Path:
     """A copy of the project's model_repository in `dst` with some model parameters and instance
-    counts changed: ``parameters={"decoder": {"max_batch_size": "1"}}, instances={"tts_stream": 1}``.
+    counts changed: ``parameters={"decoder": {"max_num_seqs": "1"}}, instances={"tts_stream": 1}``.
     Unchecked, unlike scripts/repository_copy.py: tests give bad values on purpose. The models find
     python_backend through VOXCPM_PYTHON_BACKEND (set by triton_env)."""
     import re

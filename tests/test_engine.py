@@ -254,7 +254,7 @@ def test_staggered_mixed_requests_each_equal_their_solo_run(vox):
         specs.append(dict(rid=f"req{i}", prompt=prompt_for(vox, modes[i % 4], texts[i % len(texts)]),
                           gen=dict(seed=1000 + i, min_len=[2, 5, 0][i % 3], max_len=[None, 9, 30, 17][i % 4],
                                    cfg_value=[2.0, 1.5, 3.0][i % 3], inference_timesteps=[10, 4, 7][i % 3])))
-    eng = Engine(vox, EngineConfig(num_blocks=400, block_size=8, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=400, block_size=8, max_num_seqs=8))
     try:
         handles = {}
         for s in specs:
@@ -284,7 +284,7 @@ def test_a_stopped_requests_slot_and_blocks_serve_the_next_while_its_extra_step_
         m.stop_head.weight[1] = 1.0
     prompt = prompt_for(vox, "zero_shot", "Stop early.")
     min_lens = [1, 4, 0, 6, 2, 3]
-    eng = Engine(vox, EngineConfig(num_blocks=-(-(len(prompt) + 24) // 4) * 2, block_size=4, max_batch_size=2))
+    eng = Engine(vox, EngineConfig(num_blocks=-(-(len(prompt) + 24) // 4) * 2, block_size=4, max_num_seqs=2))
     events = [[] for _ in min_lens]
     try:
         for i, n in enumerate(min_lens):
@@ -311,7 +311,7 @@ def test_small_pool_queues_and_completes_everyone(vox):
     prompt = prompt_for(vox, "zero_shot", "Pool pressure test.")
     need = -(-(len(prompt) + 12) // 4)  # blocks of 4 for prompt + 12 steps
     # Without the prefix cache (the same prompt ten times would share blocks: see the prefix-cache tests).
-    eng = Engine(vox, EngineConfig(num_blocks=3 * need, block_size=4, max_batch_size=16,
+    eng = Engine(vox, EngineConfig(num_blocks=3 * need, block_size=4, max_num_seqs=16,
                                    enable_prefix_caching=False))
     try:
         total = eng.stats()["free_blocks"]
@@ -369,7 +369,7 @@ def test_a_long_text_without_max_len_gets_the_room_the_context_leaves(vox):
 def test_cancel_all_ends_running_and_waiting_requests_with_its_error(vox):
     """What the decoder does at the server's stop deadline: every request, running or still
     queued for a row, ends with the error, once; the KV blocks all come back."""
-    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, max_batch_size=1))
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=4, max_num_seqs=1))
     try:
         total = eng.stats()["free_blocks"]
         prompt = prompt_for(vox, "zero_shot", "Stop me.")
@@ -440,7 +440,7 @@ def test_broken_sink_ends_only_that_request(vox):
 
 
 def test_many_short_requests_leave_no_state(vox):
-    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, max_batch_size=16))
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=16))
     try:
         prompt = prompt_for(vox, "zero_shot", "Hi.")
         for wave in range(10):
@@ -566,7 +566,7 @@ def test_a_row_padded_to_its_loop_bucket_gives_its_own_result(vox):
 
 
 def test_every_timesteps_value_maps_to_a_start_up_graph_key(vox):
-    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_batch_size=64))
+    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_num_seqs=64))
     eng.shutdown()
     r = eng.runner
     keys = r.graph_keys()
@@ -589,7 +589,7 @@ def test_mixed_timesteps_in_one_batch_each_equal_their_solo_run(vox):
     step per loop bucket, with the previous step's launches still uncollected."""
     prompt = prompt_for(vox, "zero_shot", "Timesteps side by side.")
     specs = {f"t{k}": dict(seed=k, min_len=5, max_len=5, inference_timesteps=k) for k in (3, 10, 11, 37, 100)}
-    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_num_seqs=8))
     try:
         with eng._lock:  # one admission takes them all (the engine's condition lock is re-entrant)
             handles = {rid: eng.submit(EngineRequest(rid, prompt, **gen)) for rid, gen in specs.items()}
@@ -612,7 +612,7 @@ def test_a_slow_requests_timesteps_run_only_in_its_own_launch(vox):
     group and the 100-step request apart, so the 10-step rows never run a 100-step loop."""
     prompt = prompt_for(vox, "zero_shot", "Fast and slow.")
     specs = {"slow": 100, "a": 10, "b": 10, "c": 10}
-    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=100, block_size=4, max_num_seqs=8))
     launches = []  # (engine step, loop run, timesteps of its rows)
     launch = eng.runner.launch
 
@@ -656,11 +656,11 @@ def test_bad_batch_buckets_are_refused(bad):
         check_batch_buckets(bad)
 
 
-def test_batch_buckets_below_max_batch_size_and_it(vox):
-    """Buckets past max_batch_size are dropped and max_batch_size always has one; a step of b rows
+def test_batch_buckets_below_max_num_seqs_and_it(vox):
+    """Buckets past max_num_seqs are dropped and max_num_seqs always has one; a step of b rows
     runs in the smallest bucket that holds it (the eager CPU runner runs exactly b, so this reads
     the graph side's lookup)."""
-    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_batch_size=6, batch_buckets=(2, 4, 8),
+    eng = Engine(vox, EngineConfig(num_blocks=8, block_size=4, max_num_seqs=6, batch_buckets=(2, 4, 8),
                                    timestep_buckets=(10, TIMESTEPS_RANGE[1])))
     eng.shutdown()
     r = eng.runner
@@ -675,7 +675,7 @@ def test_batch_buckets_below_max_batch_size_and_it(vox):
 
 
 def test_custom_timestep_buckets(vox):
-    cfg = EngineConfig(num_blocks=8, block_size=4, max_batch_size=4, timestep_buckets=[10, TIMESTEPS_RANGE[1]])
+    cfg = EngineConfig(num_blocks=8, block_size=4, max_num_seqs=4, timestep_buckets=[10, TIMESTEPS_RANGE[1]])
     assert cfg.timestep_buckets == (10, 100)
     eng = Engine(vox, cfg)
     eng.shutdown()
@@ -688,7 +688,7 @@ def test_custom_timestep_buckets(vox):
 def test_waiting_queue_bound_refuses_as_busy_and_a_crashed_loop_reports_why(vox):
     from voxcpm_triton.engine import EngineBusy
 
-    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=1, max_waiting=1))
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_num_seqs=1, max_waiting=1))
     try:
         prompt = prompt_for(vox, "zero_shot", "Queue me.")
         first = eng.submit(EngineRequest("a", prompt, seed=1, min_len=400, max_len=400))
@@ -744,7 +744,7 @@ def test_prefix_cached_requests_equal_their_uncached_runs(vox):
     from voxcpm_triton.engine.prefill_runner import PrefillGraphs
 
     bs = 4
-    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=bs, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=200, block_size=bs, max_num_seqs=8))
     pg = eng.prefill_graphs = PrefillGraphs(eng.model, eng.kv, "cpu", buckets=(8, 128),
                                             max_blocks=eng.max_blocks_per_seq)
     graph_runs = []
@@ -806,7 +806,7 @@ def test_packed_prefill_graph_bodies_equal_solo_runs(vox):
     from voxcpm_triton.engine.prefill_packs import PackedPrefillGraphs
 
     bs = 4
-    eng = Engine(vox, EngineConfig(num_blocks=300, block_size=bs, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=300, block_size=bs, max_num_seqs=8))
     first = ref_prompt(vox, "One.")
     texts = ["A somewhat longer sentence for the cache.", "你好世界", "Three words here.", "One."]
     specs = [(f"v{i}", ref_prompt(vox, t), dict(seed=10 + i, max_len=[6, 12, 6, 6][i], min_len=0))
@@ -855,7 +855,7 @@ def test_packed_prefill_after_cached_prefixes_on_the_triton_path(checkpoint_dirs
     with no text in common); both equal their solo runs."""
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cpu", dtype="float32", attention="triton")
     bs = 4
-    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=bs, max_batch_size=4))
+    eng = Engine(vox, EngineConfig(num_blocks=64, block_size=bs, max_num_seqs=4))
     assert eng.runner.use_triton
     first = ref_prompt(vox, "One.")
     pair = {"a": (ref_prompt(vox, "A somewhat longer sentence."), dict(seed=3, max_len=2)),
@@ -888,7 +888,7 @@ def test_prefix_cached_results_equal_uncached_ones_with_the_pool_under_pressure(
     need = max(-(-(len(p) + 8) // bs) for p in prompts)
     results = {}
     for caching in (False, True):
-        eng = Engine(vox, EngineConfig(num_blocks=2 * need + 2, block_size=bs, max_batch_size=8,
+        eng = Engine(vox, EngineConfig(num_blocks=2 * need + 2, block_size=bs, max_num_seqs=8,
                                        enable_prefix_caching=caching))
         try:
             handles = []

@@ -35,7 +35,7 @@ def test_several_launches_in_flight_leave_every_result_in_its_place(checkpoint_d
     # python -m pytest -q tests/test_engine_gpu.py -k several_launches   (on a GPU machine)
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16")
     prompt = vox.prepare_prompt("Graphs on the GPU, several launches in flight.")
-    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4))
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=4))
     try:
         r = eng.runner
         captured, graphs = r.captures, dict(r.graphs)
@@ -67,7 +67,7 @@ def test_a_timesteps_sweep_captures_nothing_and_each_result_equals_its_solo_run(
     # python -m pytest -q tests/test_engine_gpu.py -k sweep   (on a GPU machine)
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="float32", attention="torch")
     prompt = vox.prepare_prompt("Every timesteps value, one set of graphs.")
-    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=8))
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=8))
     ks = range(TIMESTEPS_RANGE[0], TIMESTEPS_RANGE[1] + 1)
     gen = {k: dict(seed=k, min_len=3, max_len=3, inference_timesteps=k) for k in ks}
     try:
@@ -123,10 +123,10 @@ def test_graphs_compile_and_kernels_give_the_eager_engines_latents(checkpoint_di
     steps = max(g["max_len"] for g in specs.values())
     out = {}
     for name, build, config in [
-        ("fast", dict(attention="auto", compile=True), EngineConfig(num_blocks=256, block_size=16, max_batch_size=8,
+        ("fast", dict(attention="auto", compile=True), EngineConfig(num_blocks=256, block_size=16, max_num_seqs=8,
                                                                      cuda_graphs=True)),
         ("eager", dict(attention="torch", compile=False), EngineConfig(num_blocks=256, block_size=16,
-                                                                        max_batch_size=8, cuda_graphs=False)),
+                                                                        max_num_seqs=8, cuda_graphs=False)),
     ]:
         vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="float32", **build)
         prompts = {rid: vox.prepare_prompt(t) for rid, t in zip(specs, texts)}
@@ -165,7 +165,7 @@ def test_prefix_cached_prefills_on_the_gpu_match_the_uncached_ones(checkpoint_di
     gen = {rid: dict(seed=i, min_len=8, max_len=8) for i, rid in enumerate(texts)}
     results = {}
     for caching in (True, False):
-        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=4,
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_num_seqs=4,
                                        enable_prefix_caching=caching))
         pg = eng.prefill_graphs
         starts, run = [], pg.run
@@ -223,7 +223,7 @@ def test_packed_prefill_graphs_give_the_eager_packed_prefills_latents(checkpoint
     assert sum(len(prompts[rid]) for rid in burst) > cached * len(voiced) + buckets[-1]  # two packs at least
     results, packs = {}, []
     for packed in (True, False):
-        eng = Engine(vox, EngineConfig(num_blocks=512, block_size=bs, max_batch_size=8,
+        eng = Engine(vox, EngineConfig(num_blocks=512, block_size=bs, max_num_seqs=8,
                                        prefill_pack_graphs=packed, prefill_pack_buckets=buckets))
         pp = eng.pack_graphs
         assert (pp is not None) == packed
@@ -451,7 +451,7 @@ def test_first_audio_on_the_gpu_waits_for_the_decode_and_changes_no_latent(check
     for fenced in (False, True):
         audio = StreamAudio(vox.vae, vox.patch_size, max_streams=4, cuda_graphs=True, graph_patches=(1, 4),
                             on_failure=lambda key, e: None)
-        eng = Engine(vox, EngineConfig(num_blocks=128, block_size=16, max_batch_size=2, chunk_schedule=(1, 4),
+        eng = Engine(vox, EngineConfig(num_blocks=128, block_size=16, max_num_seqs=2, chunk_schedule=(1, 4),
                                        timestep_buckets=(10, 100)), first_audio=audio if fenced else None)
         chunks, ended = [], threading.Event()
 
@@ -513,7 +513,7 @@ def test_one_adapter_merged_on_the_gpu_gives_its_lora_ops_latents(checkpoint_dir
     loaded = {k: v.clone() for k, v in vox.model.state_dict().items()}
 
     def run(merge: bool):
-        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, timestep_buckets=(10, 100),
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=4, timestep_buckets=(10, 100),
                                        lora_merge=merge))
         r, states = eng.runner, []
         launch = r.launch
@@ -581,7 +581,7 @@ def test_a_prompt_past_the_split_bound_compiles_nothing_after_start_up(checkpoin
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cuda", dtype="bfloat16", compile=True)
     prompt = vox.prepare_prompt(" ".join(["word"] * 560))
     assert split_k.MAX_TOKENS < len(prompt) < vox.cfg.max_length - 8, len(prompt)
-    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=2, prefill_pack_graphs=False))
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=2, prefill_pack_graphs=False))
     graphs = counters["stats"]["unique_graphs"]
     try:
         got, fin = eng.submit(EngineRequest("long", prompt, seed=1, min_len=4, max_len=4)).result(timeout=TIMEOUT)
@@ -609,7 +609,7 @@ def test_lora_rows_through_the_compiled_cfm_steps_give_the_eager_engines_latents
             t.b[name][1:].normal_(0, 0.1 * t.b[name].size(-1) ** -0.5, generator=g)
         vox.loras.slots = {"a1": 1, "a2": 2}
         prompt = vox.prepare_prompt("Adapters inside the compiled steps.")
-        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, timestep_buckets=(10, 100),
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=4, timestep_buckets=(10, 100),
                                        cuda_graphs=compiled, lora_merge=False))
         try:
             events = {rid: [] for rid in specs}

@@ -110,7 +110,7 @@ def test_engine_runs_fp8_compiled_in_cuda_graphs(checkpoint_dirs):
         vox = VoxCPM2.from_pretrained(path, device="cuda", dtype="bfloat16", compile=True, precision=precision)
         assert vox.precision == precision
         prompt = vox.prepare_prompt(TEXT)
-        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_batch_size=4, timestep_buckets=(10, 100)))
+        eng = Engine(vox, EngineConfig(num_blocks=256, block_size=16, max_num_seqs=4, timestep_buckets=(10, 100)))
         try:
             assert eng.runner.graphs and all(g is not None for g in eng.runner.graphs.values())
             events, done = {i: [] for i in range(3)}, threading.Semaphore(0)

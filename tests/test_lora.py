@@ -99,7 +99,7 @@ def test_mixed_batch_of_three_adapters_and_the_base_equals_solo_runs(vox, monkey
     gen = dict(min_len=6, max_len=6, inference_timesteps=5)
     if dit_token_rows == "kernel":  # the interpreter is slow: fewer steps
         gen = dict(min_len=3, max_len=3, inference_timesteps=2)
-    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=8, enable_prefix_caching=False))
+    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_num_seqs=8, enable_prefix_caching=False))
     try:
         handles = [eng.submit(EngineRequest(f"r{i}", p, seed=20 + i, lora=n, **gen))
                    for i, (p, n) in enumerate(zip(prompts, names))]
@@ -131,7 +131,7 @@ def test_rows_on_one_adapter_run_it_merged_and_the_weights_come_back(vox):
     def as_loaded():
         return all(torch.equal(v, loaded[k]) for k, v in vox.model.state_dict().items())
 
-    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
+    eng = Engine(vox, EngineConfig(num_blocks=128, block_size=4, max_num_seqs=4))
     slot = vox.loras.slots["lm_dit"]
     states, prefills, launch, for_prefill = [], [], eng.runner.launch, eng.lora_merging.for_prefill
 
@@ -482,7 +482,7 @@ def test_adapters_added_and_removed_while_serving(ckpt, lora_dir, vox, tmp_path)
     gen = dict(min_len=4, max_len=4, inference_timesteps=4)
     p = _prompt(v, 0)
     want = vox.generate_latents(None, prompt=p, seed=5, lora="lm_dit", **gen)
-    eng = Engine(v, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
+    eng = Engine(v, EngineConfig(num_blocks=128, block_size=4, max_num_seqs=4))
     try:
         assert eng.lora_names() == ["lm_dit"]
         with pytest.raises(ValueError, match=r"unknown LoRA adapter 'other' \(loaded: lm_dit\)"):
@@ -552,7 +552,7 @@ def test_tables_reserving_every_target_take_any_adapter_while_serving(ckpt, lora
     assert not any(m.startswith("feat_encoder.") for m in covered)  # LocEnc: no LoRAConfig reaches it
     gen = dict(min_len=4, max_len=4, inference_timesteps=4)
     p = _prompt(v, 1)
-    eng = Engine(v, EngineConfig(num_blocks=128, block_size=4, max_batch_size=4))
+    eng = Engine(v, EngineConfig(num_blocks=128, block_size=4, max_num_seqs=4))
     try:
         assert eng.lora_names() == []
         for name in ("lm_mlp_proj", "everything"):

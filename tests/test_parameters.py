@@ -40,7 +40,7 @@ def test_the_dtype_choices_are_the_models():
 def test_values_are_typed_and_bad_ones_name_the_parameter_and_what_is_allowed():
     v = parse_values("decoder", {"chunk_schedule": "1, 4,16", "cuda_graphs": " Off ", "kv_cache_mb": "512.5"})
     assert v["chunk_schedule"] == (1, 4, 16) and v["cuda_graphs"] is False and v["kv_cache_mb"] == 512.5
-    assert v["max_batch_size"] == 128 and v["num_blocks"] is None and v["attention"] == "auto"
+    assert v["max_num_seqs"] == 128 and v["num_blocks"] is None and v["attention"] == "auto"
     assert parse_values("vae_decoder", {"compile": "yes", "max_streams": ""})["max_streams"] == 256
     v = parse_values("decoder", {"dtype": "BF16", "attention": " Triton", "precision": "FP8"})
     assert (v["dtype"], v["attention"], v["precision"]) == ("bf16", "triton", "fp8")  # any case, as bools
@@ -64,6 +64,12 @@ def test_unknown_keys_are_an_error_naming_them():
     with pytest.raises(ValueError, match="model 'vae_decoder' has no parameter\\(s\\) cuda_graph, max_batch_size; "
                                          "it takes checkpoint, compile"):
         parse_values("vae_decoder", {"cuda_graph": "false", "max_batch_size": "4"})
+
+
+def test_a_renamed_parameter_is_refused_with_its_new_name():
+    with pytest.raises(ValueError, match="parameter 'max_batch_size' of model 'decoder' is now called max_num_seqs "
+                                         "\\(Triton's own max_batch_size"):
+        parse_values("decoder", {"max_batch_size": "64"})
 
 
 def test_only_the_documented_environment_variables_override(monkeypatch, tmp_path):

@@ -42,7 +42,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tight(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     repo = edited_repository(tmp_path_factory.mktemp("tight") / "repo",
-                              parameters={"decoder": {"max_batch_size": "1", "max_waiting_requests": "1"},
+                              parameters={"decoder": {"max_num_seqs": "1", "max_waiting_requests": "1"},
                                           "vae_decoder": {"max_streams": "2"}},
                               instances={"tts_stream": 1})
     cfg = repo / "text_normalizer" / "config.pbtxt"

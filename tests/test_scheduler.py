@@ -26,8 +26,8 @@ def loop_bucket(timesteps):
     return 10 if timesteps <= 10 else 100
 
 
-def make(num_blocks=64, max_batch_size=8, chunk_schedule=(1, 4, 16), max_waiting=None):
-    return Scheduler(BlockManager(num_blocks, first=1), BLOCK, max_batch_size, chunk_schedule, loop_bucket,
+def make(num_blocks=64, max_num_seqs=8, chunk_schedule=(1, 4, 16), max_waiting=None):
+    return Scheduler(BlockManager(num_blocks, first=1), BLOCK, max_num_seqs, chunk_schedule, loop_bucket,
                      max_waiting)
 
 
@@ -104,7 +104,7 @@ def test_admission_waits_for_blocks_and_returns_them_at_the_end():
 
 
 def test_admission_is_bounded_by_the_batch_size_and_slots_are_unique():
-    s = make(num_blocks=1000, max_batch_size=3)
+    s = make(num_blocks=1000, max_num_seqs=3)
     states = add(s, *[request(s, f"r{i}") for i in range(5)])
     assert admit(s) == ["r0", "r1", "r2"]
     assert sorted(st.slot for st in states[:3]) == [0, 1, 2]
@@ -134,7 +134,7 @@ def test_a_request_that_can_never_fit_is_refused():
 
 
 def test_waiting_bound():
-    s = make(max_batch_size=1, max_waiting=2)
+    s = make(max_num_seqs=1, max_waiting=2)
     add(s, request(s, "a"))
     assert admit(s) == ["a"]  # running requests do not count
     add(s, request(s, "b"))
@@ -203,7 +203,7 @@ def test_prefix_cached_requests_under_pool_pressure_all_finish(seed):
     """Random requests of three voices and no voice on a small pool, with the engine's overlap:
     the books balance after every operation, and every request ends (nothing deadlocks)."""
     rng = random.Random(seed)
-    s = make(num_blocks=14, max_batch_size=4, chunk_schedule=(2,))
+    s = make(num_blocks=14, max_num_seqs=4, chunk_schedule=(2,))
     pending = [request(s, f"r{i}", prompt_len=rng.randint(1, 30), max_len=rng.randint(1, 20), min_len=40,
                        voice=rng.choice(["a", "b", "c", None])) for i in range(60)]
     pending = [st for st in pending if st.blocks_reserved <= 14]
@@ -233,7 +233,7 @@ def test_prefix_cached_requests_under_pool_pressure_all_finish(seed):
 # -- cancels
 
 def test_cancel_a_waiting_request():
-    s = make(max_batch_size=1)
+    s = make(max_num_seqs=1)
     a, b = add(s, request(s, "a"), request(s, "b"))
     admit(s)
     free, reserved = s.blocks.free, s.blocks.reserved
@@ -256,7 +256,7 @@ def test_cancel_a_running_request_returns_its_slot_and_all_its_blocks():
     s.check_invariants()
     s.cancel("b")
     assert s.blocks.free == s.blocks.total and s.blocks.reserved == 0
-    assert sorted(s._free_slots) == list(range(s.max_batch_size))
+    assert sorted(s._free_slots) == list(range(s.max_num_seqs))
 
 
 # -- steps, chunks and finishing
@@ -460,7 +460,7 @@ def test_invariants_hold_over_random_operations(seed):
     """Random submits, cancels and steps, with the engine's overlap (step N delivered after
     N+1 is launched, results of ended requests dropped)."""
     rng = random.Random(seed)
-    s = make(num_blocks=40, max_batch_size=4, chunk_schedule=(1, 2, 4))
+    s = make(num_blocks=40, max_num_seqs=4, chunk_schedule=(1, 2, 4))
     in_flight, ended, n = [], {}, 0
     delivered: dict = {}
     for _ in range(400):

@@ -80,7 +80,7 @@ def test_a_closed_vae_stream_is_zeroed_in_one_call(checkpoint_dirs):
 @pytest.fixture(scope="module")
 def engine(checkpoint_dirs):
     vox = VoxCPM2.from_pretrained(checkpoint_dirs["real_shaped"], device="cpu", dtype="float32")
-    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_batch_size=32))
+    eng = Engine(vox, EngineConfig(num_blocks=256, block_size=4, max_num_seqs=32))
     yield eng
     eng.shutdown()
 

@@ -77,7 +77,7 @@ def main():
     t0 = time.perf_counter()
     vox = VoxCPM2.from_pretrained(args.checkpoint, device="cuda", dtype="bfloat16", attention="triton", compile=True)
     prompt = vox.prepare_prompt(TEXT)
-    cfg = dict(max_batch_size=max(batches), kv_memory_bytes=int(args.kv_gb * 2**30), timestep_buckets=(10, 100))
+    cfg = dict(max_num_seqs=max(batches), kv_memory_bytes=int(args.kv_gb * 2**30), timestep_buckets=(10, 100))
     a = StreamEngine(vox, EngineConfig(**cfg))
     b = StreamEngine(vox, EngineConfig(**cfg))
     print(f"[two_engines] both engines ready after {time.perf_counter() - t0:.0f} s", flush=True)

@@ -70,7 +70,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # explicit pool size; else from kv_memory_bytes
     kv_memory_bytes: int | None = None  # default: 256 MiB on CPU, 25% of free GPU memory
-    max_batch_size: int = 32
+    max_num_seqs: int = 32
     chunk_schedule: tuple = (1, 2, 4, 8)  # patches per chunk; the last repeats
     idle_wait_s: float = 0.05
     cuda_graphs: bool = True  # one graph per (batch bucket, loop bucket) on a GPU; eager on the CPU
@@ -88,7 +88,7 @@ class EngineConfig:
     # CFM loop lengths: a request with k timesteps runs in the smallest >= k (exactly, padded steps
     # masked); all are captured at start-up. Sorted, unique, ending at the largest timesteps allowed.
     timestep_buckets: tuple = DEFAULT_TIMESTEP_BUCKETS
-    # Batch sizes with a decode graph each (those below max_batch_size; it always has one): a step
+    # Batch sizes with a decode graph each (those below max_num_seqs; it always has one): a step
     # of b rows runs in the smallest >= b, padded. Sorted, unique, positive.
     batch_buckets: tuple = DEFAULT_BUCKETS
     max_waiting: int | None = None  # requests queued for admission; one more is refused as busy (None: no bound)
@@ -147,7 +147,7 @@ class Engine:
         self.prefill_graphs: PrefillGraphs | None = None  # GPU: lone prompts replay a graph
         self.pack_graphs: PackedPrefillGraphs | None = None  # GPU: prompts admitted together replay one
         self.startup_s: dict = {}  # GPU: seconds of each start-up phase (compile + capture)
-        self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_batch_size, self.max_blocks_per_seq,
+        self.runner = DecodeStepRunner(self.model, self.kv, self.cfg.max_num_seqs, self.max_blocks_per_seq,
                                        self.dtype, self.device, self.cfg.cuda_graphs, attention=vox.attention,
                                        buckets=self.cfg.batch_buckets, timestep_buckets=self.cfg.timestep_buckets,
                                        lora=vox.loras.tables if vox.loras is not None else None,
@@ -157,7 +157,7 @@ class Engine:
             with self._torch_settings():
                 self._prepare_gpu()
         self.capture_summary = dict(self.runner.capture_summary)  # decode graphs captured at start-up, seconds
-        self.scheduler = Scheduler(self.kv.allocator, self.cfg.block_size, self.cfg.max_batch_size,
+        self.scheduler = Scheduler(self.kv.allocator, self.cfg.block_size, self.cfg.max_num_seqs,
                                    self.cfg.chunk_schedule, self.runner.loop_bucket, self.cfg.max_waiting,
                                    self.cfg.playback_margin_s, vox.patch_seconds)
 
@@ -235,7 +235,7 @@ class Engine:
             self.prefill_graphs.capture_all()
             if self.cfg.prefill_pack_graphs and self.runner.use_triton:
                 self.pack_graphs = PackedPrefillGraphs(
-                    self.model, self.kv, self.device, self.cfg.max_batch_size, self.max_blocks_per_seq,
+                    self.model, self.kv, self.device, self.cfg.max_num_seqs, self.max_blocks_per_seq,
                     buckets=self.cfg.prefill_pack_buckets, pool=self.prefill_graphs.pool, lora=self.runner.lora)
                 self.pack_graphs.capture_all()
         torch.cuda.synchronize(self.device)

@@ -75,7 +75,7 @@ class Delivery:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockPool, block_size: int, max_batch_size: int, chunk_schedule,
+    def __init__(self, blocks: BlockPool, block_size: int, max_num_seqs: int, chunk_schedule,
                  loop_bucket: Callable[[int], int], max_waiting: int | None = None,
                  playback_margin_s: float = 0.0, patch_seconds: float = 0.0):
         """loop_bucket(timesteps) -> the CFM loop length those timesteps run in (the step runner's).
@@ -83,7 +83,7 @@ class Scheduler:
         patch_seconds: the audio one patch holds."""
         self.blocks = blocks
         self.block_size = block_size
-        self.max_batch_size = max_batch_size
+        self.max_num_seqs = max_num_seqs
         self.chunk_schedule = tuple(chunk_schedule)  # patches per chunk; the last repeats
         self.playback_margin_s, self.patch_seconds = playback_margin_s, patch_seconds
         self.early_chunks = 0  # chunks sent before they filled (playback margin)
@@ -91,7 +91,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.waiting: deque = deque()
         self.running: dict = {}  # request id -> state
-        self._free_slots = list(range(max_batch_size))  # rows of the step runner's state buffers
+        self._free_slots = list(range(max_num_seqs))  # rows of the step runner's state buffers
         self.prefix_hits = 0  # requests admitted with at least one cached block
         self.prefix_hit_blocks = 0  # cached blocks they started from
 
@@ -120,7 +120,7 @@ class Scheduler:
         their worst case fits (less the cached prefix they start from); the first that does not
         fit stops admission."""
         admitted = []
-        while self.waiting and len(self.running) < self.max_batch_size:
+        while self.waiting and len(self.running) < self.max_num_seqs:
             st = self.waiting[0]
             hits = self.blocks.match(st.block_hashes)
             if not self.blocks.can_admit(st.blocks_reserved, hits):
@@ -257,7 +257,7 @@ class Scheduler:
         running = list(self.running.values())
         slots = [st.slot for st in running]
         assert all(s is not None for s in slots)
-        assert sorted(slots + self._free_slots) == list(range(self.max_batch_size)), (slots, self._free_slots)
+        assert sorted(slots + self._free_slots) == list(range(self.max_num_seqs)), (slots, self._free_slots)
         taken = Counter(b for st in running for b in st.block_table)
         for b, n in taken.items():  # only cache entries are shared, and each table holds its reference
             assert self.blocks.refcount(b) == n, (b, n, self.blocks.refcount(b))
@@ -266,5 +266,5 @@ class Scheduler:
         assert self.blocks.free + len(taken) == self.blocks.total
         assert self.blocks.reserved == sum(st.blocks_reserved - len(st.block_table) for st in running)
         assert all(st.slot is None and not st.block_table for st in self.waiting)
-        assert len(running) <= self.max_batch_size
+        assert len(running) <= self.max_num_seqs
         assert not {st.request_id for st in self.waiting} & set(self.running)

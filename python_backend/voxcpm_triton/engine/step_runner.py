@@ -46,7 +46,7 @@ from .kv_cache import PagedKVCache
 
 log = logging.getLogger("voxcpm_triton.engine")
 
-# Batch sizes with a decode graph each (the engine's max_batch_size is always one); a step of b
+# Batch sizes with a decode graph each (the engine's max_num_seqs is always one); a step of b
 # rows runs in the smallest >= b, padded. The bucket of 1 costs a graph that torch.compile
 # specialises to that size (a longer start-up), and saves a lone request the padding row.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

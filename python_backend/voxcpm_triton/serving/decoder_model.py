@@ -89,7 +89,7 @@ def _engine_config(params: dict) -> EngineConfig:
         block_size=params["block_size"],
         num_blocks=params["num_blocks"],
         kv_memory_bytes=int(kv_mb * 2**20) if kv_mb else None,
-        max_batch_size=params["max_batch_size"],
+        max_num_seqs=params["max_num_seqs"],
         max_waiting=params["max_waiting_requests"],
         chunk_schedule=params["chunk_schedule"],
         playback_margin_s=params["playback_margin_ms"] / 1000,
@@ -179,7 +179,7 @@ class DecoderModel:
         """The model's VAE decoding this instance's chunks, with a CUDA graph per chunk_schedule
         length and a stream slot for every request that can run, and as many again for those
         ending while new ones start."""
-        return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_batch_size"],
+        return StreamAudio(self.vox.vae, self.vox.patch_size, 2 * params["max_num_seqs"],
                            cuda_graphs=params["cuda_graphs"] and device.type == "cuda",
                            graph_patches=sorted(set(params["chunk_schedule"])),
                            on_failure=lambda key, error: self.engine.cancel(key[0]), rush=params["audio_rush"])

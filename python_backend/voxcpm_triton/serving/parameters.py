@@ -105,7 +105,7 @@ PARAMETERS: tuple[Param, ...] = (
     *(Param(m, "device", "str", "", _DEVICE_DOC, env="VOXCPM_DEVICE") for m in ("decoder", "vae_encoder", "vae_decoder")),
     Param("decoder", "dtype", "choice", "", "weights and activations; empty: bfloat16 on a GPU, float32 on the CPU",
           DTYPES, env="VOXCPM_DTYPE"),
-    Param("decoder", "max_batch_size", "int", "128", "requests decoding together"),
+    Param("decoder", "max_num_seqs", "int", "128", "requests decoding together"),
     Param("decoder", "max_waiting_requests", "int", "256", "requests queued for admission; one more is busy"),
     Param("decoder", "kv_cache_mb", "float", "", "KV cache size in MiB; empty: 25% of free GPU memory"),
     Param("decoder", "num_blocks", "int", "", "KV cache size in blocks, instead of kv_cache_mb; empty: from kv_cache_mb"),
@@ -122,7 +122,7 @@ PARAMETERS: tuple[Param, ...] = (
           "linear weights: bf16 (as loaded) or fp8 (e4m3; a GPU of compute capability >= 8.9, dtype bfloat16)",
           ("bf16", "fp8")),
     Param("decoder", "batch_buckets", "ints", "1,2,4,8,16,24,32,48,64,96,128,192,256",
-          "batch sizes with a decode graph each, those below max_batch_size (which always has one); a step "
+          "batch sizes with a decode graph each, those below max_num_seqs (which always has one); a step "
           "runs padded to the smallest that holds its requests"),
     Param("decoder", "timestep_buckets", "ints", "4,8,10,12,16,24,32,50,100",
           "CFM loop lengths with a decode graph each; the last must be 100"),
@@ -172,6 +172,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("vae_decoder", "cuda_graphs", "bool", "true", "GPU: a CUDA graph per batch bucket"),
     Param("vae_decoder", "graph_patches", "ints", "1,4,16", "chunk lengths (patches) with CUDA graphs"),
 )
+# Old names a config.pbtxt may still hold: refused with the new one named, not as unknown.
+RENAMED = {("decoder", "max_batch_size"): "max_num_seqs (Triton's own max_batch_size, outside parameters, stays 0)"}
 TABLE: dict[str, dict[str, Param]] = {}
 for _p in PARAMETERS:
     TABLE.setdefault(_p.model, {})[_p.name] = _p
@@ -181,6 +183,9 @@ def parse_values(model: str, raw: dict[str, str], env: bool = True) -> dict:
     """name -> typed value for every parameter of `model`, from config.pbtxt's strings `raw`."""
     params = TABLE.get(model, {})  # a model with no parameters takes none
     unknown = sorted(set(raw) - set(params))
+    for name in unknown:
+        if (model, name) in RENAMED:
+            raise ValueError(f"parameter {name!r} of model {model!r} is now called {RENAMED[model, name]}")
     if unknown:
         raise ValueError(f"model {model!r} has no parameter(s) {', '.join(unknown)}; "
                          f"it takes {', '.join(sorted(params))}")
