@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64, help="BLS calls each request keeps in flight")
     ap.add_argument("--responses", type=int, default=20, help="responses per BLS call, before its final flag")
     ap.add_argument("--mode", choices=("counted", "waiting"), default="counted",
-                    help="counted: read as the orchestrator does (bls_stream); waiting: a thread per call "
+                    help="counted: read as the orchestrator does (serving/bls); waiting: a thread per call "
                          "waiting in the response iterator (before)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds past a round's length that make a stall")
     ap.add_argument("--out", default=None, help="JSON summary here")

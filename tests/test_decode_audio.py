@@ -1110,7 +1110,7 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke_and_never_a
     from types import SimpleNamespace
 
     from voxcpm_triton.engine import Finished
-    from voxcpm_triton.serving import audio_channel
+    from voxcpm_triton.serving.bls import audio_channel
     from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
 
     audio = SimpleNamespace(chunks=[])

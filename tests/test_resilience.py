@@ -463,7 +463,7 @@ def test_a_stream_the_decoder_ends_with_an_error_gets_it_and_its_instance_serves
     """The decoder ends a running stream with an error (here the server's stop deadline, written
     by hand; an engine failure does the same): its client gets the error, and the one tts_stream
     instance goes on serving. Python backend 24.10 loses an error response sent after a call's
-    first (bls_stream carries it as data): a final one used to leave the orchestrator's event loop
+    first (serving/bls carries it as data): a final one used to leave the orchestrator's event loop
     waiting in the response iterator for ever, and every stream of that instance with it."""
     stop = os.path.join(tight.run_dir, runtime.STOPPING_FILE)
     a = Stream(tight, "A stream the decoder will end.", SEED=1, MIN_LENGTH=3000, MAX_LENGTH=3000)

@@ -281,7 +281,7 @@ def test_concurrent_streams_each_equal_their_solo_result(server):
     # race, triton-inference-server/server#8537): tts_stream's execute lasts as long as its streams.
     assert "Cannot remove future from background" not in server.log
     # Every decoder call was read as far as the decoder counted, none by a thread waiting in
-    # Triton's response iterator (serving/bls_stream.py: that can deadlock the process).
+    # Triton's response iterator (serving/bls/: that can deadlock the process).
     reads = {labels["read"]: v for name, labels, v in metric_samples(server)
              if name == "voxcpm_decoder_calls_read_total" and labels["model"] == "tts_stream"}
     assert reads["counted"] >= 3 * len(jobs) and reads["waiting"] == 0, reads

@@ -215,9 +215,10 @@ def test_vae_decoder_idle_timeout_is_checked_against_the_sequence_batcher(fake_p
 def test_decoder_checks_its_engine_settings_before_loading_anything(fake_pb, monkeypatch, tmp_path):
     """A bad batch or CFM bucket list is said before the checkpoint loads and the audio thread starts
     (on a GPU: its VAE graphs captured first)."""
-    from voxcpm_triton.serving import bls_stream, decoder_model
+    from voxcpm_triton.serving import decoder_model
+    from voxcpm_triton.serving.bls import callee
 
-    monkeypatch.setattr(bls_stream, "check_callee_config", lambda *a: None)  # not a decoupled config here
+    monkeypatch.setattr(callee, "check_callee_config", lambda *a: None)  # not a decoupled config here
     monkeypatch.setattr(decoder_model.runtime, "model_process", lambda: None)
     args = _args(str(tmp_path / "none"), timestep_buckets="4,8,50")
     args["model_name"] = "decoder"

@@ -179,7 +179,7 @@ def _unlink_noted_regions(claimed: str):
 
 def run_dir_realpath() -> str:
     """run_dir()'s real path, worked out once per run directory setting and parent server: a
-    caller's inbox is checked against it for every request (bls_stream.counting_sender)."""
+    caller's inbox is checked against it for every request (bls.callee.counting_sender)."""
     return _run_dir_realpath(os.environ.get("VOXCPM_RUN_DIR"), tempfile.gettempdir(), os.getppid())
 
 

@@ -5,7 +5,7 @@ Without `decode_audio` it streams them back through the request's response sende
 stream with the final flag. With `decode_audio` (the default) it hands them to this process's
 audio thread (`audio.stream_audio`), which decodes each chunk's AUDIO, so the orchestrators skip
 `vae_decoder`: with `audio_channel` (the default) the chunks and the end go over a Unix socket of
-the orchestrator's process (`serving.audio_channel`), whose writer thread then sends the final
+the orchestrator's process (`serving.bls.audio_channel`), whose writer thread then sends the final
 response, and the call carries only an empty first response and that final one; without it each
 chunk is a response carrying its AUDIO, sent by the audio thread. A request
 carrying CANCEL_ID cancels that earlier request (the orchestrators use it when their client goes
@@ -33,7 +33,8 @@ from ..model.prompt import build_prompt
 from ..loading import decoding_vae
 from ..voxcpm2 import VoxCPM2
 from ..coordination import liveness, processes, run_state, runtime
-from . import audio_channel, bls_stream, contract, gc_pauses, placement
+from . import contract, gc_pauses, placement
+from .bls import audio_channel, callee
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
@@ -106,7 +107,7 @@ class DecoderModel:
     def initialize(self, args):
         runtime.model_process()
         params = read(args, "decoder")
-        bls_stream.check_callee_config(json.loads(args["model_config"]), "decoder")
+        callee.check_callee_config(json.loads(args["model_config"]), "decoder")
         cfg = _engine_config(params)  # checks its values: before anything is loaded or started
         t0 = time.monotonic()
         device = placement.instance_device(args, params["device"])
@@ -252,8 +253,8 @@ class DecoderModel:
             sender = request.get_response_sender()
             try:
                 require_internal(request, "decoder")
-                # Counts its sends for the orchestrator, which reads them without waiting (bls_stream).
-                sender = bls_stream.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                # Counts its sends for the orchestrator, which reads them without waiting (bls.caller).
+                sender = callee.counting_sender(request, sender, pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                                                     channel=self.use_channel)
                 inputs = arrays(request)
                 cancel_id = inputs.get("CANCEL_ID")

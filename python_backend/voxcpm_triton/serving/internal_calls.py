@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..coordination import liveness
-from . import bls_stream
+from .bls import caller, protocol
 from .triton_io import BLSError, Busy, InputError, Unhealthy, bls, downstream_error, outputs
 
 HEALTH_CHECK_S = 1.0  # how often a waiting call looks at the model processes' beacons
@@ -64,10 +64,10 @@ class InternalCalls:
             task.cancel()  # left waiting (cancelled, unhealthy), a queue's get would take its next item
 
     @staticmethod
-    def call_decoupled(model: str, inputs: dict, names: list[str], **kw) -> bls_stream.ResponseStream:
+    def call_decoupled(model: str, inputs: dict, names: list[str], **kw) -> caller.ResponseStream:
         """A decoupled BLS call to an internal model, its responses read as its callee counts them."""
-        names = [*names, bls_stream.ERROR_OUTPUT]  # how its errors after the first response come
-        return bls_stream.call(lambda params: bls(model, inputs, names, params, **kw).async_exec(decoupled=True))
+        names = [*names, protocol.ERROR_OUTPUT]  # how its errors after the first response come
+        return caller.call(lambda params: bls(model, inputs, names, params, **kw).async_exec(decoupled=True))
 
     async def infer(self, model: str, inputs: dict, names: list[str], **kw) -> list:
         resp = await self.guard(bls(model, inputs, names, **kw).async_exec())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import audio_channel
+from .bls import audio_channel
 from .triton_io import IPC_LOCK, pb
 
 log = logging.getLogger("voxcpm_triton.metrics")

@@ -32,7 +32,8 @@ import numpy as np
 from ..checks import CONTEXT_PATCHES, draw_seed
 from ..model.config import VoxCPM2Config
 from ..coordination import runtime
-from . import audio_channel, bls_stream, contract
+from . import contract
+from .bls import audio_channel, caller
 from .metrics import metric
 from .parameters import resolve_checkpoint
 from .internal_calls import InternalCalls
@@ -116,7 +117,7 @@ class Orchestrator:
         # Where first audio's time goes: their sum over requests adds up to the one above.
         self.m_ttfa_phases = {ph: metric("voxcpm_time_to_first_audio_phase_seconds_sum", FIRST_AUDIO_PHASES_DOC,
                                          {**labels, "phase": ph}, "COUNTER") for ph in FIRST_AUDIO_PHASES}
-        # How each decoder call's responses were read (bls_stream): "waiting" (a thread in Triton's
+        # How each decoder call's responses were read (bls.caller): "waiting" (a thread in Triton's
         # iterator, which can deadlock the process) should stay 0.
         self.m_decoder_reads = {waited: metric("voxcpm_decoder_calls_read_total", DECODER_READS_DOC,
                                                {**labels, "read": "waiting" if waited else "counted"}, "COUNTER")
@@ -329,7 +330,7 @@ class Orchestrator:
         for phase, (a, b) in zip(FIRST_AUDIO_PHASES, ((t0, t_decoder), (t_decoder, t_latents), (t_latents, t_audio))):
             self.m_ttfa_phases[phase].increment(b - a)
 
-    async def _stop_decoder(self, request_id: str, responses: bls_stream.ResponseStream):
+    async def _stop_decoder(self, request_id: str, responses: caller.ResponseStream):
         """Stop a decoder call whose responses nobody wants. While the server stops, the decoder
         takes no new request (no cancel) and ends its calls itself by the deadline; the call is
         read to its end then, so that this process, which the server unloads once its requests

@@ -8,7 +8,8 @@ import numpy as np
 
 from .. import checks
 from ..coordination import liveness
-from . import bls_stream, contract
+from . import contract
+from .bls import caller
 from .triton_io import InputError, error_response, get, pb, tensor
 
 
@@ -21,7 +22,7 @@ class RegistryModel:
 
     def finalize(self):
         self.beacon.stop()
-        bls_stream.close()  # its BLS calls: the decoder's LoRA actions
+        caller.close()  # its BLS calls: the decoder's LoRA actions
 
     async def _one(self, request):
         try:

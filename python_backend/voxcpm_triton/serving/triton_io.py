@@ -15,7 +15,7 @@ from ..coordination import run_state
 # BLS calls in parallel). Models that call into the stub from threads of their own (the
 # decoder's engine thread, metric publishers) take this per-process lock around each call.
 # The orchestrators make their stub calls from their instance's event loop, and take it where a
-# thread of theirs calls in (every metric update does, see metrics.release_all; bls_stream's
+# thread of theirs calls in (every metric update does, see metrics.release_all; bls.caller's
 # fallback reader, which waits in a call's iterator, is the one thread that does not).
 IPC_LOCK = threading.RLock()
 

@@ -15,7 +15,8 @@ import numpy as np
 from .. import timeline
 from ..checks import RETRY_MAX_TIMES, can_retry, draw_seed, is_badcase, retry_seed
 from ..coordination import liveness, runtime
-from . import bls_stream, contract, gc_pauses
+from . import contract, gc_pauses
+from .bls import caller
 from .instance_sync import SharedSlots
 from .metrics import metric, release_all as release_metrics
 from .orchestrator import Orchestrator
@@ -82,7 +83,7 @@ class TTSModel:
     def finalize(self):
         self.beacon.stop()
         try:
-            bls_stream.close()
+            caller.close()
         finally:
             release_metrics()
 
@@ -239,6 +240,6 @@ class TTSStreamModel:
                 if self.loop is not None and self.loop.is_running():
                     self.loop.call_soon_threadsafe(task.cancel)
                 self._end(task, error_response(Busy(SHUTTING_DOWN)))
-            bls_stream.close()
+            caller.close()
         finally:
             release_metrics()

@@ -1,6 +1,6 @@
 """Decoupled, async stand-in for `tts_stream`: each request keeps CONCURRENCY decoupled BLS
 calls to `streamer` in flight for DURATION_S and answers with how many finished. MODE
-"counted" reads them as the orchestrator does (voxcpm_triton.serving.bls_stream); "waiting"
+"counted" reads them as the orchestrator does (voxcpm_triton.serving.bls); "waiting"
 the way it did before, a thread per call waiting in the response iterator."""
 
 import asyncio
@@ -15,9 +15,9 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "python_backend"))
 
 from voxcpm_triton.coordination import runtime  # noqa: E402
-from voxcpm_triton.serving import bls_stream  # noqa: E402
+from voxcpm_triton.serving.bls import caller  # noqa: E402
 
-END = bls_stream.ResponseStream.END
+END = caller.ResponseStream.END
 runtime.model_process()  # a crash, or SIGUSR2, leaves every thread's Python stack in the server's log
 
 
@@ -52,7 +52,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        bls_stream.close()
+        caller.close()
 
     async def _run(self, duration: float, concurrency: int, responses: int, mode: str) -> tuple[int, int]:
         """-> (calls finished, calls of them read by a thread waiting in the iterator)."""
@@ -69,7 +69,7 @@ class TritonPythonModel:
             nonlocal done, waiting
             while time.monotonic() < end:
                 if mode == "counted":
-                    stream = bls_stream.call(lambda params: request(params).async_exec(decoupled=True))
+                    stream = caller.call(lambda params: request(params).async_exec(decoupled=True))
                     queue = stream.queue
                 else:
                     queue, stream = asyncio.Queue(), None

@@ -1,6 +1,6 @@
 """Decoupled stand-in for the decoder: a sender thread owns all sends (as the decoder's audio
 thread does) and streams each request's N responses round-robin, its final flag right after its
-last one. Its senders count for callers that ask (bls_stream), as the decoder's do."""
+last one. Its senders count for callers that ask (serving/bls), as the decoder's do."""
 
 import os
 import queue
@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "python_backend"))
 
 from voxcpm_triton.coordination import runtime  # noqa: E402
-from voxcpm_triton.serving import bls_stream  # noqa: E402
+from voxcpm_triton.serving.bls import callee  # noqa: E402
 
 runtime.model_process()  # a crash, or SIGUSR2, leaves every thread's Python stack in the server's log
 
@@ -28,7 +28,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             n = int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy().reshape(-1)[0])
-            self.inbox.put([bls_stream.counting_sender(r, r.get_response_sender(),
+            self.inbox.put([callee.counting_sender(r, r.get_response_sender(),
                                                        pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL), n])
         return None
 

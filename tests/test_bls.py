@@ -1,4 +1,4 @@
-"""bls_stream: decoupled BLS responses read only as far as the callee has counted, so no thread
+"""serving/bls: decoupled BLS responses read only as far as the callee has counted, so no thread
 waits inside Triton's response iterator (where Triton 2.51's Python backend can deadlock); and the
 toy models of benchmarks/bls_stress under load on a real tritonserver."""
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voxcpm_triton.serving import audio_channel, bls_stream
+from voxcpm_triton.serving.bls import audio_channel, callee, caller, protocol
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -112,7 +112,7 @@ class Sender:
 
 
 class Request:
-    def __init__(self, parameters: str, outputs=(bls_stream.ERROR_OUTPUT,)):
+    def __init__(self, parameters: str, outputs=(protocol.ERROR_OUTPUT,)):
         self._parameters, self._outputs = parameters, list(outputs)
 
     def parameters(self):
@@ -126,13 +126,13 @@ class Request:
 def run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("VOXCPM_RUN_DIR", str(tmp_path))
     # An error carried as data (ERROR_OUTPUT), in this file's fakes: "ERROR:<message>".
-    monkeypatch.setattr(bls_stream, "_carried", lambda response: Payload(
+    monkeypatch.setattr(protocol, "carried", lambda response: Payload(
         "ERROR:" + (response.value if isinstance(response, Response) else response)))
-    monkeypatch.setattr(bls_stream, "_error_output", lambda r: r.value[6:] if not r.error and isinstance(
+    monkeypatch.setattr(protocol, "error_output", lambda r: r.value[6:] if not r.error and isinstance(
         r.value, str) and r.value.startswith("ERROR:") else None)
-    monkeypatch.setattr(bls_stream, "_error_response", lambda message: Response(message, error=True))
+    monkeypatch.setattr(protocol, "error_response", lambda message: Response(message, error=True))
     yield tmp_path
-    bls_stream.close()
+    caller.close()
 
 
 def _call(iterator, delay: float = 0.0):
@@ -147,14 +147,14 @@ def _call(iterator, delay: float = 0.0):
         params.update(p)
         return returns()
 
-    return bls_stream.call(make_call), params
+    return caller.call(make_call), params
 
 
-def _counting(params: dict, iterator, channel: bool = False) -> bls_stream.CountingSender:
+def _counting(params: dict, iterator, channel: bool = False) -> callee.CountingSender:
     import json
 
-    sender = bls_stream.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL, channel=channel)
-    assert isinstance(sender, bls_stream.CountingSender)
+    sender = callee.counting_sender(Request(json.dumps(params)), Sender(iterator), FINAL, channel=channel)
+    assert isinstance(sender, callee.CountingSender)
     send = sender.send
     sender.send = lambda response=None, flags=0: send(
         Payload(response) if type(response) is str else response, flags)
@@ -183,7 +183,7 @@ def test_responses_are_read_as_far_as_counted_and_next_never_waits(run_dir):
     async def main():
         it = BufferedIterator(Response("r1"))
         stream, params = _call(it, delay=0.05)
-        assert set(params) == {bls_stream.PARAMETER, audio_channel.PARAMETER}
+        assert set(params) == {protocol.PARAMETER, audio_channel.PARAMETER}
         sender = _counting(params, it)
         sender.send("r1")  # counted before the call has returned: the count waits for the iterator
         await stream.started.wait()
@@ -194,8 +194,8 @@ def test_responses_are_read_as_far_as_counted_and_next_never_waits(run_dir):
         got = await _drain(stream)
         assert [r.value for r in got] == ["r1", "r2", "r3", None] and got[-1].final
         assert stream.returned and not stream.threaded
-        assert stream.token not in bls_stream._inbox[1].streams, "a finished call is forgotten"
-        assert any(g is it for _, g in bls_stream._graves), "its iterator is kept a while (see _bury)"
+        assert stream.token not in caller._inbox[1].streams, "a finished call is forgotten"
+        assert any(g is it for _, g in caller._graves), "its iterator is kept a while (see _bury)"
 
     asyncio.run(main())
 
@@ -214,7 +214,7 @@ def test_many_calls_interleaved_get_each_its_own_responses(run_dir):
                 sender.send(f"{i}-{k}", flags=FINAL if k == 3 else 0)
         for i, (stream, _) in enumerate(calls):
             assert [r.value for r in await _drain(stream)] == [f"{i}-{k}" for k in range(4)]
-        assert not bls_stream._inbox[1].streams
+        assert not caller._inbox[1].streams
 
     asyncio.run(main())
 
@@ -227,7 +227,7 @@ def test_the_servers_own_error_ends_the_call_and_nothing_waits(run_dir):
         stream, _ = _call(WaitingIterator(Response("model 'decoder' is busy", final=True, error=True)))
         got = await _drain(stream)
         assert [r.value for r in got] == ["model 'decoder' is busy"]
-        assert not stream.waited and time.monotonic() - t0 < bls_stream.GRACE_S
+        assert not stream.waited and time.monotonic() - t0 < caller.GRACE_S
 
     asyncio.run(main())
 
@@ -266,12 +266,12 @@ def test_an_error_after_the_first_response_travels_as_data_and_is_read_as_an_err
 
     asyncio.run(main())
     sent = []
-    first = bls_stream.CountingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)),
+    first = callee.CountingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)),
                                       str(run_dir / "nobody.sock"), "0" * 16, FINAL)
     first.send(Failure("refused"), flags=FINAL)  # a call's first response is its return value: as it is
     assert sent == ["refused"] and isinstance(sent[0], Failure)
     sent.clear()  # a call nobody counts (its caller reads it with a waiting thread) carries them the same way
-    carrying = bls_stream.CarryingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)))
+    carrying = callee.CarryingSender(types.SimpleNamespace(send=lambda r=None, flags=0: sent.append(r)))
     carrying.send(Payload("r1"))
     carrying.send(Failure("[busy] the server is shutting down"), flags=FINAL)
     assert sent == ["r1", "ERROR:[busy] the server is shutting down"] and not isinstance(sent[1], Failure)
@@ -280,7 +280,7 @@ def test_an_error_after_the_first_response_travels_as_data_and_is_read_as_an_err
 def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypatch, caplog):
     """A callee that does not count: after GRACE_S a thread reads the rest, and a response read
     before is not read again (iterating a finished Triton iterator starts it over)."""
-    monkeypatch.setattr(bls_stream, "GRACE_S", 0.2)
+    monkeypatch.setattr(caller, "GRACE_S", 0.2)
 
     async def main():
         it = WaitingIterator(Response("first"))
@@ -298,7 +298,7 @@ def test_a_call_nobody_counts_is_read_by_a_waiting_thread_once(run_dir, monkeypa
 
 
 def test_counts_that_stop_on_an_open_call_hand_it_to_a_waiting_thread(run_dir, monkeypatch, caplog):
-    monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.5)
+    monkeypatch.setattr(caller, "FALLBACK_S", 0.5)
 
     async def main():
         it = WaitingIterator(Response("r1"))
@@ -337,7 +337,7 @@ def test_a_calls_audio_comes_over_the_channel_before_its_end(run_dir):
         got = await _drain(stream)
         assert _kinds(got) == ["admitted", ("chunk", 1, 1.5), ("chunk", 4, 0.0), ("ended", None), None]
         assert np.array_equal(got[2].audio, long) and got[-1].final
-        assert not stream.threaded and stream.token not in bls_stream._inbox[1].streams
+        assert not stream.threaded and stream.token not in caller._inbox[1].streams
 
     asyncio.run(main())
 
@@ -351,7 +351,7 @@ def test_a_calls_frames_are_read_before_the_count_of_its_final_response(run_dir)
         sender.end("the engine failed")
         assert sender.channel.drain(time.monotonic() + 5)  # frames written, final response sent and counted
         time.sleep(0.1)  # (the count is a datagram: in the socket by now)
-        bls_stream._inbox[1].read()  # the counts' reader, before the loop has looked at the channel
+        caller._inbox[1].read()  # the counts' reader, before the loop has looked at the channel
         got = []
         while not stream.queue.empty():
             got.append(stream.queue.get_nowait())
@@ -366,7 +366,7 @@ def test_a_calls_frames_are_read_before_the_count_of_its_final_response(run_dir)
 def test_frames_keep_an_open_call_from_the_waiting_thread(run_dir, monkeypatch):
     """A call whose audio comes over the channel sends no response for a long while: its frames
     count as progress, so it is not handed to a waiting thread."""
-    monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.3)
+    monkeypatch.setattr(caller, "FALLBACK_S", 0.3)
 
     async def main():
         _, stream, sender = await _started_call("admitted", channel=True)
@@ -440,7 +440,7 @@ def test_no_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, cap
     import signal
     import subprocess
 
-    monkeypatch.setattr(bls_stream, "_error_response", lambda message: message)  # (no Triton here)
+    monkeypatch.setattr(protocol, "error_response", lambda message: message)  # (no Triton here)
     path = str(tmp_path / "chan-7-0123abcd.sock")
     caller = subprocess.Popen([sys.executable, "-c", (
         "import socket, sys, time\n"
@@ -454,7 +454,7 @@ def test_no_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, cap
         w = audio_channel.writer(path, str(tmp_path.resolve()))
         sent = []
         triton_sender = types.SimpleNamespace(send=lambda *a, **k: sent.append(k), is_cancelled=lambda: False)
-        sender = bls_stream.CountingSender(triton_sender, str(tmp_path / f"bls-{caller.pid}-0123abcd.sock"),
+        sender = callee.CountingSender(triton_sender, str(tmp_path / f"bls-{caller.pid}-0123abcd.sock"),
                                            "0123456789abcdef", 1, types.SimpleNamespace(sent=lambda *a: None), w)
         sender.send()  # the call's admission
         sender.chunk(1, np.zeros(3, np.float32))
@@ -477,7 +477,7 @@ def test_no_response_goes_to_a_call_whose_callers_process_has_died(tmp_path, cap
 def test_the_final_response_of_a_call_whose_frames_were_dropped_says_so(run_dir):
     async def main():
         _, stream, sender = await _started_call("admitted", channel=True)
-        bls_stream._inbox[1].channel.close()  # the caller's channel goes: the decoder's writes fail
+        caller._inbox[1].channel.close()  # the caller's channel goes: the decoder's writes fail
         sender.chunk(1, np.ones(3, np.float32))
         sender.end(None)
         got = await _drain(stream)
@@ -507,19 +507,19 @@ def test_the_callee_takes_only_a_channel_of_this_server_when_asked(run_dir):
     import json
 
     inbox = str(run_dir / "bls-12-0123abcd.sock")
-    base = {bls_stream.PARAMETER: f"{inbox} 0123456789abcdef"}
+    base = {protocol.PARAMETER: f"{inbox} 0123456789abcdef"}
     good = str(run_dir / "chan-12-0123abcd.sock")
     for value in (str(run_dir / "other.sock"), "/tmp/chan-12-0123abcd.sock", f"{run_dir}/../chan-12-0123abcd.sock",
                   7, None):
         request = Request(json.dumps({**base, audio_channel.PARAMETER: value}))
-        sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
-        assert isinstance(sender, bls_stream.CountingSender) and sender.channel is None, value
+        sender = callee.counting_sender(request, Sender(None), FINAL, channel=True)
+        assert isinstance(sender, callee.CountingSender) and sender.channel is None, value
     other = str(run_dir / "chan-13-0123abcd.sock")  # another process's channel than the counts' inbox
-    assert bls_stream.counting_sender(Request(json.dumps({**base, audio_channel.PARAMETER: other})), Sender(None),
+    assert callee.counting_sender(Request(json.dumps({**base, audio_channel.PARAMETER: other})), Sender(None),
                                       FINAL, channel=True).channel is None
     request = Request(json.dumps({**base, audio_channel.PARAMETER: good}))
-    assert bls_stream.counting_sender(request, Sender(None), FINAL, channel=False).channel is None
-    sender = bls_stream.counting_sender(request, Sender(None), FINAL, channel=True)
+    assert callee.counting_sender(request, Sender(None), FINAL, channel=False).channel is None
+    sender = callee.counting_sender(request, Sender(None), FINAL, channel=True)
     assert sender.channel is audio_channel.writer(good, str(run_dir.resolve())) and sender.channel.path == good
 
 
@@ -612,7 +612,7 @@ def test_a_calls_end_counted_in_the_read_that_read_the_channel_before_it_keeps_i
     final response's count read in the same pass, are still read before the call's end."""
     async def main():
         _, stream, sender = await _started_call("admitted", channel=True)
-        inbox = bls_stream._inbox[1]
+        inbox = caller._inbox[1]
         read_channel = inbox.read_channel
 
         def then_the_decoder_ends_the_call():
@@ -636,8 +636,8 @@ def test_a_calls_end_counted_in_the_read_that_read_the_channel_before_it_keeps_i
 def test_a_call_on_the_channel_waits_for_the_decoder_without_the_waiting_thread(run_dir, monkeypatch):
     """Admitted (its empty first response and the channel's Opened), a call may wait long for a slot
     in the decoder with nothing sent: it is not handed to a thread waiting in the iterator."""
-    monkeypatch.setattr(bls_stream, "FALLBACK_S", 0.2)
-    monkeypatch.setattr(bls_stream, "GRACE_S", 0.2)
+    monkeypatch.setattr(caller, "FALLBACK_S", 0.2)
+    monkeypatch.setattr(caller, "GRACE_S", 0.2)
 
     async def main():
         _, stream, sender = await _started_call("admitted", channel=True)
@@ -732,18 +732,18 @@ def test_a_failed_call_hands_over_its_exception(run_dir):
         async def fails():
             raise RuntimeError("model 'decoder' is not ready")
 
-        stream = bls_stream.call(lambda params: fails())
+        stream = caller.call(lambda params: fails())
         await asyncio.wait_for(stream.started.wait(), 5)
         got = await _drain(stream)
         assert len(got) == 1 and isinstance(got[0], RuntimeError) and "not ready" in str(got[0])
-        assert not stream.returned and not bls_stream._inbox[1].streams
+        assert not stream.returned and not caller._inbox[1].streams
 
         def raises_at_once(params):
             raise ValueError("bad request")
 
         with pytest.raises(ValueError):
-            bls_stream.call(raises_at_once)
-        assert not bls_stream._inbox[1].streams, "a call that never started is forgotten"
+            caller.call(raises_at_once)
+        assert not caller._inbox[1].streams, "a call that never started is forgotten"
 
     asyncio.run(main())
 
@@ -757,34 +757,34 @@ def test_the_callee_counts_only_for_callers_of_this_server_that_ask(run_dir):
     for value in ("no-token", 7, None, f"{inbox} {token} x", f"{inbox} short",
                   f"/tmp/bls-12-0123abcd.sock {token}",  # not in this server's run directory
                   f"{run_dir}/../bls-12-0123abcd.sock {token}", f"{run_dir}/other.sock {token}"):
-        params = json.dumps({bls_stream.PARAMETER: value})
-        assert bls_stream.counting_sender(Request(params, outputs=["LATENTS"]), plain, FINAL) is plain, value
+        params = json.dumps({protocol.PARAMETER: value})
+        assert callee.counting_sender(Request(params, outputs=["LATENTS"]), plain, FINAL) is plain, value
         # not counted, but its errors after the first response still travel as data
-        carrying = bls_stream.counting_sender(Request(params), plain, FINAL)
-        assert type(carrying) is bls_stream.CarryingSender and carrying.sender is plain, value
+        carrying = callee.counting_sender(Request(params), plain, FINAL)
+        assert type(carrying) is callee.CarryingSender and carrying.sender is plain, value
     for params in ("", "{}", '{"other": 1}', "not json"):
-        assert bls_stream.counting_sender(Request(params, outputs=[]), plain, FINAL) is plain, params
-        assert type(bls_stream.counting_sender(Request(params), plain, FINAL)) is bls_stream.CarryingSender
-    counting = bls_stream.counting_sender(Request(json.dumps({bls_stream.PARAMETER: f"{inbox} {token}"})),
+        assert callee.counting_sender(Request(params, outputs=[]), plain, FINAL) is plain, params
+        assert type(callee.counting_sender(Request(params), plain, FINAL)) is callee.CarryingSender
+    counting = callee.counting_sender(Request(json.dumps({protocol.PARAMETER: f"{inbox} {token}"})),
                                           plain, FINAL)
-    assert isinstance(counting, bls_stream.CountingSender) and counting.path == inbox
+    assert isinstance(counting, callee.CountingSender) and counting.path == inbox
 
 
 def test_a_callee_config_that_delivers_later_or_cannot_carry_errors_is_refused():
     error = {"name": "ERROR", "data_type": "TYPE_STRING", "dims": [1]}
     good = {"model_transaction_policy": {"decoupled": True}, "output": [error]}
-    bls_stream.check_callee_config(good, "decoder")
+    callee.check_callee_config(good, "decoder")
     for bad in ({**good, "response_cache": {"enable": True}}, {**good, "dynamic_batching": {"preserve_ordering": True}},
                 {**good, "output": []}, {**good, "output": [{**error, "data_type": "TYPE_FP32"}]}):
         with pytest.raises(ValueError, match="model 'decoder'"):
-            bls_stream.check_callee_config(bad, "decoder")
+            callee.check_callee_config(bad, "decoder")
 
 
 def test_a_full_socket_keeps_the_latest_count_and_retries(tmp_path, monkeypatch, caplog):
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
-    notifier = bls_stream.Notifier()
+    notifier = callee.Notifier()
     n = 0
     while not notifier.pending:  # fill the caller's socket until a count does not fit
         n += 1
@@ -806,7 +806,7 @@ def test_a_full_socket_keeps_the_latest_count_and_retries(tmp_path, monkeypatch,
     notifier.sent(str(tmp_path / "gone.sock"), "tok", 1, final=True)  # a caller that has exited
     assert not notifier.pending
     # A caller that reads nothing: its counts are dropped after GIVE_UP_S, not retried for ever.
-    monkeypatch.setattr(bls_stream, "GIVE_UP_S", 0.3)
+    monkeypatch.setattr(callee, "GIVE_UP_S", 0.3)
     while not notifier.pending:
         n += 1
         notifier.sent(path, "tok", n, final=False)
@@ -825,14 +825,14 @@ def test_close_removes_the_socket_and_lets_go_of_finished_iterators(run_dir):
         await _drain(stream)
 
     asyncio.run(main())
-    assert glob.glob(str(run_dir / "bls-*.sock")) and glob.glob(str(run_dir / "chan-*.sock")) and bls_stream._graves
-    bls_stream.close()
-    assert not glob.glob(str(run_dir / "*.sock")) and not bls_stream._graves
+    assert glob.glob(str(run_dir / "bls-*.sock")) and glob.glob(str(run_dir / "chan-*.sock")) and caller._graves
+    caller.close()
+    assert not glob.glob(str(run_dir / "*.sock")) and not caller._graves
 
 
 def test_the_stress_models_read_counted_under_load_without_a_stall_or_crash(tmp_path):
     """benchmarks/bls_stress on a real server, as the orchestrator reads the decoder: 64 calls in
-    flight, each final flag right after its call's last response. Before bls_stream (a thread
+    flight, each final flag right after its call's last response. Before serving/bls (a thread
     waiting in each iterator) this pattern stalled the caller within a few rounds
     (benchmarks/results.md); every call here must finish whole, and the server stop cleanly."""
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -864,7 +864,7 @@ def test_a_count_the_kernel_had_no_memory_for_is_retried(tmp_path, monkeypatch, 
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
-    notifier = bls_stream.Notifier()
+    notifier = callee.Notifier()
     real = notifier.sock
 
     class Failing:
@@ -887,7 +887,7 @@ def test_a_count_the_kernel_had_no_memory_for_is_retried(tmp_path, monkeypatch, 
         notifier.sock = Failing([gone])
         notifier.sent(path, "tok", 2, final=True)
         assert notifier.sock.calls == 1 and not notifier.pending
-    monkeypatch.setattr(bls_stream, "GIVE_UP_S", 0.2)
+    monkeypatch.setattr(callee, "GIVE_UP_S", 0.2)
     notifier.sock = Failing([errno.EPERM] * 1_000_000)
     notifier.sent(path, "tok", 3, final=True)
     deadline = time.monotonic() + 5
@@ -907,7 +907,7 @@ def test_many_pending_counts_go_in_datagrams_that_fit(tmp_path):
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
-    notifier = bls_stream.Notifier()
+    notifier = callee.Notifier()
     calls = {f"{i:016x}": (i, i % 2 == 0) for i in range(12_000)}  # ~370 KB of counts
     expected = {f"{t} {c} {int(f)}" for t, (c, f) in calls.items()}
     with notifier.lock:
@@ -918,7 +918,7 @@ def test_many_pending_counts_go_in_datagrams_that_fit(tmp_path):
     got: set[str] = set()
     while got != expected:
         data = rx.recv(65536)
-        assert len(data) <= bls_stream.DATAGRAM_BYTES
+        assert len(data) <= callee.DATAGRAM_BYTES
         got |= set(data.decode().split("\n"))
         assert got <= expected
     rx.close()
@@ -927,11 +927,11 @@ def test_many_pending_counts_go_in_datagrams_that_fit(tmp_path):
 def test_a_caller_that_reads_a_backlog_slowly_keeps_its_counts(tmp_path, monkeypatch):
     """GIVE_UP_S is for a caller that reads nothing: one that drains a long backlog, datagram by datagram,
     for longer than that keeps every count."""
-    monkeypatch.setattr(bls_stream, "GIVE_UP_S", 0.3)
+    monkeypatch.setattr(callee, "GIVE_UP_S", 0.3)
     path = str(tmp_path / "caller.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
-    notifier = bls_stream.Notifier()
+    notifier = callee.Notifier()
     calls = {f"{i:016x}": (i, True) for i in range(12_000)}  # ~22 datagrams, more than the queue holds
     expected = {f"{t} {c} 1" for t, (c, _) in calls.items()}
     with notifier.lock:
@@ -944,5 +944,5 @@ def test_a_caller_that_reads_a_backlog_slowly_keeps_its_counts(tmp_path, monkeyp
     while got != expected:
         time.sleep(0.05)  # slower than GIVE_UP_S over the whole backlog
         got |= set(rx.recv(65536).decode().split("\n"))
-    assert time.monotonic() - t0 > bls_stream.GIVE_UP_S
+    assert time.monotonic() - t0 > callee.GIVE_UP_S
     rx.close()

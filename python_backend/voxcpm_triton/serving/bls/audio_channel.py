@@ -1,12 +1,12 @@
 """A decoder call's audio sent straight to its caller's process, past the server.
 
 Each response a decoupled BLS callee sends is a round trip: its stub waits while the server hands
-the response to the caller's stub and that stub takes it in (bls_stream). The decoder's one audio
+the response to the caller's stub and that stub takes it in (the package's docstring). The decoder's one audio
 thread makes every stream's deliveries one after another, so under load a round of them can take
 longer than a first chunk's audio lasts (benchmarks/results.md, fifty-seventh and sixty-fifth
 sessions).
 
-A caller that offers a channel (`bls_stream.Inbox`: a Unix stream socket in the server's private
+A caller that offers a channel (`caller.Inbox`: a Unix stream socket in the server's private
 run directory, named in the call's parameters) gets the call's audio chunks and its end as frames
 on it. The decoder answers the call at once with an empty first response, then queues an `Opened`
 frame, each chunk and the end for a `Writer` (one per caller process, a thread of its own), which
@@ -14,7 +14,7 @@ writes them in order and, after a call's end frame, sends the call's final respo
 thread never waits on the server. The caller reads its channel before it takes a call's final
 response (`Listener.read_all`), so every frame of a call is in its stream before the call's end.
 A channel that breaks ends its calls with `LOST`, never well without their audio (a caller whose
-process has died is sent nothing: `bls_stream.CountingSender`).
+process has died is sent nothing: `callee.CountingSender`).
 
 A frame: a header (`_HEADER`: magic, kind, the call's token, patches, audio bytes, message bytes),
 the chunk's audio (float32), an end's error message (UTF-8; none for an end without error).
@@ -26,7 +26,6 @@ import asyncio
 import logging
 import os
 import queue
-import re
 import select
 import socket
 import struct
@@ -37,15 +36,16 @@ from typing import Callable
 
 import numpy as np
 
+from . import protocol
 
-log = logging.getLogger("voxcpm_triton.audio_channel")
+
+log = logging.getLogger("voxcpm_triton.bls.audio_channel")
 
 PARAMETER = "voxcpm_audio_channel"  # request parameter: the caller's channel path
 GIVE_UP_S = 60.0  # a caller that takes nothing of a frame for this long is stuck or gone
 MAX_QUEUED_BYTES = 256 << 20  # a caller this far behind is stuck too
 MAX_FRAME_BYTES = 256 << 20  # a header that gives more: not a frame
 IDLE_CHECK_S = 5.0  # an idle writer looks this often whether its caller closed the channel
-NAME = re.compile(r"chan-\d+-[0-9a-f]{8}\.sock")
 LOST = "the call's audio was lost: its caller's audio channel broke"
 
 _HEADER = struct.Struct("<4sB16sIII")
@@ -251,8 +251,8 @@ def drain(timeout: float) -> bool:
 
 def writer(path: str, run_dir_realpath: str) -> Writer | None:
     """The writer for a caller's channel `path`: one in this server's run directory, by its name
-    (`NAME`), else None (no channel)."""
-    if os.path.realpath(os.path.dirname(path)) != run_dir_realpath or not NAME.fullmatch(os.path.basename(path)):
+    (`protocol.CHANNEL_NAME`), else None (no channel)."""
+    if os.path.realpath(os.path.dirname(path)) != run_dir_realpath or not protocol.CHANNEL_NAME.fullmatch(os.path.basename(path)):
         return None
     with _writers_lock:
         w = _writers.get(path)
