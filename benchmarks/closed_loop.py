@@ -167,7 +167,7 @@ class Round:
                 return
             self.turns.put(c)
 
-        def sink(event):  # the engine thread's, as the decoder's `_chunks_to_audio`
+        def sink(event):  # the engine thread's, as the decoder's (decoder_sinks.to_audio)
             if isinstance(event, Finished):
                 self.audio.end(key, event)
             else:

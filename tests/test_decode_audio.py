@@ -1046,7 +1046,7 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     from types import SimpleNamespace
 
     from voxcpm_triton.engine import Finished
-    from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
+    from voxcpm_triton.serving.decoder_sinks import ClientGone, to_audio
 
     class Sender:
         def __init__(self):
@@ -1060,7 +1060,7 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     audio.chunk = lambda key, patches: audio.chunks.append((key, patches))
     audio.end = lambda key, end, drop_pending=False: audio.ends.append((key, end, drop_pending))
     sender = Sender()
-    deliver = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "k")
+    deliver = to_audio(sender, audio, "k")
     chunk = SimpleNamespace(patches=torch.zeros(1, 2, 3))
     deliver(chunk)
     assert sender.asked == 0 and [k for k, _ in audio.chunks] == ["k"]
@@ -1071,7 +1071,7 @@ def test_the_engine_sink_asks_whether_the_client_left_from_the_second_chunk_on()
     deliver(failed)
     assert audio.ends == [("k", failed, True)]  # its chunks not yet decoded are dropped
     sender.left = False  # a client still there: every later chunk is asked about and queued
-    other = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
+    other = to_audio(sender, audio, "j")
     for _ in range(3):
         other(chunk)
     assert sender.asked == 3 and [k for k, _ in audio.chunks] == ["k", "j", "j", "j"]
@@ -1089,12 +1089,12 @@ def test_the_channel_sink_hands_chunks_and_the_end_to_the_callers_channel():
     from types import SimpleNamespace
 
     from voxcpm_triton.engine import Finished
-    from voxcpm_triton.serving.decoder_model import DecoderModel
+    from voxcpm_triton.serving.decoder_sinks import audio_sink
 
     calls = []
     sender = SimpleNamespace(channel=object(), chunk=lambda n, audio: calls.append(("chunk", n, audio.size)),
                              end=lambda error: calls.append(("end", error)))
-    deliver = DecoderModel._audio_sink(sender)
+    deliver = audio_sink(sender)
     patches, audio = torch.zeros(4, 2, 3), np.zeros(4 * HOP, np.float32)
     deliver(patches, audio)
     deliver(patches, audio, Finished("k", "stop", 8))  # the last chunk with its end
@@ -1111,13 +1111,13 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke_and_never_a
 
     from voxcpm_triton.engine import Finished
     from voxcpm_triton.serving.bls import audio_channel
-    from voxcpm_triton.serving.decoder_model import ClientGone, DecoderModel
+    from voxcpm_triton.serving.decoder_sinks import ClientGone, to_audio
 
     audio = SimpleNamespace(chunks=[])
     audio.chunk = lambda key, patches: audio.chunks.append(key)
     asked = []
     sender = SimpleNamespace(channel=SimpleNamespace(broken=False), is_cancelled=lambda: asked.append(1) or False)
-    deliver = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "k")
+    deliver = to_audio(sender, audio, "k")
     chunk = SimpleNamespace(patches=torch.zeros(1, 2, 3))
     deliver(chunk)
     deliver(chunk)
@@ -1129,7 +1129,7 @@ def test_the_engine_sink_stops_a_request_whose_callers_channel_broke_and_never_a
     audio.ends = []
     deliver(Finished("k", "error", 3, "output delivery failed"))
     assert audio.ends == [("k", True)]  # a broken channel's request: its chunks not decoded yet are dropped
-    first = DecoderModel._chunks_to_audio(SimpleNamespace(audio=audio), sender, "j")
+    first = to_audio(sender, audio, "j")
     with pytest.raises(ClientGone, match=audio_channel.LOST):  # broken before its first chunk: none decoded
         first(chunk)
     assert audio.chunks == ["k", "k"]
@@ -1141,17 +1141,17 @@ def test_a_channel_call_is_answered_and_opened_before_its_request_reaches_the_en
     from types import SimpleNamespace
 
     from voxcpm_triton.engine import EngineRequest
-    from voxcpm_triton.serving import decoder_model
+    from voxcpm_triton.serving import decoder_model, decoder_sinks
     from voxcpm_triton.serving.decoder_model import DecoderModel
 
     order = []
+    monkeypatch.setattr(decoder_sinks, "to_audio", lambda sender, audio, key: None)
     monkeypatch.setattr(decoder_model, "pb", lambda: SimpleNamespace(
         InferenceResponse=lambda output_tensors: ("response", tuple(output_tensors))))
     sender = SimpleNamespace(channel=object(), send=lambda response: order.append(response),
                              open=lambda: order.append("opened"))
     model = SimpleNamespace(audio=SimpleNamespace(open=lambda key, sink, context: order.append("audio")),
                             engine=SimpleNamespace(submit=lambda req, sink: order.append("engine")),
-                            keys=iter(range(3)), _audio_sink=DecoderModel._audio_sink,
-                            _chunks_to_audio=lambda sender, key: None)
+                            keys=iter(range(3)))
     DecoderModel._submit(model, EngineRequest(request_id="r", prompt=[1, 2]), sender, None)
     assert order == [("response", ()), "opened", "audio", "engine"]

@@ -395,12 +395,12 @@ def test_decoder_audio_sink_sends_a_last_chunk_with_the_final_flag_only_when_its
     the final flag, one response; an error, a client that left or a failed send still end the request
     with the flag (and the error) in a response of its own; a chunk alone or an end alone as before."""
     from voxcpm_triton.engine import Finished
-    from voxcpm_triton.serving.decoder_model import DecoderModel
+    from voxcpm_triton.serving.decoder_sinks import audio_sink
 
     FINAL = fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     ok, failed = Finished("r", "stop", 3), Finished("r", "error", 3, "the engine failed")
     sender = _Sender(cancelled=case.startswith("cancelled"), fail=case == "send_fails")
-    deliver = DecoderModel._audio_sink(sender)
+    deliver = audio_sink(sender)
     chunk = (torch.zeros(1, 4, 2), np.zeros(8, np.float32))
     data = ["AUDIO", "LATENTS"]
     if case == "chunk":

@@ -26,20 +26,20 @@ import numpy as np
 import torch
 
 from .. import checks, timeline
-from ..engine import Engine, EngineBusy, EngineConfig, EngineRequest, Finished, LoraFull, RequestError
+from ..engine import Engine, EngineBusy, EngineConfig, EngineRequest, LoraFull, RequestError
 from ..audio.stream_audio import StreamAudio
 from ..model import split_k
 from ..model.prompt import build_prompt
 from ..loading import decoding_vae
 from ..voxcpm2 import VoxCPM2
 from ..coordination import liveness, processes, run_state, runtime
-from . import contract, gc_pauses, placement
+from . import contract, decoder_sinks, gc_pauses, placement
 from .bls import audio_channel, callee
 from .contract import value, wire_names
 from .instance_sync import Peers
 from .metrics import EngineMetrics, release_all as release_metrics
 from .parameters import read, resolve_checkpoint
-from .triton_io import (IPC_LOCK, SHUTTING_DOWN, Busy, InputError, arrays, error_message, error_response,
+from .triton_io import (SHUTTING_DOWN, Busy, InputError, arrays, error_message, error_response,
                         internal_error_response, locked, pb, require_internal, tensor)
 
 log = logging.getLogger("voxcpm_triton.decoder")
@@ -53,19 +53,9 @@ STOPPING_POLL_S = 0.5  # how often the decoder looks whether the server is stopp
 SHUTDOWN_ERROR = error_message(Busy(SHUTTING_DOWN))
 
 
-class ClientGone(Exception):
-    pass
-
-
 def _scalar(inputs: dict, name, kind, default=None):
     v = value(inputs.get(name), name, kind)
     return default if v is None else v
-
-
-def _end_error(end) -> str | None:
-    """A request's end as the audio thread hands it over (its Finished, or the exception its audio
-    failed with): the error it ends with, None if it ended well."""
-    return end.error if isinstance(end, Finished) else f"decoding audio failed: {end}"
 
 
 def _in_lora_dir(message: str, lora_dir: str | None) -> str:
@@ -76,11 +66,6 @@ def _in_lora_dir(message: str, lora_dir: str | None) -> str:
     if "<lora_dir>/" in message:
         message += " (<lora_dir>: the server's LoRA folder, the decoder's lora_dir or VOXCPM_LORA_DIR)"
     return message
-
-
-def _channel(sender) -> "audio_channel.Writer | None":
-    """The audio channel a call's sender writes its audio to, if its caller offered one."""
-    return getattr(sender, "channel", None)
 
 
 def _engine_config(params: dict) -> EngineConfig:
@@ -344,18 +329,18 @@ class DecoderModel:
 
     def _submit(self, req: EngineRequest, sender, context):
         if self.audio is None:
-            self.engine.submit(req, sink=self._sink(sender))
+            self.engine.submit(req, sink=decoder_sinks.latents_sink(sender))
             return
         key = (req.request_id, next(self.keys))  # an id may come back while its audio is still queued
-        if _channel(sender) is not None:
+        if decoder_sinks.channel_of(sender) is not None:
             # The call's first response, empty, before any of its audio: everything after it (its
             # audio, its end, a refusal below) follows it, and the final response comes last. Then
             # the channel's first frame, which tells the caller that the audio comes that way.
             locked(sender.send, pb().InferenceResponse(output_tensors=[]))
             sender.open()
-        self.audio.open(key, self._audio_sink(sender), context)
+        self.audio.open(key, decoder_sinks.audio_sink(sender), context)
         try:
-            self.engine.submit(req, sink=self._chunks_to_audio(sender, key))
+            self.engine.submit(req, sink=decoder_sinks.to_audio(sender, self.audio, key))
         except BaseException:
             self.audio.forget(key)
             raise
@@ -366,110 +351,6 @@ class DecoderModel:
         if self.engine.cancel(request_id):
             return True
         return self.audio is not None and self.audio.drop_pending(lambda key: key[0] == request_id) > 0
-
-    def _chunks_to_audio(self, sender, key):
-        """The engine thread's sink with decode_audio: chunks and the end go to the audio thread.
-        Whether the client left (an IPC round trip) is asked from the second chunk on: the first one
-        goes to the audio thread at once, whose sink asks before it sends anything. A call with an
-        audio channel is never asked: its caller, the orchestrator, never cancels the call itself
-        but sends CANCEL_ID, and a caller gone breaks the channel (asked without a round trip)."""
-        first, gone = True, False
-
-        def deliver(event):
-            nonlocal first, gone
-            if isinstance(event, Finished):
-                gone = gone or ((channel := _channel(sender)) is not None and channel.broken)
-                # Its chunks not decoded yet go undecoded when nobody wants them: it was cancelled
-                # (CANCEL_ID; a cancel with an error is the shutdown's, whose clients still listen)
-                # or its client was found gone here.
-                wanted = not gone and not (event.reason == "cancelled" and event.error is None)
-                self.audio.end(key, event, drop_pending=not wanted)
-                return
-            if (channel := _channel(sender)) is not None:
-                gone = channel.broken
-                if gone:
-                    raise ClientGone(audio_channel.LOST)
-            elif not first and (gone := locked(sender.is_cancelled)):
-                raise ClientGone("request cancelled by its client")
-            first = False
-            self.audio.chunk(key, event.patches)
-
-        return deliver
-
-    @staticmethod
-    def _audio_sink(sender):
-        """The audio thread's: each chunk's LATENTS with its AUDIO, the final flag on the last one
-        when the request ends well with it, else the final flag alone after (with the error if the
-        request failed, or its audio could not be decoded)."""
-        if _channel(sender) is not None:
-            return DecoderModel._channel_sink(sender)
-        p = pb()
-        final = p.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-        def finish(error: str | None):
-            if error is not None:
-                locked(sender.send, p.InferenceResponse(error=p.TritonError(error)), flags=final)
-            else:
-                locked(sender.send, flags=final)
-
-        def deliver(patches, payload, end=None):
-            if patches is None:
-                finish(_end_error(payload))
-                return
-            ends_well = end is not None and _end_error(end) is None
-            try:
-                with IPC_LOCK:
-                    if not sender.is_cancelled():  # else the engine stops at its next chunk
-                        response = p.InferenceResponse(output_tensors=[tensor("LATENTS", patches.numpy()),
-                                                                       tensor("AUDIO", payload)])
-                        sender.send(response, flags=final if ends_well else 0)
-                        if ends_well:
-                            return
-            except Exception as e:
-                if end is None:
-                    raise
-                # Its end must still go, or the request stays open. (A final send that failed after the
-                # stub closed the sender cannot be followed by another: finish raises, and it is logged.)
-                log.exception("sending a request's last chunk failed")
-                finish(f"sending the last audio chunk failed: {e}")
-                return
-            if end is not None:
-                finish(_end_error(end))
-
-        return deliver
-
-    @staticmethod
-    def _channel_sink(sender):
-        """The audio thread's, for a caller that offered an audio channel: each chunk's audio and the
-        end go there (no round trip: the channel's thread writes them, then sends the final response)."""
-        def deliver(patches, payload, end=None):
-            if patches is not None:
-                sender.chunk(len(patches), payload)
-            else:
-                end = payload
-            if end is not None:
-                sender.end(_end_error(end))
-
-        return deliver
-
-    @staticmethod
-    def _sink(sender):
-        p = pb()
-
-        def deliver(event):
-            if isinstance(event, Finished):
-                if event.error is not None:
-                    locked(sender.send, p.InferenceResponse(error=p.TritonError(event.error)),
-                           flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                else:
-                    locked(sender.send, flags=p.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                return
-            with IPC_LOCK:  # the engine thread: every stub call under the lock
-                if sender.is_cancelled():
-                    raise ClientGone("request cancelled by its client")
-                sender.send(p.InferenceResponse(output_tensors=[tensor("LATENTS", event.patches.numpy())]))
-
-        return deliver
 
     def finalize(self):
         """In-flight requests end with an error response (the engine fails them on shutdown)."""
