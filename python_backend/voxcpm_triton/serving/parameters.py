@@ -3,9 +3,11 @@ value config.pbtxt holds) and one line of doc. Models read their parameters only
 a key the table does not name, or a value it does not allow, stops the model with a message
 naming the parameter.
 
-The environment overrides only what README documents: VOXCPM_CHECKPOINT, VOXCPM_DEVICE,
-VOXCPM_DTYPE, VOXCPM_VOICES_DIR and VOXCPM_LORA_DIR (one deployment points every model at its
-checkpoint without editing every model's config.pbtxt).
+Of these, the environment overrides only VOXCPM_CHECKPOINT, VOXCPM_DEVICE, VOXCPM_DTYPE,
+VOXCPM_VOICES_DIR and VOXCPM_LORA_DIR (one deployment points every model at its checkpoint without
+editing every model's config.pbtxt). The kernels' switches (VOXCPM_FUSED_*, VOXCPM_SPLIT_K) and
+VOXCPM_GC_FREEZE are environment variables only, read where they act; README's configuration table
+lists them all.
 
 Rules that tie models together (`INVARIANTS`) are checked at start-up against the sibling
 models' config.pbtxt, which lie next to the model's own directory.
