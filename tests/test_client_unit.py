@@ -434,6 +434,43 @@ def test_cli_http_at_a_grpc_port_is_one_line_exit_2(tmp_path, args):
     assert lines[0].endswith("if that is Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol")
 
 
+@pytest.mark.parametrize("body", [b'{"error": {"message": "Not Found", "type": "invalid_request_error"}}',
+                                  b'{"detail": "Not Found"}', b"<html>Not Found</html>"],
+                         ids=["openai_gateway", "other_json", "html"])
+@pytest.mark.parametrize("args", [("hello",), ("voices", "list")])
+def test_cli_http_at_another_servers_port_says_it_is_not_triton(tmp_path, args, body):
+    """--protocol http aimed at an HTTP server that is not Triton (the OpenAI gateway's port, say): its
+    error body is not Triton's {"error": "<text>"}, and tritonclient hands that on as it is (a dict)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as srv:
+        thread = threading.Thread(target=srv.serve_forever, daemon=True)
+        thread.start()
+        url = f"127.0.0.1:{srv.server_address[1]}"
+        try:
+            p = run_cli(*args, "--protocol", "http", "--url", url, "--timeout", "20",
+                        *(("-o", str(tmp_path / "o.wav")) if args == ("hello",) else ()))
+        finally:
+            srv.shutdown()
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {url} did not answer as Triton does (HTTP 404: "), lines
+    assert "Not Found" in lines[0] and lines[0].endswith("use Triton's HTTP port (default 8000) or the gateway's own API")
+    assert not (tmp_path / "o.wav").exists()
+
+
 @pytest.mark.parametrize("args", [("hello",), ("voices", "list")])
 def test_cli_grpc_at_an_http_port_says_so(tmp_path, args):
     """--protocol grpc (the CLI's default) aimed at an HTTP/1.1 port answering its preface: gRPC's

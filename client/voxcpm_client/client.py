@@ -206,9 +206,7 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
     try:
         yield
     except InferenceServerException as exc:
-        if grpc:
-            raise _grpc_error(exc, url) from None
-        raise _answered(exc.message() or str(exc)) from None
+        raise (_grpc_error(exc, url) if grpc else _http_error(exc, url)) from None
     except _TIMEOUTS:
         raise SynthesisTimeout(f"no answer from {model} at {url} within {timeout} s") from None
     except OSError as exc:  # refused, reset, unresolvable host
@@ -216,6 +214,21 @@ def _client_errors(model: str, url: str, timeout, grpc: bool = False):
     except http.client.HTTPException as exc:  # an answer that is not HTTP/1.1 (Triton's gRPC port, say)
         raise ServerUnavailable(f"no valid HTTP answer from {url} ({type(exc).__name__}: {exc}): if that is "
                                 "Triton's gRPC port, use its HTTP port (default 8000) or the gRPC protocol") from None
+
+
+# what tritonclient says when an error's body is not Triton's {"error": "<text>"}
+_NOT_TRITONS = "an exception occurred in the client while decoding the response"
+
+
+def _http_error(exc, url: str) -> VoxCPMClientError:
+    msg = exc.message()
+    if isinstance(msg, str) and not msg.startswith(_NOT_TRITONS):
+        return _answered(msg or str(exc))
+    # Another server's error (the OpenAI gateway's {"error": {...}}, a web server's page): not Triton
+    body = " ".join(str(msg if not isinstance(msg, str) else exc.debug_details() or msg).split())
+    body = body if len(body) <= 200 else body[:200] + "..."
+    return ServerUnavailable(f"{url} did not answer as Triton does (HTTP {exc.status()}: {body}): if that is the "
+                             "OpenAI gateway's port, use Triton's HTTP port (default 8000) or the gateway's own API")
 
 
 def _grpc_error(exc, url: str) -> VoxCPMClientError:
