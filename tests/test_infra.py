@@ -321,7 +321,7 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
     supervisor then restarted five times); a VOXCPM_CHECKPOINT without config.json, without one of
     its files or with a config.json the models refuse is refused at once, naming it, instead of
     every model failing on it five starts in a row; so are a VOXCPM_DTYPE, VOXCPM_DEVICE or VOXCPM_LORA_DIR
-    the models refuse, a config.pbtxt value they refuse, and ports that are not ports. The supervisor's
+    the models refuse, a config.pbtxt value they refuse, a gateway setting it refuses, and ports that are not ports. The supervisor's
     --help lists its options without a server command."""
     env = triton_env()
     env.pop("SKIP_SETUP", None)  # --help must not run setup either
@@ -389,6 +389,12 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                                                   "cuda or cuda:<index> (or auto)"),
                       ({"VOXCPM_LORA_DIR": str(tmp_path / "none")}, f"VOXCPM_LORA_DIR={tmp_path / 'none'} is not a "
                                                                       "directory"),
+                      # the gateway's settings (it refused them only once Triton was up, five times over)
+                      ({"VOXCPM_OPENAI_STALL_TIMEOUT": "nan"}, "the OpenAI gateway's settings: argument --stall-timeout: "
+                                                               "must be a number above 0, got 'nan' (the flag, or "
+                                                               "VOXCPM_OPENAI_STALL_TIMEOUT)"),
+                      ({"VOXCPM_OPENAI_LOG_LEVEL": "loud"}, "the OpenAI gateway's settings: VOXCPM_OPENAI_LOG_LEVEL "
+                                                            "must be one of"),
                       # and the models' own config.pbtxt, which the environment does not override
                       ({"MODEL_REPOSITORY": str(edited)}, f"{edited}/decoder/config.pbtxt: parameter 'lora_dir' "
                                                           f"({tmp_path / 'none'}) cannot be used: not a directory")]:

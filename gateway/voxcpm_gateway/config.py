@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,24 @@ class Settings:
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn.config.LOG_LEVELS' names
 
 
+def _number(env_name: str, integer: bool = False, zero: bool = False):
+    """An argparse type: a finite number above 0 (or 0 and above with `zero`), whole with `integer`;
+    its error names the environment variable the value may have come from (nan and inf are refused:
+    a timeout of nan fails every connection later, not the start)."""
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            what = "a whole number" if integer else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} {'of 0 or more' if zero else 'above 0'}, got {text!r} "
+                                             f"(the flag, or {env_name})")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
 def parse_args(argv=None) -> Settings:
     env = os.environ.get
     d = Settings()
@@ -45,6 +64,10 @@ def parse_args(argv=None) -> Settings:
     ap = argparse.ArgumentParser(prog=prog,
                                  description="OpenAI speech API (POST /v1/audio/speech, /v1/audio/voices, "
                                              "/v1/models) in front of Triton's tts_stream and voices models.")
+
+    def number(flag: str, env_name: str, integer: bool = False, zero: bool = False, default: str = "", help: str = ""):
+        ap.add_argument(flag, type=_number(env_name, integer, zero), default=env(env_name, default), help=help)
+
     ap.add_argument("--triton-url", default=env("VOXCPM_TRITON_GRPC_URL", d.triton_url),
                     help="Triton's gRPC endpoint host:port (env VOXCPM_TRITON_GRPC_URL; default %(default)s)")
     ap.add_argument("--host", default=env("OPENAI_API_HOST", d.host),
@@ -54,38 +77,38 @@ def parse_args(argv=None) -> Settings:
     ap.add_argument("--model-name", action="append", default=None,
                     help="the model name clients send (repeat for aliases; env VOXCPM_OPENAI_MODEL_NAME, "
                          f"comma-separated; default {','.join(d.model_names)})")
-    ap.add_argument("--max-upload-mb", type=float, default=env("VOXCPM_OPENAI_MAX_UPLOAD_MB", f"{d.max_upload_bytes / (1 << 20):g}"),
-                    help="largest voice upload (multipart body), MiB; larger ones get 413 (default %(default)s)")
-    ap.add_argument("--request-timeout", type=float, default=env("VOXCPM_OPENAI_REQUEST_TIMEOUT", f"{d.request_timeout_s:g}"),
-                    help="seconds a request to Triton may take in all (default %(default)s)")
-    ap.add_argument("--voice-timeout", type=float, default=env("VOXCPM_OPENAI_VOICE_TIMEOUT", f"{d.voice_timeout_s:g}"),
-                    help="seconds a voice call to Triton may take (an upload's encoding included); past it: 504, "
-                         "and the upload's slot is free again (default %(default)s)")
-    ap.add_argument("--stall-timeout", type=float, default=env("VOXCPM_OPENAI_STALL_TIMEOUT", f"{d.stall_timeout_s:g}"),
-                    help="seconds a connection may take to send a request's headers (past it: closed), a client "
-                         "may send nothing of its request's body (past it: 408; nor may a body fall more than this "
-                         "behind 64 KiB/s), or read nothing "
-                         "of a speech response while its audio waits (past it: the response is cut off and its "
-                         "synthesis cancelled; the audio it has not read waits in Triton's memory; "
-                         "default %(default)s)")
-    ap.add_argument("--max-pending-uploads", type=int, default=env("VOXCPM_OPENAI_MAX_PENDING_UPLOADS", str(d.max_pending_uploads)),
-                    help="voice uploads in progress at once, from their first byte until Triton has stored them (each "
-                         "holds its file, on disk as it arrives, then its decoded sample in memory; they decode one "
-                         "at a time); past it: 429 (default %(default)s)")
-    ap.add_argument("--decode-timeout", type=float, default=env("VOXCPM_OPENAI_DECODE_TIMEOUT", f"{d.decode_timeout_s:g}"),
-                    help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
-                         "(default %(default)s)")
-    ap.add_argument("--shutdown-timeout", type=float, default=env("VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", f"{d.shutdown_timeout_s:g}"),
-                    help="seconds responses in flight get after SIGTERM (no new connections are taken meanwhile); "
-                         "then each speech response and voice call ends with a 503 'the gateway is shutting down' "
-                         "(a stream: its SSE error event, or its raw bytes cut off); longer than Triton's own "
-                         "drain, half its exit timeout; what stops the gateway must wait 5 s more before SIGKILL "
-                         "(default %(default)s)")
-    ap.add_argument("--max-connections-per-client", type=int,
-                    default=env("VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", str(d.max_connections_per_client)),
-                    help="connections one address (an IPv6 one's /64) may hold open at once; past it a connection gets 429 and is "
-                         "closed (0: no bound; behind a reverse proxy every client has the proxy's address; "
-                         "default %(default)s)")
+    number("--max-upload-mb", "VOXCPM_OPENAI_MAX_UPLOAD_MB", default=f"{d.max_upload_bytes / (1 << 20):g}",
+           help="largest voice upload (multipart body), MiB; larger ones get 413 (default %(default)s)")
+    number("--request-timeout", "VOXCPM_OPENAI_REQUEST_TIMEOUT", default=f"{d.request_timeout_s:g}",
+           help="seconds a request to Triton may take in all (default %(default)s)")
+    number("--voice-timeout", "VOXCPM_OPENAI_VOICE_TIMEOUT", default=f"{d.voice_timeout_s:g}",
+           help="seconds a voice call to Triton may take (an upload's encoding included); past it: 504, "
+                "and the upload's slot is free again (default %(default)s)")
+    number("--stall-timeout", "VOXCPM_OPENAI_STALL_TIMEOUT", default=f"{d.stall_timeout_s:g}",
+           help="seconds a connection may take to send a request's headers (past it: closed), a client "
+                "may send nothing of its request's body (past it: 408; nor may a body fall more than this "
+                "behind 64 KiB/s), or read nothing "
+                "of a speech response while its audio waits (past it: the response is cut off and its "
+                "synthesis cancelled; the audio it has not read waits in Triton's memory; "
+                "default %(default)s)")
+    number("--max-pending-uploads", "VOXCPM_OPENAI_MAX_PENDING_UPLOADS", integer=True, default=str(d.max_pending_uploads),
+           help="voice uploads in progress at once, from their first byte until Triton has stored them (each "
+                "holds its file, on disk as it arrives, then its decoded sample in memory; they decode one "
+                "at a time); past it: 429 (default %(default)s)")
+    number("--decode-timeout", "VOXCPM_OPENAI_DECODE_TIMEOUT", default=f"{d.decode_timeout_s:g}",
+           help="seconds an uploaded voice sample may take to decode; past it the upload is a 400 "
+                "(default %(default)s)")
+    number("--shutdown-timeout", "VOXCPM_OPENAI_SHUTDOWN_TIMEOUT", default=f"{d.shutdown_timeout_s:g}",
+           help="seconds responses in flight get after SIGTERM (no new connections are taken meanwhile); "
+                "then each speech response and voice call ends with a 503 'the gateway is shutting down' "
+                "(a stream: its SSE error event, or its raw bytes cut off); longer than Triton's own "
+                "drain, half its exit timeout; what stops the gateway must wait 5 s more before SIGKILL "
+                "(default %(default)s)")
+    number("--max-connections-per-client", "VOXCPM_OPENAI_MAX_CONNECTIONS_PER_CLIENT", integer=True, zero=True,
+           default=str(d.max_connections_per_client),
+           help="connections one address (an IPv6 one's /64) may hold open at once; past it a connection gets 429 and is "
+                "closed (0: no bound; behind a reverse proxy every client has the proxy's address; "
+                "default %(default)s)")
     ap.add_argument("--log-level", default=env("VOXCPM_OPENAI_LOG_LEVEL", d.log_level),
                     type=str.lower, choices=LOG_LEVELS,
                     help="uvicorn's log level (env VOXCPM_OPENAI_LOG_LEVEL; default %(default)s)")
@@ -98,12 +121,6 @@ def parse_args(argv=None) -> Settings:
     if not 0 < a.port < 65536:
         ap.error(f"--port must be 1..65535, got {a.port}" + (
             " (OPENAI_API_PORT=0 tells scripts/serve.sh to run no gateway)" if a.port == 0 else ""))
-    if min(a.max_upload_mb, a.request_timeout, a.voice_timeout, a.stall_timeout, a.decode_timeout,
-           a.max_pending_uploads, a.shutdown_timeout) <= 0:
-        ap.error("--max-upload-mb, --request-timeout, --voice-timeout, --stall-timeout, --decode-timeout, "
-                 "--max-pending-uploads and --shutdown-timeout must be positive")
-    if a.max_connections_per_client < 0:
-        ap.error(f"--max-connections-per-client must be 0 (no bound) or more, got {a.max_connections_per_client}")
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
                     api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
                     request_timeout_s=a.request_timeout, voice_timeout_s=a.voice_timeout,
