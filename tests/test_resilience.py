@@ -43,7 +43,8 @@ def ckpt(tmp_path_factory):
 def tight(triton_server_factory, ckpt, tmp_path_factory):  # noqa: F811
     repo = edited_repository(tmp_path_factory.mktemp("tight") / "repo",
                               parameters={"decoder": {"max_num_seqs": "1", "max_waiting_requests": "1"},
-                                          "vae_decoder": {"max_streams": "2"}},
+                                          "vae_decoder": {"max_streams": "2"},
+                                          "tts_stream": {"max_normalize_waiting": "1"}},
                               instances={"tts_stream": 1})
     cfg = repo / "text_normalizer" / "config.pbtxt"
     text, n = re.subn(r"max_queue_size: \d+", "max_queue_size: 1", cfg.read_text())
@@ -168,6 +169,35 @@ def test_normalize_requests_wait_apart_from_plain_ones_and_past_the_queue_bound_
         assert "too many NORMALIZE requests" in str(e) and e.status() == "503", e  # UNAVAILABLE: retry later
     assert isinstance(results["plain"][0], np.ndarray), results["plain"]
     assert results["plain"][1] < min(results[i][1] for i in normalised), results
+
+
+def test_normalize_streams_past_their_instances_waiting_bound_are_busy(tight):
+    """tts_stream holds no instance while a NORMALIZE request waits, and its 2 calls in flight fit
+    text_normalizer's queue: the flood waited in the orchestrator without bound (30 requests took
+    0.8 to 21.6 s, none refused). Five at once with max_normalize_waiting 1: 2 in flight, 1 waiting,
+    the rest refused at once as busy, naming the parameter."""
+    slow = "1 " * 2000
+    results: dict = {}
+
+    def run(i):
+        try:
+            results[i] = (tts_stream(tight, slow, SEED=1, MIN_LENGTH=2, MAX_LENGTH=2,
+                                     NORMALIZE=("BOOL", np.array([True]))), time.monotonic())
+        except InferenceServerException as e:
+            results[i] = (e, time.monotonic())
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(120)
+    busy = {i: r for i, (r, _) in results.items() if isinstance(r, InferenceServerException)}
+    assert len(results) == 5 and len(busy) >= 1 and len(results) - len(busy) >= 3, results
+    for e in busy.values():
+        assert "too many NORMALIZE requests" in str(e) and "max_normalize_waiting" in str(e), e
+    assert max(results[i][1] for i in busy) - t0 < 1.0, "refused at once, not after waiting"
 
 
 def test_internal_models_refuse_clients(tight):

@@ -39,11 +39,12 @@ class InternalCalls:
     """BLS calls to the internal models, each awaited while the model processes' health is
     watched (the orchestrator's pipeline and the `voices` and `loras` models make them)."""
 
-    def __init__(self):
+    def __init__(self, max_normalize_waiting: int = 16):
         self.health = _Health()
         # A BLS call holds a thread of the event loop's default executor until it is answered: calls
         # queued for text_normalizer take at most these, leaving the rest to every other call.
         self.normalize_slots = asyncio.Semaphore(NORMALIZE_CALLS)
+        self.normalize_waiting, self.max_normalize_waiting = 0, max_normalize_waiting  # for a slot, at most
         # `tts` only (instance_sync.SharedSlots): a request there holds its instance while it waits, so
         # only some of them may wait for text_normalizer, the others being left to plain requests.
         self.normalize_gate = None
@@ -107,7 +108,15 @@ class InternalCalls:
             return await self._normalize(text, cancelled)
 
     async def _normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
-        if await self.guard(self.normalize_slots.acquire(), cancelled) is None:
+        if self.normalize_slots.locked() and self.normalize_waiting >= self.max_normalize_waiting:
+            raise Busy("server busy: too many NORMALIZE requests wait for text normalisation (parameter "
+                       "max_normalize_waiting); retry later, or send this TEXT with NORMALIZE off")
+        self.normalize_waiting += 1
+        try:
+            slot = await self.guard(self.normalize_slots.acquire(), cancelled)
+        finally:
+            self.normalize_waiting -= 1
+        if slot is None:
             return None
         try:
             # Not given up when the client leaves: its executor thread stays held until the answer comes,
