@@ -1572,6 +1572,10 @@ def test_a_clients_name_that_spells_an_input_is_not_taken_for_that_input():
 
     cases = {
         "voice 'SEED' has no transcript, so it cannot serve VOICE_MODE 'continuation'": (400, "voice_mode"),
+        # the voices model's TEXT named after it is not the speech request's (input)
+        "voice 'plain' has no transcript, so it cannot serve VOICE_MODE continuation; add it again with its "
+        "transcript (the voices model's TEXT, the OpenAI gateway's ref_text), or use VOICE_MODE reference":
+            (400, "voice_mode"),
         "the voice store cannot read voice 'SEED' (bad file); remove it and add it again": (500, None),
         'the voice store did not answer in 10 s reading voice "it\'s SEED"': (500, None),
         "unknown voice 'SEED'": (404, "voice"),

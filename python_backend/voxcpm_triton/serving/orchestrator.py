@@ -102,7 +102,7 @@ class _DecoderCall:
 
 class Orchestrator:
     def __init__(self, args, params: dict):
-        self.calls = InternalCalls()  # the BLS calls to the internal models, health watched
+        self.calls = InternalCalls(params["max_normalize_waiting"])  # BLS calls to the internal models, health watched
         cfg = VoxCPM2Config.from_file(os.path.join(resolve_checkpoint(params["checkpoint"]), "config.json"))
         self.sample_rate = cfg.audio_vae_config.out_sample_rate
         self.patch_size, self.feat_dim, self.max_positions = cfg.patch_size, cfg.feat_dim, cfg.max_length
@@ -134,7 +134,8 @@ class Orchestrator:
         voice = await self.voices.load_async(req.voice)
         if req.voice_mode != "reference" and voice.prompt is None:
             raise InputError(f"voice {req.voice!r} has no transcript, so it cannot serve VOICE_MODE "
-                             f"{req.voice_mode}; add it again with TEXT, or use VOICE_MODE reference")
+                             f"{req.voice_mode}; add it again with its transcript (the voices model's TEXT, the OpenAI "
+                             "gateway's ref_text), or use VOICE_MODE reference")
         if list(voice.reference.shape[1:]) != [self.patch_size, self.feat_dim]:
             raise InputError(f"voice {req.voice!r} was encoded for another checkpoint (latent patches "
                              f"{list(voice.reference.shape[1:])}, this one makes "
