@@ -806,6 +806,37 @@ def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_pat
             os.unlink(path)
 
 
+def test_a_region_made_before_any_command_line_named_it_goes_with_its_server_one_still_mapped_stays(tmp_path):
+    """A server stopped while it starts a model process can leave the region it made for it, named on
+    no command line yet (a review's serve.sh stopped during start-up leaked one in five tries): the
+    supervisor also removes regions of its prefix made since the server's start that no process maps.
+    One that a process maps (another server's) stays."""
+    from tests.server import free_port
+
+    tag = f"voxcpm_test_region_{os.getpid()}_{time.monotonic_ns()}"
+    unnamed, mapped = (os.path.join(leftovers.SHM_DIR, f"{tag}_{k}") for k in ("unnamed", "mapped"))
+    pid_file = tmp_path / "keeper.pid"
+    keeper = (f"import mmap, os, time; f = open({mapped!r}, 'w+b'); f.write(bytes(4096)); f.flush(); "
+              f"m = mmap.mmap(f.fileno(), 4096); open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+    server = (f"import os, subprocess, sys, time; open({unnamed!r}, 'w').write('x'); "
+              f"subprocess.Popen([sys.executable, '-c', {keeper!r}], start_new_session=True, stdin=subprocess.DEVNULL, "
+              f"stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+              f"time.sleep(2.5); os._exit(1)")
+    try:
+        p = _supervise(tmp_path, server, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+                       f"--metrics-port={free_port()}", "--backend-config=python,shm-region-prefix-name=voxcpm_test_",
+                       opts=("--max-failed-starts", "1"))
+        assert p.returncode == 1 and "the last: tritonserver exited with code 1" in p.stderr, p.stderr
+        assert pid_file.exists() and os.path.exists(mapped), p.stderr
+        assert not os.path.exists(unnamed), p.stderr
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        for path in (unnamed, mapped):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def test_a_killed_supervisors_directory_and_its_servers_regions_go_once_nothing_of_it_runs(tmp_path):
     """SIGKILL leaves a supervisor's state directory in the temporary directory and, when its server is
     killed too, the server's shared-memory regions in /dev/shm. Where its guard was killed as well, the

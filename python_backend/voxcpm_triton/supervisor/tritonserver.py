@@ -42,6 +42,7 @@ class TritonServer:
         self.proc: subprocess.Popen | None = None
         self.guard: subprocess.Popen | None = None  # guard.py, beside the server
         self.started = 0.0
+        self.started_at = 0.0  # its start, time.time(): regions made since that nobody maps are its (_remove_regions)
         self.was_ready = False  # the running server became ready
         self.state_dir: str | None = None  # the supervisor's, where its run directory is made
         self.run_dir: str | None = None
@@ -75,7 +76,7 @@ class TritonServer:
         self.guard = subprocess.Popen([sys.executable, "-m", guard.__name__, str(self.proc.pid), str(os.getpid()),
                                        str(self.exit_timeout), self.shm_prefix], cwd=guard.IMPORT_ROOT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        self.started, self.was_ready = time.monotonic(), False
+        self.started, self.started_at, self.was_ready = time.monotonic(), time.time(), False
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None, when_gone: Callable[[], None] = lambda: None):
@@ -198,8 +199,10 @@ class TritonServer:
             log(f"could not note the server's shared-memory regions: {e}")
 
     def _remove_regions(self):
-        """Remove the stopped server's shared-memory regions that are still there."""
-        gone = leftovers.unlink_regions(sorted(self.regions))
+        """Remove the stopped server's shared-memory regions that are still there: those its processes
+        named, and those made since its start that no process maps (leftovers.unmapped_regions)."""
+        unnamed = leftovers.unmapped_regions(self.shm_prefix, self.started_at)
+        gone = leftovers.unlink_regions(sorted(self.regions | set(unnamed)))
         if gone:
             log(f"removed {len(gone)} shared-memory region(s) the server's model processes left in {leftovers.SHM_DIR}")
         self.regions = set()
