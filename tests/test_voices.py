@@ -2,6 +2,7 @@
 VOICE_MODE on `tts`, the client's `voices` subcommand, persistence across a restart."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -201,8 +202,8 @@ def test_voice_errors(server):
     cases = [
         (dict(VOICE=_b("nobody")), "unknown voice 'nobody'"),
         (dict(VOICE=_b("plain"), VOICE_MODE=_b("continuation")),
-         "voice 'plain' has no transcript, so it cannot serve VOICE_MODE continuation; add it again with its "
-         "transcript (the voices model's TEXT, the OpenAI gateway's ref_text), or use VOICE_MODE reference"),
+         re.escape("voice 'plain' has no transcript, so it cannot serve VOICE_MODE continuation; add it again with "
+                   "its transcript (the voices model's TEXT, the OpenAI gateway's ref_text), or use VOICE_MODE reference")),
         (dict(VOICE=_b("plain"), VOICE_MODE=_b("both")), "cannot serve VOICE_MODE both"),
         (dict(VOICE=_b("plain"), **ref), "VOICE with VOICE_MODE reference is the reference: leave out REFERENCE_AUDIO"),
         (dict(VOICE=_b("plain"), VOICE_MODE=_b("both"), **ref), "leave out REFERENCE_AUDIO"),
