@@ -105,6 +105,20 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_folders_form_layers():
+    """No two folders (or top-level modules) import each other, directly or through others: each
+    folder can be read knowing only those below it (kernels, gpu, model, formats, engine, audio,
+    serving, ...)."""
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folders: dict[str, set[str]] = {}
+    for name, deps in import_graph().items():
+        folders.setdefault(unit(name), set()).update(unit(d) for d in deps if unit(d) != unit(name))
+    cycle = find_cycle(folders)
+    assert cycle is None, "folders import each other: " + " -> ".join(cycle)
+
+
 def test_kernels_are_leaves():
     for name, deps in import_graph().items():
         if name.startswith(f"{PKG}.kernels"):
