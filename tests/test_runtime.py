@@ -246,7 +246,11 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert loop.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).server.metrics_url == "http://[::1]:9"
     assert loop.Supervisor(["t", "--allow-metrics=false"], Opts).server.metrics_url is None
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
-    assert loop.Supervisor(mine, Opts).server.args == mine
+    args = loop.Supervisor(mine, Opts).server.args  # a region prefix of its own added (leftovers.OWN_PREFIX)
+    assert args[:-1] == mine and leftovers.OWN_PREFIX.fullmatch(server_args.shm_prefix(args)), args
+    assert server_args.shm_prefix(loop.Supervisor(mine, Opts).server.args) != server_args.shm_prefix(args)
+    given = [*mine, "--backend-config=python,shm-region-prefix-name=theirs_"]  # one given is kept
+    assert loop.Supervisor(given, Opts).server.args == given
 
 
 def test_the_supervisor_finds_the_shared_memory_regions_its_servers_processes_are_given():
@@ -806,33 +810,33 @@ def test_a_server_that_dies_while_loading_leaves_no_shared_memory_region(tmp_pat
             os.unlink(path)
 
 
-def test_a_region_made_before_any_command_line_named_it_goes_with_its_server_one_still_mapped_stays(tmp_path):
+def test_a_region_made_before_any_command_line_named_it_goes_with_its_server_and_no_other_servers(tmp_path):
     """A server stopped while it starts a model process can leave the region it made for it, named on
-    no command line yet (a review's serve.sh stopped during start-up leaked one in five tries): the
-    supervisor also removes regions of its prefix made since the server's start that no process maps.
-    One that a process maps (another server's) stays."""
+    no command line yet (a review's serve.sh stopped during start-up leaked one in five tries). The
+    supervisor gives its server a region prefix of its own, and once the server has stopped removes
+    every region of that prefix; another server's (the default prefix, mapped or not, maybe in another
+    container sharing /dev/shm) is never touched."""
     from tests.server import free_port
 
-    tag = f"voxcpm_test_region_{os.getpid()}_{time.monotonic_ns()}"
-    unnamed, mapped = (os.path.join(leftovers.SHM_DIR, f"{tag}_{k}") for k in ("unnamed", "mapped"))
-    pid_file = tmp_path / "keeper.pid"
-    keeper = (f"import mmap, os, time; f = open({mapped!r}, 'w+b'); f.write(bytes(4096)); f.flush(); "
-              f"m = mmap.mmap(f.fileno(), 4096); open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
-    server = (f"import os, subprocess, sys, time; open({unnamed!r}, 'w').write('x'); "
-              f"subprocess.Popen([sys.executable, '-c', {keeper!r}], start_new_session=True, stdin=subprocess.DEVNULL, "
-              f"stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
-              f"time.sleep(2.5); os._exit(1)")
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    other = os.path.join(leftovers.SHM_DIR, f"triton_python_backend_shm_region_{tag}_other")
+    made = tmp_path / "made"
+    server = ("import os, sys, time; "
+              "flag = '--backend-config=python,shm-region-prefix-name='; "
+              "prefix = next(a[len(flag):] for a in sys.argv if a.startswith(flag)); "
+              f"path = os.path.join({leftovers.SHM_DIR!r}, prefix + {tag!r}); open(path, 'w').write('x'); "
+              f"open({other!r}, 'w').write('x'); open({str(made)!r}, 'w').write(path); "
+              "time.sleep(2.5); os._exit(1)")
     try:
         p = _supervise(tmp_path, server, f"--http-port={free_port()}", f"--grpc-port={free_port()}",
-                       f"--metrics-port={free_port()}", "--backend-config=python,shm-region-prefix-name=voxcpm_test_",
-                       opts=("--max-failed-starts", "1"))
+                       f"--metrics-port={free_port()}", opts=("--max-failed-starts", "1"))
         assert p.returncode == 1 and "the last: tritonserver exited with code 1" in p.stderr, p.stderr
-        assert pid_file.exists() and os.path.exists(mapped), p.stderr
+        unnamed = made.read_text()
+        assert leftovers.OWN_PREFIX.match(os.path.basename(unnamed)), unnamed
         assert not os.path.exists(unnamed), p.stderr
+        assert os.path.exists(other), "another server's region is left alone"
     finally:
-        if pid_file.exists():
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        for path in (unnamed, mapped):
+        for path in [other] + ([made.read_text()] if made.exists() else []):
             if os.path.exists(path):
                 os.unlink(path)
 

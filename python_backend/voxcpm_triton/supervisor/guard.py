@@ -7,8 +7,8 @@ caught between two commands while their models load can then hang in Triton's st
 exit waits for the interpreter lock, which the thread waiting for the dead server's next command
 holds. The guard waits as the supervisor's own stop does (the server's exit timeout and 10 s, then 5 s
 for its model processes to follow), then kills the server's process group and removes the
-shared-memory regions its model processes' command lines named, and those made since its start that
-no process maps. Then it removes what the next
+shared-memory regions its model processes' command lines named, and with the supervisor's own region
+prefix every region of it. Then it removes what the next
 supervisor would: the killed supervisor's state directory and the regions recorded there (a server
 stopped by its death signal leaves its regions in /dev/shm). While the supervisor lives, the guard
 only exits once the server's group is empty.
@@ -33,17 +33,16 @@ IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 def guard(pgid: int, supervisor: int, exit_timeout: float, prefix: str) -> list[int]:
     """Watch until the group is empty, or clear it once the supervisor is gone -> the pids killed."""
-    started = time.time() - 1.0  # the server's start, near enough: it was started just before its guard
     while os.getppid() == supervisor:
         if not groups.alive(pgid):
             return []
         time.sleep(POLL_S)
     killed = _clear(pgid, exit_timeout, prefix)
     # What the next supervisor would remove: the state directory, once nothing holds it, and the
-    # shared-memory regions recorded there (a server stopped by its death signal leaves them); then
-    # those made before a command line named them
+    # shared-memory regions recorded there (a server stopped by its death signal leaves them); then,
+    # with a prefix of the supervisor's own, any other of its regions (made before a command line named it)
     dirs, regions = leftovers.remove_abandoned_state_dirs()
-    regions += leftovers.unlink_regions(leftovers.unmapped_regions(prefix, started))
+    regions += leftovers.unlink_regions(leftovers.own_regions(prefix))
     if killed or dirs:
         log(f"guard: the supervisor is gone; killed {len(killed)} process(es) its server left"
             f"{': ' + str(killed) if killed else ''}; removed {', '.join(dirs) or 'no directory'} and "

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 
 from ..coordination import processes, run_state
 from .log import log
@@ -18,7 +17,8 @@ STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, di
 _STATE_DIR = re.compile(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?")  # and one a sweep claimed
 PYTHON_ENV_GLOB = "/tmp/python_env_*"  # the python backend's, one per server (mkdtemp, not TMPDIR)
 REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
-SETTLE_S = 2.0  # a region a running server makes is mapped by its tritonserver well within this
+# A supervisor's own region prefix (server_args.own_shm_prefix): the python backend's default and a token
+OWN_PREFIX = re.compile(r"triton_python_backend_shm_region_vx[0-9a-f]{8}_")
 
 
 def shm_regions(commands: dict[int, list[str]], prefix: str) -> set[str]:
@@ -27,51 +27,17 @@ def shm_regions(commands: dict[int, list[str]], prefix: str) -> set[str]:
     return {a for args in commands.values() for a in args if a.startswith(prefix) and "/" not in a}
 
 
-def unmapped_regions(prefix: str, since: float) -> list[str]:
-    """Regions named with `prefix`, made since `since` (time.time()), that no process maps. A server
-    stopped while it starts a model process can leave the region it made for it before any command
-    line named it; a running server's tritonserver maps every region of its own, so one mapped by
-    nobody is nobody's. A region younger than SETTLE_S is looked at once it is that old (another
-    server may be between making and mapping it). None found where a server's process's maps cannot
-    be read."""
-    def made():
-        found = {}
-        for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
-            if name.startswith(prefix) and "/" not in name:
-                try:
-                    ctime = os.stat(os.path.join(SHM_DIR, name)).st_ctime
-                except OSError:
-                    continue
-                if ctime >= since:
-                    found[name] = ctime
-        return found
-
-    found = made()
-    if found and (wait := max(found.values()) + SETTLE_S - time.time()) > 0:
-        time.sleep(min(wait, SETTLE_S))
-    found = {name for name, ctime in made().items() if ctime <= time.time() - SETTLE_S}
-    mapped = set()
-    for pid in filter(str.isdigit, os.listdir("/proc") if found else ()):
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                mapped |= {line.split(SHM_DIR + "/", 1)[1].split()[0] for line in f if SHM_DIR + "/" in line}
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # gone meanwhile
-        except OSError:  # not ours to read (another user's, or init's in a container): unless a server's
-            if _comm(pid).startswith(SERVER_COMMANDS):
-                return []
-    return sorted(set(found) - mapped)
-
-
-SERVER_COMMANDS = ("tritonserver", "triton_python_b")  # the processes that map the regions (comm: 15 characters)
-
-
-def _comm(pid: str) -> str:
+def own_regions(prefix: str) -> list[str]:
+    """The regions in /dev/shm named with `prefix` where it is a supervisor's own (OWN_PREFIX), else
+    none. No other server names its regions so: once the supervisor's server has stopped, every one
+    of them is left over, those no command line named yet included (a server stopped while it starts
+    a model process can make that process's region first)."""
+    if not OWN_PREFIX.fullmatch(prefix):
+        return []
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
     except OSError:
-        return SERVER_COMMANDS[0]  # unknown: taken for a server's
+        return []
 
 
 def make_state_dir() -> tuple[str, int | None]:

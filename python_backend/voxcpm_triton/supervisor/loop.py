@@ -26,7 +26,7 @@ DEAD_MODEL = "dead model"  # _probe's status when a model process was found dead
 class Supervisor:
     def __init__(self, command: list[str], opts):
         self.opts = opts
-        self.server = tritonserver.TritonServer(server_args.restricted(command))
+        self.server = tritonserver.TritonServer(server_args.own_shm_prefix(server_args.restricted(command)))
         self.companion_argvs = [shlex.split(c) for c in getattr(opts, "companion", None) or []]
         self.companions: list[companion.Companion] = []  # made by run(), with the state directory
         # the companions' own ports: a start waits for them too (a gateway that cannot listen would

@@ -68,6 +68,15 @@ def only_beacon_models(args: list[str]) -> bool:
     return bool(repos) and models <= set(liveness.WATCHED_MODELS)
 
 
+def own_shm_prefix(args: list[str]) -> list[str]:
+    """The server's command with a region prefix of the supervisor's own (leftovers.OWN_PREFIX), unless it
+    names one: its regions then tell themselves from every other server's on the machine, whatever
+    container or pid namespace those run in, and all of them can go once it has stopped."""
+    if any(a.startswith("--backend-config=python,shm-region-prefix-name=") for a in args):
+        return list(args)
+    return [*args, f"--backend-config=python,shm-region-prefix-name={SHM_PREFIX}vx{secrets.token_hex(4)}_"]
+
+
 def shm_prefix(args: list[str]) -> str:
     """The python backend's region prefix: its backend config's shm-region-prefix-name, else the default."""
     for a in args:

@@ -42,7 +42,6 @@ class TritonServer:
         self.proc: subprocess.Popen | None = None
         self.guard: subprocess.Popen | None = None  # guard.py, beside the server
         self.started = 0.0
-        self.started_at = 0.0  # its start, time.time(): regions made since that nobody maps are its (_remove_regions)
         self.was_ready = False  # the running server became ready
         self.state_dir: str | None = None  # the supervisor's, where its run directory is made
         self.run_dir: str | None = None
@@ -76,7 +75,7 @@ class TritonServer:
         self.guard = subprocess.Popen([sys.executable, "-m", guard.__name__, str(self.proc.pid), str(os.getpid()),
                                        str(self.exit_timeout), self.shm_prefix], cwd=guard.IMPORT_ROOT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        self.started, self.started_at, self.was_ready = time.monotonic(), time.time(), False
+        self.started, self.was_ready = time.monotonic(), False
         log(f"tritonserver started (pid {self.proc.pid})")
 
     def stop(self, why: str, grace: float | None = None, when_gone: Callable[[], None] = lambda: None):
@@ -200,9 +199,8 @@ class TritonServer:
 
     def _remove_regions(self):
         """Remove the stopped server's shared-memory regions that are still there: those its processes
-        named, and those made since its start that no process maps (leftovers.unmapped_regions)."""
-        unnamed = leftovers.unmapped_regions(self.shm_prefix, self.started_at)
-        gone = leftovers.unlink_regions(sorted(self.regions | set(unnamed)))
+        named, and with a prefix of the supervisor's own every region of it (leftovers.own_regions)."""
+        gone = leftovers.unlink_regions(sorted(self.regions | set(leftovers.own_regions(self.shm_prefix))))
         if gone:
             log(f"removed {len(gone)} shared-memory region(s) the server's model processes left in {leftovers.SHM_DIR}")
         self.regions = set()
