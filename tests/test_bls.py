@@ -701,6 +701,41 @@ def test_a_guarded_wait_given_up_leaves_nothing_waiting(run_dir, monkeypatch, wh
     assert asyncio.run(main()) == "next"
 
 
+def test_normalize_requests_past_the_waiting_bound_are_busy_even_in_one_turn_of_the_loop(monkeypatch):
+    """tts_stream's max_normalize_waiting: 2 in flight and that many waiting, the rest refused at once,
+    also when they all arrive in one turn of the event loop (a bound read off the semaphore let all
+    ten through: none had taken its slot yet); every count is given back, however a call ends."""
+    from voxcpm_triton.serving import internal_calls
+
+    release = None
+
+    class Call:
+        async def async_exec(self):
+            await release.wait()
+            return "response"
+
+    monkeypatch.setattr(internal_calls, "bls", lambda *a, **kw: Call())
+    monkeypatch.setattr(internal_calls, "outputs", lambda response, names: [np.array([b"said"], dtype=object)])
+
+    async def main():
+        nonlocal release
+        release = asyncio.Event()
+        calls = internal_calls.InternalCalls(max_normalize_waiting=1)
+        results = await asyncio.wait_for(asyncio.gather(
+            *(calls.normalize("1 2 3", lambda: False) for _ in range(10)), release_soon(), return_exceptions=True), 10)
+        assert calls.normalizing == 0
+        return results[:10]
+
+    async def release_soon():
+        await asyncio.sleep(0.1)
+        release.set()
+
+    results = asyncio.run(main())
+    busy = [r for r in results if isinstance(r, internal_calls.Busy)]
+    assert results.count("said") == 3 and len(busy) == 7, results
+    assert all("max_normalize_waiting" in str(b) for b in busy)
+
+
 def test_a_cancel_the_decoder_never_answers_lets_go_of_its_call(run_dir, monkeypatch):  # run_dir: none made in /tmp
     """The orchestrator's cancel call gives up after END_TIMEOUT_S: its stream is abandoned, so
     what it holds, or gets later, is not kept until the stream is freed (after finalize: a crash)."""

@@ -39,12 +39,14 @@ class InternalCalls:
     """BLS calls to the internal models, each awaited while the model processes' health is
     watched (the orchestrator's pipeline and the `voices` and `loras` models make them)."""
 
-    def __init__(self, max_normalize_waiting: int = 16):
+    def __init__(self, max_normalize_waiting: int | None = None):
         self.health = _Health()
         # A BLS call holds a thread of the event loop's default executor until it is answered: calls
         # queued for text_normalizer take at most these, leaving the rest to every other call.
         self.normalize_slots = asyncio.Semaphore(NORMALIZE_CALLS)
-        self.normalize_waiting, self.max_normalize_waiting = 0, max_normalize_waiting  # for a slot, at most
+        # NORMALIZE requests in flight or waiting for a slot, and how many may wait (tts_stream's
+        # max_normalize_waiting; None: no bound, as in tts, whose instances hold one request each)
+        self.normalizing, self.max_normalize_waiting = 0, max_normalize_waiting
         # `tts` only (instance_sync.SharedSlots): a request there holds its instance while it waits, so
         # only some of them may wait for text_normalizer, the others being left to plain requests.
         self.normalize_gate = None
@@ -108,15 +110,20 @@ class InternalCalls:
             return await self._normalize(text, cancelled)
 
     async def _normalize(self, text: str, cancelled: Callable[[], bool]) -> str | None:
-        if self.normalize_slots.locked() and self.normalize_waiting >= self.max_normalize_waiting:
+        # Counted here, not from the semaphore: requests arriving in one turn of the event loop all
+        # find it free before any of them has taken a slot.
+        bound = self.max_normalize_waiting
+        if bound is not None and self.normalizing >= NORMALIZE_CALLS + bound:
             raise Busy("server busy: too many NORMALIZE requests wait for text normalisation (parameter "
                        "max_normalize_waiting); retry later, or send this TEXT with NORMALIZE off")
-        self.normalize_waiting += 1
+        self.normalizing += 1
         try:
-            slot = await self.guard(self.normalize_slots.acquire(), cancelled)
+            return await self._normalize_in_turn(text, cancelled)
         finally:
-            self.normalize_waiting -= 1
-        if slot is None:
+            self.normalizing -= 1
+
+    async def _normalize_in_turn(self, text: str, cancelled: Callable[[], bool]) -> str | None:
+        if await self.guard(self.normalize_slots.acquire(), cancelled) is None:
             return None
         try:
             # Not given up when the client leaves: its executor thread stays held until the answer comes,

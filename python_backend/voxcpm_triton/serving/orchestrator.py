@@ -102,7 +102,8 @@ class _DecoderCall:
 
 class Orchestrator:
     def __init__(self, args, params: dict):
-        self.calls = InternalCalls(params["max_normalize_waiting"])  # BLS calls to the internal models, health watched
+        # the BLS calls to the internal models, health watched
+        self.calls = InternalCalls(params.get("max_normalize_waiting"))
         cfg = VoxCPM2Config.from_file(os.path.join(resolve_checkpoint(params["checkpoint"]), "config.json"))
         self.sample_rate = cfg.audio_vae_config.out_sample_rate
         self.patch_size, self.feat_dim, self.max_positions = cfg.patch_size, cfg.feat_dim, cfg.max_length

@@ -166,9 +166,8 @@ PARAMETERS: tuple[Param, ...] = (
           "bucket (up to 2048 new positions a pack; more are split), not as one eager packed call; false: eager"),
     Param("voices", "max_voices", "int", "1000", "stored voices at most; adding a new name past it is refused"),
     Param("tts_stream", "max_concurrent_streams", "int", "256", "streams in flight per instance; one more is busy"),
-    *(Param(m, "max_normalize_waiting", "int", "16",
-            "NORMALIZE requests per instance waiting for one of its 2 text_normalizer calls in flight; one more is busy")
-      for m in ("tts", "tts_stream")),
+    Param("tts_stream", "max_normalize_waiting", "int", "16",
+          "NORMALIZE requests per instance waiting for one of its 2 text_normalizer calls in flight; one more is busy"),
     Param("vae_decoder", "stream_idle_timeout_s", "float", "120", "state of a stream idle this long is dropped"),
     Param("vae_decoder", "compile", "bool", "true", "GPU: the snake activations fused by torch.compile"),
     Param("vae_decoder", "triton_kernels", "bool", "true", "GPU: residual units, upsampling and the last conv in Triton kernels"),
