@@ -144,7 +144,7 @@ if [[ $mode == run ]]; then
     "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1])
 from voxcpm_triton.serving.preflight import main
 sys.exit(main(sys.argv[2]))' "$REPO/python_backend" "$MODEL_REPOSITORY" || exit 2
-    if [[ ${OPENAI_API_PORT:-9000} != 0 ]]; then
+    if [[ ${OPENAI_API_PORT:-9000} != 0 && ${VOXCPM_SUPERVISE:-1} != 0 ]]; then
         # The gateway's own settings (VOXCPM_OPENAI_*), read as it reads them: refused there, the
         # supervisor would restart it five times, after Triton's whole start-up, then stop it all.
         if ! said="$(env "PYTHONPATH=$REPO/gateway" "$VENV/bin/python" -c 'import sys

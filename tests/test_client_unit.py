@@ -468,6 +468,8 @@ def test_cli_http_at_another_servers_port_says_it_is_not_triton(tmp_path, args, 
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {url} did not answer as Triton does (HTTP 404: "), lines
     assert "Not Found" in lines[0] and lines[0].endswith("use Triton's HTTP port (default 8000) or the gateway's own API")
+    if body.startswith(b'{"error"'):  # the gateway's error object as it came, JSON
+        assert '{"message": "Not Found", "type": "invalid_request_error"}' in lines[0], lines[0]
     assert not (tmp_path / "o.wav").exists()
 
 

@@ -391,7 +391,7 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
                                                                       "directory"),
                       # the gateway's settings (it refused them only once Triton was up, five times over)
                       ({"VOXCPM_OPENAI_STALL_TIMEOUT": "nan"}, "the OpenAI gateway's settings: argument --stall-timeout: "
-                                                               "must be a number above 0, got 'nan' (the flag, or "
+                                                               "must be a number above 0 up to 10000000, got 'nan' (the flag, or "
                                                                "VOXCPM_OPENAI_STALL_TIMEOUT)"),
                       ({"VOXCPM_OPENAI_LOG_LEVEL": "loud"}, "the OpenAI gateway's settings: VOXCPM_OPENAI_LOG_LEVEL "
                                                             "must be one of"),
@@ -403,6 +403,11 @@ def test_serve_sh_help_and_a_checkpoint_that_is_not_one_stop_before_anything_sta
         # one line: the setting and what is wrong with it (a leading-zero port also printed bash's own error)
         assert out.returncode == 2 and out.stderr.startswith("[serve] ") and said in out.stderr, (bad, out.stderr)
         assert out.stderr.count("\n") == 1 and "tritonserver" not in out.stderr, (bad, out.stderr)
+    # without the supervisor no gateway runs, so its settings are not looked at: tritonserver itself
+    # runs, and refuses the option it is given here at once
+    out = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh"), "--no-such-option"], capture_output=True,
+                         text=True, timeout=60, env={**env, "VOXCPM_SUPERVISE": "0", "VOXCPM_OPENAI_STALL_TIMEOUT": "nan"})
+    assert out.returncode == 1 and "--no-such-option" in out.stderr and "gateway" not in out.stderr, out
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "supervise.py"), "--help"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "--probe-interval" in out.stdout and "-- tritonserver ARGS" in out.stdout, out

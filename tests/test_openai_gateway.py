@@ -224,20 +224,24 @@ def test_bad_settings_are_refused_by_name(monkeypatch, capsys):
 
     monkeypatch.delenv("OPENAI_API_PORT", raising=False)
     assert parse_args(["--log-level", "WARNING"]).log_level == "warning"
+    assert parse_args(["--max-upload-mb", "1e-9"]).max_upload_bytes == 1  # a tiny limit is a byte, not none
     for argv, env, message in (
             (["--log-level", "loud"], {}, "argument --log-level: invalid choice: 'loud'"),
             ([], {"VOXCPM_OPENAI_LOG_LEVEL": "loud"}, "VOXCPM_OPENAI_LOG_LEVEL must be one of critical, error"),
             ([], {"OPENAI_API_PORT": "0"}, "--port must be 1..65535, got 0 (OPENAI_API_PORT=0 tells scripts/serve.sh"),
             # nan passed `<= 0`: a stall timeout of nan failed every connection, a request timeout every request
-            ([], {"VOXCPM_OPENAI_STALL_TIMEOUT": "nan"}, "argument --stall-timeout: must be a number above 0, got 'nan' "
+            ([], {"VOXCPM_OPENAI_STALL_TIMEOUT": "nan"}, "argument --stall-timeout: must be a number above 0 up to 10000000, got 'nan' "
                                                          "(the flag, or VOXCPM_OPENAI_STALL_TIMEOUT)"),
-            (["--request-timeout", "NaN"], {}, "argument --request-timeout: must be a number above 0, got 'NaN'"),
-            (["--max-upload-mb", "inf"], {}, "argument --max-upload-mb: must be a number above 0, got 'inf'"),
-            (["--shutdown-timeout", "0"], {}, "argument --shutdown-timeout: must be a number above 0, got '0'"),
+            (["--request-timeout", "NaN"], {}, "argument --request-timeout: must be a number above 0 up to 10000000, got 'NaN'"),
+            (["--max-upload-mb", "inf"], {}, "argument --max-upload-mb: must be a number above 0 up to 10000000, got 'inf'"),
+            # finite, but past what a byte count or a timer holds (an OverflowError traceback at start)
+            ([], {"VOXCPM_OPENAI_MAX_UPLOAD_MB": "1e303"}, "argument --max-upload-mb: must be a number above 0 up to "
+                                                          "10000000, got '1e303' (the flag, or VOXCPM_OPENAI_MAX_UPLOAD_MB)"),
+            (["--shutdown-timeout", "0"], {}, "argument --shutdown-timeout: must be a number above 0 up to 10000000, got '0'"),
             ([], {"VOXCPM_OPENAI_MAX_PENDING_UPLOADS": "2.5"}, "argument --max-pending-uploads: must be a whole number "
-                                                               "above 0, got '2.5'"),
+                                                               "above 0 up to 10000000, got '2.5'"),
             (["--max-connections-per-client", "-1"], {}, "argument --max-connections-per-client: must be a whole "
-                                                         "number of 0 or more, got '-1'")):
+                                                         "number from 0 up to 10000000, got '-1'")):
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)

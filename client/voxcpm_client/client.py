@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import json
 import os
 import queue
 import re
@@ -225,7 +226,7 @@ def _http_error(exc, url: str) -> VoxCPMClientError:
     if isinstance(msg, str) and not msg.startswith(_NOT_TRITONS):
         return _answered(msg or str(exc))
     # Another server's error (the OpenAI gateway's {"error": {...}}, a web server's page): not Triton
-    body = " ".join(str(msg if not isinstance(msg, str) else exc.debug_details() or msg).split())
+    body = " ".join((json.dumps(msg) if not isinstance(msg, str) else str(exc.debug_details() or msg)).split())
     body = body if len(body) <= 200 else body[:200] + "..."
     return ServerUnavailable(f"{url} did not answer as Triton does (HTTP {exc.status()}: {body}): if that is the "
                              "OpenAI gateway's port, use Triton's HTTP port (default 8000) or the gateway's own API")

@@ -39,19 +39,22 @@ class Settings:
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn.config.LOG_LEVELS' names
 
 
+MAX_SETTING = 10_000_000  # past any sensible timeout (s), size (MiB) or count; an event loop's timer overflows far above
+
+
 def _number(env_name: str, integer: bool = False, zero: bool = False):
-    """An argparse type: a finite number above 0 (or 0 and above with `zero`), whole with `integer`;
-    its error names the environment variable the value may have come from (nan and inf are refused:
-    a timeout of nan fails every connection later, not the start)."""
+    """An argparse type: a number above 0 (or 0 and above with `zero`) up to MAX_SETTING, whole with
+    `integer`; its error names the environment variable the value may have come from (nan, inf and
+    1e300 are refused: a timeout of nan failed every connection later, not the start)."""
     def parse(text: str):
         try:
             value = int(text) if integer else float(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        if value is None or not 0 <= value <= MAX_SETTING or (value == 0 and not zero):  # nan fails both
             what = "a whole number" if integer else "a number"
-            raise argparse.ArgumentTypeError(f"must be {what} {'of 0 or more' if zero else 'above 0'}, got {text!r} "
-                                             f"(the flag, or {env_name})")
+            raise argparse.ArgumentTypeError(f"must be {what} {'from 0' if zero else 'above 0'} up to {MAX_SETTING}, "
+                                             f"got {text!r} (the flag, or {env_name})")
         return value
     parse.__name__ = "number"
     return parse
@@ -122,7 +125,7 @@ def parse_args(argv=None) -> Settings:
         ap.error(f"--port must be 1..65535, got {a.port}" + (
             " (OPENAI_API_PORT=0 tells scripts/serve.sh to run no gateway)" if a.port == 0 else ""))
     return Settings(triton_url=a.triton_url, host=a.host, port=a.port, model_names=tuple(names),
-                    api_key=env(API_KEY_ENV) or None, max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
+                    api_key=env(API_KEY_ENV) or None, max_upload_bytes=math.ceil(a.max_upload_mb * (1 << 20)),
                     request_timeout_s=a.request_timeout, voice_timeout_s=a.voice_timeout,
                     stall_timeout_s=a.stall_timeout,
                     decode_timeout_s=a.decode_timeout, max_pending_uploads=a.max_pending_uploads,
