@@ -64,7 +64,7 @@ from summary import (
     session44, session45, session46, session47, session48, session49, session50, session51, session52,
     session53, session54, session55, session56, session57, session58, session60, session61, session62,
     session64, session65, session66, session67, session68, session69, session70, session71, session72, session73,
-    session77, session78, session79, session81, session85, session86, session87, session88,
+    session77, session78, session79, session81, session85, session86, session87, session88, session89,
 )
 from summary.plots import figure_path, pyplot, set_figure_dir
 from summary.raw import HERE, engine_runs, layer_weights, load, model_config, served_levels, served_xrt
@@ -164,6 +164,7 @@ SECTIONS = (
     session86.eighty_sixth_session,
     session87.eighty_seventh_session,
     session88.eighty_eighth_session,
+    session89.eighty_ninth_session,
 )
 
 
