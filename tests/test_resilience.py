@@ -175,7 +175,9 @@ def test_normalize_streams_past_their_instances_waiting_bound_are_busy(tight):
     """tts_stream holds no instance while a NORMALIZE request waits, and its 2 calls in flight fit
     text_normalizer's queue: the flood waited in the orchestrator without bound (30 requests took
     0.8 to 21.6 s, none refused). Five at once with max_normalize_waiting 1: 2 in flight, 1 waiting,
-    the rest refused at once as busy, naming the parameter."""
+    the rest refused at once as busy, naming the parameter. (The one waiting may still be refused by
+    text_normalizer's own queue, 1 here, when its slot frees before Triton has taken the next request
+    off that queue: a CI run saw it.)"""
     slow = "1 " * 2000
     results: dict = {}
 
@@ -188,7 +190,6 @@ def test_normalize_streams_past_their_instances_waiting_bound_are_busy(tight):
 
     run("first")  # text_normalizer idle (its queue holds 1 here): what an earlier test sent is done
     assert isinstance(results.pop("first")[0], list), "a lone NORMALIZE stream is served"
-    t0 = time.monotonic()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
     for t in threads:
         t.start()
@@ -196,10 +197,12 @@ def test_normalize_streams_past_their_instances_waiting_bound_are_busy(tight):
     for t in threads:
         t.join(120)
     busy = {i: r for i, (r, _) in results.items() if isinstance(r, InferenceServerException)}
-    assert len(results) == 5 and len(busy) >= 1 and len(results) - len(busy) >= 3, results
-    for e in busy.values():
-        assert "too many NORMALIZE requests" in str(e) and "max_normalize_waiting" in str(e), e
-    assert max(results[i][1] for i in busy) - t0 < 1.0, "refused at once, not after waiting"
+    served = [t for r, t in results.values() if not isinstance(r, InferenceServerException)]
+    assert len(results) == 5 and len(served) >= 2, results
+    assert all("too many NORMALIZE requests" in str(e) for e in busy.values()), busy
+    bound = [i for i, e in busy.items() if "max_normalize_waiting" in str(e)]
+    assert len(bound) >= 1, busy  # none before: every stream waited its turn
+    assert max(results[i][1] for i in bound) < min(served), "refused at once, before any stream was served"
 
 
 def test_internal_models_refuse_clients(tight):
