@@ -246,8 +246,8 @@ def test_supervisor_restricts_the_admin_apis_unless_told_otherwise(monkeypatch):
     assert loop.Supervisor(["t", "--metrics-port=9", "--metrics-address=::"], Opts).server.metrics_url == "http://[::1]:9"
     assert loop.Supervisor(["t", "--allow-metrics=false"], Opts).server.metrics_url is None
     mine = ["tritonserver", "--http-restricted-api=trace:h=v"]
-    args = loop.Supervisor(mine, Opts).server.args  # a region prefix of its own added (leftovers.OWN_PREFIX)
-    assert args[:-1] == mine and leftovers.OWN_PREFIX.fullmatch(server_args.shm_prefix(args)), args
+    args = loop.Supervisor(mine, Opts).server.args  # a region prefix of its own added (server_args.OWN_PREFIX)
+    assert args[:-1] == mine and server_args.OWN_PREFIX.fullmatch(server_args.shm_prefix(args)), args
     assert server_args.shm_prefix(loop.Supervisor(mine, Opts).server.args) != server_args.shm_prefix(args)
     given = [*mine, "--backend-config=python,shm-region-prefix-name=theirs_"]  # one given is kept
     assert loop.Supervisor(given, Opts).server.args == given
@@ -832,7 +832,7 @@ def test_a_region_made_before_any_command_line_named_it_goes_with_its_server_and
                        f"--metrics-port={free_port()}", opts=("--max-failed-starts", "1"))
         assert p.returncode == 1 and "the last: tritonserver exited with code 1" in p.stderr, p.stderr
         unnamed = made.read_text()
-        assert leftovers.OWN_PREFIX.match(os.path.basename(unnamed)), unnamed
+        assert server_args.OWN_PREFIX.match(os.path.basename(unnamed)), unnamed
         assert not os.path.exists(unnamed), p.stderr
         assert os.path.exists(other), "another server's region is left alone"
     finally:

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 
 from ..coordination import processes, run_state
+from . import server_args
 from .log import log
 
 SHM_DIR = "/dev/shm"
@@ -17,8 +18,6 @@ STATE_PREFIX = "voxcpm-run-"  # tempfile.mkdtemp's: the prefix and 8 letters, di
 _STATE_DIR = re.compile(rf"{STATE_PREFIX}[A-Za-z0-9_]+(?:\.removing-(\d+))?")  # and one a sweep claimed
 PYTHON_ENV_GLOB = "/tmp/python_env_*"  # the python backend's, one per server (mkdtemp, not TMPDIR)
 REGIONS_FILE = "shm_regions"  # in the state directory: the running server's regions, a name a line
-# A supervisor's own region prefix (server_args.own_shm_prefix): the python backend's default and a token
-OWN_PREFIX = re.compile(r"triton_python_backend_shm_region_vx[0-9a-f]{8}_")
 
 
 def shm_regions(commands: dict[int, list[str]], prefix: str) -> set[str]:
@@ -28,11 +27,11 @@ def shm_regions(commands: dict[int, list[str]], prefix: str) -> set[str]:
 
 
 def own_regions(prefix: str) -> list[str]:
-    """The regions in /dev/shm named with `prefix` where it is a supervisor's own (OWN_PREFIX), else
+    """The regions in /dev/shm named with `prefix` where it is a supervisor's own (server_args.OWN_PREFIX), else
     none. No other server names its regions so: once the supervisor's server has stopped, every one
     of them is left over, those no command line named yet included (a server stopped while it starts
     a model process can make that process's region first)."""
-    if not OWN_PREFIX.fullmatch(prefix):
+    if not server_args.OWN_PREFIX.fullmatch(prefix):
         return []
     try:
         return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))

@@ -4,6 +4,7 @@ endpoints it will listen on, its python backend's region prefix, and the restric
 from __future__ import annotations
 
 import os
+import re
 import secrets
 
 from ..coordination import liveness
@@ -12,6 +13,7 @@ from .log import log
 RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 ADMIN_HEADER = "voxcpm-admin-key"
 SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's shm-region-prefix-name by default
+OWN_PREFIX = re.compile(rf"{SHM_PREFIX}vx[0-9a-f]{{8}}_")  # a supervisor's own (own_shm_prefix): a token added
 
 
 def restricted(server_args: list[str]) -> list[str]:
@@ -69,7 +71,7 @@ def only_beacon_models(args: list[str]) -> bool:
 
 
 def own_shm_prefix(args: list[str]) -> list[str]:
-    """The server's command with a region prefix of the supervisor's own (leftovers.OWN_PREFIX), unless it
+    """The server's command with a region prefix of the supervisor's own (OWN_PREFIX), unless it
     names one: its regions then tell themselves from every other server's on the machine, whatever
     container or pid namespace those run in, and all of them can go once it has stopped."""
     if any(a.startswith("--backend-config=python,shm-region-prefix-name=") for a in args):
